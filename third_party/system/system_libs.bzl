@@ -1,0 +1,47 @@
+"""Repository rule: one cc_library per Debian system library, via pkg-config."""
+
+# name -> (pkg-config modules, extra linkopts)
+_LIBS = {
+    "grpc": (["grpc++", "protobuf"], ["-lgrpc++_reflection"]),
+    "absl": (["absl_status", "absl_statusor", "absl_strings", "absl_str_format", "absl_synchronization", "absl_time", "absl_flags", "absl_flags_parse", "absl_random_random", "absl_hash", "absl_raw_hash_set"], []),
+    "ucx": (["ucx"], []),
+    "spdlog": (["spdlog", "fmt"], []),
+    "zlib": (["zlib"], []),
+    "openblas": (["openblas"], []),
+}
+
+def _split(text):
+    return [t for t in text.strip().split(" ") if t]
+
+def _pkg_config(ctx, modules, flag):
+    result = ctx.execute(["pkg-config", flag] + modules)
+    if result.return_code != 0:
+        fail("pkg-config %s %s failed (run deploy/setup.sh): %s" % (flag, " ".join(modules), result.stderr))
+    return _split(result.stdout)
+
+def _system_libs_impl(ctx):
+    lines = ['package(default_visibility = ["//visibility:public"])', ""]
+    for name, (modules, extra) in _LIBS.items():
+        mods = [m for m in modules]
+        if name == "absl":
+            # Not every Debian Abseil ships every module (absl_crc32c is newer); keep those present.
+            mods = [m for m in modules if ctx.execute(["pkg-config", "--exists", m]).return_code == 0]
+        cflags = _pkg_config(ctx, mods, "--cflags")
+        libs = _pkg_config(ctx, mods, "--libs")
+        defines = [f[2:] for f in cflags if f.startswith("-D")]
+        copts = [f for f in cflags if not f.startswith("-D") and not f.startswith("-I/usr/include")]
+        lines.append("cc_library(")
+        lines.append('    name = "%s",' % name)
+        lines.append("    defines = %s," % repr(defines))
+        lines.append("    copts = %s," % repr(copts))
+        lines.append("    linkopts = %s," % repr(libs + extra))
+        lines.append(")")
+        lines.append("")
+    ctx.file("BUILD", "\n".join(lines))
+    ctx.file("WORKSPACE", "")
+
+system_libs = repository_rule(
+    implementation = _system_libs_impl,
+    local = True,
+    environ = ["PKG_CONFIG_PATH"],
+)
