@@ -1,0 +1,213 @@
+// PowerSGD (Vogels et al., NeurIPS 2019), single-round form.
+//
+// The d-element chunk is viewed as a row-major m x n matrix M. One power
+// iteration from the warm-start Q (n x r): P = M Q, orthonormalise P's
+// columns, Q = M^T P; the payload carries both P (m x r) and Q (n x r) and
+// decodes to P Q^T. The paper's two-round aggregated protocol (all-reduce P,
+// then Q, so that the server sums factors instead of decoding) is NOT
+// implemented: here every worker sends its own P and Q and the server
+// decodes each payload before averaging.
+//
+// Shape: with spec cols = N > 0, n = N and m = d / N (when N divides d);
+// otherwise m is the largest divisor of d not above sqrt(d). A chunk that
+// does not factor usefully (m < 2, or r (m + n) >= d) is sent uncompressed.
+//
+// Header: param0 = effective rank r (0 = uncompressed), param1 = m.
+// Body: P row-major (m x r fp32), then Q row-major (n x r fp32); or, when
+// uncompressed, the d fp32 values.
+//
+// Warm start: the codec keeps Q between calls (one codec per tensor chunk),
+// initialised from a normal draw seeded by CodecContext::seed the first time
+// and whenever the shape changes.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/codec/internal.h"
+
+namespace harrier {
+namespace codec_internal {
+namespace {
+
+struct Shape {
+  size_t m = 0, n = 0, r = 0;  // r == 0: uncompressed
+};
+
+Shape ChooseShape(size_t d, uint32_t rank, uint64_t cols) {
+  Shape s;
+  if (d == 0) return s;
+  size_t m = 0;
+  if (cols > 0) {
+    if (d % cols == 0) m = d / cols;
+  } else {
+    for (size_t c = 1; c * c <= d; ++c) {
+      if (d % c == 0) m = c;
+    }
+  }
+  if (m < 2 || d / m < 2) return s;
+  size_t n = d / m;
+  size_t r = std::min<size_t>(rank, std::min(m, n));
+  if (r * (m + n) >= d) return s;
+  s.m = m;
+  s.n = n;
+  s.r = r;
+  return s;
+}
+
+class PowerSgdCodec : public Codec {
+ public:
+  explicit PowerSgdCodec(const CodecSpec& spec) : Codec(spec) {}
+
+  absl::Status Encode(absl::Span<const float> input, const CodecContext& ctx,
+                      std::string* payload) override {
+    payload->clear();
+    absl::Status st = CheckFiniteInput(id(), input);
+    if (!st.ok()) return st;
+    const size_t d = input.size();
+    const Shape s = ChooseShape(d, spec().rank, spec().cols);
+    if (s.r == 0) {
+      char* body = StartPayload(id(), d, 0, 0, 4 * d, payload);
+      if (d) std::memcpy(body, input.data(), 4 * d);
+      return absl::OkStatus();
+    }
+    if (s.m > 0xffffffffu) {
+      return Invalid(id(), absl::StrCat("matrix rows ", s.m, " exceed 32 bits"));
+    }
+    const size_t m = s.m, n = s.n, r = s.r;
+    Rng rng(Mix64(ctx.seed, 0x504f574552ULL));
+    if (q_.size() != n * r || m_ != m) {
+      m_ = m;
+      q_.resize(n * r);
+      for (float& v : q_) v = static_cast<float>(rng.Normal());
+    }
+    const float* a = input.data();
+    // P = M Q, accumulated in double for a stable orthonormalisation.
+    std::vector<double> p(m * r, 0.0);
+    for (size_t i = 0; i < m; ++i) {
+      const float* row = a + i * n;
+      double* prow = &p[i * r];
+      for (size_t j = 0; j < n; ++j) {
+        const double x = row[j];
+        const float* qrow = &q_[j * r];
+        for (size_t c = 0; c < r; ++c) prow[c] += x * qrow[c];
+      }
+    }
+    // Modified Gram-Schmidt; a (numerically) zero column stays zero.
+    for (size_t c = 0; c < r; ++c) {
+      for (size_t prev = 0; prev < c; ++prev) {
+        double dot = 0.0;
+        for (size_t i = 0; i < m; ++i) dot += p[i * r + c] * p[i * r + prev];
+        for (size_t i = 0; i < m; ++i) p[i * r + c] -= dot * p[i * r + prev];
+      }
+      double norm = 0.0;
+      for (size_t i = 0; i < m; ++i) norm += p[i * r + c] * p[i * r + c];
+      norm = std::sqrt(norm);
+      double inv = norm > 1e-30 ? 1.0 / norm : 0.0;
+      for (size_t i = 0; i < m; ++i) p[i * r + c] *= inv;
+    }
+    std::vector<float> pf(p.begin(), p.end());
+    // Q = M^T P.
+    std::vector<double> q(n * r, 0.0);
+    for (size_t i = 0; i < m; ++i) {
+      const float* row = a + i * n;
+      const float* prow = &pf[i * r];
+      for (size_t j = 0; j < n; ++j) {
+        const double x = row[j];
+        double* qrow = &q[j * r];
+        for (size_t c = 0; c < r; ++c) qrow[c] += x * prow[c];
+      }
+    }
+    char* body = StartPayload(id(), d, static_cast<uint32_t>(r),
+                              static_cast<uint32_t>(m), 4 * r * (m + n),
+                              payload);
+    std::memcpy(body, pf.data(), 4 * m * r);
+    for (size_t j = 0; j < n * r; ++j) {
+      float v = static_cast<float>(q[j]);
+      if (!std::isfinite(v)) {
+        payload->clear();
+        return Invalid(id(), "Q overflows fp32");
+      }
+      q_[j] = v;
+      Store<float>(body + 4 * (m * r + j), v);
+    }
+    // A zero column of Q would stay zero forever under warm start; redraw it.
+    for (size_t c = 0; c < r; ++c) {
+      bool zero = true;
+      for (size_t j = 0; j < n && zero; ++j) zero = q_[j * r + c] == 0.0f;
+      if (zero) {
+        for (size_t j = 0; j < n; ++j) q_[j * r + c] = static_cast<float>(rng.Normal());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The warm-start Q (n x r, row-major); empty before the first Encode.
+  const std::vector<float>& warm_start() const { return q_; }
+
+ protected:
+  absl::Status DecodeImpl(absl::string_view payload, float scale,
+                          bool accumulate,
+                          absl::Span<float> out) const override {
+    absl::StatusOr<PayloadHeader> h = CheckHeader(payload, id(), out.size());
+    if (!h.ok()) return h.status();
+    const size_t d = out.size();
+    const size_t r = h->param0, m = h->param1;
+    absl::string_view body = payload.substr(kCodecHeaderBytes);
+    size_t n = 0;
+    if (r == 0) {
+      if (m != 0) return Invalid(id(), "uncompressed payload with m != 0");
+    } else {
+      if (m < 2 || d % m != 0 || d / m < 2) {
+        return Invalid(id(), absl::StrCat("m = ", m, " does not divide ", d,
+                                          " into a matrix"));
+      }
+      n = d / m;
+      if (r > std::min(m, n) || r > 64) {
+        return Invalid(id(), absl::StrCat("rank ", r, " too large for ", m,
+                                          " x ", n));
+      }
+    }
+    const size_t floats = r == 0 ? d : r * (m + n);
+    absl::Status st = CheckBodySize(id(), body.size(), 4 * floats);
+    if (!st.ok()) return st;
+    // Copy out of the (possibly unaligned) payload once; this also serves
+    // the finiteness check.
+    std::vector<float> f(floats);
+    if (floats) std::memcpy(f.data(), body.data(), 4 * floats);
+    if (!AllFinite(f.data(), floats)) {
+      return Invalid(id(), "payload holds NaN or Inf");
+    }
+    if (r == 0) {
+      for (size_t i = 0; i < d; ++i) Emit(out.data(), i, f[i], scale, accumulate);
+      return absl::OkStatus();
+    }
+    const float* p = f.data();
+    const float* q = f.data() + m * r;
+    for (size_t i = 0; i < m; ++i) {
+      const float* prow = p + i * r;
+      for (size_t j = 0; j < n; ++j) {
+        const float* qrow = q + j * r;
+        float v = 0.0f;
+        for (size_t c = 0; c < r; ++c) v += prow[c] * qrow[c];
+        Emit(out.data(), i * n + j, v, scale, accumulate);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  size_t m_ = 0;
+  std::vector<float> q_;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> CreatePowerSgdCodec(const CodecSpec& spec) {
+  if (spec.id != CodecId::kPowerSgd) return nullptr;
+  return std::make_unique<PowerSgdCodec>(spec);
+}
+
+}  // namespace codec_internal
+}  // namespace harrier

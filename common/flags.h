@@ -1,0 +1,21 @@
+#ifndef HARRIER_COMMON_FLAGS_H_
+#define HARRIER_COMMON_FLAGS_H_
+
+#include <string>
+#include <vector>
+
+namespace harrier {
+
+// Parses a binary's flags from three sources, later ones winning:
+//   1. a config file named by --config=FILE (lines "name = value" or
+//      "--name=value"; '#' starts a comment),
+//   2. environment variables HARRIER_<NAME> (flag name upper-cased),
+//   3. the command line.
+// --help lists the binary's own flags. An unknown flag name or a bad value
+// from any source prints one line on stderr and exits with status 2.
+// Returns the positional arguments (argv[0] first).
+std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& usage);
+
+}  // namespace harrier
+
+#endif  // HARRIER_COMMON_FLAGS_H_

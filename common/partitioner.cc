@@ -1,0 +1,44 @@
+#include "common/partitioner.h"
+
+#include <algorithm>
+
+namespace harrier {
+namespace {
+
+uint64_t Fnv1a(absl::string_view text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+}  // namespace
+
+HashPartitioner::HashPartitioner(int num_shards) : num_shards_(std::max(1, num_shards)) {}
+
+int HashPartitioner::ShardFor(absl::string_view key, uint32_t chunk) const {
+  return static_cast<int>((Fnv1a(key) + chunk) % static_cast<uint64_t>(num_shards_));
+}
+
+std::vector<ChunkSpan> SplitIntoChunks(absl::string_view key, size_t num_elements,
+                                       size_t chunk_elements, const Partitioner& partitioner) {
+  chunk_elements = std::max<size_t>(1, chunk_elements);
+  std::vector<ChunkSpan> spans;
+  size_t offset = 0;
+  uint32_t chunk = 0;
+  do {
+    ChunkSpan span;
+    span.chunk = chunk;
+    span.offset = offset;
+    span.num_elements = std::min(chunk_elements, num_elements - offset);
+    span.shard = partitioner.ShardFor(key, chunk);
+    spans.push_back(span);
+    offset += span.num_elements;
+    ++chunk;
+  } while (offset < num_elements);
+  return spans;
+}
+
+}  // namespace harrier

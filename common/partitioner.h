@@ -1,0 +1,50 @@
+#ifndef HARRIER_COMMON_PARTITIONER_H_
+#define HARRIER_COMMON_PARTITIONER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace harrier {
+
+// Maps a tensor's chunk to the shard that owns it. Implementations must be
+// pure functions of their inputs so every worker and shard agrees.
+class Partitioner {
+ public:
+  virtual ~Partitioner() = default;
+  virtual int num_shards() const = 0;
+  virtual int ShardFor(absl::string_view key, uint32_t chunk) const = 0;
+};
+
+// Chunk c of key k lives on shard (fnv1a(k) + c) mod num_shards: a tensor's
+// chunks are spread round-robin over the shards, starting at a shard that
+// depends on the key so small tensors spread too.
+class HashPartitioner : public Partitioner {
+ public:
+  explicit HashPartitioner(int num_shards);
+  int num_shards() const override { return num_shards_; }
+  int ShardFor(absl::string_view key, uint32_t chunk) const override;
+
+ private:
+  int num_shards_;
+};
+
+// One contiguous piece of a tensor: elements [offset, offset + num_elements).
+struct ChunkSpan {
+  uint32_t chunk = 0;
+  size_t offset = 0;
+  size_t num_elements = 0;
+  int shard = 0;
+};
+
+// Splits a tensor of `num_elements` into chunks of at most `chunk_elements`
+// (the last may be shorter; a zero-element tensor gets one empty chunk).
+std::vector<ChunkSpan> SplitIntoChunks(absl::string_view key, size_t num_elements,
+                                       size_t chunk_elements, const Partitioner& partitioner);
+
+}  // namespace harrier
+
+#endif  // HARRIER_COMMON_PARTITIONER_H_

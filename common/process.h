@@ -1,0 +1,26 @@
+#ifndef HARRIER_COMMON_PROCESS_H_
+#define HARRIER_COMMON_PROCESS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace harrier {
+
+// Keeps large message buffers mapped between uses. With glibc's defaults
+// gRPC's multi-megabyte buffers go back to the kernel after each message and
+// are faulted in again, which costs more CPU than the copies themselves.
+// Call once at process start, before threads exist.
+void TuneMallocForLargeBuffers();
+
+// Writes `contents` to `path` atomically (temporary file, then rename), so a
+// reader polling for the file never sees it half-written.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+
+// Sets up the process-wide spdlog default logger: stderr, one line per event,
+// "[program] level message". Call once from main(), never from a library.
+void InitLogging(const std::string& program);
+
+}  // namespace harrier
+
+#endif  // HARRIER_COMMON_PROCESS_H_

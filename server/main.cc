@@ -1,0 +1,105 @@
+// harrier-server: one shard of the Harrier parameter store.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/flags.h"
+#include "common/process.h"
+#include "server/shard_server.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on (127.0.0.1 for local-only).");
+ABSL_FLAG(int, port, 0, "gRPC port; 0 picks a free one (see --port_file).");
+ABSL_FLAG(std::string, port_file, "", "Write the bound port to this file once serving.");
+ABSL_FLAG(int, shard, 0, "This shard's index in [0, num_shards). Shard 0 also serves control.");
+ABSL_FLAG(int, num_shards, 1, "Number of server shards in the job.");
+ABSL_FLAG(int, num_workers, 1, "Number of workers in the job.");
+ABSL_FLAG(std::string, optimizer, "sgd", "Server optimizer: sgd|momentum|nesterov|adam|adagrad.");
+ABSL_FLAG(double, lr, 0.01, "Learning rate of the server optimizer.");
+ABSL_FLAG(double, momentum, 0.9, "Momentum for momentum/nesterov.");
+ABSL_FLAG(double, beta1, 0.9, "Adam beta1.");
+ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");
+ABSL_FLAG(double, epsilon, 1e-8, "Adam/AdaGrad epsilon.");
+ABSL_FLAG(double, weight_decay, 0.0, "L2 weight decay added to each gradient.");
+ABSL_FLAG(std::string, sync, "bsp", "Consistency model: bsp|ssp|asp|local.");
+ABSL_FLAG(int64_t, staleness, 1, "SSP staleness bound s (>= 1; only with --sync=ssp).");
+ABSL_FLAG(int64_t, local_steps, 1, "Local SGD steps H between pushes (only with --sync=local).");
+ABSL_FLAG(std::string, servers, "",
+          "Optional comma-separated host:port of every shard, served to workers by shard 0.");
+ABSL_FLAG(int, shutdown_grace_ms, 5000, "On SIGTERM/SIGINT, time in-flight calls get to finish.");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "harrier-server: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  harrier::ParseFlags(
+      argc, argv,
+      "One shard of the Harrier parameter server.\n"
+      "Usage: harrier-server --shard=I --num_shards=N --num_workers=M [--port=P] [flags]");
+  harrier::TuneMallocForLargeBuffers();
+  harrier::InitLogging(absl::StrCat("server-", absl::GetFlag(FLAGS_shard)));
+
+  // Signals are taken synchronously by this thread; block them before gRPC
+  // starts its threads so none of those receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  harrier::ShardServerOptions options;
+  options.host = absl::GetFlag(FLAGS_host);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.shard = absl::GetFlag(FLAGS_shard);
+  options.num_shards = absl::GetFlag(FLAGS_num_shards);
+  options.num_workers = absl::GetFlag(FLAGS_num_workers);
+  options.optimizer.kind = absl::GetFlag(FLAGS_optimizer);
+  options.optimizer.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  options.optimizer.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  options.optimizer.beta1 = static_cast<float>(absl::GetFlag(FLAGS_beta1));
+  options.optimizer.beta2 = static_cast<float>(absl::GetFlag(FLAGS_beta2));
+  options.optimizer.epsilon = static_cast<float>(absl::GetFlag(FLAGS_epsilon));
+  options.optimizer.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  auto sync = harrier::SyncPolicy::FromFlags(absl::GetFlag(FLAGS_sync), absl::GetFlag(FLAGS_staleness),
+                                             absl::GetFlag(FLAGS_local_steps));
+  if (!sync.ok()) return Fail(std::string(sync.status().message()));
+  options.sync = *sync;
+  const std::string servers = absl::GetFlag(FLAGS_servers);
+  if (!servers.empty()) options.shard_addresses = absl::StrSplit(servers, ',', absl::SkipEmpty());
+
+  auto server = harrier::ShardServer::Start(options);
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+  spdlog::info("serving shard={}/{} port={} workers={} sync={} optimizer={} lr={}", options.shard,
+               options.num_shards, (*server)->port(), options.num_workers,
+               options.sync.ToString(), options.optimizer.kind, options.optimizer.lr);
+
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    auto written = harrier::WriteFileAtomically(port_file, absl::StrCat((*server)->port(), "\n"));
+    if (!written.ok()) return Fail(std::string(written.message()));
+  }
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("signal {} received: shutting down", signal_number);
+  (*server)->Shutdown(std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  (*server)->Wait();
+  const auto& counters = (*server)->store().counters();
+  spdlog::info("stopped pushes={} pulls={} bytes_in={} bytes_out={} rejected={}",
+               counters.pushes.load(), counters.pulls.load(), counters.bytes_in.load(),
+               counters.bytes_out.load(), counters.rejected.load());
+  return 0;
+}

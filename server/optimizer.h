@@ -1,0 +1,48 @@
+#ifndef HARRIER_SERVER_OPTIMIZER_H_
+#define HARRIER_SERVER_OPTIMIZER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace harrier {
+
+struct OptimizerOptions {
+  std::string kind = "sgd";  // sgd | momentum | nesterov | adam | adagrad
+  float lr = 0.01f;
+  float momentum = 0.9f;     // momentum, nesterov
+  float beta1 = 0.9f;        // adam
+  float beta2 = 0.999f;      // adam
+  float epsilon = 1e-8f;     // adam, adagrad
+  float weight_decay = 0.0f; // L2, added to the gradient
+};
+
+// Per-parameter-chunk optimizer state (moments, step count). Owned by the
+// shard's slot; serialisable for checkpoints as a flat float vector.
+struct OptimizerState {
+  std::vector<float> first;   // momentum / Adam m / AdaGrad accumulator
+  std::vector<float> second;  // Adam v
+  long long steps = 0;
+};
+
+// Applies one update w <- w - step(g) in place. Stateless apart from the
+// state it is handed, so one Optimizer serves every key of a shard.
+// Thread-compatible per state: the caller holds the slot's lock.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual const OptimizerOptions& options() const = 0;
+  virtual void Step(absl::Span<float> weights, absl::Span<const float> gradient,
+                    OptimizerState& state) const = 0;
+};
+
+// InvalidArgument for an unknown kind or a hyper-parameter out of range.
+absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const OptimizerOptions& options);
+
+}  // namespace harrier
+
+#endif  // HARRIER_SERVER_OPTIMIZER_H_

@@ -1,0 +1,32 @@
+#ifndef HARRIER_SERVER_PARAMETER_SERVICE_H_
+#define HARRIER_SERVER_PARAMETER_SERVICE_H_
+
+#include "proto/harrier.grpc.pb.h"
+#include "server/shard_store.h"
+
+namespace harrier {
+
+// gRPC front of a ShardStore (synchronous API: gRPC's thread pool runs each
+// call; a blocked pull holds one thread until its deadline). Calls are
+// answered with the store's status; the service itself keeps no state.
+class ParameterServiceImpl final : public proto::ParameterService::Service {
+ public:
+  explicit ParameterServiceImpl(ShardStore* store) : store_(store) {}
+
+  grpc::Status Init(grpc::ServerContext* context, const proto::InitRequest* request,
+                    proto::InitResponse* response) override;
+  grpc::Status Push(grpc::ServerContext* context, grpc::ServerReader<proto::TensorChunk>* reader,
+                    proto::PushResponse* response) override;
+  grpc::Status Pull(grpc::ServerContext* context, const proto::PullRequest* request,
+                    grpc::ServerWriter<proto::TensorChunk>* writer) override;
+  grpc::Status PushPull(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<proto::TensorChunk, proto::TensorChunk>* stream) override;
+
+ private:
+  ShardStore* store_;  // not owned
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_SERVER_PARAMETER_SERVICE_H_

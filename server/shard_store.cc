@@ -1,0 +1,323 @@
+#include "server/shard_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/crc32c.h"
+
+namespace harrier {
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+std::string Where(const std::string& key, uint32_t chunk) {
+  return absl::StrCat("key '", key, "' chunk ", chunk);
+}
+
+bool AllFinite(const float* values, size_t n) {
+  // Summed check vectorises; a NaN or Inf anywhere makes the sum non-finite
+  // unless it cancels, which only Inf - Inf can do and that is NaN again.
+  float acc = 0.0f;
+  for (size_t i = 0; i < n; ++i) acc += values[i] * 0.0f;
+  return acc == 0.0f;
+}
+
+}  // namespace
+
+ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> optimizer)
+    : options_(options),
+      controller_(options.sync, options.num_workers),
+      optimizer_(std::move(optimizer)),
+      partitioner_(options.num_shards) {}
+
+ShardStore::~ShardStore() { Close(); }
+
+std::string ShardStore::SlotName(const std::string& key, uint32_t chunk) {
+  return absl::StrCat(key, "#", chunk);
+}
+
+ShardStore::Slot* ShardStore::FindSlot(const std::string& key, uint32_t chunk) const {
+  std::shared_lock<std::shared_mutex> lock(slots_mutex_);
+  auto it = slots_.find(SlotName(key, chunk));
+  return it == slots_.end() ? nullptr : it->second.get();
+}
+
+absl::Status ShardStore::CheckOwnership(const std::string& key, uint32_t chunk) const {
+  if (key.empty()) return absl::InvalidArgumentError("empty key");
+  const int owner = partitioner_.ShardFor(key, chunk);
+  if (owner != options_.shard) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk), " belongs to shard ", owner,
+                                                   ", not shard ", options_.shard,
+                                                   " (client and server disagree on num_shards?)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
+  if (closed_) return absl::UnavailableError("shard is shutting down");
+  const std::string& key = request.key();
+  if (auto status = CheckOwnership(key, request.chunk()); !status.ok()) return status;
+  if (request.dtype() != proto::DTYPE_FLOAT32) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(key, request.chunk()),
+                                                   ": unsupported dtype ", request.dtype()));
+  }
+  const uint64_t n = request.num_elements();
+  if (request.initial_values().size() != n * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(key, request.chunk()), ": ", request.initial_values().size(),
+        " bytes of initial values for ", n, " float32 elements"));
+  }
+  if (Crc32c(request.initial_values().data(), request.initial_values().size()) !=
+      request.checksum()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(key, request.chunk()), ": checksum mismatch in initial values"));
+  }
+  const auto* values = reinterpret_cast<const float*>(request.initial_values().data());
+  if (!AllFinite(values, n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(key, request.chunk()), ": initial values contain NaN or Inf"));
+  }
+  const std::vector<uint64_t> shape(request.shape().begin(), request.shape().end());
+
+  std::unique_lock<std::shared_mutex> lock(slots_mutex_);
+  auto& entry = slots_[SlotName(key, request.chunk())];
+  if (entry) {
+    Slot& slot = *entry;
+    std::lock_guard<std::mutex> slot_lock(slot.mutex);
+    if (slot.values.size() != n || slot.shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(key, request.chunk()), ": shape [", absl::StrJoin(shape, ","), "] with ", n,
+          " elements disagrees with the registered shape [", absl::StrJoin(slot.shape, ","),
+          "] with ", slot.values.size(), " elements"));
+    }
+    return false;
+  }
+  entry = std::make_unique<Slot>();
+  entry->key = key;
+  entry->chunk = request.chunk();
+  entry->shape = shape;
+  entry->values.assign(values, values + n);
+  entry->pushed.assign(options_.num_workers, 0);
+  return true;
+}
+
+absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, Slot** slot_out) const {
+  const std::string& key = chunk.key();
+  if (auto status = CheckOwnership(key, chunk.chunk()); !status.ok()) return status;
+  if (chunk.rank() >= static_cast<uint32_t>(options_.num_workers)) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()), ": rank ",
+                                                   chunk.rank(), " out of range [0, ",
+                                                   options_.num_workers, ")"));
+  }
+  if (chunk.dtype() != proto::DTYPE_FLOAT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(key, chunk.chunk()), ": unsupported dtype ", chunk.dtype()));
+  }
+  if (chunk.codec() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()), ": codec ",
+                                                   chunk.codec(), " is not supported"));
+  }
+  Slot* slot = FindSlot(key, chunk.chunk());
+  if (slot == nullptr) {
+    return absl::NotFoundError(absl::StrCat(Where(key, chunk.chunk()),
+                                            " is not registered on shard ", options_.shard));
+  }
+  if (chunk.num_elements() != slot->values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()), ": ",
+                                                   chunk.num_elements(), " elements, expected ",
+                                                   slot->values.size()));
+  }
+  if (chunk.payload().size() != slot->values.size() * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(key, chunk.chunk()), ": payload of ", chunk.payload().size(), " bytes, expected ",
+        slot->values.size() * sizeof(float)));
+  }
+  if (Crc32c(chunk.payload().data(), chunk.payload().size()) != chunk.checksum()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(key, chunk.chunk()), ": payload checksum mismatch"));
+  }
+  if (!AllFinite(reinterpret_cast<const float*>(chunk.payload().data()), slot->values.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(key, chunk.chunk()), ": gradient contains NaN or Inf"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(slot->mutex);
+    const int64_t expected = slot->pushed[chunk.rank()];
+    if (chunk.clock() != expected) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          Where(key, chunk.chunk()), ": push for clock ", chunk.clock(), " from rank ",
+          chunk.rank(), " but its next clock is ", expected,
+          chunk.clock() > expected ? " (clock from the future)" : " (already pushed)"));
+    }
+  }
+  *slot_out = slot;
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
+  if (closed_) return absl::UnavailableError("shard is shutting down");
+  std::vector<Slot*> slots(chunks.size(), nullptr);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (chunks[j].key() == chunks[i].key() && chunks[j].chunk() == chunks[i].chunk()) {
+        counters_.rejected++;
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(chunks[i].key(), chunks[i].chunk()), ": pushed twice in one call"));
+      }
+    }
+    if (auto status = ValidateChunk(chunks[i], &slots[i]); !status.ok()) {
+      counters_.rejected++;
+      return status;
+    }
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const proto::TensorChunk& chunk = chunks[i];
+    Slot& slot = *slots[i];
+    {
+      std::lock_guard<std::mutex> lock(slot.mutex);
+      // Re-checked under the lock: only a rank racing itself can fail here.
+      if (slot.pushed[chunk.rank()] != chunk.clock()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ",
+                         chunk.rank(), " for clock ", chunk.clock()));
+      }
+      ApplyLocked(slot, chunk.rank(), chunk.clock(),
+                  reinterpret_cast<const float*>(chunk.payload().data()));
+    }
+    slot.changed.notify_all();
+    counters_.pushes++;
+    counters_.bytes_in += chunk.payload().size();
+  }
+  return absl::OkStatus();
+}
+
+void ShardStore::StepLocked(Slot& slot, const float* gradient, float scale) {
+  const size_t n = slot.values.size();
+  if (controller_.PushesAreDeltas()) {
+    for (size_t i = 0; i < n; ++i) slot.values[i] -= scale * gradient[i];
+  } else if (scale == 1.0f) {
+    optimizer_->Step(absl::MakeSpan(slot.values), absl::MakeConstSpan(gradient, n),
+                     slot.optimizer_state);
+  } else {
+    std::vector<float> scaled(gradient, gradient + n);
+    for (float& g : scaled) g *= scale;
+    optimizer_->Step(absl::MakeSpan(slot.values), scaled, slot.optimizer_state);
+  }
+  counters_.optimizer_steps++;
+}
+
+void ShardStore::ApplyLocked(Slot& slot, uint32_t rank, int64_t clock, const float* gradient) {
+  const size_t n = slot.values.size();
+  const float inv_workers = 1.0f / static_cast<float>(options_.num_workers);
+  slot.pushed[rank] = clock + 1;
+  if (!controller_.AggregatesRounds()) {
+    StepLocked(slot, gradient, inv_workers);
+    return;
+  }
+  PendingRound& round = slot.pending[clock];
+  if (round.sum.empty()) {
+    round.sum.assign(gradient, gradient + n);
+    round.from_rank.assign(options_.num_workers, false);
+  } else {
+    for (size_t i = 0; i < n; ++i) round.sum[i] += gradient[i];
+  }
+  round.from_rank[rank] = true;
+  round.count++;
+  // Rounds complete in clock order: round t+1 cannot be complete before t,
+  // because every rank pushes its clocks in order.
+  while (!slot.pending.empty() && slot.pending.begin()->second.count == options_.num_workers) {
+    PendingRound& done = slot.pending.begin()->second;
+    for (float& g : done.sum) g *= inv_workers;
+    StepLocked(slot, done.sum.data(), 1.0f);
+    slot.pending.erase(slot.pending.begin());
+  }
+}
+
+int64_t ShardStore::MinClockLocked(const Slot& slot, int* slowest_rank) {
+  int64_t min_clock = std::numeric_limits<int64_t>::max();
+  for (size_t r = 0; r < slot.pushed.size(); ++r) {
+    if (slot.pushed[r] < min_clock) {
+      min_clock = slot.pushed[r];
+      if (slowest_rank != nullptr) *slowest_rank = static_cast<int>(r);
+    }
+  }
+  return slot.pushed.empty() ? 0 : min_clock;
+}
+
+absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
+                              Clock::time_point deadline,
+                              const std::function<bool()>& cancelled, proto::TensorChunk* out) {
+  if (auto status = CheckOwnership(ref.key(), ref.chunk()); !status.ok()) return status;
+  if (rank >= static_cast<uint32_t>(options_.num_workers)) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(ref.key(), ref.chunk()), ": rank ", rank,
+                                                   " out of range [0, ", options_.num_workers,
+                                                   ")"));
+  }
+  if (clock < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(ref.key(), ref.chunk()), ": negative clock ", clock));
+  }
+  Slot* slot = FindSlot(ref.key(), ref.chunk());
+  if (slot == nullptr) {
+    return absl::NotFoundError(absl::StrCat(Where(ref.key(), ref.chunk()),
+                                            " is not registered on shard ", options_.shard));
+  }
+  if (ref.num_elements() != slot->values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(ref.key(), ref.chunk()), ": pull of ",
+                                                   ref.num_elements(), " elements, registered ",
+                                                   slot->values.size()));
+  }
+  std::unique_lock<std::mutex> lock(slot->mutex);
+  int slowest = 0;
+  int64_t min_clock = MinClockLocked(*slot, &slowest);
+  while (!controller_.PullMayProceed(clock, min_clock)) {
+    if (closed_) return absl::UnavailableError("shard is shutting down");
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("pull of ", Where(ref.key(), ref.chunk()),
+                                               " cancelled by the client"));
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "pull of ", Where(ref.key(), ref.chunk()), " at clock ", clock, " by rank ", rank,
+          " waited for min clock >= ", controller_.RequiredMinClock(clock),
+          "; slowest worker is rank ", slowest, " at clock ", min_clock));
+    }
+    slot->changed.wait_until(lock, std::min(deadline, now + kPollInterval));
+    min_clock = MinClockLocked(*slot, &slowest);
+  }
+  out->set_key(ref.key());
+  out->set_chunk(ref.chunk());
+  out->set_rank(rank);
+  out->set_clock(clock);
+  out->set_min_clock(min_clock);
+  out->set_dtype(proto::DTYPE_FLOAT32);
+  out->set_num_elements(slot->values.size());
+  out->mutable_payload()->assign(reinterpret_cast<const char*>(slot->values.data()),
+                                 slot->values.size() * sizeof(float));
+  lock.unlock();
+  out->set_checksum(Crc32c(out->payload().data(), out->payload().size()));
+  counters_.pulls++;
+  counters_.bytes_out += out->payload().size();
+  return absl::OkStatus();
+}
+
+void ShardStore::Close() {
+  closed_ = true;
+  std::shared_lock<std::shared_mutex> lock(slots_mutex_);
+  for (auto& entry : slots_) entry.second->changed.notify_all();
+}
+
+absl::StatusOr<std::vector<float>> ShardStore::Snapshot(const std::string& key,
+                                                        uint32_t chunk) const {
+  Slot* slot = FindSlot(key, chunk);
+  if (slot == nullptr) return absl::NotFoundError(absl::StrCat(Where(key, chunk), " not found"));
+  std::lock_guard<std::mutex> lock(slot->mutex);
+  return slot->values;
+}
+
+}  // namespace harrier

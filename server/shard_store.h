@@ -1,0 +1,123 @@
+#ifndef HARRIER_SERVER_SHARD_STORE_H_
+#define HARRIER_SERVER_SHARD_STORE_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/partitioner.h"
+#include "proto/harrier.pb.h"
+#include "server/consistency.h"
+#include "server/optimizer.h"
+
+namespace harrier {
+
+struct ShardStoreOptions {
+  int shard = 0;
+  int num_shards = 1;
+  int num_workers = 1;
+  SyncPolicy sync;
+};
+
+// Counters a shard exposes (monotonic; read without locks).
+struct ShardCounters {
+  std::atomic<uint64_t> pushes{0};
+  std::atomic<uint64_t> pulls{0};
+  std::atomic<uint64_t> bytes_in{0};
+  std::atomic<uint64_t> bytes_out{0};
+  std::atomic<uint64_t> rejected{0};
+  std::atomic<uint64_t> optimizer_steps{0};
+};
+
+// The parameters one shard owns, keyed by (tensor key, chunk). Applies
+// pushes and answers pulls as its ConsistencyController says. Every public
+// method is thread-safe; each chunk has its own lock, so pushes and pulls of
+// different chunks run in parallel. Bad input is refused before anything
+// changes: a refused call leaves every chunk as it was.
+class ShardStore {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> optimizer);
+  ~ShardStore();
+
+  const ShardStoreOptions& options() const { return options_; }
+  const ConsistencyController& controller() const { return controller_; }
+  const ShardCounters& counters() const { return counters_; }
+
+  // Creates the chunk with the given values (returns true), or checks the
+  // request against the existing chunk (returns false, values kept).
+  absl::StatusOr<bool> Init(const proto::InitRequest& request);
+
+  // One worker's gradients for one clock, any number of chunks. All chunks
+  // are validated first; then all are applied. INVALID_ARGUMENT for a
+  // malformed chunk, NOT_FOUND for an unknown key, FAILED_PRECONDITION for a
+  // clock other than the rank's next one.
+  absl::Status Push(const std::vector<proto::TensorChunk>& chunks);
+
+  // Writes the chunk's parameters into `out` once a pull at `clock` may be
+  // answered. Waits until `deadline`, polling `cancelled` (may be empty);
+  // DEADLINE_EXCEEDED names the clock waited for and the slowest worker.
+  absl::Status Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
+                    Clock::time_point deadline, const std::function<bool()>& cancelled,
+                    proto::TensorChunk* out);
+
+  // Wakes every waiting pull, which then fails with UNAVAILABLE; later calls
+  // fail the same way.
+  void Close();
+
+  // Test and checkpoint access: a copy of a chunk's parameters.
+  absl::StatusOr<std::vector<float>> Snapshot(const std::string& key, uint32_t chunk) const;
+
+ private:
+  struct PendingRound {
+    std::vector<float> sum;
+    std::vector<bool> from_rank;
+    int count = 0;
+  };
+  struct Slot {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::string key;
+    uint32_t chunk = 0;
+    std::vector<uint64_t> shape;
+    std::vector<float> values;
+    OptimizerState optimizer_state;
+    std::vector<int64_t> pushed;  // iterations pushed, per rank
+    std::map<int64_t, PendingRound> pending;  // BSP/local rounds not yet complete
+  };
+
+  static std::string SlotName(const std::string& key, uint32_t chunk);
+  Slot* FindSlot(const std::string& key, uint32_t chunk) const;
+  absl::Status CheckOwnership(const std::string& key, uint32_t chunk) const;
+  absl::Status ValidateChunk(const proto::TensorChunk& chunk, Slot** slot) const;
+  // Caller holds slot->mutex.
+  void ApplyLocked(Slot& slot, uint32_t rank, int64_t clock, const float* gradient);
+  void StepLocked(Slot& slot, const float* gradient, float scale);
+  static int64_t MinClockLocked(const Slot& slot, int* slowest_rank);
+
+  const ShardStoreOptions options_;
+  const ConsistencyController controller_;
+  const std::unique_ptr<Optimizer> optimizer_;
+  const HashPartitioner partitioner_;
+  ShardCounters counters_;
+  std::atomic<bool> closed_{false};
+
+  mutable std::shared_mutex slots_mutex_;
+  std::unordered_map<std::string, std::unique_ptr<Slot>> slots_;
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_SERVER_SHARD_STORE_H_
