@@ -13,7 +13,12 @@ namespace {
 constexpr size_t kMaxChunksPerCall = 256;
 
 ShardStore::Clock::time_point DeadlineOf(const grpc::ServerContext* context) {
-  const auto remaining = context->deadline() - std::chrono::system_clock::now();
+  auto remaining = context->deadline() - std::chrono::system_clock::now();
+  // Give up a little before the client does, so the client receives the
+  // shard's DEADLINE_EXCEEDED (which names the slowest worker) rather than
+  // its own bare one.
+  remaining -= std::min<std::chrono::system_clock::duration>(std::chrono::milliseconds(200),
+                                                             remaining / 5);
   // No deadline from the client: wait at most an hour rather than forever.
   const auto capped = std::min<std::chrono::system_clock::duration>(remaining, std::chrono::hours(1));
   return ShardStore::Clock::now() + std::chrono::duration_cast<ShardStore::Clock::duration>(capped);

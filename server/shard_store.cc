@@ -231,7 +231,10 @@ void ShardStore::ApplyLocked(Slot& slot, uint32_t rank, int64_t clock, const flo
   // because every rank pushes its clocks in order.
   while (!slot.pending.empty() && slot.pending.begin()->second.count == options_.num_workers) {
     PendingRound& done = slot.pending.begin()->second;
-    for (float& g : done.sum) g *= inv_workers;
+    // Division rather than multiplication by 1/n: the average of integer
+    // gradients whose sum n divides is then exact, as tests assert.
+    const float workers = static_cast<float>(options_.num_workers);
+    for (float& g : done.sum) g /= workers;
     StepLocked(slot, done.sum.data(), 1.0f);
     slot.pending.erase(slot.pending.begin());
   }

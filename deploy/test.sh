@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs every Harrier test: installs what is missing, builds, runs the Bazel
+# tests (unit, integration, end-to-end), compiles the CUDA kernels when nvcc
+# exists, validates the Kubernetes manifests, and ends with one line
+# "N passed, M failed" summing all test cases.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+./deploy/setup.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
+
+passed=0
+failed=0
+count_log() {  # adds one test log's Catch2 case counts (or the target's verdict)
+  local log=$1 verdict=$2 line p f
+  line=$(grep -E "^All tests passed \(|^test cases:" "$log" | tail -n 1)
+  if [[ $line =~ ^All\ tests\ passed\ \(.*\ in\ ([0-9]+)\ test\ case ]]; then
+    p=${BASH_REMATCH[1]}; f=0
+  elif [[ $line =~ ^test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ passed\ \|\ +([0-9]+)\ failed ]]; then
+    p=${BASH_REMATCH[2]}; f=${BASH_REMATCH[3]}
+  elif [[ $line =~ ^test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ failed ]]; then
+    p=0; f=${BASH_REMATCH[2]}
+  elif [ "$verdict" = PASSED ]; then
+    p=1; f=0
+  else
+    p=0; f=1
+  fi
+  # A target that failed (crash, timeout) after its cases passed still fails.
+  if [ "$verdict" != PASSED ] && [ "$f" -eq 0 ]; then f=1; fi
+  passed=$((passed + p)); failed=$((failed + f))
+}
+
+echo "== bazel test //..."
+bazel test //... --nocache_test_results 2>&1 | tee /tmp/harrier-bazel-test.log | \
+  grep -E "^//|^FAIL|^ERROR|Executed|passes|fails" || true
+build_rc=${PIPESTATUS[0]}
+testlogs=$(bazel info bazel-testlogs 2>/dev/null)
+while read -r target verdict; do
+  log="$testlogs/${target#//}"; log="${log/://}/test.log"
+  if [ -f "$log" ]; then count_log "$log" "$verdict"; else failed=$((failed + 1)); fi
+done < <(grep -E "^//[^ ]+ +(PASSED|FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)" /tmp/harrier-bazel-test.log |
+         awk '{v=$2; if (v=="FAILED" && $3=="TO") v="FAILED_TO_BUILD"; print $1, v}')
+if [ "$build_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  echo "bazel test exited with $build_rc"; failed=$((failed + 1))
+fi
+
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "== CUDA kernels compile and link (nvcc, no GPU needed)"
+  if [ -f cuda/BUILD ] && bazel build --config=cuda //cuda/... //tests/cuda/... 2>&1 | tail -n 3; then
+    passed=$((passed + 1)); echo "PASS cuda build"
+  else
+    failed=$((failed + 1)); echo "FAIL cuda build"
+  fi
+fi
+
+echo "== Kubernetes manifests (offline validation)"
+if tests/k8s/install.sh && tests/k8s/validate.sh > /tmp/harrier-k8s.log 2>&1; then :; fi
+cat /tmp/harrier-k8s.log
+k8s_line=$(grep -E "^[0-9]+ passed, [0-9]+ failed" /tmp/harrier-k8s.log | tail -n 1)
+if [[ $k8s_line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
+  passed=$((passed + BASH_REMATCH[1])); failed=$((failed + BASH_REMATCH[2]))
+else
+  failed=$((failed + 1))
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,129 @@
+#include "tests/integration/server_process.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace harrier::testing {
+
+std::string RunfilePath(const std::string& relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir != nullptr) {
+    return absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "harrier", "/", relative);
+  }
+  return relative;
+}
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
+    const std::string& binary, const std::vector<std::string>& args) {
+  std::vector<std::string> argv_storage = {binary};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& arg : argv_storage) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  auto child = std::unique_ptr<ChildProcess>(new ChildProcess());
+  child->pid_ = pid;
+  return child;
+}
+
+ChildProcess::~ChildProcess() {
+  if (!reaped_ && pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+void ChildProcess::Signal(int signal_number) {
+  if (!reaped_) kill(pid_, signal_number);
+}
+
+int ChildProcess::WaitForExit(int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!reaped_) {
+    int status = 0;
+    const pid_t done = waitpid(pid_, &status, WNOHANG);
+    if (done == pid_) {
+      reaped_ = true;
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return exit_code_;
+}
+
+absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
+    const std::vector<std::string>& flags) {
+  static std::atomic<int> counter{0};
+  const std::string port_file =
+      absl::StrCat(TempDir(), "/server-", getpid(), "-", counter++, ".port");
+  std::remove(port_file.c_str());
+  std::vector<std::string> args = flags;
+  args.push_back("--host=127.0.0.1");
+  args.push_back("--port=0");
+  args.push_back(absl::StrCat("--port_file=", port_file));
+  auto child = ChildProcess::Start(RunfilePath("server/harrier-server"), args);
+  if (!child.ok()) return child.status();
+  auto server = std::unique_ptr<ServerProcess>(new ServerProcess());
+  server->process_ = std::move(*child);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream file(port_file);
+    int port = 0;
+    if (file >> port && port > 0) {
+      server->port_ = port;
+      return server;
+    }
+    if (server->process_->WaitForExit(0) >= 0) {
+      return absl::InternalError("harrier-server exited before serving");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return absl::DeadlineExceededError("harrier-server did not write its port file");
+}
+
+std::string ServerProcess::address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
+    int num_shards, int num_workers, const std::vector<std::string>& extra_flags) {
+  std::vector<std::unique_ptr<ServerProcess>> servers;
+  for (int shard = 0; shard < num_shards; ++shard) {
+    std::vector<std::string> flags = {absl::StrCat("--shard=", shard),
+                                      absl::StrCat("--num_shards=", num_shards),
+                                      absl::StrCat("--num_workers=", num_workers)};
+    flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
+    auto server = ServerProcess::Start(flags);
+    if (!server.ok()) return server.status();
+    servers.push_back(std::move(*server));
+  }
+  return servers;
+}
+
+std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProcess>>& servers) {
+  std::vector<std::string> addresses;
+  for (const auto& server : servers) addresses.push_back(server->address());
+  return addresses;
+}
+
+}  // namespace harrier::testing

@@ -1,0 +1,63 @@
+#ifndef HARRIER_TESTS_INTEGRATION_SERVER_PROCESS_H_
+#define HARRIER_TESTS_INTEGRATION_SERVER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace harrier::testing {
+
+// Path of a file in the test's runfiles, e.g. "server/harrier-server".
+std::string RunfilePath(const std::string& relative);
+
+// A scratch directory for this test (Bazel's TEST_TMPDIR, else /tmp).
+std::string TempDir();
+
+// A child process started with fork/exec. The destructor kills it with
+// SIGKILL if it still runs, so a failing test leaves nothing behind.
+class ChildProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const std::string& binary,
+                                                             const std::vector<std::string>& args);
+  ~ChildProcess();
+
+  pid_t pid() const { return pid_; }
+  void Signal(int signal_number);
+  // Exit status (or 128 + signal) once the process ended; waits at most
+  // `timeout_ms`, returning -1 if it is still running then.
+  int WaitForExit(int timeout_ms);
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int exit_code_ = -1;
+};
+
+// A real harrier-server on 127.0.0.1 with an ephemeral port.
+class ServerProcess {
+ public:
+  // `flags` are passed as they are; --host, --port and --port_file are added.
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::vector<std::string>& flags);
+
+  int port() const { return port_; }
+  std::string address() const;
+  ChildProcess& process() { return *process_; }
+
+ private:
+  std::unique_ptr<ChildProcess> process_;
+  int port_ = 0;
+};
+
+// Starts `num_shards` servers for one job and returns them, shard 0 first.
+absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
+    int num_shards, int num_workers, const std::vector<std::string>& extra_flags);
+
+std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProcess>>& servers);
+
+}  // namespace harrier::testing
+
+#endif  // HARRIER_TESTS_INTEGRATION_SERVER_PROCESS_H_

@@ -1,0 +1,574 @@
+#include "worker/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/crc32c.h"
+#include "common/grpc_limits.h"
+#include "common/grpc_status.h"
+#include "common/partitioner.h"
+#include "common/thread_pool.h"
+#include "proto/harrier.grpc.pb.h"
+
+namespace harrier {
+namespace {
+
+// One RPC-level unit of an operation: the chunks of one tensor on one shard.
+struct ShardGroup {
+  int shard = 0;
+  std::vector<ChunkSpan> spans;
+};
+
+struct TensorInfo {
+  std::vector<int64_t> shape;
+  size_t num_elements = 0;
+  std::vector<ShardGroup> groups;
+};
+
+enum class OpKind { kPush, kPull, kPushPull };
+
+// The shared state of one async operation. Tasks on the pools decrement
+// `remaining`; the first error wins.
+struct Operation {
+  explicit Operation(OpKind kind) : kind(kind) {}
+  const OpKind kind;
+  std::mutex mutex;
+  std::condition_variable finished;
+  int remaining = 0;
+  absl::Status status;
+  bool cancelled = false;
+  std::vector<grpc::ClientContext*> live_contexts;
+
+  void Finish(const absl::Status& task_status) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!task_status.ok() && status.ok()) status = task_status;
+    if (--remaining == 0) finished.notify_all();
+  }
+};
+
+std::chrono::system_clock::time_point ToChrono(absl::Time time) {
+  return absl::ToChronoTime(time);
+}
+
+}  // namespace
+
+class Client::Impl {
+ public:
+  explicit Impl(const ClientOptions& options)
+      : options_(options),
+        partitioner_(static_cast<int>(options.servers.size())),
+        push_pool_(2 * static_cast<int>(options.servers.size()) + 2),
+        pull_pool_(2 * static_cast<int>(options.servers.size()) + 2) {}
+
+  absl::Status Connect();
+
+  ClientOptions options_;
+  HashPartitioner partitioner_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<proto::ParameterService::Stub>> stubs_;
+  std::unique_ptr<proto::ControlService::Stub> control_;
+  int rank_ = 0;
+  int num_workers_ = 0;
+  SyncInfo sync_;
+  std::atomic<int64_t> clock_{0};
+
+  mutable std::shared_mutex tensors_mutex_;
+  std::unordered_map<std::string, TensorInfo> tensors_;
+
+  std::mutex ops_mutex_;
+  std::unordered_map<Handle, std::shared_ptr<Operation>> ops_;
+  Handle next_handle_ = 1;
+
+  std::atomic<uint64_t> bytes_pushed_{0}, bytes_pulled_{0}, pushes_{0}, pulls_{0};
+  std::atomic<int64_t> push_wait_ns_{0}, pull_wait_ns_{0}, last_min_clock_{0};
+
+  ThreadPool push_pool_;
+  ThreadPool pull_pool_;
+
+  std::string ShardName(int shard) const {
+    return absl::StrCat("shard ", shard, " (", options_.servers[shard], ")");
+  }
+  absl::Status ShardError(int shard, const grpc::Status& status) const {
+    absl::Status s = FromGrpcStatus(status);
+    return absl::Status(s.code(), absl::StrCat(ShardName(shard), ": ", s.message()));
+  }
+  absl::StatusOr<TensorInfo> Lookup(const std::string& name, size_t elements) const;
+  void FillChunk(const std::string& name, const ChunkSpan& span, const float* data, int64_t clock,
+                 proto::TensorChunk* chunk) const;
+  absl::Status ReadChunk(const std::string& name, const ShardGroup& group,
+                         const proto::TensorChunk& reply, float* out);
+  // Registers a context so a cancelled operation can abort it; false if the
+  // operation was already cancelled.
+  bool Attach(Operation& op, grpc::ClientContext* context);
+  void Detach(Operation& op, grpc::ClientContext* context);
+  void SetDeadline(grpc::ClientContext* context) const {
+    context->set_deadline(ToChrono(absl::Now() + options_.rpc_timeout));
+  }
+
+  absl::Status PushGroup(Operation& op, const std::string& name, const ShardGroup& group,
+                         const float* gradient, int64_t clock);
+  absl::Status PullGroup(Operation& op, const std::string& name, const ShardGroup& group,
+                         float* out, int64_t clock);
+  absl::Status PushPullGroup(Operation& op, const std::string& name, const ShardGroup& group,
+                             const float* gradient, float* out, int64_t clock);
+
+  Handle Start(std::shared_ptr<Operation> op, const absl::Status& early_error,
+               const std::vector<std::function<void()>>& tasks, ThreadPool& pool);
+};
+
+absl::Status Client::Impl::Connect() {
+  const auto args = MakeChannelArguments();
+  const absl::Time connect_deadline = absl::Now() + options_.connect_timeout;
+  for (size_t shard = 0; shard < options_.servers.size(); ++shard) {
+    auto channel = grpc::CreateCustomChannel(options_.servers[shard],
+                                             grpc::InsecureChannelCredentials(), args);
+    if (!channel->WaitForConnected(ToChrono(connect_deadline))) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot connect to ", ShardName(static_cast<int>(shard)), " within ",
+          absl::FormatDuration(options_.connect_timeout)));
+    }
+    stubs_.push_back(proto::ParameterService::NewStub(channel));
+    channels_.push_back(std::move(channel));
+  }
+  control_ = proto::ControlService::NewStub(channels_[0]);
+
+  proto::RegisterRequest request;
+  request.set_job(options_.job);
+  request.set_requested_rank(options_.rank);
+  request.set_worker_name(options_.worker_name);
+  proto::RegisterResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  if (auto status = control_->Register(&context, request, &response); !status.ok()) {
+    return ShardError(0, status);
+  }
+  rank_ = static_cast<int>(response.rank());
+  num_workers_ = static_cast<int>(response.num_workers());
+  switch (response.sync().mode()) {
+    case proto::SYNC_SSP: sync_.mode = "ssp"; break;
+    case proto::SYNC_ASP: sync_.mode = "asp"; break;
+    case proto::SYNC_LOCAL: sync_.mode = "local"; break;
+    default: sync_.mode = "bsp"; break;
+  }
+  sync_.staleness = response.sync().staleness();
+  sync_.local_steps = response.sync().local_steps();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorInfo> Client::Impl::Lookup(const std::string& name, size_t elements) const {
+  std::shared_lock<std::shared_mutex> lock(tensors_mutex_);
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat("tensor '", name, "' is not registered"));
+  }
+  if (it->second.num_elements != elements) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has ",
+                                                   it->second.num_elements, " elements, got a buffer of ",
+                                                   elements));
+  }
+  return it->second;
+}
+
+void Client::Impl::FillChunk(const std::string& name, const ChunkSpan& span, const float* data,
+                             int64_t clock, proto::TensorChunk* chunk) const {
+  chunk->set_job(options_.job);
+  chunk->set_rank(static_cast<uint32_t>(rank_));
+  chunk->set_key(name);
+  chunk->set_chunk(span.chunk);
+  chunk->set_clock(clock);
+  chunk->set_codec(0);
+  chunk->set_num_elements(span.num_elements);
+  chunk->set_dtype(proto::DTYPE_FLOAT32);
+  chunk->mutable_payload()->assign(reinterpret_cast<const char*>(data + span.offset),
+                                   span.num_elements * sizeof(float));
+  chunk->set_checksum(Crc32c(chunk->payload().data(), chunk->payload().size()));
+}
+
+absl::Status Client::Impl::ReadChunk(const std::string& name, const ShardGroup& group,
+                                     const proto::TensorChunk& reply, float* out) {
+  const ChunkSpan* span = nullptr;
+  for (const ChunkSpan& candidate : group.spans) {
+    if (candidate.chunk == reply.chunk()) span = &candidate;
+  }
+  if (reply.key() != name || span == nullptr || reply.num_elements() != span->num_elements ||
+      reply.payload().size() != span->num_elements * sizeof(float)) {
+    return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": reply for '", reply.key(),
+                                            "' chunk ", reply.chunk(),
+                                            " does not match the request for '", name, "'"));
+  }
+  if (Crc32c(reply.payload().data(), reply.payload().size()) != reply.checksum()) {
+    return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": checksum mismatch in '",
+                                            name, "' chunk ", reply.chunk()));
+  }
+  std::memcpy(out + span->offset, reply.payload().data(), reply.payload().size());
+  bytes_pulled_ += reply.payload().size();
+  last_min_clock_ = reply.min_clock();
+  return absl::OkStatus();
+}
+
+bool Client::Impl::Attach(Operation& op, grpc::ClientContext* context) {
+  std::lock_guard<std::mutex> lock(op.mutex);
+  if (op.cancelled) return false;
+  op.live_contexts.push_back(context);
+  return true;
+}
+
+void Client::Impl::Detach(Operation& op, grpc::ClientContext* context) {
+  std::lock_guard<std::mutex> lock(op.mutex);
+  auto& live = op.live_contexts;
+  live.erase(std::remove(live.begin(), live.end(), context), live.end());
+}
+
+absl::Status Client::Impl::PushGroup(Operation& op, const std::string& name,
+                                     const ShardGroup& group, const float* gradient,
+                                     int64_t clock) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  if (!Attach(op, &context)) return absl::CancelledError("operation cancelled");
+  proto::PushResponse response;
+  auto writer = stubs_[group.shard]->Push(&context, &response);
+  proto::TensorChunk chunk;
+  for (const ChunkSpan& span : group.spans) {
+    FillChunk(name, span, gradient, clock, &chunk);
+    if (!writer->Write(chunk)) break;  // Finish() reports why
+    bytes_pushed_ += chunk.payload().size();
+  }
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  Detach(op, &context);
+  return status.ok() ? absl::OkStatus() : ShardError(group.shard, status);
+}
+
+absl::Status Client::Impl::PullGroup(Operation& op, const std::string& name,
+                                     const ShardGroup& group, float* out, int64_t clock) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  if (!Attach(op, &context)) return absl::CancelledError("operation cancelled");
+  proto::PullRequest request;
+  request.set_job(options_.job);
+  request.set_rank(static_cast<uint32_t>(rank_));
+  request.set_clock(clock);
+  for (const ChunkSpan& span : group.spans) {
+    proto::ChunkRef* ref = request.add_chunks();
+    ref->set_key(name);
+    ref->set_chunk(span.chunk);
+    ref->set_num_elements(span.num_elements);
+  }
+  auto reader = stubs_[group.shard]->Pull(&context, request);
+  proto::TensorChunk reply;
+  absl::Status read_status;
+  size_t received = 0;
+  while (reader->Read(&reply)) {
+    if (read_status.ok()) read_status = ReadChunk(name, group, reply, out);
+    ++received;
+  }
+  grpc::Status status = reader->Finish();
+  Detach(op, &context);
+  if (!status.ok()) return ShardError(group.shard, status);
+  if (!read_status.ok()) return read_status;
+  if (received != group.spans.size()) {
+    return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": ", received, " of ",
+                                            group.spans.size(), " chunks of '", name, "' arrived"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::Impl::PushPullGroup(Operation& op, const std::string& name,
+                                         const ShardGroup& group, const float* gradient,
+                                         float* out, int64_t clock) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  if (!Attach(op, &context)) return absl::CancelledError("operation cancelled");
+  auto stream = stubs_[group.shard]->PushPull(&context);
+  proto::TensorChunk chunk;
+  for (const ChunkSpan& span : group.spans) {
+    FillChunk(name, span, gradient, clock, &chunk);
+    if (!stream->Write(chunk)) break;
+    bytes_pushed_ += chunk.payload().size();
+  }
+  stream->WritesDone();
+  absl::Status read_status;
+  size_t received = 0;
+  while (stream->Read(&chunk)) {
+    if (read_status.ok()) read_status = ReadChunk(name, group, chunk, out);
+    ++received;
+  }
+  grpc::Status status = stream->Finish();
+  Detach(op, &context);
+  if (!status.ok()) return ShardError(group.shard, status);
+  if (!read_status.ok()) return read_status;
+  if (received != group.spans.size()) {
+    return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": ", received, " of ",
+                                            group.spans.size(), " chunks of '", name, "' arrived"));
+  }
+  return absl::OkStatus();
+}
+
+Client::Handle Client::Impl::Start(std::shared_ptr<Operation> op, const absl::Status& early_error,
+                                   const std::vector<std::function<void()>>& tasks,
+                                   ThreadPool& pool) {
+  Handle handle;
+  {
+    std::lock_guard<std::mutex> lock(ops_mutex_);
+    handle = next_handle_++;
+    ops_[handle] = op;
+  }
+  if (!early_error.ok()) {
+    op->status = early_error;
+    op->remaining = 0;
+    return handle;
+  }
+  op->remaining = static_cast<int>(tasks.size());
+  for (const auto& task : tasks) pool.Submit(task);
+  return handle;
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  // Cancel whatever is still in flight so the pools drain quickly.
+  std::vector<std::shared_ptr<Operation>> ops;
+  {
+    std::lock_guard<std::mutex> lock(impl_->ops_mutex_);
+    for (auto& entry : impl_->ops_) ops.push_back(entry.second);
+  }
+  for (auto& op : ops) {
+    std::lock_guard<std::mutex> lock(op->mutex);
+    op->cancelled = true;
+    for (auto* context : op->live_contexts) context->TryCancel();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
+  if (options.servers.empty()) {
+    return absl::InvalidArgumentError("ClientOptions.servers is empty: need host:port of every shard");
+  }
+  for (const auto& server : options.servers) {
+    if (server.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("server address '", server, "' is not host:port"));
+    }
+  }
+  if (options.chunk_bytes < sizeof(float) || options.chunk_bytes > (32u << 20)) {
+    return absl::InvalidArgumentError("chunk_bytes must be in [4, 32 MiB]");
+  }
+  if (options.rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("rpc_timeout must be positive");
+  }
+  auto impl = std::make_unique<Impl>(options);
+  if (auto status = impl->Connect(); !status.ok()) return status;
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+int Client::rank() const { return impl_->rank_; }
+int Client::num_workers() const { return impl_->num_workers_; }
+int Client::num_shards() const { return static_cast<int>(impl_->options_.servers.size()); }
+const SyncInfo& Client::sync() const { return impl_->sync_; }
+void Client::Clock() { impl_->clock_++; }
+int64_t Client::clock() const { return impl_->clock_; }
+
+absl::Status Client::RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,
+                                    absl::Span<const float> initial_values) {
+  if (name.empty()) return absl::InvalidArgumentError("tensor name is empty");
+  size_t elements = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': negative dimension"));
+    }
+    elements *= static_cast<size_t>(dim);
+  }
+  if (!initial_values.empty() && initial_values.size() != elements) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", initial_values.size(),
+                                                   " initial values for ", elements, " elements"));
+  }
+  std::vector<float> zeros;
+  if (initial_values.empty()) {
+    zeros.assign(elements, 0.0f);
+    initial_values = zeros;
+  }
+  TensorInfo info;
+  info.shape = shape;
+  info.num_elements = elements;
+  const size_t chunk_elements = std::max<size_t>(1, impl_->options_.chunk_bytes / sizeof(float));
+  std::map<int, ShardGroup> by_shard;
+  for (const ChunkSpan& span : SplitIntoChunks(name, elements, chunk_elements, impl_->partitioner_)) {
+    by_shard[span.shard].shard = span.shard;
+    by_shard[span.shard].spans.push_back(span);
+    proto::InitRequest request;
+    request.set_job(impl_->options_.job);
+    request.set_rank(static_cast<uint32_t>(impl_->rank_));
+    request.set_key(name);
+    request.set_chunk(span.chunk);
+    for (int64_t dim : shape) request.add_shape(static_cast<uint64_t>(dim));
+    request.set_num_elements(span.num_elements);
+    request.set_dtype(proto::DTYPE_FLOAT32);
+    request.mutable_initial_values()->assign(
+        reinterpret_cast<const char*>(initial_values.data() + span.offset),
+        span.num_elements * sizeof(float));
+    request.set_checksum(Crc32c(request.initial_values().data(), request.initial_values().size()));
+    proto::InitResponse response;
+    grpc::ClientContext context;
+    impl_->SetDeadline(&context);
+    if (auto status = impl_->stubs_[span.shard]->Init(&context, request, &response); !status.ok()) {
+      return impl_->ShardError(span.shard, status);
+    }
+  }
+  for (auto& entry : by_shard) info.groups.push_back(std::move(entry.second));
+  std::unique_lock<std::shared_mutex> lock(impl_->tensors_mutex_);
+  impl_->tensors_[name] = std::move(info);
+  return absl::OkStatus();
+}
+
+Client::Handle Client::PushAsync(const std::string& name, absl::Span<const float> gradient) {
+  auto op = std::make_shared<Operation>(OpKind::kPush);
+  auto info = impl_->Lookup(name, gradient.size());
+  std::vector<std::function<void()>> tasks;
+  if (info.ok()) {
+    const int64_t clock = impl_->clock_;
+    for (const ShardGroup& group : info->groups) {
+      tasks.push_back([impl = impl_.get(), op, name, group, data = gradient.data(), clock] {
+        op->Finish(impl->PushGroup(*op, name, group, data, clock));
+      });
+    }
+    impl_->pushes_++;
+  }
+  return impl_->Start(op, info.status(), tasks, impl_->push_pool_);
+}
+
+Client::Handle Client::PullAsync(const std::string& name, absl::Span<float> out) {
+  auto op = std::make_shared<Operation>(OpKind::kPull);
+  auto info = impl_->Lookup(name, out.size());
+  std::vector<std::function<void()>> tasks;
+  if (info.ok()) {
+    const int64_t clock = impl_->clock_;
+    for (const ShardGroup& group : info->groups) {
+      tasks.push_back([impl = impl_.get(), op, name, group, data = out.data(), clock] {
+        op->Finish(impl->PullGroup(*op, name, group, data, clock));
+      });
+    }
+    impl_->pulls_++;
+  }
+  return impl_->Start(op, info.status(), tasks, impl_->pull_pool_);
+}
+
+Client::Handle Client::PushPullAsync(const std::string& name, absl::Span<const float> gradient,
+                                     absl::Span<float> out) {
+  auto op = std::make_shared<Operation>(OpKind::kPushPull);
+  auto info = impl_->Lookup(name, gradient.size());
+  if (info.ok() && out.size() != gradient.size()) {
+    info = absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': output buffer of ",
+                                                   out.size(), " elements for ", gradient.size()));
+  }
+  std::vector<std::function<void()>> tasks;
+  if (info.ok()) {
+    const int64_t clock = impl_->clock_;
+    for (const ShardGroup& group : info->groups) {
+      tasks.push_back([impl = impl_.get(), op, name, group, in = gradient.data(),
+                       data = out.data(), clock] {
+        op->Finish(impl->PushPullGroup(*op, name, group, in, data, clock));
+      });
+    }
+    impl_->pushes_++;
+    impl_->pulls_++;
+  }
+  return impl_->Start(op, info.status(), tasks, impl_->pull_pool_);
+}
+
+absl::Status Client::Wait(Handle handle, absl::Time deadline) {
+  std::shared_ptr<Operation> op;
+  {
+    std::lock_guard<std::mutex> lock(impl_->ops_mutex_);
+    auto it = impl_->ops_.find(handle);
+    if (it == impl_->ops_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown or already waited handle ", handle));
+    }
+    op = it->second;
+  }
+  const absl::Time start = absl::Now();
+  absl::Status result;
+  {
+    std::unique_lock<std::mutex> lock(op->mutex);
+    const bool done = op->finished.wait_until(lock, ToChrono(deadline),
+                                              [&] { return op->remaining == 0; });
+    if (!done) {
+      op->cancelled = true;
+      for (auto* context : op->live_contexts) context->TryCancel();
+      // The tasks finish promptly once cancelled; after that no buffer of
+      // this operation is touched again.
+      op->finished.wait(lock, [&] { return op->remaining == 0; });
+      result = absl::DeadlineExceededError(absl::StrCat(
+          "operation ", handle, " did not finish by its deadline and was cancelled"));
+    } else {
+      result = op->status;
+    }
+  }
+  const int64_t waited = absl::ToInt64Nanoseconds(absl::Now() - start);
+  if (op->kind == OpKind::kPush) {
+    impl_->push_wait_ns_ += waited;
+  } else {
+    impl_->pull_wait_ns_ += waited;
+  }
+  std::lock_guard<std::mutex> lock(impl_->ops_mutex_);
+  impl_->ops_.erase(handle);
+  return result;
+}
+
+absl::Status Client::Push(const std::string& name, absl::Span<const float> gradient) {
+  return Wait(PushAsync(name, gradient));
+}
+
+absl::Status Client::Pull(const std::string& name, absl::Span<float> out) {
+  return Wait(PullAsync(name, out));
+}
+
+absl::Status Client::PushPull(const std::string& name, absl::Span<const float> gradient,
+                              absl::Span<float> out) {
+  return Wait(PushPullAsync(name, gradient, out));
+}
+
+absl::Status Client::Barrier(const std::string& name) {
+  proto::BarrierRequest request;
+  request.set_job(impl_->options_.job);
+  request.set_rank(static_cast<uint32_t>(impl_->rank_));
+  request.set_name(name);
+  proto::BarrierResponse response;
+  grpc::ClientContext context;
+  impl_->SetDeadline(&context);
+  auto status = impl_->control_->Barrier(&context, request, &response);
+  return status.ok() ? absl::OkStatus() : impl_->ShardError(0, status);
+}
+
+absl::Status Client::Heartbeat() {
+  proto::HeartbeatRequest request;
+  request.set_job(impl_->options_.job);
+  request.set_rank(static_cast<uint32_t>(impl_->rank_));
+  request.set_clock(impl_->clock_);
+  proto::HeartbeatResponse response;
+  grpc::ClientContext context;
+  impl_->SetDeadline(&context);
+  auto status = impl_->control_->Heartbeat(&context, request, &response);
+  return status.ok() ? absl::OkStatus() : impl_->ShardError(0, status);
+}
+
+ClientStats Client::stats() const {
+  ClientStats stats;
+  stats.bytes_pushed = impl_->bytes_pushed_;
+  stats.bytes_pulled = impl_->bytes_pulled_;
+  stats.pushes = impl_->pushes_;
+  stats.pulls = impl_->pulls_;
+  stats.push_wait = absl::Nanoseconds(impl_->push_wait_ns_.load());
+  stats.pull_wait = absl::Nanoseconds(impl_->pull_wait_ns_.load());
+  stats.last_min_clock = impl_->last_min_clock_;
+  return stats;
+}
+
+}  // namespace harrier

@@ -1,0 +1,132 @@
+#ifndef HARRIER_WORKER_CLIENT_H_
+#define HARRIER_WORKER_CLIENT_H_
+
+// The Harrier client library: what training code links to talk to the
+// parameter servers. No globals: several Clients may live in one process,
+// each with its own connections, threads and clock.
+//
+//   harrier::ClientOptions options;
+//   options.servers = {"127.0.0.1:5000", "127.0.0.1:5001"};
+//   auto client = harrier::Client::Create(options);      // registers, gets a rank
+//   (*client)->RegisterTensor("w", {256, 784}, initial);  // first registration wins
+//   for (int step = 0; step < steps; ++step) {
+//     (*client)->Pull("w", weights);   // waits as the consistency model says
+//     ... compute gradient ...
+//     (*client)->Push("w", gradient);  // for the current clock
+//     (*client)->Clock();              // next iteration
+//   }
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace harrier {
+
+struct ClientOptions {
+  // host:port of every shard, shard 0 (which also serves the control plane)
+  // first. The order defines shard indices and must be the same everywhere.
+  std::vector<std::string> servers;
+  std::string job = "harrier";
+  // -1: the control plane assigns the lowest free rank.
+  int rank = -1;
+  std::string worker_name;
+  // Deadline of every RPC, including pulls blocked by the consistency model.
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  // How long Create() waits for every shard to accept a connection.
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Tensors above this many bytes are split into chunks spread over shards.
+  size_t chunk_bytes = 4u << 20;
+};
+
+// What the control plane told this worker when it registered.
+struct SyncInfo {
+  std::string mode;         // "bsp", "ssp", "asp" or "local"
+  int64_t staleness = 0;    // -1: unbounded
+  int64_t local_steps = 1;  // H for local SGD
+};
+
+// Counters for progress output (monotonic, payload bytes only).
+struct ClientStats {
+  uint64_t bytes_pushed = 0;
+  uint64_t bytes_pulled = 0;
+  uint64_t pushes = 0;
+  uint64_t pulls = 0;
+  absl::Duration push_wait;  // time spent in Wait() on push handles
+  absl::Duration pull_wait;  // time spent in Wait() on pull handles
+  int64_t last_min_clock = 0;  // the min clock the latest pull reply carried
+};
+
+// Thread-safe: any method may be called from any thread. Buffers handed to
+// an async call must stay valid until Wait() on its handle has returned.
+class Client {
+ public:
+  using Handle = uint64_t;
+
+  // Connects to every shard and registers with shard 0. UNAVAILABLE if a
+  // shard cannot be reached within connect_timeout; INVALID_ARGUMENT for bad
+  // options.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  int rank() const;
+  int num_workers() const;
+  int num_shards() const;
+  const SyncInfo& sync() const;
+
+  // Declares a dense float32 tensor. The first worker to register a name
+  // initialises it on the shards with `initial_values` (zeros when empty);
+  // later registrations must agree on the shape (INVALID_ARGUMENT otherwise)
+  // and keep the existing values: Pull to read them.
+  absl::Status RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,
+                              absl::Span<const float> initial_values = {});
+
+  // Sends `gradient` for the current clock. Pushes of one clock may be in
+  // flight for many tensors at once.
+  Handle PushAsync(const std::string& name, absl::Span<const float> gradient);
+  // Fetches the tensor's parameters at the current clock into `out`.
+  Handle PullAsync(const std::string& name, absl::Span<float> out);
+  // Push for the current clock, then fetch the parameters of clock + 1.
+  Handle PushPullAsync(const std::string& name, absl::Span<const float> gradient,
+                       absl::Span<float> out);
+
+  // Waits for an operation. On success or error the handle is consumed. If
+  // `deadline` passes first, the operation is cancelled (its buffers are no
+  // longer touched when this returns) and DEADLINE_EXCEEDED is returned.
+  // NOT_FOUND for an unknown or already-waited handle.
+  absl::Status Wait(Handle handle, absl::Time deadline = absl::InfiniteFuture());
+
+  absl::Status Push(const std::string& name, absl::Span<const float> gradient);
+  absl::Status Pull(const std::string& name, absl::Span<float> out);
+  absl::Status PushPull(const std::string& name, absl::Span<const float> gradient,
+                        absl::Span<float> out);
+
+  // Blocks until every worker has entered the barrier of this name.
+  absl::Status Barrier(const std::string& name);
+  // Tells the control plane this worker is alive, at its current clock.
+  absl::Status Heartbeat();
+
+  // Advances this worker's iteration: later pushes are for the next clock
+  // and later pulls wait for it.
+  void Clock();
+  int64_t clock() const;
+
+  ClientStats stats() const;
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_WORKER_CLIENT_H_
