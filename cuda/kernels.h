@@ -33,7 +33,10 @@ int Memset(void* d_p, int value, size_t bytes);
 int Synchronize();
 
 // Bytes of device scratch every function below may need for n elements
-// (k <= n selected); a single allocation of this size serves them all.
+// (k <= n selected); a single allocation of this size serves them all. The
+// first kSmallWorkspaceBytes hold flags and reduction partials; the rest
+// holds the sort/select buffers.
+inline constexpr size_t kSmallWorkspaceBytes = 65536;
 size_t WorkspaceBytes(size_t n);
 
 // ---- Element-wise ----

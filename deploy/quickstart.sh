@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Harrier's main job: a local cluster on 127.0.0.1 (server shards + workers)
+# training an MLP on Fashion-MNIST, ending with a line test_accuracy=0.XXXX.
+#
+#   ./deploy/quickstart.sh [--shards=2] [--workers=4] [--epochs=5] [--sync=bsp]
+#                          [--server_args="..."] [-- extra worker flags]
+#
+# Installs what is missing (deploy/setup.sh), builds, starts everything with
+# ephemeral ports, streams the workers' progress, and stops every process it
+# started when training ends, on Ctrl-C, or when any process fails (then it
+# says which one and why, and exits non-zero).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+shards=2
+workers=4
+epochs=5
+sync=bsp
+server_args="--optimizer=momentum --lr=0.05 --momentum=0.9"
+worker_args=()
+while (($#)); do
+  case "$1" in
+    --shards=*) shards=${1#*=} ;;
+    --workers=*) workers=${1#*=} ;;
+    --epochs=*) epochs=${1#*=} ;;
+    --sync=*) sync=${1#*=} ;;
+    --server_args=*) server_args=${1#*=} ;;
+    --) shift; worker_args+=("$@"); break ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "quickstart: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+for value in "$shards" "$workers" "$epochs"; do
+  [[ $value =~ ^[1-9][0-9]*$ ]] || { echo "quickstart: counts must be positive integers" >&2; exit 2; }
+done
+
+./deploy/setup.sh
+echo "quickstart: building harrier-server and harrier-worker" >&2
+bazel build -c opt //server:harrier-server //worker:harrier-worker >/tmp/harrier-quickstart-build.log 2>&1 ||
+  { tail -n 30 /tmp/harrier-quickstart-build.log >&2; echo "quickstart: build failed" >&2; exit 1; }
+bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+
+run_dir=$(mktemp -d /tmp/harrier-quickstart.XXXXXX)
+declare -A name_of=()
+pids=()
+cleanup() {
+  trap - EXIT INT TERM
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  sleep 0.5
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'echo "quickstart: interrupted; stopping all processes" >&2; exit 130' INT TERM
+
+start=$(date +%s.%N)
+# Servers first; each writes its bound port to a file.
+for ((shard = 0; shard < shards; shard++)); do
+  # shellcheck disable=SC2086
+  "$bin/server/harrier-server" --host=127.0.0.1 --port=0 --port_file="$run_dir/shard$shard.port" \
+    --shard="$shard" --num_shards="$shards" --num_workers="$workers" --sync="$sync" $server_args \
+    >"$run_dir/shard$shard.log" 2>&1 &
+  pids+=($!); name_of[$!]="server shard $shard"
+done
+servers=""
+for ((shard = 0; shard < shards; shard++)); do
+  for _ in $(seq 100); do [ -s "$run_dir/shard$shard.port" ] && break; sleep 0.1; done
+  if [ ! -s "$run_dir/shard$shard.port" ]; then
+    echo "quickstart: server shard $shard did not start:" >&2; tail -n 5 "$run_dir/shard$shard.log" >&2
+    exit 1
+  fi
+  servers+="${servers:+,}127.0.0.1:$(cat "$run_dir/shard$shard.port")"
+done
+echo "quickstart: $shards shards at $servers; starting $workers workers ($sync, $epochs epochs)" >&2
+
+for ((rank = 0; rank < workers; rank++)); do
+  "$bin/worker/harrier-worker" --servers="$servers" --rank="$rank" --num_workers="$workers" \
+    --epochs="$epochs" --metrics_out="$run_dir/worker$rank.jsonl" ${worker_args[@]+"${worker_args[@]}"} \
+    >"$run_dir/worker$rank.out" 2> >(tee "$run_dir/worker$rank.log" >&2) &
+  pids+=($!); name_of[$!]="worker rank $rank"
+done
+
+# Wait for the workers; any process that exits non-zero stops the job.
+remaining=$workers
+while ((remaining > 0)); do
+  finished=""
+  set +e
+  wait -n -p finished "${pids[@]}"
+  code=$?
+  set -e
+  [ -z "$finished" ] && continue
+  name=${name_of[$finished]}
+  if [ "$code" -ne 0 ] || [[ $name == server* ]]; then
+    echo "quickstart: $name (pid $finished) failed with exit code $code:" >&2
+    if [[ $name == server* ]]; then tail -n 5 "$run_dir/shard${name##* }.log" >&2
+    else tail -n 5 "$run_dir/worker${name##* }.log" >&2; fi
+    echo "quickstart: logs in $run_dir" >&2
+    exit 1
+  fi
+  kept=()
+  for pid in "${pids[@]}"; do [ "$pid" != "$finished" ] && kept+=("$pid"); done
+  pids=("${kept[@]}")
+  remaining=$((remaining - 1))
+done
+
+elapsed=$(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo "?")
+echo "quickstart: training finished in ${elapsed} s; logs and metrics in $run_dir" >&2
+cat "$run_dir/worker0.out"

@@ -1,0 +1,187 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+namespace harrier {
+namespace {
+
+absl::Status WaitAll(Client& client, const std::vector<Client::Handle>& handles) {
+  absl::Status first;
+  for (auto handle : handles) {
+    auto status = client.Wait(handle);
+    if (first.ok() && !status.ok()) first = status;
+  }
+  return first;
+}
+
+absl::Status PullAll(Client& client, workload::Mlp& model) {
+  std::vector<Client::Handle> handles;
+  for (auto& param : model.params()) {
+    handles.push_back(client.PullAsync(param.name, absl::MakeSpan(param.values)));
+  }
+  return WaitAll(client, handles);
+}
+
+// Pushes `grads` for the current clock and receives the parameters of the
+// next clock, one round trip per tensor and shard.
+absl::Status PushPullAll(Client& client, workload::Mlp& model, const workload::Gradients& grads) {
+  std::vector<Client::Handle> handles;
+  auto& params = model.params();
+  for (size_t k = 0; k < params.size(); ++k) {
+    handles.push_back(
+        client.PushPullAsync(params[k].name, grads[k], absl::MakeSpan(params[k].values)));
+  }
+  return WaitAll(client, handles);
+}
+
+}  // namespace
+
+absl::StatusOr<TrainResult> Train(Client& client, workload::Mlp& model,
+                                  const workload::Dataset& train, const workload::Dataset* test,
+                                  const TrainerOptions& options) {
+  if (options.batch_size < 1) return absl::InvalidArgumentError("--batch_size must be >= 1");
+  if (options.epochs < 1) return absl::InvalidArgumentError("--epochs must be >= 1");
+  const int rank = client.rank();
+  const int workers = client.num_workers();
+  const workload::Dataset shard = workload::ShardOf(train, rank, workers);
+  // Every worker runs the same number of steps (the smallest shard's), so
+  // BSP rounds always complete.
+  const int64_t smallest_shard = train.num_examples / workers;
+  const int64_t steps_per_epoch = smallest_shard / options.batch_size;
+  if (steps_per_epoch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("each worker's shard has ", smallest_shard,
+                                                   " examples, fewer than one batch of ",
+                                                   options.batch_size));
+  }
+  int64_t total_steps = steps_per_epoch * options.epochs;
+  if (options.max_steps >= 0) total_steps = std::min(total_steps, options.max_steps);
+
+  for (auto& param : model.params()) {
+    if (auto status = client.RegisterTensor(param.name, param.shape, param.values); !status.ok()) {
+      return status;
+    }
+  }
+  FILE* metrics = nullptr;
+  if (!options.metrics_out.empty()) {
+    metrics = std::fopen(options.metrics_out.c_str(), "w");
+    if (metrics == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot write --metrics_out=", options.metrics_out));
+    }
+  }
+  const bool local_sgd = client.sync().mode == "local";
+  const int64_t local_steps = local_sgd ? std::max<int64_t>(1, client.sync().local_steps) : 1;
+
+  TrainResult result;
+  workload::Gradients grads = model.ZeroGradients();
+  std::vector<std::vector<float>> round_start;  // local SGD: parameters at the round's start
+  const absl::Time start = absl::Now();
+  absl::Time interval_start = start;
+  double interval_loss = 0;
+  int64_t interval_steps = 0;
+  absl::Status status = PullAll(client, model);
+  if (status.ok()) status = absl::OkStatus();
+  for (int64_t step = 0; status.ok() && step < total_steps; ++step) {
+    const int64_t in_epoch = step % steps_per_epoch;
+    const int epoch = static_cast<int>(step / steps_per_epoch);
+    const int64_t pull_clock = client.clock();
+    const int64_t min_clock = client.stats().last_min_clock;
+    result.max_staleness = std::max(result.max_staleness, pull_clock - min_clock);
+
+    const size_t offset = static_cast<size_t>(in_epoch * options.batch_size);
+    auto loss = model.ComputeGradients(shard.image(static_cast<int>(offset)),
+                                       shard.labels.data() + offset, options.batch_size, &grads);
+    if (!loss.ok()) {
+      status = loss.status();
+      break;
+    }
+    if (step == 0) result.first_loss = *loss;
+    interval_loss += *loss;
+    ++interval_steps;
+    if (options.step_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(options.step_delay_ms));
+    }
+
+    const absl::Time comm_start = absl::Now();
+    if (!local_sgd) {
+      status = PushPullAll(client, model, grads);
+      client.Clock();
+    } else {
+      if (round_start.empty() || step % local_steps == 0) {
+        round_start.clear();
+        for (auto& param : model.params()) round_start.push_back(param.values);
+      }
+      status = model.SgdStep(grads, options.local_lr);
+      if (status.ok() && (step % local_steps == local_steps - 1 || step + 1 == total_steps)) {
+        // Push the round's model delta; the shard averages and subtracts it.
+        auto& params = model.params();
+        for (size_t k = 0; k < params.size(); ++k) {
+          for (size_t i = 0; i < grads[k].size(); ++i) {
+            grads[k][i] = round_start[k][i] - params[k].values[i];
+          }
+        }
+        status = PushPullAll(client, model, grads);
+        client.Clock();
+      }
+    }
+    const double wait_ms = absl::ToDoubleMilliseconds(absl::Now() - comm_start);
+    ++result.steps;
+
+    const bool last = step + 1 == total_steps;
+    if (status.ok() && ((step + 1) % options.log_every == 0 || last)) {
+      const absl::Time now = absl::Now();
+      const double seconds = absl::ToDoubleSeconds(now - interval_start);
+      const double rate = seconds > 0 ? interval_steps * options.batch_size / seconds : 0;
+      const ClientStats stats = client.stats();
+      result.last_loss = interval_loss / interval_steps;
+      std::fprintf(stderr,
+                   "[worker %d] epoch %d step %lld/%lld loss %.4f samples/s %.0f pushed %.1f MiB "
+                   "pulled %.1f MiB push_wait %.2f s pull_wait %.2f s\n",
+                   rank, epoch, static_cast<long long>(step + 1),
+                   static_cast<long long>(total_steps), result.last_loss, rate,
+                   stats.bytes_pushed / 1048576.0, stats.bytes_pulled / 1048576.0,
+                   absl::ToDoubleSeconds(stats.push_wait), absl::ToDoubleSeconds(stats.pull_wait));
+      if (metrics != nullptr) {
+        std::fprintf(metrics,
+                     "{\"rank\":%d,\"epoch\":%d,\"step\":%lld,\"loss\":%.6f,\"samples_per_s\":%.1f,"
+                     "\"bytes_pushed\":%llu,\"bytes_pulled\":%llu,\"push_wait_s\":%.4f,"
+                     "\"pull_wait_s\":%.4f,\"pull_clock\":%lld,\"min_clock\":%lld,"
+                     "\"wait_ms\":%.3f}\n",
+                     rank, epoch, static_cast<long long>(step + 1), result.last_loss, rate,
+                     static_cast<unsigned long long>(stats.bytes_pushed),
+                     static_cast<unsigned long long>(stats.bytes_pulled),
+                     absl::ToDoubleSeconds(stats.push_wait), absl::ToDoubleSeconds(stats.pull_wait),
+                     static_cast<long long>(pull_clock), static_cast<long long>(min_clock), wait_ms);
+        std::fflush(metrics);
+      }
+      interval_start = now;
+      interval_loss = 0;
+      interval_steps = 0;
+    }
+  }
+  if (metrics != nullptr) std::fclose(metrics);
+  if (!status.ok()) return status;
+  result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  result.samples_per_second =
+      result.seconds > 0 ? result.steps * options.batch_size / result.seconds : 0;
+
+  // Everyone has pushed its last clock once all reach the barrier; the final
+  // pull then sees every update under any consistency model.
+  if (auto barrier = client.Barrier("train-done"); !barrier.ok()) return barrier;
+  if (options.evaluate && rank == 0 && test != nullptr) {
+    if (auto pulled = PullAll(client, model); !pulled.ok()) return pulled;
+    auto accuracy = model.Evaluate(*test);
+    if (!accuracy.ok()) return accuracy.status();
+    result.test_accuracy = *accuracy;
+  }
+  return result;
+}
+
+}  // namespace harrier

@@ -1,0 +1,47 @@
+#ifndef HARRIER_WORKER_TRAINER_H_
+#define HARRIER_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/client.h"
+#include "worker/workload/fashion_mnist.h"
+#include "worker/workload/mlp.h"
+
+namespace harrier {
+
+struct TrainerOptions {
+  int epochs = 1;
+  int batch_size = 64;
+  int64_t max_steps = -1;       // stop after this many steps (-1: all epochs)
+  int log_every = 100;          // steps between progress lines
+  int step_delay_ms = 0;        // extra delay per step: a straggler
+  float local_lr = 0.1f;        // worker-side SGD lr for local SGD steps
+  std::string metrics_out;      // JSON lines file; empty: none
+  bool evaluate = true;         // rank 0 evaluates the test set at the end
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double first_loss = 0;
+  double last_loss = 0;        // mean over the last log interval
+  double test_accuracy = -1;   // rank 0 with evaluate only
+  double seconds = 0;
+  double samples_per_second = 0;
+  int64_t max_staleness = 0;   // max over steps of (pull clock - min clock seen)
+};
+
+// Runs data-parallel training of `model` on this worker's shard of `train`
+// through `client`: pull parameters, compute gradients, push them, advance
+// the clock, as the consistency model the control plane announced says.
+// Registers the model's tensors first (the first worker's values win).
+// Progress goes to stderr every log_every steps and to metrics_out.
+absl::StatusOr<TrainResult> Train(Client& client, workload::Mlp& model,
+                                  const workload::Dataset& train, const workload::Dataset* test,
+                                  const TrainerOptions& options);
+
+}  // namespace harrier
+
+#endif  // HARRIER_WORKER_TRAINER_H_

@@ -1,0 +1,143 @@
+// harrier-worker: the training agent. Trains a built-in workload on its shard
+// of Fashion-MNIST through the Harrier parameter servers.
+#include <cblas.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/flags.h"
+#include "common/process.h"
+#include "worker/client.h"
+#include "worker/trainer.h"
+#include "worker/workload/fashion_mnist.h"
+#include "worker/workload/mlp.h"
+
+ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every shard, shard 0 first.");
+ABSL_FLAG(int, rank, -1, "This worker's rank; -1 lets the control plane assign one.");
+ABSL_FLAG(int, num_workers, 0,
+          "Expected number of workers; checked against the servers' (0: take theirs).");
+ABSL_FLAG(std::string, job, "harrier", "Job name carried in every message.");
+ABSL_FLAG(std::string, workload, "mlp", "Built-in workload: mlp.");
+ABSL_FLAG(std::string, layers, "784,256,256,10", "MLP layer sizes, input first, classes last.");
+ABSL_FLAG(std::string, data_dir, harrier::workload::kDefaultFashionMnistDir,
+          "Directory with Fashion-MNIST IDX files (.gz or plain).");
+ABSL_FLAG(int, epochs, 1, "Passes over this worker's shard of the training set.");
+ABSL_FLAG(int, batch_size, 64, "Examples per step on this worker.");
+ABSL_FLAG(int64_t, max_steps, -1, "Stop after this many steps (-1: run all epochs).");
+ABSL_FLAG(int, train_examples, 0, "Use only the first N training examples (0: all).");
+ABSL_FLAG(std::string, device, "cpu", "Where the workload runs: cpu|cuda.");
+ABSL_FLAG(std::string, metrics_out, "", "Write one JSON line per progress interval here.");
+ABSL_FLAG(int, log_every, 100, "Steps between progress lines on stderr.");
+ABSL_FLAG(int, step_delay_ms, 0, "Extra delay per step, to play a straggler.");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the model's initial parameters.");
+ABSL_FLAG(double, local_lr, 0.1, "Learning rate of the worker's local steps (--sync=local).");
+ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads for this worker.");
+ABSL_FLAG(int, rpc_timeout_s, 120, "Deadline of each push/pull, including consistency waits.");
+ABSL_FLAG(int, connect_timeout_s, 30, "How long to wait for every shard to be reachable.");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "harrier-worker: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  harrier::ParseFlags(argc, argv,
+                      "The Harrier worker agent: trains a workload through the parameter servers.\n"
+                      "Usage: harrier-worker --servers=HOST:PORT,... [--epochs=N] [flags]");
+  harrier::TuneMallocForLargeBuffers();
+  openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
+
+  if (absl::GetFlag(FLAGS_workload) != "mlp") {
+    return Fail(absl::StrCat("unknown --workload='", absl::GetFlag(FLAGS_workload),
+                             "' (available: mlp)"));
+  }
+  if (absl::GetFlag(FLAGS_device) == "cuda") {
+    return Fail("--device=cuda needs a build with --config=cuda on a GPU node; this binary is CPU-only");
+  }
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    return Fail(absl::StrCat("unknown --device='", absl::GetFlag(FLAGS_device), "' (cpu|cuda)"));
+  }
+  harrier::workload::MlpOptions mlp_options;
+  mlp_options.layer_sizes.clear();
+  for (absl::string_view size : absl::StrSplit(absl::GetFlag(FLAGS_layers), ',')) {
+    int value = 0;
+    if (!absl::SimpleAtoi(size, &value) || value < 1) {
+      return Fail(absl::StrCat("bad --layers='", absl::GetFlag(FLAGS_layers), "'"));
+    }
+    mlp_options.layer_sizes.push_back(value);
+  }
+  mlp_options.seed = absl::GetFlag(FLAGS_seed);
+
+  harrier::ClientOptions client_options;
+  client_options.servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  if (client_options.servers.empty()) return Fail("--servers is required (host:port,...)");
+  client_options.rank = absl::GetFlag(FLAGS_rank);
+  client_options.job = absl::GetFlag(FLAGS_job);
+  client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
+  client_options.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
+
+  auto train = harrier::workload::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir),
+                                                   harrier::workload::Split::kTrain);
+  if (!train.ok()) return Fail(std::string(train.status().message()));
+  if (absl::GetFlag(FLAGS_train_examples) > 0) {
+    *train = harrier::workload::Subset(*train, absl::GetFlag(FLAGS_train_examples));
+  }
+  auto model = harrier::workload::Mlp::Create(mlp_options);
+  if (!model.ok()) return Fail(std::string(model.status().message()));
+  if (model->input_size() != train->example_size()) {
+    return Fail(absl::StrCat("--layers input size ", model->input_size(),
+                             " does not match the data's ", train->example_size(), " pixels"));
+  }
+
+  auto client = harrier::Client::Create(client_options);
+  if (!client.ok()) return Fail(std::string(client.status().message()));
+  const int rank = (*client)->rank();
+  if (absl::GetFlag(FLAGS_num_workers) > 0 &&
+      absl::GetFlag(FLAGS_num_workers) != (*client)->num_workers()) {
+    return Fail(absl::StrCat("--num_workers=", absl::GetFlag(FLAGS_num_workers),
+                             " but the servers expect ", (*client)->num_workers()));
+  }
+  std::fprintf(stderr, "[worker %d] rank %d of %d, %d shards, sync %s, %lld parameters\n", rank,
+               rank, (*client)->num_workers(), (*client)->num_shards(),
+               (*client)->sync().mode.c_str(), static_cast<long long>(model->num_parameters()));
+
+  harrier::workload::Dataset test;
+  if (rank == 0) {
+    auto loaded = harrier::workload::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir),
+                                                      harrier::workload::Split::kTest);
+    if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+    test = std::move(*loaded);
+  }
+
+  harrier::TrainerOptions options;
+  options.epochs = absl::GetFlag(FLAGS_epochs);
+  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.max_steps = absl::GetFlag(FLAGS_max_steps);
+  options.log_every = std::max(1, absl::GetFlag(FLAGS_log_every));
+  options.step_delay_ms = absl::GetFlag(FLAGS_step_delay_ms);
+  options.local_lr = static_cast<float>(absl::GetFlag(FLAGS_local_lr));
+  options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
+  auto result = harrier::Train(**client, *model, *train, rank == 0 ? &test : nullptr, options);
+  if (!result.ok()) return Fail(std::string(result.status().message()));
+
+  std::fprintf(stderr,
+               "[worker %d] done: %lld steps in %.1f s, %.0f samples/s, loss %.4f -> %.4f, max "
+               "staleness %lld\n",
+               rank, static_cast<long long>(result->steps), result->seconds,
+               result->samples_per_second, result->first_loss, result->last_loss,
+               static_cast<long long>(result->max_staleness));
+  if (rank == 0 && result->test_accuracy >= 0) {
+    std::printf("test_accuracy=%.4f\n", result->test_accuracy);
+    std::fflush(stdout);
+  }
+  return 0;
+}
