@@ -35,13 +35,18 @@ for value in "$shards" "$workers" "$epochs"; do
   [[ $value =~ ^[1-9][0-9]*$ ]] || { echo "quickstart: counts must be positive integers" >&2; exit 2; }
 done
 
-./deploy/setup.sh
-echo "quickstart: building harrier-server and harrier-worker" >&2
-bazel build -c opt //server:harrier-server //worker:harrier-worker >/tmp/harrier-quickstart-build.log 2>&1 ||
-  { tail -n 30 /tmp/harrier-quickstart-build.log >&2; echo "quickstart: build failed" >&2; exit 1; }
-bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+# HARRIER_BIN_DIR: use binaries built elsewhere (tests do) instead of building.
+if [ -n "${HARRIER_BIN_DIR:-}" ]; then
+  bin=$HARRIER_BIN_DIR
+else
+  ./deploy/setup.sh
+  echo "quickstart: building harrier-server and harrier-worker" >&2
+  bazel build -c opt //server:harrier-server //worker:harrier-worker >/tmp/harrier-quickstart-build.log 2>&1 ||
+    { tail -n 30 /tmp/harrier-quickstart-build.log >&2; echo "quickstart: build failed" >&2; exit 1; }
+  bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+fi
 
-run_dir=$(mktemp -d /tmp/harrier-quickstart.XXXXXX)
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/harrier-quickstart.XXXXXX")
 declare -A name_of=()
 pids=()
 cleanup() {

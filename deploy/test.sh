@@ -19,6 +19,9 @@ count_log() {  # adds one test log's Catch2 case counts (or the target's verdict
     p=${BASH_REMATCH[2]}; f=${BASH_REMATCH[3]}
   elif [[ $line =~ ^test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ failed ]]; then
     p=0; f=${BASH_REMATCH[2]}
+  elif line=$(grep -E "^[0-9]+ checks passed, [0-9]+ failed" "$log" | tail -n 1) &&
+       [[ $line =~ ^([0-9]+)\ checks\ passed,\ ([0-9]+)\ failed ]]; then
+    p=${BASH_REMATCH[1]}; f=${BASH_REMATCH[2]}
   elif [ "$verdict" = PASSED ]; then
     p=1; f=0
   else
