@@ -69,7 +69,6 @@ class DeviceCodec {
   struct Impl;
   explicit DeviceCodec(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
-  friend absl::Status DecodeOnDevice(absl::string_view, float*, size_t);
   friend absl::Status ErrorFeedbackOnDevice(DeviceCodec&, const float*, float*,
                                             size_t, const CodecContext&,
                                             std::string*);
