@@ -33,6 +33,12 @@ ABSL_FLAG(int64_t, staleness, 1, "SSP staleness bound s (>= 1; only with --sync=
 ABSL_FLAG(int64_t, local_steps, 1, "Local SGD steps H between pushes (only with --sync=local).");
 ABSL_FLAG(std::string, servers, "",
           "Optional comma-separated host:port of every shard, served to workers by shard 0.");
+ABSL_FLAG(bool, staleness_aware_lr, false,
+          "SSP/ASP: divide each push's step by the staleness it arrives with.");
+ABSL_FLAG(std::string, on_worker_loss, "fail",
+          "A worker silent for --heartbeat_timeout_ms: fail (abort the job with a clear error) or "
+          "continue (drop it from the clock and the average).");
+ABSL_FLAG(int, heartbeat_timeout_ms, 10000, "Silence after which a worker counts as lost.");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "On SIGTERM/SIGINT, time in-flight calls get to finish.");
 
 namespace {
@@ -77,6 +83,19 @@ int main(int argc, char** argv) {
                                              absl::GetFlag(FLAGS_local_steps));
   if (!sync.ok()) return Fail(std::string(sync.status().message()));
   options.sync = *sync;
+  options.staleness_aware_lr = absl::GetFlag(FLAGS_staleness_aware_lr);
+  const std::string loss_policy = absl::GetFlag(FLAGS_on_worker_loss);
+  if (loss_policy == "fail") {
+    options.on_worker_loss = harrier::WorkerLossPolicy::kFail;
+  } else if (loss_policy == "continue") {
+    options.on_worker_loss = harrier::WorkerLossPolicy::kContinue;
+  } else {
+    return Fail("--on_worker_loss must be fail or continue, got '" + loss_policy + "'");
+  }
+  if (absl::GetFlag(FLAGS_heartbeat_timeout_ms) < 100) {
+    return Fail("--heartbeat_timeout_ms must be >= 100");
+  }
+  options.heartbeat_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   const std::string servers = absl::GetFlag(FLAGS_servers);
   if (!servers.empty()) options.shard_addresses = absl::StrSplit(servers, ',', absl::SkipEmpty());
 

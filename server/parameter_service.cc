@@ -97,4 +97,19 @@ grpc::Status ParameterServiceImpl::PushPull(
   return grpc::Status::OK;
 }
 
+grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext*,
+                                             const proto::HeartbeatRequest* request,
+                                             proto::HeartbeatResponse* response) {
+  if (auto status = store_->Heartbeat(request->rank()); !status.ok()) return ToGrpcStatus(status);
+  response->set_server_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::Leave(grpc::ServerContext*, const proto::LeaveRequest* request,
+                                         proto::LeaveResponse*) {
+  return ToGrpcStatus(store_->Leave(request->rank(), request->clock()));
+}
+
 }  // namespace harrier

@@ -22,6 +22,10 @@ class ParameterServiceImpl final : public proto::ParameterService::Service {
   grpc::Status PushPull(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<proto::TensorChunk, proto::TensorChunk>* stream) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const proto::HeartbeatRequest* request,
+                         proto::HeartbeatResponse* response) override;
+  grpc::Status Leave(grpc::ServerContext* context, const proto::LeaveRequest* request,
+                     proto::LeaveResponse* response) override;
 
  private:
   ShardStore* store_;  // not owned

@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   store_options.num_shards = options.num_shards;
   store_options.num_workers = options.num_workers;
   store_options.sync = options.sync;
+  store_options.staleness_aware_lr = options.staleness_aware_lr;
   server->store_ = std::make_unique<ShardStore>(store_options, std::move(*optimizer));
   server->parameter_service_ = std::make_unique<ParameterServiceImpl>(server->store_.get());
 
@@ -54,14 +55,35 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         absl::StrCat("cannot listen on ", options.host, ":", options.port));
   }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
+  ShardServer* self = server.get();
+  server->monitor_ = std::thread([self, timeout = options.heartbeat_timeout,
+                                  policy = options.on_worker_loss] {
+    std::unique_lock<std::mutex> lock(self->monitor_mutex_);
+    while (!self->monitor_stop_) {
+      self->monitor_wake_.wait_for(lock, std::chrono::milliseconds(200));
+      if (self->monitor_stop_) break;
+      lock.unlock();
+      self->store_->CheckLiveness(timeout, policy);
+      lock.lock();
+    }
+  });
   return server;
 }
 
-ShardServer::~ShardServer() { Shutdown(std::chrono::milliseconds(0)); }
+ShardServer::~ShardServer() {
+  Shutdown(std::chrono::milliseconds(0));
+  server_->Wait();
+}
 
 void ShardServer::Shutdown(std::chrono::milliseconds grace) {
   if (shut_down_) return;
   shut_down_ = true;
+  {
+    std::lock_guard<std::mutex> lock(monitor_mutex_);
+    monitor_stop_ = true;
+  }
+  monitor_wake_.notify_all();
+  if (monitor_.joinable()) monitor_.join();
   server_->GetHealthCheckService()->SetServingStatus(false);
   store_->Close();
   if (control_service_) control_service_->Close();

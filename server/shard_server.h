@@ -5,6 +5,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include <grpcpp/server.h>
 
@@ -26,6 +29,10 @@ struct ShardServerOptions {
   OptimizerOptions optimizer;
   SyncPolicy sync;
   std::vector<std::string> shard_addresses;  // optional, for GetShardMap
+  bool staleness_aware_lr = false;
+  WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kFail;
+  // A worker that heartbeated once and then is silent this long is lost.
+  std::chrono::milliseconds heartbeat_timeout{10000};
 };
 
 // One shard: a ShardStore behind the gRPC ParameterService, plus the
@@ -55,6 +62,11 @@ class ShardServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;
+  // Liveness monitor: applies the worker-loss policy.
+  std::mutex monitor_mutex_;
+  std::condition_variable monitor_wake_;
+  bool monitor_stop_ = false;
+  std::thread monitor_;
 };
 
 }  // namespace harrier

@@ -13,6 +13,7 @@ namespace harrier {
 namespace {
 
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
+constexpr int64_t kEveryoneLeft = std::numeric_limits<int64_t>::max() / 4;
 
 std::string Where(const std::string& key, uint32_t chunk) {
   return absl::StrCat("key '", key, "' chunk ", chunk);
@@ -32,7 +33,12 @@ ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> opt
     : options_(options),
       controller_(options.sync, options.num_workers),
       optimizer_(std::move(optimizer)),
-      partitioner_(options.num_shards) {}
+      partitioner_(options.num_shards),
+      departed_(new std::atomic<bool>[options.num_workers]),
+      last_seen_(options.num_workers),
+      seen_(options.num_workers, false) {
+  for (int r = 0; r < options.num_workers; ++r) departed_[r] = false;
+}
 
 ShardStore::~ShardStore() { Close(); }
 
@@ -144,6 +150,10 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, Slot** s
     return absl::InvalidArgumentError(
         absl::StrCat(Where(key, chunk.chunk()), ": gradient contains NaN or Inf"));
   }
+  if (departed_[chunk.rank()]) {
+    return absl::FailedPreconditionError(absl::StrCat(Where(key, chunk.chunk()), ": rank ",
+                                                      chunk.rank(), " has left the job"));
+  }
   {
     std::lock_guard<std::mutex> lock(slot->mutex);
     const int64_t expected = slot->pushed[chunk.rank()];
@@ -160,6 +170,7 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, Slot** s
 
 absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
   if (closed_) return absl::UnavailableError("shard is shutting down");
+  if (auto failure = FailureStatus(); !failure.ok()) return failure;
   std::vector<Slot*> slots(chunks.size(), nullptr);
   for (size_t i = 0; i < chunks.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
@@ -192,6 +203,7 @@ absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
     counters_.pushes++;
     counters_.bytes_in += chunk.payload().size();
   }
+  if (!chunks.empty()) Heartbeat(chunks.front().rank()).IgnoreError();
   return absl::OkStatus();
 }
 
@@ -212,12 +224,18 @@ void ShardStore::StepLocked(Slot& slot, const float* gradient, float scale) {
 
 void ShardStore::ApplyLocked(Slot& slot, uint32_t rank, int64_t clock, const float* gradient) {
   const size_t n = slot.values.size();
-  const float inv_workers = 1.0f / static_cast<float>(options_.num_workers);
-  slot.pushed[rank] = clock + 1;
   if (!controller_.AggregatesRounds()) {
-    StepLocked(slot, gradient, inv_workers);
+    float scale = 1.0f / static_cast<float>(std::max(1, active_workers()));
+    if (options_.staleness_aware_lr) {
+      int64_t fastest = 0;
+      for (int64_t pushed : slot.pushed) fastest = std::max(fastest, pushed);
+      scale /= static_cast<float>(std::max<int64_t>(1, fastest - clock));
+    }
+    slot.pushed[rank] = clock + 1;
+    StepLocked(slot, gradient, scale);
     return;
   }
+  slot.pushed[rank] = clock + 1;
   PendingRound& round = slot.pending[clock];
   if (round.sum.empty()) {
     round.sum.assign(gradient, gradient + n);
@@ -227,28 +245,42 @@ void ShardStore::ApplyLocked(Slot& slot, uint32_t rank, int64_t clock, const flo
   }
   round.from_rank[rank] = true;
   round.count++;
-  // Rounds complete in clock order: round t+1 cannot be complete before t,
-  // because every rank pushes its clocks in order.
-  while (!slot.pending.empty() && slot.pending.begin()->second.count == options_.num_workers) {
+  CompleteRoundsLocked(slot);
+}
+
+bool ShardStore::RoundCompleteLocked(const PendingRound& round) const {
+  for (int r = 0; r < options_.num_workers; ++r) {
+    if (!round.from_rank[r] && !departed_[r]) return false;
+  }
+  return true;
+}
+
+void ShardStore::CompleteRoundsLocked(Slot& slot) {
+  // Rounds complete in clock order: every rank pushes its clocks in order,
+  // so round t+1 cannot hold a rank that round t still waits for.
+  while (!slot.pending.empty() && RoundCompleteLocked(slot.pending.begin()->second)) {
     PendingRound& done = slot.pending.begin()->second;
     // Division rather than multiplication by 1/n: the average of integer
     // gradients whose sum n divides is then exact, as tests assert.
-    const float workers = static_cast<float>(options_.num_workers);
-    for (float& g : done.sum) g /= workers;
+    const float contributors = static_cast<float>(done.count);
+    for (float& g : done.sum) g /= contributors;
     StepLocked(slot, done.sum.data(), 1.0f);
     slot.pending.erase(slot.pending.begin());
   }
 }
 
-int64_t ShardStore::MinClockLocked(const Slot& slot, int* slowest_rank) {
+int64_t ShardStore::MinClockLocked(const Slot& slot, int* slowest_rank) const {
   int64_t min_clock = std::numeric_limits<int64_t>::max();
   for (size_t r = 0; r < slot.pushed.size(); ++r) {
+    if (departed_[r]) continue;  // a rank that left no longer holds anyone back
     if (slot.pushed[r] < min_clock) {
       min_clock = slot.pushed[r];
       if (slowest_rank != nullptr) *slowest_rank = static_cast<int>(r);
     }
   }
-  return slot.pushed.empty() ? 0 : min_clock;
+  // Every rank left: nothing can hold a pull back any more.
+  if (min_clock == std::numeric_limits<int64_t>::max()) return kEveryoneLeft;
+  return min_clock;
 }
 
 absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
@@ -279,6 +311,7 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   int64_t min_clock = MinClockLocked(*slot, &slowest);
   while (!controller_.PullMayProceed(clock, min_clock)) {
     if (closed_) return absl::UnavailableError("shard is shutting down");
+    if (auto failure = FailureStatus(); !failure.ok()) return failure;
     if (cancelled && cancelled()) {
       return absl::CancelledError(absl::StrCat("pull of ", Where(ref.key(), ref.chunk()),
                                                " cancelled by the client"));
@@ -307,6 +340,78 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   counters_.pulls++;
   counters_.bytes_out += out->payload().size();
   return absl::OkStatus();
+}
+
+absl::Status ShardStore::FailureStatus() const {
+  if (!failed_) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(membership_mutex_);
+  return failure_;
+}
+
+void ShardStore::ForEachSlot(const std::function<void(Slot&)>& visit) {
+  std::shared_lock<std::shared_mutex> lock(slots_mutex_);
+  for (auto& entry : slots_) visit(*entry.second);
+}
+
+int ShardStore::active_workers() const {
+  int active = 0;
+  for (int r = 0; r < options_.num_workers; ++r) active += departed_[r] ? 0 : 1;
+  return active;
+}
+
+absl::Status ShardStore::Leave(uint32_t rank, int64_t clock) {
+  if (rank >= static_cast<uint32_t>(options_.num_workers)) {
+    return absl::InvalidArgumentError(absl::StrCat("leave: rank ", rank, " out of range [0, ",
+                                                   options_.num_workers, ")"));
+  }
+  if (departed_[rank].exchange(true)) return absl::OkStatus();
+  ForEachSlot([this](Slot& slot) {
+    {
+      std::lock_guard<std::mutex> lock(slot.mutex);
+      if (controller_.AggregatesRounds()) CompleteRoundsLocked(slot);
+    }
+    slot.changed.notify_all();
+  });
+  (void)clock;
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::Heartbeat(uint32_t rank) {
+  if (rank >= static_cast<uint32_t>(options_.num_workers)) {
+    return absl::InvalidArgumentError(absl::StrCat("heartbeat: rank ", rank, " out of range [0, ",
+                                                   options_.num_workers, ")"));
+  }
+  std::lock_guard<std::mutex> lock(membership_mutex_);
+  last_seen_[rank] = Clock::now();
+  seen_[rank] = true;
+  return absl::OkStatus();
+}
+
+void ShardStore::CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPolicy policy) {
+  std::vector<uint32_t> lost;
+  {
+    std::lock_guard<std::mutex> lock(membership_mutex_);
+    const auto now = Clock::now();
+    for (int r = 0; r < options_.num_workers; ++r) {
+      if (seen_[r] && !departed_[r] && now - last_seen_[r] > timeout) {
+        lost.push_back(static_cast<uint32_t>(r));
+        if (policy == WorkerLossPolicy::kFail && !failed_) {
+          failure_ = absl::AbortedError(absl::StrCat(
+              "worker rank ", r, " lost: no heartbeat for ",
+              std::chrono::duration_cast<std::chrono::milliseconds>(now - last_seen_[r]).count(),
+              " ms (--on_worker_loss=fail)"));
+          failed_ = true;
+        }
+        seen_[r] = false;  // reported once
+      }
+    }
+  }
+  if (lost.empty()) return;
+  if (policy == WorkerLossPolicy::kContinue) {
+    for (uint32_t rank : lost) Leave(rank, -1).IgnoreError();
+  } else {
+    ForEachSlot([](Slot& slot) { slot.changed.notify_all(); });
+  }
 }
 
 void ShardStore::Close() {

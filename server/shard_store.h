@@ -28,6 +28,15 @@ struct ShardStoreOptions {
   int num_shards = 1;
   int num_workers = 1;
   SyncPolicy sync;
+  // SSP/ASP: divide each push's step by the staleness it arrives with
+  // (Zhang et al. 2016), i.e. by max(1, fastest rank's clock - push clock).
+  bool staleness_aware_lr = false;
+};
+
+// What a shard does when a worker stops heartbeating.
+enum class WorkerLossPolicy {
+  kFail,      // every later call fails with ABORTED naming the lost rank
+  kContinue,  // the rank leaves: dropped from min_clock and from averages
 };
 
 // Counters a shard exposes (monotonic; read without locks).
@@ -73,6 +82,20 @@ class ShardStore {
                     Clock::time_point deadline, const std::function<bool()>& cancelled,
                     proto::TensorChunk* out);
 
+  // The rank pushed its last clock (its total is `clock`): pulls and BSP
+  // rounds stop waiting for it. Idempotent.
+  absl::Status Leave(uint32_t rank, int64_t clock);
+
+  // Records that the rank is alive. Pushes count as heartbeats too.
+  absl::Status Heartbeat(uint32_t rank);
+
+  // Applies `policy` to every rank that heartbeated once but not within
+  // `timeout`. Called periodically by the server's liveness monitor.
+  void CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPolicy policy);
+
+  // Number of ranks that have not left.
+  int active_workers() const;
+
   // Wakes every waiting pull, which then fails with UNAVAILABLE; later calls
   // fail the same way.
   void Close();
@@ -105,7 +128,12 @@ class ShardStore {
   // Caller holds slot->mutex.
   void ApplyLocked(Slot& slot, uint32_t rank, int64_t clock, const float* gradient);
   void StepLocked(Slot& slot, const float* gradient, float scale);
-  static int64_t MinClockLocked(const Slot& slot, int* slowest_rank);
+  void CompleteRoundsLocked(Slot& slot);
+  bool RoundCompleteLocked(const PendingRound& round) const;
+  int64_t MinClockLocked(const Slot& slot, int* slowest_rank) const;
+  // OK, or the status every call gets once a lost worker failed the job.
+  absl::Status FailureStatus() const;
+  void ForEachSlot(const std::function<void(Slot&)>& visit);
 
   const ShardStoreOptions options_;
   const ConsistencyController controller_;
@@ -113,6 +141,14 @@ class ShardStore {
   const HashPartitioner partitioner_;
   ShardCounters counters_;
   std::atomic<bool> closed_{false};
+
+  // Membership: which ranks left, when each was last heard from.
+  const std::unique_ptr<std::atomic<bool>[]> departed_;
+  std::atomic<bool> failed_{false};
+  mutable std::mutex membership_mutex_;
+  absl::Status failure_;  // guarded by membership_mutex_
+  std::vector<Clock::time_point> last_seen_;  // guarded by membership_mutex_
+  std::vector<bool> seen_;  // guarded by membership_mutex_
 
   mutable std::shared_mutex slots_mutex_;
   std::unordered_map<std::string, std::unique_ptr<Slot>> slots_;

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -93,6 +94,13 @@ class Client::Impl {
 
   ThreadPool push_pool_;
   ThreadPool pull_pool_;
+
+  std::mutex heartbeat_mutex_;
+  std::condition_variable heartbeat_wake_;
+  bool heartbeat_stop_ = false;
+  std::thread heartbeat_thread_;
+
+  void HeartbeatLoop();
 
   std::string ShardName(int shard) const {
     return absl::StrCat("shard ", shard, " (", options_.servers[shard], ")");
@@ -313,6 +321,28 @@ absl::Status Client::Impl::PushPullGroup(Operation& op, const std::string& name,
   return absl::OkStatus();
 }
 
+void Client::Impl::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(heartbeat_mutex_);
+  while (!heartbeat_stop_) {
+    lock.unlock();
+    for (size_t shard = 0; shard < stubs_.size(); ++shard) {
+      proto::HeartbeatRequest request;
+      request.set_job(options_.job);
+      request.set_rank(static_cast<uint32_t>(rank_));
+      request.set_clock(clock_);
+      proto::HeartbeatResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(ToChrono(absl::Now() + absl::Seconds(2)));
+      // A failed heartbeat is not an error of any operation: the calls that
+      // matter report the shard's state themselves.
+      stubs_[shard]->Heartbeat(&context, request, &response);
+    }
+    lock.lock();
+    heartbeat_wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.heartbeat_interval),
+                             [this] { return heartbeat_stop_; });
+  }
+}
+
 Client::Handle Client::Impl::Start(std::shared_ptr<Operation> op, const absl::Status& early_error,
                                    const std::vector<std::function<void()>>& tasks,
                                    ThreadPool& pool) {
@@ -335,6 +365,12 @@ Client::Handle Client::Impl::Start(std::shared_ptr<Operation> op, const absl::St
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->heartbeat_mutex_);
+    impl_->heartbeat_stop_ = true;
+  }
+  impl_->heartbeat_wake_.notify_all();
+  if (impl_->heartbeat_thread_.joinable()) impl_->heartbeat_thread_.join();
   // Cancel whatever is still in flight so the pools drain quickly.
   std::vector<std::shared_ptr<Operation>> ops;
   {
@@ -366,6 +402,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   }
   auto impl = std::make_unique<Impl>(options);
   if (auto status = impl->Connect(); !status.ok()) return status;
+  if (options.heartbeat_interval > absl::ZeroDuration()) {
+    Impl* raw = impl.get();
+    impl->heartbeat_thread_ = std::thread([raw] { raw->HeartbeatLoop(); });
+  }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -557,6 +597,21 @@ absl::Status Client::Heartbeat() {
   impl_->SetDeadline(&context);
   auto status = impl_->control_->Heartbeat(&context, request, &response);
   return status.ok() ? absl::OkStatus() : impl_->ShardError(0, status);
+}
+
+absl::Status Client::Leave() {
+  for (size_t shard = 0; shard < impl_->stubs_.size(); ++shard) {
+    proto::LeaveRequest request;
+    request.set_job(impl_->options_.job);
+    request.set_rank(static_cast<uint32_t>(impl_->rank_));
+    request.set_clock(impl_->clock_);
+    proto::LeaveResponse response;
+    grpc::ClientContext context;
+    impl_->SetDeadline(&context);
+    auto status = impl_->stubs_[shard]->Leave(&context, request, &response);
+    if (!status.ok()) return impl_->ShardError(static_cast<int>(shard), status);
+  }
+  return absl::OkStatus();
 }
 
 ClientStats Client::stats() const {

@@ -43,6 +43,10 @@ struct ClientOptions {
   absl::Duration connect_timeout = absl::Seconds(30);
   // Tensors above this many bytes are split into chunks spread over shards.
   size_t chunk_bytes = 4u << 20;
+  // How often a background thread tells every shard this worker is alive;
+  // zero disables it (the shards' --heartbeat_timeout_ms must then not be
+  // reached between pushes).
+  absl::Duration heartbeat_interval = absl::Seconds(1);
 };
 
 // What the control plane told this worker when it registered.
@@ -113,6 +117,11 @@ class Client {
   absl::Status Barrier(const std::string& name);
   // Tells the control plane this worker is alive, at its current clock.
   absl::Status Heartbeat();
+
+  // Tells every shard this worker has pushed its last clock, so no pull or
+  // BSP round waits for it any more (workers may run uneven step counts).
+  // Pushes after Leave() fail with FAILED_PRECONDITION.
+  absl::Status Leave();
 
   // Advances this worker's iteration: later pushes are for the next clock
   // and later pulls wait for it.

@@ -51,12 +51,12 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Mlp& model,
   const int rank = client.rank();
   const int workers = client.num_workers();
   const workload::Dataset shard = workload::ShardOf(train, rank, workers);
-  // Every worker runs the same number of steps (the smallest shard's), so
-  // BSP rounds always complete.
-  const int64_t smallest_shard = train.num_examples / workers;
-  const int64_t steps_per_epoch = smallest_shard / options.batch_size;
+  // Each worker runs its own shard's steps; shards may differ, and a worker
+  // that finishes early leaves so no BSP round waits for it.
+  const int64_t steps_per_epoch = shard.num_examples / options.batch_size;
   if (steps_per_epoch < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("each worker's shard has ", smallest_shard,
+    return absl::InvalidArgumentError(absl::StrCat("worker ", rank, "'s shard has ",
+                                                   shard.num_examples,
                                                    " examples, fewer than one batch of ",
                                                    options.batch_size));
   }
@@ -87,7 +87,6 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Mlp& model,
   double interval_loss = 0;
   int64_t interval_steps = 0;
   absl::Status status = PullAll(client, model);
-  if (status.ok()) status = absl::OkStatus();
   for (int64_t step = 0; status.ok() && step < total_steps; ++step) {
     const int64_t in_epoch = step % steps_per_epoch;
     const int epoch = static_cast<int>(step / steps_per_epoch);
@@ -135,11 +134,26 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Mlp& model,
     ++result.steps;
 
     const bool last = step + 1 == total_steps;
-    if (status.ok() && ((step + 1) % options.log_every == 0 || last)) {
+    if (!status.ok()) break;
+    const ClientStats stats = client.stats();
+    if (metrics != nullptr) {
+      // One line per step: the clock it pulled at, the min clock it saw, how
+      // long it waited for the servers, and cumulative traffic.
+      std::fprintf(metrics,
+                   "{\"rank\":%d,\"epoch\":%d,\"step\":%lld,\"loss\":%.6f,\"pull_clock\":%lld,"
+                   "\"min_clock\":%lld,\"staleness\":%lld,\"wait_ms\":%.3f,\"bytes_pushed\":%llu,"
+                   "\"bytes_pulled\":%llu,\"elapsed_s\":%.3f}\n",
+                   rank, epoch, static_cast<long long>(step + 1), *loss,
+                   static_cast<long long>(pull_clock), static_cast<long long>(min_clock),
+                   static_cast<long long>(pull_clock - min_clock), wait_ms,
+                   static_cast<unsigned long long>(stats.bytes_pushed),
+                   static_cast<unsigned long long>(stats.bytes_pulled),
+                   absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    if ((step + 1) % options.log_every == 0 || last) {
       const absl::Time now = absl::Now();
       const double seconds = absl::ToDoubleSeconds(now - interval_start);
       const double rate = seconds > 0 ? interval_steps * options.batch_size / seconds : 0;
-      const ClientStats stats = client.stats();
       result.last_loss = interval_loss / interval_steps;
       std::fprintf(stderr,
                    "[worker %d] epoch %d step %lld/%lld loss %.4f samples/s %.0f pushed %.1f MiB "
@@ -148,19 +162,6 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Mlp& model,
                    static_cast<long long>(total_steps), result.last_loss, rate,
                    stats.bytes_pushed / 1048576.0, stats.bytes_pulled / 1048576.0,
                    absl::ToDoubleSeconds(stats.push_wait), absl::ToDoubleSeconds(stats.pull_wait));
-      if (metrics != nullptr) {
-        std::fprintf(metrics,
-                     "{\"rank\":%d,\"epoch\":%d,\"step\":%lld,\"loss\":%.6f,\"samples_per_s\":%.1f,"
-                     "\"bytes_pushed\":%llu,\"bytes_pulled\":%llu,\"push_wait_s\":%.4f,"
-                     "\"pull_wait_s\":%.4f,\"pull_clock\":%lld,\"min_clock\":%lld,"
-                     "\"wait_ms\":%.3f}\n",
-                     rank, epoch, static_cast<long long>(step + 1), result.last_loss, rate,
-                     static_cast<unsigned long long>(stats.bytes_pushed),
-                     static_cast<unsigned long long>(stats.bytes_pulled),
-                     absl::ToDoubleSeconds(stats.push_wait), absl::ToDoubleSeconds(stats.pull_wait),
-                     static_cast<long long>(pull_clock), static_cast<long long>(min_clock), wait_ms);
-        std::fflush(metrics);
-      }
       interval_start = now;
       interval_loss = 0;
       interval_steps = 0;
@@ -172,6 +173,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Mlp& model,
   result.samples_per_second =
       result.seconds > 0 ? result.steps * options.batch_size / result.seconds : 0;
 
+  if (auto left = client.Leave(); !left.ok()) return left;
   // Everyone has pushed its last clock once all reach the barrier; the final
   // pull then sees every update under any consistency model.
   if (auto barrier = client.Barrier("train-done"); !barrier.ok()) return barrier;

@@ -1,0 +1,107 @@
+#ifndef HARRIER_SERVER_CHECKPOINT_H_
+#define HARRIER_SERVER_CHECKPOINT_H_
+
+// Versioned, atomic, verified checkpoint files for one parameter shard.
+//
+// Layout on disk: `<dir>/shard-<i>/ckpt-<version, 20 digits>.hck`. Each file
+// is written under a temporary name, fsynced, renamed into place and the
+// directory fsynced, so a crash leaves either the old set of files or the
+// new one, never a half-written checkpoint under a final name. The newest K
+// versions are kept; a reader takes the newest one that verifies, so one
+// damaged file costs one checkpoint interval, not the run.
+//
+// File format (all integers little-endian):
+//   magic "HRRCKPT\n" (8 bytes) | format version u32 | flags u32 (0) |
+//   payload size u64 | payload | CRC-32C u32 of every preceding byte.
+// The payload is a plain length-prefixed encoding of ShardCheckpoint (see
+// checkpoint.cc); no protobuf, because the bulk is float arrays that are
+// written with one memcpy each and protobuf's 2 GiB message limit would cap
+// the shard size.
+//
+// Thread-safety: the functions are thread-safe for different shards. Two
+// writers of the same shard directory must be serialised by the caller (the
+// server has one checkpoint thread per shard).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace harrier {
+
+// One (key, chunk) slot of a shard, as ShardStore holds it.
+struct SlotCheckpoint {
+  std::string key;
+  uint32_t chunk = 0;
+  std::vector<uint64_t> shape;
+  std::vector<float> values;
+  std::vector<float> optimizer_first;   // empty, or values.size()
+  std::vector<float> optimizer_second;  // empty, or values.size()
+  int64_t optimizer_steps = 0;
+  std::vector<int64_t> pushed;  // iterations pushed, one entry per worker rank
+};
+
+// A whole shard at one version. `version` is chosen by the caller and must
+// grow from one checkpoint to the next (pruning keeps the highest versions).
+struct ShardCheckpoint {
+  int shard = 0;
+  int num_shards = 1;
+  int num_workers = 1;
+  std::string sync;  // the sync policy's name, for a restart to compare
+  uint64_t version = 0;
+  int64_t created_unix_ms = 0;
+  std::vector<SlotCheckpoint> slots;
+};
+
+// The format version this build writes and the only one it reads.
+inline constexpr uint32_t kCheckpointFormatVersion = 1;
+inline constexpr int kDefaultCheckpointsKept = 3;
+
+// `<dir>/shard-<shard>`.
+std::string CheckpointShardDir(const std::string& dir, int shard);
+// `<dir>/shard-<shard>/ckpt-<version zero-padded to 20 digits>.hck`.
+std::string CheckpointPath(const std::string& dir, int shard, uint64_t version);
+
+// The serialised file contents, header and CRC included.
+std::string EncodeCheckpoint(const ShardCheckpoint& checkpoint);
+
+// Parses and verifies file contents: magic, format version, size, CRC, then
+// the payload's structure and internal consistency (CheckCheckpointConsistency).
+// DATA_LOSS for damage, FAILED_PRECONDITION for an unsupported format version.
+absl::StatusOr<ShardCheckpoint> DecodeCheckpoint(absl::string_view bytes);
+
+// Sizes and ranges that must hold for any checkpoint: shard in
+// [0, num_shards), num_workers >= 1, optimizer vectors empty or as long as
+// values, one `pushed` entry per worker, no duplicate (key, chunk).
+// INVALID_ARGUMENT naming the slot otherwise.
+absl::Status CheckCheckpointConsistency(const ShardCheckpoint& checkpoint);
+
+// Writes the checkpoint atomically (see the file comment) and then deletes
+// all but the `keep` highest versions of this shard; the file just written is
+// never deleted. Leftover temporary files from a crashed writer are removed.
+// Rewriting an existing version replaces it. INVALID_ARGUMENT for an
+// inconsistent checkpoint or keep < 1; INTERNAL for an I/O error, naming the
+// path. A failure to delete an old version is not an error (the next write
+// tries again).
+absl::Status WriteCheckpoint(const std::string& dir, const ShardCheckpoint& checkpoint,
+                             int keep = kDefaultCheckpointsKept);
+
+// Versions present for the shard (final names only; temporary files are
+// ignored), ascending. Empty when the directory does not exist.
+absl::StatusOr<std::vector<uint64_t>> ListCheckpointVersions(const std::string& dir, int shard);
+
+// Loads the newest checkpoint of `shard` that verifies. Each newer file that
+// does not (truncated, CRC mismatch, bad magic or format version, internal
+// inconsistency, a version or shard other than its name says) is skipped and
+// one line naming the file and the fault is appended to `warnings` (may be
+// null). NOT_FOUND when the shard has no checkpoint files; DATA_LOSS when
+// files exist but none verifies (the message lists each file's fault).
+absl::StatusOr<ShardCheckpoint> LoadLatestCheckpoint(const std::string& dir, int shard,
+                                                     std::vector<std::string>* warnings);
+
+}  // namespace harrier
+
+#endif  // HARRIER_SERVER_CHECKPOINT_H_

@@ -1,0 +1,382 @@
+// Checkpoint files: round trip, atomic replacement, pruning, and refusal of
+// damaged or misplaced files. Real files under TEST_TMPDIR.
+
+#include "server/checkpoint.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "common/crc32c.h"
+
+namespace harrier {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory per test case, so cases do not see each other's files.
+std::string FreshDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const fs::path dir = fs::path(tmp != nullptr ? tmp : "/tmp") / ("ckpt-" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+ShardCheckpoint MakeCheckpoint(int shard, uint64_t version) {
+  ShardCheckpoint c;
+  c.shard = shard;
+  c.num_shards = 4;
+  c.num_workers = 3;
+  c.sync = "ssp:2";
+  c.version = version;
+  c.created_unix_ms = 1700000000123 + static_cast<int64_t>(version);
+
+  SlotCheckpoint a;
+  a.key = "layer1/weight";
+  a.chunk = 0;
+  a.shape = {3, 4};
+  for (int i = 0; i < 12; ++i) a.values.push_back(0.25f * i - 1.0f + static_cast<float>(version));
+  // Values that a text or lossy encoding would change.
+  a.values[1] = -0.0f;
+  a.values[2] = std::numeric_limits<float>::denorm_min();
+  a.values[3] = std::numeric_limits<float>::infinity();
+  a.values[4] = std::numeric_limits<float>::quiet_NaN();
+  a.optimizer_first.assign(12, 0.5f);
+  a.optimizer_second.assign(12, 1e-7f);
+  a.optimizer_steps = 41;
+  a.pushed = {7, 8, 9};
+
+  SlotCheckpoint b;
+  b.key = "bias";
+  b.chunk = 5;
+  b.shape = {1000000};  // a chunk of a larger tensor: values need not fill the shape
+  b.values = {1.0f, 2.0f};
+  b.optimizer_steps = 0;
+  b.pushed = {0, 0, 0};
+
+  c.slots = {a, b};
+  return c;
+}
+
+bool BitwiseEqual(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() &&
+         (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+}
+
+void RequireSame(const ShardCheckpoint& x, const ShardCheckpoint& y) {
+  REQUIRE(x.shard == y.shard);
+  REQUIRE(x.num_shards == y.num_shards);
+  REQUIRE(x.num_workers == y.num_workers);
+  REQUIRE(x.sync == y.sync);
+  REQUIRE(x.version == y.version);
+  REQUIRE(x.created_unix_ms == y.created_unix_ms);
+  REQUIRE(x.slots.size() == y.slots.size());
+  for (size_t i = 0; i < x.slots.size(); ++i) {
+    const auto& a = x.slots[i];
+    const auto& b = y.slots[i];
+    REQUIRE(a.key == b.key);
+    REQUIRE(a.chunk == b.chunk);
+    REQUIRE(a.shape == b.shape);
+    REQUIRE(BitwiseEqual(a.values, b.values));
+    REQUIRE(BitwiseEqual(a.optimizer_first, b.optimizer_first));
+    REQUIRE(BitwiseEqual(a.optimizer_second, b.optimizer_second));
+    REQUIRE(a.optimizer_steps == b.optimizer_steps);
+    REQUIRE(a.pushed == b.pushed);
+  }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void WriteRaw(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Recomputes the trailing CRC, so a test can reach the checks behind it.
+std::string Reseal(std::string bytes) {
+  bytes.resize(bytes.size() - 4);
+  const uint32_t crc = Crc32c(bytes.data(), bytes.size());
+  for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
+  return bytes;
+}
+
+bool AnyContains(const std::vector<std::string>& lines, const std::string& needle) {
+  for (const auto& line : lines) {
+    if (line.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST_CASE("checkpoint round trip is bitwise exact", "[checkpoint]") {
+  const std::string dir = FreshDir("roundtrip");
+  const ShardCheckpoint original = MakeCheckpoint(2, 17);
+  REQUIRE(WriteCheckpoint(dir, original).ok());
+  REQUIRE(fs::exists(dir + "/shard-2/ckpt-00000000000000000017.hck"));
+  REQUIRE(CheckpointPath(dir, 2, 17) == dir + "/shard-2/ckpt-00000000000000000017.hck");
+
+  std::vector<std::string> warnings;
+  auto loaded = LoadLatestCheckpoint(dir, 2, &warnings);
+  REQUIRE(loaded.ok());
+  REQUIRE(warnings.empty());
+  RequireSame(original, *loaded);
+
+  // Encoding is deterministic: the same checkpoint gives the same bytes.
+  REQUIRE(ReadFile(CheckpointPath(dir, 2, 17)) == EncodeCheckpoint(original));
+}
+
+TEST_CASE("empty shard round trips", "[checkpoint]") {
+  ShardCheckpoint empty;
+  empty.version = 1;
+  auto decoded = DecodeCheckpoint(EncodeCheckpoint(empty));
+  REQUIRE(decoded.ok());
+  RequireSame(empty, *decoded);
+}
+
+TEST_CASE("no checkpoint is NotFound", "[checkpoint]") {
+  const std::string dir = FreshDir("none");
+  auto loaded = LoadLatestCheckpoint(dir, 0, nullptr);
+  REQUIRE(absl::IsNotFound(loaded.status()));
+  REQUIRE(absl::IsNotFound(LoadLatestCheckpoint(dir + "/missing", 0, nullptr).status()));
+}
+
+TEST_CASE("a leftover temporary file is ignored and cleaned up", "[checkpoint]") {
+  const std::string dir = FreshDir("temp");
+  REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(0, 1)).ok());
+  // A writer that crashed before its rename: a half-written newer version.
+  const std::string leftover = CheckpointPath(dir, 0, 2) + ".tmp.99999";
+  const std::string full = EncodeCheckpoint(MakeCheckpoint(0, 2));
+  WriteRaw(leftover, full.substr(0, full.size() / 2));
+
+  auto versions = ListCheckpointVersions(dir, 0);
+  REQUIRE(versions.ok());
+  REQUIRE(*versions == std::vector<uint64_t>{1});
+
+  std::vector<std::string> warnings;
+  auto loaded = LoadLatestCheckpoint(dir, 0, &warnings);
+  REQUIRE(loaded.ok());
+  REQUIRE(loaded->version == 1);
+  REQUIRE(warnings.empty());
+
+  // The next successful write removes it.
+  REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(0, 3)).ok());
+  REQUIRE_FALSE(fs::exists(leftover));
+  for (const auto& entry : fs::directory_iterator(CheckpointShardDir(dir, 0))) {
+    REQUIRE(entry.path().filename().string().find(".tmp.") == std::string::npos);
+  }
+}
+
+TEST_CASE("rewriting a version replaces it", "[checkpoint]") {
+  const std::string dir = FreshDir("rewrite");
+  ShardCheckpoint c = MakeCheckpoint(1, 5);
+  REQUIRE(WriteCheckpoint(dir, c).ok());
+  c.slots[0].values[0] = 123.0f;
+  REQUIRE(WriteCheckpoint(dir, c).ok());
+  auto loaded = LoadLatestCheckpoint(dir, 1, nullptr);
+  REQUIRE(loaded.ok());
+  REQUIRE(loaded->slots[0].values[0] == 123.0f);
+}
+
+TEST_CASE("only the newest K versions are kept", "[checkpoint]") {
+  const std::string dir = FreshDir("prune");
+  for (uint64_t v = 1; v <= 6; ++v) REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(3, v), 3).ok());
+  auto versions = ListCheckpointVersions(dir, 3);
+  REQUIRE(versions.ok());
+  REQUIRE(*versions == std::vector<uint64_t>{4, 5, 6});
+
+  REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(3, 10), 1).ok());
+  versions = ListCheckpointVersions(dir, 3);
+  REQUIRE(*versions == std::vector<uint64_t>{10});
+
+  // Other shards and foreign files are left alone.
+  REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(1, 1), 1).ok());
+  WriteRaw(CheckpointShardDir(dir, 3) + "/README", "operator notes");
+  REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(3, 11), 1).ok());
+  REQUIRE(fs::exists(CheckpointShardDir(dir, 3) + "/README"));
+  REQUIRE(*ListCheckpointVersions(dir, 1) == std::vector<uint64_t>{1});
+
+  REQUIRE(absl::IsInvalidArgument(WriteCheckpoint(dir, MakeCheckpoint(3, 12), 0)));
+}
+
+TEST_CASE("a corrupt newest file falls back to the previous version", "[checkpoint]") {
+  const std::string dir = FreshDir("corrupt");
+  REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(0, 1)).ok());
+  REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(0, 2)).ok());
+  const std::string newest = CheckpointPath(dir, 0, 2);
+  const std::string good = ReadFile(newest);
+
+  struct Damage {
+    const char* name;
+    std::string bytes;
+    const char* expected;  // part of the warning
+  };
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x10;
+  std::string flipped_header = good;
+  flipped_header[9] ^= 0x01;  // inside the format version field
+  std::string bad_magic = good;
+  bad_magic[0] = 'X';
+  const std::vector<Damage> cases = {
+      {"bit flip in the payload", flipped, "CRC-32C mismatch"},
+      {"bit flip in the header", flipped_header, "CRC-32C mismatch"},
+      {"truncated", good.substr(0, good.size() - 100), "truncated"},
+      {"truncated to a few bytes", good.substr(0, 10), "truncated"},
+      {"empty", "", "truncated"},
+      {"bad magic", bad_magic, "bad magic"},
+      {"trailing garbage", good + "xyz", "unexpected bytes"},
+  };
+  for (const auto& damage : cases) {
+    SECTION(damage.name) {
+      WriteRaw(newest, damage.bytes);
+      std::vector<std::string> warnings;
+      auto loaded = LoadLatestCheckpoint(dir, 0, &warnings);
+      REQUIRE(loaded.ok());
+      REQUIRE(loaded->version == 1);
+      RequireSame(*loaded, MakeCheckpoint(0, 1));
+      REQUIRE(warnings.size() == 1);
+      INFO(warnings[0]);
+      REQUIRE(AnyContains(warnings, newest));
+      REQUIRE(AnyContains(warnings, damage.expected));
+    }
+  }
+}
+
+TEST_CASE("a file of another format version is refused", "[checkpoint]") {
+  // A well-formed file whose header names format version 2 (CRC recomputed).
+  std::string bytes = EncodeCheckpoint(MakeCheckpoint(0, 1));
+  bytes[8] = 2;
+  auto decoded = DecodeCheckpoint(Reseal(bytes));
+  REQUIRE(absl::IsFailedPrecondition(decoded.status()));
+  REQUIRE(std::string(decoded.status().message()).find("format version 2") != std::string::npos);
+}
+
+TEST_CASE("all checkpoints corrupt is an error naming each file", "[checkpoint]") {
+  const std::string dir = FreshDir("allcorrupt");
+  REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(0, 1)).ok());
+  REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(0, 2)).ok());
+  for (uint64_t v : {1, 2}) {
+    const std::string path = CheckpointPath(dir, 0, v);
+    std::string bytes = ReadFile(path);
+    bytes[bytes.size() - 1] ^= 0xff;
+    WriteRaw(path, bytes);
+  }
+  std::vector<std::string> warnings;
+  auto loaded = LoadLatestCheckpoint(dir, 0, &warnings);
+  REQUIRE(absl::IsDataLoss(loaded.status()));
+  REQUIRE(warnings.size() == 2);
+  const std::string message(loaded.status().message());
+  REQUIRE(message.find(CheckpointPath(dir, 0, 1)) != std::string::npos);
+  REQUIRE(message.find(CheckpointPath(dir, 0, 2)) != std::string::npos);
+}
+
+TEST_CASE("a checkpoint of another shard is refused", "[checkpoint]") {
+  const std::string dir = FreshDir("mismatch");
+  REQUIRE(WriteCheckpoint(dir, MakeCheckpoint(1, 1)).ok());
+  // Someone copies shard 0's newer file into shard 1's directory.
+  fs::create_directories(CheckpointShardDir(dir, 1));
+  WriteRaw(CheckpointPath(dir, 1, 2), EncodeCheckpoint(MakeCheckpoint(0, 2)));
+
+  std::vector<std::string> warnings;
+  auto loaded = LoadLatestCheckpoint(dir, 1, &warnings);
+  REQUIRE(loaded.ok());
+  REQUIRE(loaded->shard == 1);
+  REQUIRE(loaded->version == 1);
+  REQUIRE(AnyContains(warnings, "holds shard 0, expected shard 1"));
+
+  // With nothing else to fall back on, the load fails.
+  fs::remove(CheckpointPath(dir, 1, 1));
+  warnings.clear();
+  loaded = LoadLatestCheckpoint(dir, 1, &warnings);
+  REQUIRE_FALSE(loaded.ok());
+  REQUIRE(AnyContains(warnings, "holds shard 0"));
+
+  // A file whose contents disagree with its name's version is refused too.
+  const std::string dir2 = FreshDir("misnamed");
+  fs::create_directories(CheckpointShardDir(dir2, 0));
+  WriteRaw(CheckpointPath(dir2, 0, 9), EncodeCheckpoint(MakeCheckpoint(0, 3)));
+  warnings.clear();
+  REQUIRE_FALSE(LoadLatestCheckpoint(dir2, 0, &warnings).ok());
+  REQUIRE(AnyContains(warnings, "named version 9"));
+}
+
+TEST_CASE("inconsistent checkpoints are neither written nor loaded", "[checkpoint]") {
+  const std::string dir = FreshDir("inconsistent");
+  struct Breakage {
+    const char* name;
+    void (*apply)(ShardCheckpoint&);
+    const char* expected;
+  };
+  const std::vector<Breakage> cases = {
+      {"pushed size", [](ShardCheckpoint& c) { c.slots[0].pushed.pop_back(); }, "pushed clocks"},
+      {"first moment size", [](ShardCheckpoint& c) { c.slots[0].optimizer_first.pop_back(); },
+       "optimizer_first"},
+      {"second moment size", [](ShardCheckpoint& c) { c.slots[0].optimizer_second.push_back(1); },
+       "optimizer_second"},
+      {"duplicate slot", [](ShardCheckpoint& c) { c.slots.push_back(c.slots[0]); }, "twice"},
+      {"shard out of range", [](ShardCheckpoint& c) { c.shard = c.num_shards; }, "num_shards"},
+      {"no workers", [](ShardCheckpoint& c) { c.num_workers = 0; }, "num_workers"},
+  };
+  for (const auto& breakage : cases) {
+    SECTION(breakage.name) {
+      ShardCheckpoint c = MakeCheckpoint(0, 1);
+      breakage.apply(c);
+      absl::Status written = WriteCheckpoint(dir, c);
+      REQUIRE(absl::IsInvalidArgument(written));
+      REQUIRE(std::string(written.message()).find(breakage.expected) != std::string::npos);
+      // Encoded anyway (bypassing the writer), the reader refuses it as data loss.
+      auto decoded = DecodeCheckpoint(EncodeCheckpoint(c));
+      REQUIRE(absl::IsDataLoss(decoded.status()));
+      REQUIRE(std::string(decoded.status().message()).find(breakage.expected) !=
+              std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("damaged lengths do not allocate or crash", "[checkpoint]") {
+  // Every single-byte change of a small file is detected (CRC) and never
+  // crashes the decoder, whichever field it lands in.
+  const std::string good = EncodeCheckpoint(MakeCheckpoint(0, 1));
+  for (size_t i = 0; i < good.size(); ++i) {
+    std::string bad = good;
+    bad[i] ^= 0x80;
+    REQUIRE_FALSE(DecodeCheckpoint(bad).ok());
+  }
+  // With the CRC recomputed, damage reaches the payload decoder, whose
+  // bounds checks must refuse (or accept) it without reading out of range
+  // or allocating what a damaged length claims.
+  for (size_t i = 24; i + 4 < good.size(); ++i) {
+    for (unsigned char bit : {0x01, 0x80}) {
+      std::string bad = good;
+      bad[i] ^= static_cast<char>(bit);
+      auto decoded = DecodeCheckpoint(Reseal(bad));
+      if (!decoded.ok()) {
+        REQUIRE((absl::IsDataLoss(decoded.status()) ||
+                 absl::IsFailedPrecondition(decoded.status())));
+      }
+    }
+  }
+  // A length field set to a huge value is refused, not allocated.
+  std::string huge = good;
+  for (int i = 0; i < 8; ++i) huge[24 + 12 + i] = static_cast<char>(0xff);  // sync's length
+  auto decoded = DecodeCheckpoint(Reseal(huge));
+  REQUIRE(absl::IsDataLoss(decoded.status()));
+  // Every truncation is refused.
+  for (size_t n = 0; n < good.size(); n += 7) {
+    REQUIRE_FALSE(DecodeCheckpoint(good.substr(0, n)).ok());
+  }
+}
+
+}  // namespace
+}  // namespace harrier
