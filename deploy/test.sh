@@ -48,10 +48,10 @@ fi
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "== CUDA kernels compile and link (nvcc, no GPU needed)"
-  if [ -f cuda/BUILD ] && bazel build --config=cuda //cuda/... //tests/cuda/... 2>&1 | tail -n 3; then
+  if bazel build --config=cuda //cuda/... //tests/cuda/... //tests/bench/cuda/... >/tmp/harrier-cuda-build.log 2>&1; then
     passed=$((passed + 1)); echo "PASS cuda build"
   else
-    failed=$((failed + 1)); echo "FAIL cuda build"
+    failed=$((failed + 1)); tail -n 20 /tmp/harrier-cuda-build.log; echo "FAIL cuda build"
   fi
 fi
 

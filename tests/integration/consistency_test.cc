@@ -1,0 +1,226 @@
+// Consistency models through real server processes, with worker threads
+// whose pace the test controls.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/server_process.h"
+#include "worker/client.h"
+
+namespace harrier {
+namespace {
+
+constexpr size_t kElements = 4;
+
+std::unique_ptr<Client> Connect(const std::vector<std::unique_ptr<testing::ServerProcess>>& servers,
+                                int rank, absl::Duration timeout = absl::Seconds(20)) {
+  ClientOptions options;
+  options.servers = testing::Addresses(servers);
+  options.rank = rank;
+  options.rpc_timeout = timeout;
+  options.heartbeat_interval = absl::Milliseconds(200);
+  auto client = Client::Create(options);
+  REQUIRE(client.ok());
+  REQUIRE((*client)->RegisterTensor("w", {kElements}).ok());
+  return std::move(*client);
+}
+
+std::vector<float> Filled(float value) { return std::vector<float>(kElements, value); }
+
+// Runs a pull at the client's current clock on a thread and reports when it
+// has returned.
+class PendingPull {
+ public:
+  explicit PendingPull(Client& client) : values_(kElements) {
+    thread_ = std::thread([this, &client] {
+      status_ = client.Pull("w", absl::MakeSpan(values_));
+      done_ = true;
+    });
+  }
+  ~PendingPull() { thread_.join(); }
+  bool done() const { return done_; }
+  bool WaitDone(int timeout_ms) const {
+    for (int waited = 0; waited < timeout_ms && !done_; waited += 10) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return done_;
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  std::vector<float> values_;
+  absl::Status status_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+TEST_CASE("SSP s=2: a fast worker blocks exactly when more than 2 clocks ahead") {
+  auto servers = testing::StartCluster(1, 2, {"--sync=ssp", "--staleness=2", "--lr=1"});
+  REQUIRE(servers.ok());
+  auto fast = Connect(*servers, 0);
+  auto slow = Connect(*servers, 1);
+  std::vector<float> values(kElements);
+  // The slow worker has pushed nothing (min clock 0): clocks 0, 1, 2 pass.
+  for (int t = 0; t < 3; ++t) {
+    REQUIRE(fast->Pull("w", absl::MakeSpan(values)).ok());
+    REQUIRE(fast->Push("w", Filled(1)).ok());
+    fast->Clock();
+  }
+  REQUIRE(fast->clock() == 3);
+  {
+    PendingPull blocked(*fast);  // clock 3 needs min clock >= 1
+    REQUIRE_FALSE(blocked.WaitDone(500));
+    REQUIRE(slow->Pull("w", absl::MakeSpan(values)).ok());
+    REQUIRE(slow->Push("w", Filled(1)).ok());  // min clock becomes 1
+    REQUIRE(blocked.WaitDone(5000));
+    REQUIRE(blocked.status().ok());
+  }
+  // Clock 4 needs min clock >= 2: blocked again until the slow one advances.
+  REQUIRE(fast->Push("w", Filled(1)).ok());
+  fast->Clock();
+  slow->Clock();
+  {
+    PendingPull blocked(*fast);
+    REQUIRE_FALSE(blocked.WaitDone(300));
+    REQUIRE(slow->Push("w", Filled(1)).ok());
+    REQUIRE(blocked.WaitDone(5000));
+    REQUIRE(blocked.status().ok());
+  }
+}
+
+TEST_CASE("ASP never blocks on a worker that does not push") {
+  auto servers = testing::StartCluster(2, 2, {"--sync=asp", "--lr=1"});
+  REQUIRE(servers.ok());
+  auto fast = Connect(*servers, 0, absl::Seconds(2));
+  auto idle = Connect(*servers, 1);
+  std::vector<float> values(kElements);
+  for (int t = 0; t < 30; ++t) {
+    REQUIRE(fast->Pull("w", absl::MakeSpan(values)).ok());
+    REQUIRE(fast->Push("w", Filled(2)).ok());
+    fast->Clock();
+  }
+  // Each push applied on arrival, scaled 1/n: 30 * 2 / 2 = 30.
+  REQUIRE(fast->Pull("w", absl::MakeSpan(values)).ok());
+  REQUIRE(values[0] == -30.0f);
+}
+
+// Two workers push integer gradients for `iterations` rounds; returns the
+// final parameters as rank 0 pulls them.
+std::vector<float> RunTwoWorkers(const std::vector<std::string>& flags, bool local_sgd) {
+  auto servers = testing::StartCluster(2, 2, flags);
+  REQUIRE(servers.ok());
+  std::vector<std::vector<float>> finals(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto client = Connect(*servers, rank);
+      std::vector<float> w(kElements), grad(kElements);
+      for (int t = 0; t < 6; ++t) {
+        if (!client->Pull("w", absl::MakeSpan(w)).ok()) return;
+        for (size_t i = 0; i < kElements; ++i) grad[i] = static_cast<float>((rank + 1) * (t + i));
+        if (local_sgd) {
+          // One local SGD step with lr 0.5, then push the model delta.
+          for (size_t i = 0; i < kElements; ++i) grad[i] = w[i] - (w[i] - 0.5f * grad[i]);
+        }
+        if (!client->Push("w", grad).ok()) return;
+        client->Clock();
+      }
+      client->Pull("w", absl::MakeSpan(w)).IgnoreError();
+      finals[rank] = w;
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  REQUIRE(finals[0].size() == kElements);
+  REQUIRE(finals[0] == finals[1]);
+  return finals[0];
+}
+
+TEST_CASE("local SGD with H=1 and plain SGD equals BSP") {
+  const auto bsp = RunTwoWorkers({"--sync=bsp", "--optimizer=sgd", "--lr=0.5"}, false);
+  const auto local = RunTwoWorkers({"--sync=local", "--local_steps=1"}, true);
+  REQUIRE(bsp == local);
+  // And both equal the hand-computed average: sum_t 0.5 * 1.5 * (t + i).
+  for (size_t i = 0; i < kElements; ++i) {
+    float expected = 0;
+    for (int t = 0; t < 6; ++t) expected -= 0.5f * 1.5f * static_cast<float>(t + i);
+    REQUIRE(bsp[i] == expected);
+  }
+}
+
+TEST_CASE("BSP with uneven iteration counts finishes once the short worker leaves") {
+  auto servers = testing::StartCluster(1, 2, {"--sync=bsp", "--lr=1"});
+  REQUIRE(servers.ok());
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  const int iterations[2] = {3, 7};
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto client = Connect(*servers, rank, absl::Seconds(5));
+      std::vector<float> w(kElements);
+      for (int t = 0; t < iterations[rank]; ++t) {
+        if (auto s = client->Pull("w", absl::MakeSpan(w)); !s.ok()) {
+          results[rank] = s;
+          return;
+        }
+        if (auto s = client->Push("w", Filled(2)); !s.ok()) {
+          results[rank] = s;
+          return;
+        }
+        client->Clock();
+      }
+      results[rank] = client->Leave();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  REQUIRE(results[0].ok());
+  REQUIRE(results[1].ok());
+  // 7 rounds, each averaging whoever pushed: 7 steps of 2.
+  auto reader = Connect(*servers, 0);
+  std::vector<float> w(kElements);
+  REQUIRE(reader->Pull("w", absl::MakeSpan(w)).ok());
+  REQUIRE(w[0] == -14.0f);
+}
+
+// A harrier-worker process takes rank 1, heartbeats, and is killed; rank 0
+// (a thread here) waits for it in BSP.
+absl::Status RunWithKilledWorker(const std::string& policy) {
+  auto servers = testing::StartCluster(
+      1, 2, {"--sync=bsp", "--lr=1", "--heartbeat_timeout_ms=1000", "--on_worker_loss=" + policy});
+  REQUIRE(servers.ok());
+  auto victim = testing::ChildProcess::Start(
+      testing::RunfilePath("worker/harrier-worker"),
+      {"--servers=" + (*servers)[0]->address(), "--rank=1", "--train_examples=2000",
+       "--step_delay_ms=1000", "--max_steps=1000", "--log_every=1000"});
+  REQUIRE(victim.ok());
+  auto survivor = Connect(*servers, 0, absl::Seconds(15));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the victim heartbeats
+  (*victim)->Signal(SIGKILL);
+  REQUIRE((*victim)->WaitForExit(5000) == 128 + SIGKILL);
+  std::vector<float> w(kElements);
+  for (int t = 0; t < 3; ++t) {
+    if (auto s = survivor->Pull("w", absl::MakeSpan(w)); !s.ok()) return s;
+    if (auto s = survivor->Push("w", Filled(1)); !s.ok()) return s;
+    survivor->Clock();
+  }
+  return survivor->Pull("w", absl::MakeSpan(w));
+}
+
+TEST_CASE("--on_worker_loss=fail: a killed worker fails the job with a clear error") {
+  const absl::Status status = RunWithKilledWorker("fail");
+  INFO(status.ToString());
+  REQUIRE(status.code() == absl::StatusCode::kAborted);
+  REQUIRE(status.message().find("rank 1 lost") != absl::string_view::npos);
+}
+
+TEST_CASE("--on_worker_loss=continue: a killed worker is dropped and training goes on") {
+  const absl::Status status = RunWithKilledWorker("continue");
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+}
+
+}  // namespace
+}  // namespace harrier
