@@ -111,7 +111,8 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   return true;
 }
 
-absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, Slot** slot_out) const {
+absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk,
+                                       ValidatedChunk* out) const {
   const std::string& key = chunk.key();
   if (auto status = CheckOwnership(key, chunk.chunk()); !status.ok()) return status;
   if (chunk.rank() >= static_cast<uint32_t>(options_.num_workers)) {
@@ -123,10 +124,6 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, Slot** s
     return absl::InvalidArgumentError(
         absl::StrCat(Where(key, chunk.chunk()), ": unsupported dtype ", chunk.dtype()));
   }
-  if (chunk.codec() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()), ": codec ",
-                                                   chunk.codec(), " is not supported"));
-  }
   Slot* slot = FindSlot(key, chunk.chunk());
   if (slot == nullptr) {
     return absl::NotFoundError(absl::StrCat(Where(key, chunk.chunk()),
@@ -137,16 +134,47 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, Slot** s
                                                    chunk.num_elements(), " elements, expected ",
                                                    slot->values.size()));
   }
-  if (chunk.payload().size() != slot->values.size() * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Where(key, chunk.chunk()), ": payload of ", chunk.payload().size(), " bytes, expected ",
-        slot->values.size() * sizeof(float)));
+  if (chunk.codec() == static_cast<uint32_t>(CodecId::kNone)) {
+    if (chunk.payload().size() != slot->values.size() * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(key, chunk.chunk()), ": payload of ", chunk.payload().size(), " bytes, expected ",
+          slot->values.size() * sizeof(float)));
+    }
   }
   if (Crc32c(chunk.payload().data(), chunk.payload().size()) != chunk.checksum()) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(key, chunk.chunk()), ": payload checksum mismatch"));
   }
-  if (!AllFinite(reinterpret_cast<const float*>(chunk.payload().data()), slot->values.size())) {
+  if (chunk.codec() == static_cast<uint32_t>(CodecId::kNone)) {
+    out->gradient = reinterpret_cast<const float*>(chunk.payload().data());
+  } else {
+    // Compressed: the codec validates the whole payload while decoding it,
+    // before anything is applied.
+    auto spec = CodecSpec::Parse(chunk.codec_params());
+    if (!spec.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(key, chunk.chunk()), ": ", spec.status().message()));
+    }
+    if (static_cast<uint32_t>(spec->id) != chunk.codec()) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()), ": codec id ",
+                                                     chunk.codec(), " disagrees with spec '",
+                                                     chunk.codec_params(), "'"));
+    }
+    auto codec = CreateCodec(*spec);
+    if (!codec.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(key, chunk.chunk()), ": ", codec.status().message()));
+    }
+    out->decoded.resize(slot->values.size());
+    if (auto status = (*codec)->Decode(chunk.payload(), absl::MakeSpan(out->decoded));
+        !status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(key, chunk.chunk()), ": ", status.message()));
+    }
+    out->gradient = out->decoded.data();
+    out->majority_vote = (*codec)->IsMajorityVote();
+  }
+  if (!AllFinite(out->gradient, slot->values.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(key, chunk.chunk()), ": gradient contains NaN or Inf"));
   }
@@ -163,15 +191,21 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, Slot** s
           chunk.rank(), " but its next clock is ", expected,
           chunk.clock() > expected ? " (clock from the future)" : " (already pushed)"));
     }
+    auto round = slot->pending.find(chunk.clock());
+    if (round != slot->pending.end() && round->second.codec_params != chunk.codec_params()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(key, chunk.chunk()), ": codec '", chunk.codec_params(), "' but clock ",
+          chunk.clock(), " was pushed with '", round->second.codec_params, "' by another worker"));
+    }
   }
-  *slot_out = slot;
+  out->slot = slot;
   return absl::OkStatus();
 }
 
 absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
   if (closed_) return absl::UnavailableError("shard is shutting down");
   if (auto failure = FailureStatus(); !failure.ok()) return failure;
-  std::vector<Slot*> slots(chunks.size(), nullptr);
+  std::vector<ValidatedChunk> valid(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
       if (chunks[j].key() == chunks[i].key() && chunks[j].chunk() == chunks[i].chunk()) {
@@ -180,14 +214,14 @@ absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
             Where(chunks[i].key(), chunks[i].chunk()), ": pushed twice in one call"));
       }
     }
-    if (auto status = ValidateChunk(chunks[i], &slots[i]); !status.ok()) {
+    if (auto status = ValidateChunk(chunks[i], &valid[i]); !status.ok()) {
       counters_.rejected++;
       return status;
     }
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
     const proto::TensorChunk& chunk = chunks[i];
-    Slot& slot = *slots[i];
+    Slot& slot = *valid[i].slot;
     {
       std::lock_guard<std::mutex> lock(slot.mutex);
       // Re-checked under the lock: only a rank racing itself can fail here.
@@ -196,8 +230,7 @@ absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
             absl::StrCat(Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ",
                          chunk.rank(), " for clock ", chunk.clock()));
       }
-      ApplyLocked(slot, chunk.rank(), chunk.clock(),
-                  reinterpret_cast<const float*>(chunk.payload().data()));
+      ApplyLocked(slot, chunk, valid[i]);
     }
     slot.changed.notify_all();
     counters_.pushes++;
@@ -222,8 +255,12 @@ void ShardStore::StepLocked(Slot& slot, const float* gradient, float scale) {
   counters_.optimizer_steps++;
 }
 
-void ShardStore::ApplyLocked(Slot& slot, uint32_t rank, int64_t clock, const float* gradient) {
+void ShardStore::ApplyLocked(Slot& slot, const proto::TensorChunk& chunk,
+                             const ValidatedChunk& valid) {
   const size_t n = slot.values.size();
+  const uint32_t rank = chunk.rank();
+  const int64_t clock = chunk.clock();
+  const float* gradient = valid.gradient;
   if (!controller_.AggregatesRounds()) {
     float scale = 1.0f / static_cast<float>(std::max(1, active_workers()));
     if (options_.staleness_aware_lr) {
@@ -237,9 +274,20 @@ void ShardStore::ApplyLocked(Slot& slot, uint32_t rank, int64_t clock, const flo
   }
   slot.pushed[rank] = clock + 1;
   PendingRound& round = slot.pending[clock];
-  if (round.sum.empty()) {
-    round.sum.assign(gradient, gradient + n);
+  if (round.from_rank.empty()) {
     round.from_rank.assign(options_.num_workers, false);
+    round.codec_params = chunk.codec_params();
+  }
+  if (valid.majority_vote) {
+    if (!round.vote) {
+      auto spec = CodecSpec::Parse(chunk.codec_params());
+      auto aggregator = Aggregator::Create(*spec, n);
+      round.vote = std::move(*aggregator);
+    }
+    // Validated above; Add only counts the payload's votes.
+    round.vote->Add(chunk.payload()).IgnoreError();
+  } else if (round.sum.empty()) {
+    round.sum.assign(gradient, gradient + n);
   } else {
     for (size_t i = 0; i < n; ++i) round.sum[i] += gradient[i];
   }
@@ -260,10 +308,15 @@ void ShardStore::CompleteRoundsLocked(Slot& slot) {
   // so round t+1 cannot hold a rank that round t still waits for.
   while (!slot.pending.empty() && RoundCompleteLocked(slot.pending.begin()->second)) {
     PendingRound& done = slot.pending.begin()->second;
-    // Division rather than multiplication by 1/n: the average of integer
-    // gradients whose sum n divides is then exact, as tests assert.
-    const float contributors = static_cast<float>(done.count);
-    for (float& g : done.sum) g /= contributors;
+    if (done.vote) {
+      done.sum.resize(slot.values.size());
+      done.vote->Finish(absl::MakeSpan(done.sum)).IgnoreError();  // >= 1 vote, sizes match
+    } else {
+      // Division rather than multiplication by 1/n: the average of integer
+      // gradients whose sum n divides is then exact, as tests assert.
+      const float contributors = static_cast<float>(done.count);
+      for (float& g : done.sum) g /= contributors;
+    }
     StepLocked(slot, done.sum.data(), 1.0f);
     slot.pending.erase(slot.pending.begin());
   }

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/codec/codec.h"
 #include "common/partitioner.h"
 #include "proto/harrier.pb.h"
 #include "server/consistency.h"
@@ -108,6 +109,8 @@ class ShardStore {
     std::vector<float> sum;
     std::vector<bool> from_rank;
     int count = 0;
+    std::string codec_params;           // every push of a round uses one codec
+    std::unique_ptr<Aggregator> vote;   // sign codecs: majority vote, never an average
   };
   struct Slot {
     std::mutex mutex;
@@ -121,12 +124,20 @@ class ShardStore {
     std::map<int64_t, PendingRound> pending;  // BSP/local rounds not yet complete
   };
 
+  // A push chunk that passed validation, ready to apply.
+  struct ValidatedChunk {
+    Slot* slot = nullptr;
+    const float* gradient = nullptr;  // dense: into the payload or `decoded`
+    std::vector<float> decoded;       // compressed pushes, decoded
+    bool majority_vote = false;
+  };
+
   static std::string SlotName(const std::string& key, uint32_t chunk);
   Slot* FindSlot(const std::string& key, uint32_t chunk) const;
   absl::Status CheckOwnership(const std::string& key, uint32_t chunk) const;
-  absl::Status ValidateChunk(const proto::TensorChunk& chunk, Slot** slot) const;
+  absl::Status ValidateChunk(const proto::TensorChunk& chunk, ValidatedChunk* out) const;
   // Caller holds slot->mutex.
-  void ApplyLocked(Slot& slot, uint32_t rank, int64_t clock, const float* gradient);
+  void ApplyLocked(Slot& slot, const proto::TensorChunk& chunk, const ValidatedChunk& valid);
   void StepLocked(Slot& slot, const float* gradient, float scale);
   void CompleteRoundsLocked(Slot& slot);
   bool RoundCompleteLocked(const PendingRound& round) const;

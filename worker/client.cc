@@ -13,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/codec/codec.h"
+#include "common/codec/error_feedback.h"
 #include "common/crc32c.h"
 #include "common/grpc_limits.h"
 #include "common/grpc_status.h"
@@ -36,6 +38,30 @@ struct TensorInfo {
 };
 
 enum class OpKind { kPush, kPull, kPushPull };
+
+// Compression state of one tensor chunk: its codec (PowerSGD keeps a warm
+// start in it) and error-feedback residual. Pushes of one chunk are
+// serialised by the mutex.
+struct ChunkCompression {
+  std::mutex mutex;
+  std::unique_ptr<Codec> codec;
+  std::unique_ptr<ErrorFeedback> error_feedback;  // null: codec needs none
+};
+
+bool NeedsErrorFeedback(const CodecSpec& spec) {
+  switch (spec.id) {
+    case CodecId::kTopK:
+    case CodecId::kThreshold:
+    case CodecId::kEfSign:
+    case CodecId::kOneBit:
+    case CodecId::kPowerSgd:
+      return true;
+    case CodecId::kRandomK:
+      return !spec.scaled;
+    default:
+      return false;
+  }
+}
 
 // The shared state of one async operation. Tasks on the pools decrement
 // `remaining`; the first error wins.
@@ -73,6 +99,7 @@ class Client::Impl {
   absl::Status Connect();
 
   ClientOptions options_;
+  CodecSpec codec_spec_;
   HashPartitioner partitioner_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<proto::ParameterService::Stub>> stubs_;
@@ -84,6 +111,15 @@ class Client::Impl {
 
   mutable std::shared_mutex tensors_mutex_;
   std::unordered_map<std::string, TensorInfo> tensors_;
+  // "name#chunk" -> compression state; guarded by tensors_mutex_ for the map,
+  // each entry by its own mutex.
+  std::unordered_map<std::string, std::unique_ptr<ChunkCompression>> compression_;
+
+  ChunkCompression* CompressionFor(const std::string& name, uint32_t chunk) const {
+    std::shared_lock<std::shared_mutex> lock(tensors_mutex_);
+    auto it = compression_.find(absl::StrCat(name, "#", chunk));
+    return it == compression_.end() ? nullptr : it->second.get();
+  }
 
   std::mutex ops_mutex_;
   std::unordered_map<Handle, std::shared_ptr<Operation>> ops_;
@@ -110,8 +146,8 @@ class Client::Impl {
     return absl::Status(s.code(), absl::StrCat(ShardName(shard), ": ", s.message()));
   }
   absl::StatusOr<TensorInfo> Lookup(const std::string& name, size_t elements) const;
-  void FillChunk(const std::string& name, const ChunkSpan& span, const float* data, int64_t clock,
-                 proto::TensorChunk* chunk) const;
+  absl::Status FillChunk(const std::string& name, const ChunkSpan& span, const float* data,
+                         int64_t clock, proto::TensorChunk* chunk) const;
   absl::Status ReadChunk(const std::string& name, const ShardGroup& group,
                          const proto::TensorChunk& reply, float* out);
   // Registers a context so a cancelled operation can abort it; false if the
@@ -186,19 +222,42 @@ absl::StatusOr<TensorInfo> Client::Impl::Lookup(const std::string& name, size_t 
   return it->second;
 }
 
-void Client::Impl::FillChunk(const std::string& name, const ChunkSpan& span, const float* data,
-                             int64_t clock, proto::TensorChunk* chunk) const {
+absl::Status Client::Impl::FillChunk(const std::string& name, const ChunkSpan& span,
+                                     const float* data, int64_t clock,
+                                     proto::TensorChunk* chunk) const {
   chunk->set_job(options_.job);
   chunk->set_rank(static_cast<uint32_t>(rank_));
   chunk->set_key(name);
   chunk->set_chunk(span.chunk);
   chunk->set_clock(clock);
-  chunk->set_codec(0);
   chunk->set_num_elements(span.num_elements);
   chunk->set_dtype(proto::DTYPE_FLOAT32);
-  chunk->mutable_payload()->assign(reinterpret_cast<const char*>(data + span.offset),
-                                   span.num_elements * sizeof(float));
+  ChunkCompression* compression = CompressionFor(name, span.chunk);
+  if (compression == nullptr) {
+    chunk->set_codec(0);
+    chunk->clear_codec_params();
+    chunk->mutable_payload()->assign(reinterpret_cast<const char*>(data + span.offset),
+                                     span.num_elements * sizeof(float));
+  } else {
+    std::lock_guard<std::mutex> lock(compression->mutex);
+    const auto input = absl::MakeConstSpan(data + span.offset, span.num_elements);
+    CodecContext context;
+    context.seed = DeriveSeed(name, span.chunk, clock, static_cast<uint32_t>(rank_),
+                              codec_spec_.seed);
+    absl::Status status =
+        compression->error_feedback
+            ? compression->error_feedback->Compress(*compression->codec, input, context,
+                                                     chunk->mutable_payload())
+            : compression->codec->Encode(input, context, chunk->mutable_payload());
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("tensor '", name, "' chunk ", span.chunk,
+                                                      ": ", status.message()));
+    }
+    chunk->set_codec(static_cast<uint32_t>(codec_spec_.id));
+    chunk->set_codec_params(codec_spec_.ToString());
+  }
   chunk->set_checksum(Crc32c(chunk->payload().data(), chunk->payload().size()));
+  return absl::OkStatus();
 }
 
 absl::Status Client::Impl::ReadChunk(const std::string& name, const ShardGroup& group,
@@ -245,14 +304,20 @@ absl::Status Client::Impl::PushGroup(Operation& op, const std::string& name,
   proto::PushResponse response;
   auto writer = stubs_[group.shard]->Push(&context, &response);
   proto::TensorChunk chunk;
+  absl::Status fill_status;
   for (const ChunkSpan& span : group.spans) {
-    FillChunk(name, span, gradient, clock, &chunk);
+    fill_status = FillChunk(name, span, gradient, clock, &chunk);
+    if (!fill_status.ok()) {
+      context.TryCancel();
+      break;
+    }
     if (!writer->Write(chunk)) break;  // Finish() reports why
     bytes_pushed_ += chunk.payload().size();
   }
   writer->WritesDone();
   grpc::Status status = writer->Finish();
   Detach(op, &context);
+  if (!fill_status.ok()) return fill_status;
   return status.ok() ? absl::OkStatus() : ShardError(group.shard, status);
 }
 
@@ -298,8 +363,13 @@ absl::Status Client::Impl::PushPullGroup(Operation& op, const std::string& name,
   if (!Attach(op, &context)) return absl::CancelledError("operation cancelled");
   auto stream = stubs_[group.shard]->PushPull(&context);
   proto::TensorChunk chunk;
+  absl::Status fill_status;
   for (const ChunkSpan& span : group.spans) {
-    FillChunk(name, span, gradient, clock, &chunk);
+    fill_status = FillChunk(name, span, gradient, clock, &chunk);
+    if (!fill_status.ok()) {
+      context.TryCancel();
+      break;
+    }
     if (!stream->Write(chunk)) break;
     bytes_pushed_ += chunk.payload().size();
   }
@@ -312,6 +382,7 @@ absl::Status Client::Impl::PushPullGroup(Operation& op, const std::string& name,
   }
   grpc::Status status = stream->Finish();
   Detach(op, &context);
+  if (!fill_status.ok()) return fill_status;
   if (!status.ok()) return ShardError(group.shard, status);
   if (!read_status.ok()) return read_status;
   if (received != group.spans.size()) {
@@ -400,7 +471,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   if (options.rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_timeout must be positive");
   }
+  auto spec = CodecSpec::Parse(options.codec);
+  if (!spec.ok()) return spec.status();
   auto impl = std::make_unique<Impl>(options);
+  impl->codec_spec_ = *spec;
   if (auto status = impl->Connect(); !status.ok()) return status;
   if (options.heartbeat_interval > absl::ZeroDuration()) {
     Impl* raw = impl.get();
@@ -462,9 +536,26 @@ absl::Status Client::RegisterTensor(const std::string& name, const std::vector<i
       return impl_->ShardError(span.shard, status);
     }
   }
+  std::unordered_map<std::string, std::unique_ptr<ChunkCompression>> compression;
+  if (impl_->codec_spec_.id != CodecId::kNone) {
+    for (auto& entry : by_shard) {
+      for (const ChunkSpan& span : entry.second.spans) {
+        if (span.num_elements * sizeof(float) < impl_->options_.compress_min_bytes) continue;
+        auto state = std::make_unique<ChunkCompression>();
+        auto codec = CreateCodec(impl_->codec_spec_);
+        if (!codec.ok()) return codec.status();
+        state->codec = std::move(*codec);
+        if (NeedsErrorFeedback(impl_->codec_spec_)) {
+          state->error_feedback = std::make_unique<ErrorFeedback>(span.num_elements);
+        }
+        compression[absl::StrCat(name, "#", span.chunk)] = std::move(state);
+      }
+    }
+  }
   for (auto& entry : by_shard) info.groups.push_back(std::move(entry.second));
   std::unique_lock<std::shared_mutex> lock(impl_->tensors_mutex_);
   impl_->tensors_[name] = std::move(info);
+  for (auto& entry : compression) impl_->compression_[entry.first] = std::move(entry.second);
   return absl::OkStatus();
 }
 

@@ -47,6 +47,13 @@ struct ClientOptions {
   // zero disables it (the shards' --heartbeat_timeout_ms must then not be
   // reached between pushes).
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Gradient compression of pushes, a codec spec such as "topk:ratio=0.01",
+  // "qsgd:levels=16,bucket=512", "efsign" or "powersgd:rank=2" (see
+  // common/codec/README.md). Error feedback is kept per tensor chunk for the
+  // biased codecs (topk, threshold, efsign, onebit, powersgd, unscaled
+  // randomk). Chunks smaller than compress_min_bytes travel uncompressed.
+  std::string codec = "none";
+  size_t compress_min_bytes = 16u << 10;
 };
 
 // What the control plane told this worker when it registered.

@@ -38,6 +38,9 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of the model's initial parameters.");
 ABSL_FLAG(double, local_lr, 0.1, "Learning rate of the worker's local steps (--sync=local).");
 ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads for this worker.");
 ABSL_FLAG(int, rpc_timeout_s, 120, "Deadline of each push/pull, including consistency waits.");
+ABSL_FLAG(std::string, codec, "none",
+          "Push compression, e.g. topk:ratio=0.01, efsign, qsgd:levels=16, powersgd:rank=2.");
+ABSL_FLAG(int, compress_min_bytes, 16384, "Chunks smaller than this travel uncompressed.");
 ABSL_FLAG(int, connect_timeout_s, 30, "How long to wait for every shard to be reachable.");
 
 namespace {
@@ -84,6 +87,8 @@ int main(int argc, char** argv) {
   client_options.job = absl::GetFlag(FLAGS_job);
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   client_options.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
+  client_options.codec = absl::GetFlag(FLAGS_codec);
+  client_options.compress_min_bytes = std::max(0, absl::GetFlag(FLAGS_compress_min_bytes));
 
   auto train = harrier::workload::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir),
                                                    harrier::workload::Split::kTrain);

@@ -129,9 +129,10 @@ class MetricsRegistry {
   struct Series;
   struct Family;
 
-  // Finds or creates the family and appends a series; aborts on misuse.
-  Series& AddSeries(const std::string& name, const std::string& help, Type type,
-                    const MetricLabels& labels);
+  // Validates `series` (its labels set, its metric object made), then
+  // publishes it in its family, creating the family; aborts on misuse.
+  void AddSeries(const std::string& name, const std::string& help, Type type,
+                 std::unique_ptr<Series> series);
 
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<Family>> families_;

@@ -1,0 +1,136 @@
+// Compressed pushes through a real server: the shard decodes and aggregates
+// each codec correctly, votes for sign codecs, and refuses hostile payloads
+// without changing anything.
+#include <catch2/catch.hpp>
+
+#include <grpcpp/grpcpp.h>
+
+#include <thread>
+
+#include "common/codec/codec.h"
+#include "common/crc32c.h"
+#include "common/grpc_limits.h"
+#include "proto/harrier.grpc.pb.h"
+#include "tests/integration/server_process.h"
+#include "worker/client.h"
+
+namespace harrier {
+namespace {
+
+constexpr size_t kElements = 8192;  // 32 KiB: above the default compress_min_bytes
+
+std::unique_ptr<Client> Connect(const std::vector<std::unique_ptr<testing::ServerProcess>>& servers,
+                                int rank, const std::string& codec) {
+  ClientOptions options;
+  options.servers = testing::Addresses(servers);
+  options.rank = rank;
+  options.codec = codec;
+  options.rpc_timeout = absl::Seconds(20);
+  auto client = Client::Create(options);
+  REQUIRE(client.ok());
+  REQUIRE((*client)->RegisterTensor("w", {static_cast<int64_t>(kElements)}).ok());
+  return std::move(*client);
+}
+
+TEST_CASE("top-k push: the shard applies exactly the k largest entries") {
+  auto servers = testing::StartCluster(1, 1, {"--lr=1"});
+  REQUIRE(servers.ok());
+  auto client = Connect(*servers, 0, "topk:ratio=0.01");  // k = round(0.01 * 8192) = 82
+  std::vector<float> grad(kElements, 0.5f), w(kElements);
+  for (size_t i = 0; i < 82; ++i) grad[i * 100] = 10.0f + static_cast<float>(i);
+  REQUIRE(client->Push("w", grad).ok());
+  client->Clock();
+  REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());
+  for (size_t i = 0; i < kElements; ++i) {
+    const float expected = (i % 100 == 0 && i / 100 < 82) ? -(10.0f + i / 100) : 0.0f;
+    REQUIRE(w[i] == expected);
+  }
+  REQUIRE(client->stats().bytes_pushed < kElements * sizeof(float) / 10);
+}
+
+TEST_CASE("sign pushes are aggregated by majority vote, never averaged") {
+  auto servers = testing::StartCluster(1, 3, {"--lr=1", "--sync=bsp"});
+  REQUIRE(servers.ok());
+  std::vector<std::thread> threads;
+  std::vector<bool> ok(3, false);
+  for (int rank = 0; rank < 3; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto client = Connect(*servers, rank, "sign");
+      // Element 0: votes +,+,- -> +1; element 1: -,-,+ -> -1.
+      std::vector<float> grad(kElements, 1.0f);
+      grad[0] = rank == 2 ? -3.0f : 0.1f;
+      grad[1] = rank == 2 ? 5.0f : -0.2f;
+      ok[rank] = client->Push("w", grad).ok();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  REQUIRE(ok == std::vector<bool>{true, true, true});
+  auto reader = Connect(*servers, 0, "none");
+  reader->Clock();
+  std::vector<float> w(kElements);
+  REQUIRE(reader->Pull("w", absl::MakeSpan(w)).ok());
+  REQUIRE(w[0] == -1.0f);  // an average of signs would give -1/3
+  REQUIRE(w[1] == 1.0f);
+  REQUIRE(w[2] == -1.0f);
+}
+
+TEST_CASE("hostile compressed payloads are refused and change nothing") {
+  auto servers = testing::StartCluster(1, 1, {"--lr=1"});
+  REQUIRE(servers.ok());
+  auto client = Connect(*servers, 0, "none");
+  auto stub = proto::ParameterService::NewStub(grpc::CreateCustomChannel(
+      (*servers)[0]->address(), grpc::InsecureChannelCredentials(), MakeChannelArguments()));
+  auto spec = CodecSpec::Parse("topk:ratio=0.01");
+  REQUIRE(spec.ok());
+  auto codec = CreateCodec(*spec);
+  REQUIRE(codec.ok());
+  std::vector<float> grad(kElements, 1.0f);
+  std::string payload;
+  REQUIRE((*codec)->Encode(grad, CodecContext{}, &payload).ok());
+
+  auto push = [&](const std::string& bytes, const std::string& params) {
+    proto::TensorChunk chunk;
+    chunk.set_key("w");
+    chunk.set_num_elements(kElements);
+    chunk.set_dtype(proto::DTYPE_FLOAT32);
+    chunk.set_codec(static_cast<uint32_t>(CodecId::kTopK));
+    chunk.set_codec_params(params);
+    chunk.set_payload(bytes);
+    chunk.set_checksum(Crc32c(bytes.data(), bytes.size()));
+    grpc::ClientContext context;
+    proto::PushResponse response;
+    auto writer = stub->Push(&context, &response);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  std::string truncated = payload.substr(0, payload.size() - 5);
+  std::string out_of_range = payload;
+  // The first index sits right after the 24-byte header: point it past d.
+  const uint32_t huge = kElements + 7;
+  std::memcpy(&out_of_range[HeaderBytes()], &huge, sizeof(huge));
+  std::string nan_value = payload;
+  const float nan = std::nanf("");
+  std::memcpy(&nan_value[nan_value.size() - sizeof(float)], &nan, sizeof(nan));
+
+  for (const auto& [name, bytes, params] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"truncated", truncated, "topk:ratio=0.01"},
+           {"index out of range", out_of_range, "topk:ratio=0.01"},
+           {"NaN value", nan_value, "topk:ratio=0.01"},
+           {"unknown codec spec", payload, "zip:level=9"},
+           {"spec of another codec", payload, "qsgd"}}) {
+    INFO(name);
+    auto status = push(bytes, params);
+    CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(status.error_message().find("'w'") != std::string::npos);
+  }
+  std::vector<float> w(kElements, 42.0f);
+  REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());
+  for (float value : w) REQUIRE(value == 0.0f);
+  // The shard still serves: the untouched payload applies.
+  REQUIRE(push(payload, "topk:ratio=0.01").ok());
+}
+
+}  // namespace
+}  // namespace harrier
