@@ -3,7 +3,8 @@
 # training an MLP on Fashion-MNIST, ending with a line test_accuracy=0.XXXX.
 #
 #   ./deploy/quickstart.sh [--shards=2] [--workers=4] [--epochs=5] [--sync=bsp]
-#                          [--server_args="..."] [-- extra worker flags]
+#                          [--server_args="..."] [--straggler_delay_ms=N]
+#                          [-- extra worker flags]
 #
 # Installs what is missing (deploy/setup.sh), builds, starts everything with
 # ephemeral ports, streams the workers' progress, and stops every process it
@@ -17,6 +18,7 @@ workers=4
 epochs=5
 sync=bsp
 server_args="--optimizer=momentum --lr=0.05 --momentum=0.9"
+straggler_delay_ms=0
 worker_args=()
 while (($#)); do
   case "$1" in
@@ -25,8 +27,9 @@ while (($#)); do
     --epochs=*) epochs=${1#*=} ;;
     --sync=*) sync=${1#*=} ;;
     --server_args=*) server_args=${1#*=} ;;
+    --straggler_delay_ms=*) straggler_delay_ms=${1#*=} ;;
     --) shift; worker_args+=("$@"); break ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quickstart: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -80,8 +83,11 @@ done
 echo "quickstart: $shards shards at $servers; starting $workers workers ($sync, $epochs epochs)" >&2
 
 for ((rank = 0; rank < workers; rank++)); do
+  delay=0
+  ((rank == workers - 1)) && delay=$straggler_delay_ms  # the last rank plays the straggler
   "$bin/worker/harrier-worker" --servers="$servers" --rank="$rank" --num_workers="$workers" \
-    --epochs="$epochs" --metrics_out="$run_dir/worker$rank.jsonl" ${worker_args[@]+"${worker_args[@]}"} \
+    --epochs="$epochs" --metrics_out="$run_dir/worker$rank.jsonl" --step_delay_ms="$delay" \
+    ${worker_args[@]+"${worker_args[@]}"} \
     >"$run_dir/worker$rank.out" 2> >(tee "$run_dir/worker$rank.log" >&2) &
   pids+=($!); name_of[$!]="worker rank $rank"
 done

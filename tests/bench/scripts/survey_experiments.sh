@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The survey's kind of experiment on a local cluster (deploy/quickstart.sh):
+#   straggler  4 workers, the last one slowed by --step_delay_ms; throughput and
+#              accuracy for BSP, SSP s=1,2,4, ASP, local SGD H=4
+#   codecs     4 workers, BSP; accuracy and bytes pushed/pulled per codec
+# One JSON line per run on stdout; progress on stderr.
+#   tests/bench/scripts/survey_experiments.sh straggler [--epochs=2] [--delay_ms=10]
+#   tests/bench/scripts/survey_experiments.sh codecs [--epochs=5]
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+what=${1:-}
+shift || true
+epochs=""
+delay_ms=10
+for arg in "$@"; do
+  case "$arg" in
+    --epochs=*) epochs=${arg#*=} ;;
+    --delay_ms=*) delay_ms=${arg#*=} ;;
+    *) echo "unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+
+# Runs the quickstart; prints "accuracy seconds samples_per_s bytes_pushed bytes_pulled".
+run() {
+  local log
+  log=$(mktemp)
+  ./deploy/quickstart.sh "$@" >"$log.out" 2>"$log"
+  local dir accuracy seconds rate pushed pulled
+  dir=$(sed -n 's/.*logs and metrics in \(.*\)$/\1/p' "$log" | tail -n 1)
+  accuracy=$(sed -n 's/^test_accuracy=//p' "$log.out")
+  seconds=$(sed -n 's/.*training finished in \([0-9.]*\) s.*/\1/p' "$log")
+  # Samples/s over all workers: each worker's own rate, summed.
+  rate=$(grep -h "done:" "$log" | sed 's/.*, \([0-9]*\) samples\/s.*/\1/' | awk '{s += $1} END {printf "%d", s}')
+  pushed=$(for f in "$dir"/worker*.jsonl; do tail -n 1 "$f"; done |
+           sed 's/.*"bytes_pushed":\([0-9]*\).*/\1/' | awk '{s += $1} END {printf "%d", s}')
+  pulled=$(for f in "$dir"/worker*.jsonl; do tail -n 1 "$f"; done |
+           sed 's/.*"bytes_pulled":\([0-9]*\).*/\1/' | awk '{s += $1} END {printf "%d", s}')
+  echo "$accuracy $seconds $rate $pushed $pulled"
+  rm -f "$log" "$log.out"
+}
+
+case "$what" in
+  straggler)
+    for mode in "bsp" "ssp 1" "ssp 2" "ssp 4" "asp" "local 4"; do
+      set -- $mode
+      sync=$1 extra=""
+      [ "$sync" = ssp ] && extra="--staleness=$2"
+      [ "$sync" = local ] && extra="--local_steps=$2"
+      echo "straggler: $mode" >&2
+      for delay in 0 "$delay_ms"; do
+        read -r acc secs rate pushed pulled < <(run --epochs="${epochs:-2}" --sync="$sync" \
+          --straggler_delay_ms="$delay" \
+          --server_args="--optimizer=momentum --lr=0.05 --momentum=0.9 $extra")
+        printf '{"bench":"straggler","sync":"%s","param":"%s","workers":4,"straggler_delay_ms":%s,"samples_per_s":%s,"test_accuracy":%s,"seconds":%s}\n' \
+          "$sync" "${2:-}" "$delay" "$rate" "$acc" "$secs"
+      done
+    done
+    ;;
+  codecs)
+    for codec in none "topk:ratio=0.01" efsign "qsgd:levels=16" "powersgd:rank=2"; do
+      echo "codecs: $codec" >&2
+      read -r acc secs rate pushed pulled < <(run --epochs="${epochs:-5}" -- --codec="$codec")
+      printf '{"bench":"codec_training","codec":"%s","workers":4,"test_accuracy":%s,"bytes_pushed":%s,"bytes_pulled":%s,"seconds":%s}\n' \
+        "$codec" "$acc" "$pushed" "$pulled" "$secs"
+    done
+    ;;
+  *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
