@@ -84,13 +84,15 @@ class Encoder {
 
 uint32_t LoadU32(const char* p) {
   uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 
 uint64_t LoadU64(const char* p) {
   uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 
@@ -174,8 +176,8 @@ class Decoder {
   bool Need(uint64_t n, absl::string_view what) {
     if (!ok()) return false;
     if (n > remaining()) {
-      Fail(absl::StrCat("payload ends inside ", what, " at offset ", pos_, " (", n, " bytes needed, ",
-                        remaining(), " left)"));
+      Fail(absl::StrCat("payload ends inside ", what, " at offset ", pos_, " (", n,
+                        " bytes needed, ", remaining(), " left)"));
       return false;
     }
     return true;
@@ -307,11 +309,13 @@ absl::Status WriteAll(int fd, const std::string& path, const std::string& bytes)
 // A rename is only durable once the directory entry is on disk too.
 absl::Status SyncDirectory(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open directory ", path, ": ", ErrnoText()));
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("cannot open directory ", path, ": ", ErrnoText()));
   const int rc = ::fsync(fd);
   const std::string error = rc == 0 ? "" : ErrnoText();
   ::close(fd);
-  if (rc != 0) return absl::InternalError(absl::StrCat("cannot fsync directory ", path, ": ", error));
+  if (rc != 0)
+    return absl::InternalError(absl::StrCat("cannot fsync directory ", path, ": ", error));
   return absl::OkStatus();
 }
 
@@ -391,8 +395,7 @@ std::string EncodeCheckpoint(const ShardCheckpoint& checkpoint) {
 }
 
 absl::StatusOr<ShardCheckpoint> DecodeCheckpoint(absl::string_view bytes) {
-  if (bytes.size() < sizeof(kMagic) ||
-      std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+  if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     return absl::DataLossError(bytes.size() < sizeof(kMagic)
                                    ? absl::StrCat("truncated: ", bytes.size(), " bytes, no header")
                                    : std::string("bad magic: not a Harrier checkpoint"));
@@ -410,14 +413,13 @@ absl::StatusOr<ShardCheckpoint> DecodeCheckpoint(absl::string_view bytes) {
   const uint64_t payload_size = LoadU64(bytes.data() + 16);
   const uint64_t available = bytes.size() - kHeaderSize - kTrailerSize;
   if (payload_size > available) {
-    return absl::DataLossError(absl::StrCat("truncated: header says ", payload_size,
-                                            " payload bytes, file has ", bytes.size(),
-                                            " bytes (", kHeaderSize + payload_size + kTrailerSize,
-                                            " expected)"));
+    return absl::DataLossError(absl::StrCat(
+        "truncated: header says ", payload_size, " payload bytes, file has ", bytes.size(),
+        " bytes (", kHeaderSize + payload_size + kTrailerSize, " expected)"));
   }
   if (payload_size < available) {
-    return absl::DataLossError(absl::StrCat(available - payload_size,
-                                            " unexpected bytes after the checksum"));
+    return absl::DataLossError(
+        absl::StrCat(available - payload_size, " unexpected bytes after the checksum"));
   }
   const size_t covered = kHeaderSize + payload_size;
   const uint32_t stored = LoadU32(bytes.data() + covered);
@@ -433,7 +435,8 @@ absl::StatusOr<ShardCheckpoint> DecodeCheckpoint(absl::string_view bytes) {
   if (flags != 0) {
     return absl::FailedPreconditionError(absl::StrFormat("unknown flags 0x%08x", flags));
   }
-  absl::StatusOr<ShardCheckpoint> checkpoint = DecodePayload(bytes.substr(kHeaderSize, payload_size));
+  absl::StatusOr<ShardCheckpoint> checkpoint =
+      DecodePayload(bytes.substr(kHeaderSize, payload_size));
   if (!checkpoint.ok()) return checkpoint.status();
   // The CRC matched, so an inconsistency here was written that way: still
   // refused, since restoring it would corrupt the shard.
@@ -473,14 +476,13 @@ absl::Status CheckCheckpointConsistency(const ShardCheckpoint& c) {
           absl::StrCat(name, ": negative optimizer_steps ", s.optimizer_steps));
     }
     if (s.pushed.size() != static_cast<size_t>(c.num_workers)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": ", s.pushed.size(),
-                                                     " pushed clocks for ", c.num_workers,
-                                                     " workers"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": ", s.pushed.size(), " pushed clocks for ", c.num_workers, " workers"));
     }
     for (size_t rank = 0; rank < s.pushed.size(); ++rank) {
       if (s.pushed[rank] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(name, ": negative pushed clock ",
-                                                       s.pushed[rank], " for rank ", rank));
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": negative pushed clock ", s.pushed[rank], " for rank ", rank));
       }
     }
   }

@@ -21,6 +21,8 @@
 #include "common/partitioner.h"
 #include "common/thread_pool.h"
 #include "proto/harrier.grpc.pb.h"
+#include "worker/transport/grpc/grpc_transport.h"
+#include "worker/transport/transport.h"
 
 namespace harrier {
 namespace {
@@ -72,8 +74,7 @@ struct Operation {
   std::condition_variable finished;
   int remaining = 0;
   absl::Status status;
-  bool cancelled = false;
-  std::vector<grpc::ClientContext*> live_contexts;
+  CallCanceller canceller;
 
   void Finish(const absl::Status& task_status) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -82,9 +83,7 @@ struct Operation {
   }
 };
 
-std::chrono::system_clock::time_point ToChrono(absl::Time time) {
-  return absl::ToChronoTime(time);
-}
+std::chrono::system_clock::time_point ToChrono(absl::Time time) { return absl::ToChronoTime(time); }
 
 }  // namespace
 
@@ -102,7 +101,10 @@ class Client::Impl {
   CodecSpec codec_spec_;
   HashPartitioner partitioner_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  // Init, heartbeats and leave always go over gRPC; pushes and pulls over
+  // the chosen transport.
   std::vector<std::unique_ptr<proto::ParameterService::Stub>> stubs_;
+  std::vector<std::unique_ptr<ShardTransport>> transports_;
   std::unique_ptr<proto::ControlService::Stub> control_;
   int rank_ = 0;
   int num_workers_ = 0;
@@ -150,10 +152,12 @@ class Client::Impl {
                          int64_t clock, proto::TensorChunk* chunk) const;
   absl::Status ReadChunk(const std::string& name, const ShardGroup& group,
                          const proto::TensorChunk& reply, float* out);
-  // Registers a context so a cancelled operation can abort it; false if the
-  // operation was already cancelled.
-  bool Attach(Operation& op, grpc::ClientContext* context);
-  void Detach(Operation& op, grpc::ClientContext* context);
+  absl::Time Deadline() const { return absl::Now() + options_.rpc_timeout; }
+  absl::StatusOr<std::vector<proto::TensorChunk>> BuildChunks(const std::string& name,
+                                                              const ShardGroup& group,
+                                                              const float* gradient, int64_t clock);
+  absl::Status CheckAllArrived(const std::string& name, const ShardGroup& group,
+                               size_t received) const;
   void SetDeadline(grpc::ClientContext* context) const {
     context->set_deadline(ToChrono(absl::Now() + options_.rpc_timeout));
   }
@@ -176,11 +180,12 @@ absl::Status Client::Impl::Connect() {
     auto channel = grpc::CreateCustomChannel(options_.servers[shard],
                                              grpc::InsecureChannelCredentials(), args);
     if (!channel->WaitForConnected(ToChrono(connect_deadline))) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot connect to ", ShardName(static_cast<int>(shard)), " within ",
-          absl::FormatDuration(options_.connect_timeout)));
+      return absl::UnavailableError(absl::StrCat("cannot connect to ",
+                                                 ShardName(static_cast<int>(shard)), " within ",
+                                                 absl::FormatDuration(options_.connect_timeout)));
     }
     stubs_.push_back(proto::ParameterService::NewStub(channel));
+    transports_.push_back(std::make_unique<GrpcShardTransport>(channel));
     channels_.push_back(std::move(channel));
   }
   control_ = proto::ControlService::NewStub(channels_[0]);
@@ -198,10 +203,18 @@ absl::Status Client::Impl::Connect() {
   rank_ = static_cast<int>(response.rank());
   num_workers_ = static_cast<int>(response.num_workers());
   switch (response.sync().mode()) {
-    case proto::SYNC_SSP: sync_.mode = "ssp"; break;
-    case proto::SYNC_ASP: sync_.mode = "asp"; break;
-    case proto::SYNC_LOCAL: sync_.mode = "local"; break;
-    default: sync_.mode = "bsp"; break;
+    case proto::SYNC_SSP:
+      sync_.mode = "ssp";
+      break;
+    case proto::SYNC_ASP:
+      sync_.mode = "asp";
+      break;
+    case proto::SYNC_LOCAL:
+      sync_.mode = "local";
+      break;
+    default:
+      sync_.mode = "bsp";
+      break;
   }
   sync_.staleness = response.sync().staleness();
   sync_.local_steps = response.sync().local_steps();
@@ -216,8 +229,8 @@ absl::StatusOr<TensorInfo> Client::Impl::Lookup(const std::string& name, size_t 
   }
   if (it->second.num_elements != elements) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has ",
-                                                   it->second.num_elements, " elements, got a buffer of ",
-                                                   elements));
+                                                   it->second.num_elements,
+                                                   " elements, got a buffer of ", elements));
   }
   return it->second;
 }
@@ -242,12 +255,12 @@ absl::Status Client::Impl::FillChunk(const std::string& name, const ChunkSpan& s
     std::lock_guard<std::mutex> lock(compression->mutex);
     const auto input = absl::MakeConstSpan(data + span.offset, span.num_elements);
     CodecContext context;
-    context.seed = DeriveSeed(name, span.chunk, clock, static_cast<uint32_t>(rank_),
-                              codec_spec_.seed);
+    context.seed =
+        DeriveSeed(name, span.chunk, clock, static_cast<uint32_t>(rank_), codec_spec_.seed);
     absl::Status status =
         compression->error_feedback
             ? compression->error_feedback->Compress(*compression->codec, input, context,
-                                                     chunk->mutable_payload())
+                                                    chunk->mutable_payload())
             : compression->codec->Encode(input, context, chunk->mutable_payload());
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("tensor '", name, "' chunk ", span.chunk,
@@ -282,50 +295,41 @@ absl::Status Client::Impl::ReadChunk(const std::string& name, const ShardGroup& 
   return absl::OkStatus();
 }
 
-bool Client::Impl::Attach(Operation& op, grpc::ClientContext* context) {
-  std::lock_guard<std::mutex> lock(op.mutex);
-  if (op.cancelled) return false;
-  op.live_contexts.push_back(context);
-  return true;
+absl::StatusOr<std::vector<proto::TensorChunk>> Client::Impl::BuildChunks(const std::string& name,
+                                                                          const ShardGroup& group,
+                                                                          const float* gradient,
+                                                                          int64_t clock) {
+  std::vector<proto::TensorChunk> chunks(group.spans.size());
+  for (size_t i = 0; i < group.spans.size(); ++i) {
+    if (auto status = FillChunk(name, group.spans[i], gradient, clock, &chunks[i]); !status.ok()) {
+      return status;
+    }
+    bytes_pushed_ += chunks[i].payload().size();
+  }
+  return chunks;
 }
 
-void Client::Impl::Detach(Operation& op, grpc::ClientContext* context) {
-  std::lock_guard<std::mutex> lock(op.mutex);
-  auto& live = op.live_contexts;
-  live.erase(std::remove(live.begin(), live.end(), context), live.end());
+absl::Status Client::Impl::CheckAllArrived(const std::string& name, const ShardGroup& group,
+                                           size_t received) const {
+  if (received == group.spans.size()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": ", received, " of ",
+                                          group.spans.size(), " chunks of '", name, "' arrived"));
 }
 
 absl::Status Client::Impl::PushGroup(Operation& op, const std::string& name,
                                      const ShardGroup& group, const float* gradient,
                                      int64_t clock) {
-  grpc::ClientContext context;
-  SetDeadline(&context);
-  if (!Attach(op, &context)) return absl::CancelledError("operation cancelled");
-  proto::PushResponse response;
-  auto writer = stubs_[group.shard]->Push(&context, &response);
-  proto::TensorChunk chunk;
-  absl::Status fill_status;
-  for (const ChunkSpan& span : group.spans) {
-    fill_status = FillChunk(name, span, gradient, clock, &chunk);
-    if (!fill_status.ok()) {
-      context.TryCancel();
-      break;
-    }
-    if (!writer->Write(chunk)) break;  // Finish() reports why
-    bytes_pushed_ += chunk.payload().size();
-  }
-  writer->WritesDone();
-  grpc::Status status = writer->Finish();
-  Detach(op, &context);
-  if (!fill_status.ok()) return fill_status;
-  return status.ok() ? absl::OkStatus() : ShardError(group.shard, status);
+  auto chunks = BuildChunks(name, group, gradient, clock);
+  if (!chunks.ok()) return chunks.status();
+  absl::Status status = transports_[group.shard]->Push(*chunks, Deadline(), op.canceller);
+  if (!status.ok())
+    return absl::Status(status.code(),
+                        absl::StrCat(ShardName(group.shard), ": ", status.message()));
+  return absl::OkStatus();
 }
 
 absl::Status Client::Impl::PullGroup(Operation& op, const std::string& name,
                                      const ShardGroup& group, float* out, int64_t clock) {
-  grpc::ClientContext context;
-  SetDeadline(&context);
-  if (!Attach(op, &context)) return absl::CancelledError("operation cancelled");
   proto::PullRequest request;
   request.set_job(options_.job);
   request.set_rank(static_cast<uint32_t>(rank_));
@@ -336,60 +340,37 @@ absl::Status Client::Impl::PullGroup(Operation& op, const std::string& name,
     ref->set_chunk(span.chunk);
     ref->set_num_elements(span.num_elements);
   }
-  auto reader = stubs_[group.shard]->Pull(&context, request);
-  proto::TensorChunk reply;
-  absl::Status read_status;
   size_t received = 0;
-  while (reader->Read(&reply)) {
-    if (read_status.ok()) read_status = ReadChunk(name, group, reply, out);
-    ++received;
-  }
-  grpc::Status status = reader->Finish();
-  Detach(op, &context);
-  if (!status.ok()) return ShardError(group.shard, status);
-  if (!read_status.ok()) return read_status;
-  if (received != group.spans.size()) {
-    return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": ", received, " of ",
-                                            group.spans.size(), " chunks of '", name, "' arrived"));
-  }
-  return absl::OkStatus();
+  absl::Status status = transports_[group.shard]->Pull(
+      request,
+      [&](const proto::TensorChunk& reply) {
+        ++received;
+        return ReadChunk(name, group, reply, out);
+      },
+      Deadline(), op.canceller);
+  if (!status.ok())
+    return absl::Status(status.code(),
+                        absl::StrCat(ShardName(group.shard), ": ", status.message()));
+  return CheckAllArrived(name, group, received);
 }
 
 absl::Status Client::Impl::PushPullGroup(Operation& op, const std::string& name,
-                                         const ShardGroup& group, const float* gradient,
-                                         float* out, int64_t clock) {
-  grpc::ClientContext context;
-  SetDeadline(&context);
-  if (!Attach(op, &context)) return absl::CancelledError("operation cancelled");
-  auto stream = stubs_[group.shard]->PushPull(&context);
-  proto::TensorChunk chunk;
-  absl::Status fill_status;
-  for (const ChunkSpan& span : group.spans) {
-    fill_status = FillChunk(name, span, gradient, clock, &chunk);
-    if (!fill_status.ok()) {
-      context.TryCancel();
-      break;
-    }
-    if (!stream->Write(chunk)) break;
-    bytes_pushed_ += chunk.payload().size();
-  }
-  stream->WritesDone();
-  absl::Status read_status;
+                                         const ShardGroup& group, const float* gradient, float* out,
+                                         int64_t clock) {
+  auto chunks = BuildChunks(name, group, gradient, clock);
+  if (!chunks.ok()) return chunks.status();
   size_t received = 0;
-  while (stream->Read(&chunk)) {
-    if (read_status.ok()) read_status = ReadChunk(name, group, chunk, out);
-    ++received;
-  }
-  grpc::Status status = stream->Finish();
-  Detach(op, &context);
-  if (!fill_status.ok()) return fill_status;
-  if (!status.ok()) return ShardError(group.shard, status);
-  if (!read_status.ok()) return read_status;
-  if (received != group.spans.size()) {
-    return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": ", received, " of ",
-                                            group.spans.size(), " chunks of '", name, "' arrived"));
-  }
-  return absl::OkStatus();
+  absl::Status status = transports_[group.shard]->PushPull(
+      *chunks,
+      [&](const proto::TensorChunk& reply) {
+        ++received;
+        return ReadChunk(name, group, reply, out);
+      },
+      Deadline(), op.canceller);
+  if (!status.ok())
+    return absl::Status(status.code(),
+                        absl::StrCat(ShardName(group.shard), ": ", status.message()));
+  return CheckAllArrived(name, group, received);
 }
 
 void Client::Impl::HeartbeatLoop() {
@@ -448,16 +429,13 @@ Client::~Client() {
     std::lock_guard<std::mutex> lock(impl_->ops_mutex_);
     for (auto& entry : impl_->ops_) ops.push_back(entry.second);
   }
-  for (auto& op : ops) {
-    std::lock_guard<std::mutex> lock(op->mutex);
-    op->cancelled = true;
-    for (auto* context : op->live_contexts) context->TryCancel();
-  }
+  for (auto& op : ops) op->canceller.CancelAll();
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   if (options.servers.empty()) {
-    return absl::InvalidArgumentError("ClientOptions.servers is empty: need host:port of every shard");
+    return absl::InvalidArgumentError(
+        "ClientOptions.servers is empty: need host:port of every shard");
   }
   for (const auto& server : options.servers) {
     if (server.find(':') == std::string::npos) {
@@ -514,7 +492,8 @@ absl::Status Client::RegisterTensor(const std::string& name, const std::vector<i
   info.num_elements = elements;
   const size_t chunk_elements = std::max<size_t>(1, impl_->options_.chunk_bytes / sizeof(float));
   std::map<int, ShardGroup> by_shard;
-  for (const ChunkSpan& span : SplitIntoChunks(name, elements, chunk_elements, impl_->partitioner_)) {
+  for (const ChunkSpan& span :
+       SplitIntoChunks(name, elements, chunk_elements, impl_->partitioner_)) {
     by_shard[span.shard].shard = span.shard;
     by_shard[span.shard].spans.push_back(span);
     proto::InitRequest request;
@@ -603,10 +582,10 @@ Client::Handle Client::PushPullAsync(const std::string& name, absl::Span<const f
   if (info.ok()) {
     const int64_t clock = impl_->clock_;
     for (const ShardGroup& group : info->groups) {
-      tasks.push_back([impl = impl_.get(), op, name, group, in = gradient.data(),
-                       data = out.data(), clock] {
-        op->Finish(impl->PushPullGroup(*op, name, group, in, data, clock));
-      });
+      tasks.push_back(
+          [impl = impl_.get(), op, name, group, in = gradient.data(), data = out.data(), clock] {
+            op->Finish(impl->PushPullGroup(*op, name, group, in, data, clock));
+          });
     }
     impl_->pushes_++;
     impl_->pulls_++;
@@ -628,16 +607,17 @@ absl::Status Client::Wait(Handle handle, absl::Time deadline) {
   absl::Status result;
   {
     std::unique_lock<std::mutex> lock(op->mutex);
-    const bool done = op->finished.wait_until(lock, ToChrono(deadline),
-                                              [&] { return op->remaining == 0; });
+    const bool done =
+        op->finished.wait_until(lock, ToChrono(deadline), [&] { return op->remaining == 0; });
     if (!done) {
-      op->cancelled = true;
-      for (auto* context : op->live_contexts) context->TryCancel();
+      lock.unlock();
+      op->canceller.CancelAll();
+      lock.lock();
       // The tasks finish promptly once cancelled; after that no buffer of
       // this operation is touched again.
       op->finished.wait(lock, [&] { return op->remaining == 0; });
-      result = absl::DeadlineExceededError(absl::StrCat(
-          "operation ", handle, " did not finish by its deadline and was cancelled"));
+      result = absl::DeadlineExceededError(
+          absl::StrCat("operation ", handle, " did not finish by its deadline and was cancelled"));
     } else {
       result = op->status;
     }

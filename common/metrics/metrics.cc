@@ -27,8 +27,8 @@ double FromBits(uint64_t bits) {
 
 void AtomicAddDouble(std::atomic<uint64_t>& bits, double delta) {
   uint64_t old = bits.load(std::memory_order_relaxed);
-  while (!bits.compare_exchange_weak(old, ToBits(FromBits(old) + delta),
-                                     std::memory_order_relaxed)) {
+  while (
+      !bits.compare_exchange_weak(old, ToBits(FromBits(old) + delta), std::memory_order_relaxed)) {
   }
 }
 
@@ -132,9 +132,10 @@ void Histogram::Observe(double value) {
   // a value equal to a bound belongs to that bound's bucket. NaN lands in
   // +Inf, as Prometheus' own clients do.
   const size_t bucket =
-      std::isnan(value) ? bounds_.size()
-                        : static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), value) -
-                                              bounds_.begin());
+      std::isnan(value)
+          ? bounds_.size()
+          : static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), value) -
+                                bounds_.begin());
   counts_[bucket].fetch_add(1, std::memory_order_relaxed);
   AtomicAddDouble(sum_bits_, value);
 }
@@ -209,7 +210,8 @@ void MetricsRegistry::AddSeries(const std::string& name, const std::string& help
   for (const auto& existing : family->series) {
     MetricLabels other = existing->labels;
     std::sort(other.begin(), other.end());
-    if (other == sorted) Fatal(absl::StrCat(name, "{", series->rendered_labels, "} registered twice"));
+    if (other == sorted)
+      Fatal(absl::StrCat(name, "{", series->rendered_labels, "} registered twice"));
   }
   family->series.push_back(std::move(series));
 }
@@ -259,8 +261,7 @@ void MetricsRegistry::AddCallbackGauge(const std::string& name, const std::strin
 }
 
 void MetricsRegistry::AddCallbackCounter(const std::string& name, const std::string& help,
-                                         std::function<double()> read,
-                                         const MetricLabels& labels) {
+                                         std::function<double()> read, const MetricLabels& labels) {
   if (!read) Fatal(absl::StrCat(name, ": empty callback"));
   auto series = std::make_unique<Series>();
   series->labels = labels;

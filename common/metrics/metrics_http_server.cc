@@ -55,7 +55,8 @@ bool WaitReady(int fd, short events, int wake_fd, SteadyClock::time_point deadli
 }
 
 std::string Response(int code, absl::string_view reason, absl::string_view content_type,
-                     const std::string& body, bool head_only, absl::string_view extra_headers = "") {
+                     const std::string& body, bool head_only,
+                     absl::string_view extra_headers = "") {
   std::string out = absl::StrCat("HTTP/1.1 ", code, " ", reason, "\r\nContent-Type: ", content_type,
                                  "\r\nContent-Length: ", body.size(), "\r\n", extra_headers,
                                  "Connection: close\r\n\r\n");
@@ -78,8 +79,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* addresses = nullptr;
   const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints,
-                               &addresses);
+  const int rc =
+      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &addresses);
   if (rc != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot resolve metrics host '", host, "': ", ::gai_strerror(rc)));
@@ -89,7 +90,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   int listen_fd = -1;
   std::string error;
   for (addrinfo* a = addresses; a != nullptr && listen_fd < 0; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    const int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) {
       error = ErrnoText();
       continue;
@@ -116,10 +118,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     ::close(listen_fd);
     return absl::InternalError(absl::StrCat("getsockname on the metrics socket: ", why));
   }
-  const int bound_port =
-      bound.ss_family == AF_INET6
-          ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
-          : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+  const int bound_port = bound.ss_family == AF_INET6
+                             ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
+                             : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
   int wake[2];
   if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     const std::string why = ErrnoText();

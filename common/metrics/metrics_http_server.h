@@ -35,7 +35,7 @@ class MetricsHttpServer {
   // INVALID_ARGUMENT for an unresolvable host or a port out of range,
   // UNAVAILABLE when the address cannot be bound (e.g. in use).
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host, int port,
-                                                                   const MetricsRegistry* registry);
+                                                                  const MetricsRegistry* registry);
 
   // Stops and joins the thread.
   ~MetricsHttpServer();
@@ -60,7 +60,7 @@ class MetricsHttpServer {
   std::string Respond(const std::string& head) const;
 
   const int listen_fd_;
-  const int wake_read_fd_;   // readable once Stop() is called
+  const int wake_read_fd_;  // readable once Stop() is called
   const int wake_write_fd_;
   const int port_;
   const MetricsRegistry* const registry_;

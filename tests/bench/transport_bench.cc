@@ -46,6 +46,7 @@ constexpr const char* kUsage =
     "  --max_point_bytes=0         skip points whose workers x size exceeds this (0: none)\n"
     "  --chunk_bytes=4M            ClientOptions::chunk_bytes\n"
     "  --server_binary=PATH        harrier-server to start (default: from runfiles)\n"
+    "  --skip_tcp                  no TCP reference (tcp_gbps and ratio 0): for profiling\n"
     "  --help\n";
 
 enum class Op { kPush, kPull, kPushPull };
@@ -70,6 +71,7 @@ struct Options {
   int max_iterations = 300;
   uint64_t max_point_bytes = 0;
   size_t chunk_bytes = 4 * kMiB;
+  bool skip_tcp = false;
 };
 
 void ApplyQuick(Options* options) {
@@ -94,6 +96,10 @@ std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
       return "";
     }
     if (arg == "--quick") continue;
+    if (arg == "--skip_tcp") {
+      options->skip_tcp = true;
+      continue;
+    }
     const size_t equals = arg.find('=');
     if (!absl::StartsWith(arg, "--") || equals == absl::string_view::npos) {
       return absl::StrCat("unknown argument '", arg, "' (flags are --name=value; see --help)");
@@ -412,7 +418,9 @@ absl::Status RunConfig(const Options& options, const std::string& binary, int sh
                                          " workers=", workers, ": ", ours.status().message()));
       }
       const TcpPattern pattern = op == Op::kPushPull ? TcpPattern::kEcho : TcpPattern::kOneWay;
-      if (tcp.count(pattern) == 0) {
+      if (tcp.count(pattern) == 0 && options.skip_tcp) {
+        tcp[pattern] = {Measurement(), 0};
+      } else if (tcp.count(pattern) == 0) {
         int connections = 0;
         auto reference =
             MeasureTcp(options, pattern, size, shards, workers, iterations, &connections);
@@ -453,7 +461,8 @@ int RunTransportBench(int argc, char** argv) {
   const auto started = BenchClock::now();
   std::vector<Row> rows;
   absl::Status status;
-  if (std::find(options.sizes.begin(), options.sizes.end(), 4 * kKiB) != options.sizes.end()) {
+  if (!options.skip_tcp &&
+      std::find(options.sizes.begin(), options.sizes.end(), 4 * kKiB) != options.sizes.end()) {
     status = MeasurePingPong(&rows);
   }
   for (int shards : options.shards) {

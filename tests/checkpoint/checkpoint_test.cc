@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,8 +14,6 @@
 #include <limits>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "common/crc32c.h"
 
@@ -338,8 +337,7 @@ TEST_CASE("inconsistent checkpoints are neither written nor loaded", "[checkpoin
       // Encoded anyway (bypassing the writer), the reader refuses it as data loss.
       auto decoded = DecodeCheckpoint(EncodeCheckpoint(c));
       REQUIRE(absl::IsDataLoss(decoded.status()));
-      REQUIRE(std::string(decoded.status().message()).find(breakage.expected) !=
-              std::string::npos);
+      REQUIRE(std::string(decoded.status().message()).find(breakage.expected) != std::string::npos);
     }
   }
 }
@@ -362,8 +360,8 @@ TEST_CASE("damaged lengths do not allocate or crash", "[checkpoint]") {
       bad[i] ^= static_cast<char>(bit);
       auto decoded = DecodeCheckpoint(Reseal(bad));
       if (!decoded.ok()) {
-        REQUIRE((absl::IsDataLoss(decoded.status()) ||
-                 absl::IsFailedPrecondition(decoded.status())));
+        REQUIRE(
+            (absl::IsDataLoss(decoded.status()) || absl::IsFailedPrecondition(decoded.status())));
       }
     }
   }

@@ -8,11 +8,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <string>
 #include <thread>
-
-#include <catch2/catch.hpp>
 
 namespace harrier {
 namespace {
@@ -163,7 +162,8 @@ TEST_CASE("start errors", "[metrics][http]") {
   // The same port twice: the second cannot bind.
   auto second = MetricsHttpServer::Start("127.0.0.1", (*first)->port(), &registry);
   REQUIRE(absl::IsUnavailable(second.status()));
-  REQUIRE(absl::IsInvalidArgument(MetricsHttpServer::Start("127.0.0.1", 70000, &registry).status()));
+  REQUIRE(
+      absl::IsInvalidArgument(MetricsHttpServer::Start("127.0.0.1", 70000, &registry).status()));
   REQUIRE(absl::IsInvalidArgument(MetricsHttpServer::Start("127.0.0.1", 0, nullptr).status()));
 }
 

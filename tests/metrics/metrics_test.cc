@@ -3,13 +3,12 @@
 #include "common/metrics/metrics.h"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 namespace harrier {
 namespace {
@@ -45,8 +44,8 @@ TEST_CASE("counters and gauges render with HELP, TYPE and labels", "[metrics]") 
 
 TEST_CASE("histograms render cumulative buckets, sum and count", "[metrics]") {
   MetricsRegistry registry;
-  Histogram& h = registry.AddHistogram("rpc_seconds", "RPC latency.", {0.005, 0.1, 1},
-                                       {{"method", "pull"}});
+  Histogram& h =
+      registry.AddHistogram("rpc_seconds", "RPC latency.", {0.005, 0.1, 1}, {{"method", "pull"}});
   Histogram& bare = registry.AddHistogram("bare_seconds", "No labels.", {1});
   for (double v : {0.001, 0.005, 0.05, 0.5, 2.0, 3.0}) h.Observe(v);
   bare.Observe(0.5);
@@ -75,8 +74,8 @@ TEST_CASE("histograms render cumulative buckets, sum and count", "[metrics]") {
 
 TEST_CASE("label values and help text are escaped", "[metrics]") {
   MetricsRegistry registry;
-  registry.AddGauge("g", "line one\nback\\slash \"quoted\"",
-                    {{"path", "C:\\dir\\\"x\"\nnext"}}).Set(1);
+  registry.AddGauge("g", "line one\nback\\slash \"quoted\"", {{"path", "C:\\dir\\\"x\"\nnext"}})
+      .Set(1);
   const std::string text = registry.RenderText();
   INFO(text);
   // HELP escapes backslash and newline only; label values also escape quotes.

@@ -1,0 +1,72 @@
+#ifndef HARRIER_WORKER_TRANSPORT_TRANSPORT_H_
+#define HARRIER_WORKER_TRANSPORT_TRANSPORT_H_
+
+// The client side of one shard's data path. The client library builds and
+// checks the messages (chunking, compression, checksums); a transport only
+// moves them. Backends live in sibling folders (grpc/, ucx/) behind this
+// header; the control plane (register, barrier) always uses gRPC.
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/harrier.pb.h"
+
+namespace harrier {
+
+// Where a buffer lives. Transports that cannot read a kind directly say so
+// in SupportsMemory(); the client then stages through host memory.
+enum class MemoryKind { kHost, kCuda };
+
+// Lets a waiting caller abort calls in flight. A transport registers how to
+// abort its call while it runs. Thread-safe.
+class CallCanceller {
+ public:
+  // False if already cancelled: the transport must not start the call.
+  bool Register(const void* call, std::function<void()> abort);
+  void Unregister(const void* call);
+  // Runs every registered abort; later Register() calls return false.
+  void CancelAll();
+  bool cancelled() const;
+
+ private:
+  mutable std::mutex mutex_;
+  bool cancelled_ = false;
+  std::vector<std::pair<const void*, std::function<void()>>> calls_;
+};
+
+// Receives each reply chunk of a pull, on the transport's calling thread.
+using ChunkSink = std::function<absl::Status(const proto::TensorChunk&)>;
+
+// One shard's data path. Calls are synchronous and thread-safe: several
+// run at once on the client's pools. Every call ends by `deadline`.
+// Errors carry the shard's status code and message.
+class ShardTransport {
+ public:
+  virtual ~ShardTransport() = default;
+
+  virtual std::string name() const = 0;  // "grpc" or "ucx"
+  virtual bool SupportsMemory(MemoryKind kind) const = 0;
+
+  // Registers a buffer for zero-copy sends/receives (no-op where the
+  // transport has nothing to register). Must outlive its use.
+  virtual absl::Status RegisterMemory(void* data, size_t bytes, MemoryKind kind) = 0;
+
+  virtual absl::Status Push(const std::vector<proto::TensorChunk>& chunks, absl::Time deadline,
+                            CallCanceller& canceller) = 0;
+  virtual absl::Status Pull(const proto::PullRequest& request, const ChunkSink& sink,
+                            absl::Time deadline, CallCanceller& canceller) = 0;
+  // Push, then receive each pushed chunk's parameters at clock + 1.
+  virtual absl::Status PushPull(const std::vector<proto::TensorChunk>& chunks,
+                                const ChunkSink& sink, absl::Time deadline,
+                                CallCanceller& canceller) = 0;
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_WORKER_TRANSPORT_TRANSPORT_H_
