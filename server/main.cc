@@ -39,6 +39,13 @@ ABSL_FLAG(std::string, on_worker_loss, "fail",
           "A worker silent for --heartbeat_timeout_ms: fail (abort the job with a clear error) or "
           "continue (drop it from the clock and the average).");
 ABSL_FLAG(int, heartbeat_timeout_ms, 10000, "Silence after which a worker counts as lost.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Restore the shard from here on start and write checkpoints here.");
+ABSL_FLAG(int, checkpoint_every_s, 0,
+          "Seconds between checkpoints (0: only at shutdown; needs --checkpoint_dir).");
+ABSL_FLAG(int, checkpoint_keep, 3, "Checkpoint versions kept per shard.");
+ABSL_FLAG(int, metrics_port, -1,
+          "Prometheus /metrics and /healthz over HTTP on this port (-1: off, 0: ephemeral).");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "On SIGTERM/SIGINT, time in-flight calls get to finish.");
 
 namespace {
@@ -96,14 +103,22 @@ int main(int argc, char** argv) {
     return Fail("--heartbeat_timeout_ms must be >= 100");
   }
   options.heartbeat_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (absl::GetFlag(FLAGS_checkpoint_every_s) < 0 || absl::GetFlag(FLAGS_checkpoint_keep) < 1) {
+    return Fail("--checkpoint_every_s must be >= 0 and --checkpoint_keep >= 1");
+  }
+  options.checkpoint_every = std::chrono::seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
+  options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   const std::string servers = absl::GetFlag(FLAGS_servers);
   if (!servers.empty()) options.shard_addresses = absl::StrSplit(servers, ',', absl::SkipEmpty());
 
   auto server = harrier::ShardServer::Start(options);
   if (!server.ok()) return Fail(std::string(server.status().message()));
-  spdlog::info("serving shard={}/{} port={} workers={} sync={} optimizer={} lr={}", options.shard,
-               options.num_shards, (*server)->port(), options.num_workers,
-               options.sync.ToString(), options.optimizer.kind, options.optimizer.lr);
+  spdlog::info("serving shard={}/{} port={} workers={} sync={} optimizer={} lr={} metrics_port={}",
+               options.shard, options.num_shards, (*server)->port(), options.num_workers,
+               options.sync.ToString(), options.optimizer.kind, options.optimizer.lr,
+               (*server)->metrics_port());
 
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {

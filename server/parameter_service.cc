@@ -38,6 +38,23 @@ grpc::Status ReadAll(Reader* reader, std::vector<proto::TensorChunk>* chunks) {
   return grpc::Status::OK;
 }
 
+// Observes the scope's duration into a histogram, if there is one.
+class LatencyTimer {
+ public:
+  explicit LatencyTimer(Histogram* histogram)
+      : histogram_(histogram), start_(std::chrono::steady_clock::now()) {}
+  ~LatencyTimer() {
+    if (histogram_ != nullptr) {
+      histogram_->Observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    }
+  }
+
+ private:
+  Histogram* histogram_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 }  // namespace
 
 grpc::Status ParameterServiceImpl::Init(grpc::ServerContext*, const proto::InitRequest* request,
@@ -51,6 +68,7 @@ grpc::Status ParameterServiceImpl::Init(grpc::ServerContext*, const proto::InitR
 grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*,
                                         grpc::ServerReader<proto::TensorChunk>* reader,
                                         proto::PushResponse* response) {
+  LatencyTimer timer(push_seconds_);
   std::vector<proto::TensorChunk> chunks;
   if (auto status = ReadAll(reader, &chunks); !status.ok()) return status;
   if (auto status = store_->Push(chunks); !status.ok()) return ToGrpcStatus(status);
@@ -61,6 +79,7 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*,
 grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
                                         const proto::PullRequest* request,
                                         grpc::ServerWriter<proto::TensorChunk>* writer) {
+  LatencyTimer timer(pull_seconds_);
   const auto deadline = DeadlineOf(context);
   auto cancelled = [context] { return context->IsCancelled(); };
   proto::TensorChunk out;
@@ -77,6 +96,7 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
 grpc::Status ParameterServiceImpl::PushPull(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<proto::TensorChunk, proto::TensorChunk>* stream) {
+  LatencyTimer timer(pull_seconds_);
   std::vector<proto::TensorChunk> chunks;
   if (auto status = ReadAll(stream, &chunks); !status.ok()) return status;
   if (auto status = store_->Push(chunks); !status.ok()) return ToGrpcStatus(status);

@@ -2,6 +2,7 @@
 #define HARRIER_SERVER_PARAMETER_SERVICE_H_
 
 #include "proto/harrier.grpc.pb.h"
+#include "common/metrics/metrics.h"
 #include "server/shard_store.h"
 
 namespace harrier {
@@ -12,6 +13,13 @@ namespace harrier {
 class ParameterServiceImpl final : public proto::ParameterService::Service {
  public:
   explicit ParameterServiceImpl(ShardStore* store) : store_(store) {}
+
+  // Optional: call latencies are observed into these (not owned; must
+  // outlive the service). Set before serving.
+  void SetLatencyHistograms(Histogram* push_seconds, Histogram* pull_seconds) {
+    push_seconds_ = push_seconds;
+    pull_seconds_ = pull_seconds;
+  }
 
   grpc::Status Init(grpc::ServerContext* context, const proto::InitRequest* request,
                     proto::InitResponse* response) override;
@@ -29,6 +37,8 @@ class ParameterServiceImpl final : public proto::ParameterService::Service {
 
  private:
   ShardStore* store_;  // not owned
+  Histogram* push_seconds_ = nullptr;
+  Histogram* pull_seconds_ = nullptr;
 };
 
 }  // namespace harrier

@@ -4,6 +4,8 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
 #include "common/grpc_limits.h"
 
 namespace harrier {
@@ -24,6 +26,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (!optimizer.ok()) return optimizer.status();
 
   std::unique_ptr<ShardServer> server(new ShardServer());
+  server->options_ = options;
   ShardStoreOptions store_options;
   store_options.shard = options.shard;
   store_options.num_shards = options.num_shards;
@@ -31,6 +34,22 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   store_options.sync = options.sync;
   store_options.staleness_aware_lr = options.staleness_aware_lr;
   server->store_ = std::make_unique<ShardStore>(store_options, std::move(*optimizer));
+  if (!options.checkpoint_dir.empty()) {
+    std::vector<std::string> warnings;
+    auto checkpoint = LoadLatestCheckpoint(options.checkpoint_dir, options.shard, &warnings);
+    for (const auto& warning : warnings) spdlog::warn("{}", warning);
+    if (checkpoint.ok()) {
+      if (auto status = server->store_->Import(*checkpoint); !status.ok()) return status;
+      server->restored_version_ = checkpoint->version;
+      server->next_checkpoint_version_ = checkpoint->version + 1;
+      spdlog::info("restored shard {} from checkpoint version {} ({} chunks)", options.shard,
+                   checkpoint->version, checkpoint->slots.size());
+    } else if (!absl::IsNotFound(checkpoint.status())) {
+      return absl::DataLossError(absl::StrCat("cannot restore shard ", options.shard, " from ",
+                                              options.checkpoint_dir, ": ",
+                                              checkpoint.status().message()));
+    }
+  }
   server->parameter_service_ = std::make_unique<ParameterServiceImpl>(server->store_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -54,16 +73,32 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.host, ":", options.port));
   }
+  server->RegisterMetrics();
+  if (options.metrics_port >= 0) {
+    auto http = MetricsHttpServer::Start(options.host, options.metrics_port, server->metrics_.get());
+    if (!http.ok()) return http.status();
+    server->metrics_http_ = std::move(*http);
+  }
+  // The store is restored before the server starts, so the shard reports
+  // SERVING only once it holds its parameters.
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   ShardServer* self = server.get();
-  server->monitor_ = std::thread([self, timeout = options.heartbeat_timeout,
-                                  policy = options.on_worker_loss] {
+  server->monitor_ = std::thread([self] {
+    const auto& options = self->options_;
+    auto next_checkpoint = std::chrono::steady_clock::now() + options.checkpoint_every;
     std::unique_lock<std::mutex> lock(self->monitor_mutex_);
     while (!self->monitor_stop_) {
       self->monitor_wake_.wait_for(lock, std::chrono::milliseconds(200));
       if (self->monitor_stop_) break;
       lock.unlock();
-      self->store_->CheckLiveness(timeout, policy);
+      self->store_->CheckLiveness(options.heartbeat_timeout, options.on_worker_loss);
+      if (options.checkpoint_every.count() > 0 &&
+          std::chrono::steady_clock::now() >= next_checkpoint) {
+        if (auto status = self->WriteCheckpointNow(); !status.ok()) {
+          spdlog::error("checkpoint failed: {}", status.ToString());
+        }
+        next_checkpoint = std::chrono::steady_clock::now() + options.checkpoint_every;
+      }
       lock.lock();
     }
   });
@@ -84,12 +119,76 @@ void ShardServer::Shutdown(std::chrono::milliseconds grace) {
   }
   monitor_wake_.notify_all();
   if (monitor_.joinable()) monitor_.join();
+  if (auto status = WriteCheckpointNow(); !status.ok()) {
+    spdlog::error("final checkpoint failed: {}", status.ToString());
+  }
   server_->GetHealthCheckService()->SetServingStatus(false);
   store_->Close();
   if (control_service_) control_service_->Close();
   server_->Shutdown(std::chrono::system_clock::now() + grace);
+  if (metrics_http_) metrics_http_->Stop();
 }
 
 void ShardServer::Wait() { server_->Wait(); }
+
+absl::Status ShardServer::WriteCheckpointNow() {
+  if (options_.checkpoint_dir.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(checkpoint_mutex_);
+  ShardCheckpoint checkpoint = store_->Export();
+  checkpoint.version = next_checkpoint_version_;
+  checkpoint.created_unix_ms = absl::ToUnixMillis(absl::Now());
+  auto status = WriteCheckpoint(options_.checkpoint_dir, checkpoint, options_.checkpoint_keep);
+  if (!status.ok()) return status;
+  ++next_checkpoint_version_;
+  last_checkpoint_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+  return absl::OkStatus();
+}
+
+void ShardServer::RegisterMetrics() {
+  metrics_ = std::make_unique<MetricsRegistry>();
+  const ShardCounters& counters = store_->counters();
+  const MetricLabels shard = {{"shard", std::to_string(options_.shard)}};
+  auto counter = [&](const std::string& name, const std::string& help,
+                     const std::atomic<uint64_t>& value) {
+    metrics_->AddCallbackCounter(name, help, [&value] { return static_cast<double>(value.load()); },
+                                 shard);
+  };
+  counter("harrier_server_pushes_total", "Chunks pushed and applied.", counters.pushes);
+  counter("harrier_server_pulls_total", "Chunks pulled.", counters.pulls);
+  counter("harrier_server_bytes_in_total", "Push payload bytes received.", counters.bytes_in);
+  counter("harrier_server_bytes_out_total", "Pull payload bytes sent.", counters.bytes_out);
+  counter("harrier_server_rejected_total", "Pushes refused as bad input.", counters.rejected);
+  counter("harrier_server_optimizer_steps_total", "Optimizer steps applied.",
+          counters.optimizer_steps);
+  ShardStore* store = store_.get();
+  metrics_->AddCallbackGauge("harrier_server_blocked_pulls",
+                             "Pulls waiting for the consistency model (queue depth).",
+                             [store] { return store->blocked_pulls(); }, shard);
+  metrics_->AddCallbackGauge("harrier_server_active_workers", "Workers that have not left.",
+                             [store] { return store->active_workers(); }, shard);
+  metrics_->AddCallbackGauge(
+      "harrier_server_max_staleness", "Largest pull clock minus min clock answered.",
+      [store] { return static_cast<double>(store->counters().max_staleness.load()); }, shard);
+  metrics_->AddCallbackGauge(
+      "harrier_server_checkpoint_age_seconds",
+      "Seconds since the last checkpoint was written (-1: none yet).",
+      [this] {
+        const int64_t last = last_checkpoint_ms_;
+        if (last == 0) return -1.0;
+        const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count();
+        return (now - last) / 1000.0;
+      },
+      shard);
+  parameter_service_->SetLatencyHistograms(
+      &metrics_->AddHistogram("harrier_server_push_seconds", "Push call latency.",
+                              ExponentialBuckets(1e-5, 4, 10), shard),
+      &metrics_->AddHistogram("harrier_server_pull_seconds",
+                              "Pull call latency, including consistency waits.",
+                              ExponentialBuckets(1e-5, 4, 10), shard));
+}
 
 }  // namespace harrier

@@ -1,6 +1,7 @@
 #ifndef HARRIER_SERVER_SHARD_SERVER_H_
 #define HARRIER_SERVER_SHARD_SERVER_H_
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -12,6 +13,9 @@
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/metrics_http_server.h"
+#include "server/checkpoint.h"
 #include "server/consistency.h"
 #include "server/control_service.h"
 #include "server/optimizer.h"
@@ -33,6 +37,13 @@ struct ShardServerOptions {
   WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kFail;
   // A worker that heartbeated once and then is silent this long is lost.
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // Checkpoints: restored from on start, written every checkpoint_every
+  // (zero: only at shutdown) and at graceful shutdown. Empty dir: none.
+  std::string checkpoint_dir;
+  std::chrono::milliseconds checkpoint_every{0};
+  int checkpoint_keep = 3;
+  // Prometheus /metrics and /healthz over HTTP; -1 disables, 0 = ephemeral.
+  int metrics_port = -1;
 };
 
 // One shard: a ShardStore behind the gRPC ParameterService, plus the
@@ -45,18 +56,34 @@ class ShardServer {
   ~ShardServer();
 
   int port() const { return port_; }
+  // The bound metrics port, or -1 when disabled.
+  int metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
+  // The version the shard was restored from (0: started empty).
+  uint64_t restored_version() const { return restored_version_; }
   ShardStore& store() { return *store_; }
 
   // Stops accepting calls, wakes blocked pulls and barriers, lets in-flight
   // calls finish until `grace` has passed, then cancels the rest.
   void Shutdown(std::chrono::milliseconds grace);
+
+  // Writes a checkpoint now (no-op without a checkpoint dir).
+  absl::Status WriteCheckpointNow();
   // Blocks until the server has shut down.
   void Wait();
 
  private:
   ShardServer() = default;
 
+  void RegisterMetrics();
+
+  ShardServerOptions options_;
   std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<MetricsRegistry> metrics_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
+  std::mutex checkpoint_mutex_;  // serialises checkpoint writes
+  uint64_t next_checkpoint_version_ = 1;
+  uint64_t restored_version_ = 0;
+  std::atomic<int64_t> last_checkpoint_ms_{0};  // steady clock, 0: none yet
   std::unique_ptr<ParameterServiceImpl> parameter_service_;
   std::unique_ptr<ControlServiceImpl> control_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -35,9 +35,13 @@ ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> opt
       optimizer_(std::move(optimizer)),
       partitioner_(options.num_shards),
       departed_(new std::atomic<bool>[options.num_workers]),
+      may_rebase_(new std::atomic<bool>[options.num_workers]),
       last_seen_(options.num_workers),
       seen_(options.num_workers, false) {
-  for (int r = 0; r < options.num_workers; ++r) departed_[r] = false;
+  for (int r = 0; r < options.num_workers; ++r) {
+    departed_[r] = false;
+    may_rebase_[r] = false;
+  }
 }
 
 ShardStore::~ShardStore() { Close(); }
@@ -185,7 +189,8 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk,
   {
     std::lock_guard<std::mutex> lock(slot->mutex);
     const int64_t expected = slot->pushed[chunk.rank()];
-    if (chunk.clock() != expected) {
+    const bool rebase = may_rebase_[chunk.rank()] && chunk.clock() > expected;
+    if (chunk.clock() != expected && !rebase) {
       return absl::FailedPreconditionError(absl::StrCat(
           Where(key, chunk.chunk()), ": push for clock ", chunk.clock(), " from rank ",
           chunk.rank(), " but its next clock is ", expected,
@@ -224,6 +229,10 @@ absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
     Slot& slot = *valid[i].slot;
     {
       std::lock_guard<std::mutex> lock(slot.mutex);
+      if (may_rebase_[chunk.rank()] && chunk.clock() > slot.pushed[chunk.rank()]) {
+        // The worker ran on while this shard was down and restored.
+        slot.pushed[chunk.rank()] = chunk.clock();
+      }
       // Re-checked under the lock: only a rank racing itself can fail here.
       if (slot.pushed[chunk.rank()] != chunk.clock()) {
         return absl::FailedPreconditionError(
@@ -236,7 +245,10 @@ absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
     counters_.pushes++;
     counters_.bytes_in += chunk.payload().size();
   }
-  if (!chunks.empty()) Heartbeat(chunks.front().rank()).IgnoreError();
+  if (!chunks.empty()) {
+    Heartbeat(chunks.front().rank()).IgnoreError();
+    may_rebase_[chunks.front().rank()] = false;
+  }
   return absl::OkStatus();
 }
 
@@ -296,9 +308,13 @@ void ShardStore::ApplyLocked(Slot& slot, const proto::TensorChunk& chunk,
   CompleteRoundsLocked(slot);
 }
 
-bool ShardStore::RoundCompleteLocked(const PendingRound& round) const {
+bool ShardStore::RoundCompleteLocked(const Slot& slot, int64_t clock,
+                                     const PendingRound& round) const {
   for (int r = 0; r < options_.num_workers; ++r) {
-    if (!round.from_rank[r] && !departed_[r]) return false;
+    // A rank is done with this round when it pushed for it, left the job, or
+    // was re-based past it after a restore (its push for the round was lost
+    // with the shard).
+    if (!round.from_rank[r] && !departed_[r] && slot.pushed[r] <= clock) return false;
   }
   return true;
 }
@@ -306,7 +322,8 @@ bool ShardStore::RoundCompleteLocked(const PendingRound& round) const {
 void ShardStore::CompleteRoundsLocked(Slot& slot) {
   // Rounds complete in clock order: every rank pushes its clocks in order,
   // so round t+1 cannot hold a rank that round t still waits for.
-  while (!slot.pending.empty() && RoundCompleteLocked(slot.pending.begin()->second)) {
+  while (!slot.pending.empty() &&
+         RoundCompleteLocked(slot, slot.pending.begin()->first, slot.pending.begin()->second)) {
     PendingRound& done = slot.pending.begin()->second;
     if (done.vote) {
       done.sum.resize(slot.values.size());
@@ -362,7 +379,18 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   std::unique_lock<std::mutex> lock(slot->mutex);
   int slowest = 0;
   int64_t min_clock = MinClockLocked(*slot, &slowest);
+  struct BlockedCount {
+    std::atomic<int>& count;
+    bool counted = false;
+    ~BlockedCount() {
+      if (counted) count--;
+    }
+  } blocked{blocked_pulls_};
   while (!controller_.PullMayProceed(clock, min_clock)) {
+    if (!blocked.counted) {
+      blocked.counted = true;
+      blocked_pulls_++;
+    }
     if (closed_) return absl::UnavailableError("shard is shutting down");
     if (auto failure = FailureStatus(); !failure.ok()) return failure;
     if (cancelled && cancelled()) {
@@ -390,6 +418,11 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
                                  slot->values.size() * sizeof(float));
   lock.unlock();
   out->set_checksum(Crc32c(out->payload().data(), out->payload().size()));
+  if (min_clock != kEveryoneLeft) {
+    int64_t staleness = clock - min_clock, seen = counters_.max_staleness;
+    while (staleness > seen && !counters_.max_staleness.compare_exchange_weak(seen, staleness)) {
+    }
+  }
   counters_.pulls++;
   counters_.bytes_out += out->payload().size();
   return absl::OkStatus();
@@ -471,6 +504,61 @@ void ShardStore::Close() {
   closed_ = true;
   std::shared_lock<std::shared_mutex> lock(slots_mutex_);
   for (auto& entry : slots_) entry.second->changed.notify_all();
+}
+
+ShardCheckpoint ShardStore::Export() const {
+  ShardCheckpoint checkpoint;
+  checkpoint.shard = options_.shard;
+  checkpoint.num_shards = options_.num_shards;
+  checkpoint.num_workers = options_.num_workers;
+  checkpoint.sync = options_.sync.ToString();
+  std::shared_lock<std::shared_mutex> map_lock(slots_mutex_);
+  checkpoint.slots.reserve(slots_.size());
+  for (const auto& entry : slots_) {
+    Slot& slot = *entry.second;
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    SlotCheckpoint saved;
+    saved.key = slot.key;
+    saved.chunk = slot.chunk;
+    saved.shape = slot.shape;
+    saved.values = slot.values;
+    saved.optimizer_first = slot.optimizer_state.first;
+    saved.optimizer_second = slot.optimizer_state.second;
+    saved.optimizer_steps = slot.optimizer_state.steps;
+    saved.pushed = slot.pushed;
+    if (!slot.pending.empty()) {
+      const int64_t first_pending = slot.pending.begin()->first;
+      for (int64_t& pushed : saved.pushed) pushed = std::min(pushed, first_pending);
+    }
+    checkpoint.slots.push_back(std::move(saved));
+  }
+  return checkpoint;
+}
+
+absl::Status ShardStore::Import(const ShardCheckpoint& checkpoint) {
+  if (checkpoint.shard != options_.shard || checkpoint.num_shards != options_.num_shards ||
+      checkpoint.num_workers != options_.num_workers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint is for shard ", checkpoint.shard, "/", checkpoint.num_shards, " with ",
+        checkpoint.num_workers, " workers; this is shard ", options_.shard, "/",
+        options_.num_shards, " with ", options_.num_workers));
+  }
+  std::unique_lock<std::shared_mutex> lock(slots_mutex_);
+  if (!slots_.empty()) return absl::FailedPreconditionError("import into a non-empty shard");
+  for (const SlotCheckpoint& saved : checkpoint.slots) {
+    auto slot = std::make_unique<Slot>();
+    slot->key = saved.key;
+    slot->chunk = saved.chunk;
+    slot->shape = saved.shape;
+    slot->values = saved.values;
+    slot->optimizer_state.first = saved.optimizer_first;
+    slot->optimizer_state.second = saved.optimizer_second;
+    slot->optimizer_state.steps = saved.optimizer_steps;
+    slot->pushed = saved.pushed;
+    slots_[SlotName(saved.key, saved.chunk)] = std::move(slot);
+  }
+  for (int r = 0; r < options_.num_workers; ++r) may_rebase_[r] = true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> ShardStore::Snapshot(const std::string& key,

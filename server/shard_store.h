@@ -19,6 +19,7 @@
 #include "common/codec/codec.h"
 #include "common/partitioner.h"
 #include "proto/harrier.pb.h"
+#include "server/checkpoint.h"
 #include "server/consistency.h"
 #include "server/optimizer.h"
 
@@ -42,6 +43,8 @@ enum class WorkerLossPolicy {
 
 // Counters a shard exposes (monotonic; read without locks).
 struct ShardCounters {
+  // Staleness of answered pulls: pull clock minus min clock.
+  std::atomic<int64_t> max_staleness{0};
   std::atomic<uint64_t> pushes{0};
   std::atomic<uint64_t> pulls{0};
   std::atomic<uint64_t> bytes_in{0};
@@ -101,6 +104,21 @@ class ShardStore {
   // fail the same way.
   void Close();
 
+  // A consistent copy of every chunk for a checkpoint: values, optimizer
+  // state and, per rank, the iterations applied. Pushes buffered in an
+  // incomplete BSP round are not included; their ranks' clocks are rolled
+  // back to that round, so a restored shard simply waits for it again.
+  ShardCheckpoint Export() const;
+
+  // Loads a checkpoint into an empty store (before serving). Each rank's
+  // first push afterwards may be for a later clock than the checkpoint's
+  // (the worker ran on while the shard was down): the shard re-bases that
+  // rank's clock once instead of refusing the push.
+  absl::Status Import(const ShardCheckpoint& checkpoint);
+
+  // Pulls currently waiting for the consistency model (a queue depth).
+  int blocked_pulls() const { return blocked_pulls_; }
+
   // Test and checkpoint access: a copy of a chunk's parameters.
   absl::StatusOr<std::vector<float>> Snapshot(const std::string& key, uint32_t chunk) const;
 
@@ -140,7 +158,7 @@ class ShardStore {
   void ApplyLocked(Slot& slot, const proto::TensorChunk& chunk, const ValidatedChunk& valid);
   void StepLocked(Slot& slot, const float* gradient, float scale);
   void CompleteRoundsLocked(Slot& slot);
-  bool RoundCompleteLocked(const PendingRound& round) const;
+  bool RoundCompleteLocked(const Slot& slot, int64_t clock, const PendingRound& round) const;
   int64_t MinClockLocked(const Slot& slot, int* slowest_rank) const;
   // OK, or the status every call gets once a lost worker failed the job.
   absl::Status FailureStatus() const;
@@ -152,6 +170,9 @@ class ShardStore {
   const HashPartitioner partitioner_;
   ShardCounters counters_;
   std::atomic<bool> closed_{false};
+  std::atomic<int> blocked_pulls_{0};
+  // Set by Import(): the rank's next push may re-base its clock once.
+  const std::unique_ptr<std::atomic<bool>[]> may_rebase_;
 
   // Membership: which ranks left, when each was last heard from.
   const std::unique_ptr<std::atomic<bool>[]> departed_;

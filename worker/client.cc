@@ -156,6 +156,9 @@ class Client::Impl {
   absl::StatusOr<std::vector<proto::TensorChunk>> BuildChunks(const std::string& name,
                                                               const ShardGroup& group,
                                                               const float* gradient, int64_t clock);
+  // Runs `attempt` until it succeeds, fails with anything but UNAVAILABLE,
+  // or retry_timeout has passed (backoff 50 ms doubling to 1 s).
+  absl::Status WithRetries(CallCanceller& canceller, const std::function<absl::Status()>& attempt);
   absl::Status CheckAllArrived(const std::string& name, const ShardGroup& group,
                                size_t received) const;
   void SetDeadline(grpc::ClientContext* context) const {
@@ -309,6 +312,20 @@ absl::StatusOr<std::vector<proto::TensorChunk>> Client::Impl::BuildChunks(const 
   return chunks;
 }
 
+absl::Status Client::Impl::WithRetries(CallCanceller& canceller,
+                                       const std::function<absl::Status()>& attempt) {
+  const absl::Time give_up = absl::Now() + options_.retry_timeout;
+  absl::Duration backoff = absl::Milliseconds(50);
+  for (;;) {
+    absl::Status status = attempt();
+    if (!absl::IsUnavailable(status) || canceller.cancelled() || absl::Now() + backoff > give_up) {
+      return status;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
 absl::Status Client::Impl::CheckAllArrived(const std::string& name, const ShardGroup& group,
                                            size_t received) const {
   if (received == group.spans.size()) return absl::OkStatus();
@@ -321,7 +338,9 @@ absl::Status Client::Impl::PushGroup(Operation& op, const std::string& name,
                                      int64_t clock) {
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
-  absl::Status status = transports_[group.shard]->Push(*chunks, Deadline(), op.canceller);
+  absl::Status status = WithRetries(op.canceller, [&] {
+    return transports_[group.shard]->Push(*chunks, Deadline(), op.canceller);
+  });
   if (!status.ok())
     return absl::Status(status.code(),
                         absl::StrCat(ShardName(group.shard), ": ", status.message()));
@@ -341,13 +360,16 @@ absl::Status Client::Impl::PullGroup(Operation& op, const std::string& name,
     ref->set_num_elements(span.num_elements);
   }
   size_t received = 0;
-  absl::Status status = transports_[group.shard]->Pull(
-      request,
-      [&](const proto::TensorChunk& reply) {
-        ++received;
-        return ReadChunk(name, group, reply, out);
-      },
-      Deadline(), op.canceller);
+  absl::Status status = WithRetries(op.canceller, [&] {
+    received = 0;
+    return transports_[group.shard]->Pull(
+        request,
+        [&](const proto::TensorChunk& reply) {
+          ++received;
+          return ReadChunk(name, group, reply, out);
+        },
+        Deadline(), op.canceller);
+  });
   if (!status.ok())
     return absl::Status(status.code(),
                         absl::StrCat(ShardName(group.shard), ": ", status.message()));
@@ -360,13 +382,16 @@ absl::Status Client::Impl::PushPullGroup(Operation& op, const std::string& name,
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
   size_t received = 0;
-  absl::Status status = transports_[group.shard]->PushPull(
-      *chunks,
-      [&](const proto::TensorChunk& reply) {
-        ++received;
-        return ReadChunk(name, group, reply, out);
-      },
-      Deadline(), op.canceller);
+  absl::Status status = WithRetries(op.canceller, [&] {
+    received = 0;
+    return transports_[group.shard]->PushPull(
+        *chunks,
+        [&](const proto::TensorChunk& reply) {
+          ++received;
+          return ReadChunk(name, group, reply, out);
+        },
+        Deadline(), op.canceller);
+  });
   if (!status.ok())
     return absl::Status(status.code(),
                         absl::StrCat(ShardName(group.shard), ": ", status.message()));

@@ -53,6 +53,9 @@ struct ClientOptions {
   // biased codecs (topk, threshold, efsign, onebit, powersgd, unscaled
   // randomk). Chunks smaller than compress_min_bytes travel uncompressed.
   std::string codec = "none";
+  // A push or pull that finds its shard UNAVAILABLE (restarting, say) is
+  // retried with exponential backoff for this long; zero disables retries.
+  absl::Duration retry_timeout = absl::Seconds(30);
   size_t compress_min_bytes = 16u << 10;
 };
 

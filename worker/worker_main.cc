@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/metrics_http_server.h"
 #include "common/process.h"
 #include "worker/client.h"
 #include "worker/trainer.h"
@@ -41,6 +43,8 @@ ABSL_FLAG(int, rpc_timeout_s, 120, "Deadline of each push/pull, including consis
 ABSL_FLAG(std::string, codec, "none",
           "Push compression, e.g. topk:ratio=0.01, efsign, qsgd:levels=16, powersgd:rank=2.");
 ABSL_FLAG(int, compress_min_bytes, 16384, "Chunks smaller than this travel uncompressed.");
+ABSL_FLAG(int, metrics_port, -1,
+          "Prometheus /metrics and liveness /healthz over HTTP (-1: off, 0: ephemeral).");
 ABSL_FLAG(int, connect_timeout_s, 30, "How long to wait for every shard to be reachable.");
 
 namespace {
@@ -114,6 +118,36 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "[worker %d] rank %d of %d, %d shards, sync %s, %lld parameters\n", rank,
                rank, (*client)->num_workers(), (*client)->num_shards(),
                (*client)->sync().mode.c_str(), static_cast<long long>(model->num_parameters()));
+
+  // The worker's own metrics and liveness endpoint, read from the client's
+  // counters when scraped.
+  harrier::MetricsRegistry metrics;
+  std::unique_ptr<harrier::MetricsHttpServer> metrics_http;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    harrier::Client* raw = client->get();
+    const harrier::MetricLabels labels = {{"rank", std::to_string(rank)}};
+    metrics.AddCallbackCounter("harrier_worker_bytes_pushed_total", "Push payload bytes sent.",
+                               [raw] { return raw->stats().bytes_pushed; }, labels);
+    metrics.AddCallbackCounter("harrier_worker_bytes_pulled_total", "Pull payload bytes received.",
+                               [raw] { return raw->stats().bytes_pulled; }, labels);
+    metrics.AddCallbackCounter("harrier_worker_pushes_total", "Tensor pushes.",
+                               [raw] { return raw->stats().pushes; }, labels);
+    metrics.AddCallbackCounter("harrier_worker_pulls_total", "Tensor pulls.",
+                               [raw] { return raw->stats().pulls; }, labels);
+    metrics.AddCallbackCounter(
+        "harrier_worker_push_wait_seconds_total", "Time spent waiting for pushes.",
+        [raw] { return absl::ToDoubleSeconds(raw->stats().push_wait); }, labels);
+    metrics.AddCallbackCounter(
+        "harrier_worker_pull_wait_seconds_total", "Time spent waiting for pulls.",
+        [raw] { return absl::ToDoubleSeconds(raw->stats().pull_wait); }, labels);
+    metrics.AddCallbackGauge("harrier_worker_clock", "The worker's current iteration.",
+                             [raw] { return static_cast<double>(raw->clock()); }, labels);
+    auto http = harrier::MetricsHttpServer::Start("0.0.0.0", absl::GetFlag(FLAGS_metrics_port),
+                                                  &metrics);
+    if (!http.ok()) return Fail(std::string(http.status().message()));
+    metrics_http = std::move(*http);
+    std::fprintf(stderr, "[worker %d] metrics on port %d\n", rank, metrics_http->port());
+  }
 
   harrier::workload::Dataset test;
   if (rank == 0) {

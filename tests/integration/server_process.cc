@@ -1,6 +1,9 @@
 #include "tests/integration/server_process.h"
 
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,7 +84,9 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   std::remove(port_file.c_str());
   std::vector<std::string> args = flags;
   args.push_back("--host=127.0.0.1");
-  args.push_back("--port=0");
+  bool has_port = false;
+  for (const auto& flag : flags) has_port |= flag.rfind("--port=", 0) == 0;
+  if (!has_port) args.push_back("--port=0");
   args.push_back(absl::StrCat("--port_file=", port_file));
   auto child = ChildProcess::Start(RunfilePath("server/harrier-server"), args);
   if (!child.ok()) return child.status();
@@ -101,6 +106,41 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return absl::DeadlineExceededError("harrier-server did not write its port file");
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    if (send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      ssize_t n;
+      while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
+    }
+  }
+  close(fd);
+  return response;
 }
 
 std::string ServerProcess::address() const { return absl::StrCat("127.0.0.1:", port_); }

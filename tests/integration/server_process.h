@@ -56,6 +56,12 @@ class ServerProcess {
 absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
     int num_shards, int num_workers, const std::vector<std::string>& extra_flags);
 
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort();
+
+// The whole HTTP/1.1 response to GET `path` on 127.0.0.1:`port` ("" if none).
+std::string HttpGet(int port, const std::string& path);
+
 std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProcess>>& servers);
 
 }  // namespace harrier::testing
