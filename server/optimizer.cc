@@ -15,9 +15,10 @@ class Sgd : public Optimizer {
  public:
   explicit Sgd(OptimizerOptions options) : options_(std::move(options)) {}
   const OptimizerOptions& options() const override { return options_; }
-  void Step(absl::Span<float> w, absl::Span<const float> g, OptimizerState& state) const override {
+  void Step(absl::Span<float> w, absl::Span<const float> g, float scale,
+            OptimizerState& state) const override {
     const float lr = options_.lr, wd = options_.weight_decay;
-    for (size_t i = 0; i < w.size(); ++i) w[i] -= lr * (g[i] + wd * w[i]);
+    for (size_t i = 0; i < w.size(); ++i) w[i] -= lr * (scale * g[i] + wd * w[i]);
     ++state.steps;
   }
 
@@ -32,12 +33,13 @@ class Momentum : public Optimizer {
   Momentum(OptimizerOptions options, bool nesterov)
       : options_(std::move(options)), nesterov_(nesterov) {}
   const OptimizerOptions& options() const override { return options_; }
-  void Step(absl::Span<float> w, absl::Span<const float> g, OptimizerState& state) const override {
+  void Step(absl::Span<float> w, absl::Span<const float> g, float scale,
+            OptimizerState& state) const override {
     EnsureSize(state.first, w.size());
     const float lr = options_.lr, m = options_.momentum, wd = options_.weight_decay;
     float* u = state.first.data();
     for (size_t i = 0; i < w.size(); ++i) {
-      const float grad = g[i] + wd * w[i];
+      const float grad = scale * g[i] + wd * w[i];
       u[i] = m * u[i] + grad;
       w[i] -= lr * (nesterov_ ? grad + m * u[i] : u[i]);
     }
@@ -53,7 +55,8 @@ class Adam : public Optimizer {
  public:
   explicit Adam(OptimizerOptions options) : options_(std::move(options)) {}
   const OptimizerOptions& options() const override { return options_; }
-  void Step(absl::Span<float> w, absl::Span<const float> g, OptimizerState& state) const override {
+  void Step(absl::Span<float> w, absl::Span<const float> g, float scale,
+            OptimizerState& state) const override {
     EnsureSize(state.first, w.size());
     EnsureSize(state.second, w.size());
     ++state.steps;
@@ -64,7 +67,7 @@ class Adam : public Optimizer {
     float* m = state.first.data();
     float* v = state.second.data();
     for (size_t i = 0; i < w.size(); ++i) {
-      const float grad = g[i] + wd * w[i];
+      const float grad = scale * g[i] + wd * w[i];
       m[i] = b1 * m[i] + (1 - b1) * grad;
       v[i] = b2 * v[i] + (1 - b2) * grad * grad;
       w[i] -= step * m[i] / (std::sqrt(v[i]) + options_.epsilon);
@@ -79,12 +82,13 @@ class AdaGrad : public Optimizer {
  public:
   explicit AdaGrad(OptimizerOptions options) : options_(std::move(options)) {}
   const OptimizerOptions& options() const override { return options_; }
-  void Step(absl::Span<float> w, absl::Span<const float> g, OptimizerState& state) const override {
+  void Step(absl::Span<float> w, absl::Span<const float> g, float scale,
+            OptimizerState& state) const override {
     EnsureSize(state.first, w.size());
     float* acc = state.first.data();
     const float lr = options_.lr, wd = options_.weight_decay;
     for (size_t i = 0; i < w.size(); ++i) {
-      const float grad = g[i] + wd * w[i];
+      const float grad = scale * g[i] + wd * w[i];
       acc[i] += grad * grad;
       w[i] -= lr * grad / (std::sqrt(acc[i]) + options_.epsilon);
     }

@@ -29,14 +29,15 @@ struct OptimizerState {
   long long steps = 0;
 };
 
-// Applies one update w <- w - step(g) in place. Stateless apart from the
+// Applies one update w <- w - step(scale * g) in place (the scale folds the
+// 1/n of SSP/ASP into the step without a copy of the gradient). Stateless apart from the
 // state it is handed, so one Optimizer serves every key of a shard.
 // Thread-compatible per state: the caller holds the slot's lock.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual const OptimizerOptions& options() const = 0;
-  virtual void Step(absl::Span<float> weights, absl::Span<const float> gradient,
+  virtual void Step(absl::Span<float> weights, absl::Span<const float> gradient, float scale,
                     OptimizerState& state) const = 0;
 };
 

@@ -20,11 +20,15 @@ std::string Where(const std::string& key, uint32_t chunk) {
 }
 
 bool AllFinite(const float* values, size_t n) {
-  // Summed check vectorises; a NaN or Inf anywhere makes the sum non-finite
-  // unless it cancels, which only Inf - Inf can do and that is NaN again.
-  float acc = 0.0f;
-  for (size_t i = 0; i < n; ++i) acc += values[i] * 0.0f;
-  return acc == 0.0f;
+  // On the bits, so the loop vectorises (a float sum may not be reordered
+  // without -ffast-math): an exponent of all ones is Inf or NaN.
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
 }
 
 }  // namespace
@@ -256,13 +260,9 @@ void ShardStore::StepLocked(Slot& slot, const float* gradient, float scale) {
   const size_t n = slot.values.size();
   if (controller_.PushesAreDeltas()) {
     for (size_t i = 0; i < n; ++i) slot.values[i] -= scale * gradient[i];
-  } else if (scale == 1.0f) {
-    optimizer_->Step(absl::MakeSpan(slot.values), absl::MakeConstSpan(gradient, n),
-                     slot.optimizer_state);
   } else {
-    std::vector<float> scaled(gradient, gradient + n);
-    for (float& g : scaled) g *= scale;
-    optimizer_->Step(absl::MakeSpan(slot.values), scaled, slot.optimizer_state);
+    optimizer_->Step(absl::MakeSpan(slot.values), absl::MakeConstSpan(gradient, n), scale,
+                     slot.optimizer_state);
   }
   counters_.optimizer_steps++;
 }

@@ -121,12 +121,16 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(
   return self;
 }
 
-UcxWorker::~UcxWorker() {
+void UcxWorker::Stop() {
   if (thread_.joinable()) {
     stop_ = true;
     Wake();
     thread_.join();
   }
+}
+
+UcxWorker::~UcxWorker() {
+  Stop();
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
   if (epoll_fd_ >= 0) close(epoll_fd_);

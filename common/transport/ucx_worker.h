@@ -40,9 +40,13 @@ class UcxWorker {
   // UCP_AM_FLAG_WHOLE_MSG) and starts the progress thread.
   static absl::StatusOr<std::unique_ptr<UcxWorker>> Start(const std::string& name,
                                                           const std::vector<AmHandler>& handlers);
-  // Stops: runs posted tasks, progresses outstanding requests for at most
-  // about a second, then destroys the worker and context.
+  // Stop(), then destroys the worker and context.
   ~UcxWorker();
+
+  // Stops the progress thread after it has run the posted tasks and
+  // progressed outstanding requests for at most about a second. Tasks posted
+  // later never run. Idempotent; not from the progress thread.
+  void Stop();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
 

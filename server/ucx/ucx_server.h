@@ -44,7 +44,7 @@ class UcxServer {
   ~UcxServer();
 
   // The worker address clients connect to (bytes).
-  const std::string& address() const { return worker_->address(); }
+  const std::string& address() const { return address_; }
 
   // Stops taking requests, finishes the ones running (blocked pulls end
   // when the store closes or at their deadline), closes every endpoint.
@@ -62,11 +62,12 @@ class UcxServer {
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
   static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  // `data` holds the AM data, or is empty with `data_status` saying why.
   void OnFrame(const transport::Frame& frame, std::string body, std::string data,
-               bool data_ok, size_t data_length);
-  void OnHello(const transport::Frame& frame, std::string address);
-  void OnChunk(const transport::Frame& frame, std::string body, std::string data,
-               bool data_ok, size_t data_length);
+               absl::Status data_status, size_t data_length);
+  void OnHello(const transport::Frame& frame, const std::string& address);
+  void OnChunk(const transport::Frame& frame, const std::string& body, std::string data,
+               absl::Status frame_status);
 
   // Any thread: queue a reply on the progress thread.
   void SendStatus(uint64_t connection, uint64_t request, uint32_t count,
@@ -75,11 +76,16 @@ class UcxServer {
                  std::shared_ptr<proto::TensorChunk> chunk);
 
   // Pools.
-  void RunPush(uint64_t connection, uint64_t request, bool then_pull, int64_t timeout_ms,
-               std::vector<proto::TensorChunk> chunks);
-  void RunPull(uint64_t connection, uint64_t request, int64_t timeout_ms,
-               std::vector<std::pair<proto::ChunkRef, std::pair<uint32_t, int64_t>>> refs,
-               std::string job_of_first, std::vector<std::string> jobs);
+  struct PullItem {
+    uint32_t rank = 0;
+    int64_t clock = 0;
+    proto::ChunkRef ref;
+    std::string job;
+  };
+  void RunPush(uint64_t connection, uint64_t request, bool then_pull,
+               ShardStore::Clock::time_point deadline, std::vector<proto::TensorChunk> chunks);
+  void RunPull(uint64_t connection, uint64_t request, ShardStore::Clock::time_point deadline,
+               std::vector<PullItem> items);
   std::shared_ptr<std::atomic<bool>> TrackCancel(uint64_t connection, uint64_t request);
   void Untrack(uint64_t connection, uint64_t request);
 
@@ -95,9 +101,11 @@ class UcxServer {
   std::mutex cancel_mutex_;
   std::map<RequestKey, std::shared_ptr<std::atomic<bool>>> cancels_;
 
+  std::string address_;
+  // Shutdown() destroys the pools (their tasks post replies) before the
+  // worker, whose destructor runs the posted replies and stops the thread.
   std::unique_ptr<ThreadPool> push_pool_;
   std::unique_ptr<ThreadPool> pull_pool_;
-  // Last: destroyed first, so the progress thread stops before the rest.
   std::unique_ptr<transport::UcxWorker> worker_;
 };
 

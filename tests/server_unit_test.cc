@@ -1,0 +1,203 @@
+// Unit tests of the shard's components, in process: optimizers, the
+// consistency rule, the partitioner and the shard store.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <set>
+
+#include "common/crc32c.h"
+#include "common/partitioner.h"
+#include "server/consistency.h"
+#include "server/optimizer.h"
+#include "server/shard_store.h"
+
+namespace harrier {
+namespace {
+
+TEST_CASE("optimizers take one step as defined") {
+  OptimizerOptions options;
+  options.lr = 0.5f;
+  options.momentum = 0.5f;
+  std::vector<float> g = {2.0f, -4.0f};
+
+  SECTION("sgd") {
+    auto opt = CreateOptimizer(options);
+    REQUIRE(opt.ok());
+    std::vector<float> w = {1.0f, 1.0f};
+    OptimizerState state;
+    (*opt)->Step(absl::MakeSpan(w), g, 0.5f, state);  // scale folds 1/n in
+    REQUIRE(w == std::vector<float>{0.5f, 2.0f});
+  }
+  SECTION("momentum accumulates u = m u + g") {
+    options.kind = "momentum";
+    auto opt = CreateOptimizer(options);
+    REQUIRE(opt.ok());
+    std::vector<float> w = {0.0f, 0.0f};
+    OptimizerState state;
+    (*opt)->Step(absl::MakeSpan(w), g, 1.0f, state);
+    (*opt)->Step(absl::MakeSpan(w), g, 1.0f, state);
+    // u1 = g, u2 = 1.5 g; w = -0.5 (g + 1.5 g) = -1.25 g
+    REQUIRE(w[0] == Approx(-2.5f));
+    REQUIRE(w[1] == Approx(5.0f));
+  }
+  SECTION("nesterov looks ahead") {
+    options.kind = "nesterov";
+    auto opt = CreateOptimizer(options);
+    REQUIRE(opt.ok());
+    std::vector<float> w = {0.0f, 0.0f};
+    OptimizerState state;
+    (*opt)->Step(absl::MakeSpan(w), g, 1.0f, state);
+    // u = g; w -= lr (g + m u) = 0.5 * 1.5 g
+    REQUIRE(w[0] == Approx(-1.5f));
+  }
+  SECTION("adam's first step has magnitude lr") {
+    options.kind = "adam";
+    auto opt = CreateOptimizer(options);
+    REQUIRE(opt.ok());
+    std::vector<float> w = {0.0f, 0.0f};
+    OptimizerState state;
+    (*opt)->Step(absl::MakeSpan(w), g, 1.0f, state);
+    REQUIRE(w[0] == Approx(-0.5f).epsilon(1e-4));
+    REQUIRE(w[1] == Approx(0.5f).epsilon(1e-4));
+  }
+  SECTION("adagrad divides by the root of the accumulated squares") {
+    options.kind = "adagrad";
+    auto opt = CreateOptimizer(options);
+    REQUIRE(opt.ok());
+    std::vector<float> w = {0.0f, 0.0f};
+    OptimizerState state;
+    (*opt)->Step(absl::MakeSpan(w), g, 1.0f, state);
+    REQUIRE(w[0] == Approx(-0.5f).epsilon(1e-4));
+    (*opt)->Step(absl::MakeSpan(w), g, 1.0f, state);
+    REQUIRE(w[0] == Approx(-0.5f - 0.5f / std::sqrt(2.0f)).epsilon(1e-4));
+  }
+  SECTION("bad options are refused") {
+    options.kind = "rmsprop";
+    REQUIRE(absl::IsInvalidArgument(CreateOptimizer(options).status()));
+    options.kind = "sgd";
+    options.lr = -1;
+    REQUIRE(absl::IsInvalidArgument(CreateOptimizer(options).status()));
+  }
+}
+
+TEST_CASE("the staleness rule: a pull at t waits for min_clock >= t - s") {
+  auto bsp = SyncPolicy::FromFlags("bsp", 5, 1);
+  REQUIRE(bsp.ok());
+  ConsistencyController bsp_controller(*bsp, 4);
+  REQUIRE(bsp_controller.PullMayProceed(3, 3));
+  REQUIRE_FALSE(bsp_controller.PullMayProceed(4, 3));
+  REQUIRE(bsp_controller.AggregatesRounds());
+
+  auto ssp = SyncPolicy::FromFlags("ssp", 2, 1);
+  REQUIRE(ssp.ok());
+  ConsistencyController ssp_controller(*ssp, 4);
+  REQUIRE(ssp_controller.PullMayProceed(5, 3));
+  REQUIRE_FALSE(ssp_controller.PullMayProceed(6, 3));
+  REQUIRE_FALSE(ssp_controller.AggregatesRounds());
+
+  auto asp = SyncPolicy::FromFlags("asp", 0, 1);
+  REQUIRE(asp.ok());
+  REQUIRE(ConsistencyController(*asp, 4).PullMayProceed(1000000, 0));
+
+  REQUIRE(absl::IsInvalidArgument(SyncPolicy::FromFlags("ssp", 0, 1).status()));
+  REQUIRE(absl::IsInvalidArgument(SyncPolicy::FromFlags("local", 0, 0).status()));
+  REQUIRE(absl::IsInvalidArgument(SyncPolicy::FromFlags("eventual", 0, 1).status()));
+}
+
+TEST_CASE("the partitioner covers a tensor with chunks spread over the shards") {
+  HashPartitioner partitioner(3);
+  const auto spans = SplitIntoChunks("layer", 10, 4, partitioner);
+  REQUIRE(spans.size() == 3);
+  REQUIRE(spans[2].offset == 8);
+  REQUIRE(spans[2].num_elements == 2);
+  std::set<int> shards;
+  for (const auto& span : spans) shards.insert(span.shard);
+  REQUIRE(shards.size() == 3);  // consecutive chunks land on different shards
+  REQUIRE(SplitIntoChunks("empty", 0, 4, partitioner).size() == 1);
+  REQUIRE(partitioner.ShardFor("layer", 7) == HashPartitioner(3).ShardFor("layer", 7));
+}
+
+proto::InitRequest Init(const std::string& key, size_t n) {
+  std::vector<float> zeros(n, 0.0f);
+  proto::InitRequest request;
+  request.set_key(key);
+  request.add_shape(n);
+  request.set_num_elements(n);
+  request.set_dtype(proto::DTYPE_FLOAT32);
+  request.set_initial_values(std::string(reinterpret_cast<const char*>(zeros.data()), n * 4));
+  request.set_checksum(Crc32c(request.initial_values().data(), n * 4));
+  return request;
+}
+
+proto::TensorChunk Gradient(const std::string& key, uint32_t rank, int64_t clock,
+                            std::vector<float> values) {
+  proto::TensorChunk chunk;
+  chunk.set_key(key);
+  chunk.set_rank(rank);
+  chunk.set_clock(clock);
+  chunk.set_num_elements(values.size());
+  chunk.set_dtype(proto::DTYPE_FLOAT32);
+  chunk.set_payload(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  chunk.set_checksum(Crc32c(chunk.payload().data(), chunk.payload().size()));
+  return chunk;
+}
+
+std::unique_ptr<ShardStore> MakeStore(const std::string& sync, int workers) {
+  ShardStoreOptions options;
+  options.num_workers = workers;
+  options.sync = *SyncPolicy::FromFlags(sync, 1, 1);
+  OptimizerOptions sgd;
+  sgd.lr = 1.0f;
+  return std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
+}
+
+TEST_CASE("shard store: BSP waits for every rank, then applies the average once") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 2)).ok());
+  REQUIRE(store->Push({Gradient("w", 0, 0, {2, 4})}).ok());
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{0, 0});  // round incomplete
+  REQUIRE(store->Push({Gradient("w", 1, 0, {4, 8})}).ok());
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{-3, -6});
+}
+
+TEST_CASE("shard store: a rank that leaves completes the rounds waiting for it") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 1)).ok());
+  REQUIRE(store->Push({Gradient("w", 0, 0, {2})}).ok());
+  REQUIRE(store->Leave(1, 0).ok());
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{-2});
+  REQUIRE(store->active_workers() == 1);
+  REQUIRE(absl::IsFailedPrecondition(store->Push({Gradient("w", 1, 0, {2})})));
+}
+
+TEST_CASE("shard store: SSP applies each push on arrival scaled 1/n") {
+  auto store = MakeStore("ssp", 2);
+  REQUIRE(store->Init(Init("w", 1)).ok());
+  REQUIRE(store->Push({Gradient("w", 0, 0, {2})}).ok());
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{-1});
+}
+
+TEST_CASE("shard store: export drops incomplete rounds and import restores the rest") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 1)).ok());
+  REQUIRE(store->Push({Gradient("w", 0, 0, {2})}).ok());
+  REQUIRE(store->Push({Gradient("w", 1, 0, {2})}).ok());
+  REQUIRE(store->Push({Gradient("w", 0, 1, {2})}).ok());  // round 1 incomplete
+  ShardCheckpoint checkpoint = store->Export();
+  REQUIRE(checkpoint.slots.size() == 1);
+  REQUIRE(checkpoint.slots[0].values == std::vector<float>{-2});
+  REQUIRE(checkpoint.slots[0].pushed == std::vector<int64_t>{1, 1});  // rank 0 rolled back
+
+  auto restored = MakeStore("bsp", 2);
+  REQUIRE(restored->Import(checkpoint).ok());
+  REQUIRE(*restored->Snapshot("w", 0) == std::vector<float>{-2});
+  // Workers ran on to clock 3 meanwhile: each rank re-bases once.
+  REQUIRE(restored->Push({Gradient("w", 0, 3, {4})}).ok());
+  REQUIRE(restored->Push({Gradient("w", 1, 3, {4})}).ok());
+  REQUIRE(*restored->Snapshot("w", 0) == std::vector<float>{-6});
+  REQUIRE(absl::IsFailedPrecondition(restored->Push({Gradient("w", 0, 9, {4})})));
+  REQUIRE(absl::IsFailedPrecondition(MakeStore("bsp", 3)->Import(checkpoint)));
+}
+
+}  // namespace
+}  // namespace harrier
