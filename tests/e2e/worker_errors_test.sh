@@ -52,5 +52,20 @@ expect_error "model shape disagrees with the shard" "fc0.weight" \
 kill $first 2>/dev/null
 wait $first 2>/dev/null
 
+# Flags from the environment and a config file: bad values are refused
+# naming their source; flags win over the environment.
+expect_error "bad HARRIER_ environment value" "HARRIER_EPOCHS" \
+  env HARRIER_EPOCHS=many "$worker" --servers="$address"
+printf 'num_workers = 2\nbogus_setting = 1\n' >"$TEST_TMPDIR/bad.conf"
+expect_error "unknown name in a config file" "bad.conf:2" \
+  "$worker" --config="$TEST_TMPDIR/bad.conf" --servers="$address"
+printf '# settings\nnum_workers = 5\n' >"$TEST_TMPDIR/five.conf"
+expect_error "config file value reaches the flag" "--num_workers=5" \
+  "$worker" --config="$TEST_TMPDIR/five.conf" --rank=0 --servers="$address"
+expect_error "environment beats the config file" "--num_workers=7" \
+  env HARRIER_NUM_WORKERS=7 "$worker" --config="$TEST_TMPDIR/five.conf" --rank=0 --servers="$address"
+expect_error "a flag beats the environment" "--num_workers=9" \
+  env HARRIER_NUM_WORKERS=7 "$worker" --num_workers=9 --rank=0 --servers="$address"
+
 echo "$((total - failures)) checks passed, $failures failed"
 [ "$failures" -eq 0 ]
