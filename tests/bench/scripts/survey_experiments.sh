@@ -29,8 +29,12 @@ run() {
   dir=$(sed -n 's/.*logs and metrics in \(.*\)$/\1/p' "$log" | tail -n 1)
   accuracy=$(sed -n 's/^test_accuracy=//p' "$log.out")
   seconds=$(sed -n 's/.*training finished in \([0-9.]*\) s.*/\1/p' "$log")
-  # Samples/s over all workers: each worker's own rate, summed.
-  rate=$(grep -h "done:" "$log" | sed 's/.*, \([0-9]*\) samples\/s.*/\1/' | awk '{s += $1} END {printf "%d", s}')
+  # Job throughput: samples trained by all workers over the job's wall time
+  # (summing each worker's own rate would overstate it when fast workers
+  # finish early).
+  local steps
+  steps=$(grep -h "done:" "$log" | sed 's/.*done: \([0-9]*\) steps.*/\1/' | awk '{s += $1} END {printf "%d", s}')
+  rate=$(awk -v n="$steps" -v b=64 -v t="$seconds" 'BEGIN { printf "%d", n * b / t }')
   pushed=$(for f in "$dir"/worker*.jsonl; do tail -n 1 "$f"; done |
            sed 's/.*"bytes_pushed":\([0-9]*\).*/\1/' | awk '{s += $1} END {printf "%d", s}')
   pulled=$(for f in "$dir"/worker*.jsonl; do tail -n 1 "$f"; done |
