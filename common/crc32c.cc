@@ -23,6 +23,40 @@ std::array<uint32_t, 256> MakeTable() {
   return table;
 }
 
+// GF(2) polynomial arithmetic modulo the CRC polynomial, in the reflected
+// bit order the CRC uses (bit 31 is x^0); as zlib's crc32_combine.
+uint32_t MultModP(uint32_t a, uint32_t b) {
+  uint32_t m = 1u << 31, product = 0;
+  for (;;) {
+    if (a & m) {
+      product ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return product;
+}
+
+// x^(8 * bytes) mod P: multiplying a CRC by it appends `bytes` zero bytes.
+uint32_t ZeroBytesOperator(uint64_t bytes) {
+  uint32_t power = 1u << 30;  // x^1
+  uint32_t result = 1u << 31;  // x^0
+  uint64_t n = bytes * 8;
+  while (n != 0) {
+    if (n & 1) result = MultModP(power, result);
+    power = MultModP(power, power);
+    n >>= 1;
+  }
+  return result;
+}
+
+// CRC(A || B) from CRC(A), CRC(B) and the operator for |B|: the CRC is
+// linear, so A's contribution is shifted past |B| zero bytes.
+uint32_t Combine(uint32_t crc_a, uint32_t crc_b, uint32_t shift_b) {
+  return MultModP(shift_b, crc_a) ^ crc_b;
+}
+
 #if defined(__x86_64__)
 bool CpuHasSse42() {
   unsigned eax, ebx, ecx, edx;
@@ -30,13 +64,43 @@ bool CpuHasSse42() {
   return (ecx & bit_SSE4_2) != 0;
 }
 
-// Three independent CRC streams would hide the instruction's latency; one
-// stream already runs at ~8 bytes per 3 cycles, well above what the network
-// path needs, so the simple form is kept.
+// Each stripe of three blocks is one CRC per block, computed in one loop:
+// the crc32 instruction has a latency of 3 cycles but issues every cycle, so
+// one dependency chain runs at a third of its throughput (~11 GB/s here)
+// and three independent chains come close to all of it (~30 GB/s). The
+// three CRCs are then combined by shifting (a 32-step GF(2) multiply each),
+// which is small against a block. Shorter inputs, and the tail, use one
+// chain.
+constexpr size_t kStripeBlock = 8 << 10;
+
 __attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t crc, const void* data,
                                                        size_t size) {
   const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t c = ~crc;
+  if (size >= 3 * kStripeBlock) {
+    static const uint32_t shift_block = ZeroBytesOperator(kStripeBlock);
+    do {
+      uint64_t c0 = static_cast<uint32_t>(~crc), c1 = 0xFFFFFFFFu, c2 = 0xFFFFFFFFu;
+      const unsigned char* b0 = p;
+      const unsigned char* b1 = p + kStripeBlock;
+      const unsigned char* b2 = p + 2 * kStripeBlock;
+      for (size_t i = 0; i < kStripeBlock; i += 8) {
+        uint64_t w0, w1, w2;
+        std::memcpy(&w0, b0 + i, 8);
+        std::memcpy(&w1, b1 + i, 8);
+        std::memcpy(&w2, b2 + i, 8);
+        c0 = _mm_crc32_u64(c0, w0);
+        c1 = _mm_crc32_u64(c1, w1);
+        c2 = _mm_crc32_u64(c2, w2);
+      }
+      const uint32_t crc0 = ~static_cast<uint32_t>(c0);
+      const uint32_t crc1 = ~static_cast<uint32_t>(c1);
+      const uint32_t crc2 = ~static_cast<uint32_t>(c2);
+      crc = Combine(Combine(crc0, crc1, shift_block), crc2, shift_block);
+      p += 3 * kStripeBlock;
+      size -= 3 * kStripeBlock;
+    } while (size >= 3 * kStripeBlock);
+  }
+  uint64_t c = static_cast<uint32_t>(~crc);
   while (size >= 8) {
     uint64_t word;
     std::memcpy(&word, p, 8);

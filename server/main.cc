@@ -47,6 +47,9 @@ ABSL_FLAG(int, checkpoint_keep, 3, "Checkpoint versions kept per shard.");
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics and /healthz over HTTP on this port (-1: off, 0: ephemeral).");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "On SIGTERM/SIGINT, time in-flight calls get to finish.");
+ABSL_FLAG(bool, ucx, false,
+          "Also serve pushes and pulls over UCX (workers: --transport=ucx); UCX_TLS picks the "
+          "transports, e.g. tcp or sm,self.");
 
 namespace {
 
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
     return Fail("--heartbeat_timeout_ms must be >= 100");
   }
   options.heartbeat_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  options.ucx = absl::GetFlag(FLAGS_ucx);
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (absl::GetFlag(FLAGS_checkpoint_every_s) < 0 || absl::GetFlag(FLAGS_checkpoint_keep) < 1) {
     return Fail("--checkpoint_every_s must be >= 0 and --checkpoint_keep >= 1");

@@ -1,8 +1,13 @@
 #include "server/parameter_service.h"
 
+#include <google/protobuf/descriptor.h>
+#include <grpc/slice.h>
+
 #include <chrono>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/chunk_wire.h"
 #include "common/grpc_status.h"
 
 namespace harrier {
@@ -24,18 +29,89 @@ ShardStore::Clock::time_point DeadlineOf(const grpc::ServerContext* context) {
   return ShardStore::Clock::now() + std::chrono::duration_cast<ShardStore::Clock::duration>(capped);
 }
 
-template <typename Reader>
-grpc::Status ReadAll(Reader* reader, std::vector<proto::TensorChunk>* chunks) {
-  proto::TensorChunk chunk;
-  while (reader->Read(&chunk)) {
+// One received push chunk. `slices` own the bytes `payload` points into
+// (or `aligned` does, when the payload had to be made contiguous).
+struct ReceivedChunk {
+  std::vector<grpc::Slice> slices;
+  proto::TensorChunk header;
+  absl::string_view payload;
+  std::unique_ptr<float[]> aligned;
+};
+
+// Reads every chunk of the stream without copying payloads, except those
+// that arrived split over several slices or misaligned for float: the store
+// reads dense payloads in place as float gradients, so those are copied once
+// into an aligned buffer (the one copy a typed server makes of every
+// payload).
+grpc::Status ReadAll(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
+                     std::vector<ReceivedChunk>* chunks) {
+  grpc::ByteBuffer buffer;
+  PayloadView payload;
+  while (stream->Read(&buffer)) {
     if (chunks->size() == kMaxChunksPerCall) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                           absl::StrCat("more than ", kMaxChunksPerCall, " chunks in one call"));
     }
-    chunks->push_back(std::move(chunk));
-    chunk.Clear();
+    ReceivedChunk& chunk = chunks->emplace_back();
+    if (!buffer.Dump(&chunk.slices).ok()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "unreadable TensorChunk message");
+    }
+    buffer.Clear();
+    if (auto status = DecodeChunk(chunk.slices, &chunk.header, &payload); !status.ok()) {
+      return ToGrpcStatus(status);
+    }
+    const absl::string_view first = payload.first();
+    if (payload.contiguous() &&
+        reinterpret_cast<uintptr_t>(first.data()) % alignof(float) == 0) {
+      chunk.payload = first;
+    } else {
+      chunk.aligned = std::make_unique<float[]>((payload.size() + sizeof(float) - 1) /
+                                                sizeof(float));
+      payload.CopyTo(chunk.aligned.get());
+      chunk.payload = absl::string_view(reinterpret_cast<const char*>(chunk.aligned.get()),
+                                        payload.size());
+    }
   }
   return grpc::Status::OK;
+}
+
+std::vector<ShardStore::PushChunkView> ViewsOf(const std::vector<ReceivedChunk>& chunks) {
+  std::vector<ShardStore::PushChunkView> views(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) views[i] = {&chunks[i].header, chunks[i].payload};
+  return views;
+}
+
+// Pulls one chunk into a fresh slice and writes it as a TensorChunk message
+// of two slices (header prefix, payload): the parameters are copied once,
+// from the store into the slice gRPC sends from.
+grpc::Status PullAndWrite(ShardStore* store, grpc::ServerReaderWriter<grpc::ByteBuffer,
+                                                                      grpc::ByteBuffer>* stream,
+                          const std::string& job, uint32_t rank, int64_t clock,
+                          const proto::ChunkRef& ref, ShardStore::Clock::time_point deadline,
+                          const std::function<bool()>& cancelled) {
+  proto::TensorChunk header;
+  grpc::Slice payload;
+  size_t payload_bytes = 0;
+  auto status = store->Pull(rank, clock, ref, deadline, cancelled, &header, [&](size_t bytes) {
+    // Never inlined (unlike grpc_slice_malloc), so the pointer stays valid
+    // when the slice is wrapped.
+    payload = grpc::Slice(grpc_slice_malloc_large(bytes), grpc::Slice::STEAL_REF);
+    payload_bytes = bytes;
+    return reinterpret_cast<char*>(const_cast<uint8_t*>(payload.begin()));
+  });
+  if (!status.ok()) return ToGrpcStatus(status);
+  header.set_job(job);
+  grpc::Slice slices[2] = {grpc::Slice(EncodeChunkPrefix(header, payload_bytes)),
+                           std::move(payload)};
+  grpc::ByteBuffer message(slices, 2);
+  if (!stream->Write(message)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  return grpc::Status::OK;
+}
+
+int MethodIndex(const char* name) {
+  const auto* service = proto::TensorChunk::descriptor()->file()->FindServiceByName(
+      "ParameterService");
+  return service->FindMethodByName(name)->index();
 }
 
 // Observes the scope's duration into a histogram, if there is one.
@@ -57,6 +133,19 @@ class LatencyTimer {
 
 }  // namespace
 
+ParameterServiceImpl::ParameterServiceImpl(ShardStore* store) : store_(store) {
+  // Replaces the generated typed handlers; the method keeps the synchronous
+  // API (gRPC owns each handler object). All three are served as
+  // bidirectional streams of ByteBuffers, which gRPC's server treats like
+  // the client- and server-streaming methods they are on the wire.
+  using Handler = grpc::internal::BidiStreamingHandler<ParameterServiceImpl, grpc::ByteBuffer,
+                                                       grpc::ByteBuffer>;
+  MarkMethodStreamed(MethodIndex("Push"), new Handler(&ParameterServiceImpl::RawPush, this));
+  MarkMethodStreamed(MethodIndex("Pull"), new Handler(&ParameterServiceImpl::RawPull, this));
+  MarkMethodStreamed(MethodIndex("PushPull"),
+                     new Handler(&ParameterServiceImpl::RawPushPull, this));
+}
+
 grpc::Status ParameterServiceImpl::Init(grpc::ServerContext*, const proto::InitRequest* request,
                                         proto::InitResponse* response) {
   auto created = store_->Init(*request);
@@ -65,54 +154,61 @@ grpc::Status ParameterServiceImpl::Init(grpc::ServerContext*, const proto::InitR
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*,
-                                        grpc::ServerReader<proto::TensorChunk>* reader,
-                                        proto::PushResponse* response) {
+grpc::Status ParameterServiceImpl::RawPush(grpc::ServerContext*, RawStream* stream) {
   LatencyTimer timer(push_seconds_);
-  std::vector<proto::TensorChunk> chunks;
-  if (auto status = ReadAll(reader, &chunks); !status.ok()) return status;
-  if (auto status = store_->Push(chunks); !status.ok()) return ToGrpcStatus(status);
-  response->set_chunks_accepted(static_cast<uint32_t>(chunks.size()));
+  std::vector<ReceivedChunk> chunks;
+  if (auto status = ReadAll(stream, &chunks); !status.ok()) return status;
+  if (auto status = store_->Push(ViewsOf(chunks)); !status.ok()) return ToGrpcStatus(status);
+  proto::PushResponse response;
+  response.set_chunks_accepted(static_cast<uint32_t>(chunks.size()));
+  grpc::ByteBuffer message;
+  bool own_buffer = false;
+  if (!grpc::SerializationTraits<proto::PushResponse>::Serialize(response, &message, &own_buffer)
+           .ok()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialise the push response");
+  }
+  // The one response travels with the status, as a typed client-streaming
+  // handler sends it.
+  stream->WriteLast(message, grpc::WriteOptions());
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
-                                        const proto::PullRequest* request,
-                                        grpc::ServerWriter<proto::TensorChunk>* writer) {
+grpc::Status ParameterServiceImpl::RawPull(grpc::ServerContext* context, RawStream* stream) {
   LatencyTimer timer(pull_seconds_);
+  grpc::ByteBuffer message;
+  proto::PullRequest request;
+  if (!stream->Read(&message)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "pull without a request");
+  }
+  if (!grpc::SerializationTraits<proto::PullRequest>::Deserialize(&message, &request).ok()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed PullRequest message");
+  }
   const auto deadline = DeadlineOf(context);
   auto cancelled = [context] { return context->IsCancelled(); };
-  proto::TensorChunk out;
-  for (const proto::ChunkRef& ref : request->chunks()) {
-    out.Clear();
-    auto status = store_->Pull(request->rank(), request->clock(), ref, deadline, cancelled, &out);
-    if (!status.ok()) return ToGrpcStatus(status);
-    out.set_job(request->job());
-    if (!writer->Write(out)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  for (const proto::ChunkRef& ref : request.chunks()) {
+    auto status = PullAndWrite(store_, stream, request.job(), request.rank(), request.clock(), ref,
+                               deadline, cancelled);
+    if (!status.ok()) return status;
   }
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::PushPull(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<proto::TensorChunk, proto::TensorChunk>* stream) {
+grpc::Status ParameterServiceImpl::RawPushPull(grpc::ServerContext* context, RawStream* stream) {
   LatencyTimer timer(pull_seconds_);
-  std::vector<proto::TensorChunk> chunks;
+  std::vector<ReceivedChunk> chunks;
   if (auto status = ReadAll(stream, &chunks); !status.ok()) return status;
-  if (auto status = store_->Push(chunks); !status.ok()) return ToGrpcStatus(status);
+  if (auto status = store_->Push(ViewsOf(chunks)); !status.ok()) return ToGrpcStatus(status);
   const auto deadline = DeadlineOf(context);
   auto cancelled = [context] { return context->IsCancelled(); };
-  proto::TensorChunk out;
-  for (const proto::TensorChunk& pushed : chunks) {
+  for (const ReceivedChunk& received : chunks) {
+    const proto::TensorChunk& pushed = received.header;
     proto::ChunkRef ref;
     ref.set_key(pushed.key());
     ref.set_chunk(pushed.chunk());
     ref.set_num_elements(pushed.num_elements());
-    out.Clear();
-    auto status = store_->Pull(pushed.rank(), pushed.clock() + 1, ref, deadline, cancelled, &out);
-    if (!status.ok()) return ToGrpcStatus(status);
-    out.set_job(pushed.job());
-    if (!stream->Write(out)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    auto status = PullAndWrite(store_, stream, pushed.job(), pushed.rank(), pushed.clock() + 1,
+                               ref, deadline, cancelled);
+    if (!status.ok()) return status;
   }
   return grpc::Status::OK;
 }
@@ -124,6 +220,27 @@ grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext*,
   response->set_server_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
+  return grpc::Status::OK;
+}
+
+void ParameterServiceImpl::SetUcxAddress(std::string address) {
+  std::lock_guard<std::mutex> lock(address_mutex_);
+  ucx_address_ = std::move(address);
+}
+
+grpc::Status ParameterServiceImpl::GetTransportAddress(
+    grpc::ServerContext*, const proto::TransportAddressRequest* request,
+    proto::TransportAddressResponse* response) {
+  if (!request->transport().empty() && request->transport() != "ucx") {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("unknown transport '", request->transport(), "'"));
+  }
+  std::lock_guard<std::mutex> lock(address_mutex_);
+  if (ucx_address_.empty()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "shard was started without --ucx");
+  }
+  response->set_address(ucx_address_);
+  response->set_transport("ucx");
   return grpc::Status::OK;
 }
 

@@ -51,6 +51,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     }
   }
   server->parameter_service_ = std::make_unique<ParameterServiceImpl>(server->store_.get());
+  if (options.ucx) {
+    auto ucx = UcxServer::Start(server->store_.get());
+    if (!ucx.ok()) return ucx.status();
+    server->ucx_server_ = std::move(*ucx);
+    server->parameter_service_->SetUcxAddress(server->ucx_server_->address());
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -124,6 +130,8 @@ void ShardServer::Shutdown(std::chrono::milliseconds grace) {
   }
   server_->GetHealthCheckService()->SetServingStatus(false);
   store_->Close();
+  // After Close(): blocked UCX pulls wake up, so the pools drain at once.
+  if (ucx_server_) ucx_server_->Shutdown();
   if (control_service_) control_service_->Close();
   server_->Shutdown(std::chrono::system_clock::now() + grace);
   if (metrics_http_) metrics_http_->Stop();

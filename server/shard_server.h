@@ -21,6 +21,7 @@
 #include "server/optimizer.h"
 #include "server/parameter_service.h"
 #include "server/shard_store.h"
+#include "server/ucx/ucx_server.h"
 
 namespace harrier {
 
@@ -37,6 +38,9 @@ struct ShardServerOptions {
   WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kFail;
   // A worker that heartbeated once and then is silent this long is lost.
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // Also serve pushes and pulls over UCX active messages (server/ucx/);
+  // clients get the address from GetTransportAddress.
+  bool ucx = false;
   // Checkpoints: restored from on start, written every checkpoint_every
   // (zero: only at shutdown) and at graceful shutdown. Empty dir: none.
   std::string checkpoint_dir;
@@ -85,6 +89,7 @@ class ShardServer {
   uint64_t restored_version_ = 0;
   std::atomic<int64_t> last_checkpoint_ms_{0};  // steady clock, 0: none yet
   std::unique_ptr<ParameterServiceImpl> parameter_service_;
+  std::unique_ptr<UcxServer> ucx_server_;  // null without options.ucx
   std::unique_ptr<ControlServiceImpl> control_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -119,7 +119,7 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   return true;
 }
 
-absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk,
+absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::string_view payload,
                                        ValidatedChunk* out) const {
   const std::string& key = chunk.key();
   if (auto status = CheckOwnership(key, chunk.chunk()); !status.ok()) return status;
@@ -143,18 +143,18 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk,
                                                    slot->values.size()));
   }
   if (chunk.codec() == static_cast<uint32_t>(CodecId::kNone)) {
-    if (chunk.payload().size() != slot->values.size() * sizeof(float)) {
+    if (payload.size() != slot->values.size() * sizeof(float)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          Where(key, chunk.chunk()), ": payload of ", chunk.payload().size(), " bytes, expected ",
+          Where(key, chunk.chunk()), ": payload of ", payload.size(), " bytes, expected ",
           slot->values.size() * sizeof(float)));
     }
   }
-  if (Crc32c(chunk.payload().data(), chunk.payload().size()) != chunk.checksum()) {
+  if (Crc32c(payload.data(), payload.size()) != chunk.checksum()) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(key, chunk.chunk()), ": payload checksum mismatch"));
   }
   if (chunk.codec() == static_cast<uint32_t>(CodecId::kNone)) {
-    out->gradient = reinterpret_cast<const float*>(chunk.payload().data());
+    out->gradient = reinterpret_cast<const float*>(payload.data());
   } else {
     // Compressed: the codec validates the whole payload while decoding it,
     // before anything is applied.
@@ -174,7 +174,7 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk,
           absl::StrCat(Where(key, chunk.chunk()), ": ", codec.status().message()));
     }
     out->decoded.resize(slot->values.size());
-    if (auto status = (*codec)->Decode(chunk.payload(), absl::MakeSpan(out->decoded));
+    if (auto status = (*codec)->Decode(payload, absl::MakeSpan(out->decoded));
         !status.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(Where(key, chunk.chunk()), ": ", status.message()));
@@ -212,6 +212,21 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk,
 }
 
 absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
+  std::vector<PushChunkView> views(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) views[i] = {&chunks[i], chunks[i].payload()};
+  return Push(views);
+}
+
+absl::Status ShardStore::Push(const std::vector<PushChunkView>& views) {
+  // The header fields are read through `chunks[i]`, the payload only
+  // through `views[i].payload`.
+  struct HeaderRef {
+    const std::vector<PushChunkView>& views;
+    const proto::TensorChunk& operator[](size_t i) const { return *views[i].header; }
+    size_t size() const { return views.size(); }
+    bool empty() const { return views.empty(); }
+    const proto::TensorChunk& front() const { return *views.front().header; }
+  } chunks{views};
   if (closed_) return absl::UnavailableError("shard is shutting down");
   if (auto failure = FailureStatus(); !failure.ok()) return failure;
   std::vector<ValidatedChunk> valid(chunks.size());
@@ -223,7 +238,7 @@ absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
             Where(chunks[i].key(), chunks[i].chunk()), ": pushed twice in one call"));
       }
     }
-    if (auto status = ValidateChunk(chunks[i], &valid[i]); !status.ok()) {
+    if (auto status = ValidateChunk(chunks[i], views[i].payload, &valid[i]); !status.ok()) {
       counters_.rejected++;
       return status;
     }
@@ -243,11 +258,11 @@ absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
             absl::StrCat(Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ",
                          chunk.rank(), " for clock ", chunk.clock()));
       }
-      ApplyLocked(slot, chunk, valid[i]);
+      ApplyLocked(slot, chunk, views[i].payload, valid[i]);
     }
     slot.changed.notify_all();
     counters_.pushes++;
-    counters_.bytes_in += chunk.payload().size();
+    counters_.bytes_in += views[i].payload.size();
   }
   if (!chunks.empty()) {
     Heartbeat(chunks.front().rank()).IgnoreError();
@@ -268,7 +283,7 @@ void ShardStore::StepLocked(Slot& slot, const float* gradient, float scale) {
 }
 
 void ShardStore::ApplyLocked(Slot& slot, const proto::TensorChunk& chunk,
-                             const ValidatedChunk& valid) {
+                             absl::string_view payload, const ValidatedChunk& valid) {
   const size_t n = slot.values.size();
   const uint32_t rank = chunk.rank();
   const int64_t clock = chunk.clock();
@@ -297,7 +312,7 @@ void ShardStore::ApplyLocked(Slot& slot, const proto::TensorChunk& chunk,
       round.vote = std::move(*aggregator);
     }
     // Validated above; Add only counts the payload's votes.
-    round.vote->Add(chunk.payload()).IgnoreError();
+    round.vote->Add(payload).IgnoreError();
   } else if (round.sum.empty()) {
     round.sum.assign(gradient, gradient + n);
   } else {
@@ -356,6 +371,16 @@ int64_t ShardStore::MinClockLocked(const Slot& slot, int* slowest_rank) const {
 absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
                               Clock::time_point deadline,
                               const std::function<bool()>& cancelled, proto::TensorChunk* out) {
+  std::string* payload = out->mutable_payload();
+  return Pull(rank, clock, ref, deadline, cancelled, out, [payload](size_t bytes) {
+    payload->resize(bytes);
+    return payload->data();
+  });
+}
+
+absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
+                              Clock::time_point deadline, const std::function<bool()>& cancelled,
+                              proto::TensorChunk* out, const PayloadAllocator& allocate) {
   if (auto status = CheckOwnership(ref.key(), ref.chunk()); !status.ok()) return status;
   if (rank >= static_cast<uint32_t>(options_.num_workers)) {
     return absl::InvalidArgumentError(absl::StrCat(Where(ref.key(), ref.chunk()), ": rank ", rank,
@@ -414,17 +439,18 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   out->set_min_clock(min_clock);
   out->set_dtype(proto::DTYPE_FLOAT32);
   out->set_num_elements(slot->values.size());
-  out->mutable_payload()->assign(reinterpret_cast<const char*>(slot->values.data()),
-                                 slot->values.size() * sizeof(float));
+  const size_t bytes = slot->values.size() * sizeof(float);
+  char* payload = allocate(bytes);
+  std::memcpy(payload, slot->values.data(), bytes);
   lock.unlock();
-  out->set_checksum(Crc32c(out->payload().data(), out->payload().size()));
+  out->set_checksum(Crc32c(payload, bytes));
   if (min_clock != kEveryoneLeft) {
     int64_t staleness = clock - min_clock, seen = counters_.max_staleness;
     while (staleness > seen && !counters_.max_staleness.compare_exchange_weak(seen, staleness)) {
     }
   }
   counters_.pulls++;
-  counters_.bytes_out += out->payload().size();
+  counters_.bytes_out += bytes;
   return absl::OkStatus();
 }
 

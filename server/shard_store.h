@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/codec/codec.h"
 #include "common/partitioner.h"
 #include "proto/harrier.pb.h"
@@ -79,12 +80,33 @@ class ShardStore {
   // clock other than the rank's next one.
   absl::Status Push(const std::vector<proto::TensorChunk>& chunks);
 
+  // A pushed chunk whose payload is not in the message: `header`'s payload
+  // field is ignored and `payload` is used instead. Both are borrowed for the
+  // call only. `payload.data()` must be aligned for float (dense payloads
+  // are read in place as the gradient).
+  struct PushChunkView {
+    const proto::TensorChunk* header = nullptr;
+    absl::string_view payload;
+  };
+  // As Push above (same validation, same errors), without copying payloads.
+  absl::Status Push(const std::vector<PushChunkView>& chunks);
+
   // Writes the chunk's parameters into `out` once a pull at `clock` may be
   // answered. Waits until `deadline`, polling `cancelled` (may be empty);
   // DEADLINE_EXCEEDED names the clock waited for and the slowest worker.
   absl::Status Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
                     Clock::time_point deadline, const std::function<bool()>& cancelled,
                     proto::TensorChunk* out);
+
+  // Returns where the store writes `bytes` payload bytes; the memory is the
+  // caller's and must stay valid until Pull returns.
+  using PayloadAllocator = std::function<char*(size_t bytes)>;
+  // As Pull above, but the payload goes to memory from `allocate` (called
+  // once, with the chunk's lock held) rather than into `out`, whose payload
+  // field is left untouched; `out->checksum()` covers the written bytes.
+  absl::Status Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
+                    Clock::time_point deadline, const std::function<bool()>& cancelled,
+                    proto::TensorChunk* out, const PayloadAllocator& allocate);
 
   // The rank pushed its last clock (its total is `clock`): pulls and BSP
   // rounds stop waiting for it. Idempotent.
@@ -153,9 +175,11 @@ class ShardStore {
   static std::string SlotName(const std::string& key, uint32_t chunk);
   Slot* FindSlot(const std::string& key, uint32_t chunk) const;
   absl::Status CheckOwnership(const std::string& key, uint32_t chunk) const;
-  absl::Status ValidateChunk(const proto::TensorChunk& chunk, ValidatedChunk* out) const;
+  absl::Status ValidateChunk(const proto::TensorChunk& chunk, absl::string_view payload,
+                             ValidatedChunk* out) const;
   // Caller holds slot->mutex.
-  void ApplyLocked(Slot& slot, const proto::TensorChunk& chunk, const ValidatedChunk& valid);
+  void ApplyLocked(Slot& slot, const proto::TensorChunk& chunk, absl::string_view payload,
+                   const ValidatedChunk& valid);
   void StepLocked(Slot& slot, const float* gradient, float scale);
   void CompleteRoundsLocked(Slot& slot);
   bool RoundCompleteLocked(const Slot& slot, int64_t clock, const PendingRound& round) const;

@@ -23,6 +23,7 @@
 #include "proto/harrier.grpc.pb.h"
 #include "worker/transport/grpc/grpc_transport.h"
 #include "worker/transport/transport.h"
+#include "worker/transport/ucx/ucx_transport.h"
 
 namespace harrier {
 namespace {
@@ -96,6 +97,8 @@ class Client::Impl {
         pull_pool_(2 * static_cast<int>(options.servers.size()) + 2) {}
 
   absl::Status Connect();
+  // One UCX worker for all shards; each shard's address comes over gRPC.
+  absl::Status ConnectUcx(absl::Time deadline);
 
   ClientOptions options_;
   CodecSpec codec_spec_;
@@ -148,14 +151,15 @@ class Client::Impl {
     return absl::Status(s.code(), absl::StrCat(ShardName(shard), ": ", s.message()));
   }
   absl::StatusOr<TensorInfo> Lookup(const std::string& name, size_t elements) const;
+  // Dense chunks borrow `data`: it must outlive the transport call.
   absl::Status FillChunk(const std::string& name, const ChunkSpan& span, const float* data,
-                         int64_t clock, proto::TensorChunk* chunk) const;
+                         int64_t clock, OutgoingChunk* chunk) const;
   absl::Status ReadChunk(const std::string& name, const ShardGroup& group,
-                         const proto::TensorChunk& reply, float* out);
+                         const proto::TensorChunk& reply, const PayloadView& payload, float* out);
   absl::Time Deadline() const { return absl::Now() + options_.rpc_timeout; }
-  absl::StatusOr<std::vector<proto::TensorChunk>> BuildChunks(const std::string& name,
-                                                              const ShardGroup& group,
-                                                              const float* gradient, int64_t clock);
+  absl::StatusOr<std::vector<OutgoingChunk>> BuildChunks(const std::string& name,
+                                                         const ShardGroup& group,
+                                                         const float* gradient, int64_t clock);
   // Runs `attempt` until it succeeds, fails with anything but UNAVAILABLE,
   // or retry_timeout has passed (backoff 50 ms doubling to 1 s).
   absl::Status WithRetries(CallCanceller& canceller, const std::function<absl::Status()>& attempt);
@@ -176,6 +180,48 @@ class Client::Impl {
                const std::vector<std::function<void()>>& tasks, ThreadPool& pool);
 };
 
+absl::Status Client::Impl::ConnectUcx(absl::Time deadline) {
+  auto context = UcxClientContext::Create(absl::StrCat("harrier-worker-", options_.worker_name));
+  if (!context.ok()) return context.status();
+  for (size_t shard = 0; shard < stubs_.size(); ++shard) {
+    grpc::ClientContext rpc;
+    rpc.set_deadline(ToChrono(deadline));
+    proto::TransportAddressRequest request;
+    request.set_transport("ucx");
+    proto::TransportAddressResponse response;
+    if (auto status = stubs_[shard]->GetTransportAddress(&rpc, request, &response);
+        !status.ok()) {
+      return ShardError(static_cast<int>(shard), status);
+    }
+    // Over shared memory UCX cannot see a dead shard; its gRPC channel can:
+    // dead once it failed, or was not READY for two seconds on end (after
+    // a crash gRPC may sit in CONNECTING/IDLE for a while).
+    struct Probe {
+      std::shared_ptr<grpc::Channel> channel;
+      std::mutex mutex;
+      absl::Time not_ready_since = absl::InfiniteFuture();
+    };
+    auto probe = std::make_shared<Probe>();
+    probe->channel = channels_[shard];
+    auto transport = UcxClientContext::Connect(
+        *context, ShardName(static_cast<int>(shard)), response.address(), deadline, [probe] {
+          const grpc_connectivity_state state = probe->channel->GetState(true);
+          fprintf(stderr, "PROBE %s state=%d\n", absl::FormatTime(absl::Now()).c_str(), (int)state);
+          std::lock_guard<std::mutex> lock(probe->mutex);
+          if (state == GRPC_CHANNEL_READY) {
+            probe->not_ready_since = absl::InfiniteFuture();
+            return true;
+          }
+          if (probe->not_ready_since == absl::InfiniteFuture()) probe->not_ready_since = absl::Now();
+          return state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
+                 absl::Now() - probe->not_ready_since < absl::Seconds(2);
+        });
+    if (!transport.ok()) return transport.status();
+    transports_.push_back(std::move(*transport));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Client::Impl::Connect() {
   const auto args = MakeChannelArguments();
   const absl::Time connect_deadline = absl::Now() + options_.connect_timeout;
@@ -188,8 +234,13 @@ absl::Status Client::Impl::Connect() {
                                                  absl::FormatDuration(options_.connect_timeout)));
     }
     stubs_.push_back(proto::ParameterService::NewStub(channel));
-    transports_.push_back(std::make_unique<GrpcShardTransport>(channel));
+    if (options_.transport == "grpc") {
+      transports_.push_back(std::make_unique<GrpcShardTransport>(channel));
+    }
     channels_.push_back(std::move(channel));
+  }
+  if (options_.transport == "ucx") {
+    if (auto status = ConnectUcx(connect_deadline); !status.ok()) return status;
   }
   control_ = proto::ControlService::NewStub(channels_[0]);
 
@@ -240,7 +291,8 @@ absl::StatusOr<TensorInfo> Client::Impl::Lookup(const std::string& name, size_t 
 
 absl::Status Client::Impl::FillChunk(const std::string& name, const ChunkSpan& span,
                                      const float* data, int64_t clock,
-                                     proto::TensorChunk* chunk) const {
+                                     OutgoingChunk* out) const {
+  proto::TensorChunk* chunk = &out->header;
   chunk->set_job(options_.job);
   chunk->set_rank(static_cast<uint32_t>(rank_));
   chunk->set_key(name);
@@ -252,8 +304,10 @@ absl::Status Client::Impl::FillChunk(const std::string& name, const ChunkSpan& s
   if (compression == nullptr) {
     chunk->set_codec(0);
     chunk->clear_codec_params();
-    chunk->mutable_payload()->assign(reinterpret_cast<const char*>(data + span.offset),
-                                     span.num_elements * sizeof(float));
+    // Not copied: the transport sends straight from the caller's gradient.
+    out->borrowed = absl::string_view(reinterpret_cast<const char*>(data + span.offset),
+                                      span.num_elements * sizeof(float));
+    out->is_borrowed = true;
   } else {
     std::lock_guard<std::mutex> lock(compression->mutex);
     const auto input = absl::MakeConstSpan(data + span.offset, span.num_elements);
@@ -263,8 +317,9 @@ absl::Status Client::Impl::FillChunk(const std::string& name, const ChunkSpan& s
     absl::Status status =
         compression->error_feedback
             ? compression->error_feedback->Compress(*compression->codec, input, context,
-                                                    chunk->mutable_payload())
-            : compression->codec->Encode(input, context, chunk->mutable_payload());
+                                                    &out->owned)
+            : compression->codec->Encode(input, context, &out->owned);
+    out->is_borrowed = false;
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("tensor '", name, "' chunk ", span.chunk,
                                                       ": ", status.message()));
@@ -272,37 +327,45 @@ absl::Status Client::Impl::FillChunk(const std::string& name, const ChunkSpan& s
     chunk->set_codec(static_cast<uint32_t>(codec_spec_.id));
     chunk->set_codec_params(codec_spec_.ToString());
   }
-  chunk->set_checksum(Crc32c(chunk->payload().data(), chunk->payload().size()));
+  const absl::string_view payload = out->payload();
+  chunk->set_checksum(Crc32c(payload.data(), payload.size()));
   return absl::OkStatus();
 }
 
 absl::Status Client::Impl::ReadChunk(const std::string& name, const ShardGroup& group,
-                                     const proto::TensorChunk& reply, float* out) {
+                                     const proto::TensorChunk& reply,
+                                     const PayloadView& payload, float* out) {
   const ChunkSpan* span = nullptr;
   for (const ChunkSpan& candidate : group.spans) {
     if (candidate.chunk == reply.chunk()) span = &candidate;
   }
   if (reply.key() != name || span == nullptr || reply.num_elements() != span->num_elements ||
-      reply.payload().size() != span->num_elements * sizeof(float)) {
+      payload.size() != span->num_elements * sizeof(float)) {
     return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": reply for '", reply.key(),
                                             "' chunk ", reply.chunk(),
                                             " does not match the request for '", name, "'"));
   }
-  if (Crc32c(reply.payload().data(), reply.payload().size()) != reply.checksum()) {
+  // Checked before anything is written, so a corrupt reply leaves `out` as
+  // it was; then one copy, straight from the received slices.
+  uint32_t crc = 0;
+  for (absl::string_view piece : payload.pieces()) {
+    crc = Crc32cExtend(crc, piece.data(), piece.size());
+  }
+  if (crc != reply.checksum()) {
     return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": checksum mismatch in '",
                                             name, "' chunk ", reply.chunk()));
   }
-  std::memcpy(out + span->offset, reply.payload().data(), reply.payload().size());
-  bytes_pulled_ += reply.payload().size();
+  payload.CopyTo(out + span->offset);
+  bytes_pulled_ += payload.size();
   last_min_clock_ = reply.min_clock();
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<proto::TensorChunk>> Client::Impl::BuildChunks(const std::string& name,
-                                                                          const ShardGroup& group,
-                                                                          const float* gradient,
-                                                                          int64_t clock) {
-  std::vector<proto::TensorChunk> chunks(group.spans.size());
+absl::StatusOr<std::vector<OutgoingChunk>> Client::Impl::BuildChunks(const std::string& name,
+                                                                     const ShardGroup& group,
+                                                                     const float* gradient,
+                                                                     int64_t clock) {
+  std::vector<OutgoingChunk> chunks(group.spans.size());
   for (size_t i = 0; i < group.spans.size(); ++i) {
     if (auto status = FillChunk(name, group.spans[i], gradient, clock, &chunks[i]); !status.ok()) {
       return status;
@@ -364,10 +427,10 @@ absl::Status Client::Impl::PullGroup(Operation& op, const std::string& name,
     received = 0;
     return transports_[group.shard]->Pull(
         request,
-        [&](const proto::TensorChunk& reply) {
+        ChunkViewSink([&](const proto::TensorChunk& reply, const PayloadView& payload) {
           ++received;
-          return ReadChunk(name, group, reply, out);
-        },
+          return ReadChunk(name, group, reply, payload, out);
+        }),
         Deadline(), op.canceller);
   });
   if (!status.ok())
@@ -386,10 +449,10 @@ absl::Status Client::Impl::PushPullGroup(Operation& op, const std::string& name,
     received = 0;
     return transports_[group.shard]->PushPull(
         *chunks,
-        [&](const proto::TensorChunk& reply) {
+        ChunkViewSink([&](const proto::TensorChunk& reply, const PayloadView& payload) {
           ++received;
-          return ReadChunk(name, group, reply, out);
-        },
+          return ReadChunk(name, group, reply, payload, out);
+        }),
         Deadline(), op.canceller);
   });
   if (!status.ok())
@@ -470,6 +533,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   }
   if (options.chunk_bytes < sizeof(float) || options.chunk_bytes > (32u << 20)) {
     return absl::InvalidArgumentError("chunk_bytes must be in [4, 32 MiB]");
+  }
+  if (options.transport != "grpc" && options.transport != "ucx") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown transport '", options.transport, "' (grpc or ucx)"));
   }
   if (options.rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_timeout must be positive");

@@ -57,6 +57,10 @@ struct ClientOptions {
   // retried with exponential backoff for this long; zero disables retries.
   absl::Duration retry_timeout = absl::Seconds(30);
   size_t compress_min_bytes = 16u << 10;
+  // Data path of pushes and pulls: "grpc" or "ucx" (the shards must run
+  // with --ucx; UCX_TLS picks tcp or shared memory). Control, Init,
+  // heartbeats and Leave always use gRPC.
+  std::string transport = "grpc";
 };
 
 // What the control plane told this worker when it registered.

@@ -21,7 +21,7 @@ absl::Status WaitAll(Client& client, const std::vector<Client::Handle>& handles)
   return first;
 }
 
-absl::Status PullAll(Client& client, workload::Mlp& model) {
+absl::Status PullAll(Client& client, workload::Model& model) {
   std::vector<Client::Handle> handles;
   for (auto& param : model.params()) {
     handles.push_back(client.PullAsync(param.name, absl::MakeSpan(param.values)));
@@ -31,7 +31,7 @@ absl::Status PullAll(Client& client, workload::Mlp& model) {
 
 // Pushes `grads` for the current clock and receives the parameters of the
 // next clock, one round trip per tensor and shard.
-absl::Status PushPullAll(Client& client, workload::Mlp& model, const workload::Gradients& grads) {
+absl::Status PushPullAll(Client& client, workload::Model& model, const workload::Gradients& grads) {
   std::vector<Client::Handle> handles;
   auto& params = model.params();
   for (size_t k = 0; k < params.size(); ++k) {
@@ -43,7 +43,7 @@ absl::Status PushPullAll(Client& client, workload::Mlp& model, const workload::G
 
 }  // namespace
 
-absl::StatusOr<TrainResult> Train(Client& client, workload::Mlp& model,
+absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
                                   const workload::Dataset& train, const workload::Dataset* test,
                                   const TrainerOptions& options) {
   if (options.batch_size < 1) return absl::InvalidArgumentError("--batch_size must be >= 1");

@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "worker/client.h"
 #include "worker/workload/fashion_mnist.h"
-#include "worker/workload/mlp.h"
+#include "worker/workload/model.h"
 
 namespace harrier {
 
@@ -38,7 +38,7 @@ struct TrainResult {
 // the clock, as the consistency model the control plane announced says.
 // Registers the model's tensors first (the first worker's values win).
 // Progress goes to stderr every log_every steps and to metrics_out.
-absl::StatusOr<TrainResult> Train(Client& client, workload::Mlp& model,
+absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
                                   const workload::Dataset& train, const workload::Dataset* test,
                                   const TrainerOptions& options);
 

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,11 @@
 #include "worker/trainer.h"
 #include "worker/workload/fashion_mnist.h"
 #include "worker/workload/mlp.h"
+#include "worker/workload/model.h"
+#if HARRIER_WITH_CUDA
+#include "cuda/device_codec.h"
+#include "cuda/device_mlp_model.h"
+#endif
 
 ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every shard, shard 0 first.");
 ABSL_FLAG(int, rank, -1, "This worker's rank; -1 lets the control plane assign one.");
@@ -46,6 +52,8 @@ ABSL_FLAG(int, compress_min_bytes, 16384, "Chunks smaller than this travel uncom
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics and liveness /healthz over HTTP (-1: off, 0: ephemeral).");
 ABSL_FLAG(int, connect_timeout_s, 30, "How long to wait for every shard to be reachable.");
+ABSL_FLAG(std::string, transport, "grpc",
+          "Data path of pushes and pulls: grpc|ucx (ucx needs servers started with --ucx).");
 
 namespace {
 
@@ -67,10 +75,16 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("unknown --workload='", absl::GetFlag(FLAGS_workload),
                              "' (available: mlp)"));
   }
-  if (absl::GetFlag(FLAGS_device) == "cuda") {
+  const bool use_cuda = absl::GetFlag(FLAGS_device) == "cuda";
+  if (use_cuda) {
+#if HARRIER_WITH_CUDA
+    if (!harrier::cuda::DeviceAvailable()) {
+      return Fail("--device=cuda: no CUDA device visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)");
+    }
+#else
     return Fail("--device=cuda needs a build with --config=cuda on a GPU node; this binary is CPU-only");
-  }
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
+#endif
+  } else if (absl::GetFlag(FLAGS_device) != "cpu") {
     return Fail(absl::StrCat("unknown --device='", absl::GetFlag(FLAGS_device), "' (cpu|cuda)"));
   }
   harrier::workload::MlpOptions mlp_options;
@@ -92,6 +106,7 @@ int main(int argc, char** argv) {
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   client_options.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   client_options.codec = absl::GetFlag(FLAGS_codec);
+  client_options.transport = absl::GetFlag(FLAGS_transport);
   client_options.compress_min_bytes = std::max(0, absl::GetFlag(FLAGS_compress_min_bytes));
 
   auto train = harrier::workload::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir),
@@ -100,8 +115,20 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_train_examples) > 0) {
     *train = harrier::workload::Subset(*train, absl::GetFlag(FLAGS_train_examples));
   }
-  auto model = harrier::workload::Mlp::Create(mlp_options);
-  if (!model.ok()) return Fail(std::string(model.status().message()));
+  std::unique_ptr<harrier::workload::Model> model;
+  if (!use_cuda) {
+    auto mlp = harrier::workload::Mlp::Create(mlp_options);
+    if (!mlp.ok()) return Fail(std::string(mlp.status().message()));
+    model = std::make_unique<harrier::workload::Mlp>(std::move(*mlp));
+  } else {
+#if HARRIER_WITH_CUDA
+    auto device_model = harrier::cuda::DeviceMlpModel::Create(mlp_options);
+    if (!device_model.ok()) {
+      return Fail(absl::StrCat("--device=cuda: ", device_model.status().message()));
+    }
+    model = std::move(*device_model);
+#endif
+  }
   if (model->input_size() != train->example_size()) {
     return Fail(absl::StrCat("--layers input size ", model->input_size(),
                              " does not match the data's ", train->example_size(), " pixels"));

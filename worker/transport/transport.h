@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/payload_view.h"
 #include "proto/harrier.pb.h"
 
 namespace harrier {
@@ -41,7 +43,36 @@ class CallCanceller {
 };
 
 // Receives each reply chunk of a pull, on the transport's calling thread.
+// Legacy form: the whole chunk, payload included.
 using ChunkSink = std::function<absl::Status(const proto::TensorChunk&)>;
+
+// Receives each reply chunk as its header (ignore its payload field: a
+// backend may leave it set) and a view of its payload, on the transport's calling thread. Both are borrowed and
+// valid only during the call: a sink copies what it keeps.
+using ChunkViewSink =
+    std::function<absl::Status(const proto::TensorChunk& header, const PayloadView& payload)>;
+
+// One chunk to push: header fields plus a payload that is either borrowed
+// (dense gradients: a view into the caller's tensor, not copied) or owned
+// (compressed payloads, produced by the codec).
+//
+// Lifetime: a borrowed payload must stay valid and unchanged until the
+// transport call that sends it has returned. The client guarantees this: a
+// push's gradient belongs to the caller until the operation's Wait()
+// returns, and every transport call of the operation returns first. A
+// transport, in turn, never returns while its network stack still reads
+// the bytes (the gRPC backend waits for its slices to be released).
+struct OutgoingChunk {
+  proto::TensorChunk header;  // payload field empty; checksum covers payload()
+  absl::string_view borrowed;
+  std::string owned;
+  bool is_borrowed = false;
+
+  absl::string_view payload() const { return is_borrowed ? borrowed : absl::string_view(owned); }
+  // The whole chunk as one message (copies the payload): for backends and
+  // tests that want a TensorChunk.
+  proto::TensorChunk ToProto() const;
+};
 
 // One shard's data path. Calls are synchronous and thread-safe: several
 // run at once on the client's pools. Every call ends by `deadline`.
@@ -57,14 +88,29 @@ class ShardTransport {
   // transport has nothing to register). Must outlive its use.
   virtual absl::Status RegisterMemory(void* data, size_t bytes, MemoryKind kind) = 0;
 
-  virtual absl::Status Push(const std::vector<proto::TensorChunk>& chunks, absl::Time deadline,
-                            CallCanceller& canceller) = 0;
-  virtual absl::Status Pull(const proto::PullRequest& request, const ChunkSink& sink,
-                            absl::Time deadline, CallCanceller& canceller) = 0;
+  // Each operation comes in two forms. The view form (OutgoingChunk,
+  // ChunkViewSink) is what the client calls and lets a backend send and
+  // receive payloads without copying them; the proto form takes whole
+  // TensorChunks. A backend overrides at least one form of each operation:
+  // each form's default implementation adapts the call to the other (from
+  // views to protos by copying payloads; from protos to views by pointing
+  // into them).
+  virtual absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                            CallCanceller& canceller);
+  virtual absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
+                            absl::Time deadline, CallCanceller& canceller);
   // Push, then receive each pushed chunk's parameters at clock + 1.
+  virtual absl::Status PushPull(const std::vector<OutgoingChunk>& chunks,
+                                const ChunkViewSink& sink, absl::Time deadline,
+                                CallCanceller& canceller);
+
+  virtual absl::Status Push(const std::vector<proto::TensorChunk>& chunks, absl::Time deadline,
+                            CallCanceller& canceller);
+  virtual absl::Status Pull(const proto::PullRequest& request, const ChunkSink& sink,
+                            absl::Time deadline, CallCanceller& canceller);
   virtual absl::Status PushPull(const std::vector<proto::TensorChunk>& chunks,
                                 const ChunkSink& sink, absl::Time deadline,
-                                CallCanceller& canceller) = 0;
+                                CallCanceller& canceller);
 };
 
 }  // namespace harrier

@@ -8,20 +8,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/workload/fashion_mnist.h"
+#include "worker/workload/model.h"
 
 namespace harrier::workload {
-
-// One named parameter: `values` holds the product of `shape` floats,
-// row-major. This is the unit a parameter-server client pulls and pushes.
-struct ParamTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-};
-
-// Gradients, one float vector per parameter tensor, in the same order and
-// with the same sizes as Mlp::params().
-using Gradients = std::vector<std::vector<float>>;
 
 struct MlpOptions {
   // Input size, hidden sizes, number of classes. At least two entries, all
@@ -33,7 +22,7 @@ struct MlpOptions {
 };
 
 // A fully connected ReLU network with a softmax cross-entropy loss, on the
-// CPU through OpenBLAS.
+// CPU through OpenBLAS. ParamTensor and Gradients are in model.h.
 //
 // Layer i has parameters "fc<i>.weight" (shape {out, in}) and "fc<i>.bias"
 // (shape {out}), in that order, i = 0 .. layer_sizes.size() - 2. Hidden
@@ -45,7 +34,7 @@ struct MlpOptions {
 // exclusive access because they reuse member scratch buffers. OpenBLAS's own
 // thread count is process-wide; set OPENBLAS_NUM_THREADS=1 when several
 // workers share a machine.
-class Mlp {
+class Mlp : public Model {
  public:
   static absl::StatusOr<Mlp> Create(const MlpOptions& options);
 
@@ -56,16 +45,16 @@ class Mlp {
 
   // Callers may overwrite `values` (e.g. after a pull) but must keep the
   // names, shapes and sizes.
-  std::vector<ParamTensor>& params() { return params_; }
-  const std::vector<ParamTensor>& params() const { return params_; }
+  std::vector<ParamTensor>& params() override { return params_; }
+  const std::vector<ParamTensor>& params() const override { return params_; }
 
-  int input_size() const { return layer_sizes_.front(); }
-  int num_classes() const { return layer_sizes_.back(); }
+  int input_size() const override { return layer_sizes_.front(); }
+  int num_classes() const override { return layer_sizes_.back(); }
   const std::vector<int>& layer_sizes() const { return layer_sizes_; }
-  int64_t num_parameters() const;
+  int64_t num_parameters() const override;
 
   // Zero-filled gradients in the params() layout.
-  Gradients ZeroGradients() const;
+  Gradients ZeroGradients() const override;
 
   // Forward and backward over `batch_size` examples: `images` holds
   // batch_size * input_size() floats, `labels` batch_size class indices.
@@ -75,7 +64,7 @@ class Mlp {
   // pointers or a label >= num_classes().
   absl::StatusOr<float> ComputeGradients(const float* images,
                                          const uint8_t* labels, int batch_size,
-                                         Gradients* grads);
+                                         Gradients* grads) override;
 
   // Mean cross-entropy loss of a batch, same arguments and errors as above.
   absl::StatusOr<float> Loss(const float* images, const uint8_t* labels,
@@ -84,11 +73,11 @@ class Mlp {
   // Fraction of `data` classified correctly, computed in batches so memory
   // stays bounded. InvalidArgument when the image size does not match
   // input_size(), the data set is empty or a label is out of range.
-  absl::StatusOr<double> Evaluate(const Dataset& data) const;
+  absl::StatusOr<double> Evaluate(const Dataset& data) const override;
 
   // params -= lr * grads. `grads` must have the params() layout (as written
   // by ComputeGradients); InvalidArgument otherwise, leaving params intact.
-  absl::Status SgdStep(const Gradients& grads, float lr);
+  absl::Status SgdStep(const Gradients& grads, float lr) override;
 
  private:
   // Per-batch intermediate values; sized for the largest batch seen.

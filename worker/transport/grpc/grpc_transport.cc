@@ -1,9 +1,19 @@
 #include "worker/transport/grpc/grpc_transport.h"
 
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/chunk_wire.h"
 #include "common/grpc_status.h"
 
 namespace harrier {
 namespace {
+
+// Payloads below this are copied into the header's slice: one slice and no
+// release tracking are cheaper than a borrowed slice for small messages.
+constexpr size_t kBorrowThresholdBytes = 32 << 10;
 
 // Registers the call's context for cancellation for the scope's lifetime.
 class CancelScope {
@@ -25,14 +35,78 @@ class CancelScope {
 
 absl::Status Cancelled() { return absl::CancelledError("operation cancelled"); }
 
-// Reads every reply, handing each to the sink; the first sink error wins,
-// but the stream is drained so Finish() reports the shard's own status.
+// Counts borrowed payload slices gRPC still references. gRPC may hold a
+// slice after Write() and even after Finish() returned (the bytes may still
+// sit in the TCP write queue), so a call waits for the count to reach zero
+// before it returns and its caller may reuse the memory. Declared before
+// the call's objects so it outlives them.
+class BorrowedSlices {
+ public:
+  ~BorrowedSlices() { WaitReleased(); }
+
+  grpc::Slice Borrow(absl::string_view bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++outstanding_;
+    }
+    // gRPC only reads the memory; the Slice API takes it non-const.
+    return grpc::Slice(const_cast<char*>(bytes.data()), bytes.size(), &BorrowedSlices::Release,
+                       this);
+  }
+
+  void WaitReleased() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    released_.wait(lock, [this] { return outstanding_ == 0; });
+  }
+
+ private:
+  static void Release(void* self) {
+    auto* slices = static_cast<BorrowedSlices*>(self);
+    std::lock_guard<std::mutex> lock(slices->mutex_);
+    if (--slices->outstanding_ == 0) slices->released_.notify_all();
+  }
+
+  std::mutex mutex_;
+  std::condition_variable released_;
+  int outstanding_ = 0;
+};
+
+grpc::ByteBuffer EncodeChunk(const OutgoingChunk& chunk, BorrowedSlices& borrowed) {
+  const absl::string_view payload = chunk.payload();
+  std::string prefix = EncodeChunkPrefix(chunk.header, payload.size());
+  if (payload.size() < kBorrowThresholdBytes) {
+    prefix.append(payload.data(), payload.size());
+    grpc::Slice slice(prefix);
+    return grpc::ByteBuffer(&slice, 1);
+  }
+  grpc::Slice slices[2] = {grpc::Slice(prefix), borrowed.Borrow(payload)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+// Reads every reply, handing each to the sink; the first error (a malformed
+// reply or the sink's) wins, but the stream is drained so Finish() reports
+// the shard's own status.
 template <typename Reader>
-absl::Status ReadReplies(Reader* reader, const ChunkSink& sink) {
-  proto::TensorChunk reply;
+absl::Status ReadReplies(Reader* reader, const ChunkViewSink& sink) {
+  grpc::ByteBuffer buffer;
+  std::vector<grpc::Slice> slices;
+  proto::TensorChunk header;
+  PayloadView payload;
   absl::Status status;
-  while (reader->Read(&reply)) {
-    if (status.ok()) status = sink(reply);
+  while (reader->Read(&buffer)) {
+    if (!status.ok()) continue;
+    slices.clear();
+    if (!buffer.Dump(&slices).ok()) {
+      status = absl::DataLossError("unreadable reply from the shard");
+      continue;
+    }
+    header.Clear();
+    status = DecodeChunk(slices, &header, &payload);
+    if (!status.ok()) {
+      status = absl::DataLossError(absl::StrCat("reply from the shard: ", status.message()));
+      continue;
+    }
+    status = sink(header, payload);
   }
   return status;
 }
@@ -40,7 +114,13 @@ absl::Status ReadReplies(Reader* reader, const ChunkSink& sink) {
 }  // namespace
 
 GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
-    : stub_(proto::ParameterService::NewStub(std::move(channel))) {}
+    : channel_(std::move(channel)),
+      push_method_("/harrier.proto.ParameterService/Push",
+                   grpc::internal::RpcMethod::CLIENT_STREAMING, channel_),
+      pull_method_("/harrier.proto.ParameterService/Pull",
+                   grpc::internal::RpcMethod::SERVER_STREAMING, channel_),
+      push_pull_method_("/harrier.proto.ParameterService/PushPull",
+                        grpc::internal::RpcMethod::BIDI_STREAMING, channel_) {}
 
 absl::Status GrpcShardTransport::RegisterMemory(void*, size_t, MemoryKind kind) {
   if (kind != MemoryKind::kHost) {
@@ -49,47 +129,61 @@ absl::Status GrpcShardTransport::RegisterMemory(void*, size_t, MemoryKind kind) 
   return absl::OkStatus();
 }
 
-absl::Status GrpcShardTransport::Push(const std::vector<proto::TensorChunk>& chunks,
+absl::Status GrpcShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
                                       absl::Time deadline, CallCanceller& canceller) {
+  BorrowedSlices borrowed;  // outlives the call: its destructor waits for releases
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   CancelScope scope(canceller, &context);
   if (!scope.registered()) return Cancelled();
-  proto::PushResponse response;
-  auto writer = stub_->Push(&context, &response);
+  grpc::ByteBuffer response;  // a PushResponse; nothing in it is needed
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), push_method_,
+                                                                    &context, &response));
   for (const auto& chunk : chunks) {
-    if (!writer->Write(chunk)) break;  // Finish() says why
+    if (!writer->Write(EncodeChunk(chunk, borrowed))) break;  // Finish() says why
   }
   writer->WritesDone();
-  return FromGrpcStatus(writer->Finish());
+  absl::Status status = FromGrpcStatus(writer->Finish());
+  writer.reset();
+  borrowed.WaitReleased();
+  return status;
 }
 
-absl::Status GrpcShardTransport::Pull(const proto::PullRequest& request, const ChunkSink& sink,
-                                      absl::Time deadline, CallCanceller& canceller) {
+absl::Status GrpcShardTransport::Pull(const proto::PullRequest& request,
+                                      const ChunkViewSink& sink, absl::Time deadline,
+                                      CallCanceller& canceller) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   CancelScope scope(canceller, &context);
   if (!scope.registered()) return Cancelled();
-  auto reader = stub_->Pull(&context, request);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), pull_method_,
+                                                                    &context, request));
   absl::Status sink_status = ReadReplies(reader.get(), sink);
   absl::Status status = FromGrpcStatus(reader->Finish());
   return status.ok() ? sink_status : status;
 }
 
-absl::Status GrpcShardTransport::PushPull(const std::vector<proto::TensorChunk>& chunks,
-                                          const ChunkSink& sink, absl::Time deadline,
+absl::Status GrpcShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
+                                          const ChunkViewSink& sink, absl::Time deadline,
                                           CallCanceller& canceller) {
+  BorrowedSlices borrowed;  // outlives the call: its destructor waits for releases
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   CancelScope scope(canceller, &context);
   if (!scope.registered()) return Cancelled();
-  auto stream = stub_->PushPull(&context);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel_.get(), push_pull_method_, &context));
   for (const auto& chunk : chunks) {
-    if (!stream->Write(chunk)) break;
+    if (!stream->Write(EncodeChunk(chunk, borrowed))) break;
   }
   stream->WritesDone();
   absl::Status sink_status = ReadReplies(stream.get(), sink);
   absl::Status status = FromGrpcStatus(stream->Finish());
+  stream.reset();
+  borrowed.WaitReleased();
   return status.ok() ? sink_status : status;
 }
 

@@ -11,6 +11,13 @@
 namespace harrier {
 
 // The portable data path: ParameterService streams over one channel.
+//
+// Messages are ByteBuffers, not generated types, so payloads are neither
+// copied into protos nor serialised: each pushed chunk is a small header
+// slice plus a slice over the payload's own bytes (common/chunk_wire.h), and
+// reply payloads are handed to the sink as views of the received slices.
+// The bytes on the wire are ordinary TensorChunk messages, so any typed
+// ParameterService client or server interoperates.
 class GrpcShardTransport : public ShardTransport {
  public:
   explicit GrpcShardTransport(std::shared_ptr<grpc::Channel> channel);
@@ -19,15 +26,25 @@ class GrpcShardTransport : public ShardTransport {
   bool SupportsMemory(MemoryKind kind) const override { return kind == MemoryKind::kHost; }
   absl::Status RegisterMemory(void*, size_t, MemoryKind kind) override;
 
-  absl::Status Push(const std::vector<proto::TensorChunk>& chunks, absl::Time deadline,
+  // The proto forms adapt to these (see ShardTransport).
+  using ShardTransport::Pull;
+  using ShardTransport::Push;
+  using ShardTransport::PushPull;
+
+  // Returns only once gRPC has released every borrowed payload, so the
+  // caller may reuse its buffers as soon as the call returns.
+  absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
                     CallCanceller& canceller) override;
-  absl::Status Pull(const proto::PullRequest& request, const ChunkSink& sink, absl::Time deadline,
-                    CallCanceller& canceller) override;
-  absl::Status PushPull(const std::vector<proto::TensorChunk>& chunks, const ChunkSink& sink,
+  absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
+                    absl::Time deadline, CallCanceller& canceller) override;
+  absl::Status PushPull(const std::vector<OutgoingChunk>& chunks, const ChunkViewSink& sink,
                         absl::Time deadline, CallCanceller& canceller) override;
 
  private:
-  std::unique_ptr<proto::ParameterService::Stub> stub_;
+  std::shared_ptr<grpc::Channel> channel_;
+  const grpc::internal::RpcMethod push_method_;
+  const grpc::internal::RpcMethod pull_method_;
+  const grpc::internal::RpcMethod push_pull_method_;
 };
 
 }  // namespace harrier

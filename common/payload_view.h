@@ -1,0 +1,43 @@
+#ifndef HARRIER_COMMON_PAYLOAD_VIEW_H_
+#define HARRIER_COMMON_PAYLOAD_VIEW_H_
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace harrier {
+
+// A payload as it arrived: byte ranges in order, borrowed from buffers the
+// caller keeps alive (received gRPC slices, a string). Not owning.
+class PayloadView {
+ public:
+  PayloadView() = default;
+  explicit PayloadView(absl::string_view contiguous) { Append(contiguous); }
+
+  void Append(absl::string_view piece) {
+    if (!piece.empty()) pieces_.push_back(piece);
+    size_ += piece.size();
+  }
+  void Clear() {
+    pieces_.clear();
+    size_ = 0;
+  }
+
+  size_t size() const { return size_; }
+  const std::vector<absl::string_view>& pieces() const { return pieces_; }
+  // True when the payload is one piece (or empty): first() is all of it.
+  // Otherwise callers that need contiguous bytes CopyTo() a buffer of theirs.
+  bool contiguous() const { return pieces_.size() <= 1; }
+  absl::string_view first() const { return pieces_.empty() ? absl::string_view() : pieces_[0]; }
+  // Copies all size() bytes to `dest`.
+  void CopyTo(void* dest) const;
+
+ private:
+  std::vector<absl::string_view> pieces_;
+  size_t size_ = 0;
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_COMMON_PAYLOAD_VIEW_H_

@@ -1,0 +1,105 @@
+#include "common/transport/framing.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace harrier::transport {
+namespace {
+
+// Fixed little-endian layout; x86-64 and aarch64 are both little-endian,
+// so memcpy is the encoding.
+template <typename T>
+void Put(char*& out, T value) {
+  std::memcpy(out, &value, sizeof(T));
+  out += sizeof(T);
+}
+
+template <typename T>
+T Get(const char*& in) {
+  T value;
+  std::memcpy(&value, in, sizeof(T));
+  in += sizeof(T);
+  return value;
+}
+
+}  // namespace
+
+std::string EncodeHeader(const Frame& frame, absl::string_view body) {
+  std::string header(kFrameBytes + body.size(), '\0');
+  char* out = header.data();
+  Put<uint32_t>(out, kFrameMagic);
+  Put<uint16_t>(out, static_cast<uint16_t>(frame.op));
+  Put<uint16_t>(out, 0);  // reserved
+  Put<uint64_t>(out, frame.connection_id);
+  Put<uint64_t>(out, frame.request_id);
+  Put<uint32_t>(out, frame.index);
+  Put<uint32_t>(out, frame.count);
+  Put<uint64_t>(out, frame.payload_bytes);
+  Put<int64_t>(out, frame.arg);
+  std::memcpy(out, body.data(), body.size());
+  return header;
+}
+
+absl::Status DecodeHeader(const void* header, size_t length, Frame* frame,
+                          absl::string_view* body) {
+  if (header == nullptr || length < kFrameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed frame: header of ", length, " bytes, expected >= ", kFrameBytes));
+  }
+  const char* in = static_cast<const char*>(header);
+  if (Get<uint32_t>(in) != kFrameMagic) {
+    return absl::InvalidArgumentError("malformed frame: bad magic");
+  }
+  const uint16_t op = Get<uint16_t>(in);
+  if (op < static_cast<uint16_t>(Op::kHello) || op > static_cast<uint16_t>(Op::kStatus)) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed frame: unknown op ", op));
+  }
+  Get<uint16_t>(in);
+  frame->op = static_cast<Op>(op);
+  frame->connection_id = Get<uint64_t>(in);
+  frame->request_id = Get<uint64_t>(in);
+  frame->index = Get<uint32_t>(in);
+  frame->count = Get<uint32_t>(in);
+  frame->payload_bytes = Get<uint64_t>(in);
+  frame->arg = Get<int64_t>(in);
+  *body = absl::string_view(static_cast<const char*>(header) + kFrameBytes, length - kFrameBytes);
+  return absl::OkStatus();
+}
+
+std::string EncodeChunkHeader(const proto::TensorChunk& chunk) {
+  // Every field but the payload. Keep in step with proto/harrier.proto.
+  proto::TensorChunk meta;
+  meta.set_job(chunk.job());
+  meta.set_rank(chunk.rank());
+  meta.set_key(chunk.key());
+  meta.set_chunk(chunk.chunk());
+  meta.set_clock(chunk.clock());
+  meta.set_codec(chunk.codec());
+  meta.set_codec_params(chunk.codec_params());
+  meta.set_num_elements(chunk.num_elements());
+  meta.set_dtype(chunk.dtype());
+  meta.set_checksum(chunk.checksum());
+  meta.set_min_clock(chunk.min_clock());
+  return meta.SerializeAsString();
+}
+
+std::string EncodeStatus(uint64_t connection_id, uint64_t request_id, uint32_t count,
+                         const absl::Status& status) {
+  Frame frame;
+  frame.op = Op::kStatus;
+  frame.connection_id = connection_id;
+  frame.request_id = request_id;
+  frame.count = count;
+  frame.arg = static_cast<int64_t>(status.code());
+  return EncodeHeader(frame, status.message());
+}
+
+absl::Status DecodeStatus(const Frame& frame, absl::string_view body) {
+  if (frame.arg < 0 || frame.arg > static_cast<int64_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InternalError(absl::StrCat("reply carries unknown status code ", frame.arg));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(frame.arg), body);
+}
+
+}  // namespace harrier::transport

@@ -1,0 +1,87 @@
+#ifndef HARRIER_COMMON_TRANSPORT_FRAMING_H_
+#define HARRIER_COMMON_TRANSPORT_FRAMING_H_
+
+// The framing of Harrier's UCX data path. Every message is one UCP active
+// message whose header is a fixed 48-byte frame followed by a body
+// (a serialized proto without its payload, or a status message), and whose
+// data is the payload bytes, if any. Requests go to kRequestAmId on the
+// shard, replies to kReplyAmId on the client.
+//
+//   client                               shard
+//   kHello(conn, data = worker address) ->  creates an endpoint back
+//                                       <-  kStatus(count = 0)
+//   kPush / kPushPull frame i of n      ->  (one per chunk; body = chunk
+//                                            header, data = payload)
+//   kPull (body = PullRequest)          ->
+//                                       <-  kReplyChunk i (body = chunk
+//                                            header, data = payload)
+//                                       <-  kStatus(code, count, message)
+//   kCancel                             ->  (best effort: stops waiting)
+//
+// Messages of one request may be delivered out of order (rendezvous data
+// completes later than eager frames), so receivers count frames: a request
+// is complete once all `count` chunk frames arrived; a reply once its status
+// and the `count` reply chunks it announces arrived.
+//
+// Pure functions; thread-safe.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "proto/harrier.pb.h"
+
+namespace harrier::transport {
+
+constexpr unsigned kRequestAmId = 17;
+constexpr unsigned kReplyAmId = 18;
+constexpr uint32_t kFrameMagic = 0x31585248;  // "HRX1" little-endian
+constexpr size_t kFrameBytes = 48;
+// Most chunks one call may carry; the same bound as the gRPC service.
+constexpr uint32_t kMaxChunksPerCall = 256;
+
+enum class Op : uint16_t {
+  kHello = 1,
+  kPush = 2,
+  kPull = 3,
+  kPushPull = 4,
+  kCancel = 5,
+  kReplyChunk = 6,
+  kStatus = 7,
+};
+
+struct Frame {
+  Op op = Op::kStatus;
+  uint64_t connection_id = 0;  // chosen by the client, names its endpoint
+  uint64_t request_id = 0;     // unique per client context
+  uint32_t index = 0;          // this chunk's place in the request / reply
+  uint32_t count = 0;          // chunks in the request / reply
+  uint64_t payload_bytes = 0;  // AM data bytes that come with this frame
+  // Requests: the client's remaining time in milliseconds (-1: none).
+  // kStatus: the absl::StatusCode.
+  int64_t arg = 0;
+};
+
+// Header bytes: the frame, then `body`.
+std::string EncodeHeader(const Frame& frame, absl::string_view body);
+
+// Splits a received header. INVALID_ARGUMENT if it is shorter than a frame
+// or has the wrong magic or an unknown op; `body` points into `header`.
+absl::Status DecodeHeader(const void* header, size_t length, Frame* frame,
+                          absl::string_view* body);
+
+// A chunk's fields except its payload, serialized (the payload travels as
+// AM data, so it is never copied into the header).
+std::string EncodeChunkHeader(const proto::TensorChunk& chunk);
+
+// kStatus header for `status` closing a reply of `count` chunks.
+std::string EncodeStatus(uint64_t connection_id, uint64_t request_id, uint32_t count,
+                         const absl::Status& status);
+// The status a kStatus frame carries.
+absl::Status DecodeStatus(const Frame& frame, absl::string_view body);
+
+}  // namespace harrier::transport
+
+#endif  // HARRIER_COMMON_TRANSPORT_FRAMING_H_

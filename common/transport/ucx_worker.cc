@@ -1,0 +1,281 @@
+#include "common/transport/ucx_worker.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "spdlog/spdlog.h"
+
+namespace harrier::transport {
+namespace {
+
+absl::Status UcsError(const std::string& what, ucs_status_t status) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(status)));
+}
+
+// Idle spin before sleeping: long enough to catch the next message of a
+// burst (a round trip is ~5 us over tcp), short enough not to burn a core.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+// True when UCX_TLS lists transports and none of them is a network one
+// (those detect peer failure); "^" lists exclusions, so it may allow tcp.
+bool OnlySharedMemory() {
+  const char* value = std::getenv("UCX_TLS");
+  if (value == nullptr || value[0] == '\0' || value[0] == '^') return false;
+  for (absl::string_view tl : absl::StrSplit(value, ',')) {
+    for (absl::string_view network : {"all", "tcp", "rc", "ud", "dc", "ib", "rdma"}) {
+      if (absl::StartsWith(tl, network)) return false;
+    }
+  }
+  return true;
+}
+
+struct Completion {
+  UcxWorker* owner;
+  std::atomic<int>* outstanding;
+  std::string header;  // sends: kept alive until completion
+  std::function<void(ucs_status_t)> done;
+};
+
+void Complete(Completion* completion, ucs_status_t status) {
+  if (completion->done) completion->done(status);
+  completion->outstanding->fetch_sub(1);
+  delete completion;
+}
+
+void OnSend(void* request, ucs_status_t status, void* user_data) {
+  Complete(static_cast<Completion*>(user_data), status);
+  ucp_request_free(request);
+}
+
+void OnReceive(void* request, ucs_status_t status, size_t, void* user_data) {
+  Complete(static_cast<Completion*>(user_data), status);
+  ucp_request_free(request);
+}
+
+// The three outcomes of a *_nbx call: done now, failed now, or a request
+// whose callback completes it later.
+void Settle(ucs_status_ptr_t result, Completion* completion) {
+  if (result == nullptr) {
+    Complete(completion, UCS_OK);
+  } else if (UCS_PTR_IS_ERR(result)) {
+    Complete(completion, UCS_PTR_STATUS(result));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(
+    const std::string& name, const std::vector<AmHandler>& handlers) {
+  std::unique_ptr<UcxWorker> self(new UcxWorker());
+  self->name_ = name;
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
+    return UcsError("ucp_config_read", s);
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = self->name_.c_str();
+  ucs_status_t status = ucp_init(&params, config, &self->context_);
+  ucp_config_release(config);
+  if (status != UCS_OK) return UcsError("ucp_init", status);
+
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  if (status = ucp_worker_create(self->context_, &worker_params, &self->worker_);
+      status != UCS_OK) {
+    return UcsError("ucp_worker_create", status);
+  }
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  if (status = ucp_worker_get_address(self->worker_, &address, &address_length);
+      status != UCS_OK) {
+    return UcsError("ucp_worker_get_address", status);
+  }
+  self->address_.assign(reinterpret_cast<const char*>(address), address_length);
+  ucp_worker_release_address(self->worker_, address);
+
+  for (const AmHandler& handler : handlers) {
+    ucp_am_handler_param_t am{};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    am.id = handler.id;
+    am.flags = UCP_AM_FLAG_WHOLE_MSG;
+    am.cb = handler.callback;
+    am.arg = handler.arg;
+    if (status = ucp_worker_set_am_recv_handler(self->worker_, &am); status != UCS_OK) {
+      return UcsError("ucp_worker_set_am_recv_handler", status);
+    }
+  }
+
+  if (status = ucp_worker_get_efd(self->worker_, &self->event_fd_); status != UCS_OK) {
+    return UcsError("ucp_worker_get_efd", status);
+  }
+  self->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  self->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (self->wake_fd_ < 0 || self->epoll_fd_ < 0) {
+    return absl::InternalError("cannot create eventfd/epoll for the UCX progress thread");
+  }
+  for (int fd : {self->event_fd_, self->wake_fd_}) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (epoll_ctl(self->epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+      return absl::InternalError("epoll_ctl failed for the UCX progress thread");
+    }
+  }
+  UcxWorker* raw = self.get();
+  self->thread_ = std::thread([raw] { raw->Loop(); });
+  return self;
+}
+
+void UcxWorker::Stop() {
+  if (thread_.joinable()) {
+    stop_ = true;
+    Wake();
+    thread_.join();
+  }
+}
+
+UcxWorker::~UcxWorker() {
+  Stop();
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void UcxWorker::Post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+  }
+  Wake();
+}
+
+void UcxWorker::Wake() {
+  const uint64_t one = 1;
+  // A full counter (impossible in practice) still leaves the fd readable.
+  [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
+}
+
+bool UcxWorker::RunTasks() {
+  std::deque<std::function<void()>> tasks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks.swap(tasks_);
+  }
+  for (auto& task : tasks) task();
+  return !tasks.empty();
+}
+
+void UcxWorker::Loop() {
+  using Clock = std::chrono::steady_clock;
+  auto last_work = Clock::now();
+  while (!stop_) {
+    bool worked = RunTasks();
+    while (ucp_worker_progress(worker_) != 0) worked = true;
+    if (worked) {
+      last_work = Clock::now();
+      continue;
+    }
+    if (Clock::now() - last_work < kSpin) continue;
+    // Arm, then sleep; BUSY means events arrived meanwhile: progress again.
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    epoll_event events[2];
+    const int n = epoll_wait(epoll_fd_, events, 2, 100);
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.fd == wake_fd_) {
+        uint64_t value;
+        [[maybe_unused]] ssize_t r = read(wake_fd_, &value, sizeof(value));
+      }
+    }
+    last_work = Clock::now();
+  }
+  // Finish what was handed over, then give in-flight requests a moment.
+  const auto until = Clock::now() + std::chrono::seconds(1);
+  do {
+    RunTasks();
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+  } while ((outstanding_ > 0 || !tasks_.empty()) && Clock::now() < until);
+  if (outstanding_ > 0) {
+    spdlog::warn("ucx worker={} stopping with {} requests outstanding", name_,
+                 outstanding_.load());
+  }
+}
+
+absl::StatusOr<ucp_ep_h> UcxWorker::Connect(const std::string& address,
+                                            ucp_err_handler_cb_t on_error, void* arg,
+                                            bool* detects_failure) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = on_error;
+  params.err_handler.arg = arg;
+  ucp_ep_h ep = nullptr;
+  // Skip the PEER attempt (and the error UCX logs when it fails) when
+  // UCX_TLS names only shared-memory transports.
+  ucs_status_t status = OnlySharedMemory() ? UCS_ERR_UNREACHABLE
+                                           : ucp_ep_create(worker_, &params, &ep);
+  *detects_failure = status == UCS_OK;
+  if (status == UCS_ERR_UNREACHABLE) {
+    params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    status = ucp_ep_create(worker_, &params, &ep);
+    if (status == UCS_OK) {
+      spdlog::info("ucx worker={}: no transport to the peer detects failures (shared memory); "
+                   "endpoint uses error mode NONE",
+                   name_);
+    }
+  }
+  if (status != UCS_OK) return UcsError("ucp_ep_create", status);
+  return ep;
+}
+
+void UcxWorker::CloseEndpoint(ucp_ep_h ep) {
+  auto* completion = new Completion{this, &outstanding_, {}, nullptr};
+  outstanding_++;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  param.cb.send = OnSend;
+  param.user_data = completion;
+  Settle(ucp_ep_close_nbx(ep, &param), completion);
+}
+
+void UcxWorker::SendAm(ucp_ep_h ep, unsigned id, std::string header, const void* data,
+                       size_t bytes, std::function<void(ucs_status_t)> done) {
+  auto* completion = new Completion{this, &outstanding_, std::move(header), std::move(done)};
+  outstanding_++;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = OnSend;
+  param.user_data = completion;
+  Settle(ucp_am_send_nbx(ep, id, completion->header.data(), completion->header.size(), data,
+                         bytes, &param),
+         completion);
+}
+
+void UcxWorker::ReceiveData(void* descriptor, void* buffer, size_t bytes,
+                            std::function<void(ucs_status_t)> done) {
+  auto* completion = new Completion{this, &outstanding_, {}, std::move(done)};
+  outstanding_++;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.recv_am = OnReceive;
+  param.user_data = completion;
+  Settle(ucp_am_recv_data_nbx(worker_, descriptor, buffer, bytes, &param), completion);
+}
+
+}  // namespace harrier::transport

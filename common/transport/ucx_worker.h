@@ -1,0 +1,103 @@
+#ifndef HARRIER_COMMON_TRANSPORT_UCX_WORKER_H_
+#define HARRIER_COMMON_TRANSPORT_UCX_WORKER_H_
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace harrier::transport {
+
+// One UCP context and worker driven by one progress thread. The worker is
+// created with UCS_THREAD_MODE_SINGLE and every UCP call is made on the
+// progress thread; other threads hand work over with Post(). Why not
+// UCS_THREAD_MODE_MULTI: it takes a worker-wide lock on every call (the
+// progress thread would hold it while polling), and an endpoint that an
+// error handler closes could still be in use by another thread. With one
+// owning thread, endpoint lifetime and request completion are serialised.
+//
+// Features requested: UCP_FEATURE_AM and UCP_FEATURE_WAKEUP only (the
+// thread sleeps in epoll on the worker's event fd when idle, after a short
+// spin so back-to-back messages keep a low latency). UCX_TLS,
+// UCX_NET_DEVICES etc. are read by ucp_config_read.
+class UcxWorker {
+ public:
+  struct AmHandler {
+    unsigned id;
+    ucp_am_recv_callback_t callback;  // runs on the progress thread
+    void* arg;
+  };
+
+  // Creates the context and worker, registers `handlers` (with
+  // UCP_AM_FLAG_WHOLE_MSG) and starts the progress thread.
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Start(const std::string& name,
+                                                          const std::vector<AmHandler>& handlers);
+  // Stop(), then destroys the worker and context.
+  ~UcxWorker();
+
+  // Stops the progress thread after it has run the posted tasks and
+  // progressed outstanding requests for at most about a second. Tasks posted
+  // later never run. Idempotent; not from the progress thread.
+  void Stop();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  // This worker's address (ucp_worker_get_address), for peers' endpoints.
+  const std::string& address() const { return address_; }
+
+  // Runs `task` on the progress thread. Thread-safe; tasks run in order.
+  void Post(std::function<void()> task);
+
+  // --- Progress thread only. ---
+  ucp_worker_h worker() const { return worker_; }
+  // Endpoint to a worker address with error mode PEER: `on_error` runs on
+  // the progress thread when the peer fails (it should call CloseEndpoint).
+  // UCX 1.13's shared-memory transports cannot detect peer failure, so
+  // where only they reach the peer (UCX_TLS=sm,self) the endpoint falls
+  // back to error mode NONE and `*detects_failure` says false: the owner
+  // must then notice a dead peer some other way.
+  absl::StatusOr<ucp_ep_h> Connect(const std::string& address, ucp_err_handler_cb_t on_error,
+                                   void* arg, bool* detects_failure);
+  // Force-closes `ep` (outstanding sends complete with an error); the close
+  // request is progressed by this object.
+  void CloseEndpoint(ucp_ep_h ep);
+  // Sends an AM; `header` and `data` (not copied) must stay valid until
+  // `done` runs, which it always does exactly once on the progress thread
+  // (possibly before SendAm returns). The header is kept by this call.
+  void SendAm(ucp_ep_h ep, unsigned id, std::string header, const void* data, size_t bytes,
+              std::function<void(ucs_status_t)> done);
+  // Receives rendezvous data into `buffer`; `done` runs exactly once.
+  void ReceiveData(void* descriptor, void* buffer, size_t bytes,
+                   std::function<void(ucs_status_t)> done);
+
+ private:
+  UcxWorker() = default;
+  void Loop();
+  bool RunTasks();
+  void Wake();
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string name_;
+  std::string address_;
+  int event_fd_ = -1;   // the worker's (ucp_worker_get_efd)
+  int wake_fd_ = -1;    // eventfd: Post() wakes the thread
+  int epoll_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> outstanding_{0};  // requests not yet completed
+  std::mutex mutex_;
+  std::deque<std::function<void()>> tasks_;
+  std::thread thread_;
+};
+
+}  // namespace harrier::transport
+
+#endif  // HARRIER_COMMON_TRANSPORT_UCX_WORKER_H_

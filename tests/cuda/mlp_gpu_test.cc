@@ -1,0 +1,335 @@
+// The CUDA MLP (cuda/device_mlp.h, cuda/device_mlp_model.h) against the CPU
+// MLP (worker/workload/mlp.h): same seed, same batch -> loss and gradients
+// within 1e-4 relative, a few SGD steps (on the device and through the
+// workload::Model interface) stay within 1e-4, and Evaluate agrees up to a
+// few near-tie examples. Runs only on a machine with a GPU: without one
+// every test case fails (the target is tagged manual and gpu).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "absl/status/status.h"
+#include "cuda/device_codec.h"
+#include "cuda/device_mlp.h"
+#include "cuda/device_mlp_model.h"
+#include "worker/workload/fashion_mnist.h"
+#include "worker/workload/mlp.h"
+#include "worker/workload/model.h"
+
+namespace harrier {
+namespace {
+
+using workload::Dataset;
+using workload::Gradients;
+using workload::Mlp;
+using workload::MlpOptions;
+using workload::ParamTensor;
+
+constexpr double kRel = 1e-4;
+
+// A synthetic data set with Fashion-MNIST's shape conventions: pixels in
+// [0, 1), labels given by a fixed random linear rule (learnable, so a few
+// SGD steps move the accuracy off chance).
+Dataset MakeData(int n, int input, int classes, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> rule(static_cast<size_t>(classes) * input);
+  for (float& r : rule) r = normal(gen);
+  Dataset data;
+  data.num_examples = n;
+  data.rows = 1;
+  data.cols = input;
+  data.images.resize(static_cast<size_t>(n) * input);
+  for (float& p : data.images) p = pixel(gen);
+  data.labels.resize(n);
+  for (int b = 0; b < n; ++b) {
+    int best = 0;
+    double best_score = -1e30;
+    for (int c = 0; c < classes; ++c) {
+      double score = 0;
+      for (int i = 0; i < input; ++i) {
+        score += rule[static_cast<size_t>(c) * input + i] *
+                 (data.image(b)[i] - 0.5f);
+      }
+      if (score > best_score) {
+        best_score = score;
+        best = c;
+      }
+    }
+    data.labels[b] = static_cast<uint8_t>(best);
+  }
+  return data;
+}
+
+double MaxAbs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::fabs(static_cast<double>(x)));
+  return m;
+}
+
+// Max |a - b| relative to the tensor's scale, max |b|: per-element
+// relative error is meaningless for entries that cancel to near zero.
+double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  const double scale = MaxAbs(b);
+  return scale > 0 ? diff / scale : diff;
+}
+
+void RequireClose(const Gradients& gpu, const Gradients& cpu,
+                  const std::vector<ParamTensor>& layout,
+                  const std::string& what) {
+  REQUIRE(gpu.size() == cpu.size());
+  for (size_t t = 0; t < cpu.size(); ++t) {
+    INFO(what << ": tensor " << layout[t].name);
+    REQUIRE(MaxRelDiff(gpu[t], cpu[t]) <= kRel);
+  }
+}
+
+void RequireParamsClose(const std::vector<ParamTensor>& gpu,
+                        const std::vector<ParamTensor>& cpu,
+                        const std::string& what) {
+  REQUIRE(gpu.size() == cpu.size());
+  for (size_t t = 0; t < cpu.size(); ++t) {
+    INFO(what << ": parameter " << cpu[t].name);
+    REQUIRE(gpu[t].name == cpu[t].name);
+    REQUIRE(gpu[t].shape == cpu[t].shape);
+    REQUIRE(MaxRelDiff(gpu[t].values, cpu[t].values) <= kRel);
+  }
+}
+
+void RequireLossClose(float gpu, float cpu) {
+  INFO("gpu loss " << gpu << " cpu loss " << cpu);
+  REQUIRE(std::isfinite(gpu));
+  REQUIRE(std::fabs(gpu - cpu) <= kRel * std::fabs(cpu));
+}
+
+Mlp MakeCpu(const std::vector<int>& sizes, uint64_t seed) {
+  MlpOptions options;
+  options.layer_sizes = sizes;
+  options.seed = seed;
+  auto mlp = Mlp::Create(options);
+  REQUIRE(mlp.ok());
+  return std::move(*mlp);
+}
+
+std::unique_ptr<cuda::DeviceMlp> MakeDevice(const Mlp& cpu) {
+  auto device = cuda::DeviceMlp::Create(cpu.layer_sizes());
+  INFO(device.status().ToString());
+  REQUIRE(device.ok());
+  REQUIRE((*device)->UploadParams(cpu.params()).ok());
+  return std::move(*device);
+}
+
+const std::vector<std::vector<int>> kShapes = {
+    {784, 256, 256, 10}, {13, 7, 5, 3}, {20, 10}};
+
+TEST_CASE("a CUDA device is present") {
+  // Fails loudly on a machine without a GPU instead of skipping.
+  REQUIRE(cuda::DeviceAvailable());
+}
+
+TEST_CASE("device loss and gradients equal the CPU MLP's") {
+  REQUIRE(cuda::DeviceAvailable());
+  for (const std::vector<int>& sizes : kShapes) {
+    Mlp cpu = MakeCpu(sizes, 7);
+    auto device = MakeDevice(cpu);
+    const Dataset data = MakeData(300, sizes.front(), sizes.back(), 11);
+    for (int batch : {1, 7, 64, 300}) {
+      INFO("layers " << sizes.size() << " input " << sizes.front()
+                     << " batch " << batch);
+      Gradients cpu_grads, gpu_grads;
+      auto cpu_loss = cpu.ComputeGradients(data.image(0), data.labels.data(),
+                                           batch, &cpu_grads);
+      auto gpu_loss = device->ComputeGradients(
+          data.image(0), data.labels.data(), batch, &gpu_grads);
+      REQUIRE(cpu_loss.ok());
+      INFO(gpu_loss.status().ToString());
+      REQUIRE(gpu_loss.ok());
+      RequireLossClose(*gpu_loss, *cpu_loss);
+      RequireClose(gpu_grads, cpu_grads, cpu.params(), "gradients");
+    }
+  }
+}
+
+TEST_CASE("SGD steps on the device track the CPU's") {
+  REQUIRE(cuda::DeviceAvailable());
+  const std::vector<int> sizes = {784, 256, 256, 10};
+  Mlp cpu = MakeCpu(sizes, 3);
+  auto device = MakeDevice(cpu);
+  const Dataset data = MakeData(64 * 5, 784, 10, 5);
+  Gradients cpu_grads, gpu_grads;
+  for (int step = 0; step < 5; ++step) {
+    INFO("step " << step);
+    const int offset = step * 64;
+    auto cpu_loss = cpu.ComputeGradients(
+        data.image(offset), data.labels.data() + offset, 64, &cpu_grads);
+    // Odd steps keep the gradients on the device only.
+    auto gpu_loss = device->ComputeGradients(
+        data.image(offset), data.labels.data() + offset, 64,
+        step % 2 == 0 ? &gpu_grads : nullptr);
+    REQUIRE(cpu_loss.ok());
+    REQUIRE(gpu_loss.ok());
+    RequireLossClose(*gpu_loss, *cpu_loss);
+    REQUIRE(cpu.SgdStep(cpu_grads, 0.1f).ok());
+    REQUIRE(device->SgdStep(0.1f).ok());
+  }
+  std::vector<ParamTensor> downloaded = cpu.params();
+  REQUIRE(device->DownloadParams(&downloaded).ok());
+  RequireParamsClose(downloaded, cpu.params(), "after 5 device SGD steps");
+}
+
+TEST_CASE("DeviceMlpModel through workload::Model matches the CPU Mlp") {
+  REQUIRE(cuda::DeviceAvailable());
+  MlpOptions options;
+  options.seed = 9;
+  auto cpu_or = Mlp::Create(options);
+  auto gpu_or = cuda::DeviceMlpModel::Create(options);
+  REQUIRE(cpu_or.ok());
+  INFO(gpu_or.status().ToString());
+  REQUIRE(gpu_or.ok());
+  workload::Model& cpu = *cpu_or;
+  workload::Model& gpu = **gpu_or;
+  // Same seed, same initial parameters (host mirrors are the CPU's).
+  REQUIRE(gpu.num_parameters() == cpu.num_parameters());
+  for (size_t t = 0; t < cpu.params().size(); ++t) {
+    REQUIRE(gpu.params()[t].name == cpu.params()[t].name);
+    REQUIRE(gpu.params()[t].values == cpu.params()[t].values);
+  }
+  const Dataset data = MakeData(1100, 784, 10, 21);
+  Gradients cpu_grads = cpu.ZeroGradients(), gpu_grads = gpu.ZeroGradients();
+  for (int step = 0; step < 6; ++step) {
+    INFO("step " << step);
+    const int offset = step * 100;
+    auto cpu_loss = cpu.ComputeGradients(
+        data.image(offset), data.labels.data() + offset, 100, &cpu_grads);
+    auto gpu_loss = gpu.ComputeGradients(
+        data.image(offset), data.labels.data() + offset, 100, &gpu_grads);
+    REQUIRE(cpu_loss.ok());
+    REQUIRE(gpu_loss.ok());
+    RequireLossClose(*gpu_loss, *cpu_loss);
+    RequireClose(gpu_grads, cpu_grads, cpu.params(), "model gradients");
+    REQUIRE(cpu.SgdStep(cpu_grads, 0.1f).ok());
+    REQUIRE(gpu.SgdStep(gpu_grads, 0.1f).ok());
+  }
+  RequireParamsClose(gpu.params(), cpu.params(), "after 6 model SGD steps");
+
+  // A pull overwrites the host mirror: the next computation must use it.
+  for (size_t t = 0; t < cpu.params().size(); ++t) {
+    gpu.params()[t].values = cpu.params()[t].values;
+  }
+  auto cpu_loss = cpu.ComputeGradients(data.image(700),
+                                       data.labels.data() + 700, 50, &cpu_grads);
+  auto gpu_loss = gpu.ComputeGradients(data.image(700),
+                                       data.labels.data() + 700, 50, &gpu_grads);
+  REQUIRE(cpu_loss.ok());
+  REQUIRE(gpu_loss.ok());
+  RequireLossClose(*gpu_loss, *cpu_loss);
+  RequireClose(gpu_grads, cpu_grads, cpu.params(), "after overwrite");
+
+  // Evaluate: 1100 examples = two full device batches of 512 and a partial
+  // one. Predictions may differ only where two logits nearly tie.
+  auto cpu_acc = cpu.Evaluate(data);
+  auto gpu_acc = gpu.Evaluate(data);
+  REQUIRE(cpu_acc.ok());
+  INFO(gpu_acc.status().ToString());
+  REQUIRE(gpu_acc.ok());
+  INFO("cpu accuracy " << *cpu_acc << " gpu accuracy " << *gpu_acc);
+  REQUIRE(std::fabs(*gpu_acc - *cpu_acc) <= 3.0 / data.num_examples);
+}
+
+TEST_CASE("device evaluation agrees with the CPU's") {
+  REQUIRE(cuda::DeviceAvailable());
+  for (const std::vector<int>& sizes : kShapes) {
+    INFO("input " << sizes.front() << " layers " << sizes.size());
+    Mlp cpu = MakeCpu(sizes, 13);
+    const Dataset data = MakeData(1500, sizes.front(), sizes.back(), 17);
+    Gradients grads;
+    for (int step = 0; step < 10; ++step) {
+      REQUIRE(cpu.ComputeGradients(data.image(step * 100),
+                                   data.labels.data() + step * 100, 100,
+                                   &grads).ok());
+      REQUIRE(cpu.SgdStep(grads, 0.1f).ok());
+    }
+    auto device = MakeDevice(cpu);
+    for (int n : {1, 511, 512, 1500}) {
+      INFO(n << " examples");
+      const Dataset subset = workload::Subset(data, n);
+      auto cpu_acc = cpu.Evaluate(subset);
+      auto gpu_acc = device->Evaluate(subset);
+      REQUIRE(cpu_acc.ok());
+      REQUIRE(gpu_acc.ok());
+      INFO("cpu accuracy " << *cpu_acc << " gpu accuracy " << *gpu_acc);
+      REQUIRE(std::fabs(*gpu_acc - *cpu_acc) <= 3.0 / n + 1e-12);
+    }
+  }
+}
+
+TEST_CASE("device MLP refusals") {
+  REQUIRE(cuda::DeviceAvailable());
+  REQUIRE(cuda::DeviceMlp::Create({784}).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  REQUIRE(cuda::DeviceMlp::Create({784, 0, 10}).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  REQUIRE(cuda::DeviceMlp::Create({784, 300}).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+
+  Mlp cpu = MakeCpu({20, 10}, 1);
+  auto created = cuda::DeviceMlp::Create({20, 10});
+  REQUIRE(created.ok());
+  cuda::DeviceMlp& device = **created;
+  const Dataset data = MakeData(8, 20, 10, 2);
+  Gradients grads;
+  // Nothing uploaded yet.
+  REQUIRE(device.ComputeGradients(data.image(0), data.labels.data(), 8, &grads)
+              .status()
+              .code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(device.Evaluate(data).status().code() ==
+          absl::StatusCode::kFailedPrecondition);
+  REQUIRE(device.SgdStep(0.1f).code() == absl::StatusCode::kFailedPrecondition);
+
+  std::vector<ParamTensor> wrong = cpu.params();
+  wrong[0].shape = {20, 10};
+  REQUIRE(device.UploadParams(wrong).code() ==
+          absl::StatusCode::kInvalidArgument);
+  wrong = cpu.params();
+  wrong.pop_back();
+  REQUIRE(device.UploadParams(wrong).code() ==
+          absl::StatusCode::kInvalidArgument);
+  REQUIRE(device.UploadParams(cpu.params()).ok());
+
+  std::vector<uint8_t> labels = data.labels;
+  labels[3] = 10;
+  auto bad = device.ComputeGradients(data.image(0), labels.data(), 8, &grads);
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(bad.status().message() ==
+          cpu.ComputeGradients(data.image(0), labels.data(), 8, &grads)
+              .status()
+              .message());
+  REQUIRE(device.ComputeGradients(data.image(0), data.labels.data(), 0, &grads)
+              .status()
+              .code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(device.ComputeGradients(nullptr, data.labels.data(), 8, &grads)
+              .status()
+              .code() == absl::StatusCode::kInvalidArgument);
+
+  Dataset mismatched = MakeData(8, 21, 10, 3);
+  REQUIRE(device.Evaluate(mismatched).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  REQUIRE(device.Evaluate(Dataset{}).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace harrier

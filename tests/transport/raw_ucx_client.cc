@@ -1,0 +1,115 @@
+#include "tests/transport/raw_ucx_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "proto/harrier.grpc.pb.h"
+
+namespace harrier::testing {
+
+absl::StatusOr<std::unique_ptr<RawUcxClient>> RawUcxClient::Connect(
+    const std::string& grpc_address) {
+  auto stub = proto::ParameterService::NewStub(
+      grpc::CreateChannel(grpc_address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::TransportAddressRequest request;
+  request.set_transport("ucx");
+  proto::TransportAddressResponse response;
+  if (auto status = stub->GetTransportAddress(&context, request, &response); !status.ok()) {
+    return absl::UnavailableError(absl::StrCat("GetTransportAddress: ", status.error_message()));
+  }
+  std::unique_ptr<RawUcxClient> client(new RawUcxClient());
+  client->connection_id_ = std::random_device()() | (uint64_t{1} << 40);
+  auto worker = transport::UcxWorker::Start(
+      "raw-test-client", {{transport::kReplyAmId, &RawUcxClient::OnReply, client.get()}});
+  if (!worker.ok()) return worker.status();
+  client->worker_ = std::move(*worker);
+  RawUcxClient* raw = client.get();
+  std::mutex mutex;
+  std::condition_variable done;
+  absl::Status connected;
+  bool finished = false;
+  raw->worker_->Post([&, raw, address = response.address()] {
+    bool detects_failure = false;
+    auto ep = raw->worker_->Connect(address, &RawUcxClient::OnError, raw, &detects_failure);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (ep.ok()) raw->ep_ = *ep;
+    connected = ep.status();
+    finished = true;
+    done.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    done.wait(lock, [&] { return finished; });
+  }
+  if (!connected.ok()) return connected;
+  transport::Frame hello;
+  hello.op = transport::Op::kHello;
+  hello.payload_bytes = client->worker_->address().size();
+  if (auto status = client->Call(hello, "", client->worker_->address()); !status.ok()) {
+    return status;
+  }
+  return client;
+}
+
+RawUcxClient::~RawUcxClient() {
+  if (!worker_) return;
+  worker_->Post([this] {
+    if (ep_ != nullptr) worker_->CloseEndpoint(ep_);
+    ep_ = nullptr;
+  });
+  worker_->Stop();
+}
+
+void RawUcxClient::Abandon() { worker_.reset(); }
+
+absl::Status RawUcxClient::Call(transport::Frame frame, const std::string& body,
+                                const std::string& data, absl::Duration timeout) {
+  frame.connection_id = connection_id_;
+  frame.request_id = next_request_++;
+  std::string header = transport::EncodeHeader(frame, body);
+  // `data` outlives the send: this call waits for the reply, which the shard
+  // sends only after it has received the data.
+  worker_->Post([this, header = std::move(header), &data]() mutable {
+    if (ep_ == nullptr) return;
+    worker_->SendAm(ep_, transport::kRequestAmId, std::move(header), data.data(), data.size(),
+                    [](ucs_status_t) {});
+  });
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t id = frame.request_id;
+  if (!changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                         [&] { return replies_.count(id) > 0 || !failure_.ok(); })) {
+    return absl::DeadlineExceededError("no reply from the shard");
+  }
+  if (replies_.count(id) == 0) return failure_;
+  absl::Status status = replies_[id];
+  replies_.erase(id);
+  return status;
+}
+
+ucs_status_t RawUcxClient::OnReply(void* arg, const void* header, size_t header_length, void*,
+                                   size_t, const ucp_am_recv_param_t*) {
+  auto* self = static_cast<RawUcxClient*>(arg);
+  transport::Frame frame;
+  absl::string_view body;
+  if (!transport::DecodeHeader(header, header_length, &frame, &body).ok()) return UCS_OK;
+  if (frame.op != transport::Op::kStatus) return UCS_OK;  // reply chunks: dropped
+  std::lock_guard<std::mutex> lock(self->mutex_);
+  self->replies_[frame.request_id] = transport::DecodeStatus(frame, body);
+  self->changed_.notify_all();
+  return UCS_OK;
+}
+
+void RawUcxClient::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<RawUcxClient*>(arg);
+  self->worker_->CloseEndpoint(ep);
+  self->ep_ = nullptr;
+  std::lock_guard<std::mutex> lock(self->mutex_);
+  self->failure_ = absl::UnavailableError(ucs_status_string(status));
+  self->changed_.notify_all();
+}
+
+}  // namespace harrier::testing

@@ -1,0 +1,56 @@
+#ifndef HARRIER_TESTS_TRANSPORT_RAW_UCX_CLIENT_H_
+#define HARRIER_TESTS_TRANSPORT_RAW_UCX_CLIENT_H_
+
+// A framing-level UCX client for tests: sends arbitrary (also malformed)
+// frames to a shard and waits for the status reply, so bad input can be
+// sent that UcxShardTransport would never produce.
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/transport/framing.h"
+#include "common/transport/ucx_worker.h"
+
+namespace harrier::testing {
+
+// Thread-compatible: one call at a time.
+class RawUcxClient {
+ public:
+  // Fetches the shard's UCX address over gRPC and says hello.
+  static absl::StatusOr<std::unique_ptr<RawUcxClient>> Connect(const std::string& grpc_address);
+  ~RawUcxClient();
+
+  // Sends one request AM: header = `frame` (connection and request ids
+  // filled in) + `body`, data = `data`; returns the status the shard
+  // replied with (reply chunks are dropped).
+  absl::Status Call(transport::Frame frame, const std::string& body, const std::string& data,
+                    absl::Duration timeout = absl::Seconds(10));
+
+  // Stops the worker without closing the endpoint, as a crashed process
+  // would leave it.
+  void Abandon();
+
+ private:
+  RawUcxClient() = default;
+  static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param);
+  static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  uint64_t connection_id_ = 0;
+  uint64_t next_request_ = 1;
+  ucp_ep_h ep_ = nullptr;  // progress thread only
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<uint64_t, absl::Status> replies_;  // guarded by mutex_
+  absl::Status failure_;                      // guarded by mutex_
+  std::unique_ptr<transport::UcxWorker> worker_;
+};
+
+}  // namespace harrier::testing
+
+#endif  // HARRIER_TESTS_TRANSPORT_RAW_UCX_CLIENT_H_

@@ -1,0 +1,372 @@
+// One conformance suite for every ShardTransport backend. The backend is
+// chosen by the environment (see BUILD): HARRIER_TEST_TRANSPORT=grpc|ucx,
+// and for UCX, UCX_TLS (inherited by the harrier-server children, which run
+// with --ucx). Every case must give the same answers over every backend.
+#include <catch2/catch.hpp>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "common/crc32c.h"
+#include "common/grpc_limits.h"
+#include "common/transport/framing.h"
+#include "proto/harrier.grpc.pb.h"
+#include "tests/integration/server_process.h"
+#include "tests/transport/raw_ucx_client.h"
+#include "worker/client.h"
+
+namespace harrier {
+namespace {
+
+std::string Transport() {
+  const char* value = std::getenv("HARRIER_TEST_TRANSPORT");
+  return value == nullptr ? "grpc" : value;
+}
+
+std::vector<std::string> ServerFlags(std::vector<std::string> flags) {
+  if (Transport() == "ucx") flags.push_back("--ucx");
+  return flags;
+}
+
+ClientOptions Options(const std::vector<std::unique_ptr<testing::ServerProcess>>& servers) {
+  ClientOptions options;
+  options.servers = testing::Addresses(servers);
+  options.transport = Transport();
+  options.rpc_timeout = absl::Seconds(30);
+  options.heartbeat_interval = absl::ZeroDuration();
+  return options;
+}
+
+#define REQUIRE_OK(expr)                          \
+  do {                                            \
+    const absl::Status status_ = (expr);          \
+    INFO(status_.ToString());                     \
+    REQUIRE(status_.ok());                        \
+  } while (false)
+
+TEST_CASE("push, pull and push-pull round trip exactly") {
+  INFO("transport " << Transport());
+  auto servers = testing::StartCluster(1, 1, ServerFlags({"--optimizer=sgd", "--lr=1"}));
+  REQUIRE(servers.ok());
+  auto client = Client::Create(Options(*servers));
+  REQUIRE_OK(client.status());
+  // 1.5M elements: two chunks of up to 4 MiB, sent by rendezvous over UCX.
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{1500000}}) {
+    INFO("elements " << n);
+    const std::string name = "t" + std::to_string(n);
+    std::vector<float> init(n), grad(n), out(n);
+    for (size_t i = 0; i < n; ++i) {
+      init[i] = static_cast<float>(i % 101);
+      grad[i] = static_cast<float>(i % 7);
+    }
+    REQUIRE_OK((*client)->RegisterTensor(name, {static_cast<int64_t>(n)}, init));
+    REQUIRE_OK((*client)->Pull(name, absl::MakeSpan(out)));
+    REQUIRE(out == init);
+  }
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{1500000}}) {
+    const std::string name = "t" + std::to_string(n);
+    std::vector<float> grad(n), out(n);
+    for (size_t i = 0; i < n; ++i) grad[i] = static_cast<float>(i % 7);
+    REQUIRE_OK((*client)->Push(name, grad));
+  }
+  (*client)->Clock();
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{1500000}}) {
+    const std::string name = "t" + std::to_string(n);
+    std::vector<float> grad(n), out(n);
+    REQUIRE_OK((*client)->Pull(name, absl::MakeSpan(out)));
+    for (size_t i = 0; i < n; ++i) REQUIRE(out[i] == static_cast<float>(i % 101) - (i % 7));
+    // Push-pull: a second step, answered with the parameters after it.
+    for (size_t i = 0; i < n; ++i) grad[i] = 1.0f;
+    REQUIRE_OK((*client)->PushPull(name, grad, absl::MakeSpan(out)));
+    for (size_t i = 0; i < n; ++i) {
+      REQUIRE(out[i] == static_cast<float>(i % 101) - (i % 7) - 1.0f);
+    }
+  }
+}
+
+// Worker r's gradient at iteration t; the average over 3 workers is an
+// exact integer, so SGD with lr = 1 stays exact in fp32.
+float Gradient(int rank, int t, size_t i) {
+  return static_cast<float>((rank + 1) * (1 + (i + t) % 7));
+}
+float Initial(size_t i) { return static_cast<float>(i % 11); }
+float Expected(int t, size_t i) {
+  float value = Initial(i);
+  for (int k = 0; k < t; ++k) value -= 2.0f * (1 + (i + k) % 7);
+  return value;
+}
+
+TEST_CASE("BSP: 2 shards, 3 workers are exact") {
+  INFO("transport " << Transport());
+  constexpr int kWorkers = 3;
+  constexpr int kIterations = 6;
+  auto servers =
+      testing::StartCluster(2, kWorkers, ServerFlags({"--optimizer=sgd", "--lr=1", "--sync=bsp"}));
+  REQUIRE(servers.ok());
+  const std::vector<std::pair<std::string, size_t>> tensors = {
+      {"scalar", 1}, {"small", 1000}, {"big", 1500000}};
+  std::vector<std::string> failures(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      auto fail = [&](const std::string& what) { failures[w] = what; };
+      auto client = Client::Create(Options(*servers));
+      if (!client.ok()) return fail(client.status().ToString());
+      const int rank = (*client)->rank();
+      std::vector<std::vector<float>> params(tensors.size()), grads(tensors.size());
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        std::vector<float> init(tensors[k].second);
+        for (size_t i = 0; i < init.size(); ++i) init[i] = Initial(i);
+        auto status = (*client)->RegisterTensor(
+            tensors[k].first, {static_cast<int64_t>(tensors[k].second)}, init);
+        if (!status.ok()) return fail(status.ToString());
+        params[k].resize(tensors[k].second);
+        grads[k].resize(tensors[k].second);
+      }
+      // Odd iterations use PushPull, even ones Pull then Push.
+      for (int k = 0; k < static_cast<int>(tensors.size()); ++k) {
+        if (auto s = (*client)->Pull(tensors[k].first, absl::MakeSpan(params[k])); !s.ok()) {
+          return fail(s.ToString());
+        }
+      }
+      for (int t = 0; t < kIterations; ++t) {
+        for (size_t k = 0; k < tensors.size(); ++k) {
+          for (size_t i = 0; i < params[k].size(); ++i) {
+            if (params[k][i] != Expected(t, i)) {
+              return fail("clock " + std::to_string(t) + " " + tensors[k].first + "[" +
+                          std::to_string(i) + "] = " + std::to_string(params[k][i]));
+            }
+            grads[k][i] = Gradient(rank, t, i);
+          }
+        }
+        std::vector<Client::Handle> handles;
+        for (size_t k = 0; k < tensors.size(); ++k) {
+          handles.push_back(t % 2 == 1 ? (*client)->PushPullAsync(tensors[k].first, grads[k],
+                                                                  absl::MakeSpan(params[k]))
+                                       : (*client)->PushAsync(tensors[k].first, grads[k]));
+        }
+        for (auto handle : handles) {
+          if (auto s = (*client)->Wait(handle); !s.ok()) return fail(s.ToString());
+        }
+        (*client)->Clock();
+        if (t % 2 == 0) {
+          handles.clear();
+          for (size_t k = 0; k < tensors.size(); ++k) {
+            handles.push_back((*client)->PullAsync(tensors[k].first, absl::MakeSpan(params[k])));
+          }
+          for (auto handle : handles) {
+            if (auto s = (*client)->Wait(handle); !s.ok()) return fail(s.ToString());
+          }
+        }
+      }
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        for (size_t i = 0; i < params[k].size(); ++i) {
+          if (params[k][i] != Expected(kIterations, i)) return fail("final values wrong");
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int w = 0; w < kWorkers; ++w) {
+    INFO("worker " << w << ": " << failures[w]);
+    CHECK(failures[w].empty());
+  }
+}
+
+// --- Bad input, below the client library. ---
+
+constexpr size_t kElements = 8;
+
+proto::TensorChunk MakePush(const std::string& key, size_t n, float value) {
+  std::vector<float> gradient(n, value);
+  proto::TensorChunk chunk;
+  chunk.set_key(key);
+  chunk.set_num_elements(kElements);
+  chunk.set_dtype(proto::DTYPE_FLOAT32);
+  chunk.mutable_payload()->assign(reinterpret_cast<const char*>(gradient.data()),
+                                  n * sizeof(float));
+  chunk.set_checksum(Crc32c(chunk.payload().data(), chunk.payload().size()));
+  return chunk;
+}
+
+// Sends one push of raw messages straight to a shard.
+class RawShard {
+ public:
+  virtual ~RawShard() = default;
+  // `header`: the chunk's serialized fields without payload (or garbage).
+  virtual absl::Status Push(const std::string& header, const std::string& payload) = 0;
+  absl::Status Push(const proto::TensorChunk& chunk) {
+    return Push(transport::EncodeChunkHeader(chunk), chunk.payload());
+  }
+};
+
+// gRPC: a generic stub writes the bytes as they are, so even a message that
+// does not parse reaches the shard.
+class GrpcRawShard : public RawShard {
+ public:
+  explicit GrpcRawShard(const std::string& address)
+      : channel_(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                           MakeChannelArguments())) {}
+
+  using RawShard::Push;
+  absl::Status Push(const std::string& header, const std::string& payload) override {
+    std::string message = header;
+    proto::TensorChunk chunk;
+    if (chunk.ParseFromString(header)) {
+      chunk.set_payload(payload);
+      message = chunk.SerializeAsString();
+    }
+    grpc::GenericStub stub(channel_);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::CompletionQueue queue;
+    void* tag = nullptr;
+    bool ok = false;
+    auto call = stub.PrepareCall(&context, "/harrier.proto.ParameterService/Push", &queue);
+    call->StartCall(reinterpret_cast<void*>(1));
+    queue.Next(&tag, &ok);
+    grpc::Slice slice(message);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(2));
+    queue.Next(&tag, &ok);
+    call->WritesDone(reinterpret_cast<void*>(3));
+    queue.Next(&tag, &ok);
+    grpc::ByteBuffer response;
+    call->Read(&response, reinterpret_cast<void*>(4));
+    queue.Next(&tag, &ok);
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(5));
+    queue.Next(&tag, &ok);
+    queue.Shutdown();
+    while (queue.Next(&tag, &ok)) {
+    }
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        status.error_message());
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+class UcxRawShard : public RawShard {
+ public:
+  explicit UcxRawShard(std::unique_ptr<testing::RawUcxClient> client)
+      : client_(std::move(client)) {}
+  using RawShard::Push;
+  absl::Status Push(const std::string& header, const std::string& payload) override {
+    return PushDeclaring(header, payload, payload.size());
+  }
+  absl::Status PushDeclaring(const std::string& header, const std::string& payload,
+                             uint64_t declared) {
+    transport::Frame frame;
+    frame.op = transport::Op::kPush;
+    frame.count = 1;
+    frame.payload_bytes = declared;
+    frame.arg = 10000;
+    return client_->Call(frame, header, payload);
+  }
+  testing::RawUcxClient& client() { return *client_; }
+
+ private:
+  std::unique_ptr<testing::RawUcxClient> client_;
+};
+
+void RequireRefused(const absl::Status& status, absl::StatusCode code, const std::string& needle) {
+  INFO("status: " << status.ToString());
+  REQUIRE(status.code() == code);
+  REQUIRE(status.message().find(needle) != absl::string_view::npos);
+}
+
+TEST_CASE("bad input gets the same status codes and changes nothing") {
+  INFO("transport " << Transport());
+  auto servers = testing::StartCluster(1, 1, ServerFlags({"--optimizer=sgd", "--lr=1"}));
+  REQUIRE(servers.ok());
+  auto client = Client::Create(Options(*servers));
+  REQUIRE_OK(client.status());
+  std::vector<float> init(kElements), before(kElements), after(kElements);
+  for (size_t i = 0; i < kElements; ++i) init[i] = static_cast<float>(i);
+  REQUIRE_OK((*client)->RegisterTensor("w", {kElements}, init));
+  REQUIRE_OK((*client)->Pull("w", absl::MakeSpan(before)));
+
+  std::unique_ptr<RawShard> raw;
+  UcxRawShard* ucx = nullptr;
+  if (Transport() == "ucx") {
+    auto connected = testing::RawUcxClient::Connect((*servers)[0]->address());
+    REQUIRE_OK(connected.status());
+    auto shard = std::make_unique<UcxRawShard>(std::move(*connected));
+    ucx = shard.get();
+    raw = std::move(shard);
+  } else {
+    raw = std::make_unique<GrpcRawShard>((*servers)[0]->address());
+  }
+
+  SECTION("malformed header") {
+    // Bytes that are not a TensorChunk.
+    auto status = raw->Push(std::string("\xff\xff\xff\xff\x0f", 5), std::string(32, '\0'));
+    // Both backends parse the message themselves (gRPC's Push is a raw
+    // method), so both refuse it rather than end the stream early.
+    RequireRefused(status, absl::StatusCode::kInvalidArgument, "malformed");
+  }
+  SECTION("payload length disagrees with the header") {
+    auto chunk = MakePush("w", kElements - 1, 1.0f);
+    RequireRefused(raw->Push(chunk), absl::StatusCode::kInvalidArgument, "payload");
+    if (ucx != nullptr) {
+      // The frame announces more bytes than the AM data carries.
+      auto good = MakePush("w", kElements, 1.0f);
+      RequireRefused(ucx->PushDeclaring(transport::EncodeChunkHeader(good), good.payload(),
+                                        good.payload().size() + 4),
+                     absl::StatusCode::kInvalidArgument, "payload length");
+    }
+  }
+  SECTION("unknown key") {
+    RequireRefused(raw->Push(MakePush("nope", kElements, 1.0f)), absl::StatusCode::kNotFound,
+                   "'nope'");
+    std::vector<float> values(kElements);
+    auto status = (*client)->Pull("nope", absl::MakeSpan(values));
+    REQUIRE(!status.ok());
+  }
+  SECTION("a dead raw peer leaves the shard serving") {
+    if (ucx != nullptr) ucx->client().Abandon();
+    raw.reset();
+  }
+
+  // Nothing changed, and the shard still serves over the same transport.
+  REQUIRE_OK((*client)->Pull("w", absl::MakeSpan(after)));
+  REQUIRE(after == before);
+  std::vector<float> ones(kElements, 1.0f);
+  REQUIRE_OK((*client)->Push("w", ones));
+  (*client)->Clock();
+  REQUIRE_OK((*client)->Pull("w", absl::MakeSpan(after)));
+  for (size_t i = 0; i < kElements; ++i) REQUIRE(after[i] == before[i] - 1.0f);
+}
+
+TEST_CASE("a dead shard fails calls with UNAVAILABLE instead of hanging") {
+  INFO("transport " << Transport());
+  auto servers = testing::StartCluster(1, 1, ServerFlags({}));
+  REQUIRE(servers.ok());
+  auto options = Options(*servers);
+  options.rpc_timeout = absl::Seconds(20);
+  options.retry_timeout = absl::ZeroDuration();  // no retries: see the first error
+  auto client = Client::Create(options);
+  REQUIRE_OK(client.status());
+  std::vector<float> values(1000, 1.0f);
+  REQUIRE_OK((*client)->RegisterTensor("w", {1000}, values));
+  (*servers)[0]->process().Signal(SIGKILL);
+  REQUIRE((*servers)[0]->process().WaitForExit(5000) >= 0);
+  const absl::Time start = absl::Now();
+  auto status = (*client)->Pull("w", absl::MakeSpan(values));
+  INFO(status.ToString());
+  fprintf(stderr, "KILLED %s\n", absl::FormatTime(start).c_str());
+  WARN("dead shard: " << status.ToString() << " after " << absl::FormatDuration(absl::Now() - start));
+  REQUIRE(status.code() == absl::StatusCode::kUnavailable);
+  const absl::Duration took = absl::Now() - start;
+  INFO("took " << absl::FormatDuration(took));
+  REQUIRE(took < absl::Seconds(15));
+}
+
+}  // namespace
+}  // namespace harrier

@@ -1,0 +1,406 @@
+#include "worker/transport/ucx/ucx_transport.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/transport/framing.h"
+#include "spdlog/spdlog.h"
+
+namespace harrier {
+
+using transport::Frame;
+using transport::Op;
+
+// One shard connection. `ep` is touched on the progress thread only.
+struct UcxPeer {
+  UcxClientContext* context = nullptr;
+  uint64_t id = 0;
+  std::string name;
+  ucp_ep_h ep = nullptr;
+  std::atomic<bool> detects_failure{true};  // false: poll peer_alive instead
+  std::function<bool()> peer_alive;
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  absl::Status failure;  // guarded by mutex
+};
+
+// One request in flight. The calling thread waits on `changed`; the
+// progress thread fills it in.
+struct UcxCall {
+  std::shared_ptr<UcxPeer> peer;
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool have_status = false;
+  absl::Status status;        // the shard's
+  uint32_t expected = 0;      // reply chunks the status announced
+  uint32_t received = 0;
+  std::vector<proto::TensorChunk> replies;  // by index
+  absl::Status failure;       // transport-level: peer lost, send failed
+  bool cancelled = false;
+  int sends_in_flight = 0;
+
+  bool Complete() const { return have_status && received >= expected; }
+};
+
+namespace {
+
+uint64_t RandomConnectionId() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ device() ^ (++counter << 48);
+}
+
+int64_t TimeoutMs(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return -1;
+  return std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+}
+
+void Fail(UcxCall& call, const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(call.mutex);
+  if (call.failure.ok()) call.failure = status;
+  call.changed.notify_all();
+}
+
+void Deliver(UcxCall& call, uint32_t index, proto::TensorChunk chunk) {
+  std::lock_guard<std::mutex> lock(call.mutex);
+  if (index >= call.replies.size()) call.replies.resize(index + 1);
+  call.replies[index] = std::move(chunk);
+  ++call.received;
+  call.changed.notify_all();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<UcxClientContext>> UcxClientContext::Create(
+    const std::string& name) {
+  std::shared_ptr<UcxClientContext> context(new UcxClientContext());
+  auto worker = transport::UcxWorker::Start(
+      name, {{transport::kReplyAmId, &UcxClientContext::OnReply, context.get()}});
+  if (!worker.ok()) return worker.status();
+  context->worker_ = std::move(*worker);
+  return context;
+}
+
+UcxClientContext::~UcxClientContext() {
+  if (!worker_) return;
+  worker_->Post([this] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& peer : peers_) {
+      if (peer->ep != nullptr) worker_->CloseEndpoint(peer->ep);
+      peer->ep = nullptr;
+    }
+  });
+  worker_->Stop();
+}
+
+absl::StatusOr<std::unique_ptr<UcxShardTransport>> UcxClientContext::Connect(
+    std::shared_ptr<UcxClientContext> context, const std::string& peer_name,
+    const std::string& address, absl::Time deadline, std::function<bool()> peer_alive) {
+  auto peer = std::make_shared<UcxPeer>();
+  peer->peer_alive = std::move(peer_alive);
+  peer->context = context.get();
+  peer->id = RandomConnectionId();
+  peer->name = peer_name;
+  {
+    std::lock_guard<std::mutex> lock(context->mutex_);
+    context->peers_.push_back(peer);  // kept until the context ends: the error handler's arg
+  }
+  UcxClientContext* raw = context.get();
+  raw->worker_->Post([raw, peer, address] {
+    bool detects_failure = false;
+    auto ep = raw->worker_->Connect(address, &UcxClientContext::OnPeerError, peer.get(),
+                                    &detects_failure);
+    if (ep.ok()) {
+      peer->ep = *ep;
+      peer->detects_failure = detects_failure;
+      return;
+    }
+    std::lock_guard<std::mutex> lock(peer->mutex);
+    peer->failure = absl::UnavailableError(
+        absl::StrCat("cannot open a UCX endpoint: ", ep.status().message()));
+    peer->failed = true;
+  });
+  // Hello: our worker address, so the shard can open an endpoint back.
+  Frame frame;
+  frame.op = Op::kHello;
+  frame.connection_id = peer->id;
+  frame.request_id = raw->NextRequestId();
+  frame.payload_bytes = raw->worker_->address().size();
+  frame.arg = TimeoutMs(deadline);
+  std::vector<Message> messages;
+  messages.push_back({transport::EncodeHeader(frame, {}), raw->worker_->address().data(),
+                      raw->worker_->address().size()});
+  CallCanceller canceller;
+  absl::Status status =
+      raw->Execute(peer, frame.request_id, std::move(messages), nullptr, deadline, canceller);
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat("UCX connect to ", peer_name, ": ", status.message()));
+  }
+  return std::make_unique<UcxShardTransport>(std::move(context), std::move(peer));
+}
+
+std::shared_ptr<UcxCall> UcxClientContext::FindCall(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = calls_.find(request_id);
+  return it == calls_.end() ? nullptr : it->second;
+}
+
+absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t request_id,
+                                       std::vector<Message> messages,
+                                       const ChunkViewSink* sink, absl::Time deadline,
+                                       CallCanceller& canceller) {
+  if (peer->failed) {
+    std::lock_guard<std::mutex> lock(peer->mutex);
+    return peer->failure;
+  }
+  auto call = std::make_shared<UcxCall>();
+  call->peer = peer;
+  call->sends_in_flight = static_cast<int>(messages.size());
+  if (!canceller.Register(call.get(), [call] {
+        std::lock_guard<std::mutex> lock(call->mutex);
+        call->cancelled = true;
+        call->changed.notify_all();
+      })) {
+    return absl::CancelledError("operation cancelled");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    calls_[request_id] = call;
+  }
+  worker_->Post([this, call, peer, messages = std::move(messages)]() mutable {
+    for (Message& message : messages) {
+      if (peer->ep == nullptr) {  // failed meanwhile: these sends never start
+        std::lock_guard<std::mutex> lock(call->mutex);
+        --call->sends_in_flight;
+        if (call->failure.ok()) {
+          std::lock_guard<std::mutex> peer_lock(peer->mutex);
+          call->failure = peer->failure.ok()
+                              ? absl::UnavailableError("UCX endpoint not connected")
+                              : peer->failure;
+        }
+        call->changed.notify_all();
+        continue;
+      }
+      worker_->SendAm(peer->ep, transport::kRequestAmId, std::move(message.header), message.data,
+                      message.bytes, [call](ucs_status_t status) {
+                        std::lock_guard<std::mutex> lock(call->mutex);
+                        --call->sends_in_flight;
+                        if (status != UCS_OK && call->failure.ok()) {
+                          call->failure = absl::UnavailableError(
+                              absl::StrCat("UCX send failed: ", ucs_status_string(status)));
+                        }
+                        call->changed.notify_all();
+                      });
+    }
+  });
+
+  absl::Status result;
+  std::vector<proto::TensorChunk> replies;
+  bool answered = false;
+  {
+    std::unique_lock<std::mutex> lock(call->mutex);
+    auto done = [&] { return call->Complete() || call->cancelled || !call->failure.ok(); };
+    bool finished = false;
+    if (peer->detects_failure || !peer->peer_alive) {
+      finished = call->changed.wait_until(lock, absl::ToChronoTime(deadline), done);
+    } else {
+      // UCX cannot tell us the shard died: ask the probe now and then.
+      while (!finished && absl::Now() < deadline) {
+        finished = call->changed.wait_until(
+            lock, absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(200))),
+            done);
+        if (finished) break;
+        lock.unlock();
+        const bool alive = peer->peer_alive();
+        if (!alive) {
+          const absl::Status failure = absl::UnavailableError(
+              "shard unreachable (its gRPC channel failed; shared-memory UCX cannot detect a "
+              "dead peer itself)");
+          UcxPeer* raw_peer = peer.get();
+          worker_->Post([this, raw_peer, failure] { FailPeer(raw_peer, failure); });
+        }
+        lock.lock();
+      }
+    }
+    answered = finished && call->Complete();
+    if (answered) {
+      result = call->status;
+      replies = std::move(call->replies);
+    } else if (!call->failure.ok()) {
+      result = call->failure;
+    } else if (call->cancelled) {
+      result = absl::CancelledError("operation cancelled");
+    } else {
+      result = absl::DeadlineExceededError(
+          "no UCX reply before the deadline");
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    calls_.erase(request_id);
+  }
+  if (!answered && (result.code() == absl::StatusCode::kCancelled ||
+                    result.code() == absl::StatusCode::kDeadlineExceeded)) {
+    // Best effort: let the shard stop waiting for us.
+    Frame frame;
+    frame.op = Op::kCancel;
+    frame.connection_id = peer->id;
+    frame.request_id = request_id;
+    worker_->Post([this, peer, header = transport::EncodeHeader(frame, {})]() mutable {
+      if (peer->ep == nullptr) return;
+      worker_->SendAm(peer->ep, transport::kRequestAmId, std::move(header), nullptr, 0,
+                      [](ucs_status_t) {});
+    });
+  }
+  {
+    // The payloads belong to the caller: wait until UCX is done reading
+    // them. Sends end quickly: the shard takes data as it arrives, and a
+    // failed peer completes them with an error.
+    std::unique_lock<std::mutex> lock(call->mutex);
+    call->changed.wait(lock, [&] { return call->sends_in_flight == 0; });
+  }
+  canceller.Unregister(call.get());
+  if (!result.ok() || sink == nullptr) return result;
+  for (const proto::TensorChunk& reply : replies) {
+    if (auto status = (*sink)(reply, PayloadView(reply.payload())); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t header_length,
+                                       void* data, size_t length,
+                                       const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxClientContext*>(arg);
+  Frame frame;
+  absl::string_view body;
+  if (auto status = transport::DecodeHeader(header, header_length, &frame, &body); !status.ok()) {
+    spdlog::warn("ucx dropped a reply: {}", std::string(status.message()));
+    return UCS_OK;
+  }
+  auto call = self->FindCall(frame.request_id);
+  if (call == nullptr) return UCS_OK;  // abandoned (deadline, cancel): dropped
+  if (frame.op == Op::kStatus) {
+    std::lock_guard<std::mutex> lock(call->mutex);
+    call->have_status = true;
+    call->status = transport::DecodeStatus(frame, body);
+    call->expected = frame.count;
+    call->changed.notify_all();
+    return UCS_OK;
+  }
+  proto::TensorChunk chunk;
+  if (frame.op != Op::kReplyChunk || frame.index >= transport::kMaxChunksPerCall ||
+      frame.payload_bytes != length || !chunk.ParseFromArray(body.data(), body.size())) {
+    Fail(*call, absl::InternalError("malformed UCX reply"));
+    return UCS_OK;
+  }
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+    chunk.set_payload(data, length);
+    Deliver(*call, frame.index, std::move(chunk));
+    return UCS_OK;
+  }
+  auto reply = std::make_shared<proto::TensorChunk>(std::move(chunk));
+  reply->mutable_payload()->resize(length);
+  const uint32_t index = frame.index;
+  self->worker_->ReceiveData(data, reply->mutable_payload()->data(), length,
+                             [call, reply, index](ucs_status_t status) {
+                               if (status != UCS_OK) {
+                                 Fail(*call, absl::UnavailableError(absl::StrCat(
+                                                 "UCX receive failed: ", ucs_status_string(status))));
+                                 return;
+                               }
+                               Deliver(*call, index, std::move(*reply));
+                             });
+  return UCS_OK;
+}
+
+void UcxClientContext::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* peer = static_cast<UcxPeer*>(arg);
+  spdlog::warn("ucx peer={} failed: {}", peer->name, ucs_status_string(status));
+  peer->context->FailPeer(
+      peer, absl::UnavailableError(absl::StrCat("UCX connection lost: ", ucs_status_string(status))));
+}
+
+void UcxClientContext::FailPeer(UcxPeer* peer, const absl::Status& failure) {
+  {
+    std::lock_guard<std::mutex> lock(peer->mutex);
+    if (peer->failure.ok()) peer->failure = failure;
+    peer->failed = true;
+  }
+  if (peer->ep != nullptr) worker_->CloseEndpoint(peer->ep);
+  peer->ep = nullptr;
+  std::vector<std::shared_ptr<UcxCall>> affected;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& entry : calls_) {
+      if (entry.second->peer.get() == peer) affected.push_back(entry.second);
+    }
+  }
+  for (auto& call : affected) Fail(*call, failure);
+}
+
+UcxShardTransport::UcxShardTransport(std::shared_ptr<UcxClientContext> context,
+                                     std::shared_ptr<UcxPeer> peer)
+    : context_(std::move(context)), peer_(std::move(peer)) {}
+
+UcxShardTransport::~UcxShardTransport() = default;  // the context closes the endpoint
+
+absl::Status UcxShardTransport::RegisterMemory(void*, size_t, MemoryKind kind) {
+  if (kind != MemoryKind::kHost) {
+    return absl::UnimplementedError("the UCX transport reads host memory only");
+  }
+  // Nothing to do: UCX registers send buffers on the fly (and caches them).
+  return absl::OkStatus();
+}
+
+absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks,
+                                           bool then_pull, const ChunkViewSink* sink,
+                                           absl::Time deadline, CallCanceller& canceller) {
+  Frame frame;
+  frame.op = then_pull ? Op::kPushPull : Op::kPush;
+  frame.connection_id = peer_->id;
+  frame.request_id = context_->NextRequestId();
+  frame.count = static_cast<uint32_t>(chunks.size());
+  frame.arg = TimeoutMs(deadline);
+  std::vector<UcxClientContext::Message> messages;
+  if (chunks.empty()) messages.push_back({transport::EncodeHeader(frame, {}), nullptr, 0});
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const absl::string_view payload = chunks[i].payload();
+    frame.index = static_cast<uint32_t>(i);
+    frame.payload_bytes = payload.size();
+    // The header's payload field is empty (OutgoingChunk's contract), so it
+    // serializes as the chunk's fields alone.
+    messages.push_back({transport::EncodeHeader(frame, chunks[i].header.SerializeAsString()),
+                        payload.data(), payload.size()});
+  }
+  return context_->Execute(peer_, frame.request_id, std::move(messages), sink, deadline,
+                           canceller);
+}
+
+absl::Status UcxShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
+                                     absl::Time deadline, CallCanceller& canceller) {
+  return SendChunks(chunks, false, nullptr, deadline, canceller);
+}
+
+absl::Status UcxShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
+                                         const ChunkViewSink& sink, absl::Time deadline,
+                                         CallCanceller& canceller) {
+  return SendChunks(chunks, true, &sink, deadline, canceller);
+}
+
+absl::Status UcxShardTransport::Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
+                                     absl::Time deadline, CallCanceller& canceller) {
+  Frame frame;
+  frame.op = Op::kPull;
+  frame.connection_id = peer_->id;
+  frame.request_id = context_->NextRequestId();
+  frame.arg = TimeoutMs(deadline);
+  std::vector<UcxClientContext::Message> messages;
+  messages.push_back({transport::EncodeHeader(frame, request.SerializeAsString()), nullptr, 0});
+  return context_->Execute(peer_, frame.request_id, std::move(messages), &sink, deadline,
+                           canceller);
+}
+
+}  // namespace harrier

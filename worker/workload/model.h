@@ -1,0 +1,72 @@
+#ifndef HARRIER_WORKER_WORKLOAD_MODEL_H_
+#define HARRIER_WORKER_WORKLOAD_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/workload/fashion_mnist.h"
+
+namespace harrier::workload {
+
+// One named parameter: `values` holds the product of `shape` floats,
+// row-major. This is the unit a parameter-server client pulls and pushes.
+struct ParamTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+// Gradients, one float vector per parameter tensor, in the same order and
+// with the same sizes as Model::params().
+using Gradients = std::vector<std::vector<float>>;
+
+// What the trainer needs from a model, wherever it computes: named host
+// parameter tensors it pulls into and pushes from, gradients of a batch, a
+// local SGD step and test-set accuracy. Implemented by the CPU workload::Mlp
+// and by cuda::DeviceMlpModel (//cuda, --config=cuda builds only), whose
+// params() are host mirrors uploaded to the device before each computation.
+//
+// Not thread-safe as an interface: callers use a model from one thread at a
+// time (an implementation may document more). Errors are InvalidArgument for
+// bad arguments; a device model may also return Internal for device errors.
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // The parameters, in a fixed order. Callers may overwrite `values` (e.g.
+  // after a pull) but must keep the names, shapes and sizes; the next
+  // ComputeGradients / Evaluate uses the new values.
+  virtual std::vector<ParamTensor>& params() = 0;
+  virtual const std::vector<ParamTensor>& params() const = 0;
+
+  virtual int input_size() const = 0;
+  virtual int num_classes() const = 0;
+  virtual int64_t num_parameters() const = 0;
+
+  // Zero-filled gradients in the params() layout.
+  virtual Gradients ZeroGradients() const = 0;
+
+  // Forward and backward over `batch_size` examples: `images` holds
+  // batch_size * input_size() floats, `labels` batch_size class indices,
+  // both in host memory and borrowed for the call. Returns the mean
+  // cross-entropy loss (nats) and writes d(mean loss)/d(param) into
+  // `*grads`, resized to the params() layout.
+  virtual absl::StatusOr<float> ComputeGradients(const float* images,
+                                                 const uint8_t* labels,
+                                                 int batch_size,
+                                                 Gradients* grads) = 0;
+
+  // Fraction of `data` classified correctly.
+  virtual absl::StatusOr<double> Evaluate(const Dataset& data) const = 0;
+
+  // params -= lr * grads; InvalidArgument (params intact) unless `grads`
+  // has the params() layout.
+  virtual absl::Status SgdStep(const Gradients& grads, float lr) = 0;
+};
+
+}  // namespace harrier::workload
+
+#endif  // HARRIER_WORKER_WORKLOAD_MODEL_H_
