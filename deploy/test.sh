@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 
 passed=0
 failed=0
+logs=$(mktemp -d "${TMPDIR:-/tmp}/harrier-test.XXXXXX")
 count_log() {  # adds one test log's Catch2 case counts (or the target's verdict)
   local log=$1 verdict=$2 line p f
   line=$(grep -E "^All tests passed \(|^test cases:" "$log" | tail -n 1)
@@ -33,14 +34,14 @@ count_log() {  # adds one test log's Catch2 case counts (or the target's verdict
 }
 
 echo "== bazel test //..."
-bazel test //... --nocache_test_results 2>&1 | tee /tmp/harrier-bazel-test.log | \
+bazel test //... --nocache_test_results 2>&1 | tee "$logs/bazel-test.log" | \
   grep -E "^//|^FAIL|^ERROR|Executed|passes|fails" || true
 build_rc=${PIPESTATUS[0]}
 testlogs=$(bazel info bazel-testlogs 2>/dev/null)
 while read -r target verdict; do
   log="$testlogs/${target#//}"; log="${log/://}/test.log"
   if [ -f "$log" ]; then count_log "$log" "$verdict"; else failed=$((failed + 1)); fi
-done < <(grep -E "^//[^ ]+ +(PASSED|FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)" /tmp/harrier-bazel-test.log |
+done < <(grep -E "^//[^ ]+ +(PASSED|FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)" "$logs/bazel-test.log" |
          awk '{v=$2; if (v=="FAILED" && $3=="TO") v="FAILED_TO_BUILD"; print $1, v}')
 if [ "$build_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   echo "bazel test exited with $build_rc"; failed=$((failed + 1))
@@ -48,17 +49,17 @@ fi
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "== CUDA kernels compile and link (nvcc, no GPU needed)"
-  if bazel build --config=cuda //cuda/... //tests/cuda/... //tests/bench/cuda/... >/tmp/harrier-cuda-build.log 2>&1; then
+  if bazel build --config=cuda //cuda/... //tests/cuda/... //tests/bench/cuda/... >"$logs/cuda-build.log" 2>&1; then
     passed=$((passed + 1)); echo "PASS cuda build"
   else
-    failed=$((failed + 1)); tail -n 20 /tmp/harrier-cuda-build.log; echo "FAIL cuda build"
+    failed=$((failed + 1)); tail -n 20 "$logs/cuda-build.log"; echo "FAIL cuda build"
   fi
 fi
 
 echo "== Kubernetes manifests (offline validation)"
-if tests/k8s/install.sh && tests/k8s/validate.sh > /tmp/harrier-k8s.log 2>&1; then :; fi
-cat /tmp/harrier-k8s.log
-k8s_line=$(grep -E "^[0-9]+ passed, [0-9]+ failed" /tmp/harrier-k8s.log | tail -n 1)
+if tests/k8s/install.sh && tests/k8s/validate.sh > "$logs/k8s.log" 2>&1; then :; fi
+cat "$logs/k8s.log"
+k8s_line=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$logs/k8s.log" | tail -n 1)
 if [[ $k8s_line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
   passed=$((passed + BASH_REMATCH[1])); failed=$((failed + BASH_REMATCH[2]))
 else
