@@ -63,9 +63,15 @@ case "$what" in
   codecs)
     for codec in none "topk:ratio=0.01" efsign "qsgd:levels=16" "powersgd:rank=2"; do
       echo "codecs: $codec" >&2
-      read -r acc secs rate pushed pulled < <(run --epochs="${epochs:-5}" -- --codec="$codec")
-      printf '{"bench":"codec_training","codec":"%s","workers":4,"test_accuracy":%s,"bytes_pushed":%s,"bytes_pulled":%s,"seconds":%s}\n' \
-        "$codec" "$acc" "$pushed" "$pulled" "$secs"
+      # EF-signSGD sends (|p|_1 / d) sign(p), much smaller than g: with the
+      # momentum optimizer's lr it barely moves (and larger lrs diverge), so
+      # it gets plain SGD with lr 1, as in Karimireddy et al.
+      server="--optimizer=momentum --lr=0.05 --momentum=0.9"
+      [ "$codec" = efsign ] && server="--optimizer=sgd --lr=1.0"
+      read -r acc secs rate pushed pulled < <(run --epochs="${epochs:-5}" --server_args="$server" \
+        -- --codec="$codec")
+      printf '{"bench":"codec_training","codec":"%s","server":"%s","workers":4,"test_accuracy":%s,"bytes_pushed":%s,"bytes_pulled":%s,"seconds":%s}\n' \
+        "$codec" "$server" "$acc" "$pushed" "$pulled" "$secs"
     done
     ;;
   *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
