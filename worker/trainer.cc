@@ -82,6 +82,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   TrainResult result;
   workload::Gradients grads = model.ZeroGradients();
   std::vector<std::vector<float>> round_start;  // local SGD: parameters at the round's start
+  workload::Gradients momentum;                 // signum: the worker's momentum
   const absl::Time start = absl::Now();
   absl::Time interval_start = start;
   double interval_loss = 0;
@@ -108,9 +109,20 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
       std::this_thread::sleep_for(std::chrono::milliseconds(options.step_delay_ms));
     }
 
+    if (options.gradient_momentum > 0) {
+      if (momentum.empty()) momentum = grads;
+      const float beta = options.gradient_momentum;
+      for (size_t k = 0; k < grads.size(); ++k) {
+        for (size_t i = 0; i < grads[k].size(); ++i) {
+          momentum[k][i] = beta * momentum[k][i] + (1 - beta) * grads[k][i];
+        }
+      }
+    }
+    const workload::Gradients& to_push = options.gradient_momentum > 0 ? momentum : grads;
+
     const absl::Time comm_start = absl::Now();
     if (!local_sgd) {
-      status = PushPullAll(client, model, grads);
+      status = PushPullAll(client, model, to_push);
       client.Clock();
     } else {
       if (round_start.empty() || step % local_steps == 0) {

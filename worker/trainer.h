@@ -19,6 +19,10 @@ struct TrainerOptions {
   int log_every = 100;          // steps between progress lines
   int step_delay_ms = 0;        // extra delay per step: a straggler
   float local_lr = 0.1f;        // worker-side SGD lr for local SGD steps
+  // signum (Bernstein et al. 2018): push the worker's momentum
+  // m = beta m + (1 - beta) g instead of g, so the shard votes on the signs
+  // of momenta. 0 pushes plain gradients.
+  float gradient_momentum = 0.0f;
   std::string metrics_out;      // JSON lines file; empty: none
   bool evaluate = true;         // rank 0 evaluates the test set at the end
 };

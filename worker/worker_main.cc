@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -48,6 +49,8 @@ ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads for this worker.");
 ABSL_FLAG(int, rpc_timeout_s, 120, "Deadline of each push/pull, including consistency waits.");
 ABSL_FLAG(std::string, codec, "none",
           "Push compression, e.g. topk:ratio=0.01, efsign, qsgd:levels=16, powersgd:rank=2.");
+ABSL_FLAG(double, signum_momentum, 0.9,
+          "With --codec=signum: the worker pushes its momentum of this factor (Bernstein et al.).");
 ABSL_FLAG(int, compress_min_bytes, 16384, "Chunks smaller than this travel uncompressed.");
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics and liveness /healthz over HTTP (-1: off, 0: ephemeral).");
@@ -191,6 +194,9 @@ int main(int argc, char** argv) {
   options.log_every = std::max(1, absl::GetFlag(FLAGS_log_every));
   options.step_delay_ms = absl::GetFlag(FLAGS_step_delay_ms);
   options.local_lr = static_cast<float>(absl::GetFlag(FLAGS_local_lr));
+  if (absl::StartsWith(absl::GetFlag(FLAGS_codec), "signum")) {
+    options.gradient_momentum = static_cast<float>(absl::GetFlag(FLAGS_signum_momentum));
+  }
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   auto result = harrier::Train(**client, *model, *train, rank == 0 ? &test : nullptr, options);
   if (!result.ok()) return Fail(std::string(result.status().message()));
