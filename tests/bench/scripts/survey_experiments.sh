@@ -33,13 +33,18 @@ run() {
   # (summing each worker's own rate would overstate it when fast workers
   # finish early).
   local steps
-  steps=$(grep -h "done:" "$log" | sed 's/.*done: \([0-9]*\) steps.*/\1/' | awk '{s += $1} END {printf "%d", s}')
+  steps=$(grep -h "done:" "$log" | sed 's/.*done: \([0-9]*\) steps.*/\1/' | awk '{s += $1} END {printf "%.0f", s}')
   rate=$(awk -v n="$steps" -v b=64 -v t="$seconds" 'BEGIN { printf "%d", n * b / t }')
+  # And the sum of each worker's own rate while it ran: what SSP/ASP recover
+  # (fast workers do not wait), even though the job still ends with the
+  # straggler's last step.
+  local rate_sum
+  rate_sum=$(grep -h "done:" "$log" | sed 's/.*, \([0-9]*\) samples\/s.*/\1/' | awk '{s += $1} END {printf "%.0f", s}')
   pushed=$(for f in "$dir"/worker*.jsonl; do tail -n 1 "$f"; done |
-           sed 's/.*"bytes_pushed":\([0-9]*\).*/\1/' | awk '{s += $1} END {printf "%d", s}')
+           sed 's/.*"bytes_pushed":\([0-9]*\).*/\1/' | awk '{s += $1} END {printf "%.0f", s}')
   pulled=$(for f in "$dir"/worker*.jsonl; do tail -n 1 "$f"; done |
-           sed 's/.*"bytes_pulled":\([0-9]*\).*/\1/' | awk '{s += $1} END {printf "%d", s}')
-  echo "$accuracy $seconds $rate $pushed $pulled"
+           sed 's/.*"bytes_pulled":\([0-9]*\).*/\1/' | awk '{s += $1} END {printf "%.0f", s}')
+  echo "$accuracy $seconds $rate $pushed $pulled $rate_sum"
   rm -f "$log" "$log.out"
 }
 
@@ -52,11 +57,11 @@ case "$what" in
       [ "$sync" = local ] && extra="--local_steps=$2"
       echo "straggler: $mode" >&2
       for delay in 0 "$delay_ms"; do
-        read -r acc secs rate pushed pulled < <(run --epochs="${epochs:-2}" --sync="$sync" \
+        read -r acc secs rate pushed pulled rate_sum < <(run --epochs="${epochs:-2}" --sync="$sync" \
           --straggler_delay_ms="$delay" \
           --server_args="--optimizer=momentum --lr=0.05 --momentum=0.9 $extra")
-        printf '{"bench":"straggler","sync":"%s","param":"%s","workers":4,"straggler_delay_ms":%s,"samples_per_s":%s,"test_accuracy":%s,"seconds":%s}\n' \
-          "$sync" "${2:-}" "$delay" "$rate" "$acc" "$secs"
+        printf '{"bench":"straggler","sync":"%s","param":"%s","workers":4,"straggler_delay_ms":%s,"samples_per_s":%s,"worker_rate_sum":%s,"test_accuracy":%s,"seconds":%s}\n' \
+          "$sync" "${2:-}" "$delay" "$rate" "$rate_sum" "$acc" "$secs"
       done
     done
     ;;
@@ -68,7 +73,7 @@ case "$what" in
       # it gets plain SGD with lr 1, as in Karimireddy et al.
       server="--optimizer=momentum --lr=0.05 --momentum=0.9"
       [ "$codec" = efsign ] && server="--optimizer=sgd --lr=1.0"
-      read -r acc secs rate pushed pulled < <(run --epochs="${epochs:-5}" --server_args="$server" \
+      read -r acc secs rate pushed pulled rate_sum < <(run --epochs="${epochs:-5}" --server_args="$server" \
         -- --codec="$codec")
       printf '{"bench":"codec_training","codec":"%s","server":"%s","workers":4,"test_accuracy":%s,"bytes_pushed":%s,"bytes_pulled":%s,"seconds":%s}\n' \
         "$codec" "$server" "$acc" "$pushed" "$pulled" "$secs"
