@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/codec/internal.h"
 #include "cuda/host_twin.h"
 #include "cuda/kernels.h"
 
@@ -21,7 +22,12 @@ namespace cuda {
 namespace {
 
 namespace k = kernels;
-using host::Invalid;
+using codec_internal::Invalid;
+using codec_internal::KFromRatio;
+using codec_internal::Mix64;
+using codec_internal::RandomKIndices;
+using codec_internal::Rng;
+using codec_internal::StartPayload;
 
 absl::Status CudaError(int err, absl::string_view what) {
   return absl::InternalError(
@@ -95,6 +101,7 @@ struct DeviceCodec::Impl {
   DeviceBuffer ef_c;     // error feedback: g + e
   DeviceBuffer ef_d;     // error feedback: D(p)
   std::vector<uint32_t> host_indices;
+  std::vector<uint64_t> host_bitmap;  // random-k draw scratch
   std::vector<float> host_values;
   // PowerSGD warm start, as the CPU codec keeps it.
   size_t psgd_m = 0;
@@ -185,7 +192,7 @@ absl::Status DeviceCodec::Impl::EncodeDense(const float* x, size_t d,
                                             std::string* payload) {
   const CodecId id = spec.id;
   if (id == CodecId::kNone) {
-    char* body = host::StartPayload(id, d, 0, 0, 4 * d, payload);
+    char* body = StartPayload(id, d, 0, 0, 4 * d, payload);
     RETURN_IF_CUDA(k::ToHost(body, x, 4 * d), "copy to host");
     return absl::OkStatus();
   }
@@ -200,7 +207,7 @@ absl::Status DeviceCodec::Impl::EncodeDense(const float* x, size_t d,
                                     ReadDeviceFloat(x, overflow), " overflows ",
                                     CodecName(id), " to Inf"));
   }
-  char* out = host::StartPayload(id, d, 0, 0, 2 * d, payload);
+  char* out = StartPayload(id, d, 0, 0, 2 * d, payload);
   RETURN_IF_CUDA(k::ToHost(out, body.get(), 2 * d), "copy to host");
   return absl::OkStatus();
 }
@@ -227,7 +234,7 @@ absl::Status DeviceCodec::Impl::WriteIndexValue(const float* x, size_t d,
   RETURN_IF_CUDA(k::Gather(x, indices.get<uint32_t>(), kk, 1.0f,
                            values.get<float>(), ws.get(), &bad),
                  "gather");
-  char* out = host::StartPayload(spec.id, d, static_cast<uint32_t>(kk), 0,
+  char* out = StartPayload(spec.id, d, static_cast<uint32_t>(kk), 0,
                                  8 * kk, payload);
   RETURN_IF_CUDA(k::ToHost(out, indices.get(), 4 * kk), "copy to host");
   RETURN_IF_CUDA(k::ToHost(out + 4 * kk, values.get(), 4 * kk), "copy to host");
@@ -238,7 +245,7 @@ absl::Status DeviceCodec::Impl::EncodeTopK(const float* x, size_t d,
                                            std::string* payload) {
   absl::Status st = CheckSparseSize(spec.id, d);
   if (!st.ok()) return st;
-  const size_t kk = host::KFromRatio(spec.ratio, d);
+  const size_t kk = KFromRatio(spec.ratio, d);
   st = indices.Reserve(4 * kk);
   if (!st.ok()) return st;
   RETURN_IF_CUDA(k::TopKIndices(x, d, kk, indices.get<uint32_t>(), ws.get()),
@@ -251,10 +258,10 @@ absl::Status DeviceCodec::Impl::EncodeRandomK(const float* x, size_t d,
                                               std::string* payload) {
   absl::Status st = CheckSparseSize(spec.id, d);
   if (!st.ok()) return st;
-  const size_t kk = host::KFromRatio(spec.ratio, d);
-  const uint64_t seed = host::Mix64(ctx.seed, spec.seed);
+  const size_t kk = KFromRatio(spec.ratio, d);
+  const uint64_t seed = Mix64(ctx.seed, spec.seed);
   // Floyd's draw is sequential; the host does it, as the decoder will.
-  host::RandomKIndices(seed, d, kk, &host_indices);
+  RandomKIndices(seed, d, kk, &host_bitmap, &host_indices);
   const float scale =
       spec.scaled && kk > 0
           ? static_cast<float>(static_cast<double>(d) / static_cast<double>(kk))
@@ -272,7 +279,7 @@ absl::Status DeviceCodec::Impl::EncodeRandomK(const float* x, size_t d,
     return Invalid(spec.id, absl::StrCat("scaled value at index ",
                                          host_indices[bad], " overflows fp32"));
   }
-  char* out = host::StartPayload(spec.id, d, static_cast<uint32_t>(kk), 0,
+  char* out = StartPayload(spec.id, d, static_cast<uint32_t>(kk), 0,
                                  8 + 4 * kk, payload);
   std::memcpy(out, &seed, 8);
   RETURN_IF_CUDA(k::ToHost(out + 8, values.get(), 4 * kk), "copy to host");
@@ -294,8 +301,8 @@ absl::Status DeviceCodec::Impl::EncodeThreshold(const float* x, size_t d,
   } else if (d > 0) {
     // DGC: the sample indices come from the CPU's sequential stream, the
     // values from the device; the quantile is then the CPU's own.
-    const size_t ns = host::KFromRatio(spec.sample, d);
-    host::Rng rng(ctx.seed);
+    const size_t ns = KFromRatio(spec.sample, d);
+    Rng rng(ctx.seed);
     host_indices.resize(ns);
     for (size_t s = 0; s < ns; ++s) {
       host_indices[s] = static_cast<uint32_t>(rng.Below(d));
@@ -312,7 +319,7 @@ absl::Status DeviceCodec::Impl::EncodeThreshold(const float* x, size_t d,
     RETURN_IF_CUDA(k::ToHost(host_values.data(), values.get(), 4 * ns),
                    "copy to host");
     for (float& v : host_values) v = std::fabs(v);
-    const size_t rank = host::KFromRatio(spec.ratio, ns) - 1;
+    const size_t rank = KFromRatio(spec.ratio, ns) - 1;
     std::nth_element(host_values.begin(), host_values.begin() + rank,
                      host_values.end(), std::greater<float>());
     const float tau = host_values[rank];
@@ -328,9 +335,9 @@ absl::Status DeviceCodec::Impl::EncodeQsgd(const float* x, size_t d,
                                            std::string* payload) {
   const uint32_t s = spec.levels;
   const size_t bucket = spec.bucket;
-  const int bits = 1 + host::BitWidth(s);
+  const int bits = 1 + codec_internal::BitWidth(s);
   const size_t buckets = (d + bucket - 1) / bucket;
-  const size_t packed = host::PackedBytes(d, bits);
+  const size_t packed = codec_internal::PackedBytes(d, bits);
   const size_t words = (packed + 3) / 4;
   absl::Status st = body.Reserve(4 * buckets + 4 * words);
   if (!st.ok()) return st;
@@ -340,7 +347,7 @@ absl::Status DeviceCodec::Impl::EncodeQsgd(const float* x, size_t d,
   RETURN_IF_CUDA(k::QsgdNorms(x, d, bucket, norms), "qsgd norms");
   RETURN_IF_CUDA(k::QsgdEncode(x, d, bucket, norms, s, bits, ctx.seed, codes),
                  "qsgd encode");
-  char* out = host::StartPayload(spec.id, d, s, static_cast<uint32_t>(bucket),
+  char* out = StartPayload(spec.id, d, s, static_cast<uint32_t>(bucket),
                                  4 * buckets + packed, payload);
   RETURN_IF_CUDA(k::ToHost(out, body.get(), 4 * buckets + packed),
                  "copy to host");
@@ -366,7 +373,7 @@ absl::Status DeviceCodec::Impl::EncodeTernGrad(const float* x, size_t d,
   RETURN_IF_CUDA(k::TernEncode(x, d, limit, max_abs, ctx.seed,
                                body.get<uint8_t>()),
                  "terngrad encode");
-  char* out = host::StartPayload(spec.id, d, 0, 0, 4 + code_bytes, payload);
+  char* out = StartPayload(spec.id, d, 0, 0, 4 + code_bytes, payload);
   std::memcpy(out, &max_abs, 4);
   RETURN_IF_CUDA(k::ToHost(out + 4, body.get(), code_bytes), "copy to host");
   return absl::OkStatus();
@@ -393,12 +400,12 @@ absl::Status DeviceCodec::Impl::EncodeSign(const float* x, size_t d,
       scales[0] = d ? static_cast<float>(stats[2] / d) : 0.0f;
     }
   }
-  const size_t mask_bytes = host::MaskBytes(d);
+  const size_t mask_bytes = codec_internal::MaskBytes(d);
   absl::Status st = body.Reserve(mask_bytes);
   if (!st.ok()) return st;
   RETURN_IF_CUDA(k::SignMask(x, d, body.get<uint8_t>()), "sign mask");
   char* out =
-      host::StartPayload(id, d, scaled, 0, 4 * floats + mask_bytes, payload);
+      StartPayload(id, d, scaled, 0, 4 * floats + mask_bytes, payload);
   if (floats) std::memcpy(out, scales, 4 * floats);
   RETURN_IF_CUDA(k::ToHost(out + 4 * floats, body.get(), mask_bytes),
                  "copy to host");
@@ -409,10 +416,10 @@ absl::Status DeviceCodec::Impl::EncodePowerSgd(const float* x, size_t d,
                                                const CodecContext& ctx,
                                                std::string* payload) {
   const CodecId id = spec.id;
-  const host::MatrixShape s =
-      host::ChoosePowerSgdShape(d, spec.rank, spec.cols);
+  const codec_internal::PowerSgdShape s =
+      codec_internal::ChoosePowerSgdShape(d, spec.rank, spec.cols);
   if (s.r == 0) {
-    char* out = host::StartPayload(id, d, 0, 0, 4 * d, payload);
+    char* out = StartPayload(id, d, 0, 0, 4 * d, payload);
     RETURN_IF_CUDA(k::ToHost(out, x, 4 * d), "copy to host");
     return absl::OkStatus();
   }
@@ -420,7 +427,7 @@ absl::Status DeviceCodec::Impl::EncodePowerSgd(const float* x, size_t d,
     return Invalid(id, absl::StrCat("matrix rows ", s.m, " exceed 32 bits"));
   }
   const size_t m = s.m, n = s.n, r = s.r;
-  host::Rng rng(host::Mix64(ctx.seed, 0x504f574552ULL));
+  Rng rng(Mix64(ctx.seed, 0x504f574552ULL));
   if (psgd_q.size() != n * r || psgd_m != m) {
     psgd_m = m;
     psgd_q.resize(n * r);
@@ -438,18 +445,7 @@ absl::Status DeviceCodec::Impl::EncodePowerSgd(const float* x, size_t d,
                  "P = M Q");
   std::vector<double> p(m * r);
   RETURN_IF_CUDA(k::ToHost(p.data(), body.get(), 8 * m * r), "copy to host");
-  for (size_t c = 0; c < r; ++c) {
-    for (size_t prev = 0; prev < c; ++prev) {
-      double dot = 0.0;
-      for (size_t i = 0; i < m; ++i) dot += p[i * r + c] * p[i * r + prev];
-      for (size_t i = 0; i < m; ++i) p[i * r + c] -= dot * p[i * r + prev];
-    }
-    double norm = 0.0;
-    for (size_t i = 0; i < m; ++i) norm += p[i * r + c] * p[i * r + c];
-    norm = std::sqrt(norm);
-    double inv = norm > 1e-30 ? 1.0 / norm : 0.0;
-    for (size_t i = 0; i < m; ++i) p[i * r + c] *= inv;
-  }
+  codec_internal::OrthonormalizeColumns(m, r, p.data());
   std::vector<float> pf(p.begin(), p.end());
   RETURN_IF_CUDA(k::ToDevice(values.get(), pf.data(), 4 * m * r),
                  "copy to device");
@@ -458,7 +454,7 @@ absl::Status DeviceCodec::Impl::EncodePowerSgd(const float* x, size_t d,
       "Q = M^T P");
   std::vector<double> q(n * r);
   RETURN_IF_CUDA(k::ToHost(q.data(), body.get(), 8 * n * r), "copy to host");
-  char* out = host::StartPayload(id, d, static_cast<uint32_t>(r),
+  char* out = StartPayload(id, d, static_cast<uint32_t>(r),
                                  static_cast<uint32_t>(m), 4 * r * (m + n),
                                  payload);
   std::memcpy(out, pf.data(), 4 * m * r);
@@ -501,7 +497,7 @@ absl::Status DeviceCodec::Impl::Decode(absl::string_view payload, float* out,
     return absl::OkStatus();
   }
   if (id == CodecId::kRandomK) {
-    host::RandomKIndices(c.seed, d, c.k, &host_indices);
+    RandomKIndices(c.seed, d, c.k, &host_bitmap, &host_indices);
     st = indices.Reserve(4 * c.k);
     if (st.ok()) st = body.Reserve(4 * c.k);
     if (!st.ok()) return st;

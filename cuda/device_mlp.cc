@@ -8,6 +8,7 @@
 #include "cuda/device_codec.h"
 #include "cuda/kernels.h"
 #include "cuda/mlp_kernels.h"
+#include "worker/workload/mlp.h"
 
 namespace harrier {
 namespace cuda {
@@ -73,25 +74,6 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-absl::Status CheckLayerSizes(const std::vector<int>& sizes) {
-  if (sizes.size() < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MLP needs at least an input and an output size, got ",
-                     sizes.size(), " layer sizes"));
-  }
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MLP layer size ", i, " is ", sizes[i], "; must be positive"));
-    }
-  }
-  if (sizes.back() > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MLP output size ", sizes.back(), " exceeds 256 classes"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 struct DeviceMlp::Impl {
@@ -100,7 +82,9 @@ struct DeviceMlp::Impl {
   // Tensor t = 2 * layer (weight) or 2 * layer + 1 (bias).
   std::vector<DeviceBuffer> params;
   std::vector<DeviceBuffer> grads;
-  std::vector<size_t> tensor_sizes;  // floats per tensor
+  // workload::MlpParamLayout: shape and floats per tensor.
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<size_t> tensor_sizes;
   bool params_uploaded = false;
   bool grads_computed = false;
 
@@ -137,23 +121,31 @@ struct DeviceMlp::Impl {
     return status;
   }
 
-  absl::Status CheckBatch(const float* images_in, const uint8_t* labels_in,
-                          int batch) const {
-    if (batch <= 0) {
+  // InvalidArgument unless `params` has this MLP's layout.
+  absl::Status CheckLayout(
+      const std::vector<workload::ParamTensor>& params) const {
+    if (params.size() != shapes.size()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("batch size ", batch, " must be positive"));
+          absl::StrCat("got ", params.size(), " parameter tensors for a ",
+                       absl::StrJoin(sizes, ","), " MLP, which has ",
+                       shapes.size()));
     }
-    if (images_in == nullptr || labels_in == nullptr) {
-      return absl::InvalidArgumentError("null images or labels");
-    }
-    for (int b = 0; b < batch; ++b) {
-      if (labels_in[b] >= sizes.back()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("label ", int{labels_in[b]}, " of batch example ", b,
-                         " is out of range [0, ", sizes.back(), ")"));
+    for (size_t t = 0; t < params.size(); ++t) {
+      if (params[t].shape != shapes[t] ||
+          params[t].values.size() != tensor_sizes[t]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", params[t].name, " (tensor ", t, ") has shape {",
+            absl::StrJoin(params[t].shape, ","), "} and ",
+            params[t].values.size(), " values; expected {",
+            absl::StrJoin(shapes[t], ","), "}"));
       }
     }
     return absl::OkStatus();
+  }
+
+  absl::Status CheckBatch(const float* images_in, const uint8_t* labels_in,
+                          int batch) const {
+    return workload::CheckMlpBatch(images_in, labels_in, batch, sizes.back());
   }
 
   // Copies `batch` examples in (scratch reserved) and runs the forward
@@ -193,7 +185,7 @@ const std::vector<int>& DeviceMlp::layer_sizes() const { return impl_->sizes; }
 
 absl::StatusOr<std::unique_ptr<DeviceMlp>> DeviceMlp::Create(
     const std::vector<int>& layer_sizes) {
-  absl::Status status = CheckLayerSizes(layer_sizes);
+  absl::Status status = workload::CheckMlpLayerSizes(layer_sizes);
   if (!status.ok()) return status;
   if (!DeviceAvailable()) {
     return absl::FailedPreconditionError(
@@ -203,11 +195,9 @@ absl::StatusOr<std::unique_ptr<DeviceMlp>> DeviceMlp::Create(
   impl->sizes = layer_sizes;
   status = CheckBlas(mk::BlasCreate(&impl->blas), "cublasCreate");
   if (!status.ok()) return status;
-  const int layers = impl->layers();
-  for (int i = 0; i < layers; ++i) {
-    impl->tensor_sizes.push_back(static_cast<size_t>(layer_sizes[i + 1]) *
-                                 layer_sizes[i]);
-    impl->tensor_sizes.push_back(static_cast<size_t>(layer_sizes[i + 1]));
+  for (workload::ParamTensor& p : workload::MlpParamLayout(layer_sizes)) {
+    impl->shapes.push_back(std::move(p.shape));
+    impl->tensor_sizes.push_back(p.values.size());
   }
   impl->params.resize(impl->tensor_sizes.size());
   impl->grads.resize(impl->tensor_sizes.size());
@@ -219,40 +209,9 @@ absl::StatusOr<std::unique_ptr<DeviceMlp>> DeviceMlp::Create(
   return std::unique_ptr<DeviceMlp>(new DeviceMlp(std::move(impl)));
 }
 
-namespace {
-
-// InvalidArgument unless `params` has the layout of an MLP with `sizes`.
-absl::Status CheckLayout(const std::vector<int>& sizes,
-                         const std::vector<workload::ParamTensor>& params) {
-  const size_t want = 2 * (sizes.size() - 1);
-  if (params.size() != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("got ", params.size(), " parameter tensors for a ",
-                     absl::StrJoin(sizes, ","), " MLP, which has ", want));
-  }
-  for (size_t t = 0; t < params.size(); ++t) {
-    const int layer = static_cast<int>(t / 2);
-    const std::vector<int64_t> shape =
-        t % 2 == 0 ? std::vector<int64_t>{sizes[layer + 1], sizes[layer]}
-                   : std::vector<int64_t>{sizes[layer + 1]};
-    size_t count = 1;
-    for (int64_t d : shape) count *= static_cast<size_t>(d);
-    if (params[t].shape != shape || params[t].values.size() != count) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", params[t].name, " (tensor ", t, ") has shape {",
-          absl::StrJoin(params[t].shape, ","), "} and ",
-          params[t].values.size(), " values; expected {",
-          absl::StrJoin(shape, ","), "}"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status DeviceMlp::UploadParams(
     const std::vector<workload::ParamTensor>& params) {
-  absl::Status status = CheckLayout(impl_->sizes, params);
+  absl::Status status = impl_->CheckLayout(params);
   if (!status.ok()) return status;
   impl_->params_uploaded = false;
   for (size_t t = 0; t < params.size(); ++t) {
@@ -268,7 +227,7 @@ absl::Status DeviceMlp::UploadParams(
 absl::Status DeviceMlp::DownloadParams(
     std::vector<workload::ParamTensor>* params) const {
   if (params == nullptr) return absl::InvalidArgumentError("null parameters");
-  absl::Status status = CheckLayout(impl_->sizes, *params);
+  absl::Status status = impl_->CheckLayout(*params);
   if (!status.ok()) return status;
   if (!impl_->params_uploaded) {
     return absl::FailedPreconditionError("device MLP parameters never uploaded");
@@ -372,26 +331,13 @@ absl::Status DeviceMlp::SgdStep(float lr) {
 
 absl::StatusOr<double> DeviceMlp::Evaluate(const workload::Dataset& data) {
   Impl& m = *impl_;
-  if (data.example_size() != input_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data set examples have ", data.rows, "x", data.cols,
-                     " = ", data.example_size(), " values; the MLP takes ",
-                     input_size()));
-  }
-  if (data.num_examples <= 0 ||
-      data.images.size() !=
-          static_cast<size_t>(data.num_examples) * data.example_size() ||
-      data.labels.size() != static_cast<size_t>(data.num_examples)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data set is empty or inconsistent: ", data.num_examples,
-        " examples, ", data.images.size(), " pixels, ", data.labels.size(),
-        " labels"));
-  }
+  absl::Status status = workload::CheckMlpEvalData(data, input_size());
+  if (!status.ok()) return status;
   if (!m.params_uploaded) {
     return absl::FailedPreconditionError("device MLP parameters never uploaded");
   }
   const int chunk = std::min(data.num_examples, kEvalBatch);
-  absl::Status status = m.Reserve(chunk);
+  status = m.Reserve(chunk);
   if (!status.ok()) return status;
   std::vector<int32_t> predicted(chunk);
   int64_t correct = 0;

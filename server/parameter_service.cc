@@ -206,6 +206,7 @@ grpc::Status ParameterServiceImpl::RawPushPull(grpc::ServerContext* context, Raw
     ref.set_key(pushed.key());
     ref.set_chunk(pushed.chunk());
     ref.set_num_elements(pushed.num_elements());
+    ref.set_codec_params(pushed.pull_codec_params());
     auto status = PullAndWrite(store_, stream, pushed.job(), pushed.rank(), pushed.clock() + 1,
                                ref, deadline, cancelled);
     if (!status.ok()) return status;

@@ -112,12 +112,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
 }
 
 ShardServer::~ShardServer() {
+  // Start() may fail after construction (a bad checkpoint, a port in use,
+  // UCX): then nothing is serving and there is nothing to stop.
+  if (server_ == nullptr) {
+    if (ucx_server_) ucx_server_->Shutdown();
+    return;
+  }
   Shutdown(std::chrono::milliseconds(0));
   server_->Wait();
 }
 
 void ShardServer::Shutdown(std::chrono::milliseconds grace) {
-  if (shut_down_) return;
+  if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   {
     std::lock_guard<std::mutex> lock(monitor_mutex_);

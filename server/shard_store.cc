@@ -439,9 +439,22 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   out->set_min_clock(min_clock);
   out->set_dtype(proto::DTYPE_FLOAT32);
   out->set_num_elements(slot->values.size());
-  const size_t bytes = slot->values.size() * sizeof(float);
-  char* payload = allocate(bytes);
-  std::memcpy(payload, slot->values.data(), bytes);
+  size_t bytes = slot->values.size() * sizeof(float);
+  char* payload = nullptr;
+  if (ref.codec_params().empty() || ref.codec_params() == "none") {
+    payload = allocate(bytes);
+    std::memcpy(payload, slot->values.data(), bytes);
+  } else {
+    std::string encoded;
+    auto compressed = CompressPullLocked(*slot, rank, ref.codec_params(), out, &encoded);
+    if (!compressed.ok()) {
+      return absl::Status(compressed.code(), absl::StrCat("pull of ", Where(ref.key(), ref.chunk()),
+                                                          ": ", compressed.message()));
+    }
+    bytes = encoded.size();
+    payload = allocate(bytes);
+    std::memcpy(payload, encoded.data(), bytes);
+  }
   lock.unlock();
   out->set_checksum(Crc32c(payload, bytes));
   if (min_clock != kEveryoneLeft) {
@@ -451,6 +464,38 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   }
   counters_.pulls++;
   counters_.bytes_out += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
+                                            const std::string& codec_params,
+                                            proto::TensorChunk* out, std::string* payload) {
+  auto spec = CodecSpec::Parse(codec_params);
+  if (!spec.ok()) return absl::InvalidArgumentError(spec.status().message());
+  auto codec = CreateCodec(*spec);
+  if (!codec.ok()) return absl::InvalidArgumentError(codec.status().message());
+  const size_t n = slot.values.size();
+  if (slot.pulled_views.empty()) slot.pulled_views.resize(options_.num_workers);
+  std::vector<float>& view = slot.pulled_views[rank];
+  if (view.size() != n) {
+    // First compressed pull of this rank: dense, and the view starts there.
+    view = slot.values;
+    payload->assign(reinterpret_cast<const char*>(view.data()), n * sizeof(float));
+    out->set_codec(0);
+    return absl::OkStatus();
+  }
+  std::vector<float> delta(n);
+  for (size_t i = 0; i < n; ++i) delta[i] = slot.values[i] - view[i];
+  CodecContext context;
+  context.seed = DeriveSeed(slot.key, slot.chunk, out->clock(), rank, spec->seed);
+  if (auto status = (*codec)->Encode(delta, context, payload); !status.ok()) return status;
+  // The view advances by what the rank will decode, so what the codec drops
+  // stays in the next difference (error feedback on the shard's side).
+  if (auto status = (*codec)->DecodeAdd(*payload, 1.0f, absl::MakeSpan(view)); !status.ok()) {
+    return status;
+  }
+  out->set_codec(static_cast<uint32_t>(spec->id));
+  out->set_codec_params(spec->ToString());
   return absl::OkStatus();
 }
 

@@ -162,6 +162,9 @@ class ShardStore {
     OptimizerState optimizer_state;
     std::vector<int64_t> pushed;  // iterations pushed, per rank
     std::map<int64_t, PendingRound> pending;  // BSP/local rounds not yet complete
+    // Compressed pulls: per rank, the parameters as that rank has rebuilt
+    // them from the replies so far (empty until its first compressed pull).
+    std::vector<std::vector<float>> pulled_views;
   };
 
   // A push chunk that passed validation, ready to apply.
@@ -184,6 +187,10 @@ class ShardStore {
   void CompleteRoundsLocked(Slot& slot);
   bool RoundCompleteLocked(const Slot& slot, int64_t clock, const PendingRound& round) const;
   int64_t MinClockLocked(const Slot& slot, int* slowest_rank) const;
+  // Encodes the difference between the slot's values and the rank's view
+  // into `payload` and advances the view; sets the reply's codec fields.
+  absl::Status CompressPullLocked(Slot& slot, uint32_t rank, const std::string& codec_params,
+                                  proto::TensorChunk* out, std::string* payload);
   // OK, or the status every call gets once a lost worker failed the job.
   absl::Status FailureStatus() const;
   void ForEachSlot(const std::function<void(Slot&)>& visit);

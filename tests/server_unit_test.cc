@@ -3,8 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 
+#include "common/codec/codec.h"
 #include "common/crc32c.h"
 #include "common/partitioner.h"
 #include "server/consistency.h"
@@ -197,6 +199,60 @@ TEST_CASE("shard store: export drops incomplete rounds and import restores the r
   REQUIRE(*restored->Snapshot("w", 0) == std::vector<float>{-6});
   REQUIRE(absl::IsFailedPrecondition(restored->Push({Gradient("w", 0, 9, {4})})));
   REQUIRE(absl::IsFailedPrecondition(MakeStore("bsp", 3)->Import(checkpoint)));
+}
+
+}  // namespace
+}  // namespace harrier
+
+namespace harrier {
+namespace {
+
+// Applies a pull reply to a worker's view the way the client does.
+void ApplyReply(const proto::TensorChunk& reply, std::vector<float>* view) {
+  if (reply.codec() == 0) {
+    view->resize(reply.num_elements());
+    std::memcpy(view->data(), reply.payload().data(), reply.payload().size());
+    return;
+  }
+  auto spec = CodecSpec::Parse(reply.codec_params());
+  REQUIRE(spec.ok());
+  auto codec = CreateCodec(*spec);
+  REQUIRE((*codec)->DecodeAdd(reply.payload(), 1.0f, absl::MakeSpan(*view)).ok());
+}
+
+TEST_CASE("compressed pulls: dense first, then top-k of the difference, nothing lost") {
+  auto store = MakeStore("asp", 1);
+  REQUIRE(store->Init(Init("w", 100)).ok());
+  proto::ChunkRef ref;
+  ref.set_key("w");
+  ref.set_num_elements(100);
+  ref.set_codec_params("topk:ratio=0.1");
+  const auto forever = ShardStore::Clock::now() + std::chrono::seconds(5);
+  std::vector<float> view;
+  proto::TensorChunk reply;
+  REQUIRE(store->Pull(0, 0, ref, forever, {}, &reply).ok());
+  REQUIRE(reply.codec() == 0);
+  ApplyReply(reply, &view);
+
+  std::vector<float> gradient(100);
+  for (int i = 0; i < 100; ++i) gradient[i] = static_cast<float>(i + 1);
+  REQUIRE(store->Push({Gradient("w", 0, 0, gradient)}).ok());
+  const std::vector<float> target = *store->Snapshot("w", 0);
+  // Each pull sends the 10 largest remaining differences: 10 pulls drain it.
+  for (int pull = 0; pull < 10; ++pull) {
+    reply.Clear();
+    REQUIRE(store->Pull(0, 1, ref, forever, {}, &reply).ok());
+    REQUIRE(reply.codec() == static_cast<uint32_t>(CodecId::kTopK));
+    REQUIRE(reply.payload().size() == HeaderBytes() + 10 * 8);  // vs 400 dense
+    ApplyReply(reply, &view);
+    if (pull == 0) {
+      REQUIRE(view[99] == target[99]);  // the largest change arrives first
+      REQUIRE(view[0] == 0.0f);
+    }
+  }
+  REQUIRE(view == target);
+  ref.set_codec_params("zip");
+  REQUIRE(absl::IsInvalidArgument(store->Pull(0, 1, ref, forever, {}, &reply)));
 }
 
 }  // namespace

@@ -51,6 +51,12 @@ struct ChunkCompression {
   std::unique_ptr<ErrorFeedback> error_feedback;  // null: codec needs none
 };
 
+// The parameters of one chunk as rebuilt from compressed pull replies.
+struct PullMirror {
+  std::mutex mutex;
+  std::vector<float> values;  // empty until the first (dense) reply
+};
+
 bool NeedsErrorFeedback(const CodecSpec& spec) {
   switch (spec.id) {
     case CodecId::kTopK:
@@ -119,6 +125,17 @@ class Client::Impl {
   // "name#chunk" -> compression state; guarded by tensors_mutex_ for the map,
   // each entry by its own mutex.
   std::unordered_map<std::string, std::unique_ptr<ChunkCompression>> compression_;
+
+  // Compressed pulls: "name#chunk" -> this worker's view of the chunk, which
+  // compressed replies update. Guarded like compression_.
+  std::unordered_map<std::string, std::unique_ptr<PullMirror>> mirrors_;
+  CodecSpec pull_codec_spec_;
+
+  PullMirror* MirrorFor(const std::string& name, uint32_t chunk) const {
+    std::shared_lock<std::shared_mutex> lock(tensors_mutex_);
+    auto it = mirrors_.find(absl::StrCat(name, "#", chunk));
+    return it == mirrors_.end() ? nullptr : it->second.get();
+  }
 
   ChunkCompression* CompressionFor(const std::string& name, uint32_t chunk) const {
     std::shared_lock<std::shared_mutex> lock(tensors_mutex_);
@@ -193,28 +210,19 @@ absl::Status Client::Impl::ConnectUcx(absl::Time deadline) {
         !status.ok()) {
       return ShardError(static_cast<int>(shard), status);
     }
-    // Over shared memory UCX cannot see a dead shard; its gRPC channel can:
-    // dead once it failed, or was not READY for two seconds on end (after
-    // a crash gRPC may sit in CONNECTING/IDLE for a while).
-    struct Probe {
-      std::shared_ptr<grpc::Channel> channel;
-      std::mutex mutex;
-      absl::Time not_ready_since = absl::InfiniteFuture();
-    };
-    auto probe = std::make_shared<Probe>();
-    probe->channel = channels_[shard];
+    // Over shared memory UCX cannot see a dead shard, so a waiting call asks
+    // the shard over gRPC (a side-effect-free RPC): UNAVAILABLE means dead.
+    // The channel's state alone is not enough: after a crash it can stay
+    // READY for seconds.
+    proto::ParameterService::Stub* stub = stubs_[shard].get();
     auto transport = UcxClientContext::Connect(
-        *context, ShardName(static_cast<int>(shard)), response.address(), deadline, [probe] {
-          const grpc_connectivity_state state = probe->channel->GetState(true);
-          fprintf(stderr, "PROBE %s state=%d\n", absl::FormatTime(absl::Now()).c_str(), (int)state);
-          std::lock_guard<std::mutex> lock(probe->mutex);
-          if (state == GRPC_CHANNEL_READY) {
-            probe->not_ready_since = absl::InfiniteFuture();
-            return true;
-          }
-          if (probe->not_ready_since == absl::InfiniteFuture()) probe->not_ready_since = absl::Now();
-          return state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
-                 absl::Now() - probe->not_ready_since < absl::Seconds(2);
+        *context, ShardName(static_cast<int>(shard)), response.address(), deadline, [stub] {
+          grpc::ClientContext probe;
+          probe.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+          proto::TransportAddressRequest probe_request;
+          proto::TransportAddressResponse probe_response;
+          return stub->GetTransportAddress(&probe, probe_request, &probe_response).error_code() !=
+                 grpc::StatusCode::UNAVAILABLE;
         });
     if (!transport.ok()) return transport.status();
     transports_.push_back(std::move(*transport));
@@ -299,6 +307,9 @@ absl::Status Client::Impl::FillChunk(const std::string& name, const ChunkSpan& s
   chunk->set_chunk(span.chunk);
   chunk->set_clock(clock);
   chunk->set_num_elements(span.num_elements);
+  if (MirrorFor(name, span.chunk) != nullptr) {
+    chunk->set_pull_codec_params(pull_codec_spec_.ToString());
+  }
   chunk->set_dtype(proto::DTYPE_FLOAT32);
   ChunkCompression* compression = CompressionFor(name, span.chunk);
   if (compression == nullptr) {
@@ -339,8 +350,9 @@ absl::Status Client::Impl::ReadChunk(const std::string& name, const ShardGroup& 
   for (const ChunkSpan& candidate : group.spans) {
     if (candidate.chunk == reply.chunk()) span = &candidate;
   }
+  const bool compressed = reply.codec() != 0;
   if (reply.key() != name || span == nullptr || reply.num_elements() != span->num_elements ||
-      payload.size() != span->num_elements * sizeof(float)) {
+      (!compressed && payload.size() != span->num_elements * sizeof(float))) {
     return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": reply for '", reply.key(),
                                             "' chunk ", reply.chunk(),
                                             " does not match the request for '", name, "'"));
@@ -355,7 +367,39 @@ absl::Status Client::Impl::ReadChunk(const std::string& name, const ShardGroup& 
     return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": checksum mismatch in '",
                                             name, "' chunk ", reply.chunk()));
   }
-  payload.CopyTo(out + span->offset);
+  PullMirror* mirror = MirrorFor(name, span->chunk);
+  if (!compressed) {
+    payload.CopyTo(out + span->offset);
+    if (mirror != nullptr) {
+      std::lock_guard<std::mutex> lock(mirror->mutex);
+      mirror->values.assign(out + span->offset, out + span->offset + span->num_elements);
+    }
+  } else {
+    // A compressed reply is the difference to this worker's view: decode it
+    // into the mirror, then hand out the mirror.
+    if (mirror == nullptr) {
+      return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": compressed reply for '",
+                                              name, "' chunk ", reply.chunk(),
+                                              " that was pulled uncompressed"));
+    }
+    std::string bytes(payload.size(), '\0');
+    payload.CopyTo(reinterpret_cast<float*>(bytes.data()));
+    auto spec = CodecSpec::Parse(reply.codec_params());
+    if (!spec.ok()) return absl::DataLossError(spec.status().message());
+    auto codec = CreateCodec(*spec);
+    if (!codec.ok()) return absl::DataLossError(codec.status().message());
+    std::lock_guard<std::mutex> lock(mirror->mutex);
+    if (mirror->values.size() != span->num_elements) {
+      return absl::DataLossError(absl::StrCat("compressed reply for '", name, "' chunk ",
+                                              reply.chunk(), " before its first dense one"));
+    }
+    if (auto status = (*codec)->DecodeAdd(bytes, 1.0f, absl::MakeSpan(mirror->values));
+        !status.ok()) {
+      return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": '", name, "' chunk ",
+                                              reply.chunk(), ": ", status.message()));
+    }
+    std::memcpy(out + span->offset, mirror->values.data(), span->num_elements * sizeof(float));
+  }
   bytes_pulled_ += payload.size();
   last_min_clock_ = reply.min_clock();
   return absl::OkStatus();
@@ -421,6 +465,7 @@ absl::Status Client::Impl::PullGroup(Operation& op, const std::string& name,
     ref->set_key(name);
     ref->set_chunk(span.chunk);
     ref->set_num_elements(span.num_elements);
+    if (MirrorFor(name, span.chunk) != nullptr) ref->set_codec_params(pull_codec_spec_.ToString());
   }
   size_t received = 0;
   absl::Status status = WithRetries(op.canceller, [&] {
@@ -545,6 +590,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   if (!spec.ok()) return spec.status();
   auto impl = std::make_unique<Impl>(options);
   impl->codec_spec_ = *spec;
+  auto pull_spec = CodecSpec::Parse(options.pull_codec);
+  if (!pull_spec.ok()) return pull_spec.status();
+  impl->pull_codec_spec_ = *pull_spec;
   if (auto status = impl->Connect(); !status.ok()) return status;
   if (options.heartbeat_interval > absl::ZeroDuration()) {
     Impl* raw = impl.get();
@@ -623,8 +671,18 @@ absl::Status Client::RegisterTensor(const std::string& name, const std::vector<i
       }
     }
   }
+  std::unordered_map<std::string, std::unique_ptr<PullMirror>> mirrors;
+  if (impl_->pull_codec_spec_.id != CodecId::kNone) {
+    for (auto& entry : by_shard) {
+      for (const ChunkSpan& span : entry.second.spans) {
+        if (span.num_elements * sizeof(float) < impl_->options_.compress_min_bytes) continue;
+        mirrors[absl::StrCat(name, "#", span.chunk)] = std::make_unique<PullMirror>();
+      }
+    }
+  }
   for (auto& entry : by_shard) info.groups.push_back(std::move(entry.second));
   std::unique_lock<std::shared_mutex> lock(impl_->tensors_mutex_);
+  for (auto& entry : mirrors) impl_->mirrors_[entry.first] = std::move(entry.second);
   impl_->tensors_[name] = std::move(info);
   for (auto& entry : compression) impl_->compression_[entry.first] = std::move(entry.second);
   return absl::OkStatus();

@@ -57,6 +57,10 @@ struct ClientOptions {
   // retried with exponential backoff for this long; zero disables retries.
   absl::Duration retry_timeout = absl::Seconds(30);
   size_t compress_min_bytes = 16u << 10;
+  // Compression of pulls (same specs as `codec`): the shard sends each chunk
+  // as C(parameters - this worker's view) and keeps what C dropped for later
+  // pulls; the client rebuilds the parameters in a mirror of each chunk.
+  std::string pull_codec = "none";
   // Data path of pushes and pulls: "grpc" or "ucx" (the shards must run
   // with --ucx; UCX_TLS picks tcp or shared memory). Control, Init,
   // heartbeats and Leave always use gRPC.

@@ -51,6 +51,9 @@ ABSL_FLAG(std::string, codec, "none",
           "Push compression, e.g. topk:ratio=0.01, efsign, qsgd:levels=16, powersgd:rank=2.");
 ABSL_FLAG(double, signum_momentum, 0.9,
           "With --codec=signum: the worker pushes its momentum of this factor (Bernstein et al.).");
+ABSL_FLAG(std::string, pull_codec, "none",
+          "Pull compression: the shard sends C(parameters - the worker's view), e.g. "
+          "topk:ratio=0.1 or fp16.");
 ABSL_FLAG(int, compress_min_bytes, 16384, "Chunks smaller than this travel uncompressed.");
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics and liveness /healthz over HTTP (-1: off, 0: ephemeral).");
@@ -109,6 +112,7 @@ int main(int argc, char** argv) {
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   client_options.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   client_options.codec = absl::GetFlag(FLAGS_codec);
+  client_options.pull_codec = absl::GetFlag(FLAGS_pull_codec);
   client_options.transport = absl::GetFlag(FLAGS_transport);
   client_options.compress_min_bytes = std::max(0, absl::GetFlag(FLAGS_compress_min_bytes));
 

@@ -1,6 +1,9 @@
 // Shared pieces of the codec implementations: payload header I/O, the
-// portable PRNG, half-precision conversion, the vote interface and the
-// per-family factories. Not part of the public API (visibility private).
+// portable PRNG, half-precision conversion, the per-codec rules (k, random-k
+// draw, PowerSGD shape, bit packing), the vote interface and the per-family
+// factories. Not part of the public API: //common/codec:codec_internal
+// exposes it only to the CUDA twins (//cuda), which must produce and accept
+// exactly the CPU's payloads. Thread-compatible: no shared state.
 
 #ifndef HARRIER_COMMON_CODEC_INTERNAL_H_
 #define HARRIER_COMMON_CODEC_INTERNAL_H_
@@ -10,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,6 +67,17 @@ absl::Status CheckFiniteInput(CodecId id, absl::Span<const float> input);
 // True if every float in the span is finite.
 bool AllFinite(const float* data, size_t n);
 
+// AllFinite over n floats at p, which may be unaligned (a payload body).
+inline bool AllFiniteUnaligned(const char* p, size_t n) {
+  // x - x is NaN exactly when x is NaN or Inf; no branch in the loop.
+  float probe = 0.0f;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = Load<float>(p + 4 * i);
+    probe += v - v;
+  }
+  return probe == 0.0f;
+}
+
 // Writes value*scale (or adds it) at out[i].
 inline void Emit(float* out, size_t i, float value, float scale,
                  bool accumulate) {
@@ -95,6 +110,52 @@ class Rng {
  private:
   uint64_t s_[4];
 };
+
+// ---- Per-codec rules shared with the CUDA twins ----
+
+// Sparse codecs: k = max(1, round(ratio d)) capped at d; 0 for d = 0.
+size_t KFromRatio(double ratio, size_t d);
+
+// Random-k: k distinct indices of [0, d), increasing, drawn with Floyd's
+// algorithm from Rng(seed). Encoder and decoder call this with the same
+// seed. *bitmap is scratch.
+void RandomKIndices(uint64_t seed, size_t d, size_t k,
+                    std::vector<uint64_t>* bitmap,
+                    std::vector<uint32_t>* indices);
+
+// Header of top-k, random-k and threshold: param1 = 0 and k = param0 <= d,
+// k >= 1 for a non-empty tensor except under threshold. Returns k.
+absl::StatusOr<size_t> CheckSparseK(CodecId id, const PayloadHeader& header,
+                                    size_t d);
+
+// Top-k and threshold bodies: k uint32 indices, strictly increasing and
+// below d, then k finite fp32 values. body holds at least 8k bytes.
+absl::Status CheckIndexValueBody(CodecId id, absl::string_view body, size_t k,
+                                 size_t d);
+
+// PowerSGD views d elements as an m x n matrix compressed to rank r: with
+// cols > 0, n = cols and m = d / cols (when cols divides d); otherwise m is
+// the largest divisor of d not above sqrt(d). r == 0 (send uncompressed)
+// when the shape does not factor usefully (m < 2, n < 2 or r (m + n) >= d).
+struct PowerSgdShape {
+  size_t m = 0, n = 0, r = 0;
+};
+PowerSgdShape ChoosePowerSgdShape(size_t d, uint32_t rank, uint64_t cols);
+
+// PowerSGD's orthonormalisation of P (m x r, row-major) in place: modified
+// Gram-Schmidt over the columns; a (numerically) zero column stays zero.
+void OrthonormalizeColumns(size_t m, size_t r, double* p);
+
+// PowerSGD header (param0 = r, param1 = m) for d elements: r == 0 with
+// m == 0, or an m x (d / m) matrix with m, n >= 2 and r <= min(m, n, 64).
+absl::StatusOr<PowerSgdShape> CheckPowerSgdHeader(const PayloadHeader& header,
+                                                  size_t d);
+
+// QSGD and TernGrad bit packing: codes of `bits` bits, LSB-first.
+inline int BitWidth(uint32_t v) { return v == 0 ? 0 : 32 - __builtin_clz(v); }
+inline size_t PackedBytes(size_t n, int bits) {
+  return static_cast<size_t>((static_cast<unsigned __int128>(n) * bits + 7) / 8);
+}
 
 // ---- Half precision ----
 

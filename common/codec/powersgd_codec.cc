@@ -29,14 +29,9 @@
 
 namespace harrier {
 namespace codec_internal {
-namespace {
 
-struct Shape {
-  size_t m = 0, n = 0, r = 0;  // r == 0: uncompressed
-};
-
-Shape ChooseShape(size_t d, uint32_t rank, uint64_t cols) {
-  Shape s;
+PowerSgdShape ChoosePowerSgdShape(size_t d, uint32_t rank, uint64_t cols) {
+  PowerSgdShape s;
   if (d == 0) return s;
   size_t m = 0;
   if (cols > 0) {
@@ -56,6 +51,46 @@ Shape ChooseShape(size_t d, uint32_t rank, uint64_t cols) {
   return s;
 }
 
+absl::StatusOr<PowerSgdShape> CheckPowerSgdHeader(const PayloadHeader& header,
+                                                  size_t d) {
+  constexpr CodecId id = CodecId::kPowerSgd;
+  PowerSgdShape s;
+  s.r = header.param0;
+  s.m = header.param1;
+  if (s.r == 0) {
+    if (s.m != 0) return Invalid(id, "uncompressed payload with m != 0");
+    return s;
+  }
+  if (s.m < 2 || d % s.m != 0 || d / s.m < 2) {
+    return Invalid(id, absl::StrCat("m = ", s.m, " does not divide ", d,
+                                    " into a matrix"));
+  }
+  s.n = d / s.m;
+  if (s.r > std::min(s.m, s.n) || s.r > 64) {
+    return Invalid(id, absl::StrCat("rank ", s.r, " too large for ", s.m,
+                                    " x ", s.n));
+  }
+  return s;
+}
+
+void OrthonormalizeColumns(size_t m, size_t r, double* p) {
+  // Modified Gram-Schmidt.
+  for (size_t c = 0; c < r; ++c) {
+    for (size_t prev = 0; prev < c; ++prev) {
+      double dot = 0.0;
+      for (size_t i = 0; i < m; ++i) dot += p[i * r + c] * p[i * r + prev];
+      for (size_t i = 0; i < m; ++i) p[i * r + c] -= dot * p[i * r + prev];
+    }
+    double norm = 0.0;
+    for (size_t i = 0; i < m; ++i) norm += p[i * r + c] * p[i * r + c];
+    norm = std::sqrt(norm);
+    double inv = norm > 1e-30 ? 1.0 / norm : 0.0;
+    for (size_t i = 0; i < m; ++i) p[i * r + c] *= inv;
+  }
+}
+
+namespace {
+
 class PowerSgdCodec : public Codec {
  public:
   explicit PowerSgdCodec(const CodecSpec& spec) : Codec(spec) {}
@@ -66,7 +101,7 @@ class PowerSgdCodec : public Codec {
     absl::Status st = CheckFiniteInput(id(), input);
     if (!st.ok()) return st;
     const size_t d = input.size();
-    const Shape s = ChooseShape(d, spec().rank, spec().cols);
+    const PowerSgdShape s = ChoosePowerSgdShape(d, spec().rank, spec().cols);
     if (s.r == 0) {
       char* body = StartPayload(id(), d, 0, 0, 4 * d, payload);
       if (d) std::memcpy(body, input.data(), 4 * d);
@@ -94,19 +129,7 @@ class PowerSgdCodec : public Codec {
         for (size_t c = 0; c < r; ++c) prow[c] += x * qrow[c];
       }
     }
-    // Modified Gram-Schmidt; a (numerically) zero column stays zero.
-    for (size_t c = 0; c < r; ++c) {
-      for (size_t prev = 0; prev < c; ++prev) {
-        double dot = 0.0;
-        for (size_t i = 0; i < m; ++i) dot += p[i * r + c] * p[i * r + prev];
-        for (size_t i = 0; i < m; ++i) p[i * r + c] -= dot * p[i * r + prev];
-      }
-      double norm = 0.0;
-      for (size_t i = 0; i < m; ++i) norm += p[i * r + c] * p[i * r + c];
-      norm = std::sqrt(norm);
-      double inv = norm > 1e-30 ? 1.0 / norm : 0.0;
-      for (size_t i = 0; i < m; ++i) p[i * r + c] *= inv;
-    }
+    OrthonormalizeColumns(m, r, p.data());
     std::vector<float> pf(p.begin(), p.end());
     // Q = M^T P.
     std::vector<double> q(n * r, 0.0);
@@ -153,22 +176,10 @@ class PowerSgdCodec : public Codec {
     absl::StatusOr<PayloadHeader> h = CheckHeader(payload, id(), out.size());
     if (!h.ok()) return h.status();
     const size_t d = out.size();
-    const size_t r = h->param0, m = h->param1;
+    absl::StatusOr<PowerSgdShape> shape = CheckPowerSgdHeader(*h, d);
+    if (!shape.ok()) return shape.status();
+    const size_t m = shape->m, n = shape->n, r = shape->r;
     absl::string_view body = payload.substr(kCodecHeaderBytes);
-    size_t n = 0;
-    if (r == 0) {
-      if (m != 0) return Invalid(id(), "uncompressed payload with m != 0");
-    } else {
-      if (m < 2 || d % m != 0 || d / m < 2) {
-        return Invalid(id(), absl::StrCat("m = ", m, " does not divide ", d,
-                                          " into a matrix"));
-      }
-      n = d / m;
-      if (r > std::min(m, n) || r > 64) {
-        return Invalid(id(), absl::StrCat("rank ", r, " too large for ", m,
-                                          " x ", n));
-      }
-    }
     const size_t floats = r == 0 ? d : r * (m + n);
     absl::Status st = CheckBodySize(id(), body.size(), 4 * floats);
     if (!st.ok()) return st;

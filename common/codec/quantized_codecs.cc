@@ -21,8 +21,6 @@ namespace harrier {
 namespace codec_internal {
 namespace {
 
-int BitWidth(uint32_t v) { return v == 0 ? 0 : 32 - __builtin_clz(v); }
-
 class BitWriter {
  public:
   explicit BitWriter(char* out) : out_(out) {}
@@ -70,10 +68,6 @@ class BitReader {
   uint64_t acc_ = 0;
   int n_ = 0;
 };
-
-size_t PackedBytes(size_t n, int bits) {
-  return static_cast<size_t>((static_cast<unsigned __int128>(n) * bits + 7) / 8);
-}
 
 class QsgdCodec : public Codec {
  public:

@@ -18,15 +18,81 @@
 
 namespace harrier {
 namespace codec_internal {
-namespace {
-
-constexpr size_t kMaxSparseElements = std::numeric_limits<uint32_t>::max();
 
 size_t KFromRatio(double ratio, size_t d) {
   if (d == 0) return 0;
   double k = std::llround(ratio * static_cast<double>(d));
   return std::min<size_t>(d, std::max<size_t>(1, static_cast<size_t>(k)));
 }
+
+absl::StatusOr<size_t> CheckSparseK(CodecId id, const PayloadHeader& header,
+                                    size_t d) {
+  const size_t k = header.param0;
+  if (header.param1 != 0) return Invalid(id, "header param1 must be 0");
+  if (k > d) {
+    return Invalid(id, absl::StrCat("k = ", k, " exceeds element count ", d));
+  }
+  if (id != CodecId::kThreshold && d > 0 && k == 0) {
+    return Invalid(id, "k = 0 for a non-empty tensor");
+  }
+  return k;
+}
+
+absl::Status CheckIndexValueBody(CodecId id, absl::string_view body, size_t k,
+                                 size_t d) {
+  const char* idx = body.data();
+  const char* val = idx + 4 * k;
+  uint64_t prev = 0;
+  for (size_t j = 0; j < k; ++j) {
+    uint32_t i = Load<uint32_t>(idx + 4 * j);
+    if (i >= d) {
+      return Invalid(id, absl::StrCat("index ", i, " at position ", j,
+                                      " out of range [0, ", d, ")"));
+    }
+    if (j > 0 && i <= prev) {
+      return Invalid(id, absl::StrCat("index ", i, " at position ", j,
+                                      " repeated or not increasing (previous ",
+                                      prev, ")"));
+    }
+    prev = i;
+    float v = Load<float>(val + 4 * j);
+    if (!std::isfinite(v)) {
+      return Invalid(id, absl::StrCat("value at position ", j, " (index ", i,
+                                      ") is ", v));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void RandomKIndices(uint64_t seed, size_t d, size_t k,
+                    std::vector<uint64_t>* bitmap,
+                    std::vector<uint32_t>* indices) {
+  indices->clear();
+  indices->reserve(k);
+  if (k == d) {
+    for (size_t i = 0; i < d; ++i) indices->push_back(static_cast<uint32_t>(i));
+    return;
+  }
+  bitmap->assign((d + 63) / 64, 0);
+  uint64_t* bits = bitmap->data();
+  Rng rng(seed);
+  for (size_t j = d - k; j < d; ++j) {
+    uint64_t t = rng.Below(j + 1);
+    if (bits[t / 64] >> (t % 64) & 1) t = j;
+    bits[t / 64] |= uint64_t{1} << (t % 64);
+  }
+  for (size_t w = 0; w < bitmap->size(); ++w) {
+    uint64_t word = bits[w];
+    while (word != 0) {
+      indices->push_back(static_cast<uint32_t>(w * 64 + __builtin_ctzll(word)));
+      word &= word - 1;
+    }
+  }
+}
+
+namespace {
+
+constexpr size_t kMaxSparseElements = std::numeric_limits<uint32_t>::max();
 
 absl::Status CheckSparseSize(CodecId id, size_t d) {
   if (d > kMaxSparseElements) {
@@ -50,48 +116,23 @@ void WriteIndexValueBody(CodecId id, absl::Span<const float> input,
   }
 }
 
-// Shared decoder for the index/value body; require_nonempty is true for
-// top-k, whose k is at least 1 for a non-empty tensor.
+// Shared decoder for the index/value body of top-k and threshold.
 absl::Status DecodeIndexValue(CodecId id, absl::string_view payload,
                               float scale, bool accumulate,
                               absl::Span<float> out) {
   absl::StatusOr<PayloadHeader> h = CheckHeader(payload, id, out.size());
   if (!h.ok()) return h.status();
   const size_t d = out.size();
-  const size_t k = h->param0;
-  if (h->param1 != 0) return Invalid(id, "header param1 must be 0");
-  if (k > d) {
-    return Invalid(id, absl::StrCat("k = ", k, " exceeds element count ", d));
-  }
-  if (id == CodecId::kTopK && d > 0 && k == 0) {
-    return Invalid(id, "k = 0 for a non-empty tensor");
-  }
+  absl::StatusOr<size_t> k = CheckSparseK(id, *h, d);
+  if (!k.ok()) return k.status();
   absl::string_view body = payload.substr(kCodecHeaderBytes);
-  absl::Status st = CheckBodySize(id, body.size(), 8 * k);
+  absl::Status st = CheckBodySize(id, body.size(), 8 * *k);
+  if (st.ok()) st = CheckIndexValueBody(id, body, *k, d);
   if (!st.ok()) return st;
   const char* idx = body.data();
-  const char* val = idx + 4 * k;
-  uint64_t prev = 0;
-  for (size_t j = 0; j < k; ++j) {
-    uint32_t i = Load<uint32_t>(idx + 4 * j);
-    if (i >= d) {
-      return Invalid(id, absl::StrCat("index ", i, " at position ", j,
-                                      " out of range [0, ", d, ")"));
-    }
-    if (j > 0 && i <= prev) {
-      return Invalid(id, absl::StrCat("index ", i, " at position ", j,
-                                      " repeated or not increasing (previous ",
-                                      prev, ")"));
-    }
-    prev = i;
-    float v = Load<float>(val + 4 * j);
-    if (!std::isfinite(v)) {
-      return Invalid(id, absl::StrCat("value at position ", j, " (index ", i,
-                                      ") is ", v));
-    }
-  }
+  const char* val = idx + 4 * *k;
   if (!accumulate) std::fill(out.begin(), out.end(), 0.0f);
-  for (size_t j = 0; j < k; ++j) {
+  for (size_t j = 0; j < *k; ++j) {
     Emit(out.data(), Load<uint32_t>(idx + 4 * j), Load<float>(val + 4 * j),
          scale, accumulate);
   }
@@ -167,34 +208,6 @@ class TopKCodec : public Codec {
   std::vector<float> sample_;
 };
 
-// Draws k distinct indices of [0, d) with Floyd's algorithm and returns them
-// in increasing order. Encoder and decoder call this with the same seed.
-void RandomKIndices(uint64_t seed, size_t d, size_t k,
-                    std::vector<uint64_t>* bitmap,
-                    std::vector<uint32_t>* indices) {
-  indices->clear();
-  indices->reserve(k);
-  if (k == d) {
-    for (size_t i = 0; i < d; ++i) indices->push_back(static_cast<uint32_t>(i));
-    return;
-  }
-  bitmap->assign((d + 63) / 64, 0);
-  uint64_t* bits = bitmap->data();
-  Rng rng(seed);
-  for (size_t j = d - k; j < d; ++j) {
-    uint64_t t = rng.Below(j + 1);
-    if (bits[t / 64] >> (t % 64) & 1) t = j;
-    bits[t / 64] |= uint64_t{1} << (t % 64);
-  }
-  for (size_t w = 0; w < bitmap->size(); ++w) {
-    uint64_t word = bits[w];
-    while (word != 0) {
-      indices->push_back(static_cast<uint32_t>(w * 64 + __builtin_ctzll(word)));
-      word &= word - 1;
-    }
-  }
-}
-
 class RandomKCodec : public Codec {
  public:
   explicit RandomKCodec(const CodecSpec& spec) : Codec(spec) {}
@@ -236,12 +249,9 @@ class RandomKCodec : public Codec {
     absl::StatusOr<PayloadHeader> h = CheckHeader(payload, id(), out.size());
     if (!h.ok()) return h.status();
     const size_t d = out.size();
-    const size_t k = h->param0;
-    if (h->param1 != 0) return Invalid(id(), "header param1 must be 0");
-    if (k > d) {
-      return Invalid(id(), absl::StrCat("k = ", k, " exceeds element count ", d));
-    }
-    if (d > 0 && k == 0) return Invalid(id(), "k = 0 for a non-empty tensor");
+    absl::StatusOr<size_t> checked_k = CheckSparseK(id(), *h, d);
+    if (!checked_k.ok()) return checked_k.status();
+    const size_t k = *checked_k;
     absl::string_view body = payload.substr(kCodecHeaderBytes);
     absl::Status st = CheckBodySize(id(), body.size(), 8 + 4 * k);
     if (!st.ok()) return st;

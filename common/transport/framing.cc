@@ -68,19 +68,12 @@ absl::Status DecodeHeader(const void* header, size_t length, Frame* frame,
 }
 
 std::string EncodeChunkHeader(const proto::TensorChunk& chunk) {
-  // Every field but the payload. Keep in step with proto/harrier.proto.
-  proto::TensorChunk meta;
-  meta.set_job(chunk.job());
-  meta.set_rank(chunk.rank());
-  meta.set_key(chunk.key());
-  meta.set_chunk(chunk.chunk());
-  meta.set_clock(chunk.clock());
-  meta.set_codec(chunk.codec());
-  meta.set_codec_params(chunk.codec_params());
-  meta.set_num_elements(chunk.num_elements());
-  meta.set_dtype(chunk.dtype());
-  meta.set_checksum(chunk.checksum());
-  meta.set_min_clock(chunk.min_clock());
+  // The data path passes headers whose payload is empty: no copy. Otherwise
+  // copy and clear, which keeps every field (including ones added later to
+  // the proto) at the cost of copying the payload once.
+  if (chunk.payload().empty()) return chunk.SerializeAsString();
+  proto::TensorChunk meta = chunk;
+  meta.clear_payload();
   return meta.SerializeAsString();
 }
 

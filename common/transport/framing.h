@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -64,6 +65,22 @@ struct Frame {
   int64_t arg = 0;
 };
 
+// A payload buffer left uninitialised (new char[]): multi-MiB payloads are
+// not zero-filled before UCX overwrites them. Aligned for float.
+struct PayloadBuffer {
+  std::unique_ptr<char[]> bytes;
+  size_t size = 0;
+
+  static PayloadBuffer Allocate(size_t size) {
+    PayloadBuffer buffer;
+    buffer.bytes.reset(new char[size == 0 ? 1 : size]);
+    buffer.size = size;
+    return buffer;
+  }
+  char* data() { return bytes.get(); }
+  absl::string_view view() const { return absl::string_view(bytes.get(), size); }
+};
+
 // Header bytes: the frame, then `body`.
 std::string EncodeHeader(const Frame& frame, absl::string_view body);
 
@@ -73,7 +90,8 @@ absl::Status DecodeHeader(const void* header, size_t length, Frame* frame,
                           absl::string_view* body);
 
 // A chunk's fields except its payload, serialized (the payload travels as
-// AM data, so it is never copied into the header).
+// AM data). Free when the payload field is empty, as on the data path;
+// otherwise it copies the payload once (tests).
 std::string EncodeChunkHeader(const proto::TensorChunk& chunk);
 
 // kStatus header for `status` closing a reply of `count` chunks.

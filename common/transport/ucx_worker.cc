@@ -1,6 +1,7 @@
 #include "common/transport/ucx_worker.h"
 
 #include <sys/epoll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -21,7 +22,12 @@ absl::Status UcsError(const std::string& what, ucs_status_t status) {
 
 // Idle spin before sleeping: long enough to catch the next message of a
 // burst (a round trip is ~5 us over tcp), short enough not to burn a core.
+// Idle spin before sleeping: long enough to catch the next message of a
+// burst (a round trip is ~5-15 us), short enough not to burn a core. While
+// a reply is expected (ExpectReplies) the spin is longer. Spinning yields
+// the CPU, so on a busy host the threads doing the work still run.
 constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kSpinExpecting = std::chrono::microseconds(500);
 
 // True when UCX_TLS lists transports and none of them is a network one
 // (those detect peer failure); "^" lists exclusions, so it may allow tcp.
@@ -187,7 +193,12 @@ void UcxWorker::Loop() {
       last_work = Clock::now();
       continue;
     }
-    if (Clock::now() - last_work < kSpin) continue;
+    const auto idle = Clock::now() - last_work;
+    if (idle < kSpin) continue;
+    if (idle < kSpinExpecting && expecting_.load(std::memory_order_relaxed) > 0) {
+      sched_yield();
+      continue;
+    }
     // Arm, then sleep; BUSY means events arrived meanwhile: progress again.
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     epoll_event events[2];
@@ -202,11 +213,12 @@ void UcxWorker::Loop() {
   }
   // Finish what was handed over, then give in-flight requests a moment.
   const auto until = Clock::now() + std::chrono::seconds(1);
+  bool ran = false;
   do {
-    RunTasks();
+    ran = RunTasks();
     while (ucp_worker_progress(worker_) != 0) {
     }
-  } while ((outstanding_ > 0 || !tasks_.empty()) && Clock::now() < until);
+  } while ((outstanding_ > 0 || ran) && Clock::now() < until);
   if (outstanding_ > 0) {
     spdlog::warn("ucx worker={} stopping with {} requests outstanding", name_,
                  outstanding_.load());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
@@ -33,8 +34,14 @@ ShardStore::Clock::time_point DeadlineOf(int64_t timeout_ms) {
 struct Arrival {
   Frame frame;
   std::string body;
-  std::string data;
+  transport::PayloadBuffer data;
 };
+
+transport::PayloadBuffer Copy(const void* data, size_t length) {
+  auto buffer = transport::PayloadBuffer::Allocate(length);
+  if (length > 0) std::memcpy(buffer.data(), data, length);
+  return buffer;
+}
 
 }  // namespace
 
@@ -50,7 +57,8 @@ struct UcxServer::Pending {
   uint32_t count = 0;
   uint32_t arrived = 0;
   int64_t timeout_ms = -1;
-  std::vector<proto::TensorChunk> chunks;
+  std::vector<proto::TensorChunk> chunks;  // headers (payload field unused)
+  std::vector<transport::PayloadBuffer> payloads;
   std::vector<bool> seen;
   absl::Status error;  // the first bad frame's; replied once all arrived
 };
@@ -103,8 +111,7 @@ ucs_status_t UcxServer::OnRequest(void* arg, const void* header, size_t header_l
     return UCS_OK;
   }
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
-    self->OnFrame(frame, std::string(body), std::string(static_cast<const char*>(data), length),
-                  absl::OkStatus(), length);
+    self->OnFrame(frame, std::string(body), Copy(data, length), absl::OkStatus(), length);
     return UCS_OK;
   }
   if (length > kMaxPayloadBytes || frame.payload_bytes != length) {
@@ -119,11 +126,11 @@ ucs_status_t UcxServer::OnRequest(void* arg, const void* header, size_t header_l
   auto arrival = std::make_shared<Arrival>();
   arrival->frame = frame;
   arrival->body = std::string(body);
-  arrival->data.resize(length);
+  arrival->data = transport::PayloadBuffer::Allocate(length);
   self->worker_->ReceiveData(
       data, arrival->data.data(), length, [self, arrival, length](ucs_status_t status) {
         if (status != UCS_OK) {
-          arrival->data.clear();
+          arrival->data = {};
           self->OnFrame(arrival->frame, std::move(arrival->body), {},
                         absl::UnavailableError(absl::StrCat("receiving the payload failed: ",
                                                             ucs_status_string(status))),
@@ -136,10 +143,10 @@ ucs_status_t UcxServer::OnRequest(void* arg, const void* header, size_t header_l
   return UCS_OK;
 }
 
-void UcxServer::OnFrame(const Frame& frame, std::string body, std::string data,
+void UcxServer::OnFrame(const Frame& frame, std::string body, transport::PayloadBuffer data,
                         absl::Status data_status, size_t data_length) {
   if (frame.op == Op::kHello) {
-    OnHello(frame, data);
+    OnHello(frame, std::string(data.view()));
     return;
   }
   if (peers_.count(frame.connection_id) == 0) {
@@ -181,6 +188,7 @@ void UcxServer::OnFrame(const Frame& frame, std::string body, std::string data,
         items.push_back({request.rank(), request.clock(), ref, request.job()});
       }
       const auto deadline = DeadlineOf(frame.arg);
+      worker_->ExpectReplies(1);  // ends with the request's SendStatus
       pull_pool_->Submit([this, frame, deadline, items = std::move(items)]() mutable {
         RunPull(frame.connection_id, frame.request_id, deadline, std::move(items));
       });
@@ -238,7 +246,7 @@ void UcxServer::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   if (it != self->peers_.end() && it->second.get() == peer) self->peers_.erase(it);
 }
 
-void UcxServer::OnChunk(const Frame& frame, const std::string& body, std::string data,
+void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::PayloadBuffer data,
                         absl::Status frame_status) {
   const uint64_t connection = frame.connection_id;
   const uint64_t request = frame.request_id;
@@ -255,8 +263,9 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, std::string
     }
     const bool then_pull = frame.op == Op::kPushPull;
     const auto deadline = DeadlineOf(frame.arg);
+    worker_->ExpectReplies(1);
     push_pool_->Submit([this, connection, request, then_pull, deadline] {
-      RunPush(connection, request, then_pull, deadline, {});
+      RunPush(connection, request, then_pull, deadline, nullptr);
     });
     return;
   }
@@ -267,33 +276,34 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, std::string
     slot->count = frame.count;
     slot->timeout_ms = frame.arg;
     slot->chunks.resize(frame.count);
+    slot->payloads.resize(frame.count);
     slot->seen.resize(frame.count);
   }
   Pending& pending = *slot;
-  if (pending.error.ok()) {
-    if (frame.op != pending.op || frame.count != pending.count || frame.index >= pending.count ||
-        pending.seen[frame.index]) {
-      pending.error = absl::InvalidArgumentError(
-          absl::StrCat("malformed frame: chunk ", frame.index, " of ", frame.count,
-                       " does not fit the request"));
+  // A frame that does not fit the request cannot be counted: answer at
+  // once. Any other bad chunk is answered once all frames arrived, so the
+  // request leaves no state behind.
+  const bool fits = frame.op == pending.op && frame.count == pending.count &&
+                    frame.index < pending.count && !pending.seen[frame.index];
+  if (!fits) {
+    pending.error = absl::InvalidArgumentError(absl::StrCat(
+        "malformed frame: chunk ", frame.index, " of ", frame.count, " does not fit the request"));
+  } else {
+    pending.seen[frame.index] = true;
+    ++pending.arrived;
+    if (!pending.error.ok()) {
+      // Already refused: drop the bytes.
     } else if (!frame_status.ok()) {
       pending.error = frame_status;
     } else if (!pending.chunks[frame.index].ParseFromString(body)) {
-      pending.error =
-          absl::InvalidArgumentError("malformed frame: chunk header does not parse");
+      pending.error = absl::InvalidArgumentError("malformed frame: chunk header does not parse");
     } else {
-      // The payload is moved, not copied, into the chunk.
-      *pending.chunks[frame.index].mutable_payload() = std::move(data);
+      // The payload stays in its receive buffer; the store reads it there.
+      pending.payloads[frame.index] = std::move(data);
     }
   }
-  if (frame.index < pending.count && !pending.seen[frame.index]) {
-    pending.seen[frame.index] = true;
-    ++pending.arrived;
-  }
-  if (pending.arrived < pending.count && pending.error.ok()) return;
-  // Complete, or failed: an error is answered at once (later frames of the
-  // request then start a fresh entry whose reply the client ignores).
-  std::unique_ptr<Pending> done = std::move(slot);
+  if (fits && pending.arrived < pending.count) return;
+  std::shared_ptr<Pending> done = std::move(slot);
   pending_.erase({connection, request});
   if (!done->error.ok()) {
     SendStatus(connection, request, 0, done->error);
@@ -301,19 +311,29 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, std::string
   }
   const bool then_pull = done->op == Op::kPushPull;
   const auto deadline = DeadlineOf(done->timeout_ms);
-  push_pool_->Submit([this, connection, request, then_pull, deadline,
-                      chunks = std::move(done->chunks)]() mutable {
-    RunPush(connection, request, then_pull, deadline, std::move(chunks));
+  worker_->ExpectReplies(1);
+  push_pool_->Submit([this, connection, request, then_pull, deadline, done] {
+    RunPush(connection, request, then_pull, deadline, done);
   });
 }
 
 void UcxServer::RunPush(uint64_t connection, uint64_t request, bool then_pull,
-                        ShardStore::Clock::time_point deadline,
-                        std::vector<proto::TensorChunk> chunks) {
-  absl::Status status = stopping_ ? absl::UnavailableError("shard is shutting down")
-                                  : store_->Push(chunks);
+                        ShardStore::Clock::time_point deadline, std::shared_ptr<Pending> pushed) {
+  static const std::vector<proto::TensorChunk> kNone;
+  const std::vector<proto::TensorChunk>& chunks = pushed ? pushed->chunks : kNone;
+  absl::Status status;
+  if (stopping_) {
+    status = absl::UnavailableError("shard is shutting down");
+  } else {
+    std::vector<ShardStore::PushChunkView> views(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      views[i] = {&chunks[i], pushed->payloads[i].view()};
+    }
+    status = store_->Push(views);
+  }
   if (!status.ok() || !then_pull) {
     SendStatus(connection, request, 0, status);
+    worker_->ExpectReplies(-1);
     return;
   }
   std::vector<PullItem> items;
@@ -325,6 +345,7 @@ void UcxServer::RunPush(uint64_t connection, uint64_t request, bool then_pull,
     item.ref.set_key(pushed.key());
     item.ref.set_chunk(pushed.chunk());
     item.ref.set_num_elements(pushed.num_elements());
+    item.ref.set_codec_params(pushed.pull_codec_params());  // as the gRPC service does
     item.job = pushed.job();
     items.push_back(std::move(item));
   }
@@ -346,14 +367,22 @@ void UcxServer::RunPull(uint64_t connection, uint64_t request,
       status = absl::CancelledError("client went away");
       break;
     }
-    auto out = std::make_shared<proto::TensorChunk>();
-    status = store_->Pull(item.rank, item.clock, item.ref, deadline, cancelled, out.get());
+    proto::TensorChunk out;
+    transport::PayloadBuffer payload;
+    // The store writes the parameters straight into the buffer UCX sends.
+    status = store_->Pull(item.rank, item.clock, item.ref, deadline, cancelled, &out,
+                          [&payload](size_t bytes) {
+                            payload = transport::PayloadBuffer::Allocate(bytes);
+                            return payload.data();
+                          });
     if (!status.ok()) break;
-    out->set_job(item.job);
-    SendChunk(connection, request, sent++, std::move(out));
+    out.set_job(item.job);
+    SendChunk(connection, request, sent++, out, std::make_shared<transport::PayloadBuffer>(
+                                                    std::move(payload)));
   }
   Untrack(connection, request);
   SendStatus(connection, request, sent, status);
+  worker_->ExpectReplies(-1);
 }
 
 std::shared_ptr<std::atomic<bool>> UcxServer::TrackCancel(uint64_t connection, uint64_t request) {
@@ -381,21 +410,21 @@ void UcxServer::SendStatus(uint64_t connection, uint64_t request, uint32_t count
 }
 
 void UcxServer::SendChunk(uint64_t connection, uint64_t request, uint32_t index,
-                          std::shared_ptr<proto::TensorChunk> chunk) {
+                          const proto::TensorChunk& chunk,
+                          std::shared_ptr<transport::PayloadBuffer> payload) {
   Frame frame;
   frame.op = Op::kReplyChunk;
   frame.connection_id = connection;
   frame.request_id = request;
   frame.index = index;
-  frame.payload_bytes = chunk->payload().size();
-  std::string header = transport::EncodeHeader(frame, transport::EncodeChunkHeader(*chunk));
-  worker_->Post([this, connection, header = std::move(header), chunk = std::move(chunk)]() mutable {
+  frame.payload_bytes = payload->size;
+  std::string header = transport::EncodeHeader(frame, transport::EncodeChunkHeader(chunk));
+  worker_->Post([this, connection, header = std::move(header), payload]() mutable {
     auto it = peers_.find(connection);
     if (it == peers_.end()) return;
-    const std::string& payload = chunk->payload();
-    // `chunk` rides in the completion so the payload outlives the send.
-    worker_->SendAm(it->second->ep, transport::kReplyAmId, std::move(header), payload.data(),
-                    payload.size(), [chunk](ucs_status_t) {});
+    // `payload` rides in the completion so it outlives the send.
+    worker_->SendAm(it->second->ep, transport::kReplyAmId, std::move(header), payload->data(),
+                    payload->size, [payload](ucs_status_t) {});
   });
 }
 

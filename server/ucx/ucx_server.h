@@ -63,17 +63,19 @@ class UcxServer {
                                 size_t length, const ucp_am_recv_param_t* param);
   static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
   // `data` holds the AM data, or is empty with `data_status` saying why.
-  void OnFrame(const transport::Frame& frame, std::string body, std::string data,
+  void OnFrame(const transport::Frame& frame, std::string body, transport::PayloadBuffer data,
                absl::Status data_status, size_t data_length);
   void OnHello(const transport::Frame& frame, const std::string& address);
-  void OnChunk(const transport::Frame& frame, const std::string& body, std::string data,
+  void OnChunk(const transport::Frame& frame, const std::string& body,
+               transport::PayloadBuffer data,
                absl::Status frame_status);
 
   // Any thread: queue a reply on the progress thread.
   void SendStatus(uint64_t connection, uint64_t request, uint32_t count,
                   const absl::Status& status);
   void SendChunk(uint64_t connection, uint64_t request, uint32_t index,
-                 std::shared_ptr<proto::TensorChunk> chunk);
+                 const proto::TensorChunk& chunk,
+                 std::shared_ptr<transport::PayloadBuffer> payload);
 
   // Pools.
   struct PullItem {
@@ -82,8 +84,9 @@ class UcxServer {
     proto::ChunkRef ref;
     std::string job;
   };
+  // `pushed` null: an empty push.
   void RunPush(uint64_t connection, uint64_t request, bool then_pull,
-               ShardStore::Clock::time_point deadline, std::vector<proto::TensorChunk> chunks);
+               ShardStore::Clock::time_point deadline, std::shared_ptr<Pending> pushed);
   void RunPull(uint64_t connection, uint64_t request, ShardStore::Clock::time_point deadline,
                std::vector<PullItem> items);
   std::shared_ptr<std::atomic<bool>> TrackCancel(uint64_t connection, uint64_t request);

@@ -59,7 +59,7 @@ else
 fi
 expect_usage_error "unknown subcommand exits non-zero" "unknown subcommand" nosuchbench
 expect_usage_error "no subcommand exits non-zero" "usage" 
-expect_usage_error "transport --transport=ucx is refused" "ucx" transport --transport=ucx
+expect_usage_error "transport --transport=bogus is refused" "bogus" transport --transport=bogus
 expect_usage_error "transport unknown flag is refused" "bogus" transport --bogus=1
 expect_usage_error "transport with a missing server binary is refused" "server_binary" \
   transport --quick --server_binary="$tmp/no-such-server"
@@ -108,6 +108,19 @@ if ! pgrep -f "$tmp/harrier-bench-" >/dev/null 2>&1 && ! ls -d "$tmp"/harrier-be
   pass "no server left running"
 else
   fail "no server left running"
+fi
+
+# --- transport over UCX (tcp) ------------------------------------------------------
+UCX_TLS=tcp timeout 50 "$bench" transport --quick --transport=ucx --shards=1 --ops=pushpull \
+  >"$tmp/transport_ucx.jsonl" 2>"$tmp/transport_ucx.err"
+rc=$?
+if [ "$rc" -eq 0 ] && json_lines_ok "$tmp/transport_ucx.jsonl" &&
+   grep -q '"transport":"ucx"' "$tmp/transport_ucx.jsonl" &&
+   positive_ok "$tmp/transport_ucx.jsonl" goodput_gbps &&
+   positive_ok "$tmp/transport_ucx.jsonl" memcpy_gbps; then
+  pass "transport --transport=ucx measures over UCX"
+else
+  fail "transport --transport=ucx measures over UCX (exit $rc): $(tail -n 5 "$tmp/transport_ucx.err")"
 fi
 
 # --- codec ---------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,13 +33,14 @@ constexpr const char* kUsage =
     "usage: harrier-bench transport [flags]\n"
     "Push, pull and push-pull goodput of the Harrier client against real\n"
     "harrier-server processes on 127.0.0.1 (--sync=asp), each next to raw\n"
-    "loopback TCP measured in the same run. One JSON line per point on\n"
-    "stdout, a summary table on stderr.\n"
+    "loopback TCP and single-thread memcpy measured in the same run. One JSON\n"
+    "line per point on stdout, a summary table on stderr.\n"
     "  --sizes=4K,64K,1M,16M,64M   tensor sizes in bytes (K/M/G = KiB/MiB/GiB)\n"
     "  --shards=1,2                server shard counts\n"
     "  --workers=1,2,4             concurrent workers (threads, one Client each)\n"
     "  --ops=push,pull,pushpull    operations to measure\n"
-    "  --transport=grpc            only grpc is built\n"
+    "  --transport=grpc            grpc or ucx (servers get --ucx; UCX_TLS=tcp or sm,self\n"
+    "                              picks UCX's transports, in this process and the servers)\n"
     "  --quick                     small fast subset (smoke tests); later flags override it\n"
     "  --bytes_per_point=256M      payload each point aims to move (all workers together)\n"
     "  --min_iterations=3          timed ops per worker at least ...\n"
@@ -72,6 +74,7 @@ struct Options {
   uint64_t max_point_bytes = 0;
   size_t chunk_bytes = 4 * kMiB;
   bool skip_tcp = false;
+  std::string transport = "grpc";
 };
 
 void ApplyQuick(Options* options) {
@@ -142,13 +145,10 @@ std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
       }
       if (options->ops.empty()) return "--ops: empty list";
     } else if (name == "transport") {
-      if (value == "ucx") {
-        return "--transport=ucx: the UCX transport is not built into this binary; only grpc "
-               "exists";
+      if (value != "grpc" && value != "ucx") {
+        return absl::StrCat("--transport: unknown transport '", value, "' (grpc or ucx)");
       }
-      if (value != "grpc") {
-        return absl::StrCat("--transport: unknown transport '", value, "' (only grpc exists)");
-      }
+      options->transport = std::string(value);
     } else if (name == "server_binary") {
       options->server_binary = std::string(value);
     } else if (name == "bytes_per_point") {
@@ -220,6 +220,7 @@ absl::StatusOr<std::vector<Worker>> ConnectWorkers(const Options& options,
     client_options.worker_name = absl::StrCat("bench-", rank);
     client_options.chunk_bytes = options.chunk_bytes;
     client_options.connect_timeout = absl::Seconds(10);
+    client_options.transport = options.transport;
     auto client = Client::Create(client_options);
     if (!client.ok()) return client.status();
     Worker& worker = result[rank];
@@ -330,16 +331,40 @@ absl::StatusOr<Measurement> MeasureTcp(const Options& options, TcpPattern patter
   return result;
 }
 
+// Single-thread memcpy of `size` bytes between two buffers, the reference
+// for shared-memory transports (which at best copy once). Cached per size.
+double MemcpyGbps(size_t size) {
+  static std::map<size_t, double> cache;
+  if (auto it = cache.find(size); it != cache.end()) return it->second;
+  std::vector<char> source(size, 1), dest(size, 0);
+  const int iterations =
+      static_cast<int>(std::clamp<uint64_t>((256 * kMiB) / std::max<size_t>(size, 1), 3, 20000));
+  for (int i = 0; i < 2; ++i) std::memcpy(dest.data(), source.data(), size);  // fault pages in
+  const auto start = BenchClock::now();
+  for (int i = 0; i < iterations; ++i) {
+    source[i % size] = static_cast<char>(i);  // each copy reads changed data
+    std::memcpy(dest.data(), source.data(), size);
+  }
+  const double seconds = std::chrono::duration<double>(BenchClock::now() - start).count();
+  // Keep the copies observable so they are not optimised away.
+  volatile char sink = dest[size / 2];
+  (void)sink;
+  const double gbps = seconds > 0 ? static_cast<double>(size) * iterations / seconds / 1e9 : 0;
+  cache[size] = gbps;
+  return gbps;
+}
+
 struct Row {
   std::string op;
   size_t size;
   int shards, workers;
-  double gbps, tcp_gbps, p50, p99, tcp_p50;
+  double gbps, tcp_gbps, p50, p99, tcp_p50, memcpy_gbps;
 };
 
 void PrintLine(const char* transport, const char* op, size_t size, int shards, int workers,
                int iterations, Measurement& ours, Measurement& tcp, int tcp_connections,
                std::vector<Row>* rows) {
+  const double memcpy_gbps = MemcpyGbps(size);
   const double p50 = Percentile(ours.latency_us, 0.50);
   const double p99 = Percentile(ours.latency_us, 0.99);
   const double tcp_p50 = Percentile(tcp.latency_us, 0.50);
@@ -350,12 +375,14 @@ void PrintLine(const char* transport, const char* op, size_t size, int shards, i
       "\"shards\":%d,\"workers\":%d,\"iterations\":%d,\"payload_bytes\":%llu,"
       "\"seconds\":%.6f,\"goodput_gbps\":%.4f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
       "\"tcp_gbps\":%.4f,\"tcp_p50_us\":%.1f,\"tcp_p99_us\":%.1f,\"tcp_connections\":%d,"
-      "\"ratio\":%.4f}\n",
+      "\"ratio\":%.4f,\"memcpy_gbps\":%.4f,\"memcpy_ratio\":%.4f}\n",
       transport, op, size, shards, workers, iterations,
       static_cast<unsigned long long>(ours.payload_bytes), ours.seconds, ours.gbps(), p50, p99,
-      tcp.gbps(), tcp_p50, tcp_p99, tcp_connections, ratio);
+      tcp.gbps(), tcp_p50, tcp_p99, tcp_connections, ratio, memcpy_gbps,
+      memcpy_gbps > 0 ? ours.gbps() / memcpy_gbps : 0);
   std::fflush(stdout);
-  rows->push_back({op, size, shards, workers, ours.gbps(), tcp.gbps(), p50, p99, tcp_p50});
+  rows->push_back(
+      {op, size, shards, workers, ours.gbps(), tcp.gbps(), p50, p99, tcp_p50, memcpy_gbps});
 }
 
 // Round-trip latency of 4 KiB on one raw connection, the reference for the
@@ -378,13 +405,14 @@ absl::Status MeasurePingPong(std::vector<Row>* rows) {
 }
 
 void PrintTable(const std::vector<Row>& rows) {
-  std::fprintf(stderr, "%-12s %5s %6s %7s %9s %9s %6s %9s %9s %9s\n", "op", "size", "shards",
-               "workers", "GB/s", "tcp GB/s", "ratio", "p50 us", "p99 us", "tcp p50");
+  std::fprintf(stderr, "%-12s %5s %6s %7s %9s %9s %6s %9s %9s %9s %9s\n", "op", "size",
+               "shards", "workers", "GB/s", "tcp GB/s", "ratio", "p50 us", "p99 us", "tcp p50",
+               "memcpy");
   for (const Row& row : rows) {
-    std::fprintf(stderr, "%-12s %5s %6d %7d %9.3f %9.3f %6.2f %9.1f %9.1f %9.1f\n",
+    std::fprintf(stderr, "%-12s %5s %6d %7d %9.3f %9.3f %6.2f %9.1f %9.1f %9.1f %9.3f\n",
                  row.op.c_str(), FormatBytes(row.size).c_str(), row.shards, row.workers, row.gbps,
                  row.tcp_gbps, row.tcp_gbps > 0 ? row.gbps / row.tcp_gbps : 0.0, row.p50, row.p99,
-                 row.tcp_p50);
+                 row.tcp_p50, row.memcpy_gbps);
   }
 }
 
@@ -393,9 +421,10 @@ absl::Status RunConfig(const Options& options, const std::string& binary, int sh
   // ASP: a push is applied as it arrives and a pull never waits for other
   // workers, so the figures measure the transport and the shard's apply
   // path, not the consistency model.
-  auto cluster = ServerCluster::Start(binary, shards, workers,
-                                      {"--sync=asp", "--optimizer=sgd", "--lr=0.001",
-                                       "--shutdown_grace_ms=500"});
+  std::vector<std::string> flags = {"--sync=asp", "--optimizer=sgd", "--lr=0.001",
+                                    "--shutdown_grace_ms=500"};
+  if (options.transport == "ucx") flags.push_back("--ucx");
+  auto cluster = ServerCluster::Start(binary, shards, workers, flags);
   if (!cluster.ok()) return cluster.status();
   for (size_t size : options.sizes) {
     if (options.max_point_bytes != 0 &&
@@ -408,7 +437,7 @@ absl::Status RunConfig(const Options& options, const std::string& binary, int sh
     if (!connected.ok()) return connected.status();
     const int iterations = IterationsFor(options, size, workers);
     // Raw TCP references, measured once per point and pattern, next to the
-    // gRPC figures they divide.
+    // transport's figures they divide.
     std::map<TcpPattern, std::pair<Measurement, int>> tcp;
     for (Op op : options.ops) {
       auto ours = MeasureHarrier(*connected, op, size, iterations);
@@ -428,7 +457,8 @@ absl::Status RunConfig(const Options& options, const std::string& binary, int sh
         tcp[pattern] = {std::move(*reference), connections};
       }
       Measurement reference = tcp[pattern].first;  // Percentile sorts; keep the original
-      PrintLine("grpc", OpName(op), size, shards, workers, iterations, *ours, reference,
+      PrintLine(options.transport.c_str(), OpName(op), size, shards, workers, iterations, *ours,
+                reference,
                 tcp[pattern].second, rows);
     }
   }

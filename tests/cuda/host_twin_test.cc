@@ -1,7 +1,9 @@
-// //cuda:host_twin restates private helpers of common/codec; this test (no
-// GPU needed) keeps the two in step: payload validation accepts and refuses
-// exactly what the CPU decoders do, with the same messages, and the PRNG,
-// random-k draws, k and PowerSGD shape rules agree.
+// //cuda:host_twin validates a whole payload up front, while the CPU decoders
+// validate as they decode; this test (no GPU needed) checks that both accept
+// and refuse the same payloads with the same messages. The CUDA codecs take
+// the PRNG, random-k draw, k and PowerSGD shape rules from
+// //common/codec:codec_internal; the second test pins those rules to the
+// payloads the CPU encoders write and to known values.
 
 #include <cstdint>
 #include <cstring>
@@ -13,12 +15,14 @@
 #include <catch2/catch.hpp>
 
 #include "common/codec/codec.h"
+#include "common/codec/internal.h"
 #include "cuda/host_twin.h"
 
 namespace harrier {
 namespace {
 
 namespace host = cuda::host;
+namespace ci = codec_internal;
 
 const std::vector<std::string> kSpecs = {
     "none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1,seed=7",
@@ -83,7 +87,7 @@ TEST_CASE("CheckPayload agrees with the CPU decoders") {
   }
 }
 
-TEST_CASE("header, k, seed and random-k indices match the CPU codec") {
+TEST_CASE("shared rules: seed, k, random-k indices, PowerSGD shape") {
   const size_t d = 1000;
   std::vector<float> g = Gradient(d, 3);
   for (std::string text : {"randomk:ratio=0.1,seed=7", "randomk:ratio=1"}) {
@@ -93,34 +97,66 @@ TEST_CASE("header, k, seed and random-k indices match the CPU codec") {
     REQUIRE(codec->Encode(g, CodecContext{11}, &p).ok());
     uint64_t seed;
     std::memcpy(&seed, p.data() + 24, 8);
-    CHECK(seed == host::Mix64(11, spec->seed));
-    const size_t k = host::KFromRatio(spec->ratio, d);
-    std::string header;
-    host::StartPayload(CodecId::kRandomK, d, static_cast<uint32_t>(k), 0, 0,
-                       &header);
-    CHECK(p.compare(0, 24, header) == 0);
-    std::vector<float> out(d);
-    REQUIRE(codec->Decode(p, absl::MakeSpan(out)).ok());
+    CHECK(seed == ci::Mix64(11, spec->seed));
+    const size_t k = ci::KFromRatio(spec->ratio, d);
+    CHECK(k == (spec->ratio == 1 ? d : 100));
+    absl::StatusOr<host::CheckedPayload> checked =
+        host::CheckPayload(p, CodecId::kRandomK, false, d);
+    REQUIRE(checked.ok());
+    CHECK(checked->k == k);
+    CHECK(checked->seed == seed);
+    std::vector<uint64_t> bitmap;
     std::vector<uint32_t> idx;
-    host::RandomKIndices(seed, d, k, &idx);
-    std::vector<uint32_t> nonzero;
-    for (size_t i = 0; i < d; ++i) {
-      if (out[i] != 0.0f) nonzero.push_back(static_cast<uint32_t>(i));
+    ci::RandomKIndices(seed, d, k, &bitmap, &idx);
+    // k distinct, increasing indices in range: the CUDA encoder scatters
+    // through them without further checks.
+    REQUIRE(idx.size() == k);
+    for (size_t j = 0; j < k; ++j) {
+      CHECK(idx[j] < d);
+      if (j > 0) CHECK(idx[j - 1] < idx[j]);
     }
-    CHECK(idx == nonzero);
+    // The encoder sent exactly g at those indices (times d/k when scaled).
+    const float scale =
+        spec->scaled ? static_cast<float>(static_cast<double>(d) / k) : 1.0f;
+    for (size_t j = 0; j < k; ++j) {
+      float v;
+      std::memcpy(&v, p.data() + 32 + 4 * j, 4);
+      CHECK(v == g[idx[j]] * scale);
+    }
   }
-  for (size_t dd : {size_t{4}, size_t{97}, size_t{1000}, size_t{4096}}) {
-    for (std::string text : {"powersgd:rank=2", "powersgd:rank=3,cols=8"}) {
-      auto codec = Make(text);
-      absl::StatusOr<CodecSpec> spec = CodecSpec::Parse(text);
-      std::string p;
-      REQUIRE(codec->Encode(Gradient(dd, 5), CodecContext{1}, &p).ok());
-      absl::StatusOr<PayloadHeader> h = PeekPayloadHeader(p);
-      REQUIRE(h.ok());
-      host::MatrixShape s = host::ChoosePowerSgdShape(dd, spec->rank, spec->cols);
-      CHECK(h->param0 == s.r);
-      CHECK(h->param1 == (s.r ? s.m : 0));
+  struct ShapeCase {
+    size_t d;
+    const char* spec;
+    size_t m, n, r;
+  };
+  // m: largest divisor of d not above sqrt(d), or d / cols; r = 0 when the
+  // matrix is too thin or r (m + n) >= d.
+  const ShapeCase cases[] = {
+      {4, "powersgd:rank=2", 0, 0, 0},    {97, "powersgd:rank=2", 0, 0, 0},
+      {1000, "powersgd:rank=2", 25, 40, 2}, {4096, "powersgd:rank=2", 64, 64, 2},
+      {4, "powersgd:rank=3,cols=8", 0, 0, 0},
+      {97, "powersgd:rank=3,cols=8", 0, 0, 0},
+      {1000, "powersgd:rank=3,cols=8", 125, 8, 3},
+      {4096, "powersgd:rank=3,cols=8", 512, 8, 3}};
+  for (const ShapeCase& t : cases) {
+    INFO(t.spec << " d=" << t.d);
+    absl::StatusOr<CodecSpec> spec = CodecSpec::Parse(t.spec);
+    REQUIRE(spec.ok());
+    ci::PowerSgdShape s = ci::ChoosePowerSgdShape(t.d, spec->rank, spec->cols);
+    CHECK(s.r == t.r);
+    if (s.r != 0) {
+      CHECK(s.m == t.m);
+      CHECK(s.n == t.n);
     }
+    auto codec = Make(t.spec);
+    std::string p;
+    REQUIRE(codec->Encode(Gradient(t.d, 5), CodecContext{1}, &p).ok());
+    absl::StatusOr<host::CheckedPayload> checked =
+        host::CheckPayload(p, CodecId::kPowerSgd, false, t.d);
+    REQUIRE(checked.ok());
+    CHECK(checked->r == t.r);
+    CHECK(checked->m == t.m);
+    CHECK(checked->n == t.n);
   }
 }
 

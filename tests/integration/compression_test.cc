@@ -74,6 +74,28 @@ TEST_CASE("sign pushes are aggregated by majority vote, never averaged") {
   REQUIRE(w[2] == -1.0f);
 }
 
+TEST_CASE("compressed pulls rebuild the parameters exactly over a few pulls") {
+  auto servers = testing::StartCluster(2, 1, {"--lr=1", "--sync=asp"});
+  REQUIRE(servers.ok());
+  ClientOptions options;
+  options.servers = testing::Addresses(*servers);
+  options.pull_codec = "topk:ratio=0.25";
+  auto client = Client::Create(options);
+  REQUIRE(client.ok());
+  REQUIRE((*client)->RegisterTensor("w", {static_cast<int64_t>(kElements)}).ok());
+  std::vector<float> w(kElements), grad(kElements);
+  REQUIRE((*client)->Pull("w", absl::MakeSpan(w)).ok());  // dense: the view starts
+  const uint64_t dense_bytes = (*client)->stats().bytes_pulled;
+  REQUIRE(dense_bytes == kElements * sizeof(float));
+  for (size_t i = 0; i < kElements; ++i) grad[i] = static_cast<float>(i % 13) - 6.0f;
+  REQUIRE((*client)->Push("w", grad).ok());
+  // Top 25 % of the difference per pull: four pulls carry all of it.
+  for (int pull = 0; pull < 4; ++pull) REQUIRE((*client)->Pull("w", absl::MakeSpan(w)).ok());
+  for (size_t i = 0; i < kElements; ++i) REQUIRE(w[i] == -grad[i]);
+  const uint64_t compressed_bytes = (*client)->stats().bytes_pulled - dense_bytes;
+  REQUIRE(compressed_bytes < 4 * kElements * sizeof(float) * 6 / 10);
+}
+
 TEST_CASE("hostile compressed payloads are refused and change nothing") {
   auto servers = testing::StartCluster(1, 1, {"--lr=1"});
   REQUIRE(servers.ok());

@@ -360,8 +360,6 @@ TEST_CASE("a dead shard fails calls with UNAVAILABLE instead of hanging") {
   const absl::Time start = absl::Now();
   auto status = (*client)->Pull("w", absl::MakeSpan(values));
   INFO(status.ToString());
-  fprintf(stderr, "KILLED %s\n", absl::FormatTime(start).c_str());
-  WARN("dead shard: " << status.ToString() << " after " << absl::FormatDuration(absl::Now() - start));
   REQUIRE(status.code() == absl::StatusCode::kUnavailable);
   const absl::Duration took = absl::Now() - start;
   INFO("took " << absl::FormatDuration(took));

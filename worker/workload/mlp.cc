@@ -35,10 +35,7 @@ float LogSumExp(const float* z, int n) {
 
 }  // namespace
 
-Mlp::Mlp(std::vector<int> layer_sizes) : layer_sizes_(std::move(layer_sizes)) {}
-
-absl::StatusOr<Mlp> Mlp::Create(const MlpOptions& options) {
-  const std::vector<int>& sizes = options.layer_sizes;
+absl::Status CheckMlpLayerSizes(const std::vector<int>& sizes) {
   if (sizes.size() < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("MLP needs at least an input and an output size, got ",
@@ -55,24 +52,79 @@ absl::StatusOr<Mlp> Mlp::Create(const MlpOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MLP output size ", sizes.back(), " exceeds 256 classes"));
   }
+  return absl::OkStatus();
+}
+
+std::vector<ParamTensor> MlpParamLayout(const std::vector<int>& sizes) {
+  std::vector<ParamTensor> params;
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    const int in = sizes[i], out = sizes[i + 1];
+    params.push_back({absl::StrCat("fc", i, ".weight"),
+                      {out, in},
+                      std::vector<float>(static_cast<size_t>(out) * in)});
+    params.push_back({absl::StrCat("fc", i, ".bias"), {out},
+                      std::vector<float>(out, 0.0f)});
+  }
+  return params;
+}
+
+absl::Status CheckMlpBatch(const float* images, const uint8_t* labels,
+                           int batch_size, int num_classes) {
+  if (batch_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch size ", batch_size, " must be positive"));
+  }
+  if (images == nullptr || labels == nullptr) {
+    return absl::InvalidArgumentError("null images or labels");
+  }
+  for (int b = 0; b < batch_size; ++b) {
+    if (labels[b] >= num_classes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", int{labels[b]}, " of batch example ", b,
+                       " is out of range [0, ", num_classes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMlpEvalData(const Dataset& data, int input_size) {
+  if (data.example_size() != input_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data set examples have ", data.rows, "x", data.cols,
+                     " = ", data.example_size(), " values; the MLP takes ",
+                     input_size));
+  }
+  if (data.num_examples <= 0 ||
+      data.images.size() !=
+          static_cast<size_t>(data.num_examples) * data.example_size() ||
+      data.labels.size() != static_cast<size_t>(data.num_examples)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data set is empty or inconsistent: ", data.num_examples,
+        " examples, ", data.images.size(), " pixels, ", data.labels.size(),
+        " labels"));
+  }
+  return absl::OkStatus();
+}
+
+Mlp::Mlp(std::vector<int> layer_sizes) : layer_sizes_(std::move(layer_sizes)) {}
+
+absl::StatusOr<Mlp> Mlp::Create(const MlpOptions& options) {
+  const std::vector<int>& sizes = options.layer_sizes;
+  absl::Status status = CheckMlpLayerSizes(sizes);
+  if (!status.ok()) return status;
   Mlp mlp(sizes);
+  mlp.params_ = MlpParamLayout(sizes);
   std::mt19937_64 rng(options.seed);
   const int layers = mlp.num_layers();
   for (int i = 0; i < layers; ++i) {
     const int in = sizes[i], out = sizes[i + 1];
     const bool is_output = i == layers - 1;
     // He for layers feeding a ReLU keeps activation variance steady; Glorot
-    // for the logits keeps the initial softmax close to uniform.
+    // for the logits keeps the initial softmax close to uniform. Biases
+    // start at zero.
     const float limit = is_output ? std::sqrt(6.0f / static_cast<float>(in + out))
                                   : std::sqrt(6.0f / static_cast<float>(in));
-    ParamTensor weight{absl::StrCat("fc", i, ".weight"),
-                       {out, in},
-                       std::vector<float>(static_cast<size_t>(out) * in)};
-    for (float& w : weight.values) w = UniformSymmetric(rng, limit);
-    ParamTensor bias{absl::StrCat("fc", i, ".bias"), {out},
-                     std::vector<float>(out, 0.0f)};
-    mlp.params_.push_back(std::move(weight));
-    mlp.params_.push_back(std::move(bias));
+    for (float& w : mlp.params_[2 * i].values) w = UniformSymmetric(rng, limit);
   }
   return mlp;
 }
@@ -93,21 +145,7 @@ Gradients Mlp::ZeroGradients() const {
 
 absl::Status Mlp::CheckBatch(const float* images, const uint8_t* labels,
                              int batch_size) const {
-  if (batch_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch size ", batch_size, " must be positive"));
-  }
-  if (images == nullptr || labels == nullptr) {
-    return absl::InvalidArgumentError("null images or labels");
-  }
-  for (int b = 0; b < batch_size; ++b) {
-    if (labels[b] >= num_classes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("label ", int{labels[b]}, " of batch example ", b,
-                       " is out of range [0, ", num_classes(), ")"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckMlpBatch(images, labels, batch_size, num_classes());
 }
 
 void Mlp::Reserve(int batch_size, Scratch* scratch) const {
@@ -231,21 +269,8 @@ absl::StatusOr<float> Mlp::Loss(const float* images, const uint8_t* labels,
 }
 
 absl::StatusOr<double> Mlp::Evaluate(const Dataset& data) const {
-  if (data.example_size() != input_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data set examples have ", data.rows, "x", data.cols,
-                     " = ", data.example_size(), " values; the MLP takes ",
-                     input_size()));
-  }
-  if (data.num_examples <= 0 ||
-      data.images.size() !=
-          static_cast<size_t>(data.num_examples) * data.example_size() ||
-      data.labels.size() != static_cast<size_t>(data.num_examples)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data set is empty or inconsistent: ", data.num_examples,
-        " examples, ", data.images.size(), " pixels, ", data.labels.size(),
-        " labels"));
-  }
+  absl::Status status = CheckMlpEvalData(data, input_size());
+  if (!status.ok()) return status;
   Scratch scratch;
   const int chunk = std::min(data.num_examples, kEvalBatch);
   Reserve(chunk, &scratch);
@@ -253,7 +278,7 @@ absl::StatusOr<double> Mlp::Evaluate(const Dataset& data) const {
   int64_t correct = 0;
   for (int start = 0; start < data.num_examples; start += chunk) {
     const int n = std::min(chunk, data.num_examples - start);
-    absl::Status status = CheckBatch(data.image(start), &data.labels[start], n);
+    status = CheckBatch(data.image(start), &data.labels[start], n);
     if (!status.ok()) return status;
     const float* logits = Forward(data.image(start), n, &scratch);
     for (int b = 0; b < n; ++b) {

@@ -21,6 +21,27 @@ struct MlpOptions {
   uint64_t seed = 1;
 };
 
+// The rules every MLP implementation (this CPU one, //cuda:device_mlp)
+// shares, so that both accept the same inputs with the same messages and use
+// the same parameter layout.
+
+// InvalidArgument unless `layer_sizes` obeys MlpOptions::layer_sizes (at
+// least two entries, all positive, at most 256 classes).
+absl::Status CheckMlpLayerSizes(const std::vector<int>& layer_sizes);
+
+// The parameter layout of an MLP with valid `layer_sizes`, as Mlp::params()
+// (names and shapes described at Mlp), values zero-filled.
+std::vector<ParamTensor> MlpParamLayout(const std::vector<int>& layer_sizes);
+
+// InvalidArgument for a non-positive batch, null pointers or a label >=
+// num_classes. Reads batch_size labels.
+absl::Status CheckMlpBatch(const float* images, const uint8_t* labels,
+                           int batch_size, int num_classes);
+
+// InvalidArgument unless `data` is non-empty, consistent and has examples of
+// input_size values.
+absl::Status CheckMlpEvalData(const Dataset& data, int input_size);
+
 // A fully connected ReLU network with a softmax cross-entropy loss, on the
 // CPU through OpenBLAS. ParamTensor and Gradients are in model.h.
 //

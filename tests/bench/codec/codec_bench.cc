@@ -1,19 +1,15 @@
 #include "tests/bench/codec/codec_bench.h"
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <random>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/string_view.h"
 #include "common/codec/codec.h"
+#include "tests/bench/codec/bench_common.h"
 
 namespace harrier::bench {
 namespace {
@@ -40,99 +36,26 @@ constexpr const char* kUsage =
     "Encode/decode throughput of every gradient codec versus memcpy;\n"
     "one JSON line per (codec, size) on stdout.\n";
 
-using Clock = std::chrono::steady_clock;
-
-// Best-of-repetitions wall time of fn, repeating until min_time seconds
-// have been spent (at least twice, at most 20 times).
-template <typename Fn>
-double BestSeconds(double min_time, Fn fn) {
-  double best = 1e30, spent = 0.0;
-  for (int rep = 0; rep < 20 && (rep < 2 || spent < min_time); ++rep) {
-    auto start = Clock::now();
-    if (!fn()) return -1.0;
-    double s = std::chrono::duration<double>(Clock::now() - start).count();
-    best = std::min(best, s);
-    spent += s;
-  }
-  return best;
-}
-
-struct Options {
-  std::vector<size_t> sizes = {1000000, 25000000};
-  std::vector<std::string> codecs;
-  double min_time = 0.2;
-};
-
-bool ParseArgs(int argc, char** argv, Options* opt, bool* help) {
-  for (const char* c : kDefaultCodecs) opt->codecs.emplace_back(c);
-  for (int i = 0; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return true;
-    }
-    if (absl::ConsumePrefix(&arg, "--sizes=")) {
-      opt->sizes.clear();
-      for (absl::string_view s : absl::StrSplit(arg, ',')) {
-        size_t v = 0;
-        if (!absl::SimpleAtoi(s, &v) || v == 0) {
-          std::fprintf(stderr, "bad size \"%.*s\"\n", static_cast<int>(s.size()), s.data());
-          return false;
-        }
-        opt->sizes.push_back(v);
-      }
-    } else if (absl::ConsumePrefix(&arg, "--codecs=")) {
-      opt->codecs.clear();
-      for (absl::string_view s : absl::StrSplit(arg, ';', absl::SkipEmpty())) {
-        opt->codecs.emplace_back(s);
-      }
-    } else if (absl::ConsumePrefix(&arg, "--min_time=")) {
-      if (!absl::SimpleAtod(arg, &opt->min_time) || !(opt->min_time >= 0)) {
-        std::fprintf(stderr, "bad --min_time\n");
-        return false;
-      }
-    } else {
-      std::fprintf(stderr, "unknown flag \"%s\"\n", argv[i]);
-      return false;
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 int RunCodecBench(int argc, char** argv) {
-  Options opt;
-  bool help = false;
-  if (!ParseArgs(argc, argv, &opt, &help)) {
-    std::fputs(kUsage, stderr);
-    return 2;
+  CodecBenchOptions opt;
+  if (std::optional<int> exit_code =
+          ParseCodecBenchFlags(argc, argv, kDefaultCodecs, kUsage, &opt)) {
+    return *exit_code;
   }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  std::vector<CodecSpec> specs;
-  for (const std::string& text : opt.codecs) {
-    absl::StatusOr<CodecSpec> spec = CodecSpec::Parse(text);
-    if (!spec.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(spec.status().message()).c_str());
-      return 2;
-    }
-    specs.push_back(*spec);
-  }
+  // Best of 2 to 20 repetitions.
+  auto best_seconds = [&opt](auto fn) {
+    return BestSeconds(opt.min_time, 2, 20, fn);
+  };
   for (size_t d : opt.sizes) {
-    std::vector<float> input(d), out(d), copy(d);
-    std::mt19937_64 gen(d);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    for (float& v : input) v = dist(gen);
-    const double bytes = 4.0 * d;
-    double memcpy_s = BestSeconds(opt.min_time, [&] {
+    const std::vector<float> input = BenchGradient(d);
+    std::vector<float> out(d), copy(d);
+    double memcpy_s = best_seconds([&] {
       std::memcpy(copy.data(), input.data(), 4 * d);
       return copy[d / 2] == input[d / 2];
     });
-    const double memcpy_gbps = bytes / memcpy_s / 1e9;
-    for (const CodecSpec& spec : specs) {
+    for (const CodecSpec& spec : opt.specs) {
       absl::StatusOr<std::unique_ptr<Codec>> codec = CreateCodec(spec);
       if (!codec.ok()) {
         std::fprintf(stderr, "%s\n", std::string(codec.status().message()).c_str());
@@ -140,28 +63,27 @@ int RunCodecBench(int argc, char** argv) {
       }
       std::string payload;
       uint64_t clock = 0;
-      double encode_s = BestSeconds(opt.min_time, [&] {
+      double encode_s = best_seconds([&] {
         CodecContext ctx{DeriveSeed("bench", 0, static_cast<int64_t>(clock++), 0, 0)};
         return (*codec)->Encode(input, ctx, &payload).ok();
       });
-      double decode_s = BestSeconds(opt.min_time, [&] {
+      double decode_s = best_seconds([&] {
         return (*codec)->Decode(payload, absl::MakeSpan(out)).ok();
       });
       if (encode_s < 0 || decode_s < 0) {
         std::fprintf(stderr, "codec %s failed at d=%zu\n", spec.ToString().c_str(), d);
         return 1;
       }
-      const double encode_gbps = bytes / encode_s / 1e9;
-      const double decode_gbps = bytes / decode_s / 1e9;
-      std::printf(
-          "{\"bench\":\"codec\",\"codec\":\"%s\",\"elements\":%zu,"
-          "\"encode_gbps\":%.4f,\"decode_gbps\":%.4f,\"memcpy_gbps\":%.4f,"
-          "\"encode_ratio\":%.5f,\"decode_ratio\":%.5f,"
-          "\"compression_ratio\":%.3f,\"wire_bytes\":%zu}\n",
-          spec.ToString().c_str(), d, encode_gbps, decode_gbps, memcpy_gbps,
-          encode_gbps / memcpy_gbps, decode_gbps / memcpy_gbps,
-          bytes / static_cast<double>(payload.size()), payload.size());
-      std::fflush(stdout);
+      CodecBenchResult result;
+      result.bench = "codec";
+      result.spec = &spec;
+      result.elements = d;
+      result.encode_s = encode_s;
+      result.decode_s = decode_s;
+      result.memcpy_s = memcpy_s;
+      result.wire_bytes = payload.size();
+      result.with_compression_ratio = true;
+      PrintCodecBenchLine(result);
     }
   }
   return 0;

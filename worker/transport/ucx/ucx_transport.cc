@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -36,7 +37,11 @@ struct UcxCall {
   absl::Status status;        // the shard's
   uint32_t expected = 0;      // reply chunks the status announced
   uint32_t received = 0;
-  std::vector<proto::TensorChunk> replies;  // by index
+  struct Reply {
+    proto::TensorChunk header;
+    transport::PayloadBuffer payload;
+  };
+  std::vector<Reply> replies;  // by index
   absl::Status failure;       // transport-level: peer lost, send failed
   bool cancelled = false;
   int sends_in_flight = 0;
@@ -63,10 +68,11 @@ void Fail(UcxCall& call, const absl::Status& status) {
   call.changed.notify_all();
 }
 
-void Deliver(UcxCall& call, uint32_t index, proto::TensorChunk chunk) {
+void Deliver(UcxCall& call, uint32_t index, proto::TensorChunk header,
+             transport::PayloadBuffer payload) {
   std::lock_guard<std::mutex> lock(call.mutex);
   if (index >= call.replies.size()) call.replies.resize(index + 1);
-  call.replies[index] = std::move(chunk);
+  call.replies[index] = {std::move(header), std::move(payload)};
   ++call.received;
   call.changed.notify_all();
 }
@@ -170,6 +176,7 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
     std::lock_guard<std::mutex> lock(mutex_);
     calls_[request_id] = call;
   }
+  worker_->ExpectReplies(1);
   worker_->Post([this, call, peer, messages = std::move(messages)]() mutable {
     for (Message& message : messages) {
       if (peer->ep == nullptr) {  // failed meanwhile: these sends never start
@@ -198,7 +205,7 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
   });
 
   absl::Status result;
-  std::vector<proto::TensorChunk> replies;
+  std::vector<UcxCall::Reply> replies;
   bool answered = false;
   {
     std::unique_lock<std::mutex> lock(call->mutex);
@@ -210,7 +217,7 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
       // UCX cannot tell us the shard died: ask the probe now and then.
       while (!finished && absl::Now() < deadline) {
         finished = call->changed.wait_until(
-            lock, absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(200))),
+            lock, absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(500))),
             done);
         if (finished) break;
         lock.unlock();
@@ -242,6 +249,7 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
     std::lock_guard<std::mutex> lock(mutex_);
     calls_.erase(request_id);
   }
+  worker_->ExpectReplies(-1);
   if (!answered && (result.code() == absl::StatusCode::kCancelled ||
                     result.code() == absl::StatusCode::kDeadlineExceeded)) {
     // Best effort: let the shard stop waiting for us.
@@ -264,8 +272,10 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
   }
   canceller.Unregister(call.get());
   if (!result.ok() || sink == nullptr) return result;
-  for (const proto::TensorChunk& reply : replies) {
-    if (auto status = (*sink)(reply, PayloadView(reply.payload())); !status.ok()) return status;
+  for (const UcxCall::Reply& reply : replies) {
+    if (auto status = (*sink)(reply.header, PayloadView(reply.payload.view())); !status.ok()) {
+      return status;
+    }
   }
   return absl::OkStatus();
 }
@@ -297,21 +307,29 @@ ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t hea
     return UCS_OK;
   }
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
-    chunk.set_payload(data, length);
-    Deliver(*call, frame.index, std::move(chunk));
+    auto payload = transport::PayloadBuffer::Allocate(length);
+    if (length > 0) std::memcpy(payload.data(), data, length);
+    Deliver(*call, frame.index, std::move(chunk), std::move(payload));
     return UCS_OK;
   }
-  auto reply = std::make_shared<proto::TensorChunk>(std::move(chunk));
-  reply->mutable_payload()->resize(length);
+  // Rendezvous: UCX writes the payload straight into the reply's buffer.
+  struct Pending {
+    proto::TensorChunk header;
+    transport::PayloadBuffer payload;
+  };
+  auto reply = std::make_shared<Pending>();
+  reply->header = std::move(chunk);
+  reply->payload = transport::PayloadBuffer::Allocate(length);
   const uint32_t index = frame.index;
-  self->worker_->ReceiveData(data, reply->mutable_payload()->data(), length,
+  self->worker_->ReceiveData(data, reply->payload.data(), length,
                              [call, reply, index](ucs_status_t status) {
                                if (status != UCS_OK) {
                                  Fail(*call, absl::UnavailableError(absl::StrCat(
                                                  "UCX receive failed: ", ucs_status_string(status))));
                                  return;
                                }
-                               Deliver(*call, index, std::move(*reply));
+                               Deliver(*call, index, std::move(reply->header),
+                                       std::move(reply->payload));
                              });
   return UCS_OK;
 }
