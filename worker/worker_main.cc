@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
                       "The Harrier worker agent: trains a workload through the parameter servers.\n"
                       "Usage: harrier-worker --servers=HOST:PORT,... [--epochs=N] [flags]");
   harrier::TuneMallocForLargeBuffers();
+  // Library logs go to stderr: stdout carries only the test_accuracy= line.
+  harrier::InitLogging("worker");
   openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
 
   if (absl::GetFlag(FLAGS_workload) != "mlp") {

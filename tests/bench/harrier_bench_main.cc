@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/process.h"
 #include "tests/bench/codec/codec_bench.h"
 #include "tests/bench/transport_bench.h"
 
@@ -41,6 +42,8 @@ void PrintUsage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Library logs go to stderr: stdout carries only the JSON lines.
+  harrier::InitLogging("bench");
   if (argc < 2) {
     PrintUsage(stderr);
     return 2;
