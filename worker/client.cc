@@ -193,6 +193,20 @@ class Client::Impl {
   absl::Status PushPullGroup(Operation& op, const std::string& name, const ShardGroup& group,
                              const float* gradient, float* out, int64_t clock);
 
+  // One shard group's part of an operation, at a clock.
+  using GroupRun = std::function<absl::Status(Operation&, const ShardGroup&, int64_t clock)>;
+  GroupRun PushRun(const std::string& name, const float* gradient);
+  GroupRun PullRun(const std::string& name, float* out);
+  GroupRun PushPullRun(const std::string& name, const float* gradient, float* out);
+  absl::StatusOr<TensorInfo> LookupPair(const std::string& name, size_t in_elements,
+                                        size_t out_elements) const;
+  // Runs `run` for every shard group of the tensor on the operation's pool.
+  Handle StartGroups(OpKind kind, const absl::StatusOr<TensorInfo>& info, const GroupRun& run);
+  // The blocking form: on the calling thread when the tensor has one group.
+  absl::Status RunBlocking(Client& client, OpKind kind, const absl::StatusOr<TensorInfo>& info,
+                           const GroupRun& run);
+  void CountStart(OpKind kind);
+
   Handle Start(std::shared_ptr<Operation> op, const absl::Status& early_error,
                const std::vector<std::function<void()>>& tasks, ThreadPool& pool);
 };
@@ -688,59 +702,86 @@ absl::Status Client::RegisterTensor(const std::string& name, const std::vector<i
   return absl::OkStatus();
 }
 
-Client::Handle Client::PushAsync(const std::string& name, absl::Span<const float> gradient) {
-  auto op = std::make_shared<Operation>(OpKind::kPush);
-  auto info = impl_->Lookup(name, gradient.size());
+Client::Handle Client::Impl::StartGroups(OpKind kind, const absl::StatusOr<TensorInfo>& info,
+                                         const GroupRun& run) {
+  auto op = std::make_shared<Operation>(kind);
   std::vector<std::function<void()>> tasks;
   if (info.ok()) {
-    const int64_t clock = impl_->clock_;
+    const int64_t clock = clock_;
     for (const ShardGroup& group : info->groups) {
-      tasks.push_back([impl = impl_.get(), op, name, group, data = gradient.data(), clock] {
-        op->Finish(impl->PushGroup(*op, name, group, data, clock));
-      });
+      tasks.push_back([op, group, run, clock] { op->Finish(run(*op, group, clock)); });
     }
-    impl_->pushes_++;
+    CountStart(kind);
   }
-  return impl_->Start(op, info.status(), tasks, impl_->push_pool_);
+  return Start(op, info.status(), tasks, kind == OpKind::kPush ? push_pool_ : pull_pool_);
+}
+
+// The blocking forms run a tensor that lives on one shard (every tensor up
+// to the chunk size) on the calling thread: two thread hand-offs fewer per
+// call, which is most of a small operation's cost.
+absl::Status Client::Impl::RunBlocking(Client& client, OpKind kind,
+                                       const absl::StatusOr<TensorInfo>& info,
+                                       const GroupRun& run) {
+  if (!info.ok()) return info.status();
+  if (info->groups.size() != 1) return client.Wait(StartGroups(kind, info, run));
+  Operation op(kind);
+  CountStart(kind);
+  const absl::Time start = absl::Now();
+  absl::Status status = run(op, info->groups[0], clock_);
+  (kind == OpKind::kPush ? push_wait_ns_ : pull_wait_ns_) +=
+      absl::ToInt64Nanoseconds(absl::Now() - start);
+  return status;
+}
+
+void Client::Impl::CountStart(OpKind kind) {
+  if (kind != OpKind::kPull) pushes_++;
+  if (kind != OpKind::kPush) pulls_++;
+}
+
+absl::StatusOr<TensorInfo> Client::Impl::LookupPair(const std::string& name, size_t in_elements,
+                                                    size_t out_elements) const {
+  auto info = Lookup(name, in_elements);
+  if (info.ok() && out_elements != in_elements) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': output buffer of ",
+                                                   out_elements, " elements for ", in_elements));
+  }
+  return info;
+}
+
+Client::Impl::GroupRun Client::Impl::PushRun(const std::string& name, const float* gradient) {
+  return [this, name, gradient](Operation& op, const ShardGroup& group, int64_t clock) {
+    return PushGroup(op, name, group, gradient, clock);
+  };
+}
+
+Client::Impl::GroupRun Client::Impl::PullRun(const std::string& name, float* out) {
+  return [this, name, out](Operation& op, const ShardGroup& group, int64_t clock) {
+    return PullGroup(op, name, group, out, clock);
+  };
+}
+
+Client::Impl::GroupRun Client::Impl::PushPullRun(const std::string& name, const float* gradient,
+                                                 float* out) {
+  return [this, name, gradient, out](Operation& op, const ShardGroup& group, int64_t clock) {
+    return PushPullGroup(op, name, group, gradient, out, clock);
+  };
+}
+
+Client::Handle Client::PushAsync(const std::string& name, absl::Span<const float> gradient) {
+  return impl_->StartGroups(OpKind::kPush, impl_->Lookup(name, gradient.size()),
+                            impl_->PushRun(name, gradient.data()));
 }
 
 Client::Handle Client::PullAsync(const std::string& name, absl::Span<float> out) {
-  auto op = std::make_shared<Operation>(OpKind::kPull);
-  auto info = impl_->Lookup(name, out.size());
-  std::vector<std::function<void()>> tasks;
-  if (info.ok()) {
-    const int64_t clock = impl_->clock_;
-    for (const ShardGroup& group : info->groups) {
-      tasks.push_back([impl = impl_.get(), op, name, group, data = out.data(), clock] {
-        op->Finish(impl->PullGroup(*op, name, group, data, clock));
-      });
-    }
-    impl_->pulls_++;
-  }
-  return impl_->Start(op, info.status(), tasks, impl_->pull_pool_);
+  return impl_->StartGroups(OpKind::kPull, impl_->Lookup(name, out.size()),
+                            impl_->PullRun(name, out.data()));
 }
 
 Client::Handle Client::PushPullAsync(const std::string& name, absl::Span<const float> gradient,
                                      absl::Span<float> out) {
-  auto op = std::make_shared<Operation>(OpKind::kPushPull);
-  auto info = impl_->Lookup(name, gradient.size());
-  if (info.ok() && out.size() != gradient.size()) {
-    info = absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': output buffer of ",
-                                                   out.size(), " elements for ", gradient.size()));
-  }
-  std::vector<std::function<void()>> tasks;
-  if (info.ok()) {
-    const int64_t clock = impl_->clock_;
-    for (const ShardGroup& group : info->groups) {
-      tasks.push_back(
-          [impl = impl_.get(), op, name, group, in = gradient.data(), data = out.data(), clock] {
-            op->Finish(impl->PushPullGroup(*op, name, group, in, data, clock));
-          });
-    }
-    impl_->pushes_++;
-    impl_->pulls_++;
-  }
-  return impl_->Start(op, info.status(), tasks, impl_->pull_pool_);
+  return impl_->StartGroups(OpKind::kPushPull,
+                            impl_->LookupPair(name, gradient.size(), out.size()),
+                            impl_->PushPullRun(name, gradient.data(), out.data()));
 }
 
 absl::Status Client::Wait(Handle handle, absl::Time deadline) {
@@ -783,45 +824,21 @@ absl::Status Client::Wait(Handle handle, absl::Time deadline) {
   return result;
 }
 
-// The blocking forms run a tensor that lives on one shard (every tensor up
-// to the chunk size) on the calling thread: two thread hand-offs fewer per
-// call, which is most of a small operation's cost.
 absl::Status Client::Push(const std::string& name, absl::Span<const float> gradient) {
-  auto info = impl_->Lookup(name, gradient.size());
-  if (!info.ok() || info->groups.size() != 1) return Wait(PushAsync(name, gradient));
-  Operation op(OpKind::kPush);
-  const absl::Time start = absl::Now();
-  impl_->pushes_++;
-  absl::Status status = impl_->PushGroup(op, name, info->groups[0], gradient.data(), clock());
-  impl_->push_wait_ns_ += absl::ToInt64Nanoseconds(absl::Now() - start);
-  return status;
+  return impl_->RunBlocking(*this, OpKind::kPush, impl_->Lookup(name, gradient.size()),
+                            impl_->PushRun(name, gradient.data()));
 }
 
 absl::Status Client::Pull(const std::string& name, absl::Span<float> out) {
-  auto info = impl_->Lookup(name, out.size());
-  if (!info.ok() || info->groups.size() != 1) return Wait(PullAsync(name, out));
-  Operation op(OpKind::kPull);
-  const absl::Time start = absl::Now();
-  impl_->pulls_++;
-  absl::Status status = impl_->PullGroup(op, name, info->groups[0], out.data(), clock());
-  impl_->pull_wait_ns_ += absl::ToInt64Nanoseconds(absl::Now() - start);
-  return status;
+  return impl_->RunBlocking(*this, OpKind::kPull, impl_->Lookup(name, out.size()),
+                            impl_->PullRun(name, out.data()));
 }
 
 absl::Status Client::PushPull(const std::string& name, absl::Span<const float> gradient,
                               absl::Span<float> out) {
-  auto info = impl_->Lookup(name, gradient.size());
-  if (!info.ok() || info->groups.size() != 1 || out.size() != gradient.size()) {
-    return Wait(PushPullAsync(name, gradient, out));
-  }
-  Operation op(OpKind::kPushPull);
-  const absl::Time start = absl::Now();
-  impl_->pushes_++;
-  impl_->pulls_++;
-  absl::Status status =
-      impl_->PushPullGroup(op, name, info->groups[0], gradient.data(), out.data(), clock());
-  impl_->pull_wait_ns_ += absl::ToInt64Nanoseconds(absl::Now() - start);
-  return status;
+  return impl_->RunBlocking(*this, OpKind::kPushPull,
+                            impl_->LookupPair(name, gradient.size(), out.size()),
+                            impl_->PushPullRun(name, gradient.data(), out.data()));
 }
 
 absl::Status Client::Barrier(const std::string& name) {
