@@ -237,6 +237,21 @@ absl::Status Client::Impl::ConnectUcx(absl::Time deadline) {
           proto::TransportAddressResponse probe_response;
           return stub->GetTransportAddress(&probe, probe_request, &probe_response).error_code() !=
                  grpc::StatusCode::UNAVAILABLE;
+        },
+        // After the shard failed (say it restarted: a new worker address),
+        // the transport asks for its current address and reconnects.
+        [this, stub, shard](absl::Time address_deadline) -> absl::StatusOr<std::string> {
+          grpc::ClientContext address_rpc;
+          address_rpc.set_deadline(ToChrono(address_deadline));
+          proto::TransportAddressRequest address_request;
+          address_request.set_transport("ucx");
+          proto::TransportAddressResponse address_response;
+          if (auto status =
+                  stub->GetTransportAddress(&address_rpc, address_request, &address_response);
+              !status.ok()) {
+            return ShardError(static_cast<int>(shard), status);
+          }
+          return address_response.address();
         });
     if (!transport.ok()) return transport.status();
     transports_.push_back(std::move(*transport));

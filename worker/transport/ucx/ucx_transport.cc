@@ -103,21 +103,30 @@ UcxClientContext::~UcxClientContext() {
 
 absl::StatusOr<std::unique_ptr<UcxShardTransport>> UcxClientContext::Connect(
     std::shared_ptr<UcxClientContext> context, const std::string& peer_name,
-    const std::string& address, absl::Time deadline, std::function<bool()> peer_alive) {
+    const std::string& address, absl::Time deadline, std::function<bool()> peer_alive,
+    UcxAddressProvider address_provider) {
+  auto peer = context->ConnectPeer(peer_name, address, deadline, peer_alive);
+  if (!peer.ok()) return peer.status();
+  return std::make_unique<UcxShardTransport>(std::move(context), std::move(*peer), peer_name,
+                                             std::move(peer_alive), std::move(address_provider));
+}
+
+absl::StatusOr<std::shared_ptr<UcxPeer>> UcxClientContext::ConnectPeer(
+    const std::string& peer_name, const std::string& address, absl::Time deadline,
+    std::function<bool()> peer_alive) {
   auto peer = std::make_shared<UcxPeer>();
   peer->peer_alive = std::move(peer_alive);
-  peer->context = context.get();
+  peer->context = this;
   peer->id = RandomConnectionId();
   peer->name = peer_name;
   {
-    std::lock_guard<std::mutex> lock(context->mutex_);
-    context->peers_.push_back(peer);  // kept until the context ends: the error handler's arg
+    std::lock_guard<std::mutex> lock(mutex_);
+    peers_.push_back(peer);  // kept until the context ends: the error handler's arg
   }
-  UcxClientContext* raw = context.get();
-  raw->worker_->Post([raw, peer, address] {
+  worker_->Post([this, peer, address] {
     bool detects_failure = false;
-    auto ep = raw->worker_->Connect(address, &UcxClientContext::OnPeerError, peer.get(),
-                                    &detects_failure);
+    auto ep = worker_->Connect(address, &UcxClientContext::OnPeerError, peer.get(),
+                               &detects_failure);
     if (ep.ok()) {
       peer->ep = *ep;
       peer->detects_failure = detects_failure;
@@ -132,20 +141,24 @@ absl::StatusOr<std::unique_ptr<UcxShardTransport>> UcxClientContext::Connect(
   Frame frame;
   frame.op = Op::kHello;
   frame.connection_id = peer->id;
-  frame.request_id = raw->NextRequestId();
-  frame.payload_bytes = raw->worker_->address().size();
+  frame.request_id = NextRequestId();
+  frame.payload_bytes = worker_->address().size();
   frame.arg = TimeoutMs(deadline);
   std::vector<Message> messages;
-  messages.push_back({transport::EncodeHeader(frame, {}), raw->worker_->address().data(),
-                      raw->worker_->address().size()});
+  messages.push_back({transport::EncodeHeader(frame, {}), worker_->address().data(),
+                      worker_->address().size()});
   CallCanceller canceller;
   absl::Status status =
-      raw->Execute(peer, frame.request_id, std::move(messages), nullptr, deadline, canceller);
+      Execute(peer, frame.request_id, std::move(messages), nullptr, deadline, canceller);
   if (!status.ok()) {
-    return absl::Status(status.code(),
-                        absl::StrCat("UCX connect to ", peer_name, ": ", status.message()));
+    status = absl::Status(status.code(),
+                          absl::StrCat("UCX connect to ", peer_name, ": ", status.message()));
+    // Close the endpoint we opened (if any): nobody will use this peer.
+    UcxPeer* raw_peer = peer.get();
+    worker_->Post([this, raw_peer, status] { FailPeer(raw_peer, status); });
+    return status;
   }
-  return std::make_unique<UcxShardTransport>(std::move(context), std::move(peer));
+  return peer;
 }
 
 std::shared_ptr<UcxCall> UcxClientContext::FindCall(uint64_t request_id) {
@@ -360,8 +373,55 @@ void UcxClientContext::FailPeer(UcxPeer* peer, const absl::Status& failure) {
 }
 
 UcxShardTransport::UcxShardTransport(std::shared_ptr<UcxClientContext> context,
-                                     std::shared_ptr<UcxPeer> peer)
-    : context_(std::move(context)), peer_(std::move(peer)) {}
+                                     std::shared_ptr<UcxPeer> peer, std::string peer_name,
+                                     std::function<bool()> peer_alive,
+                                     UcxAddressProvider address_provider)
+    : context_(std::move(context)),
+      peer_name_(std::move(peer_name)),
+      peer_alive_(std::move(peer_alive)),
+      address_provider_(std::move(address_provider)),
+      peer_(std::move(peer)) {}
+
+absl::StatusOr<std::shared_ptr<UcxPeer>> UcxShardTransport::CurrentPeer(absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(peer_mutex_);
+  if (reconnecting_) {
+    // Another call is reconnecting: use its endpoint, or fail as it did.
+    if (!reconnected_.wait_until(lock, absl::ToChronoTime(deadline),
+                                 [&] { return !reconnecting_; })) {
+      return absl::UnavailableError(
+          absl::StrCat("still reconnecting to ", peer_name_, " over UCX"));
+    }
+    if (!peer_->failed) return peer_;
+    if (!last_reconnect_failure_.ok()) return last_reconnect_failure_;
+    return peer_;  // Execute() returns its failure
+  }
+  if (!peer_->failed || !address_provider_) return peer_;
+  reconnecting_ = true;
+  lock.unlock();
+  // Bounded, so a shard that is still down fails the call quickly and the
+  // caller's retry loop backs off.
+  const absl::Time attempt_deadline = std::min(deadline, absl::Now() + absl::Seconds(5));
+  absl::StatusOr<std::shared_ptr<UcxPeer>> fresh;
+  auto address = address_provider_(attempt_deadline);
+  if (address.ok()) {
+    fresh = context_->ConnectPeer(peer_name_, *address, attempt_deadline, peer_alive_);
+  } else {
+    fresh = address.status();
+  }
+  lock.lock();
+  reconnecting_ = false;
+  if (fresh.ok()) {
+    spdlog::info("ucx reconnected to {}", peer_name_);
+    peer_ = std::move(*fresh);
+    last_reconnect_failure_ = absl::OkStatus();
+  } else {
+    last_reconnect_failure_ = absl::UnavailableError(absl::StrCat(
+        "UCX connection lost; reconnecting to ", peer_name_, " failed: ", fresh.status().message()));
+  }
+  reconnected_.notify_all();
+  if (!fresh.ok()) return last_reconnect_failure_;
+  return peer_;
+}
 
 UcxShardTransport::~UcxShardTransport() = default;  // the context closes the endpoint
 
@@ -376,9 +436,11 @@ absl::Status UcxShardTransport::RegisterMemory(void*, size_t, MemoryKind kind) {
 absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks,
                                            bool then_pull, const ChunkViewSink* sink,
                                            absl::Time deadline, CallCanceller& canceller) {
+  auto peer = CurrentPeer(deadline);
+  if (!peer.ok()) return peer.status();
   Frame frame;
   frame.op = then_pull ? Op::kPushPull : Op::kPush;
-  frame.connection_id = peer_->id;
+  frame.connection_id = (*peer)->id;
   frame.request_id = context_->NextRequestId();
   frame.count = static_cast<uint32_t>(chunks.size());
   frame.arg = TimeoutMs(deadline);
@@ -393,7 +455,7 @@ absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chu
     messages.push_back({transport::EncodeHeader(frame, chunks[i].header.SerializeAsString()),
                         payload.data(), payload.size()});
   }
-  return context_->Execute(peer_, frame.request_id, std::move(messages), sink, deadline,
+  return context_->Execute(*peer, frame.request_id, std::move(messages), sink, deadline,
                            canceller);
 }
 
@@ -410,14 +472,16 @@ absl::Status UcxShardTransport::PushPull(const std::vector<OutgoingChunk>& chunk
 
 absl::Status UcxShardTransport::Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
                                      absl::Time deadline, CallCanceller& canceller) {
+  auto peer = CurrentPeer(deadline);
+  if (!peer.ok()) return peer.status();
   Frame frame;
   frame.op = Op::kPull;
-  frame.connection_id = peer_->id;
+  frame.connection_id = (*peer)->id;
   frame.request_id = context_->NextRequestId();
   frame.arg = TimeoutMs(deadline);
   std::vector<UcxClientContext::Message> messages;
   messages.push_back({transport::EncodeHeader(frame, request.SerializeAsString()), nullptr, 0});
-  return context_->Execute(peer_, frame.request_id, std::move(messages), &sink, deadline,
+  return context_->Execute(*peer, frame.request_id, std::move(messages), &sink, deadline,
                            canceller);
 }
 

@@ -4,6 +4,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +22,11 @@ class UcxShardTransport;
 struct UcxPeer;
 struct UcxCall;
 
+// Fetches a shard's current UCX worker address (GetTransportAddress over
+// gRPC), giving up by `deadline`. Used to reconnect after the shard failed:
+// a restarted shard has a new address.
+using UcxAddressProvider = std::function<absl::StatusOr<std::string>(absl::Time deadline)>;
+
 // One UCP worker and progress thread shared by a Client's shard transports.
 // The progress thread runs the reply handler and completions; calling
 // threads post sends to it and wait on their call. Thread-safe. Lives as
@@ -36,10 +42,12 @@ class UcxClientContext {
   // empty) is polled while a call waits when UCX itself cannot detect a
   // dead peer (shared memory only, see UcxWorker::Connect); false fails the
   // shard's calls with UNAVAILABLE. It runs on the calling threads.
+  // `address_provider` (may be empty) lets the transport reconnect once the
+  // shard has failed: see UcxShardTransport.
   static absl::StatusOr<std::unique_ptr<UcxShardTransport>> Connect(
       std::shared_ptr<UcxClientContext> context, const std::string& peer_name,
       const std::string& address, absl::Time deadline,
-      std::function<bool()> peer_alive = nullptr);
+      std::function<bool()> peer_alive = nullptr, UcxAddressProvider address_provider = nullptr);
 
  private:
   friend class UcxShardTransport;
@@ -50,6 +58,13 @@ class UcxClientContext {
   };
 
   UcxClientContext() = default;
+
+  // Opens an endpoint to `address` and says hello; on failure the new
+  // peer's endpoint is closed again (on the progress thread).
+  absl::StatusOr<std::shared_ptr<UcxPeer>> ConnectPeer(const std::string& peer_name,
+                                                       const std::string& address,
+                                                       absl::Time deadline,
+                                                       std::function<bool()> peer_alive);
 
   // Sends `messages` as one call to `peer` and waits for its reply until
   // `deadline` or cancellation; hands reply chunks to `sink` (if any) in
@@ -81,9 +96,19 @@ class UcxClientContext {
 // from the chunks' own bytes (no copy); replies are received into the reply
 // chunks and handed to the sink on the calling thread. A shard that dies
 // fails calls with UNAVAILABLE (error mode PEER), never a hang.
+//
+// Reconnecting: with an address provider, the first call after the peer
+// failed fetches the shard's current address and connects a fresh endpoint
+// (the failed one is already closed), then proceeds; if the shard is still
+// down it returns UNAVAILABLE quickly, so the client's retry loop backs off
+// and tries again. One call reconnects at a time; calls that arrive
+// meanwhile wait for it and use its endpoint, or fail UNAVAILABLE if it
+// failed.
 class UcxShardTransport : public ShardTransport {
  public:
-  UcxShardTransport(std::shared_ptr<UcxClientContext> context, std::shared_ptr<UcxPeer> peer);
+  UcxShardTransport(std::shared_ptr<UcxClientContext> context, std::shared_ptr<UcxPeer> peer,
+                    std::string peer_name = "", std::function<bool()> peer_alive = nullptr,
+                    UcxAddressProvider address_provider = nullptr);
   ~UcxShardTransport() override;
 
   std::string name() const override { return "ucx"; }
@@ -107,9 +132,20 @@ class UcxShardTransport : public ShardTransport {
   absl::Status SendChunks(const std::vector<OutgoingChunk>& chunks, bool then_pull,
                           const ChunkViewSink* sink, absl::Time deadline,
                           CallCanceller& canceller);
+  // The peer to use now: the current one if it has not failed (or cannot be
+  // replaced), else a freshly connected one; UNAVAILABLE if reconnecting
+  // failed.
+  absl::StatusOr<std::shared_ptr<UcxPeer>> CurrentPeer(absl::Time deadline);
 
   std::shared_ptr<UcxClientContext> context_;
-  std::shared_ptr<UcxPeer> peer_;
+  const std::string peer_name_;
+  const std::function<bool()> peer_alive_;
+  const UcxAddressProvider address_provider_;
+  std::mutex peer_mutex_;
+  std::condition_variable reconnected_;
+  std::shared_ptr<UcxPeer> peer_;        // guarded by peer_mutex_
+  bool reconnecting_ = false;            // guarded by peer_mutex_
+  absl::Status last_reconnect_failure_;  // guarded by peer_mutex_
 };
 
 }  // namespace harrier
