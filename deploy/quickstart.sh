@@ -17,7 +17,7 @@ shards=2
 workers=4
 epochs=5
 sync=bsp
-server_args="--optimizer=momentum --lr=0.05 --momentum=0.9"
+server_args="--optimizer=nesterov --lr=0.05 --momentum=0.9"
 straggler_delay_ms=0
 worker_args=()
 while (($#)); do
