@@ -4,6 +4,7 @@
 #
 #   ./deploy/quickstart.sh [--shards=2] [--workers=4] [--epochs=5] [--sync=bsp]
 #                          [--server_args="..."] [--straggler_delay_ms=N]
+#                          [--straggler_probability=P]
 #                          [-- extra worker flags]
 #
 # Installs what is missing (deploy/setup.sh), builds, starts everything with
@@ -19,6 +20,7 @@ epochs=5
 sync=bsp
 server_args="--optimizer=nesterov --lr=0.05 --momentum=0.9"
 straggler_delay_ms=0
+straggler_probability=1
 worker_args=()
 while (($#)); do
   case "$1" in
@@ -28,8 +30,9 @@ while (($#)); do
     --sync=*) sync=${1#*=} ;;
     --server_args=*) server_args=${1#*=} ;;
     --straggler_delay_ms=*) straggler_delay_ms=${1#*=} ;;
+    --straggler_probability=*) straggler_probability=${1#*=} ;;
     --) shift; worker_args+=("$@"); break ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quickstart: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -87,6 +90,7 @@ for ((rank = 0; rank < workers; rank++)); do
   ((rank == workers - 1)) && delay=$straggler_delay_ms  # the last rank plays the straggler
   "$bin/worker/harrier-worker" --servers="$servers" --rank="$rank" --num_workers="$workers" \
     --epochs="$epochs" --metrics_out="$run_dir/worker$rank.jsonl" --step_delay_ms="$delay" \
+    --step_delay_probability="$straggler_probability" \
     ${worker_args[@]+"${worker_args[@]}"} \
     >"$run_dir/worker$rank.out" 2> >(tee "$run_dir/worker$rank.log" >&2) &
   pids+=($!); name_of[$!]="worker rank $rank"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -83,6 +84,8 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   workload::Gradients grads = model.ZeroGradients();
   std::vector<std::vector<float>> round_start;  // local SGD: parameters at the round's start
   workload::Gradients momentum;                 // signum: the worker's momentum
+  std::mt19937_64 delay_rng(1234 + static_cast<uint64_t>(rank));
+  std::uniform_real_distribution<double> straggle(0.0, 1.0);
   const absl::Time start = absl::Now();
   absl::Time interval_start = start;
   double interval_loss = 0;
@@ -105,7 +108,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     if (step == 0) result.first_loss = *loss;
     interval_loss += *loss;
     ++interval_steps;
-    if (options.step_delay_ms > 0) {
+    if (options.step_delay_ms > 0 && straggle(delay_rng) < options.step_delay_probability) {
       std::this_thread::sleep_for(std::chrono::milliseconds(options.step_delay_ms));
     }
 

@@ -18,6 +18,9 @@ struct TrainerOptions {
   int64_t max_steps = -1;       // stop after this many steps (-1: all epochs)
   int log_every = 100;          // steps between progress lines
   int step_delay_ms = 0;        // extra delay per step: a straggler
+  // Probability that a step gets the delay (1: every step, a persistent
+  // straggler; below 1: a transient one), drawn from a fixed seed.
+  double step_delay_probability = 1.0;
   float local_lr = 0.1f;        // worker-side SGD lr for local SGD steps
   // signum (Bernstein et al. 2018): push the worker's momentum
   // m = beta m + (1 - beta) g instead of g, so the shard votes on the signs

@@ -43,6 +43,8 @@ ABSL_FLAG(std::string, device, "cpu", "Where the workload runs: cpu|cuda.");
 ABSL_FLAG(std::string, metrics_out, "", "Write one JSON line per progress interval here.");
 ABSL_FLAG(int, log_every, 100, "Steps between progress lines on stderr.");
 ABSL_FLAG(int, step_delay_ms, 0, "Extra delay per step, to play a straggler.");
+ABSL_FLAG(double, step_delay_probability, 1.0,
+          "Probability that a step gets --step_delay_ms (below 1: a transient straggler).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the model's initial parameters.");
 ABSL_FLAG(double, local_lr, 0.1, "Learning rate of the worker's local steps (--sync=local).");
 ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads for this worker.");
@@ -199,6 +201,10 @@ int main(int argc, char** argv) {
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
   options.log_every = std::max(1, absl::GetFlag(FLAGS_log_every));
   options.step_delay_ms = absl::GetFlag(FLAGS_step_delay_ms);
+  options.step_delay_probability = absl::GetFlag(FLAGS_step_delay_probability);
+  if (!(options.step_delay_probability >= 0 && options.step_delay_probability <= 1)) {
+    return Fail("--step_delay_probability must be in [0, 1]");
+  }
   options.local_lr = static_cast<float>(absl::GetFlag(FLAGS_local_lr));
   if (absl::StartsWith(absl::GetFlag(FLAGS_codec), "signum")) {
     options.gradient_momentum = static_cast<float>(absl::GetFlag(FLAGS_signum_momentum));

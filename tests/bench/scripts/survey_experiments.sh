@@ -5,6 +5,10 @@
 #   codecs     4 workers, BSP; accuracy and bytes pushed/pulled per codec
 # One JSON line per run on stdout; progress on stderr.
 #   tests/bench/scripts/survey_experiments.sh straggler [--epochs=2] [--delay_ms=10]
+#       [--probability=1]   (below 1: a transient straggler, delayed on that
+#                            fraction of its steps)
+#   tests/bench/scripts/survey_experiments.sh jitter --delay_ms=40 [--probability=0.25]
+#                                            every worker delayed on random steps
 #   tests/bench/scripts/survey_experiments.sh codecs [--epochs=5]
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -12,10 +16,12 @@ what=${1:-}
 shift || true
 epochs=""
 delay_ms=10
+probability=1
 for arg in "$@"; do
   case "$arg" in
     --epochs=*) epochs=${arg#*=} ;;
     --delay_ms=*) delay_ms=${arg#*=} ;;
+    --probability=*) probability=${arg#*=} ;;
     *) echo "unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -58,11 +64,29 @@ case "$what" in
       echo "straggler: $mode" >&2
       for delay in 0 "$delay_ms"; do
         read -r acc secs rate pushed pulled rate_sum < <(run --epochs="${epochs:-2}" --sync="$sync" \
-          --straggler_delay_ms="$delay" \
+          --straggler_delay_ms="$delay" --straggler_probability="$probability" \
           --server_args="--optimizer=momentum --lr=0.05 --momentum=0.9 $extra")
-        printf '{"bench":"straggler","sync":"%s","param":"%s","workers":4,"straggler_delay_ms":%s,"samples_per_s":%s,"worker_rate_sum":%s,"test_accuracy":%s,"seconds":%s}\n' \
-          "$sync" "${2:-}" "$delay" "$rate" "$rate_sum" "$acc" "$secs"
+        printf '{"bench":"straggler","sync":"%s","param":"%s","workers":4,"straggler_delay_ms":%s,"delay_probability":%s,"samples_per_s":%s,"worker_rate_sum":%s,"test_accuracy":%s,"seconds":%s}\n' \
+          "$sync" "${2:-}" "$delay" "$probability" "$rate" "$rate_sum" "$acc" "$secs"
       done
+    done
+    ;;
+  jitter)
+    # Every worker is delayed by --delay_ms on a random --probability of its
+    # steps (each worker its own pattern): BSP waits for the slowest worker
+    # of every step, SSP absorbs bursts up to s steps.
+    [ "$probability" = 1 ] && probability=0.25
+    for mode in "bsp" "ssp 1" "ssp 2" "ssp 4" "asp" "local 4"; do
+      set -- $mode
+      sync=$1 extra=""
+      [ "$sync" = ssp ] && extra="--staleness=$2"
+      [ "$sync" = local ] && extra="--local_steps=$2"
+      echo "jitter: $mode" >&2
+      read -r acc secs rate pushed pulled rate_sum < <(run --epochs="${epochs:-2}" --sync="$sync" \
+        --server_args="--optimizer=momentum --lr=0.05 --momentum=0.9 $extra" \
+        -- --step_delay_ms="$delay_ms" --step_delay_probability="$probability")
+      printf '{"bench":"jitter","sync":"%s","param":"%s","workers":4,"delay_ms":%s,"delay_probability":%s,"samples_per_s":%s,"worker_rate_sum":%s,"test_accuracy":%s,"seconds":%s}\n' \
+        "$sync" "${2:-}" "$delay_ms" "$probability" "$rate" "$rate_sum" "$acc" "$secs"
     done
     ;;
   codecs)
@@ -83,5 +107,5 @@ case "$what" in
         "$codec" "$server" "$acc" "$pushed" "$pulled" "$secs"
     done
     ;;
-  *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
