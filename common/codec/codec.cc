@@ -247,6 +247,15 @@ uint64_t DeriveSeed(absl::string_view key, uint32_t chunk, int64_t clock,
   return h;
 }
 
+absl::Status Codec::Encode(absl::Span<const float> input,
+                           const CodecContext& ctx, std::string* payload) {
+  payload->clear();
+  absl::Status status = codec_internal::CheckFiniteInput(id(), input);
+  if (status.ok()) status = EncodeImpl(input, ctx, payload);
+  if (!status.ok()) payload->clear();
+  return status;
+}
+
 absl::Status Codec::Decode(absl::string_view payload,
                            absl::Span<float> out) const {
   return DecodeImpl(payload, 1.0f, /*accumulate=*/false, out);

@@ -152,9 +152,8 @@ class Codec {
   // Overwrites *payload with the encoding of input. NaN or Inf input (and for
   // fp16/bf16 a finite value that would round to Inf) -> InvalidArgument and
   // *payload is left empty.
-  virtual absl::Status Encode(absl::Span<const float> input,
-                              const CodecContext& ctx,
-                              std::string* payload) = 0;
+  absl::Status Encode(absl::Span<const float> input, const CodecContext& ctx,
+                      std::string* payload);
 
   // out = D(payload). out.size() must equal the payload's element count.
   absl::Status Decode(absl::string_view payload, absl::Span<float> out) const;
@@ -174,6 +173,11 @@ class Codec {
   // Validates the whole payload against out.size(), then writes
   // out = scale * D(p) (accumulate = false) or out += scale * D(p).
   // Must not write to out unless it returns OK.
+  // The codec's encoder, called by Encode() with finite input and an empty
+  // *payload; Encode() empties *payload again if it fails.
+  virtual absl::Status EncodeImpl(absl::Span<const float> input,
+                                  const CodecContext& ctx,
+                                  std::string* payload) = 0;
   virtual absl::Status DecodeImpl(absl::string_view payload, float scale,
                                   bool accumulate,
                                   absl::Span<float> out) const = 0;

@@ -12,11 +12,8 @@ class NoneCodec : public Codec {
  public:
   explicit NoneCodec(const CodecSpec& spec) : Codec(spec) {}
 
-  absl::Status Encode(absl::Span<const float> input, const CodecContext&,
+  absl::Status EncodeImpl(absl::Span<const float> input, const CodecContext&,
                       std::string* payload) override {
-    payload->clear();
-    absl::Status st = CheckFiniteInput(id(), input);
-    if (!st.ok()) return st;
     char* body = StartPayload(id(), input.size(), 0, 0, 4 * input.size(),
                               payload);
     if (!input.empty()) std::memcpy(body, input.data(), 4 * input.size());
@@ -53,11 +50,8 @@ class HalfCodec : public Codec {
  public:
   explicit HalfCodec(const CodecSpec& spec) : Codec(spec) {}
 
-  absl::Status Encode(absl::Span<const float> input, const CodecContext&,
+  absl::Status EncodeImpl(absl::Span<const float> input, const CodecContext&,
                       std::string* payload) override {
-    payload->clear();
-    absl::Status st = CheckFiniteInput(id(), input);
-    if (!st.ok()) return st;
     char* body = StartPayload(id(), input.size(), 0, 0, 2 * input.size(),
                               payload);
     const bool fp16 = id() == CodecId::kFp16;
@@ -74,7 +68,6 @@ class HalfCodec : public Codec {
         uint16_t h = Load<uint16_t>(body + 2 * i);
         uint16_t exp_mask = fp16 ? 0x7c00 : 0x7f80;
         if ((h & exp_mask) == exp_mask) {
-          payload->clear();
           return Invalid(id(), absl::StrCat("input element ", i, " = ",
                                             input[i], " overflows ",
                                             CodecName(id()), " to Inf"));

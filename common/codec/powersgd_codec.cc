@@ -95,11 +95,8 @@ class PowerSgdCodec : public Codec {
  public:
   explicit PowerSgdCodec(const CodecSpec& spec) : Codec(spec) {}
 
-  absl::Status Encode(absl::Span<const float> input, const CodecContext& ctx,
+  absl::Status EncodeImpl(absl::Span<const float> input, const CodecContext& ctx,
                       std::string* payload) override {
-    payload->clear();
-    absl::Status st = CheckFiniteInput(id(), input);
-    if (!st.ok()) return st;
     const size_t d = input.size();
     const PowerSgdShape s = ChoosePowerSgdShape(d, spec().rank, spec().cols);
     if (s.r == 0) {
@@ -149,7 +146,6 @@ class PowerSgdCodec : public Codec {
     for (size_t j = 0; j < n * r; ++j) {
       float v = static_cast<float>(q[j]);
       if (!std::isfinite(v)) {
-        payload->clear();
         return Invalid(id(), "Q overflows fp32");
       }
       q_[j] = v;

@@ -73,11 +73,8 @@ class QsgdCodec : public Codec {
  public:
   explicit QsgdCodec(const CodecSpec& spec) : Codec(spec) {}
 
-  absl::Status Encode(absl::Span<const float> input, const CodecContext& ctx,
+  absl::Status EncodeImpl(absl::Span<const float> input, const CodecContext& ctx,
                       std::string* payload) override {
-    payload->clear();
-    absl::Status st = CheckFiniteInput(id(), input);
-    if (!st.ok()) return st;
     const size_t d = input.size();
     const uint32_t s = spec().levels;
     const size_t bucket = spec().bucket;
@@ -170,11 +167,8 @@ class TernGradCodec : public Codec {
  public:
   explicit TernGradCodec(const CodecSpec& spec) : Codec(spec) {}
 
-  absl::Status Encode(absl::Span<const float> input, const CodecContext& ctx,
+  absl::Status EncodeImpl(absl::Span<const float> input, const CodecContext& ctx,
                       std::string* payload) override {
-    payload->clear();
-    absl::Status st = CheckFiniteInput(id(), input);
-    if (!st.ok()) return st;
     const size_t d = input.size();
     // Optional clipping to clip * sigma (TernGrad's 2.5 sigma) trades a
     // small bias for a smaller scale, hence lower variance.

@@ -54,11 +54,8 @@ class SignFamilyCodec : public VoteCodec {
     return id() == CodecId::kSign || id() == CodecId::kSignum;
   }
 
-  absl::Status Encode(absl::Span<const float> input, const CodecContext&,
+  absl::Status EncodeImpl(absl::Span<const float> input, const CodecContext&,
                       std::string* payload) override {
-    payload->clear();
-    absl::Status st = CheckFiniteInput(id(), input);
-    if (!st.ok()) return st;
     const size_t d = input.size();
     const size_t floats = ScaleFloats();
     char* body = StartPayload(id(), d, ScaledFlag(), 0,

@@ -143,11 +143,9 @@ class TopKCodec : public Codec {
  public:
   explicit TopKCodec(const CodecSpec& spec) : Codec(spec) {}
 
-  absl::Status Encode(absl::Span<const float> input, const CodecContext&,
+  absl::Status EncodeImpl(absl::Span<const float> input, const CodecContext&,
                       std::string* payload) override {
-    payload->clear();
-    absl::Status st = CheckFiniteInput(id(), input);
-    if (st.ok()) st = CheckSparseSize(id(), input.size());
+    absl::Status st = CheckSparseSize(id(), input.size());
     if (!st.ok()) return st;
     const size_t d = input.size();
     const size_t k = KFromRatio(spec().ratio, d);
@@ -212,11 +210,9 @@ class RandomKCodec : public Codec {
  public:
   explicit RandomKCodec(const CodecSpec& spec) : Codec(spec) {}
 
-  absl::Status Encode(absl::Span<const float> input, const CodecContext& ctx,
+  absl::Status EncodeImpl(absl::Span<const float> input, const CodecContext& ctx,
                       std::string* payload) override {
-    payload->clear();
-    absl::Status st = CheckFiniteInput(id(), input);
-    if (st.ok()) st = CheckSparseSize(id(), input.size());
+    absl::Status st = CheckSparseSize(id(), input.size());
     if (!st.ok()) return st;
     const size_t d = input.size();
     const size_t k = KFromRatio(spec().ratio, d);
@@ -233,7 +229,6 @@ class RandomKCodec : public Codec {
     for (size_t j = 0; j < k; ++j) {
       float v = input[indices_[j]] * scale;
       if (!std::isfinite(v)) {
-        payload->clear();
         return Invalid(id(), absl::StrCat("scaled value at index ", indices_[j],
                                           " overflows fp32"));
       }
@@ -282,11 +277,9 @@ class ThresholdCodec : public Codec {
  public:
   explicit ThresholdCodec(const CodecSpec& spec) : Codec(spec) {}
 
-  absl::Status Encode(absl::Span<const float> input, const CodecContext& ctx,
+  absl::Status EncodeImpl(absl::Span<const float> input, const CodecContext& ctx,
                       std::string* payload) override {
-    payload->clear();
-    absl::Status st = CheckFiniteInput(id(), input);
-    if (st.ok()) st = CheckSparseSize(id(), input.size());
+    absl::Status st = CheckSparseSize(id(), input.size());
     if (!st.ok()) return st;
     const size_t d = input.size();
     indices_.clear();
