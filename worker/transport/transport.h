@@ -42,13 +42,10 @@ class CallCanceller {
   std::vector<std::pair<const void*, std::function<void()>>> calls_;
 };
 
-// Receives each reply chunk of a pull, on the transport's calling thread.
-// Legacy form: the whole chunk, payload included.
-using ChunkSink = std::function<absl::Status(const proto::TensorChunk&)>;
-
-// Receives each reply chunk as its header (ignore its payload field: a
-// backend may leave it set) and a view of its payload, on the transport's calling thread. Both are borrowed and
-// valid only during the call: a sink copies what it keeps.
+// Receives each reply chunk of a pull as its header (ignore its payload
+// field: a backend may leave it set) and a view of its payload, on the
+// transport's calling thread. Both are borrowed and valid only during the
+// call: a sink copies what it keeps.
 using ChunkViewSink =
     std::function<absl::Status(const proto::TensorChunk& header, const PayloadView& payload)>;
 
@@ -69,9 +66,6 @@ struct OutgoingChunk {
   bool is_borrowed = false;
 
   absl::string_view payload() const { return is_borrowed ? borrowed : absl::string_view(owned); }
-  // The whole chunk as one message (copies the payload): for backends and
-  // tests that want a TensorChunk.
-  proto::TensorChunk ToProto() const;
 };
 
 // One shard's data path. Calls are synchronous and thread-safe: several
@@ -88,29 +82,16 @@ class ShardTransport {
   // transport has nothing to register). Must outlive its use.
   virtual absl::Status RegisterMemory(void* data, size_t bytes, MemoryKind kind) = 0;
 
-  // Each operation comes in two forms. The view form (OutgoingChunk,
-  // ChunkViewSink) is what the client calls and lets a backend send and
-  // receive payloads without copying them; the proto form takes whole
-  // TensorChunks. A backend overrides at least one form of each operation:
-  // each form's default implementation adapts the call to the other (from
-  // views to protos by copying payloads; from protos to views by pointing
-  // into them).
+  // Payloads go out from the chunks' bytes and replies reach the sink as
+  // views of the received buffers, so a backend can avoid copying both.
   virtual absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
-                            CallCanceller& canceller);
+                            CallCanceller& canceller) = 0;
   virtual absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
-                            absl::Time deadline, CallCanceller& canceller);
+                            absl::Time deadline, CallCanceller& canceller) = 0;
   // Push, then receive each pushed chunk's parameters at clock + 1.
   virtual absl::Status PushPull(const std::vector<OutgoingChunk>& chunks,
                                 const ChunkViewSink& sink, absl::Time deadline,
-                                CallCanceller& canceller);
-
-  virtual absl::Status Push(const std::vector<proto::TensorChunk>& chunks, absl::Time deadline,
-                            CallCanceller& canceller);
-  virtual absl::Status Pull(const proto::PullRequest& request, const ChunkSink& sink,
-                            absl::Time deadline, CallCanceller& canceller);
-  virtual absl::Status PushPull(const std::vector<proto::TensorChunk>& chunks,
-                                const ChunkSink& sink, absl::Time deadline,
-                                CallCanceller& canceller);
+                                CallCanceller& canceller) = 0;
 };
 
 }  // namespace harrier

@@ -26,10 +26,6 @@ class GrpcShardTransport : public ShardTransport {
   bool SupportsMemory(MemoryKind kind) const override { return kind == MemoryKind::kHost; }
   absl::Status RegisterMemory(void*, size_t, MemoryKind kind) override;
 
-  // The proto forms adapt to these (see ShardTransport).
-  using ShardTransport::Pull;
-  using ShardTransport::Push;
-  using ShardTransport::PushPull;
 
   // Returns only once gRPC has released every borrowed payload, so the
   // caller may reuse its buffers as soon as the call returns.

@@ -115,12 +115,8 @@ class UcxShardTransport : public ShardTransport {
   bool SupportsMemory(MemoryKind kind) const override { return kind == MemoryKind::kHost; }
   absl::Status RegisterMemory(void* data, size_t bytes, MemoryKind kind) override;
 
-  // The view forms: payloads go out from the caller's bytes and replies
-  // reach the sink as views of the received buffers. The proto forms are
-  // the base class's adapters onto these.
-  using ShardTransport::Pull;
-  using ShardTransport::Push;
-  using ShardTransport::PushPull;
+  // Payloads go out from the caller's bytes; replies reach the sink as
+  // views of the received buffers.
   absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
                     CallCanceller& canceller) override;
   absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
