@@ -180,6 +180,14 @@ class Client::Impl {
   // Runs `attempt` until it succeeds, fails with anything but UNAVAILABLE,
   // or retry_timeout has passed (backoff 50 ms doubling to 1 s).
   absl::Status WithRetries(CallCanceller& canceller, const std::function<absl::Status()>& attempt);
+  // WithRetries, then the shard's name in front of any error.
+  absl::Status OnShard(Operation& op, const ShardGroup& group,
+                       const std::function<absl::Status()>& attempt);
+  // Runs a pull-like call with retries, reading every reply chunk into
+  // `out`; DATA_LOSS if a chunk did not arrive.
+  absl::Status ReceiveInto(Operation& op, const std::string& name, const ShardGroup& group,
+                           float* out,
+                           const std::function<absl::Status(const ChunkViewSink&)>& call);
   absl::Status CheckAllArrived(const std::string& name, const ShardGroup& group,
                                size_t received) const;
   void SetDeadline(grpc::ClientContext* context) const {
@@ -469,18 +477,37 @@ absl::Status Client::Impl::CheckAllArrived(const std::string& name, const ShardG
                                           group.spans.size(), " chunks of '", name, "' arrived"));
 }
 
+absl::Status Client::Impl::OnShard(Operation& op, const ShardGroup& group,
+                                   const std::function<absl::Status()>& attempt) {
+  absl::Status status = WithRetries(op.canceller, attempt);
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(ShardName(group.shard), ": ", status.message()));
+}
+
+absl::Status Client::Impl::ReceiveInto(
+    Operation& op, const std::string& name, const ShardGroup& group, float* out,
+    const std::function<absl::Status(const ChunkViewSink&)>& call) {
+  size_t received = 0;
+  const ChunkViewSink sink = [&](const proto::TensorChunk& reply, const PayloadView& payload) {
+    ++received;
+    return ReadChunk(name, group, reply, payload, out);
+  };
+  absl::Status status = OnShard(op, group, [&] {
+    received = 0;  // a retried call starts over
+    return call(sink);
+  });
+  if (!status.ok()) return status;
+  return CheckAllArrived(name, group, received);
+}
+
 absl::Status Client::Impl::PushGroup(Operation& op, const std::string& name,
                                      const ShardGroup& group, const float* gradient,
                                      int64_t clock) {
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
-  absl::Status status = WithRetries(op.canceller, [&] {
+  return OnShard(op, group, [&] {
     return transports_[group.shard]->Push(*chunks, Deadline(), op.canceller);
   });
-  if (!status.ok())
-    return absl::Status(status.code(),
-                        absl::StrCat(ShardName(group.shard), ": ", status.message()));
-  return absl::OkStatus();
 }
 
 absl::Status Client::Impl::PullGroup(Operation& op, const std::string& name,
@@ -496,21 +523,9 @@ absl::Status Client::Impl::PullGroup(Operation& op, const std::string& name,
     ref->set_num_elements(span.num_elements);
     if (MirrorFor(name, span.chunk) != nullptr) ref->set_codec_params(pull_codec_spec_.ToString());
   }
-  size_t received = 0;
-  absl::Status status = WithRetries(op.canceller, [&] {
-    received = 0;
-    return transports_[group.shard]->Pull(
-        request,
-        ChunkViewSink([&](const proto::TensorChunk& reply, const PayloadView& payload) {
-          ++received;
-          return ReadChunk(name, group, reply, payload, out);
-        }),
-        Deadline(), op.canceller);
+  return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
+    return transports_[group.shard]->Pull(request, sink, Deadline(), op.canceller);
   });
-  if (!status.ok())
-    return absl::Status(status.code(),
-                        absl::StrCat(ShardName(group.shard), ": ", status.message()));
-  return CheckAllArrived(name, group, received);
 }
 
 absl::Status Client::Impl::PushPullGroup(Operation& op, const std::string& name,
@@ -518,21 +533,9 @@ absl::Status Client::Impl::PushPullGroup(Operation& op, const std::string& name,
                                          int64_t clock) {
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
-  size_t received = 0;
-  absl::Status status = WithRetries(op.canceller, [&] {
-    received = 0;
-    return transports_[group.shard]->PushPull(
-        *chunks,
-        ChunkViewSink([&](const proto::TensorChunk& reply, const PayloadView& payload) {
-          ++received;
-          return ReadChunk(name, group, reply, payload, out);
-        }),
-        Deadline(), op.canceller);
+  return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
+    return transports_[group.shard]->PushPull(*chunks, sink, Deadline(), op.canceller);
   });
-  if (!status.ok())
-    return absl::Status(status.code(),
-                        absl::StrCat(ShardName(group.shard), ": ", status.message()));
-  return CheckAllArrived(name, group, received);
 }
 
 void Client::Impl::HeartbeatLoop() {
