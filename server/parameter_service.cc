@@ -202,13 +202,10 @@ grpc::Status ParameterServiceImpl::RawPushPull(grpc::ServerContext* context, Raw
   auto cancelled = [context] { return context->IsCancelled(); };
   for (const ReceivedChunk& received : chunks) {
     const proto::TensorChunk& pushed = received.header;
-    proto::ChunkRef ref;
-    ref.set_key(pushed.key());
-    ref.set_chunk(pushed.chunk());
-    ref.set_num_elements(pushed.num_elements());
-    ref.set_codec_params(pushed.pull_codec_params());
-    auto status = PullAndWrite(store_, stream, pushed.job(), pushed.rank(), pushed.clock() + 1,
-                               ref, deadline, cancelled);
+    int64_t clock = 0;
+    const proto::ChunkRef ref = ShardStore::PushPullRef(pushed, &clock);
+    auto status =
+        PullAndWrite(store_, stream, pushed.job(), pushed.rank(), clock, ref, deadline, cancelled);
     if (!status.ok()) return status;
   }
   return grpc::Status::OK;

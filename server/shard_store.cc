@@ -577,6 +577,16 @@ void ShardStore::Close() {
   for (auto& entry : slots_) entry.second->changed.notify_all();
 }
 
+proto::ChunkRef ShardStore::PushPullRef(const proto::TensorChunk& pushed, int64_t* clock) {
+  proto::ChunkRef ref;
+  ref.set_key(pushed.key());
+  ref.set_chunk(pushed.chunk());
+  ref.set_num_elements(pushed.num_elements());
+  ref.set_codec_params(pushed.pull_codec_params());
+  *clock = pushed.clock() + 1;
+  return ref;
+}
+
 ShardCheckpoint ShardStore::Export() const {
   ShardCheckpoint checkpoint;
   checkpoint.shard = options_.shard;

@@ -98,6 +98,11 @@ class ShardStore {
                     Clock::time_point deadline, const std::function<bool()>& cancelled,
                     proto::TensorChunk* out);
 
+  // The pull half of a push-pull: the pushed chunk at clock + 1 (returned
+  // in `clock`), with the pull codec the push asked for. Every transport's
+  // PushPull uses it, so they answer alike.
+  static proto::ChunkRef PushPullRef(const proto::TensorChunk& pushed, int64_t* clock);
+
   // Returns where the store writes `bytes` payload bytes; the memory is the
   // caller's and must stay valid until Pull returns.
   using PayloadAllocator = std::function<char*(size_t bytes)>;

@@ -341,11 +341,7 @@ void UcxServer::RunPush(uint64_t connection, uint64_t request, bool then_pull,
   for (const proto::TensorChunk& pushed : chunks) {
     PullItem item;
     item.rank = pushed.rank();
-    item.clock = pushed.clock() + 1;
-    item.ref.set_key(pushed.key());
-    item.ref.set_chunk(pushed.chunk());
-    item.ref.set_num_elements(pushed.num_elements());
-    item.ref.set_codec_params(pushed.pull_codec_params());  // as the gRPC service does
+    item.ref = ShardStore::PushPullRef(pushed, &item.clock);
     item.job = pushed.job();
     items.push_back(std::move(item));
   }
