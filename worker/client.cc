@@ -108,6 +108,7 @@ class Client::Impl {
 
   ClientOptions options_;
   CodecSpec codec_spec_;
+  std::string codec_params_;  // codec_spec_.ToString(), formatted once
   HashPartitioner partitioner_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   // Init, heartbeats and leave always go over gRPC; pushes and pulls over
@@ -130,6 +131,8 @@ class Client::Impl {
   // compressed replies update. Guarded like compression_.
   std::unordered_map<std::string, std::unique_ptr<PullMirror>> mirrors_;
   CodecSpec pull_codec_spec_;
+  std::string pull_codec_params_;       // pull_codec_spec_.ToString(), as sent
+  std::unique_ptr<Codec> pull_codec_;   // decodes replies; Decode is const, shared
 
   PullMirror* MirrorFor(const std::string& name, uint32_t chunk) const {
     std::shared_lock<std::shared_mutex> lock(tensors_mutex_);
@@ -345,7 +348,7 @@ absl::Status Client::Impl::FillChunk(const std::string& name, const ChunkSpan& s
   chunk->set_clock(clock);
   chunk->set_num_elements(span.num_elements);
   if (MirrorFor(name, span.chunk) != nullptr) {
-    chunk->set_pull_codec_params(pull_codec_spec_.ToString());
+    chunk->set_pull_codec_params(pull_codec_params_);
   }
   chunk->set_dtype(proto::DTYPE_FLOAT32);
   ChunkCompression* compression = CompressionFor(name, span.chunk);
@@ -373,7 +376,7 @@ absl::Status Client::Impl::FillChunk(const std::string& name, const ChunkSpan& s
                                                       ": ", status.message()));
     }
     chunk->set_codec(static_cast<uint32_t>(codec_spec_.id));
-    chunk->set_codec_params(codec_spec_.ToString());
+    chunk->set_codec_params(codec_params_);
   }
   const absl::string_view payload = out->payload();
   chunk->set_checksum(Crc32c(payload.data(), payload.size()));
@@ -419,18 +422,26 @@ absl::Status Client::Impl::ReadChunk(const std::string& name, const ShardGroup& 
                                               name, "' chunk ", reply.chunk(),
                                               " that was pulled uncompressed"));
     }
-    std::string bytes(payload.size(), '\0');
-    payload.CopyTo(reinterpret_cast<float*>(bytes.data()));
-    auto spec = CodecSpec::Parse(reply.codec_params());
-    if (!spec.ok()) return absl::DataLossError(spec.status().message());
-    auto codec = CreateCodec(*spec);
-    if (!codec.ok()) return absl::DataLossError(codec.status().message());
+    if (reply.codec_params() != pull_codec_params_) {
+      return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": reply for '", name,
+                                              "' chunk ", reply.chunk(), " uses codec '",
+                                              reply.codec_params(), "', requested '",
+                                              pull_codec_params_, "'"));
+    }
+    // Decoders read one contiguous buffer; replies may arrive in pieces.
+    std::string joined;
+    absl::string_view bytes = payload.first();
+    if (!payload.contiguous()) {
+      joined.resize(payload.size());
+      payload.CopyTo(joined.data());
+      bytes = joined;
+    }
     std::lock_guard<std::mutex> lock(mirror->mutex);
     if (mirror->values.size() != span->num_elements) {
       return absl::DataLossError(absl::StrCat("compressed reply for '", name, "' chunk ",
                                               reply.chunk(), " before its first dense one"));
     }
-    if (auto status = (*codec)->DecodeAdd(bytes, 1.0f, absl::MakeSpan(mirror->values));
+    if (auto status = pull_codec_->DecodeAdd(bytes, 1.0f, absl::MakeSpan(mirror->values));
         !status.ok()) {
       return absl::DataLossError(absl::StrCat(ShardName(group.shard), ": '", name, "' chunk ",
                                               reply.chunk(), ": ", status.message()));
@@ -521,7 +532,7 @@ absl::Status Client::Impl::PullGroup(Operation& op, const std::string& name,
     ref->set_key(name);
     ref->set_chunk(span.chunk);
     ref->set_num_elements(span.num_elements);
-    if (MirrorFor(name, span.chunk) != nullptr) ref->set_codec_params(pull_codec_spec_.ToString());
+    if (MirrorFor(name, span.chunk) != nullptr) ref->set_codec_params(pull_codec_params_);
   }
   return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
     return transports_[group.shard]->Pull(request, sink, Deadline(), op.canceller);
@@ -622,9 +633,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   if (!spec.ok()) return spec.status();
   auto impl = std::make_unique<Impl>(options);
   impl->codec_spec_ = *spec;
+  impl->codec_params_ = spec->ToString();
   auto pull_spec = CodecSpec::Parse(options.pull_codec);
   if (!pull_spec.ok()) return pull_spec.status();
   impl->pull_codec_spec_ = *pull_spec;
+  impl->pull_codec_params_ = pull_spec->ToString();
+  auto pull_codec = CreateCodec(*pull_spec);
+  if (!pull_codec.ok()) return pull_codec.status();
+  impl->pull_codec_ = std::move(*pull_codec);
   if (auto status = impl->Connect(); !status.ok()) return status;
   if (options.heartbeat_interval > absl::ZeroDuration()) {
     Impl* raw = impl.get();
