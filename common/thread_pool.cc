@@ -2,9 +2,12 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace harrier {
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads, size_t max_queued, std::string name)
+    : max_queued_(max_queued), name_(std::move(name)) {
   num_threads = std::max(1, num_threads);
   threads_.reserve(num_threads);
   for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Run(); });
@@ -12,27 +15,38 @@ ThreadPool::ThreadPool(int num_threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     stopping_ = true;
   }
-  ready_.notify_all();
   for (auto& thread : threads_) thread.join();
 }
 
-void ThreadPool::Submit(std::function<void()> task) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    tasks_.push_back(std::move(task));
+absl::Status ThreadPool::Submit(std::function<void()> task) {
+  absl::MutexLock lock(&mutex_);
+  if (max_queued_ != kUnbounded && tasks_.size() >= max_queued_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        name_, " is full: ", tasks_.size(), " tasks queued behind ", threads_.size(),
+        " busy threads; retry later"));
   }
-  ready_.notify_one();
+  tasks_.push_back(std::move(task));
+  return absl::OkStatus();
+}
+
+size_t ThreadPool::queued() const {
+  absl::MutexLock lock(&mutex_);
+  return tasks_.size();
 }
 
 void ThreadPool::Run() {
   for (;;) {
     std::function<void()> task;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      ready_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      absl::MutexLock lock(&mutex_);
+      mutex_.Await(absl::Condition(
+          +[](ThreadPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool->mutex_) {
+            return pool->stopping_ || !pool->tasks_.empty();
+          },
+          this));
       if (tasks_.empty()) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();

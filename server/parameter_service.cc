@@ -88,11 +88,11 @@ grpc::Status PullAndWrite(ShardStore* store, grpc::ServerReaderWriter<grpc::Byte
                                                                       grpc::ByteBuffer>* stream,
                           const std::string& job, uint32_t rank, int64_t clock,
                           const proto::ChunkRef& ref, ShardStore::Clock::time_point deadline,
-                          const std::function<bool()>& cancelled) {
+                          Cancellation* cancellation) {
   proto::TensorChunk header;
   grpc::Slice payload;
   size_t payload_bytes = 0;
-  auto status = store->Pull(rank, clock, ref, deadline, cancelled, &header, [&](size_t bytes) {
+  auto status = store->Pull(rank, clock, ref, deadline, cancellation, &header, [&](size_t bytes) {
     // Never inlined (unlike grpc_slice_malloc), so the pointer stays valid
     // when the slice is wrapped.
     payload = grpc::Slice(grpc_slice_malloc_large(bytes), grpc::Slice::STEAL_REF);
@@ -184,10 +184,12 @@ grpc::Status ParameterServiceImpl::RawPull(grpc::ServerContext* context, RawStre
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed PullRequest message");
   }
   const auto deadline = DeadlineOf(context);
-  auto cancelled = [context] { return context->IsCancelled(); };
+  // TODO(shard-service): the synchronous API has no cancel notification; the
+  // callback service wakes blocked pulls through this.
+  Cancellation cancellation;
   for (const proto::ChunkRef& ref : request.chunks()) {
     auto status = PullAndWrite(store_, stream, request.job(), request.rank(), request.clock(), ref,
-                               deadline, cancelled);
+                               deadline, &cancellation);
     if (!status.ok()) return status;
   }
   return grpc::Status::OK;
@@ -199,13 +201,14 @@ grpc::Status ParameterServiceImpl::RawPushPull(grpc::ServerContext* context, Raw
   if (auto status = ReadAll(stream, &chunks); !status.ok()) return status;
   if (auto status = store_->Push(ViewsOf(chunks)); !status.ok()) return ToGrpcStatus(status);
   const auto deadline = DeadlineOf(context);
-  auto cancelled = [context] { return context->IsCancelled(); };
+  Cancellation cancellation;  // as in RawPull
   for (const ReceivedChunk& received : chunks) {
     const proto::TensorChunk& pushed = received.header;
     int64_t clock = 0;
     const proto::ChunkRef ref = ShardStore::PushPullRef(pushed, &clock);
     auto status =
-        PullAndWrite(store_, stream, pushed.job(), pushed.rank(), clock, ref, deadline, cancelled);
+        PullAndWrite(store_, stream, pushed.job(), pushed.rank(), clock, ref, deadline,
+                     &cancellation);
     if (!status.ok()) return status;
   }
   return grpc::Status::OK;

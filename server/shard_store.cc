@@ -12,7 +12,6 @@
 namespace harrier {
 namespace {
 
-constexpr auto kPollInterval = std::chrono::milliseconds(50);
 constexpr int64_t kEveryoneLeft = std::numeric_limits<int64_t>::max() / 4;
 
 std::string Where(const std::string& key, uint32_t chunk) {
@@ -369,17 +368,17 @@ int64_t ShardStore::MinClockLocked(const Slot& slot, int* slowest_rank) const {
 }
 
 absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
-                              Clock::time_point deadline,
-                              const std::function<bool()>& cancelled, proto::TensorChunk* out) {
+                              Clock::time_point deadline, Cancellation* cancellation,
+                              proto::TensorChunk* out) {
   std::string* payload = out->mutable_payload();
-  return Pull(rank, clock, ref, deadline, cancelled, out, [payload](size_t bytes) {
+  return Pull(rank, clock, ref, deadline, cancellation, out, [payload](size_t bytes) {
     payload->resize(bytes);
     return payload->data();
   });
 }
 
 absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
-                              Clock::time_point deadline, const std::function<bool()>& cancelled,
+                              Clock::time_point deadline, Cancellation* cancellation,
                               proto::TensorChunk* out, const PayloadAllocator& allocate) {
   if (auto status = CheckOwnership(ref.key(), ref.chunk()); !status.ok()) return status;
   if (rank >= static_cast<uint32_t>(options_.num_workers)) {
@@ -401,6 +400,12 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
                                                    ref.num_elements(), " elements, registered ",
                                                    slot->values.size()));
   }
+  // Declared before the lock: its destructor must not run under the slot's
+  // lock, which the wake-up takes.
+  ScopedWake wake(cancellation, [slot] {
+    { std::lock_guard<std::mutex> wake_lock(slot->mutex); }
+    slot->changed.notify_all();
+  });
   std::unique_lock<std::mutex> lock(slot->mutex);
   int slowest = 0;
   int64_t min_clock = MinClockLocked(*slot, &slowest);
@@ -418,7 +423,7 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
     }
     if (closed_) return absl::UnavailableError("shard is shutting down");
     if (auto failure = FailureStatus(); !failure.ok()) return failure;
-    if (cancelled && cancelled()) {
+    if (cancellation != nullptr && cancellation->cancelled()) {
       return absl::CancelledError(absl::StrCat("pull of ", Where(ref.key(), ref.chunk()),
                                                " cancelled by the client"));
     }
@@ -429,7 +434,7 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
           " waited for min clock >= ", controller_.RequiredMinClock(clock),
           "; slowest worker is rank ", slowest, " at clock ", min_clock));
     }
-    slot->changed.wait_until(lock, std::min(deadline, now + kPollInterval));
+    slot->changed.wait_until(lock, deadline);
     min_clock = MinClockLocked(*slot, &slowest);
   }
   out->set_key(ref.key());
@@ -567,14 +572,24 @@ void ShardStore::CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPoli
   if (policy == WorkerLossPolicy::kContinue) {
     for (uint32_t rank : lost) Leave(rank, -1).IgnoreError();
   } else {
-    ForEachSlot([](Slot& slot) { slot.changed.notify_all(); });
+    // Under each slot's lock, so a pull between its check and its wait
+    // cannot miss the wake-up.
+    ForEachSlot([](Slot& slot) {
+      { std::lock_guard<std::mutex> lock(slot.mutex); }
+      slot.changed.notify_all();
+    });
   }
 }
 
 void ShardStore::Close() {
   closed_ = true;
   std::shared_lock<std::shared_mutex> lock(slots_mutex_);
-  for (auto& entry : slots_) entry.second->changed.notify_all();
+  for (auto& entry : slots_) {
+    // Under the slot's lock, so a pull between its check and its wait cannot
+    // miss the wake-up.
+    { std::lock_guard<std::mutex> slot_lock(entry.second->mutex); }
+    entry.second->changed.notify_all();
+  }
 }
 
 proto::ChunkRef ShardStore::PushPullRef(const proto::TensorChunk& pushed, int64_t* clock) {

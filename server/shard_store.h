@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/cancellation.h"
 #include "common/codec/codec.h"
 #include "common/partitioner.h"
 #include "proto/harrier.pb.h"
@@ -92,10 +93,12 @@ class ShardStore {
   absl::Status Push(const std::vector<PushChunkView>& chunks);
 
   // Writes the chunk's parameters into `out` once a pull at `clock` may be
-  // answered. Waits until `deadline`, polling `cancelled` (may be empty);
-  // DEADLINE_EXCEEDED names the clock waited for and the slowest worker.
+  // answered. Waits until `deadline` or until `cancellation` (may be null) is
+  // cancelled, whichever comes first; either wakes the wait at once (no
+  // polling). DEADLINE_EXCEEDED names the clock waited for and the slowest
+  // worker; CANCELLED says the client cancelled.
   absl::Status Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
-                    Clock::time_point deadline, const std::function<bool()>& cancelled,
+                    Clock::time_point deadline, Cancellation* cancellation,
                     proto::TensorChunk* out);
 
   // The pull half of a push-pull: the pushed chunk at clock + 1 (returned
@@ -110,7 +113,7 @@ class ShardStore {
   // once, with the chunk's lock held) rather than into `out`, whose payload
   // field is left untouched; `out->checksum()` covers the written bytes.
   absl::Status Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
-                    Clock::time_point deadline, const std::function<bool()>& cancelled,
+                    Clock::time_point deadline, Cancellation* cancellation,
                     proto::TensorChunk* out, const PayloadAllocator& allocate);
 
   // The rank pushed its last clock (its total is `clock`): pulls and BSP

@@ -85,7 +85,7 @@ void UcxServer::Shutdown() {
   if (stopping_.exchange(true)) return;
   {
     std::lock_guard<std::mutex> lock(cancel_mutex_);
-    for (auto& entry : cancels_) entry.second->store(true);
+    for (auto& entry : cancels_) entry.second->Cancel();
   }
   push_pool_.reset();
   pull_pool_.reset();
@@ -156,7 +156,7 @@ void UcxServer::OnFrame(const Frame& frame, std::string body, transport::Payload
   if (frame.op == Op::kCancel) {
     std::lock_guard<std::mutex> lock(cancel_mutex_);
     auto it = cancels_.find({frame.connection_id, frame.request_id});
-    if (it != cancels_.end()) it->second->store(true);
+    if (it != cancels_.end()) it->second->Cancel();
     return;
   }
   if (stopping_) {
@@ -237,7 +237,7 @@ void UcxServer::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status) {
     std::lock_guard<std::mutex> lock(self->cancel_mutex_);
     for (auto it = self->cancels_.lower_bound({id, 0});
          it != self->cancels_.end() && it->first.first == id; ++it) {
-      it->second->store(true);
+      it->second->Cancel();
     }
   }
   self->pending_.erase(self->pending_.lower_bound({id, 0}),
@@ -355,18 +355,17 @@ void UcxServer::RunPush(uint64_t connection, uint64_t request, bool then_pull,
 void UcxServer::RunPull(uint64_t connection, uint64_t request,
                         ShardStore::Clock::time_point deadline, std::vector<PullItem> items) {
   auto cancel = TrackCancel(connection, request);
-  auto cancelled = [cancel] { return cancel->load(); };
   absl::Status status;
   uint32_t sent = 0;
   for (const PullItem& item : items) {
-    if (cancel->load()) {
+    if (cancel->cancelled()) {
       status = absl::CancelledError("client went away");
       break;
     }
     proto::TensorChunk out;
     transport::PayloadBuffer payload;
     // The store writes the parameters straight into the buffer UCX sends.
-    status = store_->Pull(item.rank, item.clock, item.ref, deadline, cancelled, &out,
+    status = store_->Pull(item.rank, item.clock, item.ref, deadline, cancel.get(), &out,
                           [&payload](size_t bytes) {
                             payload = transport::PayloadBuffer::Allocate(bytes);
                             return payload.data();
@@ -381,8 +380,9 @@ void UcxServer::RunPull(uint64_t connection, uint64_t request,
   worker_->ExpectReplies(-1);
 }
 
-std::shared_ptr<std::atomic<bool>> UcxServer::TrackCancel(uint64_t connection, uint64_t request) {
-  auto flag = std::make_shared<std::atomic<bool>>(stopping_.load());
+std::shared_ptr<Cancellation> UcxServer::TrackCancel(uint64_t connection, uint64_t request) {
+  auto flag = std::make_shared<Cancellation>();
+  if (stopping_) flag->Cancel();
   std::lock_guard<std::mutex> lock(cancel_mutex_);
   cancels_[{connection, request}] = flag;
   return flag;

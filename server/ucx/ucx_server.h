@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/cancellation.h"
 #include "common/thread_pool.h"
 #include "common/transport/framing.h"
 #include "common/transport/ucx_worker.h"
@@ -89,7 +90,7 @@ class UcxServer {
                ShardStore::Clock::time_point deadline, std::shared_ptr<Pending> pushed);
   void RunPull(uint64_t connection, uint64_t request, ShardStore::Clock::time_point deadline,
                std::vector<PullItem> items);
-  std::shared_ptr<std::atomic<bool>> TrackCancel(uint64_t connection, uint64_t request);
+  std::shared_ptr<Cancellation> TrackCancel(uint64_t connection, uint64_t request);
   void Untrack(uint64_t connection, uint64_t request);
 
   ShardStore* store_ = nullptr;
@@ -102,7 +103,7 @@ class UcxServer {
 
   // Cancellation flags of running requests (kCancel, or the peer failed).
   std::mutex cancel_mutex_;
-  std::map<RequestKey, std::shared_ptr<std::atomic<bool>>> cancels_;
+  std::map<RequestKey, std::shared_ptr<Cancellation>> cancels_;
 
   std::string address_;
   // Shutdown() destroys the pools (their tasks post replies) before the
