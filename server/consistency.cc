@@ -1,5 +1,8 @@
 #include "server/consistency.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 
 namespace harrier {
@@ -45,8 +48,9 @@ std::string SyncPolicy::ToString() const {
   return "?";
 }
 
-ConsistencyController::ConsistencyController(SyncPolicy policy, int num_workers)
-    : policy_(policy), num_workers_(num_workers) {}
+ConsistencyController::ConsistencyController(SyncPolicy policy, int num_workers,
+                                             bool staleness_aware_lr)
+    : policy_(policy), num_workers_(num_workers), staleness_aware_lr_(staleness_aware_lr) {}
 
 bool ConsistencyController::PullMayProceed(int64_t pull_clock, int64_t min_clock) const {
   if (policy_.staleness < 0) return true;
@@ -60,6 +64,126 @@ int64_t ConsistencyController::RequiredMinClock(int64_t pull_clock) const {
 
 bool ConsistencyController::AggregatesRounds() const {
   return policy_.mode == SyncMode::kBsp || policy_.mode == SyncMode::kLocal;
+}
+
+std::unique_ptr<Optimizer> ConsistencyController::ShardOptimizer(
+    std::unique_ptr<Optimizer> configured) const {
+  if (policy_.mode == SyncMode::kLocal) return CreateDeltaOptimizer();
+  return configured;
+}
+
+ClockBook ConsistencyController::NewClockBook() const { return ClockBook(this, num_workers_); }
+
+ClockBook::ClockBook(const ConsistencyController* controller, int num_workers)
+    : controller_(controller), pushed_(num_workers, 0), may_rebase_(num_workers, false) {}
+
+absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock) const {
+  const int64_t expected = pushed_[rank];
+  if (clock == expected || (may_rebase_[rank] && clock > expected)) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("push for clock ", clock, " from rank ", rank, " but its next clock is ",
+                   expected,
+                   clock > expected ? " (clock from the future)" : " (already pushed)"));
+}
+
+int64_t ClockBook::fastest() const {
+  int64_t fastest = 0;
+  for (int64_t pushed : pushed_) fastest = std::max(fastest, pushed);
+  return fastest;
+}
+
+PushDecision ClockBook::RecordPush(uint32_t rank, int64_t clock, const Membership& membership) {
+  PushDecision decision;
+  if (may_rebase_[rank]) {
+    // The first push of a rank on this slot after a restore: the worker may
+    // have run on while the shard was down, so its clock is taken as it is.
+    may_rebase_[rank] = false;
+    pushed_[rank] = std::max(pushed_[rank], clock);
+  }
+  if (!controller_->AggregatesRounds()) {
+    decision.kind = PushDecision::Kind::kApplyNow;
+    decision.scale = 1.0f / static_cast<float>(std::max(1, membership.active()));
+    if (controller_->staleness_aware_lr()) {
+      decision.scale /= static_cast<float>(std::max<int64_t>(1, fastest() - clock));
+    }
+    pushed_[rank] = clock + 1;
+    return decision;
+  }
+  pushed_[rank] = clock + 1;
+  Round& round = rounds_[clock];
+  if (round.from_rank.empty()) round.from_rank.assign(pushed_.size(), false);
+  round.from_rank[rank] = true;
+  round.count++;
+  decision.kind = PushDecision::Kind::kHoldForRound;
+  decision.round = clock;
+  decision.completed = TakeCompletedRounds(membership);
+  return decision;
+}
+
+bool ClockBook::RoundComplete(int64_t clock, const Round& round,
+                              const Membership& membership) const {
+  for (size_t r = 0; r < pushed_.size(); ++r) {
+    // A rank is done with this round when it pushed for it, left the job, or
+    // was re-based past it after a restore (its push for the round was lost
+    // with the shard).
+    if (!round.from_rank[r] && !membership.departed(static_cast<uint32_t>(r)) &&
+        pushed_[r] <= clock) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<PushDecision::CompletedRound> ClockBook::TakeCompletedRounds(
+    const Membership& membership) {
+  // Rounds complete in clock order: every rank pushes its clocks in order,
+  // so round t+1 cannot hold a rank that round t still waits for.
+  std::vector<PushDecision::CompletedRound> completed;
+  while (!rounds_.empty() &&
+         RoundComplete(rounds_.begin()->first, rounds_.begin()->second, membership)) {
+    completed.push_back({rounds_.begin()->first, rounds_.begin()->second.count});
+    rounds_.erase(rounds_.begin());
+  }
+  return completed;
+}
+
+PullVerdict ClockBook::CheckPull(int64_t pull_clock, const Membership& membership) const {
+  PullVerdict verdict;
+  int64_t min_clock = std::numeric_limits<int64_t>::max();
+  for (size_t r = 0; r < pushed_.size(); ++r) {
+    if (membership.departed(static_cast<uint32_t>(r))) continue;  // holds nobody back
+    if (pushed_[r] < min_clock) {
+      min_clock = pushed_[r];
+      verdict.slowest_rank = static_cast<int>(r);
+    }
+  }
+  verdict.required_min_clock = controller_->RequiredMinClock(pull_clock);
+  if (min_clock == std::numeric_limits<int64_t>::max()) {
+    // Every rank left: nothing can hold a pull back any more.
+    verdict.everyone_left = true;
+    verdict.may_answer = true;
+    verdict.min_clock = kEveryoneLeftClock;
+    return verdict;
+  }
+  verdict.min_clock = min_clock;
+  verdict.may_answer = controller_->PullMayProceed(pull_clock, min_clock);
+  return verdict;
+}
+
+std::vector<int64_t> ClockBook::CheckpointClocks() const {
+  std::vector<int64_t> clocks = pushed_;
+  if (!rounds_.empty()) {
+    const int64_t first_pending = rounds_.begin()->first;
+    for (int64_t& pushed : clocks) pushed = std::min(pushed, first_pending);
+  }
+  return clocks;
+}
+
+void ClockBook::Restore(std::vector<int64_t> pushed) {
+  pushed_ = std::move(pushed);
+  pushed_.resize(may_rebase_.size(), 0);
+  may_rebase_.assign(may_rebase_.size(), true);
+  rounds_.clear();
 }
 
 }  // namespace harrier

@@ -1,23 +1,36 @@
 #ifndef HARRIER_SERVER_CONSISTENCY_H_
 #define HARRIER_SERVER_CONSISTENCY_H_
 
-#include <cstdint>
-#include <string>
+// The consistency rule of ../shared/DESIGN.md, in one place: when a push may
+// be applied, how (now with a scale, or held for a round that is applied as
+// one averaged step), when a round is complete, and when a pull may be
+// answered. ShardStore keeps the values and the locks and does what a
+// ClockBook tells it; it applies no rule of its own.
 
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/membership.h"
+#include "server/optimizer.h"
 
 namespace harrier {
 
 enum class SyncMode { kBsp, kSsp, kAsp, kLocal };
 
-// The staleness rule of ../shared/DESIGN.md, in one place. Worker i's pull at
-// clock t is answered when min over workers of (iterations pushed) >= t - s.
+// Worker i's pull at clock t is answered when min over live workers of
+// (iterations pushed) >= t - s.
 //   BSP:   s = 0; the n pushes of an iteration are averaged into one step.
 //   SSP:   finite s >= 1; each push applied on arrival, scaled 1/n.
 //   ASP:   no bound; each push applied on arrival, scaled 1/n.
 //   Local: a BSP round every H worker steps; pushes are model deltas that
-//          the shard averages and subtracts (no server optimizer).
+//          the shard averages and subtracts (the delta optimizer).
 struct SyncPolicy {
   SyncMode mode = SyncMode::kBsp;
   int64_t staleness = 0;    // -1 = unbounded (ASP)
@@ -30,33 +43,126 @@ struct SyncPolicy {
   std::string ToString() const;
 };
 
-// Decides when a pull may be answered and how a push is applied. Pure and
-// immutable: every slot of a shard consults the same controller.
+// What a ClockBook says to do with an accepted push's gradient.
+struct PushDecision {
+  enum class Kind {
+    kApplyNow,      // one optimizer step with the gradient times `scale`
+    kHoldForRound,  // add it to the sum of round `round`
+  };
+  // A round (a clock's pushes) that is complete: apply the average of its
+  // `contributors` pushes (or their vote) as one step, in clock order.
+  struct CompletedRound {
+    int64_t clock = 0;
+    int contributors = 0;
+  };
+
+  Kind kind = Kind::kApplyNow;
+  float scale = 1.0f;
+  int64_t round = 0;
+  // Rounds this push completed (the held push's own round among them once
+  // every live rank is in), oldest first.
+  std::vector<CompletedRound> completed;
+};
+
+// The min clock a pull reply carries once every rank has left.
+inline constexpr int64_t kEveryoneLeftClock = std::numeric_limits<int64_t>::max() / 4;
+
+// Whether a pull may be answered now, and what it waits for.
+struct PullVerdict {
+  bool may_answer = false;
+  int64_t min_clock = 0;           // min over live ranks of iterations pushed
+  int slowest_rank = 0;            // a rank at min_clock
+  int64_t required_min_clock = 0;  // what the pull waits for
+  bool everyone_left = false;      // no live rank: min_clock is meaningless
+};
+
+class ClockBook;
+
+// The policy of a job. Immutable; shared by every slot of a shard.
 class ConsistencyController {
  public:
-  ConsistencyController(SyncPolicy policy, int num_workers);
+  // staleness_aware_lr: SSP/ASP divide each push's step by the staleness it
+  // arrives with (Zhang et al. 2016): max(1, fastest rank's clock - clock).
+  ConsistencyController(SyncPolicy policy, int num_workers, bool staleness_aware_lr = false);
 
   const SyncPolicy& policy() const { return policy_; }
   int num_workers() const { return num_workers_; }
+  bool staleness_aware_lr() const { return staleness_aware_lr_; }
 
-  // The rule above. min_clock is the minimum over live workers of the
+  // The staleness rule. min_clock is the minimum over live workers of the
   // iterations pushed for the key.
   bool PullMayProceed(int64_t pull_clock, int64_t min_clock) const;
-
   // The lowest min_clock that lets a pull at `pull_clock` proceed.
   int64_t RequiredMinClock(int64_t pull_clock) const;
-
-  // True when the pushes of one clock are buffered until every live worker
-  // has pushed, then applied as one averaged step (BSP, local SGD).
+  // True when the pushes of one clock are held until every live worker has
+  // pushed, then applied as one averaged step (BSP, local SGD).
   bool AggregatesRounds() const;
 
-  // True when pushes are model deltas subtracted as they are, with no
-  // server optimizer (local SGD).
-  bool PushesAreDeltas() const { return policy_.mode == SyncMode::kLocal; }
+  // The optimizer the shard steps with: local SGD's pushes are model deltas,
+  // so it gets the delta optimizer whatever was configured; other modes get
+  // `configured`.
+  std::unique_ptr<Optimizer> ShardOptimizer(std::unique_ptr<Optimizer> configured) const;
+
+  // A clock book for one slot (tensor chunk), every rank at clock 0.
+  ClockBook NewClockBook() const;
 
  private:
   SyncPolicy policy_;
   int num_workers_;
+  bool staleness_aware_lr_;
+};
+
+// The clock book of one slot: iterations pushed per rank, the rounds that
+// are pending, and after a restore which ranks may re-base their clock. Not
+// thread-safe: the slot's lock guards it. Membership is read, never changed.
+class ClockBook {
+ public:
+  // Iterations of `rank` applied (or held in a pending round).
+  int64_t pushed(uint32_t rank) const { return pushed_[rank]; }
+  const std::vector<int64_t>& pushed() const { return pushed_; }
+
+  // May `rank` push for `clock` now? OK, or FAILED_PRECONDITION saying why
+  // (already pushed, or a clock from the future). A rank may push its next
+  // clock; after Restore() its first push on this slot may also be for a
+  // later clock (the worker ran on while the shard was down).
+  absl::Status CheckPush(uint32_t rank, int64_t clock) const;
+
+  // Records a push that CheckPush accepted and says what to do with it.
+  PushDecision RecordPush(uint32_t rank, int64_t clock, const Membership& membership);
+
+  // Rounds complete now that a rank left, oldest first, removed from the book.
+  std::vector<PushDecision::CompletedRound> TakeCompletedRounds(const Membership& membership);
+
+  // True while round `clock` has pushes held.
+  bool RoundPending(int64_t clock) const { return rounds_.count(clock) != 0; }
+
+  PullVerdict CheckPull(int64_t pull_clock, const Membership& membership) const;
+
+  // The per-rank clocks a checkpoint keeps: pushes held in an incomplete
+  // round are not in the checkpoint, so their ranks are rolled back to it
+  // (a restored shard waits for that round again).
+  std::vector<int64_t> CheckpointClocks() const;
+
+  // Loads a checkpoint's clocks; every rank may re-base once on this slot.
+  void Restore(std::vector<int64_t> pushed);
+
+  // The largest clock any rank has reached.
+  int64_t fastest() const;
+
+ private:
+  friend class ConsistencyController;
+  struct Round {
+    std::vector<bool> from_rank;
+    int count = 0;
+  };
+
+  ClockBook(const ConsistencyController* controller, int num_workers);
+  bool RoundComplete(int64_t clock, const Round& round, const Membership& membership) const;
+
+  const ConsistencyController* controller_;
+  std::vector<int64_t> pushed_;
+  std::vector<bool> may_rebase_;
+  std::map<int64_t, Round> rounds_;  // BSP/local rounds not yet complete
 };
 
 }  // namespace harrier

@@ -99,7 +99,25 @@ class AdaGrad : public Optimizer {
   OptimizerOptions options_;
 };
 
+// Local SGD: the pushed "gradient" is the average of the workers' model
+// deltas over H steps, so the shard subtracts it as it is.
+class Delta : public Optimizer {
+ public:
+  Delta() { options_.kind = "delta"; }
+  const OptimizerOptions& options() const override { return options_; }
+  void Step(absl::Span<float> w, absl::Span<const float> delta, float scale,
+            OptimizerState& state) const override {
+    for (size_t i = 0; i < w.size(); ++i) w[i] -= scale * delta[i];
+    ++state.steps;
+  }
+
+ private:
+  OptimizerOptions options_;
+};
+
 }  // namespace
+
+std::unique_ptr<Optimizer> CreateDeltaOptimizer() { return std::make_unique<Delta>(); }
 
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const OptimizerOptions& options) {
   if (!(options.lr > 0) || !std::isfinite(options.lr)) {

@@ -44,6 +44,11 @@ class Optimizer {
 // InvalidArgument for an unknown kind or a hyper-parameter out of range.
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const OptimizerOptions& options);
 
+// The optimizer of local SGD, whose pushes are model deltas (the workers ran
+// their own optimizer): w <- w - scale * delta, no learning rate, no state
+// beyond the step count. options() reports kind "delta".
+std::unique_ptr<Optimizer> CreateDeltaOptimizer();
+
 }  // namespace harrier
 
 #endif  // HARRIER_SERVER_OPTIMIZER_H_

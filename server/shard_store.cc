@@ -7,12 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "common/crc32c.h"
 
 namespace harrier {
 namespace {
-
-constexpr int64_t kEveryoneLeft = std::numeric_limits<int64_t>::max() / 4;
 
 std::string Where(const std::string& key, uint32_t chunk) {
   return absl::StrCat("key '", key, "' chunk ", chunk);
@@ -30,32 +29,28 @@ bool AllFinite(const float* values, size_t n) {
   return bad == 0;
 }
 
+absl::Status WithWhere(const std::string& key, uint32_t chunk, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(Where(key, chunk), ": ", status.message()));
+}
+
+bool IsDense(const std::string& codec_params) {
+  return codec_params.empty() || codec_params == "none";
+}
+
 }  // namespace
 
 ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> optimizer)
     : options_(options),
-      controller_(options.sync, options.num_workers),
-      optimizer_(std::move(optimizer)),
+      controller_(options.sync, options.num_workers, options.staleness_aware_lr),
+      optimizer_(controller_.ShardOptimizer(std::move(optimizer))),
       partitioner_(options.num_shards),
-      departed_(new std::atomic<bool>[options.num_workers]),
-      may_rebase_(new std::atomic<bool>[options.num_workers]),
-      last_seen_(options.num_workers),
-      seen_(options.num_workers, false) {
-  for (int r = 0; r < options.num_workers; ++r) {
-    departed_[r] = false;
-    may_rebase_[r] = false;
-  }
-}
+      membership_(options.num_workers) {}
 
 ShardStore::~ShardStore() { Close(); }
 
-std::string ShardStore::SlotName(const std::string& key, uint32_t chunk) {
-  return absl::StrCat(key, "#", chunk);
-}
-
 ShardStore::Slot* ShardStore::FindSlot(const std::string& key, uint32_t chunk) const {
-  std::shared_lock<std::shared_mutex> lock(slots_mutex_);
-  auto it = slots_.find(SlotName(key, chunk));
+  absl::ReaderMutexLock lock(&slots_mutex_);
+  auto it = slots_.find(SlotKey(key, chunk));
   return it == slots_.end() ? nullptr : it->second.get();
 }
 
@@ -79,7 +74,10 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
                                                    ": unsupported dtype ", request.dtype()));
   }
   const uint64_t n = request.num_elements();
-  if (request.initial_values().size() != n * sizeof(float)) {
+  // n * sizeof(float) must not wrap around: 2^62 elements would "match" an
+  // empty payload.
+  if (n > std::numeric_limits<uint64_t>::max() / sizeof(float) ||
+      request.initial_values().size() != n * sizeof(float)) {
     return absl::InvalidArgumentError(absl::StrCat(
         Where(key, request.chunk()), ": ", request.initial_values().size(),
         " bytes of initial values for ", n, " float32 elements"));
@@ -96,36 +94,33 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   }
   const std::vector<uint64_t> shape(request.shape().begin(), request.shape().end());
 
-  std::unique_lock<std::shared_mutex> lock(slots_mutex_);
-  auto& entry = slots_[SlotName(key, request.chunk())];
+  absl::MutexLock lock(&slots_mutex_);
+  auto& entry = slots_[SlotKey(key, request.chunk())];
   if (entry) {
-    Slot& slot = *entry;
-    std::lock_guard<std::mutex> slot_lock(slot.mutex);
-    if (slot.values.size() != n || slot.shape != shape) {
+    if (entry->num_elements != n || entry->shape != shape) {
       return absl::InvalidArgumentError(absl::StrCat(
           Where(key, request.chunk()), ": shape [", absl::StrJoin(shape, ","), "] with ", n,
-          " elements disagrees with the registered shape [", absl::StrJoin(slot.shape, ","),
-          "] with ", slot.values.size(), " elements"));
+          " elements disagrees with the registered shape [", absl::StrJoin(entry->shape, ","),
+          "] with ", entry->num_elements, " elements"));
     }
     return false;
   }
-  entry = std::make_unique<Slot>();
-  entry->key = key;
-  entry->chunk = request.chunk();
-  entry->shape = shape;
+  ClockBook book = controller_.NewClockBook();
+  // A key first seen after a restore: the workers are already past clock 0.
+  if (restored_) book.Restore(std::vector<int64_t>(options_.num_workers, 0));
+  entry = std::make_unique<Slot>(key, request.chunk(), shape, n, std::move(book));
+  absl::MutexLock slot_lock(&entry->mutex);
   entry->values.assign(values, values + n);
-  entry->pushed.assign(options_.num_workers, 0);
   return true;
 }
 
 absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::string_view payload,
-                                       ValidatedChunk* out) const {
+                                       ValidatedChunk* out) {
   const std::string& key = chunk.key();
   if (auto status = CheckOwnership(key, chunk.chunk()); !status.ok()) return status;
-  if (chunk.rank() >= static_cast<uint32_t>(options_.num_workers)) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()), ": rank ",
-                                                   chunk.rank(), " out of range [0, ",
-                                                   options_.num_workers, ")"));
+  if (auto status = membership_.CheckRank(chunk.rank(), Where(key, chunk.chunk()));
+      !status.ok()) {
+    return status;
   }
   if (chunk.dtype() != proto::DTYPE_FLOAT32) {
     return absl::InvalidArgumentError(
@@ -136,71 +131,58 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
     return absl::NotFoundError(absl::StrCat(Where(key, chunk.chunk()),
                                             " is not registered on shard ", options_.shard));
   }
-  if (chunk.num_elements() != slot->values.size()) {
+  const size_t n = slot->num_elements;
+  if (chunk.num_elements() != n) {
     return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()), ": ",
                                                    chunk.num_elements(), " elements, expected ",
-                                                   slot->values.size()));
+                                                   n));
   }
-  if (chunk.codec() == static_cast<uint32_t>(CodecId::kNone)) {
-    if (payload.size() != slot->values.size() * sizeof(float)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(key, chunk.chunk()), ": payload of ", payload.size(), " bytes, expected ",
-          slot->values.size() * sizeof(float)));
-    }
+  const bool dense = chunk.codec() == static_cast<uint32_t>(CodecId::kNone);
+  if (dense && payload.size() != n * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()), ": payload of ",
+                                                   payload.size(), " bytes, expected ",
+                                                   n * sizeof(float)));
   }
   if (Crc32c(payload.data(), payload.size()) != chunk.checksum()) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(key, chunk.chunk()), ": payload checksum mismatch"));
   }
-  if (chunk.codec() == static_cast<uint32_t>(CodecId::kNone)) {
+  if (dense) {
     out->gradient = reinterpret_cast<const float*>(payload.data());
   } else {
     // Compressed: the codec validates the whole payload while decoding it,
     // before anything is applied.
-    auto spec = CodecSpec::Parse(chunk.codec_params());
-    if (!spec.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Where(key, chunk.chunk()), ": ", spec.status().message()));
-    }
-    if (static_cast<uint32_t>(spec->id) != chunk.codec()) {
+    auto codec = codecs_.Get(chunk.codec_params());
+    if (!codec.ok()) return WithWhere(key, chunk.chunk(), codec.status());
+    if (static_cast<uint32_t>((*codec)->spec.id) != chunk.codec()) {
       return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()), ": codec id ",
                                                      chunk.codec(), " disagrees with spec '",
                                                      chunk.codec_params(), "'"));
     }
-    auto codec = CreateCodec(*spec);
-    if (!codec.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Where(key, chunk.chunk()), ": ", codec.status().message()));
-    }
-    out->decoded.resize(slot->values.size());
-    if (auto status = (*codec)->Decode(payload, absl::MakeSpan(out->decoded));
+    out->decoded.resize(n);
+    if (auto status = (*codec)->decoder->Decode(payload, absl::MakeSpan(out->decoded));
         !status.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(Where(key, chunk.chunk()), ": ", status.message()));
     }
     out->gradient = out->decoded.data();
-    out->majority_vote = (*codec)->IsMajorityVote();
+    out->codec = std::move(*codec);
   }
-  if (!AllFinite(out->gradient, slot->values.size())) {
+  if (!AllFinite(out->gradient, n)) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(key, chunk.chunk()), ": gradient contains NaN or Inf"));
   }
-  if (departed_[chunk.rank()]) {
+  if (membership_.departed(chunk.rank())) {
     return absl::FailedPreconditionError(absl::StrCat(Where(key, chunk.chunk()), ": rank ",
                                                       chunk.rank(), " has left the job"));
   }
   {
-    std::lock_guard<std::mutex> lock(slot->mutex);
-    const int64_t expected = slot->pushed[chunk.rank()];
-    const bool rebase = may_rebase_[chunk.rank()] && chunk.clock() > expected;
-    if (chunk.clock() != expected && !rebase) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          Where(key, chunk.chunk()), ": push for clock ", chunk.clock(), " from rank ",
-          chunk.rank(), " but its next clock is ", expected,
-          chunk.clock() > expected ? " (clock from the future)" : " (already pushed)"));
+    absl::MutexLock lock(&slot->mutex);
+    if (auto status = slot->book.CheckPush(chunk.rank(), chunk.clock()); !status.ok()) {
+      return WithWhere(key, chunk.chunk(), status);
     }
-    auto round = slot->pending.find(chunk.clock());
-    if (round != slot->pending.end() && round->second.codec_params != chunk.codec_params()) {
+    auto round = slot->sums.find(chunk.clock());
+    if (round != slot->sums.end() && round->second.codec_params != chunk.codec_params()) {
       return absl::InvalidArgumentError(absl::StrCat(
           Where(key, chunk.chunk()), ": codec '", chunk.codec_params(), "' but clock ",
           chunk.clock(), " was pushed with '", round->second.codec_params, "' by another worker"));
@@ -217,154 +199,103 @@ absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
 }
 
 absl::Status ShardStore::Push(const std::vector<PushChunkView>& views) {
-  // The header fields are read through `chunks[i]`, the payload only
-  // through `views[i].payload`.
-  struct HeaderRef {
-    const std::vector<PushChunkView>& views;
-    const proto::TensorChunk& operator[](size_t i) const { return *views[i].header; }
-    size_t size() const { return views.size(); }
-    bool empty() const { return views.empty(); }
-    const proto::TensorChunk& front() const { return *views.front().header; }
-  } chunks{views};
   if (closed_) return absl::UnavailableError("shard is shutting down");
-  if (auto failure = FailureStatus(); !failure.ok()) return failure;
-  std::vector<ValidatedChunk> valid(chunks.size());
-  for (size_t i = 0; i < chunks.size(); ++i) {
+  if (auto failure = membership_.failure(); !failure.ok()) return failure;
+  std::vector<ValidatedChunk> valid(views.size());
+  for (size_t i = 0; i < views.size(); ++i) {
+    const proto::TensorChunk& chunk = *views[i].header;
     for (size_t j = 0; j < i; ++j) {
-      if (chunks[j].key() == chunks[i].key() && chunks[j].chunk() == chunks[i].chunk()) {
+      if (views[j].header->key() == chunk.key() && views[j].header->chunk() == chunk.chunk()) {
         counters_.rejected++;
-        return absl::InvalidArgumentError(absl::StrCat(
-            Where(chunks[i].key(), chunks[i].chunk()), ": pushed twice in one call"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(Where(chunk.key(), chunk.chunk()), ": pushed twice in one call"));
       }
     }
-    if (auto status = ValidateChunk(chunks[i], views[i].payload, &valid[i]); !status.ok()) {
+    if (auto status = ValidateChunk(chunk, views[i].payload, &valid[i]); !status.ok()) {
       counters_.rejected++;
       return status;
     }
   }
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const proto::TensorChunk& chunk = chunks[i];
+  for (size_t i = 0; i < views.size(); ++i) {
+    const proto::TensorChunk& chunk = *views[i].header;
     Slot& slot = *valid[i].slot;
     {
-      std::lock_guard<std::mutex> lock(slot.mutex);
-      if (may_rebase_[chunk.rank()] && chunk.clock() > slot.pushed[chunk.rank()]) {
-        // The worker ran on while this shard was down and restored.
-        slot.pushed[chunk.rank()] = chunk.clock();
-      }
+      absl::MutexLock lock(&slot.mutex);
       // Re-checked under the lock: only a rank racing itself can fail here.
-      if (slot.pushed[chunk.rank()] != chunk.clock()) {
+      if (!slot.book.CheckPush(chunk.rank(), chunk.clock()).ok()) {
         return absl::FailedPreconditionError(
             absl::StrCat(Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ",
                          chunk.rank(), " for clock ", chunk.clock()));
       }
       ApplyLocked(slot, chunk, views[i].payload, valid[i]);
+      slot.changed.SignalAll();
     }
-    slot.changed.notify_all();
     counters_.pushes++;
     counters_.bytes_in += views[i].payload.size();
   }
-  if (!chunks.empty()) {
-    Heartbeat(chunks.front().rank()).IgnoreError();
-    may_rebase_[chunks.front().rank()] = false;
-  }
+  if (!views.empty()) membership_.Heard(views.front().header->rank());
   return absl::OkStatus();
 }
 
 void ShardStore::StepLocked(Slot& slot, const float* gradient, float scale) {
-  const size_t n = slot.values.size();
-  if (controller_.PushesAreDeltas()) {
-    for (size_t i = 0; i < n; ++i) slot.values[i] -= scale * gradient[i];
-  } else {
-    optimizer_->Step(absl::MakeSpan(slot.values), absl::MakeConstSpan(gradient, n), scale,
-                     slot.optimizer_state);
-  }
+  optimizer_->Step(absl::MakeSpan(slot.values), absl::MakeConstSpan(gradient, slot.num_elements),
+                   scale, slot.optimizer_state);
   counters_.optimizer_steps++;
 }
 
 void ShardStore::ApplyLocked(Slot& slot, const proto::TensorChunk& chunk,
                              absl::string_view payload, const ValidatedChunk& valid) {
-  const size_t n = slot.values.size();
-  const uint32_t rank = chunk.rank();
-  const int64_t clock = chunk.clock();
-  const float* gradient = valid.gradient;
-  if (!controller_.AggregatesRounds()) {
-    float scale = 1.0f / static_cast<float>(std::max(1, active_workers()));
-    if (options_.staleness_aware_lr) {
-      int64_t fastest = 0;
-      for (int64_t pushed : slot.pushed) fastest = std::max(fastest, pushed);
-      scale /= static_cast<float>(std::max<int64_t>(1, fastest - clock));
-    }
-    slot.pushed[rank] = clock + 1;
-    StepLocked(slot, gradient, scale);
+  const size_t n = slot.num_elements;
+  const PushDecision decision = slot.book.RecordPush(chunk.rank(), chunk.clock(), membership_);
+  if (decision.kind == PushDecision::Kind::kApplyNow) {
+    StepLocked(slot, valid.gradient, decision.scale);
     return;
   }
-  slot.pushed[rank] = clock + 1;
-  PendingRound& round = slot.pending[clock];
-  if (round.from_rank.empty()) {
-    round.from_rank.assign(options_.num_workers, false);
+  RoundSum& round = slot.sums[decision.round];
+  if (!round.started) {
+    round.started = true;
     round.codec_params = chunk.codec_params();
   }
-  if (valid.majority_vote) {
+  if (valid.codec && valid.codec->decoder->IsMajorityVote()) {
     if (!round.vote) {
-      auto spec = CodecSpec::Parse(chunk.codec_params());
-      auto aggregator = Aggregator::Create(*spec, n);
-      round.vote = std::move(*aggregator);
+      if (slot.spare_vote && slot.spare_vote_params == chunk.codec_params()) {
+        round.vote = std::move(slot.spare_vote);
+      } else {
+        // The spec was parsed and built when the push was validated.
+        round.vote = std::move(*Aggregator::Create(valid.codec->spec, n));
+      }
     }
     // Validated above; Add only counts the payload's votes.
     round.vote->Add(payload).IgnoreError();
   } else if (round.sum.empty()) {
-    round.sum.assign(gradient, gradient + n);
+    round.sum.assign(valid.gradient, valid.gradient + n);
   } else {
-    for (size_t i = 0; i < n; ++i) round.sum[i] += gradient[i];
+    for (size_t i = 0; i < n; ++i) round.sum[i] += valid.gradient[i];
   }
-  round.from_rank[rank] = true;
-  round.count++;
-  CompleteRoundsLocked(slot);
+  FinishRoundsLocked(slot, decision.completed);
 }
 
-bool ShardStore::RoundCompleteLocked(const Slot& slot, int64_t clock,
-                                     const PendingRound& round) const {
-  for (int r = 0; r < options_.num_workers; ++r) {
-    // A rank is done with this round when it pushed for it, left the job, or
-    // was re-based past it after a restore (its push for the round was lost
-    // with the shard).
-    if (!round.from_rank[r] && !departed_[r] && slot.pushed[r] <= clock) return false;
-  }
-  return true;
-}
-
-void ShardStore::CompleteRoundsLocked(Slot& slot) {
-  // Rounds complete in clock order: every rank pushes its clocks in order,
-  // so round t+1 cannot hold a rank that round t still waits for.
-  while (!slot.pending.empty() &&
-         RoundCompleteLocked(slot, slot.pending.begin()->first, slot.pending.begin()->second)) {
-    PendingRound& done = slot.pending.begin()->second;
+void ShardStore::FinishRoundsLocked(Slot& slot,
+                                    const std::vector<PushDecision::CompletedRound>& rounds) {
+  for (const PushDecision::CompletedRound& completed : rounds) {
+    auto it = slot.sums.find(completed.clock);
+    if (it == slot.sums.end()) continue;  // every pusher of the round was re-based past it
+    RoundSum& done = it->second;
     if (done.vote) {
-      done.sum.resize(slot.values.size());
+      done.sum.resize(slot.num_elements);
       done.vote->Finish(absl::MakeSpan(done.sum)).IgnoreError();  // >= 1 vote, sizes match
+      done.vote->Reset();
+      slot.spare_vote_params = done.codec_params;
+      slot.spare_vote = std::move(done.vote);
     } else {
       // Division rather than multiplication by 1/n: the average of integer
       // gradients whose sum n divides is then exact, as tests assert.
-      const float contributors = static_cast<float>(done.count);
+      const float contributors = static_cast<float>(completed.contributors);
       for (float& g : done.sum) g /= contributors;
     }
     StepLocked(slot, done.sum.data(), 1.0f);
-    slot.pending.erase(slot.pending.begin());
+    slot.sums.erase(it);
   }
-}
-
-int64_t ShardStore::MinClockLocked(const Slot& slot, int* slowest_rank) const {
-  int64_t min_clock = std::numeric_limits<int64_t>::max();
-  for (size_t r = 0; r < slot.pushed.size(); ++r) {
-    if (departed_[r]) continue;  // a rank that left no longer holds anyone back
-    if (slot.pushed[r] < min_clock) {
-      min_clock = slot.pushed[r];
-      if (slowest_rank != nullptr) *slowest_rank = static_cast<int>(r);
-    }
-  }
-  // Every rank left: nothing can hold a pull back any more.
-  if (min_clock == std::numeric_limits<int64_t>::max()) return kEveryoneLeft;
-  return min_clock;
 }
 
 absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
@@ -381,10 +312,8 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
                               Clock::time_point deadline, Cancellation* cancellation,
                               proto::TensorChunk* out, const PayloadAllocator& allocate) {
   if (auto status = CheckOwnership(ref.key(), ref.chunk()); !status.ok()) return status;
-  if (rank >= static_cast<uint32_t>(options_.num_workers)) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(ref.key(), ref.chunk()), ": rank ", rank,
-                                                   " out of range [0, ", options_.num_workers,
-                                                   ")"));
+  if (auto status = membership_.CheckRank(rank, Where(ref.key(), ref.chunk())); !status.ok()) {
+    return status;
   }
   if (clock < 0) {
     return absl::InvalidArgumentError(
@@ -395,20 +324,17 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
     return absl::NotFoundError(absl::StrCat(Where(ref.key(), ref.chunk()),
                                             " is not registered on shard ", options_.shard));
   }
-  if (ref.num_elements() != slot->values.size()) {
+  if (ref.num_elements() != slot->num_elements) {
     return absl::InvalidArgumentError(absl::StrCat(Where(ref.key(), ref.chunk()), ": pull of ",
                                                    ref.num_elements(), " elements, registered ",
-                                                   slot->values.size()));
+                                                   slot->num_elements));
   }
   // Declared before the lock: its destructor must not run under the slot's
   // lock, which the wake-up takes.
   ScopedWake wake(cancellation, [slot] {
-    { std::lock_guard<std::mutex> wake_lock(slot->mutex); }
-    slot->changed.notify_all();
+    absl::MutexLock wake_lock(&slot->mutex);
+    slot->changed.SignalAll();
   });
-  std::unique_lock<std::mutex> lock(slot->mutex);
-  int slowest = 0;
-  int64_t min_clock = MinClockLocked(*slot, &slowest);
   struct BlockedCount {
     std::atomic<int>& count;
     bool counted = false;
@@ -416,37 +342,39 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
       if (counted) count--;
     }
   } blocked{blocked_pulls_};
-  while (!controller_.PullMayProceed(clock, min_clock)) {
+  const absl::Time wait_until = absl::Now() + absl::FromChrono(deadline - Clock::now());
+  absl::ReleasableMutexLock lock(&slot->mutex);
+  PullVerdict verdict = slot->book.CheckPull(clock, membership_);
+  while (!verdict.may_answer) {
     if (!blocked.counted) {
       blocked.counted = true;
       blocked_pulls_++;
     }
     if (closed_) return absl::UnavailableError("shard is shutting down");
-    if (auto failure = FailureStatus(); !failure.ok()) return failure;
+    if (auto failure = membership_.failure(); !failure.ok()) return failure;
     if (cancellation != nullptr && cancellation->cancelled()) {
       return absl::CancelledError(absl::StrCat("pull of ", Where(ref.key(), ref.chunk()),
                                                " cancelled by the client"));
     }
-    const auto now = Clock::now();
-    if (now >= deadline) {
+    if (Clock::now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "pull of ", Where(ref.key(), ref.chunk()), " at clock ", clock, " by rank ", rank,
-          " waited for min clock >= ", controller_.RequiredMinClock(clock),
-          "; slowest worker is rank ", slowest, " at clock ", min_clock));
+          " waited for min clock >= ", verdict.required_min_clock, "; slowest worker is rank ",
+          verdict.slowest_rank, " at clock ", verdict.min_clock));
     }
-    slot->changed.wait_until(lock, deadline);
-    min_clock = MinClockLocked(*slot, &slowest);
+    slot->changed.WaitWithDeadline(&slot->mutex, wait_until);
+    verdict = slot->book.CheckPull(clock, membership_);
   }
   out->set_key(ref.key());
   out->set_chunk(ref.chunk());
   out->set_rank(rank);
   out->set_clock(clock);
-  out->set_min_clock(min_clock);
+  out->set_min_clock(verdict.min_clock);
   out->set_dtype(proto::DTYPE_FLOAT32);
-  out->set_num_elements(slot->values.size());
-  size_t bytes = slot->values.size() * sizeof(float);
+  out->set_num_elements(slot->num_elements);
+  size_t bytes = slot->num_elements * sizeof(float);
   char* payload = nullptr;
-  if (ref.codec_params().empty() || ref.codec_params() == "none") {
+  if (IsDense(ref.codec_params())) {
     payload = allocate(bytes);
     std::memcpy(payload, slot->values.data(), bytes);
   } else {
@@ -460,10 +388,10 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
     payload = allocate(bytes);
     std::memcpy(payload, encoded.data(), bytes);
   }
-  lock.unlock();
+  lock.Release();
   out->set_checksum(Crc32c(payload, bytes));
-  if (min_clock != kEveryoneLeft) {
-    int64_t staleness = clock - min_clock, seen = counters_.max_staleness;
+  if (!verdict.everyone_left) {
+    int64_t staleness = clock - verdict.min_clock, seen = counters_.max_staleness;
     while (staleness > seen && !counters_.max_staleness.compare_exchange_weak(seen, staleness)) {
     }
   }
@@ -475,121 +403,81 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
 absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
                                             const std::string& codec_params,
                                             proto::TensorChunk* out, std::string* payload) {
-  auto spec = CodecSpec::Parse(codec_params);
-  if (!spec.ok()) return absl::InvalidArgumentError(spec.status().message());
-  auto codec = CreateCodec(*spec);
-  if (!codec.ok()) return absl::InvalidArgumentError(codec.status().message());
-  const size_t n = slot.values.size();
+  auto codec = codecs_.Get(codec_params);
+  if (!codec.ok()) return codec.status();
+  const CodecSpec& spec = (*codec)->spec;
+  const size_t n = slot.num_elements;
   if (slot.pulled_views.empty()) slot.pulled_views.resize(options_.num_workers);
-  std::vector<float>& view = slot.pulled_views[rank];
-  if (view.size() != n) {
+  PulledView& view = slot.pulled_views[rank];
+  if (view.values.size() != n) {
     // First compressed pull of this rank: dense, and the view starts there.
-    view = slot.values;
-    payload->assign(reinterpret_cast<const char*>(view.data()), n * sizeof(float));
+    view.values = slot.values;
+    payload->assign(reinterpret_cast<const char*>(view.values.data()), n * sizeof(float));
     out->set_codec(0);
     return absl::OkStatus();
   }
+  if (!view.encoder || view.encoder_params != codec_params) {
+    auto encoder = CreateCodec(spec);
+    if (!encoder.ok()) return absl::InvalidArgumentError(encoder.status().message());
+    view.encoder = std::move(*encoder);
+    view.encoder_params = codec_params;
+  }
   std::vector<float> delta(n);
-  for (size_t i = 0; i < n; ++i) delta[i] = slot.values[i] - view[i];
+  for (size_t i = 0; i < n; ++i) delta[i] = slot.values[i] - view.values[i];
   CodecContext context;
-  context.seed = DeriveSeed(slot.key, slot.chunk, out->clock(), rank, spec->seed);
-  if (auto status = (*codec)->Encode(delta, context, payload); !status.ok()) return status;
+  context.seed = DeriveSeed(slot.key, slot.chunk, out->clock(), rank, spec.seed);
+  if (auto status = view.encoder->Encode(delta, context, payload); !status.ok()) return status;
   // The view advances by what the rank will decode, so what the codec drops
   // stays in the next difference (error feedback on the shard's side).
-  if (auto status = (*codec)->DecodeAdd(*payload, 1.0f, absl::MakeSpan(view)); !status.ok()) {
+  if (auto status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(view.values));
+      !status.ok()) {
     return status;
   }
-  out->set_codec(static_cast<uint32_t>(spec->id));
-  out->set_codec_params(spec->ToString());
+  out->set_codec(static_cast<uint32_t>(spec.id));
+  out->set_codec_params(spec.ToString());
   return absl::OkStatus();
 }
 
-absl::Status ShardStore::FailureStatus() const {
-  if (!failed_) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(membership_mutex_);
-  return failure_;
-}
-
-void ShardStore::ForEachSlot(const std::function<void(Slot&)>& visit) {
-  std::shared_lock<std::shared_mutex> lock(slots_mutex_);
-  for (auto& entry : slots_) visit(*entry.second);
-}
-
-int ShardStore::active_workers() const {
-  int active = 0;
-  for (int r = 0; r < options_.num_workers; ++r) active += departed_[r] ? 0 : 1;
-  return active;
+void ShardStore::ForEachSlotLocked(const std::function<void(Slot&)>& visit) {
+  absl::ReaderMutexLock lock(&slots_mutex_);
+  for (auto& entry : slots_) {
+    Slot& slot = *entry.second;
+    absl::MutexLock slot_lock(&slot.mutex);
+    visit(slot);
+    slot.changed.SignalAll();
+  }
 }
 
 absl::Status ShardStore::Leave(uint32_t rank, int64_t clock) {
-  if (rank >= static_cast<uint32_t>(options_.num_workers)) {
-    return absl::InvalidArgumentError(absl::StrCat("leave: rank ", rank, " out of range [0, ",
-                                                   options_.num_workers, ")"));
-  }
-  if (departed_[rank].exchange(true)) return absl::OkStatus();
-  ForEachSlot([this](Slot& slot) {
-    {
-      std::lock_guard<std::mutex> lock(slot.mutex);
-      if (controller_.AggregatesRounds()) CompleteRoundsLocked(slot);
-    }
-    slot.changed.notify_all();
-  });
+  if (auto status = membership_.CheckRank(rank, "leave"); !status.ok()) return status;
   (void)clock;
+  if (!membership_.Depart(rank)) return absl::OkStatus();
+  // Rounds that waited only for this rank are complete now.
+  ForEachSlotLocked([this](Slot& slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    FinishRoundsLocked(slot, slot.book.TakeCompletedRounds(membership_));
+  });
   return absl::OkStatus();
 }
 
 absl::Status ShardStore::Heartbeat(uint32_t rank) {
-  if (rank >= static_cast<uint32_t>(options_.num_workers)) {
-    return absl::InvalidArgumentError(absl::StrCat("heartbeat: rank ", rank, " out of range [0, ",
-                                                   options_.num_workers, ")"));
-  }
-  std::lock_guard<std::mutex> lock(membership_mutex_);
-  last_seen_[rank] = Clock::now();
-  seen_[rank] = true;
+  if (auto status = membership_.CheckRank(rank, "heartbeat"); !status.ok()) return status;
+  membership_.Heard(rank);
   return absl::OkStatus();
 }
 
 void ShardStore::CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPolicy policy) {
-  std::vector<uint32_t> lost;
-  {
-    std::lock_guard<std::mutex> lock(membership_mutex_);
-    const auto now = Clock::now();
-    for (int r = 0; r < options_.num_workers; ++r) {
-      if (seen_[r] && !departed_[r] && now - last_seen_[r] > timeout) {
-        lost.push_back(static_cast<uint32_t>(r));
-        if (policy == WorkerLossPolicy::kFail && !failed_) {
-          failure_ = absl::AbortedError(absl::StrCat(
-              "worker rank ", r, " lost: no heartbeat for ",
-              std::chrono::duration_cast<std::chrono::milliseconds>(now - last_seen_[r]).count(),
-              " ms (--on_worker_loss=fail)"));
-          failed_ = true;
-        }
-        seen_[r] = false;  // reported once
-      }
-    }
-  }
+  const std::vector<uint32_t> lost = membership_.FindLost(timeout, policy);
   if (lost.empty()) return;
   if (policy == WorkerLossPolicy::kContinue) {
     for (uint32_t rank : lost) Leave(rank, -1).IgnoreError();
   } else {
-    // Under each slot's lock, so a pull between its check and its wait
-    // cannot miss the wake-up.
-    ForEachSlot([](Slot& slot) {
-      { std::lock_guard<std::mutex> lock(slot.mutex); }
-      slot.changed.notify_all();
-    });
+    ForEachSlotLocked([](Slot&) {});  // blocked pulls wake and fail
   }
 }
 
 void ShardStore::Close() {
   closed_ = true;
-  std::shared_lock<std::shared_mutex> lock(slots_mutex_);
-  for (auto& entry : slots_) {
-    // Under the slot's lock, so a pull between its check and its wait cannot
-    // miss the wake-up.
-    { std::lock_guard<std::mutex> slot_lock(entry.second->mutex); }
-    entry.second->changed.notify_all();
-  }
+  ForEachSlotLocked([](Slot&) {});
 }
 
 proto::ChunkRef ShardStore::PushPullRef(const proto::TensorChunk& pushed, int64_t* clock) {
@@ -608,11 +496,11 @@ ShardCheckpoint ShardStore::Export() const {
   checkpoint.num_shards = options_.num_shards;
   checkpoint.num_workers = options_.num_workers;
   checkpoint.sync = options_.sync.ToString();
-  std::shared_lock<std::shared_mutex> map_lock(slots_mutex_);
+  absl::ReaderMutexLock map_lock(&slots_mutex_);
   checkpoint.slots.reserve(slots_.size());
   for (const auto& entry : slots_) {
     Slot& slot = *entry.second;
-    std::lock_guard<std::mutex> lock(slot.mutex);
+    absl::MutexLock lock(&slot.mutex);
     SlotCheckpoint saved;
     saved.key = slot.key;
     saved.chunk = slot.chunk;
@@ -621,11 +509,7 @@ ShardCheckpoint ShardStore::Export() const {
     saved.optimizer_first = slot.optimizer_state.first;
     saved.optimizer_second = slot.optimizer_state.second;
     saved.optimizer_steps = slot.optimizer_state.steps;
-    saved.pushed = slot.pushed;
-    if (!slot.pending.empty()) {
-      const int64_t first_pending = slot.pending.begin()->first;
-      for (int64_t& pushed : saved.pushed) pushed = std::min(pushed, first_pending);
-    }
+    saved.pushed = slot.book.CheckpointClocks();
     checkpoint.slots.push_back(std::move(saved));
   }
   return checkpoint;
@@ -639,21 +523,23 @@ absl::Status ShardStore::Import(const ShardCheckpoint& checkpoint) {
         checkpoint.num_workers, " workers; this is shard ", options_.shard, "/",
         options_.num_shards, " with ", options_.num_workers));
   }
-  std::unique_lock<std::shared_mutex> lock(slots_mutex_);
+  absl::MutexLock lock(&slots_mutex_);
   if (!slots_.empty()) return absl::FailedPreconditionError("import into a non-empty shard");
   for (const SlotCheckpoint& saved : checkpoint.slots) {
-    auto slot = std::make_unique<Slot>();
-    slot->key = saved.key;
-    slot->chunk = saved.chunk;
-    slot->shape = saved.shape;
-    slot->values = saved.values;
-    slot->optimizer_state.first = saved.optimizer_first;
-    slot->optimizer_state.second = saved.optimizer_second;
-    slot->optimizer_state.steps = saved.optimizer_steps;
-    slot->pushed = saved.pushed;
-    slots_[SlotName(saved.key, saved.chunk)] = std::move(slot);
+    ClockBook book = controller_.NewClockBook();
+    book.Restore(saved.pushed);
+    auto slot = std::make_unique<Slot>(saved.key, saved.chunk, saved.shape, saved.values.size(),
+                                       std::move(book));
+    {
+      absl::MutexLock slot_lock(&slot->mutex);
+      slot->values = saved.values;
+      slot->optimizer_state.first = saved.optimizer_first;
+      slot->optimizer_state.second = saved.optimizer_second;
+      slot->optimizer_state.steps = saved.optimizer_steps;
+    }
+    slots_[SlotKey(saved.key, saved.chunk)] = std::move(slot);
   }
-  for (int r = 0; r < options_.num_workers; ++r) may_rebase_[r] = true;
+  restored_ = true;
   return absl::OkStatus();
 }
 
@@ -661,7 +547,7 @@ absl::StatusOr<std::vector<float>> ShardStore::Snapshot(const std::string& key,
                                                         uint32_t chunk) const {
   Slot* slot = FindSlot(key, chunk);
   if (slot == nullptr) return absl::NotFoundError(absl::StrCat(Where(key, chunk), " not found"));
-  std::lock_guard<std::mutex> lock(slot->mutex);
+  absl::MutexLock lock(&slot->mutex);
   return slot->values;
 }
 

@@ -3,16 +3,17 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,7 +23,9 @@
 #include "common/partitioner.h"
 #include "proto/harrier.pb.h"
 #include "server/checkpoint.h"
+#include "server/codec_cache.h"
 #include "server/consistency.h"
+#include "server/membership.h"
 #include "server/optimizer.h"
 
 namespace harrier {
@@ -35,12 +38,6 @@ struct ShardStoreOptions {
   // SSP/ASP: divide each push's step by the staleness it arrives with
   // (Zhang et al. 2016), i.e. by max(1, fastest rank's clock - push clock).
   bool staleness_aware_lr = false;
-};
-
-// What a shard does when a worker stops heartbeating.
-enum class WorkerLossPolicy {
-  kFail,      // every later call fails with ABORTED naming the lost rank
-  kContinue,  // the rank leaves: dropped from min_clock and from averages
 };
 
 // Counters a shard exposes (monotonic; read without locks).
@@ -56,7 +53,8 @@ struct ShardCounters {
 };
 
 // The parameters one shard owns, keyed by (tensor key, chunk). Applies
-// pushes and answers pulls as its ConsistencyController says. Every public
+// pushes and answers pulls as each slot's ClockBook (server/consistency.h)
+// says; who is still in the job is its Membership's (server/membership.h). Every public
 // method is thread-safe; each chunk has its own lock, so pushes and pulls of
 // different chunks run in parallel. Bad input is refused before anything
 // changes: a refused call leaves every chunk as it was.
@@ -128,7 +126,7 @@ class ShardStore {
   void CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPolicy policy);
 
   // Number of ranks that have not left.
-  int active_workers() const;
+  int active_workers() const { return membership_.active(); }
 
   // Wakes every waiting pull, which then fails with UNAVAILABLE; later calls
   // fail the same way.
@@ -153,76 +151,90 @@ class ShardStore {
   absl::StatusOr<std::vector<float>> Snapshot(const std::string& key, uint32_t chunk) const;
 
  private:
-  struct PendingRound {
+  // The gradient sum (or vote) of a BSP/local round while its clock book
+  // waits for the round's other ranks.
+  struct RoundSum {
+    bool started = false;
+    std::string codec_params;          // every push of a round uses one codec
     std::vector<float> sum;
-    std::vector<bool> from_rank;
-    int count = 0;
-    std::string codec_params;           // every push of a round uses one codec
-    std::unique_ptr<Aggregator> vote;   // sign codecs: majority vote, never an average
+    std::unique_ptr<Aggregator> vote;  // sign codecs: majority vote, never an average
+  };
+  // Compressed pulls: the parameters as one rank has rebuilt them from its
+  // replies so far, and the encoder of that stream (PowerSGD warm-starts).
+  struct PulledView {
+    std::vector<float> values;  // empty until the rank's first compressed pull
+    std::string encoder_params;
+    std::unique_ptr<Codec> encoder;
   };
   struct Slot {
-    std::mutex mutex;
-    std::condition_variable changed;
-    std::string key;
-    uint32_t chunk = 0;
-    std::vector<uint64_t> shape;
-    std::vector<float> values;
-    OptimizerState optimizer_state;
-    std::vector<int64_t> pushed;  // iterations pushed, per rank
-    std::map<int64_t, PendingRound> pending;  // BSP/local rounds not yet complete
-    // Compressed pulls: per rank, the parameters as that rank has rebuilt
-    // them from the replies so far (empty until its first compressed pull).
-    std::vector<std::vector<float>> pulled_views;
+    Slot(std::string key, uint32_t chunk, std::vector<uint64_t> shape, size_t num_elements,
+         ClockBook book)
+        : key(std::move(key)),
+          chunk(chunk),
+          shape(std::move(shape)),
+          num_elements(num_elements),
+          book(std::move(book)) {}
+    // Immutable after creation: read without the lock.
+    const std::string key;
+    const uint32_t chunk;
+    const std::vector<uint64_t> shape;
+    const size_t num_elements;
+
+    absl::Mutex mutex;
+    absl::CondVar changed;  // the book moved on, a rank left, or the shard closed
+    std::vector<float> values ABSL_GUARDED_BY(mutex);
+    OptimizerState optimizer_state ABSL_GUARDED_BY(mutex);
+    ClockBook book ABSL_GUARDED_BY(mutex);
+    std::map<int64_t, RoundSum> sums ABSL_GUARDED_BY(mutex);
+    std::vector<PulledView> pulled_views ABSL_GUARDED_BY(mutex);
+    // A finished round's vote aggregator, reset, for the next round.
+    std::unique_ptr<Aggregator> spare_vote ABSL_GUARDED_BY(mutex);
+    std::string spare_vote_params ABSL_GUARDED_BY(mutex);
   };
+  using SlotKey = std::pair<std::string, uint32_t>;
 
   // A push chunk that passed validation, ready to apply.
   struct ValidatedChunk {
     Slot* slot = nullptr;
     const float* gradient = nullptr;  // dense: into the payload or `decoded`
     std::vector<float> decoded;       // compressed pushes, decoded
-    bool majority_vote = false;
+    std::shared_ptr<const CodecCache::Entry> codec;  // compressed pushes
   };
 
-  static std::string SlotName(const std::string& key, uint32_t chunk);
   Slot* FindSlot(const std::string& key, uint32_t chunk) const;
   absl::Status CheckOwnership(const std::string& key, uint32_t chunk) const;
   absl::Status ValidateChunk(const proto::TensorChunk& chunk, absl::string_view payload,
-                             ValidatedChunk* out) const;
-  // Caller holds slot->mutex.
+                             ValidatedChunk* out);
   void ApplyLocked(Slot& slot, const proto::TensorChunk& chunk, absl::string_view payload,
-                   const ValidatedChunk& valid);
-  void StepLocked(Slot& slot, const float* gradient, float scale);
-  void CompleteRoundsLocked(Slot& slot);
-  bool RoundCompleteLocked(const Slot& slot, int64_t clock, const PendingRound& round) const;
-  int64_t MinClockLocked(const Slot& slot, int* slowest_rank) const;
+                   const ValidatedChunk& valid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  void StepLocked(Slot& slot, const float* gradient, float scale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  void FinishRoundsLocked(Slot& slot, const std::vector<PushDecision::CompletedRound>& rounds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   // Encodes the difference between the slot's values and the rank's view
   // into `payload` and advances the view; sets the reply's codec fields.
   absl::Status CompressPullLocked(Slot& slot, uint32_t rank, const std::string& codec_params,
-                                  proto::TensorChunk* out, std::string* payload);
-  // OK, or the status every call gets once a lost worker failed the job.
-  absl::Status FailureStatus() const;
-  void ForEachSlot(const std::function<void(Slot&)>& visit);
+                                  proto::TensorChunk* out, std::string* payload)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  // Runs `visit` on every slot, with the slot's lock held, then wakes its
+  // waiters (under the lock, so a pull between its check and its wait
+  // cannot miss the wake-up).
+  void ForEachSlotLocked(const std::function<void(Slot&)>& visit);
 
   const ShardStoreOptions options_;
   const ConsistencyController controller_;
   const std::unique_ptr<Optimizer> optimizer_;
   const HashPartitioner partitioner_;
   ShardCounters counters_;
+  Membership membership_;
+  CodecCache codecs_;
   std::atomic<bool> closed_{false};
   std::atomic<int> blocked_pulls_{0};
-  // Set by Import(): the rank's next push may re-base its clock once.
-  const std::unique_ptr<std::atomic<bool>[]> may_rebase_;
 
-  // Membership: which ranks left, when each was last heard from.
-  const std::unique_ptr<std::atomic<bool>[]> departed_;
-  std::atomic<bool> failed_{false};
-  mutable std::mutex membership_mutex_;
-  absl::Status failure_;  // guarded by membership_mutex_
-  std::vector<Clock::time_point> last_seen_;  // guarded by membership_mutex_
-  std::vector<bool> seen_;  // guarded by membership_mutex_
-
-  mutable std::shared_mutex slots_mutex_;
-  std::unordered_map<std::string, std::unique_ptr<Slot>> slots_;
+  mutable absl::Mutex slots_mutex_;
+  absl::flat_hash_map<SlotKey, std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(slots_mutex_);
+  // Set by Import(): slots created later start re-basable too.
+  bool restored_ ABSL_GUARDED_BY(slots_mutex_) = false;
 };
 
 }  // namespace harrier
