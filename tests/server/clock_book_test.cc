@@ -1,0 +1,226 @@
+// The consistency rule (server/consistency.h) and membership, table-driven:
+// each case is a sequence of events on one slot's ClockBook and what the book
+// must answer after each. No process, no socket, no store.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "server/consistency.h"
+#include "server/membership.h"
+
+namespace harrier {
+namespace {
+
+enum class Event { kPush, kRefusedPush, kLeave, kRestore, kPull };
+
+struct Step {
+  Event event;
+  uint32_t rank = 0;
+  int64_t clock = 0;
+  // kPush: what the book decides.
+  bool apply_now = false;
+  float scale = 1.0f;
+  // kPush, kLeave: the rounds completed, as (clock, contributors).
+  std::vector<std::pair<int64_t, int>> completed = {};
+  // kPull: the verdict.
+  bool may_answer = false;
+  int64_t min_clock = 0;
+  // kRestore: the checkpoint's clocks.
+  std::vector<int64_t> clocks = {};
+};
+
+Step Push(uint32_t rank, int64_t clock, float scale) {
+  return {Event::kPush, rank, clock, true, scale};
+}
+Step Hold(uint32_t rank, int64_t clock, std::vector<std::pair<int64_t, int>> completed = {}) {
+  return {Event::kPush, rank, clock, false, 1.0f, std::move(completed)};
+}
+Step Refused(uint32_t rank, int64_t clock) { return {Event::kRefusedPush, rank, clock}; }
+Step Leave(uint32_t rank, std::vector<std::pair<int64_t, int>> completed = {}) {
+  Step step{Event::kLeave, rank};
+  step.completed = std::move(completed);
+  return step;
+}
+Step Restore(std::vector<int64_t> clocks) {
+  Step step{Event::kRestore};
+  step.clocks = std::move(clocks);
+  return step;
+}
+Step Pull(int64_t clock, bool may_answer, int64_t min_clock) {
+  Step step{Event::kPull, 0, clock};
+  step.may_answer = may_answer;
+  step.min_clock = min_clock;
+  return step;
+}
+
+struct Case {
+  std::string name;
+  std::string sync;
+  int64_t staleness = 1;
+  int64_t local_steps = 1;
+  int workers = 2;
+  bool staleness_aware = false;
+  std::vector<Step> steps;
+};
+
+std::vector<std::pair<int64_t, int>> Flatten(
+    const std::vector<PushDecision::CompletedRound>& rounds) {
+  std::vector<std::pair<int64_t, int>> flat;
+  for (const auto& round : rounds) flat.emplace_back(round.clock, round.contributors);
+  return flat;
+}
+
+void Run(const Case& c) {
+  INFO("case: " << c.name);
+  auto policy = SyncPolicy::FromFlags(c.sync, c.staleness, c.local_steps);
+  REQUIRE(policy.ok());
+  ConsistencyController controller(*policy, c.workers, c.staleness_aware);
+  Membership membership(c.workers);
+  ClockBook book = controller.NewClockBook();
+  for (size_t i = 0; i < c.steps.size(); ++i) {
+    const Step& step = c.steps[i];
+    INFO("step " << i << " rank " << step.rank << " clock " << step.clock);
+    switch (step.event) {
+      case Event::kPush: {
+        REQUIRE(book.CheckPush(step.rank, step.clock).ok());
+        const PushDecision decision = book.RecordPush(step.rank, step.clock, membership);
+        REQUIRE((decision.kind == PushDecision::Kind::kApplyNow) == step.apply_now);
+        if (step.apply_now) {
+          REQUIRE(decision.scale == Approx(step.scale));
+          REQUIRE(decision.completed.empty());
+        } else {
+          REQUIRE(decision.round == step.clock);
+          REQUIRE(Flatten(decision.completed) == step.completed);
+        }
+        break;
+      }
+      case Event::kRefusedPush:
+        REQUIRE(absl::IsFailedPrecondition(book.CheckPush(step.rank, step.clock)));
+        break;
+      case Event::kLeave:
+        REQUIRE(membership.Depart(step.rank));
+        REQUIRE(Flatten(book.TakeCompletedRounds(membership)) == step.completed);
+        break;
+      case Event::kRestore:
+        book.Restore(step.clocks);
+        break;
+      case Event::kPull: {
+        const PullVerdict verdict = book.CheckPull(step.clock, membership);
+        REQUIRE(verdict.may_answer == step.may_answer);
+        REQUIRE(verdict.min_clock == step.min_clock);
+        break;
+      }
+    }
+  }
+}
+
+TEST_CASE("clock book: every mode, table-driven") {
+  const std::vector<Case> cases = {
+      {"bsp: a round completes when every rank pushed, pulls wait for it",
+       "bsp", 1, 1, 2, false,
+       {Pull(0, true, 0), Hold(0, 0), Pull(1, false, 0), Refused(0, 0), Refused(0, 2),
+        Hold(1, 0, {{0, 2}}), Pull(1, true, 1), Hold(1, 1), Hold(0, 1, {{1, 2}}),
+        Pull(2, true, 2)}},
+      {"bsp: a fast rank may run one round ahead; rounds complete in clock order",
+       "bsp", 1, 1, 3, false,
+       {Hold(0, 0), Hold(0, 1), Hold(1, 0), Hold(1, 1), Hold(2, 0, {{0, 3}}),
+        Hold(2, 1, {{1, 3}}), Pull(2, true, 2)}},
+      {"bsp: a rank that leaves completes the rounds waiting only for it",
+       "bsp", 1, 1, 3, false,
+       {Hold(0, 0), Hold(1, 0), Leave(2, {{0, 2}}), Pull(1, true, 1), Hold(0, 1),
+        Hold(1, 1, {{1, 2}})}},
+      {"bsp: uneven step counts: the early leaver holds nobody back",
+       "bsp", 1, 1, 2, false,
+       {Hold(0, 0), Hold(1, 0, {{0, 2}}), Leave(1), Hold(0, 1, {{1, 1}}), Hold(0, 2, {{2, 1}}),
+        Pull(3, true, 3)}},
+      {"bsp: every rank left: pulls are answered at once",
+       "bsp", 1, 1, 2, false,
+       {Leave(0), Leave(1), Pull(100, true, kEveryoneLeftClock)}},
+      {"bsp: after a restore each rank re-bases once on this slot",
+       "bsp", 1, 1, 2, false,
+       {Restore({1, 1}), Pull(1, true, 1), Hold(0, 3), Pull(2, false, 1), Hold(1, 3, {{3, 2}}),
+        Refused(0, 9), Refused(1, 3), Pull(4, true, 4)}},
+      {"bsp: a re-based rank past a pending round completes it",
+       "bsp", 1, 1, 2, false,
+       {Restore({2, 2}), Hold(0, 2), Hold(1, 5, {{2, 1}})}},
+      {"ssp(s=2): pushes apply on arrival scaled 1/n, pulls wait for min clock >= t - 2",
+       "ssp", 2, 1, 2, false,
+       {Push(0, 0, 0.5f), Push(0, 1, 0.5f), Pull(2, true, 0), Pull(3, false, 0), Refused(0, 1),
+        Push(1, 0, 0.5f), Pull(3, true, 1)}},
+      {"ssp: after a rank leaves the scale is 1/active",
+       "ssp", 1, 1, 4, false,
+       {Push(0, 0, 0.25f), Leave(3), Push(1, 0, 1.0f / 3), Leave(2), Push(0, 1, 0.5f)}},
+      {"ssp: staleness-aware scale divides by how far behind the push is",
+       "ssp", 3, 1, 2, true,
+       {Push(0, 0, 0.5f), Push(0, 1, 0.5f), Push(0, 2, 0.5f), Push(1, 0, 0.5f / 3),
+        Push(1, 1, 0.5f / 2)}},
+      {"asp: never waits",
+       "asp", 1, 1, 2, false,
+       {Push(0, 0, 0.5f), Push(0, 1, 0.5f), Pull(1000, true, 0), Push(1, 0, 0.5f)}},
+      {"local(H=4): a round of deltas per push, averaged like BSP",
+       "local", 1, 4, 2, false,
+       {Hold(0, 0), Pull(1, false, 0), Hold(1, 0, {{0, 2}}), Pull(1, true, 1)}},
+  };
+  for (const Case& c : cases) Run(c);
+}
+
+TEST_CASE("clock book: a checkpoint rolls ranks back to the first pending round") {
+  ConsistencyController controller(*SyncPolicy::FromFlags("bsp", 0, 1), 3);
+  Membership membership(3);
+  ClockBook book = controller.NewClockBook();
+  for (uint32_t r = 0; r < 3; ++r) book.RecordPush(r, 0, membership);
+  book.RecordPush(0, 1, membership);
+  book.RecordPush(1, 1, membership);
+  REQUIRE(book.RoundPending(1));
+  REQUIRE(book.CheckpointClocks() == std::vector<int64_t>{1, 1, 1});
+  book.RecordPush(2, 1, membership);
+  REQUIRE(book.CheckpointClocks() == std::vector<int64_t>{2, 2, 2});
+}
+
+TEST_CASE("consistency controller: local SGD steps with the delta optimizer") {
+  OptimizerOptions adam;
+  adam.kind = "adam";
+  auto configured = CreateOptimizer(adam);
+  REQUIRE(configured.ok());
+  ConsistencyController local(*SyncPolicy::FromFlags("local", 0, 4), 2);
+  auto optimizer = local.ShardOptimizer(std::move(*configured));
+  REQUIRE(optimizer->options().kind == "delta");
+  std::vector<float> weights = {1.0f, 2.0f};
+  const std::vector<float> delta = {0.5f, -1.0f};
+  OptimizerState state;
+  optimizer->Step(absl::MakeSpan(weights), delta, 1.0f, state);
+  REQUIRE(weights == std::vector<float>{0.5f, 3.0f});
+
+  ConsistencyController bsp(*SyncPolicy::FromFlags("bsp", 0, 1), 2);
+  REQUIRE(bsp.ShardOptimizer(std::move(*CreateOptimizer(adam)))->options().kind == "adam");
+}
+
+TEST_CASE("membership: departures, liveness and the failure of a job") {
+  Membership membership(3);
+  REQUIRE(membership.active() == 3);
+  REQUIRE(absl::IsInvalidArgument(membership.CheckRank(3, "push")));
+  REQUIRE(membership.CheckRank(2, "push").ok());
+  REQUIRE(membership.Depart(1));
+  REQUIRE_FALSE(membership.Depart(1));  // idempotent
+  REQUIRE(membership.active() == 2);
+  REQUIRE(membership.departed(1));
+
+  // Only ranks heard from once can be lost; each is reported once.
+  REQUIRE(membership.FindLost(std::chrono::milliseconds(0), WorkerLossPolicy::kContinue).empty());
+  membership.Heard(0);
+  membership.Heard(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  membership.Heard(2);
+  REQUIRE(membership.FindLost(std::chrono::milliseconds(4), WorkerLossPolicy::kFail) ==
+          std::vector<uint32_t>{0});
+  REQUIRE(absl::IsAborted(membership.failure()));
+  REQUIRE(std::string(membership.failure().message()).find("rank 0") != std::string::npos);
+  REQUIRE(membership.FindLost(std::chrono::milliseconds(4), WorkerLossPolicy::kFail).size() <= 1);
+}
+
+}  // namespace
+}  // namespace harrier
