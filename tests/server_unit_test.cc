@@ -12,6 +12,7 @@
 #include "server/consistency.h"
 #include "server/optimizer.h"
 #include "server/shard_store.h"
+#include "tests/server/store_fixtures.h"
 
 namespace harrier {
 namespace {
@@ -119,39 +120,9 @@ TEST_CASE("the partitioner covers a tensor with chunks spread over the shards") 
   REQUIRE(partitioner.ShardFor("layer", 7) == HashPartitioner(3).ShardFor("layer", 7));
 }
 
-proto::InitRequest Init(const std::string& key, size_t n) {
-  std::vector<float> zeros(n, 0.0f);
-  proto::InitRequest request;
-  request.set_key(key);
-  request.add_shape(n);
-  request.set_num_elements(n);
-  request.set_dtype(proto::DTYPE_FLOAT32);
-  request.set_initial_values(std::string(reinterpret_cast<const char*>(zeros.data()), n * 4));
-  request.set_checksum(Crc32c(request.initial_values().data(), n * 4));
-  return request;
-}
-
-proto::TensorChunk Gradient(const std::string& key, uint32_t rank, int64_t clock,
-                            std::vector<float> values) {
-  proto::TensorChunk chunk;
-  chunk.set_key(key);
-  chunk.set_rank(rank);
-  chunk.set_clock(clock);
-  chunk.set_num_elements(values.size());
-  chunk.set_dtype(proto::DTYPE_FLOAT32);
-  chunk.set_payload(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
-  chunk.set_checksum(Crc32c(chunk.payload().data(), chunk.payload().size()));
-  return chunk;
-}
-
-std::unique_ptr<ShardStore> MakeStore(const std::string& sync, int workers) {
-  ShardStoreOptions options;
-  options.num_workers = workers;
-  options.sync = *SyncPolicy::FromFlags(sync, 1, 1);
-  OptimizerOptions sgd;
-  sgd.lr = 1.0f;
-  return std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
-}
+using testing::Gradient;
+using testing::Init;
+using testing::MakeStore;
 
 TEST_CASE("shard store: BSP waits for every rank, then applies the average once") {
   auto store = MakeStore("bsp", 2);

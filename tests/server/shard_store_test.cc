@@ -11,44 +11,14 @@
 #include "common/crc32c.h"
 #include "common/partitioner.h"
 #include "server/shard_store.h"
+#include "tests/server/store_fixtures.h"
 
 namespace harrier {
 namespace {
 
-// A key this single-shard store owns; shapes are 1-D.
-proto::InitRequest Init(const std::string& key, size_t n) {
-  std::vector<float> zeros(n, 0.0f);
-  proto::InitRequest request;
-  request.set_key(key);
-  request.add_shape(n);
-  request.set_num_elements(n);
-  request.set_dtype(proto::DTYPE_FLOAT32);
-  request.set_initial_values(std::string(reinterpret_cast<const char*>(zeros.data()), n * 4));
-  request.set_checksum(Crc32c(request.initial_values().data(), n * 4));
-  return request;
-}
-
-proto::TensorChunk Gradient(const std::string& key, uint32_t rank, int64_t clock,
-                            const std::vector<float>& values) {
-  proto::TensorChunk chunk;
-  chunk.set_key(key);
-  chunk.set_rank(rank);
-  chunk.set_clock(clock);
-  chunk.set_num_elements(values.size());
-  chunk.set_dtype(proto::DTYPE_FLOAT32);
-  chunk.set_payload(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
-  chunk.set_checksum(Crc32c(chunk.payload().data(), chunk.payload().size()));
-  return chunk;
-}
-
-std::unique_ptr<ShardStore> MakeStore(const std::string& sync, int workers) {
-  ShardStoreOptions options;
-  options.num_workers = workers;
-  options.sync = *SyncPolicy::FromFlags(sync, 1, 4);
-  OptimizerOptions sgd;
-  sgd.lr = 1.0f;
-  return std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
-}
+using testing::Gradient;
+using testing::Init;
+using testing::MakeStore;
 
 TEST_CASE("shard store: after a restore every tensor re-bases, not only the first pushed") {
   auto store = MakeStore("bsp", 2);
@@ -71,19 +41,24 @@ TEST_CASE("shard store: local SGD subtracts the averaged deltas whatever the opt
   options.sync = *SyncPolicy::FromFlags("local", 0, 4);
   OptimizerOptions adam;
   adam.kind = "adam";
-  ShardStore store(options, *CreateOptimizer(adam));
+  ShardStore store(options, *CreateOptimizer(adam));  // adam's step would not be -2, -4
   REQUIRE(store.Init(Init("w", 2)).ok());
   REQUIRE(store.Push({Gradient("w", 0, 0, {1, 2})}).ok());
   REQUIRE(store.Push({Gradient("w", 1, 0, {3, 6})}).ok());
   REQUIRE(*store.Snapshot("w", 0) == std::vector<float>{-2, -4});
 }
 
+proto::ChunkRef Ref(const std::string& key, size_t n) {
+  proto::ChunkRef ref;
+  ref.set_key(key);
+  ref.set_num_elements(n);
+  return ref;
+}
+
 TEST_CASE("shard store: a cancelled blocked pull wakes at once") {
   auto store = MakeStore("bsp", 2);
   REQUIRE(store->Init(Init("w", 4)).ok());
-  proto::ChunkRef ref;
-  ref.set_key("w");
-  ref.set_num_elements(4);
+  const proto::ChunkRef ref = Ref("w", 4);
   Cancellation cancellation;
   const auto start = std::chrono::steady_clock::now();
   std::thread canceller([&] {
@@ -107,9 +82,7 @@ TEST_CASE("shard store: a cancelled blocked pull wakes at once") {
 TEST_CASE("shard store: close wakes a blocked pull, which fails UNAVAILABLE") {
   auto store = MakeStore("bsp", 2);
   REQUIRE(store->Init(Init("w", 4)).ok());
-  proto::ChunkRef ref;
-  ref.set_key("w");
-  ref.set_num_elements(4);
+  const proto::ChunkRef ref = Ref("w", 4);
   std::thread closer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     store->Close();

@@ -1,0 +1,58 @@
+#ifndef HARRIER_TESTS_SERVER_STORE_FIXTURES_H_
+#define HARRIER_TESTS_SERVER_STORE_FIXTURES_H_
+
+// Requests for in-process ShardStore tests: a single-shard store owns every
+// key, shapes are 1-D and initial values zero.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/crc32c.h"
+#include "server/shard_store.h"
+
+namespace harrier {
+namespace testing {
+
+inline proto::InitRequest Init(const std::string& key, size_t n) {
+  std::vector<float> zeros(n, 0.0f);
+  proto::InitRequest request;
+  request.set_key(key);
+  request.add_shape(n);
+  request.set_num_elements(n);
+  request.set_dtype(proto::DTYPE_FLOAT32);
+  request.set_initial_values(std::string(reinterpret_cast<const char*>(zeros.data()), n * 4));
+  request.set_checksum(Crc32c(request.initial_values().data(), n * 4));
+  return request;
+}
+
+// A dense push of `values` from `rank` for `clock`.
+inline proto::TensorChunk Gradient(const std::string& key, uint32_t rank, int64_t clock,
+                                   const std::vector<float>& values) {
+  proto::TensorChunk chunk;
+  chunk.set_key(key);
+  chunk.set_rank(rank);
+  chunk.set_clock(clock);
+  chunk.set_num_elements(values.size());
+  chunk.set_dtype(proto::DTYPE_FLOAT32);
+  chunk.set_payload(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  chunk.set_checksum(Crc32c(chunk.payload().data(), chunk.payload().size()));
+  return chunk;
+}
+
+// SGD with lr 1, so a step subtracts the (averaged) gradient as it is.
+// Staleness 1 for ssp, H = `local_steps` for local.
+inline std::unique_ptr<ShardStore> MakeStore(const std::string& sync, int workers,
+                                             int64_t local_steps = 1) {
+  ShardStoreOptions options;
+  options.num_workers = workers;
+  options.sync = *SyncPolicy::FromFlags(sync, 1, local_steps);
+  OptimizerOptions sgd;
+  sgd.lr = 1.0f;
+  return std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
+}
+
+}  // namespace testing
+}  // namespace harrier
+
+#endif  // HARRIER_TESTS_SERVER_STORE_FIXTURES_H_
