@@ -138,6 +138,13 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
                                                    n));
   }
   const bool dense = chunk.codec() == static_cast<uint32_t>(CodecId::kNone);
+  if (dense && !IsDense(chunk.codec_params())) {
+    // A round is keyed by its codec parameters: a dense gradient that names
+    // a vote codec would join the vote's round and be dropped from it.
+    return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()),
+                                                   ": dense payload (codec id 0) with codec '",
+                                                   chunk.codec_params(), "'"));
+  }
   if (dense && payload.size() != n * sizeof(float)) {
     return absl::InvalidArgumentError(absl::StrCat(Where(key, chunk.chunk()), ": payload of ",
                                                    payload.size(), " bytes, expected ",
@@ -181,12 +188,7 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
     if (auto status = slot->book.CheckPush(chunk.rank(), chunk.clock()); !status.ok()) {
       return WithWhere(key, chunk.chunk(), status);
     }
-    auto round = slot->sums.find(chunk.clock());
-    if (round != slot->sums.end() && round->second.codec_params != chunk.codec_params()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(key, chunk.chunk()), ": codec '", chunk.codec_params(), "' but clock ",
-          chunk.clock(), " was pushed with '", round->second.codec_params, "' by another worker"));
-    }
+    if (auto status = CheckRoundCodecLocked(*slot, chunk); !status.ok()) return status;
   }
   out->slot = slot;
   return absl::OkStatus();
@@ -216,24 +218,52 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views) {
       return status;
     }
   }
+  // One decision for the whole call: every slot it touches is locked (in
+  // address order, the one order every multi-slot lock uses), every chunk
+  // re-checked, and then all are applied or none. Without this a call racing
+  // another call of its own rank could be refused with some chunks applied.
+  std::vector<Slot*> order;
+  order.reserve(valid.size());
+  for (const ValidatedChunk& chunk : valid) order.push_back(chunk.slot);
+  std::sort(order.begin(), order.end());
+  SlotLocks locks(order);
   for (size_t i = 0; i < views.size(); ++i) {
     const proto::TensorChunk& chunk = *views[i].header;
-    Slot& slot = *valid[i].slot;
-    {
-      absl::MutexLock lock(&slot.mutex);
-      // Re-checked under the lock: only a rank racing itself can fail here.
-      if (!slot.book.CheckPush(chunk.rank(), chunk.clock()).ok()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ",
-                         chunk.rank(), " for clock ", chunk.clock()));
-      }
-      ApplyLocked(slot, chunk, views[i].payload, valid[i]);
-      slot.changed.SignalAll();
+    valid[i].slot->mutex.AssertHeld();  // by `locks`; tells the analysis so
+    if (absl::Status status = RecheckLocked(*valid[i].slot, chunk); !status.ok()) {
+      counters_.rejected++;
+      return status;
     }
+  }
+  for (size_t i = 0; i < views.size(); ++i) {
+    Slot& slot = *valid[i].slot;
+    slot.mutex.AssertHeld();
+    ApplyLocked(slot, *views[i].header, views[i].payload, valid[i]);
+    slot.changed.SignalAll();
     counters_.pushes++;
     counters_.bytes_in += views[i].payload.size();
   }
   if (!views.empty()) membership_.Heard(views.front().header->rank());
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::RecheckLocked(Slot& slot, const proto::TensorChunk& chunk) {
+  // Only a call racing another call of the same rank can fail here.
+  if (!slot.book.CheckPush(chunk.rank(), chunk.clock()).ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ",
+                     chunk.rank(), " for clock ", chunk.clock(), "; this call changed nothing"));
+  }
+  return CheckRoundCodecLocked(slot, chunk);
+}
+
+absl::Status ShardStore::CheckRoundCodecLocked(Slot& slot, const proto::TensorChunk& chunk) {
+  auto round = slot.sums.find(chunk.clock());
+  if (round != slot.sums.end() && round->second.codec_params != chunk.codec_params()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(chunk.key(), chunk.chunk()), ": codec '", chunk.codec_params(), "' but clock ",
+        chunk.clock(), " was pushed with '", round->second.codec_params, "' by another worker"));
+  }
   return absl::OkStatus();
 }
 

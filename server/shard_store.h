@@ -74,9 +74,10 @@ class ShardStore {
   absl::StatusOr<bool> Init(const proto::InitRequest& request);
 
   // One worker's gradients for one clock, any number of chunks. All chunks
-  // are validated first; then all are applied. INVALID_ARGUMENT for a
-  // malformed chunk, NOT_FOUND for an unknown key, FAILED_PRECONDITION for a
-  // clock other than the rank's next one.
+  // are validated first; then, with every slot of the call locked, all are
+  // re-checked and applied, or none: a refused call changes nothing.
+  // INVALID_ARGUMENT for a malformed chunk, NOT_FOUND for an unknown key,
+  // FAILED_PRECONDITION for a clock other than the rank's next one.
   absl::Status Push(const std::vector<proto::TensorChunk>& chunks);
 
   // A pushed chunk whose payload is not in the message: `header`'s payload
@@ -205,6 +206,30 @@ class ShardStore {
   absl::Status CheckOwnership(const std::string& key, uint32_t chunk) const;
   absl::Status ValidateChunk(const proto::TensorChunk& chunk, absl::string_view payload,
                              ValidatedChunk* out);
+  // Holds the locks of a call's slots, taken in the order given (sorted by
+  // address, so two calls never wait on each other's locks in a cycle).
+  class SlotLocks {
+   public:
+    explicit SlotLocks(const std::vector<Slot*>& sorted) ABSL_NO_THREAD_SAFETY_ANALYSIS
+        : slots_(sorted) {
+      for (Slot* slot : slots_) slot->mutex.Lock();
+    }
+    ~SlotLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      for (auto it = slots_.rbegin(); it != slots_.rend(); ++it) (*it)->mutex.Unlock();
+    }
+    SlotLocks(const SlotLocks&) = delete;
+    SlotLocks& operator=(const SlotLocks&) = delete;
+
+   private:
+    const std::vector<Slot*> slots_;
+  };
+
+  // Under the slot's lock, right before applying: the checks another call
+  // could have changed since validation.
+  absl::Status RecheckLocked(Slot& slot, const proto::TensorChunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  absl::Status CheckRoundCodecLocked(Slot& slot, const proto::TensorChunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   void ApplyLocked(Slot& slot, const proto::TensorChunk& chunk, absl::string_view payload,
                    const ValidatedChunk& valid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   void StepLocked(Slot& slot, const float* gradient, float scale)

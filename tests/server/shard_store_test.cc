@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <limits>
 #include <thread>
@@ -131,6 +132,74 @@ TEST_CASE("shard store: majority-vote rounds reuse their aggregator and stay a v
     const float steps = static_cast<float>(clock + 1);
     REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{-steps, steps});
   }
+}
+
+}  // namespace
+}  // namespace harrier
+
+namespace harrier {
+namespace {
+
+using testing::Gradient;
+using testing::Init;
+using testing::MakeStore;
+
+TEST_CASE("shard store: a call that loses a race with its own rank changes nothing") {
+  // Calls [C, A] and [A] of rank 0 for clock 0 race; one of them gets A.
+  // Whichever loses must leave every key as it was: C moves iff [C, A] won.
+  constexpr int kRounds = 400;
+  const std::vector<float> gradient(4096, 1.0f);
+  int both_refused = 0, pair_won = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    auto store = MakeStore("asp", 1);
+    REQUIRE(store->Init(Init("c", gradient.size())).ok());
+    REQUIRE(store->Init(Init("a", gradient.size())).ok());
+    const std::vector<proto::TensorChunk> pair = {Gradient("c", 0, 0, gradient),
+                                                  Gradient("a", 0, 0, gradient)};
+    const std::vector<proto::TensorChunk> single = {Gradient("a", 0, 0, gradient)};
+    std::atomic<int> ready{0};
+    absl::Status pair_status, single_status;
+    auto start_together = [&ready] {
+      ready++;
+      while (ready.load() < 2) {
+      }
+    };
+    std::thread first([&] {
+      start_together();
+      pair_status = store->Push(pair);
+    });
+    std::thread second([&] {
+      start_together();
+      single_status = store->Push(single);
+    });
+    first.join();
+    second.join();
+    REQUIRE(pair_status.ok() != single_status.ok());  // exactly one gets A
+    const float c0 = (*store->Snapshot("c", 0))[0];
+    const float a0 = (*store->Snapshot("a", 0))[0];
+    REQUIRE(a0 == -1.0f);
+    REQUIRE(c0 == (pair_status.ok() ? -1.0f : 0.0f));
+    if (!pair_status.ok()) {
+      REQUIRE(absl::IsFailedPrecondition(pair_status));
+      // C's clock 0 is still free: the refused call left no trace.
+      REQUIRE(store->Push({Gradient("c", 0, 0, gradient)}).ok());
+    } else {
+      ++pair_won;
+    }
+    both_refused += (!pair_status.ok() && !single_status.ok()) ? 1 : 0;
+  }
+  REQUIRE(both_refused == 0);
+  INFO("the pair won " << pair_won << " of " << kRounds);
+}
+
+TEST_CASE("shard store: a dense push naming a vote codec is refused, not dropped from a vote") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 2)).ok());
+  proto::TensorChunk dense = Gradient("w", 0, 0, {8, 8});
+  dense.set_codec_params("sign");  // codec id stays 0: a dense payload
+  REQUIRE(absl::IsInvalidArgument(store->Push({dense})));
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{0, 0});
+  REQUIRE(store->Push({Gradient("w", 0, 0, {8, 8})}).ok());  // the clock is still free
 }
 
 }  // namespace
