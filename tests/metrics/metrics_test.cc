@@ -4,6 +4,7 @@
 
 #include "common/metrics/metrics.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -221,6 +222,10 @@ bool AbortsWith(const std::function<void()>& f, const std::string& message) {
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    // The child dies of the abort itself: no Catch2 handler reports it, and
+    // nothing it might print mixes into the test's output.
+    ::signal(SIGABRT, SIG_DFL);
+    ::dup2(::open("/dev/null", O_WRONLY), STDOUT_FILENO);
     ::dup2(pipe_fds[1], STDERR_FILENO);
     ::close(pipe_fds[0]);
     f();
