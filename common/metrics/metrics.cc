@@ -48,6 +48,14 @@ std::string EscapeHelp(const std::string& help) {
   return out;
 }
 
+void CheckBounds(const std::string& name, const std::vector<double>& bounds) {
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    if (!std::isfinite(bounds[i]) || (i > 0 && !(bounds[i - 1] < bounds[i]))) {
+      Fatal(absl::StrCat(name, ": histogram bounds must be finite and strictly increasing"));
+    }
+  }
+}
+
 prometheus::Labels ToPrometheusLabels(const MetricLabels& labels) {
   return prometheus::Labels(labels.begin(), labels.end());
 }
@@ -58,11 +66,35 @@ std::string LabelsText(const MetricLabels& labels) {
   });
 }
 
+// The series `labels` of family `name`, building the family on first use.
+// prometheus-cpp throws std::invalid_argument on what CheckAndRecord has
+// already refused; should a check be missed, the exception still ends here
+// as the same kind of abort instead of crossing into the caller.
+template <typename Metric, typename... Args>
+Metric& AddSeries(prometheus::detail::Builder<Metric> builder, prometheus::Registry& registry,
+                  const std::string& name, const std::string& help, const MetricLabels& labels,
+                  const Args&... args) {
+  try {
+    return builder.Name(name).Help(EscapeHelp(help)).Register(registry).Add(
+        ToPrometheusLabels(labels), args...);
+  } catch (const std::exception& e) {
+    Fatal(absl::StrCat(name, ": ", e.what()));
+  }
+}
+
 }  // namespace
+
+Counter::Counter() : owned_(std::make_unique<prometheus::Counter>()), counter_(owned_.get()) {}
+Counter::Counter(prometheus::Counter* counter) : counter_(counter) {}
+Counter::~Counter() = default;
 
 void Counter::Increment(uint64_t n) { counter_->Increment(static_cast<double>(n)); }
 
 uint64_t Counter::value() const { return static_cast<uint64_t>(counter_->Value()); }
+
+Gauge::Gauge() : owned_(std::make_unique<prometheus::Gauge>()), gauge_(owned_.get()) {}
+Gauge::Gauge(prometheus::Gauge* gauge) : gauge_(gauge) {}
+Gauge::~Gauge() = default;
 
 void Gauge::Set(double value) { gauge_->Set(value); }
 
@@ -70,7 +102,42 @@ void Gauge::Add(double delta) { gauge_->Increment(delta); }
 
 double Gauge::value() const { return gauge_->Value(); }
 
-void Histogram::Observe(double value) { histogram_->Observe(value); }
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {
+  CheckBounds("Histogram", bounds_);
+  owned_ = std::make_unique<prometheus::Histogram>(bounds_);
+  histogram_ = owned_.get();
+}
+
+Histogram::Histogram(prometheus::Histogram* histogram, std::vector<double> bounds)
+    : bounds_(std::move(bounds)), histogram_(histogram) {}
+
+Histogram::~Histogram() = default;
+
+void Histogram::Observe(double value) {
+  if (std::isnan(value)) {
+    // prometheus-cpp's bucket search would put NaN in the first bucket;
+    // Prometheus' own clients (and Harrier before them) count it in +Inf.
+    std::vector<double> increments(bounds_.size() + 1, 0.0);
+    increments.back() = 1;
+    histogram_->ObserveMultiple(increments, value);
+    return;
+  }
+  histogram_->Observe(value);
+}
+
+std::vector<uint64_t> Histogram::BucketCounts() const {
+  // prometheus-cpp's snapshot is cumulative, with the +Inf bucket last.
+  const prometheus::ClientMetric snapshot = histogram_->Collect();
+  std::vector<uint64_t> counts;
+  uint64_t below = 0;
+  for (const auto& bucket : snapshot.histogram.bucket) {
+    counts.push_back(bucket.cumulative_count - below);
+    below = bucket.cumulative_count;
+  }
+  return counts;
+}
+
+double Histogram::sum() const { return histogram_->Collect().histogram.sample_sum; }
 
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   std::vector<double> bounds;
@@ -197,20 +264,12 @@ void MetricsRegistry::CheckAndRecord(const std::string& name, const std::string&
   family.label_sets.push_back(std::move(sorted));
 }
 
-// prometheus-cpp throws std::invalid_argument on what CheckAndRecord has
-// already refused; should a check be missed, the exception still ends here
-// as the same kind of abort instead of crossing into the caller.
 Counter& MetricsRegistry::AddCounter(const std::string& name, const std::string& help,
                                      const MetricLabels& labels) {
   absl::MutexLock lock(&mutex_);
   CheckAndRecord(name, help, Type::kCounter, labels);
-  try {
-    auto& family =
-        prometheus::BuildCounter().Name(name).Help(EscapeHelp(help)).Register(collector_->registry());
-    counters_.push_back(std::unique_ptr<Counter>(new Counter(&family.Add(ToPrometheusLabels(labels)))));
-  } catch (const std::exception& e) {
-    Fatal(absl::StrCat(name, ": ", e.what()));
-  }
+  counters_.push_back(std::unique_ptr<Counter>(
+      new Counter(&AddSeries(prometheus::BuildCounter(), collector_->registry(), name, help, labels))));
   return *counters_.back();
 }
 
@@ -218,33 +277,19 @@ Gauge& MetricsRegistry::AddGauge(const std::string& name, const std::string& hel
                                  const MetricLabels& labels) {
   absl::MutexLock lock(&mutex_);
   CheckAndRecord(name, help, Type::kGauge, labels);
-  try {
-    auto& family =
-        prometheus::BuildGauge().Name(name).Help(EscapeHelp(help)).Register(collector_->registry());
-    gauges_.push_back(std::unique_ptr<Gauge>(new Gauge(&family.Add(ToPrometheusLabels(labels)))));
-  } catch (const std::exception& e) {
-    Fatal(absl::StrCat(name, ": ", e.what()));
-  }
+  gauges_.push_back(std::unique_ptr<Gauge>(
+      new Gauge(&AddSeries(prometheus::BuildGauge(), collector_->registry(), name, help, labels))));
   return *gauges_.back();
 }
 
 Histogram& MetricsRegistry::AddHistogram(const std::string& name, const std::string& help,
                                          std::vector<double> bounds, const MetricLabels& labels) {
-  for (size_t i = 0; i < bounds.size(); ++i) {
-    if (!std::isfinite(bounds[i]) || (i > 0 && !(bounds[i - 1] < bounds[i]))) {
-      Fatal(absl::StrCat(name, ": histogram bounds must be finite and strictly increasing"));
-    }
-  }
+  CheckBounds(name, bounds);
   absl::MutexLock lock(&mutex_);
   CheckAndRecord(name, help, Type::kHistogram, labels);
-  try {
-    auto& family = prometheus::BuildHistogram().Name(name).Help(EscapeHelp(help)).Register(
-        collector_->registry());
-    histograms_.push_back(
-        std::unique_ptr<Histogram>(new Histogram(&family.Add(ToPrometheusLabels(labels), bounds))));
-  } catch (const std::exception& e) {
-    Fatal(absl::StrCat(name, ": ", e.what()));
-  }
+  prometheus::Histogram& series =
+      AddSeries(prometheus::BuildHistogram(), collector_->registry(), name, help, labels, bounds);
+  histograms_.push_back(std::unique_ptr<Histogram>(new Histogram(&series, std::move(bounds))));
   return *histograms_.back();
 }
 

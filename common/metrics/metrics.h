@@ -43,44 +43,76 @@ namespace harrier {
 // name (prometheus-cpp keeps them in a map); order does not make a series.
 using MetricLabels = std::vector<std::pair<std::string, std::string>>;
 
+// Metric handles. Those returned by MetricsRegistry are served with it and
+// live as long as it; one built directly (e.g. in a unit test of code that
+// takes a Histogram*) works the same but is served nowhere.
+
 // A monotonically increasing count. Thread-safe, lock-free. Stored as a
 // double by prometheus-cpp: exact up to 2^53.
 class Counter {
  public:
+  Counter();
+  ~Counter();
+  Counter(const Counter&) = delete;
+  Counter& operator=(const Counter&) = delete;
+
   void Increment(uint64_t n = 1);
   uint64_t value() const;
 
  private:
   friend class MetricsRegistry;
-  explicit Counter(prometheus::Counter* counter) : counter_(counter) {}
-  prometheus::Counter* counter_;  // owned by the registry's family
+  explicit Counter(prometheus::Counter* counter);
+  std::unique_ptr<prometheus::Counter> owned_;  // only when built directly
+  prometheus::Counter* counter_;                // owned_ or the registry's family's
 };
 
 // A value that goes up and down. Thread-safe, lock-free.
 class Gauge {
  public:
+  Gauge();
+  ~Gauge();
+  Gauge(const Gauge&) = delete;
+  Gauge& operator=(const Gauge&) = delete;
+
   void Set(double value);
   void Add(double delta);
   double value() const;
 
  private:
   friend class MetricsRegistry;
-  explicit Gauge(prometheus::Gauge* gauge) : gauge_(gauge) {}
-  prometheus::Gauge* gauge_;  // owned by the registry's family
+  explicit Gauge(prometheus::Gauge* gauge);
+  std::unique_ptr<prometheus::Gauge> owned_;  // only when built directly
+  prometheus::Gauge* gauge_;                  // owned_ or the registry's family's
 };
 
 // Counts of observations in fixed buckets ("le" inclusive: a value equal to
-// a bound counts in that bound's bucket), with their sum and count.
-// Thread-safe (prometheus-cpp takes a short per-histogram lock, so a scrape
-// sees _count equal to the +Inf bucket).
+// a bound counts in that bound's bucket; NaN counts in +Inf), with their
+// sum. Thread-safe (prometheus-cpp takes a short per-histogram lock, so a
+// scrape or a snapshot sees the counts and the sum of the same
+// observations).
 class Histogram {
  public:
+  // `bounds`: the finite upper bounds, strictly increasing; a +Inf bucket
+  // is always added. Aborts on bad bounds.
+  explicit Histogram(std::vector<double> bounds);
+  ~Histogram();
+  Histogram(const Histogram&) = delete;
+  Histogram& operator=(const Histogram&) = delete;
+
   void Observe(double value);
+
+  const std::vector<double>& bounds() const { return bounds_; }
+  // Per-bucket counts, not cumulative (bounds().size() + 1 entries, the
+  // last for +Inf), and the sum of the observed values.
+  std::vector<uint64_t> BucketCounts() const;
+  double sum() const;
 
  private:
   friend class MetricsRegistry;
-  explicit Histogram(prometheus::Histogram* histogram) : histogram_(histogram) {}
-  prometheus::Histogram* histogram_;  // owned by the registry's family
+  Histogram(prometheus::Histogram* histogram, std::vector<double> bounds);
+  std::vector<double> bounds_;
+  std::unique_ptr<prometheus::Histogram> owned_;  // only when built directly
+  prometheus::Histogram* histogram_;              // owned_ or the registry's family's
 };
 
 // Bounds start, start*factor, ... (count of them), e.g. latencies.

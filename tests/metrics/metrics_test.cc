@@ -111,6 +111,30 @@ TEST_CASE("histograms are served as cumulative buckets, sum and count", "[metric
                    "bare_seconds_sum 0.5\n"
                    "bare_seconds_bucket{le=\"1\"} 1\n"
                    "bare_seconds_bucket{le=\"+Inf\"} 1\n"));
+  // The same numbers through the handle.
+  REQUIRE(h.BucketCounts() == std::vector<uint64_t>{2, 1, 1, 2});
+  REQUIRE(h.sum() == Approx(5.556));
+  REQUIRE(h.bounds() == std::vector<double>{0.005, 0.1, 1});
+}
+
+TEST_CASE("metrics built without a registry work alike", "[metrics]") {
+  // For unit tests of code that takes a Histogram* (or a Counter, a Gauge).
+  Histogram h(ExponentialBuckets(1e-5, 4, 10));
+  for (double v : {1e-5, 2e-5, 1.0, 100.0, std::nan("")}) h.Observe(v);
+  const std::vector<uint64_t> counts = h.BucketCounts();
+  REQUIRE(counts.size() == 11);
+  REQUIRE(counts[0] == 1);   // le=1e-05, inclusive
+  REQUIRE(counts[1] == 1);   // le=4e-05
+  REQUIRE(counts[9] == 1);   // le=2.62144
+  REQUIRE(counts[10] == 2);  // +Inf: 100 and NaN
+  Counter c;
+  c.Increment(3);
+  c.Increment();
+  REQUIRE(c.value() == 4);
+  Gauge g;
+  g.Set(2);
+  g.Add(-0.5);
+  REQUIRE(g.value() == 1.5);
 }
 
 TEST_CASE("the server's latency buckets keep their bounds", "[metrics]") {
@@ -336,18 +360,23 @@ TEST_CASE("concurrent updates and scrapes lose nothing", "[metrics]") {
 
   REQUIRE(counter.value() == uint64_t{kThreads} * kIterations);
   REQUIRE(gauge.value() == static_cast<double>(kThreads) * kIterations);
+  const int per_cycle = kIterations / 200;
+  // Per thread: i % 200 in {0,1} -> le=1, 2..10 -> le=10, 11..100 -> le=100, rest +Inf.
+  REQUIRE(histogram.BucketCounts() ==
+          std::vector<uint64_t>{kThreads * per_cycle * 2, kThreads * per_cycle * 9,
+                                kThreads * per_cycle * 90, kThreads * per_cycle * 99});
+  // Sum of 0..199 per cycle, exact in a double.
+  REQUIRE(histogram.sum() == static_cast<double>(kThreads * per_cycle * 19900));
   const std::string text = testing::Get(port, "/metrics").body;
   INFO(text);
   REQUIRE(Contains(text, "ops_total 200000\n"));
   REQUIRE(Contains(text, "level 200000\n"));
   REQUIRE(Contains(text, "per_thread_total{thread=\"3\"} 3\n"));
-  // Per thread: i % 200 in {0,1} -> le=1, 2..10 -> le=10, 11..100 -> le=100, rest +Inf.
-  const int per_cycle = kIterations / 200;
+  // The same on /metrics, cumulative.
   REQUIRE(ValueOf(text, "size_bucket{le=\"1\"}") == kThreads * per_cycle * 2);
   REQUIRE(ValueOf(text, "size_bucket{le=\"10\"}") == kThreads * per_cycle * 11);
   REQUIRE(ValueOf(text, "size_bucket{le=\"100\"}") == kThreads * per_cycle * 101);
   REQUIRE(ValueOf(text, "size_bucket{le=\"+Inf\"}") == kThreads * kIterations);
-  // Sum of 0..199 per cycle, exact in a double.
   REQUIRE(ValueOf(text, "size_sum") == static_cast<double>(kThreads * per_cycle * 19900));
 }
 
