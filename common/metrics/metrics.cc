@@ -75,8 +75,10 @@ Metric& AddSeries(prometheus::detail::Builder<Metric> builder, prometheus::Regis
                   const std::string& name, const std::string& help, const MetricLabels& labels,
                   const Args&... args) {
   try {
-    return builder.Name(name).Help(EscapeHelp(help)).Register(registry).Add(
-        ToPrometheusLabels(labels), args...);
+    return builder.Name(name)
+        .Help(EscapeHelp(help))
+        .Register(registry)
+        .Add(ToPrometheusLabels(labels), args...);
   } catch (const std::exception& e) {
     Fatal(absl::StrCat(name, ": ", e.what()));
   }
@@ -268,8 +270,8 @@ Counter& MetricsRegistry::AddCounter(const std::string& name, const std::string&
                                      const MetricLabels& labels) {
   absl::MutexLock lock(&mutex_);
   CheckAndRecord(name, help, Type::kCounter, labels);
-  counters_.push_back(std::unique_ptr<Counter>(
-      new Counter(&AddSeries(prometheus::BuildCounter(), collector_->registry(), name, help, labels))));
+  counters_.push_back(std::unique_ptr<Counter>(new Counter(
+      &AddSeries(prometheus::BuildCounter(), collector_->registry(), name, help, labels))));
   return *counters_.back();
 }
 

@@ -1,13 +1,12 @@
 #include "common/metrics/metrics_http_server.h"
 
+#include <CivetServer.h>
 #include <arpa/inet.h>
+#include <civetweb.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <CivetServer.h>
-#include <civetweb.h>
 
 #include <atomic>
 #include <cerrno>
@@ -25,8 +24,8 @@ namespace {
 
 constexpr char kMetricsPath[] = "/metrics";
 constexpr char kHealthPath[] = "/healthz";
-// What the hand-written endpoint sent; prometheus-cpp's handler says
-// "text/plain; charset=utf-8", which scrapers read as the same format.
+// Sent for HEAD /metrics (the text format's own name); prometheus-cpp's GET
+// handler says "text/plain; charset=utf-8", which scrapers read alike.
 constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 
 // Writes a whole response from civetweb's begin_request callback and
@@ -128,14 +127,15 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* addresses = nullptr;
-  const int rc = ::getaddrinfo(host.empty() ? "0.0.0.0" : host.c_str(), nullptr, &hints, &addresses);
+  const int rc =
+      ::getaddrinfo(host.empty() ? "0.0.0.0" : host.c_str(), nullptr, &hints, &addresses);
   if (rc != 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot resolve metrics host '", host,
                                                    "' to an IPv4 address: ", ::gai_strerror(rc)));
   }
   char numeric[INET_ADDRSTRLEN] = {};
-  ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addresses->ai_addr)->sin_addr,
-              numeric, sizeof(numeric));
+  ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addresses->ai_addr)->sin_addr, numeric,
+              sizeof(numeric));
   ::freeaddrinfo(addresses);
   const std::string address = numeric;
 
@@ -145,8 +145,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
       "num_threads", "2",
       // Prometheus' default scrape timeout is 10 s; a request head arrives
       // in one packet, so a client slower than this is stuck or hostile.
-      "request_timeout_ms", "5000",
-      "enable_keep_alive", "no"};
+      "request_timeout_ms", "5000", "enable_keep_alive", "no"};
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
     exposer = std::make_unique<prometheus::Exposer>(options, &RouteCallbacks());
@@ -163,8 +162,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     exposer->RegisterCollectable(registry->collectable(), kMetricsPath);
     ports = exposer->GetListeningPorts();
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("metrics endpoint on ", address, ":", port, ": ",
-                                            e.what()));
+    return absl::InternalError(
+        absl::StrCat("metrics endpoint on ", address, ":", port, ": ", e.what()));
   }
   if (ports.empty() || ports[0] <= 0) {
     return absl::InternalError(

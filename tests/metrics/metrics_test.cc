@@ -141,8 +141,8 @@ TEST_CASE("the server's latency buckets keep their bounds", "[metrics]") {
   // The bounds of harrier_server_push_seconds and _pull_seconds.
   const std::vector<double> bounds = ExponentialBuckets(1e-5, 4, 10);
   MetricsRegistry registry;
-  Histogram& h = registry.AddHistogram("push_seconds", "Push call latency.", bounds,
-                                       {{"shard", "0"}});
+  Histogram& h =
+      registry.AddHistogram("push_seconds", "Push call latency.", bounds, {{"shard", "0"}});
   for (double bound : bounds) h.Observe(bound);  // one on each bound
   const std::string text = Scrape(registry);
   INFO(text);
@@ -152,8 +152,8 @@ TEST_CASE("the server's latency buckets keep their bounds", "[metrics]") {
   // every label still parses back to its bound, which is what
   // histogram_quantile uses.
   const std::vector<std::string> labels = {
-      "1e-05",   "4e-05",   "0.00016", "0.0006400000000000001", "0.00256", "0.01024",
-      "0.04096", "0.16384", "0.6553600000000001", "2.62144"};
+      "1e-05",   "4e-05",   "0.00016", "0.0006400000000000001", "0.00256",
+      "0.01024", "0.04096", "0.16384", "0.6553600000000001",    "2.62144"};
   for (size_t i = 0; i < bounds.size(); ++i) {
     INFO("bucket " << i);
     REQUIRE(std::strtod(labels[i].c_str(), nullptr) == Approx(bounds[i]).epsilon(1e-15));
@@ -214,8 +214,9 @@ TEST_CASE("callback metrics are read at scrape time", "[metrics]") {
   REQUIRE(server.ok());
   std::string text = testing::Get((*server)->port(), "/metrics").body;
   INFO(text);
-  REQUIRE(Contains(text, "# HELP bytes_in_total Bytes received.\n"
-                         "# TYPE bytes_in_total counter\nbytes_in_total{shard=\"2\"} 1024\n"));
+  REQUIRE(Contains(text,
+                   "# HELP bytes_in_total Bytes received.\n"
+                   "# TYPE bytes_in_total counter\nbytes_in_total{shard=\"2\"} 1024\n"));
   REQUIRE(Contains(text, "# TYPE queue_length gauge\nqueue_length 3\n"));
   queue = 0.5;
   bytes = 2048;
@@ -271,11 +272,17 @@ TEST_CASE("registration mistakes abort naming the metric", "[metrics]") {
   // No server runs in this case: the children fork a single-threaded process.
   REQUIRE(AbortsWith([] { MetricsRegistry().AddCounter("9a", "x"); }, "'9a'"));
   REQUIRE(AbortsWith([] { MetricsRegistry().AddCounter("a-b", "x"); }, "'a-b'"));
-  REQUIRE(AbortsWith([] { MetricsRegistry().AddGauge("g", "x", {{"__name__", "v"}}); },
-                     "g: label name '__name__'"));
+  REQUIRE(AbortsWith(
+      [] {
+        MetricsRegistry().AddGauge("g", "x", {{"__name__", "v"}});
+      },
+      "g: label name '__name__'"));
   REQUIRE(AbortsWith([] { MetricsRegistry().AddGauge("g", "x", {{"1x", "v"}}); }, "'1x'"));
-  REQUIRE(AbortsWith([] { MetricsRegistry().AddGauge("g", "x", {{"a", "1"}, {"a", "2"}}); },
-                     "given twice"));
+  REQUIRE(AbortsWith(
+      [] {
+        MetricsRegistry().AddGauge("g", "x", {{"a", "1"}, {"a", "2"}});
+      },
+      "given twice"));
   REQUIRE(AbortsWith(
       [] {
         MetricsRegistry r;
@@ -297,15 +304,21 @@ TEST_CASE("registration mistakes abort naming the metric", "[metrics]") {
         r.AddCallbackCounter("m", "other help", [] { return 1.0; }, {{"a", "1"}});
       },
       "another type or help"));
-  REQUIRE(AbortsWith([] { MetricsRegistry().AddHistogram("h", "x", {1}, {{"le", "1"}}); },
-                     "h: a histogram cannot have the label 'le'"));
+  REQUIRE(AbortsWith(
+      [] {
+        MetricsRegistry().AddHistogram("h", "x", {1}, {{"le", "1"}});
+      },
+      "h: a histogram cannot have the label 'le'"));
   REQUIRE(AbortsWith([] { MetricsRegistry().AddHistogram("h", "x", {1, 1}); }, "h: histogram"));
   REQUIRE(AbortsWith([] { MetricsRegistry().AddHistogram("h", "x", {2, 1}); }, "h: histogram"));
   REQUIRE(AbortsWith([] { MetricsRegistry().AddCallbackGauge("q", "x", nullptr); },
                      "q: empty callback"));
   // And a correct registration does not abort.
-  REQUIRE_FALSE(AbortsWith([] { MetricsRegistry().AddCounter("a:b_total", "x", {{"_x", ""}}); },
-                           ""));
+  REQUIRE_FALSE(AbortsWith(
+      [] {
+        MetricsRegistry().AddCounter("a:b_total", "x", {{"_x", ""}});
+      },
+      ""));
 }
 
 TEST_CASE("exponential buckets", "[metrics]") {
