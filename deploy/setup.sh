@@ -7,7 +7,7 @@ PACKAGES=(
   bazel-bootstrap build-essential pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils libabsl-dev libspdlog-dev libfmt-dev catch2 zlib1g-dev
-  libopenblas-dev dataset-fashion-mnist
+  libopenblas-dev dataset-fashion-mnist prometheus-cpp-dev
   yamllint nodejs npm kubectl
 )
 

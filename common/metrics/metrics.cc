@@ -1,36 +1,26 @@
 #include "common/metrics/metrics.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <exception>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "prometheus/check_names.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 
 namespace harrier {
 namespace {
-
-uint64_t ToBits(double value) {
-  uint64_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
-
-double FromBits(uint64_t bits) {
-  double value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-void AtomicAddDouble(std::atomic<uint64_t>& bits, double delta) {
-  uint64_t old = bits.load(std::memory_order_relaxed);
-  while (
-      !bits.compare_exchange_weak(old, ToBits(FromBits(old) + delta), std::memory_order_relaxed)) {
-  }
-}
 
 // Registration errors are bugs in the calling code, found the first time it
 // runs; there is no caller that could handle them, and the library has no
@@ -41,13 +31,9 @@ void AtomicAddDouble(std::atomic<uint64_t>& bits, double delta) {
   std::abort();
 }
 
-bool IsNameStart(char c, bool colon) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (colon && c == ':');
-}
-
-bool IsNameChar(char c, bool colon) { return IsNameStart(c, colon) || (c >= '0' && c <= '9'); }
-
-std::string EscapeHelp(absl::string_view help) {
+// prometheus-cpp 1.0 writes HELP text as given; the format wants backslash
+// and newline escaped there.
+std::string EscapeHelp(const std::string& help) {
   std::string out;
   out.reserve(help.size());
   for (char c : help) {
@@ -62,91 +48,98 @@ std::string EscapeHelp(absl::string_view help) {
   return out;
 }
 
-}  // namespace
-
-absl::Status ValidateMetricName(absl::string_view name) {
-  bool ok = !name.empty() && IsNameStart(name[0], /*colon=*/true);
-  for (char c : name) ok = ok && IsNameChar(c, /*colon=*/true);
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metric name '", name, "' does not match [a-zA-Z_:][a-zA-Z0-9_:]*"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateLabelName(absl::string_view name) {
-  bool ok = !name.empty() && IsNameStart(name[0], /*colon=*/false);
-  for (char c : name) ok = ok && IsNameChar(c, /*colon=*/false);
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("label name '", name, "' does not match [a-zA-Z_][a-zA-Z0-9_]*"));
-  }
-  if (name.size() >= 2 && name[0] == '_' && name[1] == '_') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("label name '", name, "' starts with the reserved prefix __"));
-  }
-  return absl::OkStatus();
-}
-
-std::string EscapeLabelValue(absl::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
+void CheckBounds(const std::string& name, const std::vector<double>& bounds) {
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    if (!std::isfinite(bounds[i]) || (i > 0 && !(bounds[i - 1] < bounds[i]))) {
+      Fatal(absl::StrCat(name, ": histogram bounds must be finite and strictly increasing"));
     }
   }
-  return out;
 }
 
-std::string FormatMetricValue(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  // Shortest text that parses back to the same double, so counters stay
-  // exact up to 2^53 and bucket bounds read as written (0.005, not
-  // 0.0050000000000000001).
-  char buffer[32];
-  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
-  return std::string(buffer, result.ptr);
+prometheus::Labels ToPrometheusLabels(const MetricLabels& labels) {
+  return prometheus::Labels(labels.begin(), labels.end());
 }
 
-void Gauge::Set(double value) { bits_.store(ToBits(value), std::memory_order_relaxed); }
-
-void Gauge::Add(double delta) { AtomicAddDouble(bits_, delta); }
-
-double Gauge::value() const { return FromBits(bits_.load(std::memory_order_relaxed)); }
-
-Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)), counts_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
-  for (size_t i = 0; i <= bounds_.size(); ++i) counts_[i].store(0, std::memory_order_relaxed);
+std::string LabelsText(const MetricLabels& labels) {
+  return absl::StrJoin(labels, ",", [](std::string* out, const auto& label) {
+    absl::StrAppend(out, label.first, "=\"", label.second, "\"");
+  });
 }
+
+// The series `labels` of family `name`, building the family on first use.
+// prometheus-cpp throws std::invalid_argument on what CheckAndRecord has
+// already refused; should a check be missed, the exception still ends here
+// as the same kind of abort instead of crossing into the caller.
+template <typename Metric, typename... Args>
+Metric& AddSeries(prometheus::detail::Builder<Metric> builder, prometheus::Registry& registry,
+                  const std::string& name, const std::string& help, const MetricLabels& labels,
+                  const Args&... args) {
+  try {
+    return builder.Name(name)
+        .Help(EscapeHelp(help))
+        .Register(registry)
+        .Add(ToPrometheusLabels(labels), args...);
+  } catch (const std::exception& e) {
+    Fatal(absl::StrCat(name, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
+Counter::Counter() : owned_(std::make_unique<prometheus::Counter>()), counter_(owned_.get()) {}
+Counter::Counter(prometheus::Counter* counter) : counter_(counter) {}
+Counter::~Counter() = default;
+
+void Counter::Increment(uint64_t n) { counter_->Increment(static_cast<double>(n)); }
+
+uint64_t Counter::value() const { return static_cast<uint64_t>(counter_->Value()); }
+
+Gauge::Gauge() : owned_(std::make_unique<prometheus::Gauge>()), gauge_(owned_.get()) {}
+Gauge::Gauge(prometheus::Gauge* gauge) : gauge_(gauge) {}
+Gauge::~Gauge() = default;
+
+void Gauge::Set(double value) { gauge_->Set(value); }
+
+void Gauge::Add(double delta) { gauge_->Increment(delta); }
+
+double Gauge::value() const { return gauge_->Value(); }
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {
+  CheckBounds("Histogram", bounds_);
+  owned_ = std::make_unique<prometheus::Histogram>(bounds_);
+  histogram_ = owned_.get();
+}
+
+Histogram::Histogram(prometheus::Histogram* histogram, std::vector<double> bounds)
+    : bounds_(std::move(bounds)), histogram_(histogram) {}
+
+Histogram::~Histogram() = default;
 
 void Histogram::Observe(double value) {
-  // Buckets are few (tens at most), and lower_bound keeps "le" inclusive:
-  // a value equal to a bound belongs to that bound's bucket. NaN lands in
-  // +Inf, as Prometheus' own clients do.
-  const size_t bucket =
-      std::isnan(value)
-          ? bounds_.size()
-          : static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), value) -
-                                bounds_.begin());
-  counts_[bucket].fetch_add(1, std::memory_order_relaxed);
-  AtomicAddDouble(sum_bits_, value);
+  if (std::isnan(value)) {
+    // prometheus-cpp's bucket search would put NaN in the first bucket;
+    // Prometheus' own clients (and Harrier before them) count it in +Inf.
+    std::vector<double> increments(bounds_.size() + 1, 0.0);
+    increments.back() = 1;
+    histogram_->ObserveMultiple(increments, value);
+    return;
+  }
+  histogram_->Observe(value);
 }
 
 std::vector<uint64_t> Histogram::BucketCounts() const {
-  std::vector<uint64_t> counts(bounds_.size() + 1);
-  for (size_t i = 0; i < counts.size(); ++i) counts[i] = counts_[i].load(std::memory_order_relaxed);
+  // prometheus-cpp's snapshot is cumulative, with the +Inf bucket last.
+  const prometheus::ClientMetric snapshot = histogram_->Collect();
+  std::vector<uint64_t> counts;
+  uint64_t below = 0;
+  for (const auto& bucket : snapshot.histogram.bucket) {
+    counts.push_back(bucket.cumulative_count - below);
+    below = bucket.cumulative_count;
+  }
   return counts;
 }
 
-double Histogram::sum() const { return FromBits(sum_bits_.load(std::memory_order_relaxed)); }
+double Histogram::sum() const { return histogram_->Collect().histogram.sample_sum; }
 
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   std::vector<double> bounds;
@@ -155,157 +148,169 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   return bounds;
 }
 
-struct MetricsRegistry::Series {
-  MetricLabels labels;
-  std::string rendered_labels;  // `a="x",b="y"`, without braces
-  std::unique_ptr<Counter> counter;
-  std::unique_ptr<Gauge> gauge;
-  std::unique_ptr<Histogram> histogram;
-  std::function<double()> read;
+// The Collectable the Exposer scrapes: the prometheus::Registry's families
+// plus the callback series, read at scrape time.
+class MetricsRegistry::Collector final : public prometheus::Collectable {
+ public:
+  prometheus::Registry& registry() { return registry_; }
+
+  void AddCallback(const std::string& name, const std::string& escaped_help,
+                   prometheus::MetricType type, const MetricLabels& labels,
+                   std::function<double()> read) {
+    absl::MutexLock lock(&mutex_);
+    CallbackFamily& family = callbacks_[name];
+    family.help = escaped_help;
+    family.type = type;
+    CallbackSeries series;
+    for (const auto& [label, value] : ToPrometheusLabels(labels)) {
+      series.labels.push_back({label, value});
+    }
+    series.read = std::move(read);
+    family.series.push_back(std::move(series));
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families = registry_.Collect();
+    {
+      absl::MutexLock lock(&mutex_);
+      for (const auto& [name, callback] : callbacks_) {
+        // A name may have stored and callback series alike (same type and
+        // help, checked at registration): they form one family.
+        auto same_name = std::find_if(families.begin(), families.end(),
+                                      [&name = name](const auto& f) { return f.name == name; });
+        if (same_name == families.end()) {
+          prometheus::MetricFamily created;
+          created.name = name;
+          created.help = callback.help;
+          created.type = callback.type;
+          same_name = families.insert(families.end(), std::move(created));
+        }
+        prometheus::MetricFamily& family = *same_name;
+        for (const CallbackSeries& series : callback.series) {
+          prometheus::ClientMetric metric;
+          metric.label = series.labels;
+          if (callback.type == prometheus::MetricType::Counter) {
+            metric.counter.value = series.read();
+          } else {
+            metric.gauge.value = series.read();
+          }
+          family.metric.push_back(std::move(metric));
+        }
+      }
+    }
+    // Families by name and series by labels, so a scrape reads the same
+    // from one run to the next (prometheus-cpp keeps series in a hash map).
+    std::sort(families.begin(), families.end(),
+              [](const auto& a, const auto& b) { return a.name < b.name; });
+    for (auto& family : families) {
+      std::sort(family.metric.begin(), family.metric.end(),
+                [](const auto& a, const auto& b) { return a.label < b.label; });
+    }
+    return families;
+  }
+
+ private:
+  struct CallbackSeries {
+    std::vector<prometheus::ClientMetric::Label> labels;  // sorted by name
+    std::function<double()> read;
+  };
+  struct CallbackFamily {
+    std::string help;
+    prometheus::MetricType type;
+    std::vector<CallbackSeries> series;
+  };
+
+  prometheus::Registry registry_;  // thread-safe on its own
+  mutable absl::Mutex mutex_;
+  std::map<std::string, CallbackFamily> callbacks_ ABSL_GUARDED_BY(mutex_);
 };
 
-struct MetricsRegistry::Family {
-  std::string help;
-  Type type;
-  std::vector<std::unique_ptr<Series>> series;
-};
-
-MetricsRegistry::MetricsRegistry() = default;
+MetricsRegistry::MetricsRegistry() : collector_(std::make_shared<Collector>()) {}
 MetricsRegistry::~MetricsRegistry() = default;
 
-void MetricsRegistry::AddSeries(const std::string& name, const std::string& help, Type type,
-                                std::unique_ptr<Series> series) {
-  absl::Status valid = ValidateMetricName(name);
-  if (!valid.ok()) Fatal(std::string(valid.message()));
+std::weak_ptr<prometheus::Collectable> MetricsRegistry::collectable() const { return collector_; }
+
+std::string MetricsRegistry::RenderText() const {
+  return prometheus::TextSerializer().Serialize(collector_->Collect());
+}
+
+void MetricsRegistry::CheckAndRecord(const std::string& name, const std::string& help, Type type,
+                                     const MetricLabels& labels) {
+  if (!prometheus::CheckMetricName(name)) {
+    Fatal(absl::StrCat("metric name '", name, "' does not match [a-zA-Z_:][a-zA-Z0-9_:]*"));
+  }
   std::set<std::string> label_names;
-  std::string rendered;
-  for (const auto& [label, value] : series->labels) {
-    valid = ValidateLabelName(label);
-    if (!valid.ok()) Fatal(absl::StrCat(name, ": ", valid.message()));
+  for (const auto& [label, value] : labels) {
+    if (!prometheus::CheckLabelName(label)) {
+      Fatal(absl::StrCat(name, ": label name '", label,
+                         "' does not match [a-zA-Z_][a-zA-Z0-9_]* or starts with __"));
+    }
     if (!label_names.insert(label).second) {
       Fatal(absl::StrCat(name, ": label '", label, "' given twice"));
     }
     if (type == Type::kHistogram && label == "le") {
       Fatal(absl::StrCat(name, ": a histogram cannot have the label 'le'"));
     }
-    absl::StrAppend(&rendered, rendered.empty() ? "" : ",", label, "=\"", EscapeLabelValue(value),
-                    "\"");
   }
-  series->rendered_labels = std::move(rendered);
-  // Label order does not make a different series.
-  MetricLabels sorted = series->labels;
-  std::sort(sorted.begin(), sorted.end());
-
-  // The series is complete before it is published, so a concurrent render
-  // sees it whole or not at all.
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto& family = families_[name];
-  if (family == nullptr) {
-    family = std::make_unique<Family>();
-    family->help = help;
-    family->type = type;
-  } else if (family->type != type || family->help != help) {
+  auto [it, created] = families_.try_emplace(name, FamilyInfo{type, help, {}});
+  FamilyInfo& family = it->second;
+  if (!created && (family.type != type || family.help != help)) {
     Fatal(absl::StrCat(name, " registered again with another type or help text"));
   }
-  for (const auto& existing : family->series) {
-    MetricLabels other = existing->labels;
-    std::sort(other.begin(), other.end());
-    if (other == sorted)
-      Fatal(absl::StrCat(name, "{", series->rendered_labels, "} registered twice"));
+  MetricLabels sorted = labels;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::find(family.label_sets.begin(), family.label_sets.end(), sorted) !=
+      family.label_sets.end()) {
+    Fatal(absl::StrCat(name, "{", LabelsText(labels), "} registered twice"));
   }
-  family->series.push_back(std::move(series));
+  family.label_sets.push_back(std::move(sorted));
 }
 
 Counter& MetricsRegistry::AddCounter(const std::string& name, const std::string& help,
                                      const MetricLabels& labels) {
-  auto series = std::make_unique<Series>();
-  series->labels = labels;
-  series->counter = std::make_unique<Counter>();
-  Counter& counter = *series->counter;
-  AddSeries(name, help, Type::kCounter, std::move(series));
-  return counter;
+  absl::MutexLock lock(&mutex_);
+  CheckAndRecord(name, help, Type::kCounter, labels);
+  counters_.push_back(std::unique_ptr<Counter>(new Counter(
+      &AddSeries(prometheus::BuildCounter(), collector_->registry(), name, help, labels))));
+  return *counters_.back();
 }
 
 Gauge& MetricsRegistry::AddGauge(const std::string& name, const std::string& help,
                                  const MetricLabels& labels) {
-  auto series = std::make_unique<Series>();
-  series->labels = labels;
-  series->gauge = std::make_unique<Gauge>();
-  Gauge& gauge = *series->gauge;
-  AddSeries(name, help, Type::kGauge, std::move(series));
-  return gauge;
+  absl::MutexLock lock(&mutex_);
+  CheckAndRecord(name, help, Type::kGauge, labels);
+  gauges_.push_back(std::unique_ptr<Gauge>(
+      new Gauge(&AddSeries(prometheus::BuildGauge(), collector_->registry(), name, help, labels))));
+  return *gauges_.back();
 }
 
 Histogram& MetricsRegistry::AddHistogram(const std::string& name, const std::string& help,
                                          std::vector<double> bounds, const MetricLabels& labels) {
-  for (size_t i = 0; i < bounds.size(); ++i) {
-    if (!std::isfinite(bounds[i]) || (i > 0 && !(bounds[i - 1] < bounds[i]))) {
-      Fatal(absl::StrCat(name, ": histogram bounds must be finite and strictly increasing"));
-    }
-  }
-  auto series = std::make_unique<Series>();
-  series->labels = labels;
-  series->histogram = std::make_unique<Histogram>(std::move(bounds));
-  Histogram& histogram = *series->histogram;
-  AddSeries(name, help, Type::kHistogram, std::move(series));
-  return histogram;
+  CheckBounds(name, bounds);
+  absl::MutexLock lock(&mutex_);
+  CheckAndRecord(name, help, Type::kHistogram, labels);
+  prometheus::Histogram& series =
+      AddSeries(prometheus::BuildHistogram(), collector_->registry(), name, help, labels, bounds);
+  histograms_.push_back(std::unique_ptr<Histogram>(new Histogram(&series, std::move(bounds))));
+  return *histograms_.back();
 }
 
 void MetricsRegistry::AddCallbackGauge(const std::string& name, const std::string& help,
                                        std::function<double()> read, const MetricLabels& labels) {
   if (!read) Fatal(absl::StrCat(name, ": empty callback"));
-  auto series = std::make_unique<Series>();
-  series->labels = labels;
-  series->read = std::move(read);
-  AddSeries(name, help, Type::kGauge, std::move(series));
+  absl::MutexLock lock(&mutex_);
+  CheckAndRecord(name, help, Type::kGauge, labels);
+  collector_->AddCallback(name, EscapeHelp(help), prometheus::MetricType::Gauge, labels,
+                          std::move(read));
 }
 
 void MetricsRegistry::AddCallbackCounter(const std::string& name, const std::string& help,
                                          std::function<double()> read, const MetricLabels& labels) {
   if (!read) Fatal(absl::StrCat(name, ": empty callback"));
-  auto series = std::make_unique<Series>();
-  series->labels = labels;
-  series->read = std::move(read);
-  AddSeries(name, help, Type::kCounter, std::move(series));
-}
-
-std::string MetricsRegistry::RenderText() const {
-  std::string out;
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [name, family] : families_) {
-    const char* type = family->type == Type::kCounter ? "counter"
-                       : family->type == Type::kGauge ? "gauge"
-                                                      : "histogram";
-    absl::StrAppend(&out, "# HELP ", name, " ", EscapeHelp(family->help), "\n");
-    absl::StrAppend(&out, "# TYPE ", name, " ", type, "\n");
-    for (const auto& series : family->series) {
-      const std::string& labels = series->rendered_labels;
-      const std::string braced = labels.empty() ? "" : absl::StrCat("{", labels, "}");
-      if (series->histogram != nullptr) {
-        const Histogram& h = *series->histogram;
-        const std::vector<uint64_t> counts = h.BucketCounts();
-        const std::string prefix = labels.empty() ? "{" : absl::StrCat("{", labels, ",");
-        uint64_t cumulative = 0;
-        for (size_t i = 0; i < counts.size(); ++i) {
-          cumulative += counts[i];
-          const std::string le =
-              i < h.bounds().size() ? FormatMetricValue(h.bounds()[i]) : std::string("+Inf");
-          absl::StrAppend(&out, name, "_bucket", prefix, "le=\"", le, "\"} ", cumulative, "\n");
-        }
-        absl::StrAppend(&out, name, "_sum", braced, " ", FormatMetricValue(h.sum()), "\n");
-        // _count is the +Inf bucket by definition; using the same snapshot
-        // keeps the two equal even while observations arrive.
-        absl::StrAppend(&out, name, "_count", braced, " ", cumulative, "\n");
-      } else if (series->counter != nullptr) {
-        absl::StrAppend(&out, name, braced, " ", series->counter->value(), "\n");
-      } else if (series->gauge != nullptr) {
-        absl::StrAppend(&out, name, braced, " ", FormatMetricValue(series->gauge->value()), "\n");
-      } else {
-        absl::StrAppend(&out, name, braced, " ", FormatMetricValue(series->read()), "\n");
-      }
-    }
-  }
-  return out;
+  absl::MutexLock lock(&mutex_);
+  CheckAndRecord(name, help, Type::kCounter, labels);
+  collector_->AddCallback(name, EscapeHelp(help), prometheus::MetricType::Counter, labels,
+                          std::move(read));
 }
 
 }  // namespace harrier

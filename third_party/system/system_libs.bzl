@@ -8,6 +8,11 @@ _LIBS = {
     "spdlog": (["spdlog", "fmt"], []),
     "zlib": (["zlib"], []),
     "openblas": (["openblas"], []),
+    # prometheus-cpp 1.0 (package prometheus-cpp-dev): metric families and the
+    # pull Exposer. Debian builds the Exposer on the system civetweb, which
+    # has no .pc file; common/metrics calls civetweb for /healthz, so it links
+    # it by name.
+    "prometheus": (["prometheus-cpp-pull", "prometheus-cpp-core"], ["-lcivetweb-cpp", "-lcivetweb"]),
 }
 
 def _split(text):
