@@ -49,8 +49,11 @@ std::string SyncPolicy::ToString() const {
 }
 
 ConsistencyController::ConsistencyController(SyncPolicy policy, int num_workers,
-                                             bool staleness_aware_lr)
-    : policy_(policy), num_workers_(num_workers), staleness_aware_lr_(staleness_aware_lr) {}
+                                             bool staleness_aware_lr, int64_t max_pending_rounds)
+    : policy_(policy),
+      num_workers_(num_workers),
+      staleness_aware_lr_(staleness_aware_lr),
+      max_pending_rounds_(std::max<int64_t>(1, max_pending_rounds)) {}
 
 bool ConsistencyController::PullMayProceed(int64_t pull_clock, int64_t min_clock) const {
   if (policy_.staleness < 0) return true;
@@ -77,13 +80,27 @@ ClockBook ConsistencyController::NewClockBook() const { return ClockBook(this, n
 ClockBook::ClockBook(const ConsistencyController* controller, int num_workers)
     : controller_(controller), pushed_(num_workers, 0), may_rebase_(num_workers, false) {}
 
-absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock) const {
+absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock,
+                                  const Membership& membership) const {
   const int64_t expected = pushed_[rank];
-  if (clock == expected || (may_rebase_[rank] && clock > expected)) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("push for clock ", clock, " from rank ", rank, " but its next clock is ",
-                   expected,
-                   clock > expected ? " (clock from the future)" : " (already pushed)"));
+  if (clock != expected && !(may_rebase_[rank] && clock > expected)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("push for clock ", clock, " from rank ", rank, " but its next clock is ",
+                     expected,
+                     clock > expected ? " (clock from the future)" : " (already pushed)"));
+  }
+  if (controller_->AggregatesRounds()) {
+    const PullVerdict slowest = CheckPull(0, membership);
+    if (!slowest.everyone_left &&
+        clock - slowest.min_clock >= controller_->max_pending_rounds()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "push for clock ", clock, " from rank ", rank, " is ", clock - slowest.min_clock,
+          " rounds ahead of the slowest rank (rank ", slowest.slowest_rank, " at clock ",
+          slowest.min_clock, "); at most ", controller_->max_pending_rounds(),
+          " rounds may be pending (--max_pending_rounds)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 int64_t ClockBook::fastest() const {

@@ -83,11 +83,18 @@ class ConsistencyController {
  public:
   // staleness_aware_lr: SSP/ASP divide each push's step by the staleness it
   // arrives with (Zhang et al. 2016): max(1, fastest rank's clock - clock).
-  ConsistencyController(SyncPolicy policy, int num_workers, bool staleness_aware_lr = false);
+  // max_pending_rounds: BSP/local hold a round's sum until its last rank
+  // pushes; a push for a clock this many rounds past the slowest live rank is
+  // refused, so a runaway rank cannot make a slot hold rounds without limit
+  // (a worker that pulls before its next push is never more than 1 ahead).
+  static constexpr int64_t kDefaultMaxPendingRounds = 64;
+  ConsistencyController(SyncPolicy policy, int num_workers, bool staleness_aware_lr = false,
+                        int64_t max_pending_rounds = kDefaultMaxPendingRounds);
 
   const SyncPolicy& policy() const { return policy_; }
   int num_workers() const { return num_workers_; }
   bool staleness_aware_lr() const { return staleness_aware_lr_; }
+  int64_t max_pending_rounds() const { return max_pending_rounds_; }
 
   // The staleness rule. min_clock is the minimum over live workers of the
   // iterations pushed for the key.
@@ -110,6 +117,7 @@ class ConsistencyController {
   SyncPolicy policy_;
   int num_workers_;
   bool staleness_aware_lr_;
+  int64_t max_pending_rounds_;
 };
 
 // The clock book of one slot: iterations pushed per rank, the rounds that
@@ -122,10 +130,11 @@ class ClockBook {
   const std::vector<int64_t>& pushed() const { return pushed_; }
 
   // May `rank` push for `clock` now? OK, or FAILED_PRECONDITION saying why
-  // (already pushed, or a clock from the future). A rank may push its next
-  // clock; after Restore() its first push on this slot may also be for a
-  // later clock (the worker ran on while the shard was down).
-  absl::Status CheckPush(uint32_t rank, int64_t clock) const;
+  // (already pushed, a clock from the future, or too many rounds ahead of the
+  // slowest live rank). A rank may push its next clock; after Restore() its
+  // first push on this slot may also be for a later clock (the worker ran on
+  // while the shard was down).
+  absl::Status CheckPush(uint32_t rank, int64_t clock, const Membership& membership) const;
 
   // Records a push that CheckPush accepted and says what to do with it.
   PushDecision RecordPush(uint32_t rank, int64_t clock, const Membership& membership);

@@ -41,7 +41,8 @@ bool IsDense(const std::string& codec_params) {
 
 ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> optimizer)
     : options_(options),
-      controller_(options.sync, options.num_workers, options.staleness_aware_lr),
+      controller_(options.sync, options.num_workers, options.staleness_aware_lr,
+                  options.max_pending_rounds),
       optimizer_(controller_.ShardOptimizer(std::move(optimizer))),
       partitioner_(options.num_shards),
       membership_(options.num_workers) {}
@@ -185,7 +186,7 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
   }
   {
     absl::MutexLock lock(&slot->mutex);
-    if (auto status = slot->book.CheckPush(chunk.rank(), chunk.clock()); !status.ok()) {
+    if (auto status = slot->book.CheckPush(chunk.rank(), chunk.clock(), membership_); !status.ok()) {
       return WithWhere(key, chunk.chunk(), status);
     }
     if (auto status = CheckRoundCodecLocked(*slot, chunk); !status.ok()) return status;
@@ -249,7 +250,7 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views) {
 
 absl::Status ShardStore::RecheckLocked(Slot& slot, const proto::TensorChunk& chunk) {
   // Only a call racing another call of the same rank can fail here.
-  if (!slot.book.CheckPush(chunk.rank(), chunk.clock()).ok()) {
+  if (!slot.book.CheckPush(chunk.rank(), chunk.clock(), membership_).ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ",
                      chunk.rank(), " for clock ", chunk.clock(), "; this call changed nothing"));

@@ -38,6 +38,9 @@ struct ShardStoreOptions {
   // SSP/ASP: divide each push's step by the staleness it arrives with
   // (Zhang et al. 2016), i.e. by max(1, fastest rank's clock - push clock).
   bool staleness_aware_lr = false;
+  // BSP/local: rounds a rank may push ahead of the slowest live rank
+  // (ConsistencyController); bounds the round sums a slot holds.
+  int64_t max_pending_rounds = ConsistencyController::kDefaultMaxPendingRounds;
 };
 
 // Counters a shard exposes (monotonic; read without locks).

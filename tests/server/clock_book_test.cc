@@ -86,7 +86,7 @@ void Run(const Case& c) {
     INFO("step " << i << " rank " << step.rank << " clock " << step.clock);
     switch (step.event) {
       case Event::kPush: {
-        REQUIRE(book.CheckPush(step.rank, step.clock).ok());
+        REQUIRE(book.CheckPush(step.rank, step.clock, membership).ok());
         const PushDecision decision = book.RecordPush(step.rank, step.clock, membership);
         REQUIRE((decision.kind == PushDecision::Kind::kApplyNow) == step.apply_now);
         if (step.apply_now) {
@@ -99,7 +99,7 @@ void Run(const Case& c) {
         break;
       }
       case Event::kRefusedPush:
-        REQUIRE(absl::IsFailedPrecondition(book.CheckPush(step.rank, step.clock)));
+        REQUIRE(absl::IsFailedPrecondition(book.CheckPush(step.rank, step.clock, membership)));
         break;
       case Event::kLeave:
         REQUIRE(membership.Depart(step.rank));
@@ -166,6 +166,29 @@ TEST_CASE("clock book: every mode, table-driven") {
        {Hold(0, 0), Pull(1, false, 0), Hold(1, 0, {{0, 2}}), Pull(1, true, 1)}},
   };
   for (const Case& c : cases) Run(c);
+}
+
+TEST_CASE("clock book: BSP refuses a push too many rounds ahead of the slowest rank") {
+  ConsistencyController controller(*SyncPolicy::FromFlags("bsp", 0, 1), 2, false,
+                                   /*max_pending_rounds=*/3);
+  Membership membership(2);
+  ClockBook book = controller.NewClockBook();
+  for (int64_t clock = 0; clock < 3; ++clock) {
+    REQUIRE(book.CheckPush(0, clock, membership).ok());
+    book.RecordPush(0, clock, membership);
+  }
+  const absl::Status refused = book.CheckPush(0, 3, membership);
+  REQUIRE(absl::IsFailedPrecondition(refused));
+  REQUIRE(std::string(refused.message()).find("rank 1 at clock 0") != std::string::npos);
+  book.RecordPush(1, 0, membership);  // the slowest catches up one round
+  REQUIRE(book.CheckPush(0, 3, membership).ok());
+  // SSP holds no rounds: no such bound.
+  ConsistencyController ssp(*SyncPolicy::FromFlags("ssp", 1, 1), 2, false, 3);
+  ClockBook ssp_book = ssp.NewClockBook();
+  for (int64_t clock = 0; clock < 10; ++clock) {
+    REQUIRE(ssp_book.CheckPush(0, clock, membership).ok());
+    ssp_book.RecordPush(0, clock, membership);
+  }
 }
 
 TEST_CASE("clock book: a checkpoint rolls ranks back to the first pending round") {
