@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every Harrier test: installs what is missing, builds, runs the Bazel
 # tests (unit, integration, end-to-end), compiles the CUDA kernels when nvcc
-# exists, validates the Kubernetes manifests, and ends with one line
-# "N passed, M failed" summing all test cases.
+# exists, builds once more with clang-14's thread-safety analysis, validates
+# the Kubernetes manifests, and ends with one line "N passed, M failed"
+# summing all test cases.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,12 +50,31 @@ fi
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "== CUDA kernels compile and link (nvcc, no GPU needed)"
-  if bazel build --config=cuda //cuda/... //tests/cuda/... //tests/bench/cuda/... >"$logs/cuda-build.log" 2>&1; then
+  if bazel build --config=cuda //cuda/... //tests/cuda/... //tests/bench/cuda/... \
+       //worker/workload/cuda/... //worker:harrier-worker >"$logs/cuda-build.log" 2>&1; then
     passed=$((passed + 1)); echo "PASS cuda build"
   else
     failed=$((failed + 1)); tail -n 20 "$logs/cuda-build.log"; echo "FAIL cuda build"
   fi
 fi
+
+# One check: clang-14 compiles common/, server/ and worker/ with
+# -Werror=thread-safety (see .bazelrc). Its own output base, because a
+# compiler switch would otherwise throw away the gcc build's outputs; the
+# second Bazel server is shut down afterwards to give its memory back.
+echo "== clang-14 build, thread-safety analysis (--config=clang)"
+clang_out="$HOME/.cache/harrier-clang-out"
+if ! command -v clang-14 >/dev/null 2>&1; then
+  failed=$((failed + 1)); echo "FAIL clang build (clang-14 not installed)"
+elif bazel --output_base="$clang_out" build --config=clang //common/... //server/... //worker/... \
+       >"$logs/clang-build.log" 2>&1; then
+  passed=$((passed + 1)); echo "PASS clang build"
+else
+  failed=$((failed + 1))
+  grep -E "error:" "$logs/clang-build.log" | head -n 20 || tail -n 20 "$logs/clang-build.log"
+  echo "FAIL clang build"
+fi
+bazel --output_base="$clang_out" shutdown >/dev/null 2>&1 || true
 
 echo "== Kubernetes manifests (offline validation)"
 if tests/k8s/install.sh && tests/k8s/validate.sh > "$logs/k8s.log" 2>&1; then :; fi

@@ -23,7 +23,7 @@
 #include "worker/workload/model.h"
 #if HARRIER_WITH_CUDA
 #include "cuda/device_codec.h"
-#include "cuda/device_mlp_model.h"
+#include "worker/workload/cuda/device_mlp_model.h"
 #endif
 
 ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every shard, shard 0 first.");
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
     model = std::make_unique<harrier::workload::Mlp>(std::move(*mlp));
   } else {
 #if HARRIER_WITH_CUDA
-    auto device_model = harrier::cuda::DeviceMlpModel::Create(mlp_options);
+    auto device_model = harrier::workload::DeviceMlpModel::Create(mlp_options);
     if (!device_model.ok()) {
       return Fail(absl::StrCat("--device=cuda: ", device_model.status().message()));
     }

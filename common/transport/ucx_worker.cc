@@ -161,7 +161,7 @@ UcxWorker::~UcxWorker() {
 
 void UcxWorker::Post(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     tasks_.push_back(std::move(task));
   }
   Wake();
@@ -176,7 +176,7 @@ void UcxWorker::Wake() {
 bool UcxWorker::RunTasks() {
   std::deque<std::function<void()>> tasks;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     tasks.swap(tasks_);
   }
   for (auto& task : tasks) task();

@@ -7,12 +7,13 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace harrier::transport {
 
@@ -99,8 +100,10 @@ class UcxWorker {
   std::atomic<bool> stop_{false};
   std::atomic<int> outstanding_{0};  // requests not yet completed
   std::atomic<int> expecting_{0};    // see ExpectReplies
-  std::mutex mutex_;
-  std::deque<std::function<void()>> tasks_;
+  // Guards only the hand-over queue: the counters above are atomics and the
+  // rest is set before the progress thread starts or used only on it.
+  absl::Mutex mutex_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
   std::thread thread_;
 };
 

@@ -1,4 +1,4 @@
-// The CUDA MLP (cuda/device_mlp.h, cuda/device_mlp_model.h) against the CPU
+// The CUDA MLP (worker/workload/cuda/device_mlp{,_model}.h) against the CPU
 // MLP (worker/workload/mlp.h): same seed, same batch -> loss and gradients
 // within 1e-4 relative, a few SGD steps (on the device and through the
 // workload::Model interface) stay within 1e-4, and Evaluate agrees up to a
@@ -17,8 +17,8 @@
 
 #include "absl/status/status.h"
 #include "cuda/device_codec.h"
-#include "cuda/device_mlp.h"
-#include "cuda/device_mlp_model.h"
+#include "worker/workload/cuda/device_mlp.h"
+#include "worker/workload/cuda/device_mlp_model.h"
 #include "worker/workload/fashion_mnist.h"
 #include "worker/workload/mlp.h"
 #include "worker/workload/model.h"
@@ -27,6 +27,8 @@ namespace harrier {
 namespace {
 
 using workload::Dataset;
+using workload::DeviceMlp;
+using workload::DeviceMlpModel;
 using workload::Gradients;
 using workload::Mlp;
 using workload::MlpOptions;
@@ -124,8 +126,8 @@ Mlp MakeCpu(const std::vector<int>& sizes, uint64_t seed) {
   return std::move(*mlp);
 }
 
-std::unique_ptr<cuda::DeviceMlp> MakeDevice(const Mlp& cpu) {
-  auto device = cuda::DeviceMlp::Create(cpu.layer_sizes());
+std::unique_ptr<DeviceMlp> MakeDevice(const Mlp& cpu) {
+  auto device = DeviceMlp::Create(cpu.layer_sizes());
   INFO(device.status().ToString());
   REQUIRE(device.ok());
   REQUIRE((*device)->UploadParams(cpu.params()).ok());
@@ -195,7 +197,7 @@ TEST_CASE("DeviceMlpModel through workload::Model matches the CPU Mlp") {
   MlpOptions options;
   options.seed = 9;
   auto cpu_or = Mlp::Create(options);
-  auto gpu_or = cuda::DeviceMlpModel::Create(options);
+  auto gpu_or = DeviceMlpModel::Create(options);
   REQUIRE(cpu_or.ok());
   INFO(gpu_or.status().ToString());
   REQUIRE(gpu_or.ok());
@@ -278,17 +280,17 @@ TEST_CASE("device evaluation agrees with the CPU's") {
 
 TEST_CASE("device MLP refusals") {
   REQUIRE(cuda::DeviceAvailable());
-  REQUIRE(cuda::DeviceMlp::Create({784}).status().code() ==
+  REQUIRE(DeviceMlp::Create({784}).status().code() ==
           absl::StatusCode::kInvalidArgument);
-  REQUIRE(cuda::DeviceMlp::Create({784, 0, 10}).status().code() ==
+  REQUIRE(DeviceMlp::Create({784, 0, 10}).status().code() ==
           absl::StatusCode::kInvalidArgument);
-  REQUIRE(cuda::DeviceMlp::Create({784, 300}).status().code() ==
+  REQUIRE(DeviceMlp::Create({784, 300}).status().code() ==
           absl::StatusCode::kInvalidArgument);
 
   Mlp cpu = MakeCpu({20, 10}, 1);
-  auto created = cuda::DeviceMlp::Create({20, 10});
+  auto created = DeviceMlp::Create({20, 10});
   REQUIRE(created.ok());
-  cuda::DeviceMlp& device = **created;
+  DeviceMlp& device = **created;
   const Dataset data = MakeData(8, 20, 10, 2);
   Gradients grads;
   // Nothing uploaded yet.

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Runs the CUDA codec and MLP tests and a short GPU codec bench on a GPU
-# machine and writes their output to the directory $1. Expects the binaries already
-# built with
-#   bazel build --config=cuda //cuda/... //tests/cuda/... //tests/bench/cuda/...
+# machine and writes their output to the directory $1. Expects the binaries
+# already built with
+#   bazel build --config=cuda //cuda/... //tests/cuda/... //tests/bench/cuda/... \
+#     //worker/workload/cuda/... //worker:harrier-worker
 # (run from the repository root, or set HARRIER_BIN to the bazel-bin folder).
 # Total time budget: under 4 minutes. Exit status: 0 if the tests passed and
 # the bench ran, else the first failure's status.

@@ -21,9 +21,9 @@ struct MlpOptions {
   uint64_t seed = 1;
 };
 
-// The rules every MLP implementation (this CPU one, //cuda:device_mlp)
-// shares, so that both accept the same inputs with the same messages and use
-// the same parameter layout.
+// The rules every MLP implementation (this CPU one and
+// //worker/workload/cuda:device_mlp) shares, so that both accept the same
+// inputs with the same messages and use the same parameter layout.
 
 // InvalidArgument unless `layer_sizes` obeys MlpOptions::layer_sizes (at
 // least two entries, all positive, at most 256 classes).

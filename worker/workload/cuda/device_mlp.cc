@@ -1,4 +1,4 @@
-#include "cuda/device_mlp.h"
+#include "worker/workload/cuda/device_mlp.h"
 
 #include <algorithm>
 #include <utility>
@@ -7,14 +7,14 @@
 #include "absl/strings/str_join.h"
 #include "cuda/device_codec.h"
 #include "cuda/kernels.h"
-#include "cuda/mlp_kernels.h"
+#include "worker/workload/cuda/mlp_kernels.h"
 #include "worker/workload/mlp.h"
 
 namespace harrier {
-namespace cuda {
+namespace workload {
 namespace {
 
-namespace k = kernels;
+namespace k = cuda::kernels;
 namespace mk = mlp_kernels;
 
 // Evaluate's batch, as on the CPU.
@@ -82,7 +82,7 @@ struct DeviceMlp::Impl {
   // Tensor t = 2 * layer (weight) or 2 * layer + 1 (bias).
   std::vector<DeviceBuffer> params;
   std::vector<DeviceBuffer> grads;
-  // workload::MlpParamLayout: shape and floats per tensor.
+  // MlpParamLayout: shape and floats per tensor.
   std::vector<std::vector<int64_t>> shapes;
   std::vector<size_t> tensor_sizes;
   bool params_uploaded = false;
@@ -123,7 +123,7 @@ struct DeviceMlp::Impl {
 
   // InvalidArgument unless `params` has this MLP's layout.
   absl::Status CheckLayout(
-      const std::vector<workload::ParamTensor>& params) const {
+      const std::vector<ParamTensor>& params) const {
     if (params.size() != shapes.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("got ", params.size(), " parameter tensors for a ",
@@ -145,7 +145,7 @@ struct DeviceMlp::Impl {
 
   absl::Status CheckBatch(const float* images_in, const uint8_t* labels_in,
                           int batch) const {
-    return workload::CheckMlpBatch(images_in, labels_in, batch, sizes.back());
+    return CheckMlpBatch(images_in, labels_in, batch, sizes.back());
   }
 
   // Copies `batch` examples in (scratch reserved) and runs the forward
@@ -185,9 +185,9 @@ const std::vector<int>& DeviceMlp::layer_sizes() const { return impl_->sizes; }
 
 absl::StatusOr<std::unique_ptr<DeviceMlp>> DeviceMlp::Create(
     const std::vector<int>& layer_sizes) {
-  absl::Status status = workload::CheckMlpLayerSizes(layer_sizes);
+  absl::Status status = CheckMlpLayerSizes(layer_sizes);
   if (!status.ok()) return status;
-  if (!DeviceAvailable()) {
+  if (!cuda::DeviceAvailable()) {
     return absl::FailedPreconditionError(
         "no CUDA device: cannot create a device MLP");
   }
@@ -195,7 +195,7 @@ absl::StatusOr<std::unique_ptr<DeviceMlp>> DeviceMlp::Create(
   impl->sizes = layer_sizes;
   status = CheckBlas(mk::BlasCreate(&impl->blas), "cublasCreate");
   if (!status.ok()) return status;
-  for (workload::ParamTensor& p : workload::MlpParamLayout(layer_sizes)) {
+  for (ParamTensor& p : MlpParamLayout(layer_sizes)) {
     impl->shapes.push_back(std::move(p.shape));
     impl->tensor_sizes.push_back(p.values.size());
   }
@@ -210,7 +210,7 @@ absl::StatusOr<std::unique_ptr<DeviceMlp>> DeviceMlp::Create(
 }
 
 absl::Status DeviceMlp::UploadParams(
-    const std::vector<workload::ParamTensor>& params) {
+    const std::vector<ParamTensor>& params) {
   absl::Status status = impl_->CheckLayout(params);
   if (!status.ok()) return status;
   impl_->params_uploaded = false;
@@ -225,7 +225,7 @@ absl::Status DeviceMlp::UploadParams(
 }
 
 absl::Status DeviceMlp::DownloadParams(
-    std::vector<workload::ParamTensor>* params) const {
+    std::vector<ParamTensor>* params) const {
   if (params == nullptr) return absl::InvalidArgumentError("null parameters");
   absl::Status status = impl_->CheckLayout(*params);
   if (!status.ok()) return status;
@@ -244,7 +244,7 @@ absl::Status DeviceMlp::DownloadParams(
 
 absl::StatusOr<float> DeviceMlp::ComputeGradients(
     const float* host_images, const uint8_t* host_labels, int batch,
-    workload::Gradients* host_grads) {
+    Gradients* host_grads) {
   Impl& m = *impl_;
   absl::Status status = m.CheckBatch(host_images, host_labels, batch);
   if (!status.ok()) return status;
@@ -329,9 +329,9 @@ absl::Status DeviceMlp::SgdStep(float lr) {
   return Check(k::Synchronize(), "SGD step");
 }
 
-absl::StatusOr<double> DeviceMlp::Evaluate(const workload::Dataset& data) {
+absl::StatusOr<double> DeviceMlp::Evaluate(const Dataset& data) {
   Impl& m = *impl_;
-  absl::Status status = workload::CheckMlpEvalData(data, input_size());
+  absl::Status status = CheckMlpEvalData(data, input_size());
   if (!status.ok()) return status;
   if (!m.params_uploaded) {
     return absl::FailedPreconditionError("device MLP parameters never uploaded");
@@ -364,5 +364,5 @@ absl::StatusOr<double> DeviceMlp::Evaluate(const workload::Dataset& data) {
   return static_cast<double>(correct) / data.num_examples;
 }
 
-}  // namespace cuda
+}  // namespace workload
 }  // namespace harrier

@@ -1,15 +1,15 @@
-// workload::Model on a CUDA device: the trainer's view of cuda::DeviceMlp.
+// Model on a CUDA device: the trainer's view of DeviceMlp.
 // params() are host mirrors (the trainer pulls into and pushes from them);
 // ComputeGradients and Evaluate upload them first, so the device always
 // computes with what the host holds. Gradients come back to host memory.
 // SgdStep (local SGD) updates the host mirrors with the CPU Mlp's SgdStep.
 //
 // Plain C++ (no CUDA types); links only with --config=cuda
-// (//cuda:device_mlp_model). Used by one thread at a time, including the
-// const Evaluate, which reuses the device scratch.
+// (//worker/workload/cuda:device_mlp_model). Used by one thread at a time,
+// including the const Evaluate, which reuses the device scratch.
 
-#ifndef HARRIER_CUDA_DEVICE_MLP_MODEL_H_
-#define HARRIER_CUDA_DEVICE_MLP_MODEL_H_
+#ifndef HARRIER_WORKER_WORKLOAD_CUDA_DEVICE_MLP_MODEL_H_
+#define HARRIER_WORKER_WORKLOAD_CUDA_DEVICE_MLP_MODEL_H_
 
 #include <cstdint>
 #include <memory>
@@ -17,51 +17,51 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "cuda/device_mlp.h"
+#include "worker/workload/cuda/device_mlp.h"
 #include "worker/workload/fashion_mnist.h"
 #include "worker/workload/mlp.h"
 #include "worker/workload/model.h"
 
 namespace harrier {
-namespace cuda {
+namespace workload {
 
-class DeviceMlpModel : public workload::Model {
+class DeviceMlpModel : public Model {
  public:
-  // The initial parameters are workload::Mlp::Create(options)'s, so a CPU
+  // The initial parameters are Mlp::Create(options)'s, so a CPU
   // and a CUDA worker with the same seed start from the same values.
   // Errors: those of Mlp::Create and DeviceMlp::Create (FailedPrecondition
   // without a device).
   static absl::StatusOr<std::unique_ptr<DeviceMlpModel>> Create(
-      const workload::MlpOptions& options);
+      const MlpOptions& options);
 
-  std::vector<workload::ParamTensor>& params() override {
+  std::vector<ParamTensor>& params() override {
     return host_.params();
   }
-  const std::vector<workload::ParamTensor>& params() const override {
+  const std::vector<ParamTensor>& params() const override {
     return host_.params();
   }
   int input_size() const override { return host_.input_size(); }
   int num_classes() const override { return host_.num_classes(); }
   int64_t num_parameters() const override { return host_.num_parameters(); }
-  workload::Gradients ZeroGradients() const override {
+  Gradients ZeroGradients() const override {
     return host_.ZeroGradients();
   }
 
   absl::StatusOr<float> ComputeGradients(const float* images,
                                          const uint8_t* labels, int batch_size,
-                                         workload::Gradients* grads) override;
-  absl::StatusOr<double> Evaluate(const workload::Dataset& data) const override;
-  absl::Status SgdStep(const workload::Gradients& grads, float lr) override;
+                                         Gradients* grads) override;
+  absl::StatusOr<double> Evaluate(const Dataset& data) const override;
+  absl::Status SgdStep(const Gradients& grads, float lr) override;
 
  private:
-  DeviceMlpModel(workload::Mlp host, std::unique_ptr<DeviceMlp> device);
+  DeviceMlpModel(Mlp host, std::unique_ptr<DeviceMlp> device);
 
   // Holds the host parameters; its own CPU compute is not used.
-  workload::Mlp host_;
+  Mlp host_;
   std::unique_ptr<DeviceMlp> device_;
 };
 
-}  // namespace cuda
+}  // namespace workload
 }  // namespace harrier
 
-#endif  // HARRIER_CUDA_DEVICE_MLP_MODEL_H_
+#endif  // HARRIER_WORKER_WORKLOAD_CUDA_DEVICE_MLP_MODEL_H_

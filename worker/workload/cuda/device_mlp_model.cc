@@ -1,17 +1,17 @@
-#include "cuda/device_mlp_model.h"
+#include "worker/workload/cuda/device_mlp_model.h"
 
 #include <utility>
 
 namespace harrier {
-namespace cuda {
+namespace workload {
 
-DeviceMlpModel::DeviceMlpModel(workload::Mlp host,
+DeviceMlpModel::DeviceMlpModel(Mlp host,
                                std::unique_ptr<DeviceMlp> device)
     : host_(std::move(host)), device_(std::move(device)) {}
 
 absl::StatusOr<std::unique_ptr<DeviceMlpModel>> DeviceMlpModel::Create(
-    const workload::MlpOptions& options) {
-  absl::StatusOr<workload::Mlp> host = workload::Mlp::Create(options);
+    const MlpOptions& options) {
+  absl::StatusOr<Mlp> host = Mlp::Create(options);
   if (!host.ok()) return host.status();
   absl::StatusOr<std::unique_ptr<DeviceMlp>> device =
       DeviceMlp::Create(host->layer_sizes());
@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<DeviceMlpModel>> DeviceMlpModel::Create(
 
 absl::StatusOr<float> DeviceMlpModel::ComputeGradients(
     const float* images, const uint8_t* labels, int batch_size,
-    workload::Gradients* grads) {
+    Gradients* grads) {
   if (grads == nullptr) return absl::InvalidArgumentError("null gradients");
   absl::Status status = device_->UploadParams(host_.params());
   if (!status.ok()) return status;
@@ -30,16 +30,16 @@ absl::StatusOr<float> DeviceMlpModel::ComputeGradients(
 }
 
 absl::StatusOr<double> DeviceMlpModel::Evaluate(
-    const workload::Dataset& data) const {
+    const Dataset& data) const {
   absl::Status status = device_->UploadParams(host_.params());
   if (!status.ok()) return status;
   return device_->Evaluate(data);
 }
 
-absl::Status DeviceMlpModel::SgdStep(const workload::Gradients& grads,
+absl::Status DeviceMlpModel::SgdStep(const Gradients& grads,
                                      float lr) {
   return host_.SgdStep(grads, lr);
 }
 
-}  // namespace cuda
+}  // namespace workload
 }  // namespace harrier

@@ -8,10 +8,10 @@
 
 #include <cstdint>
 
-#include "cuda/mlp_kernels.h"
+#include "worker/workload/cuda/mlp_kernels.h"
 
 namespace harrier {
-namespace cuda {
+namespace workload {
 namespace mlp_kernels {
 namespace {
 
@@ -190,5 +190,5 @@ int SgdStep(float* d_param, const float* d_grad, int64_t n, float lr) {
 }
 
 }  // namespace mlp_kernels
-}  // namespace cuda
+}  // namespace workload
 }  // namespace harrier

@@ -2,19 +2,19 @@
 // mlp_kernels.cu (nvcc): the MLP's element-wise kernels and the cuBLAS
 // calls. Plain C++ only: no CUDA types, no Abseil.
 //
-// Functions return a cudaError_t as int (0 = success; kernels::ErrorString
-// in kernels.h) except the Blas* functions, which return a cublasStatus_t
-// as int (0 = success; BlasStatusString). Everything runs on the legacy
+// Functions return a cudaError_t as int (0 = success;
+// cuda::kernels::ErrorString in cuda/kernels.h) except the Blas* functions,
+// which return a cublasStatus_t as int (0 = success; BlasStatusString). Everything runs on the legacy
 // default stream; d_* pointers are device memory. Matrices are row-major,
-// as in workload::Mlp.
+// as in Mlp (mlp.h).
 
-#ifndef HARRIER_CUDA_MLP_KERNELS_H_
-#define HARRIER_CUDA_MLP_KERNELS_H_
+#ifndef HARRIER_WORKER_WORKLOAD_CUDA_MLP_KERNELS_H_
+#define HARRIER_WORKER_WORKLOAD_CUDA_MLP_KERNELS_H_
 
 #include <cstdint>
 
 namespace harrier {
-namespace cuda {
+namespace workload {
 namespace mlp_kernels {
 
 // ---- cuBLAS ----
@@ -53,7 +53,7 @@ int ArgMax(const float* d_logits, int rows, int classes, int32_t* d_argmax);
 int SgdStep(float* d_param, const float* d_grad, int64_t n, float lr);
 
 }  // namespace mlp_kernels
-}  // namespace cuda
+}  // namespace workload
 }  // namespace harrier
 
-#endif  // HARRIER_CUDA_MLP_KERNELS_H_
+#endif  // HARRIER_WORKER_WORKLOAD_CUDA_MLP_KERNELS_H_

@@ -3,10 +3,12 @@
 // (bias, ReLU, softmax cross-entropy, bias gradients, SGD) as CUDA kernels.
 //
 // Plain C++: no CUDA types, so code built without nvcc can include it. The
-// implementation links only with --config=cuda (target //cuda:device_mlp).
+// implementation links only with --config=cuda (target :device_mlp). The
+// generic device pieces (memory, runtime wrappers) come from //cuda, which
+// knows nothing of workloads; what is MLP-shaped lives here.
 //
-// Equality with workload::Mlp: the same fp32 operations except for the
-// GEMMs, whose summation order is cuBLAS's, and expf/logf (CUDA's, within
+// Equality with Mlp: the same fp32 operations except for the GEMMs, whose
+// summation order is cuBLAS's, and expf/logf (CUDA's, within
 // 2 ulp); loss, gradients and parameters after SGD agree within ~1e-5
 // relative (//tests/cuda:mlp_gpu_test checks 1e-4). Bias gradients sum the
 // batch in the CPU's order; the loss is summed in double on the host.
@@ -16,8 +18,8 @@
 // results are in host memory. A DeviceMlp owns device memory and a cuBLAS
 // handle and is used by one thread at a time.
 
-#ifndef HARRIER_CUDA_DEVICE_MLP_H_
-#define HARRIER_CUDA_DEVICE_MLP_H_
+#ifndef HARRIER_WORKER_WORKLOAD_CUDA_DEVICE_MLP_H_
+#define HARRIER_WORKER_WORKLOAD_CUDA_DEVICE_MLP_H_
 
 #include <cstdint>
 #include <memory>
@@ -29,12 +31,12 @@
 #include "worker/workload/model.h"
 
 namespace harrier {
-namespace cuda {
+namespace workload {
 
 class DeviceMlp {
  public:
   // Allocates parameters and gradients for `layer_sizes` (input, hidden...,
-  // classes; the rules of workload::MlpOptions). InvalidArgument for bad
+  // classes; the rules of MlpOptions). InvalidArgument for bad
   // sizes, FailedPrecondition when no CUDA device is present, Internal for
   // CUDA / cuBLAS failures. Parameters hold no values until UploadParams.
   static absl::StatusOr<std::unique_ptr<DeviceMlp>> Create(
@@ -47,25 +49,25 @@ class DeviceMlp {
   int input_size() const { return layer_sizes().front(); }
   int num_classes() const { return layer_sizes().back(); }
 
-  // Copies host parameters in workload::Mlp's layout ("fc<i>.weight"
+  // Copies host parameters in Mlp's layout ("fc<i>.weight"
   // {out, in}, "fc<i>.bias" {out}, in order) to the device. InvalidArgument,
   // naming the tensor, when the count or a shape differs (device values are
   // then unspecified until the next successful upload).
-  absl::Status UploadParams(const std::vector<workload::ParamTensor>& params);
+  absl::Status UploadParams(const std::vector<ParamTensor>& params);
 
   // Copies the device parameters into `params`, which must already have the
-  // layout (e.g. workload::Mlp::params()); only `values` are written.
-  absl::Status DownloadParams(std::vector<workload::ParamTensor>* params) const;
+  // layout (e.g. Mlp::params()); only `values` are written.
+  absl::Status DownloadParams(std::vector<ParamTensor>* params) const;
 
   // Copies the batch (host memory, borrowed for the call) to the device,
   // runs forward and backward, and returns the mean cross-entropy loss.
   // Keeps the gradients on the device (for SgdStep) and, unless host_grads
   // is null, copies them into *host_grads, resized to the params layout.
-  // Same InvalidArgument checks and messages as workload::Mlp;
+  // Same InvalidArgument checks and messages as Mlp;
   // FailedPrecondition before the first UploadParams.
   absl::StatusOr<float> ComputeGradients(const float* host_images,
                                          const uint8_t* host_labels, int batch,
-                                         workload::Gradients* host_grads);
+                                         Gradients* host_grads);
 
   // Device parameters -= lr * the gradients of the last ComputeGradients.
   // FailedPrecondition when no gradients have been computed.
@@ -73,8 +75,8 @@ class DeviceMlp {
 
   // Fraction of `data` classified correctly (ties: the lowest class wins, as
   // on the CPU), in device batches of 512. Same InvalidArgument checks as
-  // workload::Mlp::Evaluate; FailedPrecondition before UploadParams.
-  absl::StatusOr<double> Evaluate(const workload::Dataset& data);
+  // Mlp::Evaluate; FailedPrecondition before UploadParams.
+  absl::StatusOr<double> Evaluate(const Dataset& data);
 
  private:
   struct Impl;
@@ -82,7 +84,7 @@ class DeviceMlp {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace cuda
+}  // namespace workload
 }  // namespace harrier
 
-#endif  // HARRIER_CUDA_DEVICE_MLP_H_
+#endif  // HARRIER_WORKER_WORKLOAD_CUDA_DEVICE_MLP_H_
