@@ -51,6 +51,13 @@ FakeCluster MakeCluster(const ClientOptions& options) {
   return cluster;
 }
 
+// A cluster with a 4-element tensor "w" registered.
+FakeCluster MakeClusterWithW(const ClientOptions& options) {
+  FakeCluster cluster = MakeCluster(options);
+  REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
+  return cluster;
+}
+
 std::vector<float> Iota(size_t n, float start = 0.0f) {
   std::vector<float> values(n);
   for (size_t i = 0; i < n; ++i) values[i] = start + static_cast<float>(i);
@@ -138,8 +145,7 @@ TEST_CASE("small tensors spread over shards by name") {
 TEST_CASE("UNAVAILABLE is retried with a growing backoff until the shard answers") {
   ClientOptions options = TestOptions(1);
   options.retry_timeout = absl::Seconds(10);
-  FakeCluster cluster = MakeCluster(options);
-  REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
+  FakeCluster cluster = MakeClusterWithW(options);
   cluster.shards[0]->FailNext(3);
   REQUIRE(cluster.client->Push("w", Iota(4)).ok());
   const auto calls = cluster.shards[0]->calls();
@@ -157,8 +163,7 @@ TEST_CASE("UNAVAILABLE is retried with a growing backoff until the shard answers
 TEST_CASE("retries stop at retry_timeout and the error names the shard") {
   ClientOptions options = TestOptions(1);
   options.retry_timeout = absl::Milliseconds(300);
-  FakeCluster cluster = MakeCluster(options);
-  REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
+  FakeCluster cluster = MakeClusterWithW(options);
   cluster.shards[0]->FailNext(1000);
   const absl::Time start = absl::Now();
   const absl::Status status = cluster.client->Push("w", Iota(4));
@@ -170,8 +175,7 @@ TEST_CASE("retries stop at retry_timeout and the error names the shard") {
 }
 
 TEST_CASE("errors other than UNAVAILABLE are not retried") {
-  FakeCluster cluster = MakeCluster(TestOptions(1));
-  REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
+  FakeCluster cluster = MakeClusterWithW(TestOptions(1));
   cluster.shards[0]->FailNext(1, absl::InvalidArgumentError("refused"));
   CHECK(absl::IsInvalidArgument(cluster.client->Push("w", Iota(4))));
   CHECK(cluster.shards[0]->num_calls() == 1);
@@ -199,8 +203,7 @@ TEST_CASE("Wait's deadline cancels the call in flight through its canceller") {
 TEST_CASE("every call carries the rpc_timeout deadline; an expired one names its shard") {
   ClientOptions options = TestOptions(2);
   options.rpc_timeout = absl::Milliseconds(300);
-  FakeCluster cluster = MakeCluster(options);
-  REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
+  FakeCluster cluster = MakeClusterWithW(options);
   const int shard = HashPartitioner(2).ShardFor("w", 0);
   cluster.shards[shard]->Block();
   std::vector<float> out(4);
@@ -219,8 +222,7 @@ TEST_CASE("every call carries the rpc_timeout deadline; an expired one names its
 TEST_CASE("Wait after a cancel is bounded even if the transport ignores the cancel") {
   ClientOptions options = TestOptions(1);
   options.rpc_timeout = absl::Milliseconds(300);  // also the grace after a cancel
-  FakeCluster cluster = MakeCluster(options);
-  REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
+  FakeCluster cluster = MakeClusterWithW(options);
   cluster.shards[0]->set_honour_cancel(false);
   cluster.shards[0]->Block();
   const std::vector<float> gradient = Iota(4);
@@ -236,8 +238,7 @@ TEST_CASE("Wait after a cancel is bounded even if the transport ignores the canc
 }
 
 TEST_CASE("a handle nobody waits on frees its operation") {
-  FakeCluster cluster = MakeCluster(TestOptions(1));
-  REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
+  FakeCluster cluster = MakeClusterWithW(TestOptions(1));
   const std::vector<float> gradient = Iota(4);
   cluster.shards[0]->Block();
   { cluster.client->PushAsync("w", gradient); }  // handle dropped at once
@@ -253,8 +254,7 @@ TEST_CASE("a handle nobody waits on frees its operation") {
 }
 
 TEST_CASE("Wait on a default or an already-waited handle is NOT_FOUND") {
-  FakeCluster cluster = MakeCluster(TestOptions(1));
-  REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
+  FakeCluster cluster = MakeClusterWithW(TestOptions(1));
   CHECK(absl::IsNotFound(cluster.client->Wait(Client::Handle())));
   const std::vector<float> gradient = Iota(4);
   Client::Handle handle = cluster.client->PushAsync("w", gradient);
@@ -271,8 +271,7 @@ TEST_CASE("Wait on a default or an already-waited handle is NOT_FOUND") {
 TEST_CASE("a full pool refuses an operation with RESOURCE_EXHAUSTED") {
   ClientOptions options = TestOptions(1);
   options.max_queued_calls = 1;
-  FakeCluster cluster = MakeCluster(options);
-  REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
+  FakeCluster cluster = MakeClusterWithW(options);
   cluster.shards[0]->Block();
   const std::vector<float> gradient = Iota(4);
   const int threads = 2 * 1 + 2;  // the client's push pool for one shard

@@ -8,24 +8,31 @@
 namespace harrier {
 FakeShardTransport::FakeShardTransport() : responder_(&FakeShardTransport::DefaultResponse) {}
 
-absl::Status FakeShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
-                                      absl::Time deadline, CallCanceller& canceller) {
-  Call call;
-  call.kind = CallKind::kPush;
+namespace {
+
+FakeShardTransport::Call Recorded(FakeShardTransport::CallKind kind,
+                                  const std::vector<OutgoingChunk>& chunks, absl::Time deadline) {
+  FakeShardTransport::Call call;
+  call.kind = kind;
   call.deadline = deadline;
   for (const OutgoingChunk& chunk : chunks) {
     call.chunks.push_back(chunk.header);
     call.payloads.emplace_back(chunk.payload());
   }
-  return Handle(std::move(call), nullptr, canceller);
+  return call;
+}
+
+}  // namespace
+
+absl::Status FakeShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
+                                      absl::Time deadline, CallCanceller& canceller) {
+  return Handle(Recorded(CallKind::kPush, chunks, deadline), nullptr, canceller);
 }
 
 absl::Status FakeShardTransport::Pull(const proto::PullRequest& request,
                                       const ChunkViewSink& sink, absl::Time deadline,
                                       CallCanceller& canceller) {
-  Call call;
-  call.kind = CallKind::kPull;
-  call.deadline = deadline;
+  Call call = Recorded(CallKind::kPull, {}, deadline);
   call.pull = request;
   return Handle(std::move(call), &sink, canceller);
 }
@@ -33,14 +40,7 @@ absl::Status FakeShardTransport::Pull(const proto::PullRequest& request,
 absl::Status FakeShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
                                           const ChunkViewSink& sink, absl::Time deadline,
                                           CallCanceller& canceller) {
-  Call call;
-  call.kind = CallKind::kPushPull;
-  call.deadline = deadline;
-  for (const OutgoingChunk& chunk : chunks) {
-    call.chunks.push_back(chunk.header);
-    call.payloads.emplace_back(chunk.payload());
-  }
-  return Handle(std::move(call), &sink, canceller);
+  return Handle(Recorded(CallKind::kPushPull, chunks, deadline), &sink, canceller);
 }
 
 absl::Status FakeShardTransport::Handle(Call call, const ChunkViewSink* sink,
