@@ -17,7 +17,9 @@
 namespace harrier {
 namespace {
 
-absl::Status CheckOptions(const ClientOptions& options) {
+// `with_transport`: whether options.transport names the backend to build
+// (not so when the caller hands in the transports).
+absl::Status CheckOptions(const ClientOptions& options, bool with_transport) {
   if (options.servers.empty()) {
     return absl::InvalidArgumentError(
         "ClientOptions.servers is empty: need host:port of every shard");
@@ -30,6 +32,9 @@ absl::Status CheckOptions(const ClientOptions& options) {
   }
   if (options.chunk_bytes < sizeof(float) || options.chunk_bytes > (32u << 20)) {
     return absl::InvalidArgumentError("chunk_bytes must be in [4, 32 MiB]");
+  }
+  if (with_transport) {
+    if (auto status = CheckTransportName(options.transport); !status.ok()) return status;
   }
   if (options.rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_timeout must be positive");
@@ -329,8 +334,7 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
-  if (auto status = CheckOptions(options); !status.ok()) return status;
-  if (auto status = CheckTransportName(options.transport); !status.ok()) return status;
+  if (auto status = CheckOptions(options, true); !status.ok()) return status;
   auto codec = ChunkCodec::Create(options.codec, options.pull_codec, options.compress_min_bytes);
   if (!codec.ok()) return codec.status();
   const absl::Time connect_deadline = absl::Now() + options.connect_timeout;
@@ -362,7 +366,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(
     const ClientOptions& options, std::unique_ptr<ControlClient> control,
     std::vector<std::unique_ptr<ShardTransport>> transports) {
-  if (auto status = CheckOptions(options); !status.ok()) return status;
+  if (auto status = CheckOptions(options, false); !status.ok()) return status;
   if (control == nullptr || control->num_shards() != static_cast<int>(options.servers.size()) ||
       transports.size() != options.servers.size()) {
     return absl::InvalidArgumentError(
