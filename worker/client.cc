@@ -10,6 +10,7 @@
 #include "worker/chunk_codec.h"
 #include "worker/control_client.h"
 #include "worker/operation_engine.h"
+#include "worker/shard_calls.h"
 #include "worker/tensor_table.h"
 #include "worker/transport/transport.h"
 #include "worker/transport/transport_factory.h"
@@ -77,8 +78,8 @@ SyncInfo ToSyncInfo(const proto::SyncConfig& sync) {
 
 }  // namespace
 
-// The facade's state: the parts, and the data path of one shard group (the
-// chunks of one tensor on one shard: one transport call).
+// The facade's state: the parts, and how an operation becomes one task per
+// shard group.
 class Client::Impl {
  public:
   Impl(const ClientOptions& options, std::unique_ptr<ControlClient> control,
@@ -117,25 +118,6 @@ class Client::Impl {
                            const absl::StatusOr<std::shared_ptr<const TensorInfo>>& info,
                            const GroupRun& run);
 
-  absl::Status PushGroup(Operation& op, const std::string& name, const ShardGroup& group,
-                         const float* gradient, int64_t clock);
-  absl::Status PullGroup(Operation& op, const std::string& name, const ShardGroup& group,
-                         float* out, int64_t clock);
-  absl::Status PushPullGroup(Operation& op, const std::string& name, const ShardGroup& group,
-                             const float* gradient, float* out, int64_t clock);
-
-  // Dense chunks borrow `gradient`: it must outlive the transport call.
-  absl::StatusOr<std::vector<OutgoingChunk>> BuildChunks(const std::string& name,
-                                                         const ShardGroup& group,
-                                                         const float* gradient, int64_t clock);
-  // Retries, then the shard's name in front of any error.
-  absl::Status OnShard(Operation& op, int shard, const std::function<absl::Status()>& attempt);
-  // Runs a pull-like call with retries, reading every reply chunk into
-  // `out`; DATA_LOSS if a chunk did not arrive.
-  absl::Status ReceiveInto(Operation& op, const std::string& name, const ShardGroup& group,
-                           float* out,
-                           const std::function<absl::Status(const ChunkViewSink&)>& call);
-  absl::Time Deadline() const { return absl::Now() + options_.rpc_timeout; }
   void CountStart(OpKind kind);
 
   const ClientOptions options_;
@@ -150,9 +132,9 @@ class Client::Impl {
   int num_workers_ = 0;
   SyncInfo sync_;
   std::atomic<int64_t> clock_{0};
-  std::atomic<uint64_t> bytes_pushed_{0}, bytes_pulled_{0}, pushes_{0}, pulls_{0};
-  std::atomic<int64_t> last_min_clock_{0};
+  std::atomic<uint64_t> pushes_{0}, pulls_{0};
   std::unique_ptr<HeartbeatLoop> heartbeat_;  // after control_: stops before it goes
+  std::unique_ptr<ShardCalls> calls_;         // made once the rank is known
   OperationEngine engine_;  // last: cancels and drains before the parts go
 };
 
@@ -166,6 +148,15 @@ absl::Status Client::Impl::Register() {
   rank_ = static_cast<int>(response->rank());
   num_workers_ = static_cast<int>(response->num_workers());
   sync_ = ToSyncInfo(response->sync());
+  ShardCallsConfig config;
+  config.job = options_.job;
+  config.rank = static_cast<uint32_t>(rank_);
+  config.rpc_timeout = options_.rpc_timeout;
+  config.shard_name = [control = control_.get()](int shard) { return control->ShardName(shard); };
+  std::vector<ShardTransport*> transports;
+  for (const auto& transport : transports_) transports.push_back(transport.get());
+  calls_ = std::make_unique<ShardCalls>(std::move(config), std::move(transports), *codec_,
+                                        engine_);
   if (options_.heartbeat_interval > absl::ZeroDuration()) {
     heartbeat_ = std::make_unique<HeartbeatLoop>(*control_, options_.heartbeat_interval, [this] {
       proto::HeartbeatRequest heartbeat;
@@ -178,119 +169,22 @@ absl::Status Client::Impl::Register() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<OutgoingChunk>> Client::Impl::BuildChunks(const std::string& name,
-                                                                     const ShardGroup& group,
-                                                                     const float* gradient,
-                                                                     int64_t clock) {
-  std::vector<OutgoingChunk> chunks(group.spans.size());
-  for (size_t i = 0; i < group.spans.size(); ++i) {
-    const ChunkSpan& span = group.spans[i];
-    proto::TensorChunk& header = chunks[i].header;
-    header.set_job(options_.job);
-    header.set_rank(static_cast<uint32_t>(rank_));
-    header.set_key(name);
-    header.set_chunk(span.chunk);
-    header.set_clock(clock);
-    header.set_num_elements(span.num_elements);
-    header.set_dtype(proto::DTYPE_FLOAT32);
-    if (auto status = codec_->EncodePush(ChunkKey{name, span.chunk},
-                                         absl::MakeConstSpan(gradient + span.offset,
-                                                             span.num_elements),
-                                         clock, static_cast<uint32_t>(rank_), &chunks[i]);
-        !status.ok()) {
-      return status;
-    }
-    bytes_pushed_ += chunks[i].payload().size();
-  }
-  return chunks;
-}
-
-absl::Status Client::Impl::OnShard(Operation& op, int shard,
-                                   const std::function<absl::Status()>& attempt) {
-  absl::Status status = engine_.WithRetries(op.canceller(), attempt);
-  if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat(control_->ShardName(shard), ": ", status.message()));
-}
-
-absl::Status Client::Impl::ReceiveInto(
-    Operation& op, const std::string& name, const ShardGroup& group, float* out,
-    const std::function<absl::Status(const ChunkViewSink&)>& call) {
-  size_t received = 0;
-  const ChunkViewSink sink = [&](const proto::TensorChunk& reply, const PayloadView& payload) {
-    ++received;
-    if (auto status = codec_->DecodePull(name, group.spans, reply, payload, out); !status.ok()) {
-      return status;
-    }
-    bytes_pulled_ += payload.size();
-    last_min_clock_ = reply.min_clock();
-    return absl::OkStatus();
-  };
-  absl::Status status = OnShard(op, group.shard, [&] {
-    received = 0;  // a retried call starts over
-    return call(sink);
-  });
-  if (!status.ok() || received == group.spans.size()) return status;
-  return absl::DataLossError(absl::StrCat(control_->ShardName(group.shard), ": ", received,
-                                          " of ", group.spans.size(), " chunks of '", name,
-                                          "' arrived"));
-}
-
-absl::Status Client::Impl::PushGroup(Operation& op, const std::string& name,
-                                     const ShardGroup& group, const float* gradient,
-                                     int64_t clock) {
-  auto chunks = BuildChunks(name, group, gradient, clock);
-  if (!chunks.ok()) return chunks.status();
-  return OnShard(op, group.shard, [&] {
-    return transports_[group.shard]->Push(*chunks, Deadline(), op.canceller());
-  });
-}
-
-absl::Status Client::Impl::PullGroup(Operation& op, const std::string& name,
-                                     const ShardGroup& group, float* out, int64_t clock) {
-  proto::PullRequest request;
-  request.set_job(options_.job);
-  request.set_rank(static_cast<uint32_t>(rank_));
-  request.set_clock(clock);
-  for (const ChunkSpan& span : group.spans) {
-    proto::ChunkRef* ref = request.add_chunks();
-    ref->set_key(name);
-    ref->set_chunk(span.chunk);
-    ref->set_num_elements(span.num_elements);
-    const std::string& pull_params = codec_->PullParams(ChunkKey{name, span.chunk});
-    if (!pull_params.empty()) ref->set_codec_params(pull_params);
-  }
-  return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
-    return transports_[group.shard]->Pull(request, sink, Deadline(), op.canceller());
-  });
-}
-
-absl::Status Client::Impl::PushPullGroup(Operation& op, const std::string& name,
-                                         const ShardGroup& group, const float* gradient,
-                                         float* out, int64_t clock) {
-  auto chunks = BuildChunks(name, group, gradient, clock);
-  if (!chunks.ok()) return chunks.status();
-  return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
-    return transports_[group.shard]->PushPull(*chunks, sink, Deadline(), op.canceller());
-  });
-}
-
 Client::Impl::GroupRun Client::Impl::PushRun(const std::string& name, const float* gradient) {
   return [this, name, gradient](Operation& op, const ShardGroup& group, int64_t clock) {
-    return PushGroup(op, name, group, gradient, clock);
+    return calls_->Push(op, name, group, gradient, clock);
   };
 }
 
 Client::Impl::GroupRun Client::Impl::PullRun(const std::string& name, float* out) {
   return [this, name, out](Operation& op, const ShardGroup& group, int64_t clock) {
-    return PullGroup(op, name, group, out, clock);
+    return calls_->Pull(op, name, group, out, clock);
   };
 }
 
 Client::Impl::GroupRun Client::Impl::PushPullRun(const std::string& name, const float* gradient,
                                                  float* out) {
   return [this, name, gradient, out](Operation& op, const ShardGroup& group, int64_t clock) {
-    return PushPullGroup(op, name, group, gradient, out, clock);
+    return calls_->PushPull(op, name, group, gradient, out, clock);
   };
 }
 
@@ -499,13 +393,13 @@ absl::Status Client::Leave() {
 
 ClientStats Client::stats() const {
   ClientStats stats;
-  stats.bytes_pushed = impl_->bytes_pushed_;
-  stats.bytes_pulled = impl_->bytes_pulled_;
+  stats.bytes_pushed = impl_->calls_->bytes_pushed();
+  stats.bytes_pulled = impl_->calls_->bytes_pulled();
   stats.pushes = impl_->pushes_;
   stats.pulls = impl_->pulls_;
   stats.push_wait = impl_->engine_.push_wait();
   stats.pull_wait = impl_->engine_.pull_wait();
-  stats.last_min_clock = impl_->last_min_clock_;
+  stats.last_min_clock = impl_->calls_->last_min_clock();
   return stats;
 }
 
