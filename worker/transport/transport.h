@@ -58,8 +58,10 @@ using ChunkViewSink =
 // transport call that sends it has returned. The client guarantees this: a
 // push's gradient belongs to the caller until the operation's Wait()
 // returns, and every transport call of the operation returns first. A
-// transport, in turn, never returns while its network stack still reads
-// the bytes (the gRPC backend waits for its slices to be released).
+// transport, in turn, does not return while its network stack still reads
+// the bytes: it waits for their release, for a bounded time (gRPC: its
+// slices; UCX: its sends, closing the endpoint if they stall), and says in
+// its status when the bound passed first (see each backend).
 struct OutgoingChunk {
   proto::TensorChunk header;  // payload field empty; checksum covers payload()
   absl::string_view borrowed;

@@ -98,10 +98,13 @@ class BorrowedSlices {
   std::shared_ptr<State> state_;
 };
 
-// The stream's status, unless the borrowed payloads could not be reclaimed.
+// The stream's status, which keeps its code (UNAVAILABLE stays retryable)
+// if the borrowed payloads could not be reclaimed either.
 absl::Status AfterRelease(BorrowedSlices& borrowed, absl::Status status) {
   absl::Status released = borrowed.WaitReleased(absl::Now() + kSliceReleaseGrace);
-  return released.ok() ? status : released;
+  if (released.ok()) return status;
+  if (status.ok()) return released;
+  return absl::Status(status.code(), absl::StrCat(status.message(), " (", released.message(), ")"));
 }
 
 grpc::ByteBuffer EncodeChunk(const OutgoingChunk& chunk, BorrowedSlices& borrowed) {
