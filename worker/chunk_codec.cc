@@ -52,8 +52,8 @@ absl::StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const std::string
   if (!pull_spec.ok()) return pull_spec.status();
   auto pull_decoder = CreateCodec(*pull_spec);
   if (!pull_decoder.ok()) return pull_decoder.status();
-  return std::unique_ptr<ChunkCodec>(new ChunkCodec(*push_spec, *pull_spec,
-                                                    std::move(*pull_decoder), compress_min_bytes));
+  return std::unique_ptr<ChunkCodec>(
+      new ChunkCodec(*push_spec, *pull_spec, std::move(*pull_decoder), compress_min_bytes));
 }
 
 ChunkCodec::ChunkCodec(CodecSpec push_spec, CodecSpec pull_spec,
@@ -205,8 +205,8 @@ absl::Status ChunkCodec::DecodeIntoMirror(const std::string& name, const ChunkSp
   // into the mirror, then hand out the mirror.
   if (reply.codec_params() != pull_params_) {
     return absl::DataLossError(absl::StrCat("reply for '", name, "' chunk ", reply.chunk(),
-                                            " uses codec '", reply.codec_params(),
-                                            "', requested '", pull_params_, "'"));
+                                            " uses codec '", reply.codec_params(), "', requested '",
+                                            pull_params_, "'"));
   }
   // Decoders read one contiguous buffer; replies may arrive in pieces.
   std::string joined;

@@ -135,7 +135,7 @@ class Client::Impl {
   std::atomic<uint64_t> pushes_{0}, pulls_{0};
   std::unique_ptr<HeartbeatLoop> heartbeat_;  // after control_: stops before it goes
   std::unique_ptr<ShardCalls> calls_;         // made once the rank is known
-  OperationEngine engine_;  // last: cancels and drains before the parts go
+  OperationEngine engine_;                    // last: cancels and drains before the parts go
 };
 
 absl::Status Client::Impl::Register() {
@@ -155,8 +155,7 @@ absl::Status Client::Impl::Register() {
   config.shard_name = [control = control_.get()](int shard) { return control->ShardName(shard); };
   std::vector<ShardTransport*> transports;
   for (const auto& transport : transports_) transports.push_back(transport.get());
-  calls_ = std::make_unique<ShardCalls>(std::move(config), std::move(transports), *codec_,
-                                        engine_);
+  calls_ = std::make_unique<ShardCalls>(std::move(config), std::move(transports), *codec_, engine_);
   if (options_.heartbeat_interval > absl::ZeroDuration()) {
     heartbeat_ = std::make_unique<HeartbeatLoop>(*control_, options_.heartbeat_interval, [this] {
       proto::HeartbeatRequest heartbeat;
@@ -202,9 +201,8 @@ Client::Handle Client::Impl::StartGroups(
   std::vector<OperationEngine::Task> tasks;
   for (const ShardGroup& group : (*info)->groups) {
     // The task shares the layout, which outlives a re-registration.
-    tasks.push_back([layout = *info, &group, run, clock](Operation& op) {
-      return run(op, group, clock);
-    });
+    tasks.push_back(
+        [layout = *info, &group, run, clock](Operation& op) { return run(op, group, clock); });
   }
   return engine_.Start(kind, Describe(kind, name), std::move(tasks));
 }
@@ -268,8 +266,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   }
   auto codec = ChunkCodec::Create(options.codec, options.pull_codec, options.compress_min_bytes);
   if (!codec.ok()) return codec.status();
-  auto impl = std::make_unique<Impl>(options, std::move(control), std::move(transports),
-                                     std::move(*codec));
+  auto impl =
+      std::make_unique<Impl>(options, std::move(control), std::move(transports), std::move(*codec));
   if (auto status = impl->Register(); !status.ok()) return status;
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }

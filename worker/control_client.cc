@@ -42,8 +42,8 @@ absl::StatusOr<std::unique_ptr<GrpcControlClient>> GrpcControlClient::Connect(
         grpc::CreateCustomChannel(servers[i], grpc::InsecureChannelCredentials(), args);
     if (!shard->channel->WaitForConnected(absl::ToChronoTime(deadline))) {
       return absl::UnavailableError(absl::StrCat("cannot connect to ",
-                                                 client->ShardName(static_cast<int>(i)),
-                                                 " within ", absl::FormatDuration(connect_timeout)));
+                                                 client->ShardName(static_cast<int>(i)), " within ",
+                                                 absl::FormatDuration(connect_timeout)));
     }
     shard->parameters = proto::ParameterService::NewStub(shard->channel);
     if (i == 0) shard->control = proto::ControlService::NewStub(shard->channel);

@@ -45,8 +45,7 @@ std::shared_ptr<Operation> OperationEngine::NewOperation(OpKind kind, std::strin
   return std::make_shared<Operation>(next_id_++, kind, std::move(description), live_);
 }
 
-OperationHandle OperationEngine::Failed(OpKind kind, std::string description,
-                                        absl::Status status) {
+OperationHandle OperationEngine::Failed(OpKind kind, std::string description, absl::Status status) {
   auto op = NewOperation(kind, std::move(description));
   absl::MutexLock lock(&op->mutex_);
   op->status_ = std::move(status);
@@ -73,9 +72,8 @@ OperationHandle OperationEngine::Start(OpKind kind, std::string description,
       if (op->Finish(task(*op))) Untrack(op.get());
     });
     if (!submitted.ok()) {
-      const absl::Status refused = absl::ResourceExhaustedError(
-          absl::StrCat("operation ", op->id(), " (", op->description(),
-                       ") not started: ", submitted.message()));
+      const absl::Status refused = absl::ResourceExhaustedError(absl::StrCat(
+          "operation ", op->id(), " (", op->description(), ") not started: ", submitted.message()));
       if (op->Finish(refused)) Untrack(op.get());
     }
   }
@@ -98,8 +96,7 @@ absl::Status OperationEngine::RunHere(OpKind kind, std::string description, cons
 absl::Status OperationEngine::Wait(const OperationHandle& handle, absl::Time deadline) {
   Operation* op = handle.op_.get();
   auto not_found = [&] {
-    return absl::NotFoundError(
-        absl::StrCat("unknown or already waited handle ", handle.id()));
+    return absl::NotFoundError(absl::StrCat("unknown or already waited handle ", handle.id()));
   };
   if (op == nullptr) return not_found();
   const absl::Time start = absl::Now();
@@ -120,13 +117,15 @@ absl::Status OperationEngine::Wait(const OperationHandle& handle, absl::Time dea
     // retries stop sleeping); after that no buffer of this operation is
     // touched again. The grace bounds the wait on a transport that does not.
     if (op->mutex_.AwaitWithTimeout(done, options_.cancel_grace)) {
-      result = absl::DeadlineExceededError(absl::StrCat(
-          "operation ", op->id(), " (", op->description(),
-          ") did not finish by its deadline and was cancelled"));
+      result = absl::DeadlineExceededError(
+          absl::StrCat("operation ", op->id(), " (", op->description(),
+                       ") did not finish by its deadline and was cancelled"));
     } else {
       result = absl::InternalError(absl::StrCat(
-          "operation ", op->id(), " (", op->description(), ") was cancelled at its deadline "
-          "but is still running ", absl::FormatDuration(options_.cancel_grace),
+          "operation ", op->id(), " (", op->description(),
+          ") was cancelled at its deadline "
+          "but is still running ",
+          absl::FormatDuration(options_.cancel_grace),
           " later: a transport call ignores cancellation, and the operation's buffers may "
           "still be in use"));
     }
@@ -153,7 +152,11 @@ void OperationEngine::AddWait(OpKind kind, absl::Duration waited) {
   (kind == OpKind::kPush ? push_wait_ns_ : pull_wait_ns_) += absl::ToInt64Nanoseconds(waited);
 }
 
-absl::Duration OperationEngine::push_wait() const { return absl::Nanoseconds(push_wait_ns_.load()); }
-absl::Duration OperationEngine::pull_wait() const { return absl::Nanoseconds(pull_wait_ns_.load()); }
+absl::Duration OperationEngine::push_wait() const {
+  return absl::Nanoseconds(push_wait_ns_.load());
+}
+absl::Duration OperationEngine::pull_wait() const {
+  return absl::Nanoseconds(pull_wait_ns_.load());
+}
 
 }  // namespace harrier

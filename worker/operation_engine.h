@@ -127,8 +127,7 @@ class OperationEngine {
 
   absl::Mutex mutex_;
   // Operations with tasks still running, so the destructor can cancel them.
-  absl::flat_hash_map<const Operation*, std::weak_ptr<Operation>> running_
-      ABSL_GUARDED_BY(mutex_);
+  absl::flat_hash_map<const Operation*, std::weak_ptr<Operation>> running_ ABSL_GUARDED_BY(mutex_);
 
   // Last: destroyed first, running queued tasks to completion while
   // everything they use is still alive.

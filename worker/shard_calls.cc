@@ -14,9 +14,9 @@ ShardCalls::ShardCalls(ShardCallsConfig config, std::vector<ShardTransport*> tra
       engine_(engine) {}
 
 absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::string& name,
-                                                                     const ShardGroup& group,
-                                                                     const float* gradient,
-                                                                     int64_t clock) {
+                                                                   const ShardGroup& group,
+                                                                   const float* gradient,
+                                                                   int64_t clock) {
   std::vector<OutgoingChunk> chunks(group.spans.size());
   for (size_t i = 0; i < group.spans.size(); ++i) {
     const ChunkSpan& span = group.spans[i];
@@ -28,10 +28,10 @@ absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::st
     header.set_clock(clock);
     header.set_num_elements(span.num_elements);
     header.set_dtype(proto::DTYPE_FLOAT32);
-    if (auto status = codec_.EncodePush(ChunkKey{name, span.chunk},
-                                         absl::MakeConstSpan(gradient + span.offset,
-                                                             span.num_elements),
-                                         clock, config_.rank, &chunks[i]);
+    if (auto status =
+            codec_.EncodePush(ChunkKey{name, span.chunk},
+                              absl::MakeConstSpan(gradient + span.offset, span.num_elements), clock,
+                              config_.rank, &chunks[i]);
         !status.ok()) {
       return status;
     }
@@ -41,7 +41,7 @@ absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::st
 }
 
 absl::Status ShardCalls::OnShard(Operation& op, int shard,
-                                   const std::function<absl::Status()>& attempt) {
+                                 const std::function<absl::Status()>& attempt) {
   absl::Status status = engine_.WithRetries(op.canceller(), attempt);
   if (status.ok()) return status;
   return absl::Status(status.code(),
@@ -66,14 +66,12 @@ absl::Status ShardCalls::ReceiveInto(
     return call(sink);
   });
   if (!status.ok() || received == group.spans.size()) return status;
-  return absl::DataLossError(absl::StrCat(config_.shard_name(group.shard), ": ", received,
-                                          " of ", group.spans.size(), " chunks of '", name,
-                                          "' arrived"));
+  return absl::DataLossError(absl::StrCat(config_.shard_name(group.shard), ": ", received, " of ",
+                                          group.spans.size(), " chunks of '", name, "' arrived"));
 }
 
-absl::Status ShardCalls::Push(Operation& op, const std::string& name,
-                                     const ShardGroup& group, const float* gradient,
-                                     int64_t clock) {
+absl::Status ShardCalls::Push(Operation& op, const std::string& name, const ShardGroup& group,
+                              const float* gradient, int64_t clock) {
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
   return OnShard(op, group.shard, [&] {
@@ -81,8 +79,8 @@ absl::Status ShardCalls::Push(Operation& op, const std::string& name,
   });
 }
 
-absl::Status ShardCalls::Pull(Operation& op, const std::string& name,
-                                     const ShardGroup& group, float* out, int64_t clock) {
+absl::Status ShardCalls::Pull(Operation& op, const std::string& name, const ShardGroup& group,
+                              float* out, int64_t clock) {
   proto::PullRequest request;
   request.set_job(config_.job);
   request.set_rank(config_.rank);
@@ -100,9 +98,8 @@ absl::Status ShardCalls::Pull(Operation& op, const std::string& name,
   });
 }
 
-absl::Status ShardCalls::PushPull(Operation& op, const std::string& name,
-                                         const ShardGroup& group, const float* gradient,
-                                         float* out, int64_t clock) {
+absl::Status ShardCalls::PushPull(Operation& op, const std::string& name, const ShardGroup& group,
+                                  const float* gradient, float* out, int64_t clock) {
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
   return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {

@@ -44,8 +44,7 @@ absl::StatusOr<std::shared_ptr<const TensorInfo>> TensorTable::Lookup(const std:
     return absl::NotFoundError(absl::StrCat("tensor '", name, "' is not registered"));
   }
   if (info->num_elements != elements) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has ",
-                                                   info->num_elements,
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has ", info->num_elements,
                                                    " elements, got a buffer of ", elements));
   }
   return info;

@@ -2,10 +2,9 @@
 // the kernel's buffers fill and the transport's sends stall) must not hang
 // the worker: the call ends at its deadline and the transport's bounded
 // wait for its payloads returns. Run for every backend (see BUILD).
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <string>
 #include <vector>

@@ -1,15 +1,15 @@
 // The chunk codec alone: push encoding (dense chunks borrowed, compressed
 // ones carrying the wire spec) and the pull side (reply checks, the mirror
 // that compressed replies update).
-#include <catch2/catch.hpp>
+#include "worker/chunk_codec.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
 #include "common/codec/codec.h"
 #include "common/crc32c.h"
 #include "common/partitioner.h"
-#include "worker/chunk_codec.h"
 #include "worker/tensor_table.h"
 
 namespace harrier {
@@ -108,7 +108,8 @@ TEST_CASE("a bad pull reply is refused and writes nothing") {
 
   proto::TensorChunk corrupt = Reply("w", dense, 0, "");
   corrupt.set_checksum(corrupt.checksum() ^ 1);
-  CHECK(absl::IsDataLoss((*codec)->DecodePull("w", spans, corrupt, PayloadView(dense), out.data())));
+  CHECK(
+      absl::IsDataLoss((*codec)->DecodePull("w", spans, corrupt, PayloadView(dense), out.data())));
   CHECK(absl::IsDataLoss(
       (*codec)->DecodePull("v", spans, Reply("w", dense, 0, ""), PayloadView(dense), out.data())));
   const std::string short_payload = dense.substr(4);

@@ -1,8 +1,9 @@
 // The client over a fake control plane and fake transports: routing,
 // chunking, retries, cancellation, deadlines, handle lifetime, bounded
 // pools and DGC momentum, without a server process.
-#include <catch2/catch.hpp>
+#include "worker/client.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -13,7 +14,6 @@
 #include "common/codec/codec.h"
 #include "common/codec/error_feedback.h"
 #include "common/partitioner.h"
-#include "worker/client.h"
 #include "worker/fake_control_client.h"
 #include "worker/transport/fake/fake_transport.h"
 
@@ -153,8 +153,8 @@ TEST_CASE("UNAVAILABLE is retried with a growing backoff until the shard answers
   const absl::Duration first = calls[1].started - calls[0].started;
   const absl::Duration second = calls[2].started - calls[1].started;
   const absl::Duration third = calls[3].started - calls[2].started;
-  INFO(absl::FormatDuration(first) << " " << absl::FormatDuration(second) << " "
-                                   << absl::FormatDuration(third));
+  INFO(absl::FormatDuration(first)
+       << " " << absl::FormatDuration(second) << " " << absl::FormatDuration(third));
   CHECK(first >= absl::Milliseconds(45));
   CHECK(second >= absl::Milliseconds(95));
   CHECK(third >= absl::Milliseconds(195));

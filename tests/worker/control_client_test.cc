@@ -1,7 +1,8 @@
+#include "worker/control_client.h"
+
 #include <catch2/catch.hpp>
 
 #include "absl/time/clock.h"
-#include "worker/control_client.h"
 #include "worker/fake_control_client.h"
 
 namespace harrier {
@@ -9,8 +10,8 @@ namespace {
 
 TEST_CASE("a shard that does not accept connections is named in the error") {
   // Port 1 on loopback: nothing listens there.
-  auto client = GrpcControlClient::Connect({"127.0.0.1:1"}, absl::Milliseconds(200),
-                                           absl::Seconds(1));
+  auto client =
+      GrpcControlClient::Connect({"127.0.0.1:1"}, absl::Milliseconds(200), absl::Seconds(1));
   REQUIRE(absl::IsUnavailable(client.status()));
   CHECK(client.status().message().find("shard 0 (127.0.0.1:1)") != absl::string_view::npos);
 }

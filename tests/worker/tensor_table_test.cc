@@ -1,8 +1,9 @@
+#include "worker/tensor_table.h"
+
 #include <catch2/catch.hpp>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/partitioner.h"
-#include "worker/tensor_table.h"
 
 namespace harrier {
 namespace {

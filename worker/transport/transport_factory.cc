@@ -23,11 +23,11 @@ absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateUcx(
   for (const ShardLink& link : links) {
     auto address = link.address("ucx", deadline);
     if (!address.ok()) return address.status();
-    auto transport = UcxClientContext::Connect(
-        *context, link.name, *address, deadline, link.reachable,
-        [address_of = link.address](absl::Time address_deadline) {
-          return address_of("ucx", address_deadline);
-        });
+    auto transport =
+        UcxClientContext::Connect(*context, link.name, *address, deadline, link.reachable,
+                                  [address_of = link.address](absl::Time address_deadline) {
+                                    return address_of("ucx", address_deadline);
+                                  });
     if (!transport.ok()) return transport.status();
     transports.push_back(std::move(*transport));
   }
@@ -37,8 +37,8 @@ absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateUcx(
 }  // namespace
 
 absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateShardTransports(
-    absl::string_view backend, const std::string& client_name,
-    const std::vector<ShardLink>& links, absl::Time deadline) {
+    absl::string_view backend, const std::string& client_name, const std::vector<ShardLink>& links,
+    absl::Time deadline) {
   if (auto status = CheckTransportName(backend); !status.ok()) return status;
   if (backend == "ucx") return CreateUcx(client_name, links, deadline);
   std::vector<std::unique_ptr<ShardTransport>> transports;

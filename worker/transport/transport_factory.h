@@ -42,8 +42,8 @@ absl::Status CheckTransportName(absl::string_view backend);
 // `deadline`. `client_name` names this client to the backend (UCX worker
 // name). The links' functions must stay valid while the transports live.
 absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateShardTransports(
-    absl::string_view backend, const std::string& client_name,
-    const std::vector<ShardLink>& links, absl::Time deadline);
+    absl::string_view backend, const std::string& client_name, const std::vector<ShardLink>& links,
+    absl::Time deadline);
 
 }  // namespace harrier
 

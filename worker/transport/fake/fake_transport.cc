@@ -24,14 +24,13 @@ FakeShardTransport::Call Recorded(FakeShardTransport::CallKind kind,
 
 }  // namespace
 
-absl::Status FakeShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
-                                      absl::Time deadline, CallCanceller& canceller) {
+absl::Status FakeShardTransport::Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                                      CallCanceller& canceller) {
   return Handle(Recorded(CallKind::kPush, chunks, deadline), nullptr, canceller);
 }
 
-absl::Status FakeShardTransport::Pull(const proto::PullRequest& request,
-                                      const ChunkViewSink& sink, absl::Time deadline,
-                                      CallCanceller& canceller) {
+absl::Status FakeShardTransport::Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
+                                      absl::Time deadline, CallCanceller& canceller) {
   Call call = Recorded(CallKind::kPull, {}, deadline);
   call.pull = request;
   return Handle(std::move(call), &sink, canceller);
