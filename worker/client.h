@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "worker/operation_handle.h"
 
 namespace harrier {
 
@@ -65,7 +66,14 @@ struct ClientOptions {
   // with --ucx; UCX_TLS picks tcp or shared memory). Control, Init,
   // heartbeats and Leave always use gRPC.
   std::string transport = "grpc";
+  // Shard calls queued per pool (pushes; pulls and push-pulls) behind its
+  // busy threads before an async operation is refused: its Wait() returns
+  // RESOURCE_EXHAUSTED.
+  size_t max_queued_calls = 4096;
 };
+
+class ControlClient;   // worker/control_client.h
+class ShardTransport;  // worker/transport/transport.h
 
 // What the control plane told this worker when it registered.
 struct SyncInfo {
@@ -86,15 +94,25 @@ struct ClientStats {
 };
 
 // Thread-safe: any method may be called from any thread. Buffers handed to
-// an async call must stay valid until Wait() on its handle has returned.
+// an async call must stay valid until Wait() on its handle has returned (or,
+// if nobody waits, until the Client is destroyed). Handles must not be
+// waited on after the Client is gone.
 class Client {
  public:
-  using Handle = uint64_t;
+  // Owns its operation: dropping a handle without Wait() frees it once its
+  // shard calls end. Copyable; the first Wait() on any copy consumes it.
+  using Handle = OperationHandle;
 
   // Connects to every shard and registers with shard 0. UNAVAILABLE if a
   // shard cannot be reached within connect_timeout; INVALID_ARGUMENT for bad
   // options.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
+  // The same over given parts (tests: fakes, no process): `transports[i]`
+  // is shard i's data path; options.servers only names the shards and
+  // options.transport is not used. Registers through `control`.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(
+      const ClientOptions& options, std::unique_ptr<ControlClient> control,
+      std::vector<std::unique_ptr<ShardTransport>> transports);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -122,9 +140,11 @@ class Client {
 
   // Waits for an operation. On success or error the handle is consumed. If
   // `deadline` passes first, the operation is cancelled (its buffers are no
-  // longer touched when this returns) and DEADLINE_EXCEEDED is returned.
-  // NOT_FOUND for an unknown or already-waited handle.
-  absl::Status Wait(Handle handle, absl::Time deadline = absl::InfiniteFuture());
+  // longer touched when this returns) and DEADLINE_EXCEEDED is returned;
+  // INTERNAL naming the operation if its calls still run rpc_timeout after
+  // the cancel (a transport that ignores cancellation: the buffers may then
+  // still be in use). NOT_FOUND for a default or already-waited handle.
+  absl::Status Wait(const Handle& handle, absl::Time deadline = absl::InfiniteFuture());
 
   absl::Status Push(const std::string& name, absl::Span<const float> gradient);
   absl::Status Pull(const std::string& name, absl::Span<float> out);
@@ -147,6 +167,9 @@ class Client {
   int64_t clock() const;
 
   ClientStats stats() const;
+
+  // Operations alive (held by a handle or running), for tests of leaks.
+  int64_t live_operations_for_testing() const;
 
  private:
   class Impl;

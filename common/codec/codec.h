@@ -83,6 +83,10 @@ struct CodecSpec {
   bool fixed_tau = false;   // threshold: true if tau was given
   double tau = 0.0;         // threshold
   double sample = 0.01;     // threshold (estimated tau)
+  // threshold (estimated tau, DGC): the worker's momentum correction,
+  // u = momentum * u + g (DgcMomentumCorrection); 0 = plain error feedback.
+  // The payload does not depend on it: workers may differ.
+  double momentum = 0.0;
   uint64_t seed = 0;        // randomk
   bool scaled = false;      // randomk (default true), sign (default false)
   uint32_t levels = 16;     // qsgd

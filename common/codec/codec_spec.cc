@@ -37,7 +37,7 @@ std::vector<absl::string_view> AllowedParams(CodecId id) {
     case CodecId::kRandomK:
       return {"ratio", "seed", "scale"};
     case CodecId::kThreshold:
-      return {"tau", "sample", "ratio"};
+      return {"tau", "sample", "ratio", "momentum"};
     case CodecId::kQsgd:
       return {"levels", "bucket"};
     case CodecId::kTernGrad:
@@ -137,7 +137,7 @@ absl::StatusOr<CodecSpec> CodecSpec::Parse(absl::string_view text) {
 
   std::vector<absl::string_view> allowed = AllowedParams(spec.id);
   std::vector<std::string> seen;
-  bool saw_tau = false, saw_sample_or_ratio = false;
+  bool saw_tau = false, saw_sample_or_ratio = false, saw_momentum = false;
   if (!params.empty()) {
     for (absl::string_view item : absl::StrSplit(params, ',')) {
       size_t eq = item.find('=');
@@ -180,6 +180,13 @@ absl::StatusOr<CodecSpec> CodecSpec::Parse(absl::string_view text) {
         if (!(spec.tau >= 0.0)) return OutOfRange(text, key, value, "tau >= 0");
         spec.fixed_tau = true;
         saw_tau = true;
+      } else if (key == "momentum") {
+        absl::Status st = ParseDouble(text, key, value, &spec.momentum);
+        if (!st.ok()) return st;
+        if (!(spec.momentum >= 0.0 && spec.momentum < 1.0)) {
+          return OutOfRange(text, key, value, "0 <= momentum < 1");
+        }
+        saw_momentum = true;
       } else if (key == "clip") {
         absl::Status st = ParseDouble(text, key, value, &spec.clip);
         if (!st.ok()) return st;
@@ -221,6 +228,11 @@ absl::StatusOr<CodecSpec> CodecSpec::Parse(absl::string_view text) {
   if (saw_tau && saw_sample_or_ratio) {
     return Bad(text, "threshold takes either tau or sample/ratio, not both");
   }
+  if (saw_tau && saw_momentum) {
+    return Bad(text,
+               "momentum correction is DGC's: it takes the sampled form "
+               "(sample/ratio), not a fixed tau");
+  }
   return spec;
 }
 
@@ -242,6 +254,7 @@ std::string CodecSpec::ToString() const {
       } else {
         parts.push_back("sample=" + FormatDouble(sample));
         parts.push_back("ratio=" + FormatDouble(ratio));
+        if (momentum != 0.0) parts.push_back("momentum=" + FormatDouble(momentum));
       }
       break;
     case CodecId::kQsgd:
@@ -277,7 +290,8 @@ bool CodecSpec::operator==(const CodecSpec& o) const {
     case CodecId::kThreshold:
       if (fixed_tau != o.fixed_tau) return false;
       return fixed_tau ? tau == o.tau
-                       : (sample == o.sample && ratio == o.ratio);
+                       : (sample == o.sample && ratio == o.ratio &&
+                          momentum == o.momentum);
     case CodecId::kQsgd:
       return levels == o.levels && bucket == o.bucket;
     case CodecId::kTernGrad:

@@ -37,15 +37,6 @@ absl::Status ErrorFeedback::Compress(Codec& codec, absl::Span<const float> grad,
   return absl::OkStatus();
 }
 
-void ErrorFeedback::RescaleForLearningRate(float old_lr, float new_lr) {
-  float ratio = old_lr > 0.0f ? new_lr / old_lr : 0.0f;
-  if (!std::isfinite(ratio) || old_lr <= 0.0f) {
-    Reset();
-    return;
-  }
-  for (float& e : residual_) e *= ratio;
-}
-
 void ErrorFeedback::Reset() {
   std::fill(residual_.begin(), residual_.end(), 0.0f);
 }

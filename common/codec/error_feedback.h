@@ -34,12 +34,6 @@ class ErrorFeedback {
   absl::Status Compress(Codec& codec, absl::Span<const float> grad,
                         const CodecContext& ctx, std::string* payload);
 
-  // When the caller feeds lr * g (as EF-signSGD does), the residual is in
-  // units of the old learning rate; scaling it by new_lr / old_lr keeps the
-  // delayed update consistent after a schedule change. old_lr <= 0 or a
-  // non-finite ratio clears the residual instead.
-  void RescaleForLearningRate(float old_lr, float new_lr);
-
   size_t num_elements() const { return residual_.size(); }
   absl::Span<const float> residual() const { return residual_; }
   absl::Span<float> mutable_residual() { return absl::MakeSpan(residual_); }
@@ -52,7 +46,8 @@ class ErrorFeedback {
 };
 
 // Deep Gradient Compression momentum correction (Lin et al., ICLR 2018),
-// meant for the threshold and top-k codecs:
+// meant for the threshold and top-k codecs (the client uses it for
+// `threshold:...,momentum=M`, see codec_spec.cc):
 //   u = momentum * u + g;  v = v + u;  p = C(v);
 //   v = v - D(p);  u_i = 0 where D(p)_i != 0.
 // For a sparse codec D(p)_i is either 0 or exactly v_i, so v becomes 0 where

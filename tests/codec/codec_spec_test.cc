@@ -93,6 +93,20 @@ TEST_CASE("CreateCodec refuses hand-built out-of-range specs", "[spec]") {
   CHECK((*CreateCodec(spec))->id() == CodecId::kTopK);
 }
 
+TEST_CASE("threshold takes a DGC momentum in its sampled form only", "[spec]") {
+  CodecSpec t = *CodecSpec::Parse("threshold:sample=0.5,ratio=0.1,momentum=0.9");
+  CHECK(t.momentum == 0.9);
+  CHECK(t.ToString() == "threshold:sample=0.5,ratio=0.1,momentum=0.9");
+  CHECK(*CodecSpec::Parse(t.ToString()) == t);
+  CHECK(t != *CodecSpec::Parse("threshold:sample=0.5,ratio=0.1"));
+  CHECK(CodecSpec::Parse("threshold")->momentum == 0.0);
+  for (const char* bad : {"threshold:momentum=1", "threshold:momentum=-0.1",
+                          "threshold:tau=0.1,momentum=0.9", "topk:momentum=0.9"}) {
+    INFO(bad);
+    CHECK(CodecSpec::Parse(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_CASE("DeriveSeed is deterministic and sensitive to every field",
           "[seed]") {
   uint64_t base = DeriveSeed("layer1.weight", 0, 5, 2, 42);

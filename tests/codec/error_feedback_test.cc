@@ -98,18 +98,5 @@ TEST_CASE("error feedback refuses bad input without touching the residual",
   CHECK(std::vector<float>(ef.residual().begin(), ef.residual().end()) == before);
 }
 
-TEST_CASE("learning-rate rescale multiplies the residual by new/old",
-          "[error_feedback]") {
-  ErrorFeedback ef(2);
-  ef.mutable_residual()[0] = 1.0f;
-  ef.mutable_residual()[1] = -3.0f;
-  ef.RescaleForLearningRate(0.1f, 0.05f);
-  CHECK(ef.residual()[0] == Approx(0.5f));
-  CHECK(ef.residual()[1] == Approx(-1.5f));
-  ef.RescaleForLearningRate(0.0f, 0.05f);  // undefined ratio: clear
-  CHECK(ef.residual()[0] == 0.0f);
-  CHECK(ef.residual()[1] == 0.0f);
-}
-
 }  // namespace
 }  // namespace harrier

@@ -5,25 +5,23 @@
 // checks the messages (chunking, compression, checksums); a transport only
 // moves them. Backends live in sibling folders (grpc/, ucx/) behind this
 // header; the control plane (register, barrier) always uses gRPC.
+// transport_factory.h builds them, so client code names no backend.
 
 #include <cstddef>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/payload_view.h"
 #include "proto/harrier.pb.h"
 
 namespace harrier {
-
-// Where a buffer lives. Transports that cannot read a kind directly say so
-// in SupportsMemory(); the client then stages through host memory.
-enum class MemoryKind { kHost, kCuda };
 
 // Lets a waiting caller abort calls in flight. A transport registers how to
 // abort its call while it runs. Thread-safe.
@@ -35,11 +33,14 @@ class CallCanceller {
   // Runs every registered abort; later Register() calls return false.
   void CancelAll();
   bool cancelled() const;
+  // Sleeps for `duration` unless cancelled first (so a retry's backoff ends
+  // at once on cancel). True if cancelled.
+  bool SleepUnlessCancelled(absl::Duration duration) const;
 
  private:
-  mutable std::mutex mutex_;
-  bool cancelled_ = false;
-  std::vector<std::pair<const void*, std::function<void()>>> calls_;
+  mutable absl::Mutex mutex_;
+  bool cancelled_ ABSL_GUARDED_BY(mutex_) = false;
+  std::vector<std::pair<const void*, std::function<void()>>> calls_ ABSL_GUARDED_BY(mutex_);
 };
 
 // Receives each reply chunk of a pull as its header (ignore its payload
@@ -57,8 +58,10 @@ using ChunkViewSink =
 // transport call that sends it has returned. The client guarantees this: a
 // push's gradient belongs to the caller until the operation's Wait()
 // returns, and every transport call of the operation returns first. A
-// transport, in turn, never returns while its network stack still reads
-// the bytes (the gRPC backend waits for its slices to be released).
+// transport, in turn, does not return while its network stack still reads
+// the bytes: it waits for their release, for a bounded time (gRPC: its
+// slices; UCX: its sends, closing the endpoint if they stall), and says in
+// its status when the bound passed first (see each backend).
 struct OutgoingChunk {
   proto::TensorChunk header;  // payload field empty; checksum covers payload()
   absl::string_view borrowed;
@@ -75,12 +78,7 @@ class ShardTransport {
  public:
   virtual ~ShardTransport() = default;
 
-  virtual std::string name() const = 0;  // "grpc" or "ucx"
-  virtual bool SupportsMemory(MemoryKind kind) const = 0;
-
-  // Registers a buffer for zero-copy sends/receives (no-op where the
-  // transport has nothing to register). Must outlive its use.
-  virtual absl::Status RegisterMemory(void* data, size_t bytes, MemoryKind kind) = 0;
+  virtual std::string name() const = 0;  // "grpc", "ucx" or "fake"
 
   // Payloads go out from the chunks' bytes and replies reach the sink as
   // views of the received buffers, so a backend can avoid copying both.

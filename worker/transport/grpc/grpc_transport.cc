@@ -1,10 +1,11 @@
 #include "worker/transport/grpc/grpc_transport.h"
 
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
+#include <memory>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/chunk_wire.h"
 #include "common/grpc_status.h"
 
@@ -35,41 +36,76 @@ class CancelScope {
 
 absl::Status Cancelled() { return absl::CancelledError("operation cancelled"); }
 
-// Counts borrowed payload slices gRPC still references. gRPC may hold a
-// slice after Write() and even after Finish() returned (the bytes may still
-// sit in the TCP write queue), so a call waits for the count to reach zero
-// before it returns and its caller may reuse the memory. Declared before
-// the call's objects so it outlives them.
+// How long a call waits, after its stream ended, for gRPC to release the
+// payload slices it borrowed. gRPC may hold a slice after Finish() returned
+// (the bytes may still sit in the TCP write queue); a healthy connection
+// drains in milliseconds, but a connection to a killed shard can keep its
+// queue for minutes. Past this grace the call returns an error instead of
+// hanging: gRPC only ever reads the bytes, and a dead connection never
+// sends them, so the caller reusing its buffer cannot corrupt anything that
+// is still delivered. (The count itself outlives the call, see below.)
+constexpr absl::Duration kSliceReleaseGrace = absl::Seconds(5);
+
+// Counts borrowed payload slices gRPC still references. A call waits for
+// the count to reach zero before it returns and its caller may reuse the
+// memory. The count lives in a shared block that every slice's destroy
+// callback holds, so a release after a timed-out wait touches live memory.
 class BorrowedSlices {
  public:
-  ~BorrowedSlices() { WaitReleased(); }
+  BorrowedSlices() : state_(std::make_shared<State>()) {}
 
   grpc::Slice Borrow(absl::string_view bytes) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++outstanding_;
+      absl::MutexLock lock(&state_->mutex);
+      ++state_->outstanding;
     }
     // gRPC only reads the memory; the Slice API takes it non-const.
     return grpc::Slice(const_cast<char*>(bytes.data()), bytes.size(), &BorrowedSlices::Release,
-                       this);
+                       new std::shared_ptr<State>(state_));
   }
 
-  void WaitReleased() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    released_.wait(lock, [this] { return outstanding_ == 0; });
+  // OK once every borrowed slice is released; DEADLINE_EXCEEDED if gRPC
+  // still holds some at `deadline`.
+  absl::Status WaitReleased(absl::Time deadline) {
+    absl::MutexLock lock(&state_->mutex);
+    State* state = state_.get();
+    auto released = [state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mutex) {
+      return state->outstanding == 0;
+    };
+    if (state_->mutex.AwaitWithDeadline(absl::Condition(&released), deadline)) {
+      return absl::OkStatus();
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("gRPC still holds ", state_->outstanding,
+                     " payload slices of this call; gave up waiting for their release"));
   }
 
  private:
-  static void Release(void* self) {
-    auto* slices = static_cast<BorrowedSlices*>(self);
-    std::lock_guard<std::mutex> lock(slices->mutex_);
-    if (--slices->outstanding_ == 0) slices->released_.notify_all();
+  struct State {
+    absl::Mutex mutex;
+    int outstanding ABSL_GUARDED_BY(mutex) = 0;
+  };
+
+  static void Release(void* arg) {
+    auto* holder = static_cast<std::shared_ptr<State>*>(arg);
+    {
+      absl::MutexLock lock(&(*holder)->mutex);
+      --(*holder)->outstanding;
+    }
+    delete holder;
   }
 
-  std::mutex mutex_;
-  std::condition_variable released_;
-  int outstanding_ = 0;
+  std::shared_ptr<State> state_;
 };
+
+// The stream's status, which keeps its code (UNAVAILABLE stays retryable)
+// if the borrowed payloads could not be reclaimed either.
+absl::Status AfterRelease(BorrowedSlices& borrowed, absl::Status status) {
+  absl::Status released = borrowed.WaitReleased(absl::Now() + kSliceReleaseGrace);
+  if (released.ok()) return status;
+  if (status.ok()) return released;
+  return absl::Status(status.code(), absl::StrCat(status.message(), " (", released.message(), ")"));
+}
 
 grpc::ByteBuffer EncodeChunk(const OutgoingChunk& chunk, BorrowedSlices& borrowed) {
   const absl::string_view payload = chunk.payload();
@@ -122,16 +158,9 @@ GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
       push_pull_method_("/harrier.proto.ParameterService/PushPull",
                         grpc::internal::RpcMethod::BIDI_STREAMING, channel_) {}
 
-absl::Status GrpcShardTransport::RegisterMemory(void*, size_t, MemoryKind kind) {
-  if (kind != MemoryKind::kHost) {
-    return absl::UnimplementedError("the gRPC transport reads host memory only");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status GrpcShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
                                       absl::Time deadline, CallCanceller& canceller) {
-  BorrowedSlices borrowed;  // outlives the call: its destructor waits for releases
+  BorrowedSlices borrowed;  // declared first: outlives the call's objects
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   CancelScope scope(canceller, &context);
@@ -146,8 +175,7 @@ absl::Status GrpcShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
   writer->WritesDone();
   absl::Status status = FromGrpcStatus(writer->Finish());
   writer.reset();
-  borrowed.WaitReleased();
-  return status;
+  return AfterRelease(borrowed, status);
 }
 
 absl::Status GrpcShardTransport::Pull(const proto::PullRequest& request,
@@ -168,7 +196,7 @@ absl::Status GrpcShardTransport::Pull(const proto::PullRequest& request,
 absl::Status GrpcShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
                                           const ChunkViewSink& sink, absl::Time deadline,
                                           CallCanceller& canceller) {
-  BorrowedSlices borrowed;  // outlives the call: its destructor waits for releases
+  BorrowedSlices borrowed;  // declared first: outlives the call's objects
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   CancelScope scope(canceller, &context);
@@ -183,8 +211,7 @@ absl::Status GrpcShardTransport::PushPull(const std::vector<OutgoingChunk>& chun
   absl::Status sink_status = ReadReplies(stream.get(), sink);
   absl::Status status = FromGrpcStatus(stream->Finish());
   stream.reset();
-  borrowed.WaitReleased();
-  return status.ok() ? sink_status : status;
+  return AfterRelease(borrowed, status.ok() ? sink_status : status);
 }
 
 }  // namespace harrier

@@ -23,12 +23,11 @@ class GrpcShardTransport : public ShardTransport {
   explicit GrpcShardTransport(std::shared_ptr<grpc::Channel> channel);
 
   std::string name() const override { return "grpc"; }
-  bool SupportsMemory(MemoryKind kind) const override { return kind == MemoryKind::kHost; }
-  absl::Status RegisterMemory(void*, size_t, MemoryKind kind) override;
 
-
-  // Returns only once gRPC has released every borrowed payload, so the
-  // caller may reuse its buffers as soon as the call returns.
+  // Returns once gRPC has released every borrowed payload, so the caller
+  // may reuse its buffers as soon as the call returns; the wait for the
+  // release is bounded (kSliceReleaseGrace after the stream ended), see
+  // grpc_transport.cc.
   absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
                     CallCanceller& canceller) override;
   absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,

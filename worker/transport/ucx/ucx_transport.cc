@@ -1,7 +1,6 @@
 #include "worker/transport/ucx/ucx_transport.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <random>
 
@@ -23,33 +22,47 @@ struct UcxPeer {
   std::atomic<bool> detects_failure{true};  // false: poll peer_alive instead
   std::function<bool()> peer_alive;
   std::atomic<bool> failed{false};
-  std::mutex mutex;
-  absl::Status failure;  // guarded by mutex
+  absl::Mutex mutex;
+  absl::Status failure ABSL_GUARDED_BY(mutex);
 };
 
-// One request in flight. The calling thread waits on `changed`; the
-// progress thread fills it in.
+// One request in flight. The calling thread waits on its mutex (Await);
+// the progress thread fills it in.
 struct UcxCall {
   std::shared_ptr<UcxPeer> peer;
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool have_status = false;
-  absl::Status status;        // the shard's
-  uint32_t expected = 0;      // reply chunks the status announced
-  uint32_t received = 0;
+  absl::Mutex mutex;
+  bool have_status ABSL_GUARDED_BY(mutex) = false;
+  absl::Status status ABSL_GUARDED_BY(mutex);    // the shard's
+  uint32_t expected ABSL_GUARDED_BY(mutex) = 0;  // reply chunks the status announced
+  uint32_t received ABSL_GUARDED_BY(mutex) = 0;
   struct Reply {
     proto::TensorChunk header;
     transport::PayloadBuffer payload;
   };
-  std::vector<Reply> replies;  // by index
-  absl::Status failure;       // transport-level: peer lost, send failed
-  bool cancelled = false;
-  int sends_in_flight = 0;
+  std::vector<Reply> replies ABSL_GUARDED_BY(mutex);  // by index
+  // Transport-level: peer lost, send failed.
+  absl::Status failure ABSL_GUARDED_BY(mutex);
+  bool cancelled ABSL_GUARDED_BY(mutex) = false;
+  int sends_in_flight ABSL_GUARDED_BY(mutex) = 0;
 
-  bool Complete() const { return have_status && received >= expected; }
+  bool Complete() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
+    return have_status && received >= expected;
+  }
+  bool Ended() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
+    return Complete() || cancelled || !failure.ok();
+  }
+  bool SendsDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) { return sends_in_flight == 0; }
 };
 
 namespace {
+
+// How long a call that ended (answered, cancelled, expired or failed) waits
+// for UCX to finish reading its payloads before it force-closes the peer's
+// endpoint, which completes the outstanding sends with an error. Sends to a
+// live shard end in milliseconds; this bounds the wait on one that stopped
+// reading (killed, stuck) without ever returning while UCX reads the
+// caller's bytes.
+constexpr absl::Duration kSendDrainGrace = absl::Seconds(2);
 
 uint64_t RandomConnectionId() {
   static std::atomic<uint64_t> counter{0};
@@ -63,18 +76,16 @@ int64_t TimeoutMs(absl::Time deadline) {
 }
 
 void Fail(UcxCall& call, const absl::Status& status) {
-  std::lock_guard<std::mutex> lock(call.mutex);
+  absl::MutexLock lock(&call.mutex);
   if (call.failure.ok()) call.failure = status;
-  call.changed.notify_all();
 }
 
 void Deliver(UcxCall& call, uint32_t index, proto::TensorChunk header,
              transport::PayloadBuffer payload) {
-  std::lock_guard<std::mutex> lock(call.mutex);
+  absl::MutexLock lock(&call.mutex);
   if (index >= call.replies.size()) call.replies.resize(index + 1);
   call.replies[index] = {std::move(header), std::move(payload)};
   ++call.received;
-  call.changed.notify_all();
 }
 
 }  // namespace
@@ -92,7 +103,7 @@ absl::StatusOr<std::shared_ptr<UcxClientContext>> UcxClientContext::Create(
 UcxClientContext::~UcxClientContext() {
   if (!worker_) return;
   worker_->Post([this] {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     for (auto& peer : peers_) {
       if (peer->ep != nullptr) worker_->CloseEndpoint(peer->ep);
       peer->ep = nullptr;
@@ -120,7 +131,7 @@ absl::StatusOr<std::shared_ptr<UcxPeer>> UcxClientContext::ConnectPeer(
   peer->id = RandomConnectionId();
   peer->name = peer_name;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     peers_.push_back(peer);  // kept until the context ends: the error handler's arg
   }
   worker_->Post([this, peer, address] {
@@ -132,7 +143,7 @@ absl::StatusOr<std::shared_ptr<UcxPeer>> UcxClientContext::ConnectPeer(
       peer->detects_failure = detects_failure;
       return;
     }
-    std::lock_guard<std::mutex> lock(peer->mutex);
+    absl::MutexLock lock(&peer->mutex);
     peer->failure = absl::UnavailableError(
         absl::StrCat("cannot open a UCX endpoint: ", ep.status().message()));
     peer->failed = true;
@@ -162,7 +173,7 @@ absl::StatusOr<std::shared_ptr<UcxPeer>> UcxClientContext::ConnectPeer(
 }
 
 std::shared_ptr<UcxCall> UcxClientContext::FindCall(uint64_t request_id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   auto it = calls_.find(request_id);
   return it == calls_.end() ? nullptr : it->second;
 }
@@ -172,79 +183,82 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
                                        const ChunkViewSink* sink, absl::Time deadline,
                                        CallCanceller& canceller) {
   if (peer->failed) {
-    std::lock_guard<std::mutex> lock(peer->mutex);
+    absl::MutexLock lock(&peer->mutex);
     return peer->failure;
   }
   auto call = std::make_shared<UcxCall>();
   call->peer = peer;
-  call->sends_in_flight = static_cast<int>(messages.size());
+  {
+    absl::MutexLock lock(&call->mutex);
+    call->sends_in_flight = static_cast<int>(messages.size());
+  }
   if (!canceller.Register(call.get(), [call] {
-        std::lock_guard<std::mutex> lock(call->mutex);
+        absl::MutexLock lock(&call->mutex);
         call->cancelled = true;
-        call->changed.notify_all();
       })) {
     return absl::CancelledError("operation cancelled");
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     calls_[request_id] = call;
   }
   worker_->ExpectReplies(1);
   worker_->Post([this, call, peer, messages = std::move(messages)]() mutable {
     for (Message& message : messages) {
       if (peer->ep == nullptr) {  // failed meanwhile: these sends never start
-        std::lock_guard<std::mutex> lock(call->mutex);
+        absl::MutexLock lock(&call->mutex);
         --call->sends_in_flight;
         if (call->failure.ok()) {
-          std::lock_guard<std::mutex> peer_lock(peer->mutex);
+          absl::MutexLock peer_lock(&peer->mutex);
           call->failure = peer->failure.ok()
                               ? absl::UnavailableError("UCX endpoint not connected")
                               : peer->failure;
         }
-        call->changed.notify_all();
         continue;
       }
       worker_->SendAm(peer->ep, transport::kRequestAmId, std::move(message.header), message.data,
                       message.bytes, [call](ucs_status_t status) {
-                        std::lock_guard<std::mutex> lock(call->mutex);
+                        absl::MutexLock lock(&call->mutex);
                         --call->sends_in_flight;
                         if (status != UCS_OK && call->failure.ok()) {
                           call->failure = absl::UnavailableError(
                               absl::StrCat("UCX send failed: ", ucs_status_string(status)));
                         }
-                        call->changed.notify_all();
                       });
     }
   });
 
+  UcxCall* raw_call = call.get();
+  const absl::Condition ended(+[](UcxCall* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mutex) {
+    return c->Ended();
+  }, raw_call);
   absl::Status result;
   std::vector<UcxCall::Reply> replies;
   bool answered = false;
   {
-    std::unique_lock<std::mutex> lock(call->mutex);
-    auto done = [&] { return call->Complete() || call->cancelled || !call->failure.ok(); };
     bool finished = false;
     if (peer->detects_failure || !peer->peer_alive) {
-      finished = call->changed.wait_until(lock, absl::ToChronoTime(deadline), done);
+      absl::MutexLock lock(&call->mutex);
+      finished = call->mutex.AwaitWithDeadline(ended, deadline);
     } else {
       // UCX cannot tell us the shard died: ask the probe now and then.
       while (!finished && absl::Now() < deadline) {
-        finished = call->changed.wait_until(
-            lock, absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(500))),
-            done);
+        {
+          absl::MutexLock lock(&call->mutex);
+          finished = call->mutex.AwaitWithDeadline(
+              ended, std::min(deadline, absl::Now() + absl::Milliseconds(500)));
+        }
         if (finished) break;
-        lock.unlock();
-        const bool alive = peer->peer_alive();
-        if (!alive) {
+        if (!peer->peer_alive()) {
           const absl::Status failure = absl::UnavailableError(
               "shard unreachable (its gRPC channel failed; shared-memory UCX cannot detect a "
               "dead peer itself)");
           UcxPeer* raw_peer = peer.get();
           worker_->Post([this, raw_peer, failure] { FailPeer(raw_peer, failure); });
         }
-        lock.lock();
       }
     }
+    absl::MutexLock lock(&call->mutex);
     answered = finished && call->Complete();
     if (answered) {
       result = call->status;
@@ -259,7 +273,7 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     calls_.erase(request_id);
   }
   worker_->ExpectReplies(-1);
@@ -276,13 +290,8 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
                       [](ucs_status_t) {});
     });
   }
-  {
-    // The payloads belong to the caller: wait until UCX is done reading
-    // them. Sends end quickly: the shard takes data as it arrives, and a
-    // failed peer completes them with an error.
-    std::unique_lock<std::mutex> lock(call->mutex);
-    call->changed.wait(lock, [&] { return call->sends_in_flight == 0; });
-  }
+  // The payloads belong to the caller: wait until UCX is done reading them.
+  if (absl::Status drained = WaitSendsDone(call, peer); !drained.ok()) result = drained;
   canceller.Unregister(call.get());
   if (!result.ok() || sink == nullptr) return result;
   for (const UcxCall::Reply& reply : replies) {
@@ -291,6 +300,30 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status UcxClientContext::WaitSendsDone(const std::shared_ptr<UcxCall>& call,
+                                             const std::shared_ptr<UcxPeer>& peer) {
+  const absl::Condition sends_done(+[](UcxCall* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mutex) {
+    return c->SendsDone();
+  }, call.get());
+  {
+    absl::MutexLock lock(&call->mutex);
+    if (call->mutex.AwaitWithTimeout(sends_done, kSendDrainGrace)) return absl::OkStatus();
+  }
+  // The shard stopped reading. Closing the endpoint completes the sends with
+  // an error; later calls reconnect (see UcxShardTransport).
+  const absl::Status failure = absl::UnavailableError(
+      absl::StrCat("UCX sends to ", peer->name, " did not complete within ",
+                   absl::FormatDuration(kSendDrainGrace), "; endpoint closed"));
+  spdlog::warn("ucx peer={} closed: sends stalled", peer->name);
+  UcxPeer* raw_peer = peer.get();
+  worker_->Post([this, raw_peer, failure] { FailPeer(raw_peer, failure); });
+  absl::MutexLock lock(&call->mutex);
+  if (call->mutex.AwaitWithTimeout(sends_done, kSendDrainGrace)) return failure;
+  return absl::InternalError(absl::StrCat(
+      "UCX still reads ", call->sends_in_flight, " payloads of a call to ", peer->name,
+      " after closing its endpoint; the caller's buffers may still be read"));
 }
 
 ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t header_length,
@@ -306,11 +339,10 @@ ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t hea
   auto call = self->FindCall(frame.request_id);
   if (call == nullptr) return UCS_OK;  // abandoned (deadline, cancel): dropped
   if (frame.op == Op::kStatus) {
-    std::lock_guard<std::mutex> lock(call->mutex);
+    absl::MutexLock lock(&call->mutex);
     call->have_status = true;
     call->status = transport::DecodeStatus(frame, body);
     call->expected = frame.count;
-    call->changed.notify_all();
     return UCS_OK;
   }
   proto::TensorChunk chunk;
@@ -356,7 +388,7 @@ void UcxClientContext::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status) 
 
 void UcxClientContext::FailPeer(UcxPeer* peer, const absl::Status& failure) {
   {
-    std::lock_guard<std::mutex> lock(peer->mutex);
+    absl::MutexLock lock(&peer->mutex);
     if (peer->failure.ok()) peer->failure = failure;
     peer->failed = true;
   }
@@ -364,7 +396,7 @@ void UcxClientContext::FailPeer(UcxPeer* peer, const absl::Status& failure) {
   peer->ep = nullptr;
   std::vector<std::shared_ptr<UcxCall>> affected;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     for (auto& entry : calls_) {
       if (entry.second->peer.get() == peer) affected.push_back(entry.second);
     }
@@ -383,21 +415,26 @@ UcxShardTransport::UcxShardTransport(std::shared_ptr<UcxClientContext> context,
       peer_(std::move(peer)) {}
 
 absl::StatusOr<std::shared_ptr<UcxPeer>> UcxShardTransport::CurrentPeer(absl::Time deadline) {
-  std::unique_lock<std::mutex> lock(peer_mutex_);
-  if (reconnecting_) {
-    // Another call is reconnecting: use its endpoint, or fail as it did.
-    if (!reconnected_.wait_until(lock, absl::ToChronoTime(deadline),
-                                 [&] { return !reconnecting_; })) {
-      return absl::UnavailableError(
-          absl::StrCat("still reconnecting to ", peer_name_, " over UCX"));
+  {
+    absl::MutexLock lock(&peer_mutex_);
+    if (reconnecting_) {
+      // Another call is reconnecting: use its endpoint, or fail as it did.
+      const absl::Condition reconnected(
+          +[](UcxShardTransport* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->peer_mutex_) {
+            return !self->reconnecting_;
+          },
+          this);
+      if (!peer_mutex_.AwaitWithDeadline(reconnected, deadline)) {
+        return absl::UnavailableError(
+            absl::StrCat("still reconnecting to ", peer_name_, " over UCX"));
+      }
+      if (!peer_->failed) return peer_;
+      if (!last_reconnect_failure_.ok()) return last_reconnect_failure_;
+      return peer_;  // Execute() returns its failure
     }
-    if (!peer_->failed) return peer_;
-    if (!last_reconnect_failure_.ok()) return last_reconnect_failure_;
-    return peer_;  // Execute() returns its failure
+    if (!peer_->failed || !address_provider_) return peer_;
+    reconnecting_ = true;
   }
-  if (!peer_->failed || !address_provider_) return peer_;
-  reconnecting_ = true;
-  lock.unlock();
   // Bounded, so a shard that is still down fails the call quickly and the
   // caller's retry loop backs off.
   const absl::Time attempt_deadline = std::min(deadline, absl::Now() + absl::Seconds(5));
@@ -408,30 +445,20 @@ absl::StatusOr<std::shared_ptr<UcxPeer>> UcxShardTransport::CurrentPeer(absl::Ti
   } else {
     fresh = address.status();
   }
-  lock.lock();
+  absl::MutexLock lock(&peer_mutex_);
   reconnecting_ = false;
-  if (fresh.ok()) {
-    spdlog::info("ucx reconnected to {}", peer_name_);
-    peer_ = std::move(*fresh);
-    last_reconnect_failure_ = absl::OkStatus();
-  } else {
+  if (!fresh.ok()) {
     last_reconnect_failure_ = absl::UnavailableError(absl::StrCat(
         "UCX connection lost; reconnecting to ", peer_name_, " failed: ", fresh.status().message()));
+    return last_reconnect_failure_;
   }
-  reconnected_.notify_all();
-  if (!fresh.ok()) return last_reconnect_failure_;
+  spdlog::info("ucx reconnected to {}", peer_name_);
+  peer_ = std::move(*fresh);
+  last_reconnect_failure_ = absl::OkStatus();
   return peer_;
 }
 
 UcxShardTransport::~UcxShardTransport() = default;  // the context closes the endpoint
-
-absl::Status UcxShardTransport::RegisterMemory(void*, size_t, MemoryKind kind) {
-  if (kind != MemoryKind::kHost) {
-    return absl::UnimplementedError("the UCX transport reads host memory only");
-  }
-  // Nothing to do: UCX registers send buffers on the fly (and caches them).
-  return absl::OkStatus();
-}
 
 absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks,
                                            bool then_pull, const ChunkViewSink* sink,

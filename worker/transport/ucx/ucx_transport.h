@@ -4,15 +4,15 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/transport/ucx_worker.h"
 #include "worker/transport/transport.h"
 
@@ -68,11 +68,17 @@ class UcxClientContext {
 
   // Sends `messages` as one call to `peer` and waits for its reply until
   // `deadline` or cancellation; hands reply chunks to `sink` (if any) in
-  // order. Never returns while UCX still reads the messages' data.
+  // order. Never returns while UCX still reads the messages' data: sends
+  // still in flight a grace after the call ended force-close the peer's
+  // endpoint, which completes them (see ucx_transport.cc).
   absl::Status Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t request_id,
                        std::vector<Message> messages, const ChunkViewSink* sink,
                        absl::Time deadline, CallCanceller& canceller);
   uint64_t NextRequestId() { return next_request_id_++; }
+  // Waits (bounded) until UCX no longer reads the call's payloads; see
+  // kSendDrainGrace in ucx_transport.cc.
+  absl::Status WaitSendsDone(const std::shared_ptr<UcxCall>& call,
+                             const std::shared_ptr<UcxPeer>& peer);
 
   // Progress thread.
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
@@ -84,15 +90,14 @@ class UcxClientContext {
   std::shared_ptr<UcxCall> FindCall(uint64_t request_id);
 
   std::atomic<uint64_t> next_request_id_{1};
-  std::mutex mutex_;
-  std::map<uint64_t, std::shared_ptr<UcxCall>> calls_;  // guarded by mutex_
-  std::vector<std::shared_ptr<UcxPeer>> peers_;         // guarded by mutex_
+  absl::Mutex mutex_;
+  std::map<uint64_t, std::shared_ptr<UcxCall>> calls_ ABSL_GUARDED_BY(mutex_);
+  std::vector<std::shared_ptr<UcxPeer>> peers_ ABSL_GUARDED_BY(mutex_);
   std::unique_ptr<transport::UcxWorker> worker_;
 };
 
-// A shard's data path over UCX active messages. Host memory only:
-// SupportsMemory(kCuda) is false (no UCS_MEMORY_TYPE_CUDA sends yet), so
-// the client stages device buffers through host memory. Payloads are sent
+// A shard's data path over UCX active messages. Host memory only (no
+// UCS_MEMORY_TYPE_CUDA sends yet). Payloads are sent
 // from the chunks' own bytes (no copy); replies are received into the reply
 // chunks and handed to the sink on the calling thread. A shard that dies
 // fails calls with UNAVAILABLE (error mode PEER), never a hang.
@@ -112,8 +117,6 @@ class UcxShardTransport : public ShardTransport {
   ~UcxShardTransport() override;
 
   std::string name() const override { return "ucx"; }
-  bool SupportsMemory(MemoryKind kind) const override { return kind == MemoryKind::kHost; }
-  absl::Status RegisterMemory(void* data, size_t bytes, MemoryKind kind) override;
 
   // Payloads go out from the caller's bytes; replies reach the sink as
   // views of the received buffers.
@@ -137,11 +140,10 @@ class UcxShardTransport : public ShardTransport {
   const std::string peer_name_;
   const std::function<bool()> peer_alive_;
   const UcxAddressProvider address_provider_;
-  std::mutex peer_mutex_;
-  std::condition_variable reconnected_;
-  std::shared_ptr<UcxPeer> peer_;        // guarded by peer_mutex_
-  bool reconnecting_ = false;            // guarded by peer_mutex_
-  absl::Status last_reconnect_failure_;  // guarded by peer_mutex_
+  absl::Mutex peer_mutex_;
+  std::shared_ptr<UcxPeer> peer_ ABSL_GUARDED_BY(peer_mutex_);
+  bool reconnecting_ ABSL_GUARDED_BY(peer_mutex_) = false;
+  absl::Status last_reconnect_failure_ ABSL_GUARDED_BY(peer_mutex_);
 };
 
 }  // namespace harrier

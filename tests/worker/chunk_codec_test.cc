@@ -1,0 +1,145 @@
+// The chunk codec alone: push encoding (dense chunks borrowed, compressed
+// ones carrying the wire spec) and the pull side (reply checks, the mirror
+// that compressed replies update).
+#include "worker/chunk_codec.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "common/codec/codec.h"
+#include "common/crc32c.h"
+#include "common/partitioner.h"
+#include "worker/tensor_table.h"
+
+namespace harrier {
+namespace {
+
+constexpr size_t kElements = 8;
+
+TensorInfo OneChunk(const std::string& name) {
+  HashPartitioner partitioner(1);
+  return TensorTable(partitioner, kElements).Plan(name, {kElements});
+}
+
+proto::TensorChunk Reply(const std::string& name, const std::string& payload, uint32_t codec,
+                         const std::string& codec_params) {
+  proto::TensorChunk reply;
+  reply.set_key(name);
+  reply.set_chunk(0);
+  reply.set_num_elements(kElements);
+  reply.set_codec(codec);
+  reply.set_codec_params(codec_params);
+  reply.set_checksum(Crc32c(payload.data(), payload.size()));
+  return reply;
+}
+
+std::string Dense(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+TEST_CASE("dense pushes borrow the gradient; compressed ones name the codec") {
+  auto dense = ChunkCodec::Create("none", "none", 0);
+  REQUIRE(dense.ok());
+  const TensorInfo info = OneChunk("w");
+  REQUIRE((*dense)->AddTensor(info).ok());
+  const std::vector<float> gradient(kElements, 2.0f);
+  OutgoingChunk chunk;
+  REQUIRE((*dense)->EncodePush({"w", 0}, gradient, 0, 0, &chunk).ok());
+  CHECK(chunk.is_borrowed);
+  CHECK(chunk.payload().data() == reinterpret_cast<const char*>(gradient.data()));
+  CHECK(chunk.header.codec() == 0);
+  CHECK(chunk.header.checksum() == Crc32c(chunk.payload().data(), chunk.payload().size()));
+
+  auto topk = ChunkCodec::Create("topk:ratio=0.25", "none", 0);
+  REQUIRE(topk.ok());
+  REQUIRE((*topk)->AddTensor(info).ok());
+  OutgoingChunk compressed;
+  REQUIRE((*topk)->EncodePush({"w", 0}, gradient, 0, 0, &compressed).ok());
+  CHECK_FALSE(compressed.is_borrowed);
+  CHECK(compressed.header.codec() == static_cast<uint32_t>(CodecId::kTopK));
+  CHECK(compressed.header.codec_params() == "topk:ratio=0.25");
+}
+
+TEST_CASE("compressed pull replies update the mirror that the first dense one set") {
+  const std::string spec = "topk:ratio=0.25";
+  auto codec = ChunkCodec::Create("none", spec, 0);
+  REQUIRE(codec.ok());
+  REQUIRE((*codec)->AddTensor(OneChunk("w")).ok());
+  CHECK((*codec)->PullParams({"w", 0}) == spec);
+  const std::vector<ChunkSpan> spans = OneChunk("w").groups[0].spans;
+  std::vector<float> out(kElements, -1.0f);
+
+  // The diff encoded as the shard would: top 2 of 8.
+  std::vector<float> diff = {0, 0, 5, 0, 0, 0, -7, 0};
+  std::string payload;
+  auto encoder = CreateCodec(*CodecSpec::Parse(spec));
+  REQUIRE((*encoder)->Encode(diff, CodecContext{}, &payload).ok());
+  const proto::TensorChunk compressed =
+      Reply("w", payload, static_cast<uint32_t>(CodecId::kTopK), spec);
+
+  // Before any dense reply there is nothing to add the difference to.
+  CHECK(absl::IsDataLoss(
+      (*codec)->DecodePull("w", spans, compressed, PayloadView(payload), out.data())));
+  CHECK(out == std::vector<float>(kElements, -1.0f));
+
+  const std::vector<float> base = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::string dense = Dense(base);
+  REQUIRE((*codec)
+              ->DecodePull("w", spans, Reply("w", dense, 0, ""), PayloadView(dense), out.data())
+              .ok());
+  CHECK(out == base);
+
+  REQUIRE((*codec)->DecodePull("w", spans, compressed, PayloadView(payload), out.data()).ok());
+  CHECK(out == std::vector<float>({1, 2, 8, 4, 5, 6, 0, 8}));
+  // The mirror kept the sum: a second difference adds to it.
+  REQUIRE((*codec)->DecodePull("w", spans, compressed, PayloadView(payload), out.data()).ok());
+  CHECK(out == std::vector<float>({1, 2, 13, 4, 5, 6, -7, 8}));
+}
+
+TEST_CASE("a bad pull reply is refused and writes nothing") {
+  const std::string spec = "topk:ratio=0.25";
+  auto codec = ChunkCodec::Create("none", spec, 0);
+  REQUIRE(codec.ok());
+  REQUIRE((*codec)->AddTensor(OneChunk("w")).ok());
+  const std::vector<ChunkSpan> spans = OneChunk("w").groups[0].spans;
+  const std::string dense = Dense(std::vector<float>(kElements, 3.0f));
+  std::vector<float> out(kElements, -1.0f);
+
+  proto::TensorChunk corrupt = Reply("w", dense, 0, "");
+  corrupt.set_checksum(corrupt.checksum() ^ 1);
+  CHECK(
+      absl::IsDataLoss((*codec)->DecodePull("w", spans, corrupt, PayloadView(dense), out.data())));
+  CHECK(absl::IsDataLoss(
+      (*codec)->DecodePull("v", spans, Reply("w", dense, 0, ""), PayloadView(dense), out.data())));
+  const std::string short_payload = dense.substr(4);
+  CHECK(absl::IsDataLoss((*codec)->DecodePull("w", spans, Reply("w", short_payload, 0, ""),
+                                              PayloadView(short_payload), out.data())));
+  REQUIRE((*codec)
+              ->DecodePull("w", spans, Reply("w", dense, 0, ""), PayloadView(dense), out.data())
+              .ok());
+  std::fill(out.begin(), out.end(), -1.0f);
+  std::string payload;
+  auto other = CreateCodec(*CodecSpec::Parse("topk:ratio=0.5"));
+  REQUIRE((*other)->Encode(std::vector<float>(kElements, 1.0f), CodecContext{}, &payload).ok());
+  CHECK(absl::IsDataLoss((*codec)->DecodePull(
+      "w", spans, Reply("w", payload, static_cast<uint32_t>(CodecId::kTopK), "topk:ratio=0.5"),
+      PayloadView(payload), out.data())));
+  CHECK(out == std::vector<float>(kElements, -1.0f));
+}
+
+TEST_CASE("chunks below compress_min_bytes travel dense both ways") {
+  auto codec = ChunkCodec::Create("topk:ratio=0.25", "topk:ratio=0.25", 1 << 20);
+  REQUIRE(codec.ok());
+  REQUIRE((*codec)->AddTensor(OneChunk("w")).ok());
+  CHECK((*codec)->PullParams({"w", 0}).empty());
+  const std::vector<float> gradient(kElements, 1.0f);
+  OutgoingChunk chunk;
+  REQUIRE((*codec)->EncodePush({"w", 0}, gradient, 0, 0, &chunk).ok());
+  CHECK(chunk.is_borrowed);
+  CHECK(chunk.header.codec() == 0);
+  CHECK(chunk.header.pull_codec_params().empty());
+}
+
+}  // namespace
+}  // namespace harrier

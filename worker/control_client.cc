@@ -1,0 +1,167 @@
+#include "worker/control_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_limits.h"
+#include "common/grpc_status.h"
+#include "proto/harrier.grpc.pb.h"
+
+namespace harrier {
+namespace {
+
+// The deadline of each background heartbeat: short, so a dead shard does not
+// delay the heartbeats of the live ones by a whole rpc_timeout.
+constexpr absl::Duration kHeartbeatDeadline = absl::Seconds(2);
+constexpr absl::Duration kProbeDeadline = absl::Seconds(1);
+
+}  // namespace
+
+struct GrpcControlClient::Shard {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<proto::ParameterService::Stub> parameters;
+  std::unique_ptr<proto::ControlService::Stub> control;  // shard 0 only
+};
+
+GrpcControlClient::GrpcControlClient(std::vector<std::string> servers, absl::Duration rpc_timeout)
+    : servers_(std::move(servers)), rpc_timeout_(rpc_timeout) {}
+
+GrpcControlClient::~GrpcControlClient() = default;
+
+absl::StatusOr<std::unique_ptr<GrpcControlClient>> GrpcControlClient::Connect(
+    const std::vector<std::string>& servers, absl::Duration connect_timeout,
+    absl::Duration rpc_timeout) {
+  std::unique_ptr<GrpcControlClient> client(new GrpcControlClient(servers, rpc_timeout));
+  const auto args = MakeChannelArguments();
+  const absl::Time deadline = absl::Now() + connect_timeout;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    auto shard = std::make_unique<Shard>();
+    shard->channel =
+        grpc::CreateCustomChannel(servers[i], grpc::InsecureChannelCredentials(), args);
+    if (!shard->channel->WaitForConnected(absl::ToChronoTime(deadline))) {
+      return absl::UnavailableError(absl::StrCat("cannot connect to ",
+                                                 client->ShardName(static_cast<int>(i)), " within ",
+                                                 absl::FormatDuration(connect_timeout)));
+    }
+    shard->parameters = proto::ParameterService::NewStub(shard->channel);
+    if (i == 0) shard->control = proto::ControlService::NewStub(shard->channel);
+    client->shards_.push_back(std::move(shard));
+  }
+  return client;
+}
+
+std::shared_ptr<grpc::Channel> GrpcControlClient::channel(int shard) const {
+  return shards_[shard]->channel;
+}
+
+int GrpcControlClient::num_shards() const { return static_cast<int>(servers_.size()); }
+
+std::string GrpcControlClient::ShardName(int shard) const {
+  return absl::StrCat("shard ", shard, " (", servers_[shard], ")");
+}
+
+namespace {
+
+// The one way every control RPC is made: a deadline on the context, and the
+// shard's name in front of any error.
+template <typename Rpc>
+absl::Status Call(const ControlClient& client, int shard, absl::Time deadline, Rpc rpc) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  const grpc::Status status = rpc(&context);
+  if (status.ok()) return absl::OkStatus();
+  const absl::Status converted = FromGrpcStatus(status);
+  return absl::Status(converted.code(),
+                      absl::StrCat(client.ShardName(shard), ": ", converted.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<proto::RegisterResponse> GrpcControlClient::Register(
+    const proto::RegisterRequest& request) {
+  proto::RegisterResponse response;
+  absl::Status status = Call(*this, 0, absl::Now() + rpc_timeout_, [&](grpc::ClientContext* c) {
+    return shards_[0]->control->Register(c, request, &response);
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status GrpcControlClient::Barrier(const proto::BarrierRequest& request) {
+  proto::BarrierResponse response;
+  return Call(*this, 0, absl::Now() + rpc_timeout_, [&](grpc::ClientContext* c) {
+    return shards_[0]->control->Barrier(c, request, &response);
+  });
+}
+
+absl::Status GrpcControlClient::Heartbeat(const proto::HeartbeatRequest& request) {
+  proto::HeartbeatResponse response;
+  return Call(*this, 0, absl::Now() + rpc_timeout_, [&](grpc::ClientContext* c) {
+    return shards_[0]->control->Heartbeat(c, request, &response);
+  });
+}
+
+absl::Status GrpcControlClient::Init(int shard, const proto::InitRequest& request) {
+  proto::InitResponse response;
+  return Call(*this, shard, absl::Now() + rpc_timeout_, [&](grpc::ClientContext* c) {
+    return shards_[shard]->parameters->Init(c, request, &response);
+  });
+}
+
+absl::Status GrpcControlClient::Leave(int shard, const proto::LeaveRequest& request) {
+  proto::LeaveResponse response;
+  return Call(*this, shard, absl::Now() + rpc_timeout_, [&](grpc::ClientContext* c) {
+    return shards_[shard]->parameters->Leave(c, request, &response);
+  });
+}
+
+absl::Status GrpcControlClient::ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
+                                               absl::Time deadline) {
+  proto::HeartbeatResponse response;
+  return Call(*this, shard, deadline, [&](grpc::ClientContext* c) {
+    return shards_[shard]->parameters->Heartbeat(c, request, &response);
+  });
+}
+
+absl::StatusOr<std::string> GrpcControlClient::GetTransportAddress(int shard,
+                                                                   const std::string& transport,
+                                                                   absl::Time deadline) {
+  proto::TransportAddressRequest request;
+  request.set_transport(transport);
+  proto::TransportAddressResponse response;
+  absl::Status status = Call(*this, shard, deadline, [&](grpc::ClientContext* c) {
+    return shards_[shard]->parameters->GetTransportAddress(c, request, &response);
+  });
+  if (!status.ok()) return status;
+  return response.address();
+}
+
+bool GrpcControlClient::ShardReachable(int shard) {
+  // An empty transport name asks for nothing: the RPC has no side effect.
+  return !absl::IsUnavailable(
+      GetTransportAddress(shard, "", absl::Now() + kProbeDeadline).status());
+}
+
+HeartbeatLoop::HeartbeatLoop(ControlClient& control, absl::Duration interval,
+                             std::function<proto::HeartbeatRequest()> request)
+    : control_(control), interval_(interval), request_(std::move(request)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+HeartbeatLoop::~HeartbeatLoop() {
+  stop_.Notify();
+  thread_.join();
+}
+
+void HeartbeatLoop::Run() {
+  do {
+    const proto::HeartbeatRequest request = request_();
+    for (int shard = 0; shard < control_.num_shards() && !stop_.HasBeenNotified(); ++shard) {
+      control_.ShardHeartbeat(shard, request, absl::Now() + kHeartbeatDeadline).IgnoreError();
+    }
+  } while (!stop_.WaitForNotificationWithTimeout(interval_));
+}
+
+}  // namespace harrier

@@ -1,0 +1,125 @@
+#ifndef HARRIER_WORKER_CONTROL_CLIENT_H_
+#define HARRIER_WORKER_CONTROL_CLIENT_H_
+
+// The worker's control plane: registration with shard 0, tensor Init,
+// barriers, heartbeats, Leave and the UCX address lookup, each a unary RPC
+// with the client's deadline and an error that names the shard
+// ("shard i (host:port): message"). Pushes and pulls do not go through it
+// (ShardTransport does).
+//
+// ControlClient is the interface the client library uses; GrpcControlClient
+// talks to real shards and FakeControlClient (fake_control_client.h) records
+// requests for tests.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "proto/harrier.pb.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace harrier {
+
+// Thread-safe: calls may run concurrently from any thread. Every call ends
+// by its deadline (the client's rpc_timeout unless the method says).
+class ControlClient {
+ public:
+  virtual ~ControlClient() = default;
+
+  virtual int num_shards() const = 0;
+  // "shard i (host:port)", the prefix of every error about that shard.
+  virtual std::string ShardName(int shard) const = 0;
+
+  // Control plane (shard 0).
+  virtual absl::StatusOr<proto::RegisterResponse> Register(
+      const proto::RegisterRequest& request) = 0;
+  virtual absl::Status Barrier(const proto::BarrierRequest& request) = 0;
+  virtual absl::Status Heartbeat(const proto::HeartbeatRequest& request) = 0;
+
+  // One shard's parameter service.
+  virtual absl::Status Init(int shard, const proto::InitRequest& request) = 0;
+  virtual absl::Status Leave(int shard, const proto::LeaveRequest& request) = 0;
+  // The liveness heartbeat every shard gets from the background loop.
+  virtual absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
+                                      absl::Time deadline) = 0;
+  // The shard's address for a data-path backend ("ucx"), by `deadline`.
+  virtual absl::StatusOr<std::string> GetTransportAddress(int shard, const std::string& transport,
+                                                          absl::Time deadline) = 0;
+  // False only if the shard answers UNAVAILABLE to a side-effect-free RPC
+  // within a second: it is down (a channel's state alone can stay READY for
+  // seconds after a crash).
+  virtual bool ShardReachable(int shard) = 0;
+};
+
+// Over gRPC: one channel per shard, shared with the gRPC data path.
+class GrpcControlClient : public ControlClient {
+ public:
+  // Opens a channel to every server (shard 0 first) and waits until each
+  // has connected; UNAVAILABLE naming the shard if one does not within
+  // connect_timeout.
+  static absl::StatusOr<std::unique_ptr<GrpcControlClient>> Connect(
+      const std::vector<std::string>& servers, absl::Duration connect_timeout,
+      absl::Duration rpc_timeout);
+  ~GrpcControlClient() override;
+
+  // The shard's channel, for the gRPC data path (transport_factory.h).
+  std::shared_ptr<grpc::Channel> channel(int shard) const;
+
+  int num_shards() const override;
+  std::string ShardName(int shard) const override;
+  absl::StatusOr<proto::RegisterResponse> Register(const proto::RegisterRequest& request) override;
+  absl::Status Barrier(const proto::BarrierRequest& request) override;
+  absl::Status Heartbeat(const proto::HeartbeatRequest& request) override;
+  absl::Status Init(int shard, const proto::InitRequest& request) override;
+  absl::Status Leave(int shard, const proto::LeaveRequest& request) override;
+  absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
+                              absl::Time deadline) override;
+  absl::StatusOr<std::string> GetTransportAddress(int shard, const std::string& transport,
+                                                  absl::Time deadline) override;
+  bool ShardReachable(int shard) override;
+
+ private:
+  struct Shard;
+  GrpcControlClient(std::vector<std::string> servers, absl::Duration rpc_timeout);
+
+  const std::vector<std::string> servers_;
+  const absl::Duration rpc_timeout_;
+  std::vector<std::unique_ptr<Shard>> shards_;  // fixed after Connect
+};
+
+// Tells every shard, every `interval`, that this worker is alive at its
+// current clock, on a thread of its own, until destroyed. A failed
+// heartbeat is not an error of any operation: the calls that matter report
+// the shard's state themselves.
+class HeartbeatLoop {
+ public:
+  // `request` is called on the loop's thread for each round. `control`
+  // must outlive the loop.
+  HeartbeatLoop(ControlClient& control, absl::Duration interval,
+                std::function<proto::HeartbeatRequest()> request);
+  ~HeartbeatLoop();  // stops and joins
+  HeartbeatLoop(const HeartbeatLoop&) = delete;
+  HeartbeatLoop& operator=(const HeartbeatLoop&) = delete;
+
+ private:
+  void Run();
+
+  ControlClient& control_;
+  const absl::Duration interval_;
+  const std::function<proto::HeartbeatRequest()> request_;
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_WORKER_CONTROL_CLIENT_H_

@@ -1,0 +1,110 @@
+#include "worker/shard_calls.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace harrier {
+
+ShardCalls::ShardCalls(ShardCallsConfig config, std::vector<ShardTransport*> transports,
+                       ChunkCodec& codec, const OperationEngine& engine)
+    : config_(std::move(config)),
+      transports_(std::move(transports)),
+      codec_(codec),
+      engine_(engine) {}
+
+absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::string& name,
+                                                                   const ShardGroup& group,
+                                                                   const float* gradient,
+                                                                   int64_t clock) {
+  std::vector<OutgoingChunk> chunks(group.spans.size());
+  for (size_t i = 0; i < group.spans.size(); ++i) {
+    const ChunkSpan& span = group.spans[i];
+    proto::TensorChunk& header = chunks[i].header;
+    header.set_job(config_.job);
+    header.set_rank(config_.rank);
+    header.set_key(name);
+    header.set_chunk(span.chunk);
+    header.set_clock(clock);
+    header.set_num_elements(span.num_elements);
+    header.set_dtype(proto::DTYPE_FLOAT32);
+    if (auto status =
+            codec_.EncodePush(ChunkKey{name, span.chunk},
+                              absl::MakeConstSpan(gradient + span.offset, span.num_elements), clock,
+                              config_.rank, &chunks[i]);
+        !status.ok()) {
+      return status;
+    }
+    bytes_pushed_ += chunks[i].payload().size();
+  }
+  return chunks;
+}
+
+absl::Status ShardCalls::OnShard(Operation& op, int shard,
+                                 const std::function<absl::Status()>& attempt) {
+  absl::Status status = engine_.WithRetries(op.canceller(), attempt);
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(config_.shard_name(shard), ": ", status.message()));
+}
+
+absl::Status ShardCalls::ReceiveInto(
+    Operation& op, const std::string& name, const ShardGroup& group, float* out,
+    const std::function<absl::Status(const ChunkViewSink&)>& call) {
+  size_t received = 0;
+  const ChunkViewSink sink = [&](const proto::TensorChunk& reply, const PayloadView& payload) {
+    ++received;
+    if (auto status = codec_.DecodePull(name, group.spans, reply, payload, out); !status.ok()) {
+      return status;
+    }
+    bytes_pulled_ += payload.size();
+    last_min_clock_ = reply.min_clock();
+    return absl::OkStatus();
+  };
+  absl::Status status = OnShard(op, group.shard, [&] {
+    received = 0;  // a retried call starts over
+    return call(sink);
+  });
+  if (!status.ok() || received == group.spans.size()) return status;
+  return absl::DataLossError(absl::StrCat(config_.shard_name(group.shard), ": ", received, " of ",
+                                          group.spans.size(), " chunks of '", name, "' arrived"));
+}
+
+absl::Status ShardCalls::Push(Operation& op, const std::string& name, const ShardGroup& group,
+                              const float* gradient, int64_t clock) {
+  auto chunks = BuildChunks(name, group, gradient, clock);
+  if (!chunks.ok()) return chunks.status();
+  return OnShard(op, group.shard, [&] {
+    return transports_[group.shard]->Push(*chunks, Deadline(), op.canceller());
+  });
+}
+
+absl::Status ShardCalls::Pull(Operation& op, const std::string& name, const ShardGroup& group,
+                              float* out, int64_t clock) {
+  proto::PullRequest request;
+  request.set_job(config_.job);
+  request.set_rank(config_.rank);
+  request.set_clock(clock);
+  for (const ChunkSpan& span : group.spans) {
+    proto::ChunkRef* ref = request.add_chunks();
+    ref->set_key(name);
+    ref->set_chunk(span.chunk);
+    ref->set_num_elements(span.num_elements);
+    const std::string& pull_params = codec_.PullParams(ChunkKey{name, span.chunk});
+    if (!pull_params.empty()) ref->set_codec_params(pull_params);
+  }
+  return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
+    return transports_[group.shard]->Pull(request, sink, Deadline(), op.canceller());
+  });
+}
+
+absl::Status ShardCalls::PushPull(Operation& op, const std::string& name, const ShardGroup& group,
+                                  const float* gradient, float* out, int64_t clock) {
+  auto chunks = BuildChunks(name, group, gradient, clock);
+  if (!chunks.ok()) return chunks.status();
+  return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
+    return transports_[group.shard]->PushPull(*chunks, sink, Deadline(), op.canceller());
+  });
+}
+
+}  // namespace harrier

@@ -1,0 +1,81 @@
+#ifndef HARRIER_WORKER_SHARD_CALLS_H_
+#define HARRIER_WORKER_SHARD_CALLS_H_
+
+// One operation's work on one shard group (the chunks of one tensor on one
+// shard): build the chunks (identity fields here, codec fields by the
+// ChunkCodec), make the transport call with the engine's retries and the
+// rpc_timeout deadline, and read the reply chunks into the caller's tensor.
+// Errors carry the shard's name.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/chunk_codec.h"
+#include "worker/operation_engine.h"
+#include "worker/tensor_table.h"
+#include "worker/transport/transport.h"
+
+namespace harrier {
+
+struct ShardCallsConfig {
+  std::string job;
+  uint32_t rank = 0;
+  absl::Duration rpc_timeout = absl::Seconds(60);  // each transport call's deadline
+  // Names shard i in errors ("shard i (host:port)").
+  std::function<std::string(int shard)> shard_name;
+};
+
+// Thread-safe; the transports, codec and engine must outlive it. Buffers
+// are the caller's: gradients are read (dense chunks are sent from them),
+// outputs written only by verified reply chunks.
+class ShardCalls {
+ public:
+  ShardCalls(ShardCallsConfig config, std::vector<ShardTransport*> transports, ChunkCodec& codec,
+             const OperationEngine& engine);
+
+  absl::Status Push(Operation& op, const std::string& name, const ShardGroup& group,
+                    const float* gradient, int64_t clock);
+  absl::Status Pull(Operation& op, const std::string& name, const ShardGroup& group, float* out,
+                    int64_t clock);
+  absl::Status PushPull(Operation& op, const std::string& name, const ShardGroup& group,
+                        const float* gradient, float* out, int64_t clock);
+
+  // Payload bytes sent and received, and the min clock the latest reply
+  // carried.
+  uint64_t bytes_pushed() const { return bytes_pushed_; }
+  uint64_t bytes_pulled() const { return bytes_pulled_; }
+  int64_t last_min_clock() const { return last_min_clock_; }
+
+ private:
+  // Dense chunks borrow `gradient`: it must outlive the transport call.
+  absl::StatusOr<std::vector<OutgoingChunk>> BuildChunks(const std::string& name,
+                                                         const ShardGroup& group,
+                                                         const float* gradient, int64_t clock);
+  // Retries, then the shard's name in front of any error.
+  absl::Status OnShard(Operation& op, int shard, const std::function<absl::Status()>& attempt);
+  // Runs a pull-like call with retries, reading every reply chunk into
+  // `out`; DATA_LOSS if a chunk did not arrive.
+  absl::Status ReceiveInto(Operation& op, const std::string& name, const ShardGroup& group,
+                           float* out,
+                           const std::function<absl::Status(const ChunkViewSink&)>& call);
+  absl::Time Deadline() const { return absl::Now() + config_.rpc_timeout; }
+
+  const ShardCallsConfig config_;
+  const std::vector<ShardTransport*> transports_;
+  ChunkCodec& codec_;
+  const OperationEngine& engine_;
+  std::atomic<uint64_t> bytes_pushed_{0};
+  std::atomic<uint64_t> bytes_pulled_{0};
+  std::atomic<int64_t> last_min_clock_{0};
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_WORKER_SHARD_CALLS_H_

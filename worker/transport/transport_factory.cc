@@ -1,0 +1,51 @@
+#include "worker/transport/transport_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "worker/transport/grpc/grpc_transport.h"
+#include "worker/transport/ucx/ucx_transport.h"
+
+namespace harrier {
+
+absl::Status CheckTransportName(absl::string_view backend) {
+  if (backend == "grpc" || backend == "ucx") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown transport '", backend, "' (grpc or ucx)"));
+}
+
+namespace {
+
+absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateUcx(
+    const std::string& client_name, const std::vector<ShardLink>& links, absl::Time deadline) {
+  // One UCX worker for all shards; each shard's address comes over gRPC.
+  auto context = UcxClientContext::Create(client_name);
+  if (!context.ok()) return context.status();
+  std::vector<std::unique_ptr<ShardTransport>> transports;
+  for (const ShardLink& link : links) {
+    auto address = link.address("ucx", deadline);
+    if (!address.ok()) return address.status();
+    auto transport =
+        UcxClientContext::Connect(*context, link.name, *address, deadline, link.reachable,
+                                  [address_of = link.address](absl::Time address_deadline) {
+                                    return address_of("ucx", address_deadline);
+                                  });
+    if (!transport.ok()) return transport.status();
+    transports.push_back(std::move(*transport));
+  }
+  return transports;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateShardTransports(
+    absl::string_view backend, const std::string& client_name, const std::vector<ShardLink>& links,
+    absl::Time deadline) {
+  if (auto status = CheckTransportName(backend); !status.ok()) return status;
+  if (backend == "ucx") return CreateUcx(client_name, links, deadline);
+  std::vector<std::unique_ptr<ShardTransport>> transports;
+  for (const ShardLink& link : links) {
+    transports.push_back(std::make_unique<GrpcShardTransport>(link.channel));
+  }
+  return transports;
+}
+
+}  // namespace harrier
