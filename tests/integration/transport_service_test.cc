@@ -1,0 +1,140 @@
+// Both transports through one request path, checked through the real
+// harrier-server binary: the latency histograms on /metrics move for gRPC
+// and for UCX alike, and a gRPC client's cancel wakes the shard's blocked
+// pull at once. UCX runs over tcp on loopback (see BUILD).
+#include <catch2/catch.hpp>
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "proto/harrier.grpc.pb.h"
+#include "tests/integration/server_process.h"
+#include "worker/client.h"
+
+namespace harrier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr size_t kElements = 16;
+
+ClientOptions Options(const std::string& address, const std::string& transport) {
+  ClientOptions options;
+  options.servers = {address};
+  options.transport = transport;
+  options.rpc_timeout = absl::Seconds(30);
+  options.heartbeat_interval = absl::ZeroDuration();
+  return options;
+}
+
+bool Has(const std::string& text, const std::string& line) {
+  return text.find(line) != std::string::npos;
+}
+
+// One push, one pull and one push-pull through `client`.
+void Exercise(Client& client) {
+  std::vector<float> w(kElements), g(kElements, 1.0f);
+  REQUIRE(client.Push("w", g).ok());
+  client.Clock();
+  REQUIRE(client.Pull("w", absl::MakeSpan(w)).ok());
+  REQUIRE(client.PushPull("w", g, absl::MakeSpan(w)).ok());
+  client.Clock();
+}
+
+TEST_CASE("the latency histograms count calls over gRPC and over UCX alike") {
+  const int metrics_port = testing::FreePort();
+  auto server = testing::ServerProcess::Start(
+      {"--num_workers=2", "--sync=asp", "--ucx", absl::StrCat("--metrics_port=", metrics_port)});
+  REQUIRE(server.ok());
+  auto grpc_client = Client::Create(Options((*server)->address(), "grpc"));
+  REQUIRE(grpc_client.ok());
+  auto ucx_client = Client::Create(Options((*server)->address(), "ucx"));
+  INFO(ucx_client.status().ToString());
+  REQUIRE(ucx_client.ok());
+  REQUIRE((*grpc_client)->RegisterTensor("w", {kElements}).ok());
+  REQUIRE((*ucx_client)->RegisterTensor("w", {kElements}).ok());
+
+  Exercise(**grpc_client);
+  std::string metrics = testing::HttpGet(metrics_port, "/metrics");
+  INFO(metrics);
+  REQUIRE(Has(metrics, "harrier_server_push_seconds_count{shard=\"0\"} 1\n"));
+  REQUIRE(Has(metrics, "harrier_server_pull_seconds_count{shard=\"0\"} 2\n"));
+
+  Exercise(**ucx_client);
+  metrics = testing::HttpGet(metrics_port, "/metrics");
+  INFO(metrics);
+  // The same series, whichever transport carried the call.
+  REQUIRE(Has(metrics, "harrier_server_push_seconds_count{shard=\"0\"} 2\n"));
+  REQUIRE(Has(metrics, "harrier_server_pull_seconds_count{shard=\"0\"} 4\n"));
+}
+
+// The shard's blocked-pull gauge, or -1 if absent.
+int BlockedPulls(int metrics_port) {
+  const std::string metrics = testing::HttpGet(metrics_port, "/metrics");
+  const std::string prefix = "harrier_server_blocked_pulls{shard=\"0\"} ";
+  const size_t at = metrics.find(prefix);
+  if (at == std::string::npos) return -1;
+  return std::stoi(metrics.substr(at + prefix.size()));
+}
+
+bool AwaitBlockedPulls(int metrics_port, int n, milliseconds timeout) {
+  const auto until = Clock::now() + timeout;
+  while (BlockedPulls(metrics_port) != n) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  return true;
+}
+
+TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
+  const int metrics_port = testing::FreePort();
+  auto server = testing::ServerProcess::Start(
+      {"--num_workers=2", "--sync=bsp", absl::StrCat("--metrics_port=", metrics_port)});
+  REQUIRE(server.ok());
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto stub = proto::ParameterService::NewStub(channel);
+
+  std::vector<float> zeros(kElements, 0.0f);
+  proto::InitRequest init;
+  init.set_key("w");
+  init.add_shape(kElements);
+  init.set_num_elements(kElements);
+  init.set_dtype(proto::DTYPE_FLOAT32);
+  init.set_initial_values(std::string(reinterpret_cast<const char*>(zeros.data()), kElements * 4));
+  init.set_checksum(Crc32c(init.initial_values().data(), kElements * 4));
+  grpc::ClientContext init_context;
+  proto::InitResponse created;
+  REQUIRE(stub->Init(&init_context, init, &created).ok());
+
+  // Clock 1 waits for both workers' first push: blocked until its deadline,
+  // a minute away, unless the cancel reaches the store.
+  proto::PullRequest request;
+  request.set_rank(0);
+  request.set_clock(1);
+  proto::ChunkRef* ref = request.add_chunks();
+  ref->set_key("w");
+  ref->set_num_elements(kElements);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto pull = std::async(std::launch::async, [&] {
+    auto reader = stub->Pull(&context, request);
+    proto::TensorChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    return reader->Finish();
+  });
+  REQUIRE(AwaitBlockedPulls(metrics_port, 1, milliseconds(5000)));
+  context.TryCancel();
+  REQUIRE(pull.get().error_code() == grpc::StatusCode::CANCELLED);
+  REQUIRE(AwaitBlockedPulls(metrics_port, 0, milliseconds(200)));
+}
+
+}  // namespace
+}  // namespace harrier
