@@ -66,20 +66,23 @@ RawUcxClient::~RawUcxClient() {
 
 void RawUcxClient::Abandon() { worker_.reset(); }
 
-absl::Status RawUcxClient::Call(transport::Frame frame, const std::string& body,
-                                const std::string& data, absl::Duration timeout) {
+uint64_t RawUcxClient::Send(transport::Frame frame, const std::string& body,
+                            const std::string& data) {
   frame.connection_id = connection_id_;
-  frame.request_id = next_request_++;
+  if (frame.op != transport::Op::kCancel) frame.request_id = next_request_++;
   std::string header = transport::EncodeHeader(frame, body);
-  // `data` outlives the send: this call waits for the reply, which the shard
-  // sends only after it has received the data.
+  // `data` outlives the send: the caller waits for the reply, which the
+  // shard sends only after it has received the data.
   worker_->Post([this, header = std::move(header), &data]() mutable {
     if (ep_ == nullptr) return;
     worker_->SendAm(ep_, transport::kRequestAmId, std::move(header), data.data(), data.size(),
                     [](ucs_status_t) {});
   });
+  return frame.request_id;
+}
+
+absl::Status RawUcxClient::Await(uint64_t id, absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  const uint64_t id = frame.request_id;
   if (!changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
                          [&] { return replies_.count(id) > 0 || !failure_.ok(); })) {
     return absl::DeadlineExceededError("no reply from the shard");
@@ -88,6 +91,31 @@ absl::Status RawUcxClient::Call(transport::Frame frame, const std::string& body,
   absl::Status status = replies_[id];
   replies_.erase(id);
   return status;
+}
+
+absl::Status RawUcxClient::Call(transport::Frame frame, const std::string& body,
+                                const std::string& data, absl::Duration timeout) {
+  return Await(Send(frame, body, data), timeout);
+}
+
+absl::Status RawUcxClient::CallAndCancel(transport::Frame frame, const std::string& body,
+                                         const std::string& data, absl::Duration cancel_after,
+                                         absl::Duration timeout) {
+  const uint64_t id = Send(frame, body, data);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (changed_.wait_for(lock, absl::ToChronoNanoseconds(cancel_after),
+                          [&] { return replies_.count(id) > 0 || !failure_.ok(); })) {
+      lock.unlock();
+      return Await(id, absl::ZeroDuration());
+    }
+  }
+  transport::Frame cancel;
+  cancel.op = transport::Op::kCancel;
+  cancel.request_id = id;
+  static const std::string kNoData;
+  Send(cancel, "", kNoData);
+  return Await(id, timeout);
 }
 
 ucs_status_t RawUcxClient::OnReply(void* arg, const void* header, size_t header_length, void*,

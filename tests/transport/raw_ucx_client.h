@@ -31,12 +31,23 @@ class RawUcxClient {
   absl::Status Call(transport::Frame frame, const std::string& body, const std::string& data,
                     absl::Duration timeout = absl::Seconds(10));
 
+  // As Call, but gives up after `cancel_after` as a client does: sends
+  // kCancel for the request, then waits for the shard's reply to it.
+  absl::Status CallAndCancel(transport::Frame frame, const std::string& body,
+                             const std::string& data, absl::Duration cancel_after,
+                             absl::Duration timeout = absl::Seconds(10));
+
   // Stops the worker without closing the endpoint, as a crashed process
   // would leave it.
   void Abandon();
 
  private:
   RawUcxClient() = default;
+  // Posts a request (ids filled in); returns its request id. `data` must
+  // outlive the reply.
+  uint64_t Send(transport::Frame frame, const std::string& body, const std::string& data);
+  // The reply status to request `id`, or DEADLINE_EXCEEDED after `timeout`.
+  absl::Status Await(uint64_t id, absl::Duration timeout);
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param);
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);

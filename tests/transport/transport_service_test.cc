@@ -14,7 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "proto/harrier.grpc.pb.h"
+#include "common/transport/framing.h"
 #include "tests/integration/server_process.h"
+#include "tests/transport/raw_ucx_client.h"
 #include "worker/client.h"
 
 namespace harrier {
@@ -93,14 +95,8 @@ bool AwaitBlockedPulls(int metrics_port, int n, milliseconds timeout) {
   return true;
 }
 
-TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
-  const int metrics_port = testing::FreePort();
-  auto server = testing::ServerProcess::Start(
-      {"--num_workers=2", "--sync=bsp", absl::StrCat("--metrics_port=", metrics_port)});
-  REQUIRE(server.ok());
-  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
-  auto stub = proto::ParameterService::NewStub(channel);
-
+// Creates "w" over gRPC, as a worker's registration does.
+void InitOverGrpc(proto::ParameterService::Stub& stub) {
   std::vector<float> zeros(kElements, 0.0f);
   proto::InitRequest init;
   init.set_key("w");
@@ -109,22 +105,40 @@ TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
   init.set_dtype(proto::DTYPE_FLOAT32);
   init.set_initial_values(std::string(reinterpret_cast<const char*>(zeros.data()), kElements * 4));
   init.set_checksum(Crc32c(init.initial_values().data(), kElements * 4));
-  grpc::ClientContext init_context;
+  grpc::ClientContext context;
   proto::InitResponse created;
-  REQUIRE(stub->Init(&init_context, init, &created).ok());
+  REQUIRE(stub.Init(&context, init, &created).ok());
+}
 
-  // Clock 1 waits for both workers' first push: blocked until its deadline,
-  // a minute away, unless the cancel reaches the store.
+// Under BSP with 2 workers, clock 1 waits for both workers' first push:
+// blocked until its deadline, a minute away, unless the cancel reaches the
+// store.
+proto::PullRequest BlockedPull() {
   proto::PullRequest request;
   request.set_rank(0);
   request.set_clock(1);
   proto::ChunkRef* ref = request.add_chunks();
   ref->set_key("w");
   ref->set_num_elements(kElements);
+  return request;
+}
+
+std::vector<std::string> BspFlags(int metrics_port) {
+  return {"--num_workers=2", "--sync=bsp", "--ucx", absl::StrCat("--metrics_port=", metrics_port)};
+}
+
+TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
+  const int metrics_port = testing::FreePort();
+  auto server = testing::ServerProcess::Start(BspFlags(metrics_port));
+  REQUIRE(server.ok());
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto stub = proto::ParameterService::NewStub(channel);
+  InitOverGrpc(*stub);
+
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto pull = std::async(std::launch::async, [&] {
-    auto reader = stub->Pull(&context, request);
+    auto reader = stub->Pull(&context, BlockedPull());
     proto::TensorChunk chunk;
     while (reader->Read(&chunk)) {
     }
@@ -133,6 +147,32 @@ TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
   REQUIRE(AwaitBlockedPulls(metrics_port, 1, milliseconds(5000)));
   context.TryCancel();
   REQUIRE(pull.get().error_code() == grpc::StatusCode::CANCELLED);
+  REQUIRE(AwaitBlockedPulls(metrics_port, 0, milliseconds(200)));
+}
+
+TEST_CASE("a UCX client's kCancel wakes the shard's blocked pull at once") {
+  const int metrics_port = testing::FreePort();
+  auto server = testing::ServerProcess::Start(BspFlags(metrics_port));
+  REQUIRE(server.ok());
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto stub = proto::ParameterService::NewStub(channel);
+  InitOverGrpc(*stub);
+  auto ucx = testing::RawUcxClient::Connect((*server)->address());
+  INFO(ucx.status().ToString());
+  REQUIRE(ucx.ok());
+
+  transport::Frame frame;
+  frame.op = transport::Op::kPull;
+  frame.arg = 60000;  // the client's remaining milliseconds
+  const auto start = Clock::now();
+  const absl::Status status = (*ucx)->CallAndCancel(frame, BlockedPull().SerializeAsString(), "",
+                                                    absl::Milliseconds(300));
+  const auto answered = Clock::now() - start;
+  INFO(status.ToString());
+  // The shard's own answer to the cancelled request, not the deadline's.
+  REQUIRE(absl::IsCancelled(status));
+  REQUIRE(answered >= milliseconds(300));
+  REQUIRE(answered < milliseconds(400));
   REQUIRE(AwaitBlockedPulls(metrics_port, 0, milliseconds(200)));
 }
 
