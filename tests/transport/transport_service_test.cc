@@ -54,6 +54,7 @@ TEST_CASE("the latency histograms count calls over gRPC and over UCX alike") {
   const int metrics_port = testing::FreePort();
   auto server = testing::ServerProcess::Start(
       {"--num_workers=2", "--sync=asp", "--ucx", absl::StrCat("--metrics_port=", metrics_port)});
+  INFO(server.status().ToString());
   REQUIRE(server.ok());
   auto grpc_client = Client::Create(Options((*server)->address(), "grpc"));
   REQUIRE(grpc_client.ok());
@@ -130,6 +131,7 @@ std::vector<std::string> BspFlags(int metrics_port) {
 TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
   const int metrics_port = testing::FreePort();
   auto server = testing::ServerProcess::Start(BspFlags(metrics_port));
+  INFO(server.status().ToString());
   REQUIRE(server.ok());
   auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
   auto stub = proto::ParameterService::NewStub(channel);
@@ -153,6 +155,7 @@ TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
 TEST_CASE("a UCX client's kCancel wakes the shard's blocked pull at once") {
   const int metrics_port = testing::FreePort();
   auto server = testing::ServerProcess::Start(BspFlags(metrics_port));
+  INFO(server.status().ToString());
   REQUIRE(server.ok());
   auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
   auto stub = proto::ParameterService::NewStub(channel);
