@@ -116,16 +116,18 @@ absl::Status ShardService::ApplyPush(const Work& work,
 }
 
 absl::Status ShardService::PullInto(const Work& work, const PullPlan& plan, ReplySink* sink) {
-  uint32_t index = 0;
-  for (const PullPlan::Item& item : plan.items) {
+  for (uint32_t index = 0; index < plan.items.size(); ++index) {
+    const PullPlan::Item& item = plan.items[index];
     if (work.cancelled()) return ClientWentAway();
     proto::TensorChunk header;
     auto status = store_->Pull(item.rank, item.clock, item.ref, work.deadline, work.cancellation,
                                &header, [sink](size_t bytes) { return sink->Allocate(bytes); });
     if (!status.ok()) return status;
     header.set_job(*item.job);
-    if (status = sink->Send(header, index++); !status.ok()) return status;
+    const bool last = index + 1 == plan.items.size();
+    if (status = sink->Send(header, index, last); !status.ok()) return status;
   }
+  // Nothing may fail after the last Send: it promised the sink an OK.
   return absl::OkStatus();
 }
 

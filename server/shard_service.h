@@ -79,9 +79,11 @@ class ShardService {
     // be quick). Owned by the sink; valid until the Send that follows.
     virtual char* Allocate(size_t bytes) = 0;
     // The chunk whose payload was just written, complete with its job.
-    // `index` counts the chunks of this reply from 0. Must not block; an
-    // error (the client went away) ends the call with it.
-    virtual absl::Status Send(const proto::TensorChunk& header, uint32_t index) = 0;
+    // `index` counts the chunks of this reply from 0; `last`: no chunk
+    // follows and, if Send returns OK, the call ends OK (a transport may
+    // send the status with this chunk). Must not block; an error (the
+    // client went away) ends the call with it.
+    virtual absl::Status Send(const proto::TensorChunk& header, uint32_t index, bool last) = 0;
   };
 
   // `store` is not owned and must outlive the service.

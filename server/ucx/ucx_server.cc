@@ -69,7 +69,7 @@ struct UcxServer::Request final : ShardService::ReplySink {
     payload = transport::PayloadBuffer::Allocate(bytes);
     return payload.data();
   }
-  absl::Status Send(const proto::TensorChunk& header, uint32_t index) override {
+  absl::Status Send(const proto::TensorChunk& header, uint32_t index, bool) override {
     server->SendChunk(connection, id, index, header,
                       std::make_shared<transport::PayloadBuffer>(std::move(payload)));
     sent = index + 1;

@@ -83,13 +83,13 @@ TEST_CASE("control: a cancelled barrier stops counting its rank at once") {
   grpc::ClientContext context;
   auto first = std::async(std::launch::async,
                           [&] { return control.Barrier(0, milliseconds(10000), &context); });
-  // Between two ticks of a 50 ms poll, as a cancel usually is.
-  std::this_thread::sleep_for(milliseconds(125));
+  // Just after a tick of a 50 ms poll (which would notice it 40 ms later).
+  std::this_thread::sleep_for(milliseconds(110));
   context.TryCancel();
   REQUIRE(first.get().error_code() == grpc::StatusCode::CANCELLED);
-  // Well inside the old 50 ms poll: had rank 0 still counted, rank 1's
-  // arrival would complete the barrier.
-  std::this_thread::sleep_for(milliseconds(5));
+  // Well inside that poll: had rank 0 still counted, rank 1's arrival would
+  // complete the barrier.
+  std::this_thread::sleep_for(milliseconds(25));
   const grpc::Status second = control.Barrier(1, milliseconds(300));
   INFO(second.error_message());
   REQUIRE(second.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);

@@ -86,9 +86,10 @@ class Sink : public ShardService::ReplySink {
     buffer_.assign(bytes, 0);
     return buffer_.data();
   }
-  absl::Status Send(const proto::TensorChunk& header, uint32_t index) override {
+  absl::Status Send(const proto::TensorChunk& header, uint32_t index, bool last) override {
     headers.push_back(header);
     indices.push_back(index);
+    lasts.push_back(last);
     std::vector<float> values(buffer_.size() / 4);
     std::memcpy(values.data(), buffer_.data(), buffer_.size());
     payloads.push_back(std::move(values));
@@ -97,6 +98,7 @@ class Sink : public ShardService::ReplySink {
 
   std::vector<proto::TensorChunk> headers;
   std::vector<uint32_t> indices;
+  std::vector<bool> lasts;
   std::vector<std::vector<float>> payloads;
 
  private:
@@ -223,6 +225,7 @@ TEST_CASE("shard service: push-pull applies the push, then answers with the para
   INFO(outcome.status.ToString());
   REQUIRE(outcome.status.ok());
   REQUIRE(sink.indices == std::vector<uint32_t>{0, 1});
+  REQUIRE(sink.lasts == std::vector<bool>{false, true});
   REQUIRE(sink.payloads == std::vector<std::vector<float>>{{-1, -2}, {-3, -4, -5}});
   for (size_t i = 0; i < 2; ++i) {
     REQUIRE(sink.headers[i].job() == "job-a");
