@@ -124,23 +124,31 @@ proto::PullRequest BlockedPull() {
   return request;
 }
 
-std::vector<std::string> BspFlags(int metrics_port) {
-  return {"--num_workers=2", "--sync=bsp", "--ucx", absl::StrCat("--metrics_port=", metrics_port)};
-}
+// A BSP shard of 2 workers serving gRPC and UCX, with "w" created.
+struct BspShard {
+  BspShard() {
+    auto started = testing::ServerProcess::Start(
+        {"--num_workers=2", "--sync=bsp", "--ucx", absl::StrCat("--metrics_port=", metrics_port)});
+    INFO(started.status().ToString());
+    REQUIRE(started.ok());
+    server = std::move(*started);
+    stub = proto::ParameterService::NewStub(
+        grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+    InitOverGrpc(*stub);
+  }
+
+  const int metrics_port = testing::FreePort();
+  std::unique_ptr<testing::ServerProcess> server;
+  std::unique_ptr<proto::ParameterService::Stub> stub;
+};
 
 TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
-  const int metrics_port = testing::FreePort();
-  auto server = testing::ServerProcess::Start(BspFlags(metrics_port));
-  INFO(server.status().ToString());
-  REQUIRE(server.ok());
-  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
-  auto stub = proto::ParameterService::NewStub(channel);
-  InitOverGrpc(*stub);
-
+  BspShard shard;
+  const int metrics_port = shard.metrics_port;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto pull = std::async(std::launch::async, [&] {
-    auto reader = stub->Pull(&context, BlockedPull());
+    auto reader = shard.stub->Pull(&context, BlockedPull());
     proto::TensorChunk chunk;
     while (reader->Read(&chunk)) {
     }
@@ -153,14 +161,8 @@ TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
 }
 
 TEST_CASE("a UCX client's kCancel wakes the shard's blocked pull at once") {
-  const int metrics_port = testing::FreePort();
-  auto server = testing::ServerProcess::Start(BspFlags(metrics_port));
-  INFO(server.status().ToString());
-  REQUIRE(server.ok());
-  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
-  auto stub = proto::ParameterService::NewStub(channel);
-  InitOverGrpc(*stub);
-  auto ucx = testing::RawUcxClient::Connect((*server)->address());
+  BspShard shard;
+  auto ucx = testing::RawUcxClient::Connect(shard.server->address());
   INFO(ucx.status().ToString());
   REQUIRE(ucx.ok());
 
@@ -176,7 +178,7 @@ TEST_CASE("a UCX client's kCancel wakes the shard's blocked pull at once") {
   REQUIRE(absl::IsCancelled(status));
   REQUIRE(answered >= milliseconds(300));
   REQUIRE(answered < milliseconds(400));
-  REQUIRE(AwaitBlockedPulls(metrics_port, 0, milliseconds(200)));
+  REQUIRE(AwaitBlockedPulls(shard.metrics_port, 0, milliseconds(200)));
 }
 
 }  // namespace
