@@ -94,18 +94,11 @@ std::shared_ptr<ShardService::Work> ShardService::Begin(const Call& call, Histog
   return work;
 }
 
-bool ShardService::Submit(Pool pool, const std::shared_ptr<Work>& work,
-                          std::function<void()> task) {
-  absl::Status status;
-  {
-    absl::ReaderMutexLock lock(&mutex_);
-    ThreadPool* target = pool == Pool::kPush ? push_pool_.get() : pull_pool_.get();
-    status = target == nullptr ? absl::UnavailableError("shard is shutting down")
-                               : target->Submit(std::move(task));
-  }
-  if (status.ok()) return true;
-  work->Finish(status);
-  return false;
+absl::Status ShardService::Submit(Pool pool, std::function<void()> task) {
+  absl::ReaderMutexLock lock(&mutex_);
+  ThreadPool* target = pool == Pool::kPush ? push_pool_.get() : pull_pool_.get();
+  if (target == nullptr) return absl::UnavailableError("shard is shutting down");
+  return target->Submit(std::move(task));
 }
 
 absl::Status ShardService::ApplyPush(const Work& work,
@@ -138,16 +131,17 @@ void ShardService::Push(const Call& call, std::vector<ShardStore::PushChunkView>
     work->Finish(status);
     return;
   }
-  Submit(Pool::kPush, work, [this, work, chunks = std::move(chunks)] {
+  auto status = Submit(Pool::kPush, [this, work, chunks = std::move(chunks)] {
     work->Finish(ApplyPush(*work, chunks));
   });
+  if (!status.ok()) work->Finish(status);
 }
 
 void ShardService::Pull(const Call& call, proto::PullRequest request, ReplySink* sink,
                         Done done) {
   auto work = Begin(call, options_.pull_seconds, std::move(done));
   auto shared_request = std::make_shared<proto::PullRequest>(std::move(request));
-  Submit(Pool::kPull, work, [this, work, sink, request = std::move(shared_request)] {
+  auto status = Submit(Pool::kPull, [this, work, sink, request = std::move(shared_request)] {
     PullPlan plan;
     plan.items.reserve(request->chunks_size());
     for (const proto::ChunkRef& ref : request->chunks()) {
@@ -155,6 +149,7 @@ void ShardService::Pull(const Call& call, proto::PullRequest request, ReplySink*
     }
     work->Finish(PullInto(*work, plan, sink));
   });
+  if (!status.ok()) work->Finish(status);
 }
 
 void ShardService::PushPull(const Call& call, std::vector<ShardStore::PushChunkView> chunks,
@@ -164,7 +159,7 @@ void ShardService::PushPull(const Call& call, std::vector<ShardStore::PushChunkV
     work->Finish(status);
     return;
   }
-  Submit(Pool::kPush, work, [this, work, sink, chunks = std::move(chunks)] {
+  auto status = Submit(Pool::kPush, [this, work, sink, chunks = std::move(chunks)] {
     if (auto status = ApplyPush(*work, chunks); !status.ok()) {
       work->Finish(status);
       return;
@@ -178,8 +173,17 @@ void ShardService::PushPull(const Call& call, std::vector<ShardStore::PushChunkV
       item.job = &pushed.header->job();
       plan->items.push_back(std::move(item));
     }
-    Submit(Pool::kPull, work, [this, work, sink, plan] { work->Finish(PullInto(*work, *plan, sink)); });
+    auto queued =
+        Submit(Pool::kPull, [this, work, sink, plan] { work->Finish(PullInto(*work, *plan, sink)); });
+    if (!queued.ok()) {
+      // Retrying the whole call would be refused as a second push of the
+      // clock: say that only the pull half failed.
+      work->Finish(absl::Status(
+          queued.code(), absl::StrCat("the push was applied but its pull half was refused: ",
+                                      queued.message())));
+    }
   });
+  if (!status.ok()) work->Finish(status);
 }
 
 }  // namespace harrier

@@ -135,9 +135,9 @@ class ShardService {
   enum class Pool { kPush, kPull };
 
   std::shared_ptr<Work> Begin(const Call& call, Histogram* latency, Done done) const;
-  // Runs `task` on `pool`; false (and `work` finished with why) when the
-  // service is shut down or the pool's queue is full.
-  bool Submit(Pool pool, const std::shared_ptr<Work>& work, std::function<void()> task);
+  // Runs `task` on `pool`, or says why not (the service is shut down, or
+  // the pool's queue is full) and drops it.
+  absl::Status Submit(Pool pool, std::function<void()> task);
   // The pull half of every call: answers the plan in order into `sink`.
   absl::Status PullInto(const Work& work, const PullPlan& plan, ReplySink* sink);
   absl::Status ApplyPush(const Work& work, const std::vector<ShardStore::PushChunkView>& chunks);

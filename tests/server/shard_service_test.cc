@@ -303,6 +303,14 @@ TEST_CASE("shard service: a full pull pool refuses with RESOURCE_EXHAUSTED") {
   REQUIRE(absl::IsResourceExhausted(refused.status));
   REQUIRE(refused.status.message().find("pull pool is full") != absl::string_view::npos);
   REQUIRE_FALSE(queued.done.HasBeenNotified());
+  // A push-pull whose pull half finds the pool full says its push counted.
+  const std::vector<Pushed> chunks = {Gradient("w", 0, 1, 0, {1, 1})};
+  Outcome half;
+  service.PushPull(call, Views(chunks), &sinks[2], half.Callback());
+  REQUIRE(half.Wait());
+  INFO(half.status.ToString());
+  REQUIRE(absl::IsResourceExhausted(half.status));
+  REQUIRE(half.status.message().find("push was applied") != absl::string_view::npos);
   cancellation.Cancel();
   REQUIRE(running.Wait(milliseconds(1000)));
   REQUIRE(queued.Wait(milliseconds(1000)));
