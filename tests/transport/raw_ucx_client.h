@@ -5,13 +5,13 @@
 // frames to a shard and waits for the status reply, so bad input can be
 // sent that UcxShardTransport would never produce.
 
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/transport/framing.h"
 #include "common/transport/ucx_worker.h"
@@ -55,10 +55,13 @@ class RawUcxClient {
   uint64_t connection_id_ = 0;
   uint64_t next_request_ = 1;
   ucp_ep_h ep_ = nullptr;  // progress thread only
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::map<uint64_t, absl::Status> replies_;  // guarded by mutex_
-  absl::Status failure_;                      // guarded by mutex_
+  // Until a reply to `id` or a failure arrived, at most `timeout`; false
+  // if neither did.
+  bool AwaitReplyLocked(uint64_t id, absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  absl::Mutex mutex_;
+  std::map<uint64_t, absl::Status> replies_ ABSL_GUARDED_BY(mutex_);
+  absl::Status failure_ ABSL_GUARDED_BY(mutex_);
   std::unique_ptr<transport::UcxWorker> worker_;
 };
 
