@@ -40,27 +40,22 @@ class ControlServiceImpl::Wait final : public grpc::ServerUnaryReactor {
   const Clock::time_point expires_;
 };
 
-namespace {
-
-// A barrier without a client deadline still ends, an hour after it began.
-constexpr std::chrono::hours kMaxBarrierWait{1};
-
-std::chrono::steady_clock::time_point BarrierExpiry(const grpc::CallbackServerContext& context) {
-  const auto now = std::chrono::steady_clock::now();
-  const auto cap = now + kMaxBarrierWait;
-  const auto deadline = context.deadline();
-  if (deadline == std::chrono::system_clock::time_point::max()) return cap;
-  const auto remaining = deadline - std::chrono::system_clock::now();
-  if (remaining >= kMaxBarrierWait) return cap;
-  return now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(remaining);
-}
-
-}  // namespace
 
 ControlServiceImpl::ControlServiceImpl(ControlOptions options)
     : options_(std::move(options)),
       rank_taken_(options_.num_workers, false),
       last_heartbeat_(options_.num_workers) {}
+
+ControlServiceImpl::Clock::time_point ControlServiceImpl::BarrierExpiry(
+    const grpc::CallbackServerContext& context) const {
+  const auto now = Clock::now();
+  const auto cap = now + options_.max_barrier_wait;
+  const auto deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return cap;
+  const auto remaining = deadline - std::chrono::system_clock::now();
+  if (remaining >= options_.max_barrier_wait) return cap;
+  return now + std::chrono::duration_cast<Clock::duration>(remaining);
+}
 
 void ControlServiceImpl::FillSync(proto::SyncConfig* sync) const {
   switch (options_.sync.mode) {

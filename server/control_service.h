@@ -17,14 +17,17 @@ struct ControlOptions {
   int num_workers = 1;
   SyncPolicy sync;
   std::vector<std::string> shard_addresses;  // may be empty: workers know them
+  // A barrier whose client set no deadline (or a later one) ends this long
+  // after it began, with DEADLINE_EXCEEDED.
+  std::chrono::milliseconds max_barrier_wait = std::chrono::hours(1);
 };
 
 // The control plane, served by shard 0: ranks, barriers, heartbeats and the
 // shard map. Thread-safe. Barriers go through gRPC's callback API and hold
 // no thread while they wait: the last worker's arrival answers every waiter
 // at once, and a waiter whose client cancels or whose deadline passes (the
-// client's, or an hour when it gave none) is answered DEADLINE_EXCEEDED at
-// once and no longer counts as arrived.
+// client's, or max_barrier_wait when it gave none) is answered
+// DEADLINE_EXCEEDED at once and no longer counts as arrived.
 class ControlServiceImpl final
     : public proto::ControlService::WithCallbackMethod_Barrier<proto::ControlService::Service> {
  public:
@@ -42,8 +45,8 @@ class ControlServiceImpl final
 
   // Answers the barrier waits whose server-side deadline has passed. The
   // client's own deadline cancels its call as it passes; this catches the
-  // hour cap of calls without one, so a coarse period (the shard's monitor
-  // runs it every 200 ms) is enough.
+  // cap (options.max_barrier_wait) of calls without one, so a coarse period
+  // (the shard's monitor runs it every 200 ms) is enough.
   void ExpireBarriers();
 
   // Answers every waiting barrier UNAVAILABLE; later barriers fail alike.
@@ -60,6 +63,8 @@ class ControlServiceImpl final
   };
 
   void FillSync(proto::SyncConfig* sync) const;
+  // When a barrier entered now gives up: the client's deadline, capped.
+  Clock::time_point BarrierExpiry(const grpc::CallbackServerContext& context) const;
   // `wait` stops waiting (its client cancelled, or it expired): it no
   // longer counts as arrived and is answered DEADLINE_EXCEEDED. No-op when
   // it was answered already.

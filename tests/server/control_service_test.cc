@@ -19,11 +19,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+constexpr milliseconds kNoDeadline = milliseconds::max();
+
 class ControlFixture {
  public:
-  explicit ControlFixture(int workers) {
+  explicit ControlFixture(int workers,
+                          std::chrono::milliseconds max_barrier_wait = std::chrono::hours(1)) {
     ControlOptions options;
     options.num_workers = workers;
+    options.max_barrier_wait = max_barrier_wait;
     service_ = std::make_unique<ControlServiceImpl>(options);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -48,7 +52,7 @@ class ControlFixture {
   grpc::Status Barrier(uint32_t rank, milliseconds timeout, grpc::ClientContext* context = nullptr) {
     grpc::ClientContext own;
     if (context == nullptr) context = &own;
-    context->set_deadline(std::chrono::system_clock::now() + timeout);
+    if (timeout != kNoDeadline) context->set_deadline(std::chrono::system_clock::now() + timeout);
     proto::BarrierRequest request;
     request.set_name("b");
     request.set_rank(rank);
@@ -116,6 +120,19 @@ TEST_CASE("control: a barrier ends at its deadline, and Close answers the waiter
   const grpc::Status closed = waiting.get();
   REQUIRE(closed.error_code() == grpc::StatusCode::UNAVAILABLE);
   REQUIRE(Clock::now() - closed_at < milliseconds(100));
+}
+
+TEST_CASE("control: a barrier without a client deadline still ends at the shard's cap") {
+  ControlFixture control(2, milliseconds(100));
+  auto waiting = std::async(std::launch::async, [&] { return control.Barrier(0, kNoDeadline); });
+  std::this_thread::sleep_for(milliseconds(150));
+  // What the shard's monitor does every 200 ms.
+  control.service().ExpireBarriers();
+  REQUIRE(waiting.wait_for(std::chrono::seconds(2)) == std::future_status::ready);
+  const grpc::Status expired = waiting.get();
+  INFO(expired.error_message());
+  REQUIRE(expired.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  REQUIRE(expired.error_message() == "barrier 'b': 0 of 2 workers arrived");
 }
 
 }  // namespace
