@@ -25,9 +25,10 @@ struct ControlOptions {
 // The control plane, served by shard 0: ranks, barriers, heartbeats and the
 // shard map. Thread-safe. Barriers go through gRPC's callback API and hold
 // no thread while they wait: the last worker's arrival answers every waiter
-// at once, and a waiter whose client cancels or whose deadline passes (the
-// client's, or max_barrier_wait when it gave none) is answered
-// DEADLINE_EXCEEDED at once and no longer counts as arrived.
+// at once; a waiter whose client cancels or whose deadline passes is
+// answered DEADLINE_EXCEEDED at once (gRPC cancels the call) and no longer
+// counts as arrived; one without a deadline ends so after max_barrier_wait
+// (at the next ExpireBarriers).
 class ControlServiceImpl final
     : public proto::ControlService::WithCallbackMethod_Barrier<proto::ControlService::Service> {
  public:
