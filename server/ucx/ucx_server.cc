@@ -18,6 +18,10 @@ namespace {
 // upper bound), so anything bigger is refused before it is received.
 constexpr size_t kMaxPayloadBytes = 64u << 20;
 
+// Clients size their calls by the framing's bound; the service enforces it.
+static_assert(ShardService::kMaxChunksPerCall == transport::kMaxChunksPerCall,
+              "the shard refuses calls the framing lets clients send");
+
 // Bytes of an eager message's data, or of a rendezvous one once received.
 struct Arrival {
   Frame frame;
