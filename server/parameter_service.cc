@@ -144,9 +144,11 @@ class PushReader : public Base {
 // the store into the slice gRPC sends from. Send never waits for the
 // network: gRPC takes one write at a time, so later chunks queue here (at
 // most one call's chunks) and OnWriteDone starts the next. The last chunk
-// goes out with the OK status in one operation, saving the round through
-// OnWriteDone that a separate Finish would cost. `Reactor` writes (a write
-// or bidi reactor).
+// waits for Complete and goes out with the status in one operation, saving
+// the round through OnWriteDone that a separate Finish would cost; it is
+// not sent from Send because the call may end (and OnDone delete it) as
+// soon as its status is out, and the service still calls Complete after
+// Send. `Reactor` writes (a write or bidi reactor).
 template <class Reactor>
 class ReplyWriter : public DataCall<Reactor>, public ShardService::ReplySink {
  public:
@@ -163,39 +165,33 @@ class ReplyWriter : public DataCall<Reactor>, public ShardService::ReplySink {
   absl::Status Send(const proto::TensorChunk& header, uint32_t, bool last) override {
     grpc::Slice slices[2] = {grpc::Slice(EncodeChunkPrefix(header, payload_.size())),
                              std::move(payload_)};
-    Outgoing* next = nullptr;
+    Step step;
     {
       absl::MutexLock lock(&mutex_);
       if (broken_) return absl::CancelledError("client went away");
       queue_.push_back({grpc::ByteBuffer(slices, 2), last});
-      if (last) finished_ = true;
       if (writing_) return absl::OkStatus();
-      writing_ = true;
-      next = &queue_.front();  // deque: stays put while others are appended
+      step = NextLocked();
     }
-    Write(next);
+    Take(step);
     return absl::OkStatus();
   }
 
-  // The ShardService's `done`: finishes now, or once the queued chunks are
-  // written (a status sent before them would cut the reply short). After a
-  // last chunk the status went with it already.
+  // The ShardService's `done`, the last call into this object: finishes
+  // now, or once the queued chunks are written (a status sent before them
+  // would cut the reply short).
   void Complete(const absl::Status& status) {
-    grpc::Status final_status;
+    Step step;
     {
       absl::MutexLock lock(&mutex_);
-      if (finished_) return;
-      finished_ = true;
-      final_status = broken_ && status.ok()
-                         ? grpc::Status(grpc::StatusCode::CANCELLED, "client went away")
-                         : ToGrpcStatus(status);
-      if (writing_) {
-        finish_ = std::move(final_status);
-        finish_pending_ = true;
-        return;
-      }
+      finish_ = broken_ && status.ok()
+                    ? grpc::Status(grpc::StatusCode::CANCELLED, "client went away")
+                    : ToGrpcStatus(status);
+      completed_ = true;
+      if (writing_) return;
+      step = NextLocked();
     }
-    this->Finish(final_status);
+    Take(step);
   }
 
  private:
@@ -203,55 +199,76 @@ class ReplyWriter : public DataCall<Reactor>, public ShardService::ReplySink {
     grpc::ByteBuffer message;
     bool last = false;
   };
+  // What to hand gRPC next, decided under the lock and done outside it.
+  struct Step {
+    enum Kind { kNothing, kWrite, kWriteAndFinish, kFinish } kind = kNothing;
+    grpc::ByteBuffer* message = nullptr;  // stays queued until the call ends
+    grpc::Status status;
+  };
 
-  void Write(Outgoing* next) {
-    if (next->last) {
-      // The buffer stays queued (and valid) until OnDone deletes the call.
-      this->StartWriteAndFinish(&next->message, grpc::WriteOptions(), grpc::Status::OK);
+  Step NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    Step step;
+    if (!queue_.empty() && !queue_.front().last) {
+      step.kind = Step::kWrite;
+    } else if (!completed_) {
+      return step;  // the last chunk (or the status) waits for Complete
+    } else if (!queue_.empty() && finish_.ok()) {
+      step.kind = Step::kWriteAndFinish;
+      step.status = finish_;
     } else {
-      this->StartWrite(&next->message);
+      step.kind = Step::kFinish;
+      step.status = finish_;
+      queue_.clear();  // a last chunk never goes out with an error
+      return step;
+    }
+    writing_ = true;
+    step.message = &queue_.front().message;  // deque: stays put as others are added
+    return step;
+  }
+
+  // The call may end as soon as a status is out: nothing of it is touched
+  // after.
+  void Take(const Step& step) {
+    switch (step.kind) {
+      case Step::kNothing:
+        return;
+      case Step::kWrite:
+        this->StartWrite(step.message);
+        return;
+      case Step::kWriteAndFinish:
+        this->StartWriteAndFinish(step.message, grpc::WriteOptions(), step.status);
+        return;
+      case Step::kFinish:
+        this->Finish(step.status);
+        return;
     }
   }
 
   void OnWriteDone(bool ok) override {
-    Outgoing* next = nullptr;
-    grpc::Status final_status;
-    bool finish = false;
+    Step step;
     {
       absl::MutexLock lock(&mutex_);
       queue_.pop_front();
+      writing_ = false;
       if (!ok) {
         broken_ = true;
-        // A queued last chunk never goes out now, nor its status with it.
-        if (finished_ && !finish_pending_) finish_pending_ = true;
         queue_.clear();
         if (finish_.ok()) finish_ = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       }
-      if (!queue_.empty()) {
-        next = &queue_.front();
-      } else {
-        writing_ = false;
-        finish = finish_pending_;
-        final_status = finish_;
-      }
+      step = NextLocked();
     }
     // The stream is gone: stop pulling chunks nobody will receive.
     if (!ok) this->cancellation_.Cancel();
-    if (next != nullptr) {
-      Write(next);
-    } else if (finish) {
-      this->Finish(final_status);
-    }
+    Take(step);
   }
 
   grpc::Slice payload_;  // pool thread: between Allocate and Send
   absl::Mutex mutex_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mutex_);  // front: being written
   bool writing_ ABSL_GUARDED_BY(mutex_) = false;
-  bool broken_ ABSL_GUARDED_BY(mutex_) = false;    // a write failed
-  bool finished_ ABSL_GUARDED_BY(mutex_) = false;  // the status is decided
-  bool finish_pending_ ABSL_GUARDED_BY(mutex_) = false;  // Finish once written
-  grpc::Status finish_ ABSL_GUARDED_BY(mutex_);
+  bool broken_ ABSL_GUARDED_BY(mutex_) = false;     // a write failed
+  bool completed_ ABSL_GUARDED_BY(mutex_) = false;  // the service is done
+  grpc::Status finish_ ABSL_GUARDED_BY(mutex_);     // once completed_
 };
 
 class PushReactor final : public PushReader<DataCall<grpc::ServerReadReactor<grpc::ByteBuffer>>> {
