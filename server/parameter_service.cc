@@ -37,6 +37,10 @@ class DataCall : public Reactor {
       : service_(service), context_(context) {
     call_.client_deadline = ClientDeadline(*context);
     call_.cancellation = &cancellation_;
+    // Pushes, and pulls the consistency model lets through at once, are
+    // answered in the reaction that completed the request: no hand-off. A
+    // pull that has to wait goes to the pull pool.
+    call_.work_on_caller_thread = true;
   }
 
   // The client cancelled, its deadline passed or it went away: a blocked

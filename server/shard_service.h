@@ -45,9 +45,10 @@ struct ShardServiceOptions {
 };
 
 // Thread-safe. Every call's `done` runs exactly once, either on a pool
-// thread or, when the call is refused before any store work (a full queue,
-// too many chunks, shutdown), on the calling thread before the method
-// returns. Nothing of the call is touched after `done` starts.
+// thread or on the calling thread before the method returns: when the call
+// is refused before any store work (a full queue, too many chunks,
+// shutdown), or when its work ran there (Call::work_on_caller_thread).
+// Nothing of the call is touched after `done` starts.
 class ShardService {
  public:
   using Clock = ShardStore::Clock;
@@ -67,6 +68,13 @@ class ShardService {
     // Cancelled by the transport when the client cancels or goes away; may
     // be null. Must stay valid until `done` has run.
     Cancellation* cancellation = nullptr;
+    // The calling thread may run the store work that does not wait: the
+    // push, and the pull chunks the consistency model lets through at once
+    // (from the first that has to wait on, the pull pool answers). Saves a
+    // hand-off for callers whose thread may do CPU work and take the
+    // store's chunk locks (a gRPC reaction); never for one that must only
+    // move bytes (the UCX progress thread).
+    bool work_on_caller_thread = false;
   };
 
   // Where a pull's reply chunks go. Called on a pool thread, in order:
@@ -135,11 +143,20 @@ class ShardService {
   enum class Pool { kPush, kPull };
 
   std::shared_ptr<Work> Begin(const Call& call, Histogram* latency, Done done) const;
+  // Runs a push's `task` where the call allows (work_on_caller_thread).
+  absl::Status RunPush(const Work& work, std::function<void()> task);
   // Runs `task` on `pool`, or says why not (the service is shut down, or
   // the pool's queue is full) and drops it.
   absl::Status Submit(Pool pool, std::function<void()> task);
-  // The pull half of every call: answers the plan in order into `sink`.
-  absl::Status PullInto(const Work& work, const PullPlan& plan, ReplySink* sink);
+  // Answers the plan's chunks from `*next` on into `sink`, advancing
+  // `*next`. With `only_if_ready` it stops at the first chunk that would
+  // wait, sets `*would_wait` and returns OK.
+  absl::Status PullInto(const Work& work, const PullPlan& plan, bool only_if_ready, size_t* next,
+                        ReplySink* sink, bool* would_wait);
+  // The pull part of Pull and PushPull: where the call allows, what is
+  // ready now on this thread; the rest on the pull pool.
+  void AnswerPulls(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
+                   ReplySink* sink);
   absl::Status ApplyPush(const Work& work, const std::vector<ShardStore::PushChunkView>& chunks);
 
   ShardStore* const store_;

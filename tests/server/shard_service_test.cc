@@ -264,6 +264,66 @@ TEST_CASE("shard service: a cancelled blocked pull returns CANCELLED at once") {
   REQUIRE(sink.headers.empty());
 }
 
+TEST_CASE("shard service: on the caller's thread, what is ready is answered there, the rest waits "
+          "in the pull pool") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 0, 1)).ok());
+  REQUIRE(store->Init(Init("w", 1, 1)).ok());
+  ShardService service(store.get(), {});
+  // Both ranks pushed chunk 0 for clock 0; only rank 0 pushed chunk 1.
+  const std::vector<Pushed> both = {Gradient("w", 0, 0, 0, {2})};
+  const std::vector<Pushed> other = {Gradient("w", 0, 1, 0, {4})};
+  const std::vector<Pushed> half = {Gradient("w", 1, 0, 0, {2})};
+  for (const auto* chunks : {&both, &other, &half}) {
+    Outcome pushed;
+    ShardService::Call call;
+    call.work_on_caller_thread = true;
+    service.Push(call, Views(*chunks), pushed.Callback());
+    REQUIRE(pushed.done.HasBeenNotified());  // applied on this thread
+    REQUIRE(pushed.status.ok());
+  }
+
+  Cancellation cancellation;
+  ShardService::Call call;
+  call.work_on_caller_thread = true;
+  call.client_deadline = Clock::now() + milliseconds(10000);
+  call.cancellation = &cancellation;
+  proto::PullRequest request = PullOf("w", 0, 1, 1);
+  *request.add_chunks() = request.chunks(0);
+  request.mutable_chunks(1)->set_chunk(1);
+  Sink sink;
+  Outcome outcome;
+  service.Pull(call, request, &sink, outcome.Callback());
+  // Chunk 0 was ready: answered before Pull returned. Chunk 1 waits for
+  // rank 1, in the pool.
+  REQUIRE(sink.payloads == std::vector<std::vector<float>>{{-3}});
+  REQUIRE(sink.lasts == std::vector<bool>{false});
+  REQUIRE_FALSE(outcome.done.HasBeenNotified());
+  REQUIRE(AwaitBlocked(*store, 1));
+  const std::vector<Pushed> rest = {Gradient("w", 1, 1, 0, {4})};
+  Outcome pushed;
+  service.Push({}, Views(rest), pushed.Callback());
+  REQUIRE(pushed.Wait());
+  REQUIRE(outcome.Wait());
+  INFO(outcome.status.ToString());
+  REQUIRE(outcome.status.ok());
+  REQUIRE(sink.indices == std::vector<uint32_t>{0, 1});
+  REQUIRE(sink.lasts == std::vector<bool>{false, true});
+  REQUIRE(sink.payloads == std::vector<std::vector<float>>{{-3}, {-3}});
+
+  // A pull that has to wait still wakes at once on cancel.
+  Sink blocked_sink;
+  Outcome blocked;
+  service.Pull(call, PullOf("w", 0, 2, 1), &blocked_sink, blocked.Callback());
+  REQUIRE_FALSE(blocked.done.HasBeenNotified());
+  REQUIRE(AwaitBlocked(*store, 1));
+  const auto cancelled_at = Clock::now();
+  cancellation.Cancel();
+  REQUIRE(blocked.Wait(milliseconds(1000)));
+  REQUIRE(absl::IsCancelled(blocked.status));
+  REQUIRE(blocked.at - cancelled_at < milliseconds(100));
+}
+
 TEST_CASE("shard service: a push cancelled before it is applied changes nothing") {
   auto store = MakeStore("asp", 1);
   REQUIRE(store->Init(Init("w", 0, 1)).ok());
