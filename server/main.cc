@@ -47,10 +47,12 @@ ABSL_FLAG(int, checkpoint_keep, 3, "Checkpoint versions kept per shard.");
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics and /healthz over HTTP on this port (-1: off, 0: ephemeral).");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "On SIGTERM/SIGINT, time in-flight calls get to finish.");
-ABSL_FLAG(int, push_threads, 4,
-          "Threads applying pushes (gRPC and UCX alike); they never wait for other workers.");
+ABSL_FLAG(int, push_threads, 2,
+          "Threads applying UCX pushes (gRPC applies them in its callback threads); pushes "
+          "never wait for other workers.");
 ABSL_FLAG(int, pull_threads, 64,
-          "Threads answering pulls; a pull blocked on the consistency model holds one.");
+          "Threads answering pulls that wait for the consistency model (each holds one), and "
+          "every UCX pull.");
 ABSL_FLAG(int, max_queued_calls, 1024,
           "Calls waiting for a push or pull thread, per pool; more are refused with "
           "RESOURCE_EXHAUSTED.");

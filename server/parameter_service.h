@@ -21,9 +21,11 @@ using RawDataService = proto::ParameterService::WithRawCallbackMethod_Push<
 // gRPC framing of a shard: Push, Pull and PushPull are served through the
 // callback API as raw ByteBuffers and handed to the ShardService, which
 // answers them exactly as it answers UCX. Reactions (gRPC's callback
-// threads) only read and frame: TensorChunk payloads are read from the
-// received slices and replies written from slices the store fills, never
-// parsed into or serialised from protobuf strings (common/chunk_wire.h).
+// threads) read and frame, and run the store work that does not wait (the
+// push, pull chunks that are ready); a pull that has to wait runs on the
+// service's pull pool, never in a reaction. TensorChunk payloads are read
+// from the received slices and replies written from slices the store fills,
+// never parsed into or serialised from protobuf strings (common/chunk_wire.h).
 // The bytes on the wire are unchanged, so typed clients are served alike.
 // A client's cancel wakes its blocked pull at once (OnCancel cancels the
 // call's Cancellation). The small control calls (Init, Heartbeat, Leave,

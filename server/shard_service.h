@@ -28,8 +28,9 @@ namespace harrier {
 struct ShardServiceOptions {
   // Pushes never wait for other workers, so their own small pool keeps them
   // moving (they are what unblocks waiting pulls) while every pull thread is
-  // blocked on the consistency model.
-  int push_threads = 4;
+  // blocked on the consistency model. Used by callers that may not apply a
+  // push themselves (Call::work_on_caller_thread false: UCX).
+  int push_threads = 2;
   // A pull blocked on the consistency model holds one of these until it is
   // answered, cancelled or expires. A pull that could be answered at once
   // still queues behind blocked ones, so this is sized for every tensor of
