@@ -29,7 +29,8 @@ ShardService::Clock::time_point ClientDeadline(const grpc::CallbackServerContext
 }
 
 // What every data call keeps, whichever reactor kind it is. Reactions run
-// on gRPC's callback threads; the ShardService's `done` on a pool thread.
+// on gRPC's callback threads; the ShardService's `done` (and the sink's
+// calls) in a reaction when the work did not wait, else on a pool thread.
 template <class Reactor>
 class DataCall : public Reactor {
  public:
@@ -266,7 +267,7 @@ class ReplyWriter : public DataCall<Reactor>, public ShardService::ReplySink {
     Take(step);
   }
 
-  grpc::Slice payload_;  // pool thread: between Allocate and Send
+  grpc::Slice payload_;  // the answering thread's, between Allocate and Send
   absl::Mutex mutex_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mutex_);  // front: being written
   bool writing_ ABSL_GUARDED_BY(mutex_) = false;
