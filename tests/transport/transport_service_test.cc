@@ -216,5 +216,35 @@ TEST_CASE("a UCX client's kCancel wakes the shard's blocked pull at once") {
   REQUIRE(AwaitBlockedPulls(shard.metrics_port, 0, milliseconds(200)));
 }
 
+TEST_CASE("both transports refuse a call of more than 256 chunks alike") {
+  BspShard shard;
+  const std::string expected = "more than 256 chunks in one call";
+
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::PushResponse response;
+  auto writer = shard.stub->Push(&context, &response);
+  proto::TensorChunk chunk;
+  chunk.set_key("w");
+  for (int i = 0; i < 257 && writer->Write(chunk); ++i) {
+  }
+  writer->WritesDone();
+  const grpc::Status over_grpc = writer->Finish();
+  INFO(over_grpc.error_message());
+  REQUIRE(over_grpc.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  REQUIRE(over_grpc.error_message() == expected);
+
+  auto ucx = testing::RawUcxClient::Connect(shard.server->address());
+  REQUIRE(ucx.ok());
+  transport::Frame frame;
+  frame.op = transport::Op::kPush;
+  frame.count = 257;
+  frame.arg = 10000;
+  const absl::Status over_ucx = (*ucx)->Call(frame, chunk.SerializeAsString(), "");
+  INFO(over_ucx.ToString());
+  REQUIRE(absl::IsResourceExhausted(over_ucx));
+  REQUIRE(over_ucx.message() == expected);
+}
+
 }  // namespace
 }  // namespace harrier
