@@ -211,7 +211,10 @@ TEST_CASE("a UCX client's kCancel wakes the shard's blocked pull at once") {
   INFO(status.ToString());
   // The shard's own answer to the cancelled request, not the deadline's.
   REQUIRE(absl::IsCancelled(status));
-  REQUIRE(answered >= milliseconds(300));
+  INFO("answered after " << std::chrono::duration_cast<milliseconds>(answered).count() << " ms");
+  // Not before the cancel was sent (the client's wait may end a hair early),
+  // and promptly after it.
+  REQUIRE(answered >= milliseconds(290));
   REQUIRE(answered < milliseconds(400));
   REQUIRE(AwaitBlockedPulls(shard.metrics_port, 0, milliseconds(200)));
 }
