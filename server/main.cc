@@ -47,6 +47,15 @@ ABSL_FLAG(int, checkpoint_keep, 3, "Checkpoint versions kept per shard.");
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics and /healthz over HTTP on this port (-1: off, 0: ephemeral).");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "On SIGTERM/SIGINT, time in-flight calls get to finish.");
+ABSL_FLAG(int, push_threads, 2,
+          "Threads applying UCX pushes (gRPC applies them in its callback threads); pushes "
+          "never wait for other workers.");
+ABSL_FLAG(int, pull_threads, 64,
+          "Threads answering pulls that wait for the consistency model (each holds one), and "
+          "every UCX pull.");
+ABSL_FLAG(int, max_queued_calls, 1024,
+          "Calls waiting for a push or pull thread, per pool; more are refused with "
+          "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(bool, ucx, false,
           "Also serve pushes and pulls over UCX (workers: --transport=ucx); UCX_TLS picks the "
           "transports, e.g. tcp or sm,self.");
@@ -107,6 +116,13 @@ int main(int argc, char** argv) {
   }
   options.heartbeat_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.ucx = absl::GetFlag(FLAGS_ucx);
+  if (absl::GetFlag(FLAGS_push_threads) < 1 || absl::GetFlag(FLAGS_pull_threads) < 1 ||
+      absl::GetFlag(FLAGS_max_queued_calls) < 1) {
+    return Fail("--push_threads, --pull_threads and --max_queued_calls must be >= 1");
+  }
+  options.push_threads = absl::GetFlag(FLAGS_push_threads);
+  options.pull_threads = absl::GetFlag(FLAGS_pull_threads);
+  options.max_queued_calls = static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_calls));
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (absl::GetFlag(FLAGS_checkpoint_every_s) < 0 || absl::GetFlag(FLAGS_checkpoint_keep) < 1) {
     return Fail("--checkpoint_every_s must be >= 0 and --checkpoint_keep >= 1");

@@ -1,10 +1,11 @@
 #include "server/parameter_service.h"
 
-#include <google/protobuf/descriptor.h>
 #include <grpc/slice.h>
 
 #include <chrono>
+#include <deque>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
@@ -13,21 +14,48 @@
 namespace harrier {
 namespace {
 
-// Most chunks one call may carry: bounds the memory a single stream holds
-// (chunks are at most 4 MiB each, so 1 GiB).
-constexpr size_t kMaxChunksPerCall = 256;
-
-ShardStore::Clock::time_point DeadlineOf(const grpc::ServerContext* context) {
-  auto remaining = context->deadline() - std::chrono::system_clock::now();
-  // Give up a little before the client does, so the client receives the
-  // shard's DEADLINE_EXCEEDED (which names the slowest worker) rather than
-  // its own bare one.
-  remaining -= std::min<std::chrono::system_clock::duration>(std::chrono::milliseconds(200),
-                                                             remaining / 5);
-  // No deadline from the client: wait at most an hour rather than forever.
-  const auto capped = std::min<std::chrono::system_clock::duration>(remaining, std::chrono::hours(1));
-  return ShardStore::Clock::now() + std::chrono::duration_cast<ShardStore::Clock::duration>(capped);
+// The client's deadline on the store's clock (gRPC gives it on the system
+// clock; max() when the client set none).
+ShardService::Clock::time_point ClientDeadline(const grpc::CallbackServerContext& context) {
+  const auto deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return ShardService::Clock::time_point::max();
+  }
+  const auto remaining = deadline - std::chrono::system_clock::now();
+  // Far beyond the service's one-hour cap: the same as none, and no overflow.
+  if (remaining > std::chrono::hours(24)) return ShardService::Clock::time_point::max();
+  return ShardService::Clock::now() +
+         std::chrono::duration_cast<ShardService::Clock::duration>(remaining);
 }
+
+// What every data call keeps, whichever reactor kind it is. Reactions run
+// on gRPC's callback threads; the ShardService's `done` (and the sink's
+// calls) in a reaction when the work did not wait, else on a pool thread.
+template <class Reactor>
+class DataCall : public Reactor {
+ public:
+  DataCall(ShardService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {
+    call_.client_deadline = ClientDeadline(*context);
+    call_.cancellation = &cancellation_;
+    // Pushes, and pulls the consistency model lets through at once, are
+    // answered in the reaction that completed the request: no hand-off. A
+    // pull that has to wait goes to the pull pool.
+    call_.work_on_caller_thread = true;
+  }
+
+  // The client cancelled, its deadline passed or it went away: a blocked
+  // pull wakes now rather than at its deadline.
+  void OnCancel() override { cancellation_.Cancel(); }
+  // After Finish and every operation completed: nobody refers to the call.
+  void OnDone() override { delete this; }
+
+ protected:
+  ShardService* const service_;
+  grpc::CallbackServerContext* const context_;
+  Cancellation cancellation_;
+  ShardService::Call call_;
+};
 
 // One received push chunk. `slices` own the bytes `payload` points into
 // (or `aligned` does, when the payload had to be made contiguous).
@@ -38,112 +66,300 @@ struct ReceivedChunk {
   std::unique_ptr<float[]> aligned;
 };
 
-// Reads every chunk of the stream without copying payloads, except those
-// that arrived split over several slices or misaligned for float: the store
-// reads dense payloads in place as float gradients, so those are copied once
-// into an aligned buffer (the one copy a typed server makes of every
-// payload).
-grpc::Status ReadAll(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
-                     std::vector<ReceivedChunk>* chunks) {
-  grpc::ByteBuffer buffer;
-  PayloadView payload;
-  while (stream->Read(&buffer)) {
-    if (chunks->size() == kMaxChunksPerCall) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("more than ", kMaxChunksPerCall, " chunks in one call"));
+// Reads the push chunks of a call as they arrive, without copying payloads
+// except those that arrived split over several slices or misaligned for
+// float: the store reads dense payloads in place as float gradients, so
+// those are copied once into an aligned buffer (the one copy a typed server
+// makes of every payload). `Base` is a DataCall of a reactor that reads.
+template <class Base>
+class PushReader : public Base {
+ public:
+  PushReader(ShardService* service, grpc::CallbackServerContext* context)
+      : Base(service, context) {}
+
+ protected:
+  void StartReading() { this->StartRead(&buffer_); }
+
+  // Every chunk arrived; answer through End.
+  virtual void OnAllRead() = 0;
+  // Ends the call with `status` (no reply chunks follow).
+  virtual void End(const absl::Status& status) = 0;
+
+  std::vector<ShardStore::PushChunkView> Views() const {
+    std::vector<ShardStore::PushChunkView> views(chunks_.size());
+    for (size_t i = 0; i < chunks_.size(); ++i) views[i] = {&chunks_[i].header, chunks_[i].payload};
+    return views;
+  }
+  size_t chunk_count() const { return chunks_.size(); }
+
+ private:
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // A failed read is the client's half-close, or the call's end: only
+      // the first means the push is complete.
+      if (this->context_->IsCancelled()) {
+        End(absl::CancelledError("the client cancelled the call"));
+      } else {
+        OnAllRead();
+      }
+      return;
     }
-    ReceivedChunk& chunk = chunks->emplace_back();
-    if (!buffer.Dump(&chunk.slices).ok()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "unreadable TensorChunk message");
+    if (auto status = Take(); !status.ok()) {
+      End(status);
+      return;
     }
-    buffer.Clear();
+    this->StartRead(&buffer_);
+  }
+
+  absl::Status Take() {
+    if (auto status = ShardService::CheckChunkCount(chunks_.size() + 1); !status.ok()) {
+      return status;
+    }
+    ReceivedChunk& chunk = chunks_.emplace_back();
+    if (!buffer_.Dump(&chunk.slices).ok()) {
+      return absl::InvalidArgumentError("unreadable TensorChunk message");
+    }
+    buffer_.Clear();
+    PayloadView payload;
     if (auto status = DecodeChunk(chunk.slices, &chunk.header, &payload); !status.ok()) {
-      return ToGrpcStatus(status);
+      return status;
     }
     const absl::string_view first = payload.first();
-    if (payload.contiguous() &&
-        reinterpret_cast<uintptr_t>(first.data()) % alignof(float) == 0) {
+    if (payload.contiguous() && reinterpret_cast<uintptr_t>(first.data()) % alignof(float) == 0) {
       chunk.payload = first;
-    } else {
-      chunk.aligned = std::make_unique<float[]>((payload.size() + sizeof(float) - 1) /
-                                                sizeof(float));
-      payload.CopyTo(chunk.aligned.get());
-      chunk.payload = absl::string_view(reinterpret_cast<const char*>(chunk.aligned.get()),
-                                        payload.size());
+      return absl::OkStatus();
     }
+    chunk.aligned =
+        std::make_unique<float[]>((payload.size() + sizeof(float) - 1) / sizeof(float));
+    payload.CopyTo(chunk.aligned.get());
+    chunk.payload =
+        absl::string_view(reinterpret_cast<const char*>(chunk.aligned.get()), payload.size());
+    return absl::OkStatus();
   }
-  return grpc::Status::OK;
-}
 
-std::vector<ShardStore::PushChunkView> ViewsOf(const std::vector<ReceivedChunk>& chunks) {
-  std::vector<ShardStore::PushChunkView> views(chunks.size());
-  for (size_t i = 0; i < chunks.size(); ++i) views[i] = {&chunks[i].header, chunks[i].payload};
-  return views;
-}
+  grpc::ByteBuffer buffer_;
+  // Reactions only (one read at a time); the views handed to the service
+  // are taken once reading is over.
+  std::vector<ReceivedChunk> chunks_;
+};
 
-// Pulls one chunk into a fresh slice and writes it as a TensorChunk message
-// of two slices (header prefix, payload): the parameters are copied once,
-// from the store into the slice gRPC sends from.
-grpc::Status PullAndWrite(ShardStore* store, grpc::ServerReaderWriter<grpc::ByteBuffer,
-                                                                      grpc::ByteBuffer>* stream,
-                          const std::string& job, uint32_t rank, int64_t clock,
-                          const proto::ChunkRef& ref, ShardStore::Clock::time_point deadline,
-                          Cancellation* cancellation) {
-  proto::TensorChunk header;
-  grpc::Slice payload;
-  size_t payload_bytes = 0;
-  auto status = store->Pull(rank, clock, ref, deadline, cancellation, &header, [&](size_t bytes) {
-    // Never inlined (unlike grpc_slice_malloc), so the pointer stays valid
-    // when the slice is wrapped.
-    payload = grpc::Slice(grpc_slice_malloc_large(bytes), grpc::Slice::STEAL_REF);
-    payload_bytes = bytes;
-    return reinterpret_cast<char*>(const_cast<uint8_t*>(payload.begin()));
-  });
-  if (!status.ok()) return ToGrpcStatus(status);
-  header.set_job(job);
-  grpc::Slice slices[2] = {grpc::Slice(EncodeChunkPrefix(header, payload_bytes)),
-                           std::move(payload)};
-  grpc::ByteBuffer message(slices, 2);
-  if (!stream->Write(message)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-  return grpc::Status::OK;
-}
-
-int MethodIndex(const char* name) {
-  const auto* service = proto::TensorChunk::descriptor()->file()->FindServiceByName(
-      "ParameterService");
-  return service->FindMethodByName(name)->index();
-}
-
-// Observes the scope's duration into a histogram, if there is one.
-class LatencyTimer {
+// Streams reply chunks as the ShardService produces them. Each is one
+// message of two slices (the header prefix, then the payload slice the
+// store wrote the parameters into), so the parameters are copied once, from
+// the store into the slice gRPC sends from. Send never waits for the
+// network: gRPC takes one write at a time, so later chunks queue here (at
+// most one call's chunks) and OnWriteDone starts the next. The last chunk
+// waits for Complete and goes out with the status in one operation, saving
+// the round through OnWriteDone that a separate Finish would cost; it is
+// not sent from Send because the call may end (and OnDone delete it) as
+// soon as its status is out, and the service still calls Complete after
+// Send. `Reactor` writes (a write or bidi reactor).
+template <class Reactor>
+class ReplyWriter : public DataCall<Reactor>, public ShardService::ReplySink {
  public:
-  explicit LatencyTimer(Histogram* histogram)
-      : histogram_(histogram), start_(std::chrono::steady_clock::now()) {}
-  ~LatencyTimer() {
-    if (histogram_ != nullptr) {
-      histogram_->Observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  ReplyWriter(ShardService* service, grpc::CallbackServerContext* context)
+      : DataCall<Reactor>(service, context) {}
+
+  char* Allocate(size_t bytes) override {
+    // Never inlined (unlike grpc_slice_malloc), so the pointer stays valid
+    // when the slice is moved.
+    payload_ = grpc::Slice(grpc_slice_malloc_large(bytes), grpc::Slice::STEAL_REF);
+    return reinterpret_cast<char*>(const_cast<uint8_t*>(payload_.begin()));
+  }
+
+  absl::Status Send(const proto::TensorChunk& header, uint32_t, bool last) override {
+    grpc::Slice slices[2] = {grpc::Slice(EncodeChunkPrefix(header, payload_.size())),
+                             std::move(payload_)};
+    Step step;
+    {
+      absl::MutexLock lock(&mutex_);
+      if (broken_) return absl::CancelledError("client went away");
+      queue_.push_back({grpc::ByteBuffer(slices, 2), last});
+      if (writing_) return absl::OkStatus();
+      step = NextLocked();
     }
+    Take(step);
+    return absl::OkStatus();
+  }
+
+  // The ShardService's `done`, the last call into this object: finishes
+  // now, or once the queued chunks are written (a status sent before them
+  // would cut the reply short).
+  void Complete(const absl::Status& status) {
+    Step step;
+    {
+      absl::MutexLock lock(&mutex_);
+      finish_ = broken_ && status.ok()
+                    ? grpc::Status(grpc::StatusCode::CANCELLED, "client went away")
+                    : ToGrpcStatus(status);
+      completed_ = true;
+      if (writing_) return;
+      step = NextLocked();
+    }
+    Take(step);
   }
 
  private:
-  Histogram* histogram_;
-  std::chrono::steady_clock::time_point start_;
+  struct Outgoing {
+    grpc::ByteBuffer message;
+    bool last = false;
+  };
+  // What to hand gRPC next, decided under the lock and done outside it.
+  struct Step {
+    enum Kind { kNothing, kWrite, kWriteAndFinish, kFinish } kind = kNothing;
+    grpc::ByteBuffer* message = nullptr;  // stays queued until the call ends
+    grpc::Status status;
+  };
+
+  Step NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    Step step;
+    if (!queue_.empty() && !queue_.front().last) {
+      step.kind = Step::kWrite;
+    } else if (!completed_) {
+      return step;  // the last chunk (or the status) waits for Complete
+    } else if (!queue_.empty() && finish_.ok()) {
+      step.kind = Step::kWriteAndFinish;
+      step.status = finish_;
+    } else {
+      step.kind = Step::kFinish;
+      step.status = finish_;
+      queue_.clear();  // a last chunk never goes out with an error
+      return step;
+    }
+    writing_ = true;
+    step.message = &queue_.front().message;  // deque: stays put as others are added
+    return step;
+  }
+
+  // The call may end as soon as a status is out: nothing of it is touched
+  // after.
+  void Take(const Step& step) {
+    switch (step.kind) {
+      case Step::kNothing:
+        return;
+      case Step::kWrite:
+        this->StartWrite(step.message);
+        return;
+      case Step::kWriteAndFinish:
+        this->StartWriteAndFinish(step.message, grpc::WriteOptions(), step.status);
+        return;
+      case Step::kFinish:
+        this->Finish(step.status);
+        return;
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    Step step;
+    {
+      absl::MutexLock lock(&mutex_);
+      queue_.pop_front();
+      writing_ = false;
+      if (!ok) {
+        broken_ = true;
+        queue_.clear();
+        if (finish_.ok()) finish_ = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      }
+      step = NextLocked();
+    }
+    // The stream is gone: stop pulling chunks nobody will receive.
+    if (!ok) this->cancellation_.Cancel();
+    Take(step);
+  }
+
+  grpc::Slice payload_;  // the answering thread's, between Allocate and Send
+  absl::Mutex mutex_;
+  std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mutex_);  // front: being written
+  bool writing_ ABSL_GUARDED_BY(mutex_) = false;
+  bool broken_ ABSL_GUARDED_BY(mutex_) = false;     // a write failed
+  bool completed_ ABSL_GUARDED_BY(mutex_) = false;  // the service is done
+  grpc::Status finish_ ABSL_GUARDED_BY(mutex_);     // once completed_
+};
+
+class PushReactor final : public PushReader<DataCall<grpc::ServerReadReactor<grpc::ByteBuffer>>> {
+ public:
+  PushReactor(ShardService* service, grpc::CallbackServerContext* context,
+              grpc::ByteBuffer* response)
+      : PushReader(service, context), response_(response) {
+    StartReading();
+  }
+
+ private:
+  void OnAllRead() override {
+    service_->Push(call_, Views(), [this](const absl::Status& status) { End(status); });
+  }
+
+  void End(const absl::Status& status) override {
+    if (!status.ok()) {
+      Finish(ToGrpcStatus(status));
+      return;
+    }
+    proto::PushResponse response;
+    response.set_chunks_accepted(static_cast<uint32_t>(chunk_count()));
+    bool own_buffer = false;
+    // The one response travels with the status, as a typed client-streaming
+    // handler sends it.
+    if (!grpc::SerializationTraits<proto::PushResponse>::Serialize(response, response_,
+                                                                   &own_buffer)
+             .ok()) {
+      Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialise the push response"));
+      return;
+    }
+    Finish(grpc::Status::OK);
+  }
+
+  grpc::ByteBuffer* const response_;  // gRPC's, sent with the status
+};
+
+class PullReactor final : public ReplyWriter<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
+ public:
+  PullReactor(ShardService* service, grpc::CallbackServerContext* context,
+              const grpc::ByteBuffer* message)
+      : ReplyWriter(service, context) {
+    proto::PullRequest request;
+    grpc::ByteBuffer copy(*message);  // Deserialize consumes its buffer; gRPC owns this one
+    if (!grpc::SerializationTraits<proto::PullRequest>::Deserialize(&copy, &request).ok()) {
+      Complete(absl::InvalidArgumentError("malformed PullRequest message"));
+      return;
+    }
+    service_->Pull(call_, std::move(request), this,
+                   [this](const absl::Status& status) { Complete(status); });
+  }
+};
+
+class PushPullReactor final
+    : public PushReader<ReplyWriter<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>> {
+ public:
+  PushPullReactor(ShardService* service, grpc::CallbackServerContext* context)
+      : PushReader(service, context) {
+    StartReading();
+  }
+
+ private:
+  void OnAllRead() override {
+    service_->PushPull(call_, Views(), this, [this](const absl::Status& status) { End(status); });
+  }
+  void End(const absl::Status& status) override { Complete(status); }
 };
 
 }  // namespace
 
-ParameterServiceImpl::ParameterServiceImpl(ShardStore* store) : store_(store) {
-  // Replaces the generated typed handlers; the method keeps the synchronous
-  // API (gRPC owns each handler object). All three are served as
-  // bidirectional streams of ByteBuffers, which gRPC's server treats like
-  // the client- and server-streaming methods they are on the wire.
-  using Handler = grpc::internal::BidiStreamingHandler<ParameterServiceImpl, grpc::ByteBuffer,
-                                                       grpc::ByteBuffer>;
-  MarkMethodStreamed(MethodIndex("Push"), new Handler(&ParameterServiceImpl::RawPush, this));
-  MarkMethodStreamed(MethodIndex("Pull"), new Handler(&ParameterServiceImpl::RawPull, this));
-  MarkMethodStreamed(MethodIndex("PushPull"),
-                     new Handler(&ParameterServiceImpl::RawPushPull, this));
+ParameterServiceImpl::ParameterServiceImpl(ShardStore* store, ShardService* service)
+    : store_(store), service_(service) {}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::Push(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new PushReactor(service_, context, response);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return new PullReactor(service_, context, request);
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ParameterServiceImpl::PushPull(
+    grpc::CallbackServerContext* context) {
+  return new PushPullReactor(service_, context);
 }
 
 grpc::Status ParameterServiceImpl::Init(grpc::ServerContext*, const proto::InitRequest* request,
@@ -151,66 +367,6 @@ grpc::Status ParameterServiceImpl::Init(grpc::ServerContext*, const proto::InitR
   auto created = store_->Init(*request);
   if (!created.ok()) return ToGrpcStatus(created.status());
   response->set_created(*created);
-  return grpc::Status::OK;
-}
-
-grpc::Status ParameterServiceImpl::RawPush(grpc::ServerContext*, RawStream* stream) {
-  LatencyTimer timer(push_seconds_);
-  std::vector<ReceivedChunk> chunks;
-  if (auto status = ReadAll(stream, &chunks); !status.ok()) return status;
-  if (auto status = store_->Push(ViewsOf(chunks)); !status.ok()) return ToGrpcStatus(status);
-  proto::PushResponse response;
-  response.set_chunks_accepted(static_cast<uint32_t>(chunks.size()));
-  grpc::ByteBuffer message;
-  bool own_buffer = false;
-  if (!grpc::SerializationTraits<proto::PushResponse>::Serialize(response, &message, &own_buffer)
-           .ok()) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialise the push response");
-  }
-  // The one response travels with the status, as a typed client-streaming
-  // handler sends it.
-  stream->WriteLast(message, grpc::WriteOptions());
-  return grpc::Status::OK;
-}
-
-grpc::Status ParameterServiceImpl::RawPull(grpc::ServerContext* context, RawStream* stream) {
-  LatencyTimer timer(pull_seconds_);
-  grpc::ByteBuffer message;
-  proto::PullRequest request;
-  if (!stream->Read(&message)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "pull without a request");
-  }
-  if (!grpc::SerializationTraits<proto::PullRequest>::Deserialize(&message, &request).ok()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed PullRequest message");
-  }
-  const auto deadline = DeadlineOf(context);
-  // TODO(shard-service): the synchronous API has no cancel notification; the
-  // callback service wakes blocked pulls through this.
-  Cancellation cancellation;
-  for (const proto::ChunkRef& ref : request.chunks()) {
-    auto status = PullAndWrite(store_, stream, request.job(), request.rank(), request.clock(), ref,
-                               deadline, &cancellation);
-    if (!status.ok()) return status;
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status ParameterServiceImpl::RawPushPull(grpc::ServerContext* context, RawStream* stream) {
-  LatencyTimer timer(pull_seconds_);
-  std::vector<ReceivedChunk> chunks;
-  if (auto status = ReadAll(stream, &chunks); !status.ok()) return status;
-  if (auto status = store_->Push(ViewsOf(chunks)); !status.ok()) return ToGrpcStatus(status);
-  const auto deadline = DeadlineOf(context);
-  Cancellation cancellation;  // as in RawPull
-  for (const ReceivedChunk& received : chunks) {
-    const proto::TensorChunk& pushed = received.header;
-    int64_t clock = 0;
-    const proto::ChunkRef ref = ShardStore::PushPullRef(pushed, &clock);
-    auto status =
-        PullAndWrite(store_, stream, pushed.job(), pushed.rank(), clock, ref, deadline,
-                     &cancellation);
-    if (!status.ok()) return status;
-  }
   return grpc::Status::OK;
 }
 
@@ -225,7 +381,7 @@ grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext*,
 }
 
 void ParameterServiceImpl::SetUcxAddress(std::string address) {
-  std::lock_guard<std::mutex> lock(address_mutex_);
+  absl::MutexLock lock(&address_mutex_);
   ucx_address_ = std::move(address);
 }
 
@@ -236,7 +392,7 @@ grpc::Status ParameterServiceImpl::GetTransportAddress(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("unknown transport '", request->transport(), "'"));
   }
-  std::lock_guard<std::mutex> lock(address_mutex_);
+  absl::MutexLock lock(&address_mutex_);
   if (ucx_address_.empty()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "shard was started without --ucx");
   }

@@ -1,34 +1,39 @@
 #ifndef HARRIER_SERVER_PARAMETER_SERVICE_H_
 #define HARRIER_SERVER_PARAMETER_SERVICE_H_
 
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/harrier.grpc.pb.h"
-#include "common/metrics/metrics.h"
+#include "server/shard_service.h"
 #include "server/shard_store.h"
 
 namespace harrier {
 
-// gRPC front of a ShardStore (synchronous API: gRPC's thread pool runs each
-// call; a blocked pull holds one thread until its deadline). Calls are
-// answered with the store's status; the service itself keeps no state.
-//
-// Push, Pull and PushPull are served raw (ByteBuffers, still synchronous):
-// TensorChunk payloads are read from the received slices and written from
-// a slice the store fills, never parsed into or serialised from protobuf
-// strings (common/chunk_wire.h). The bytes on the wire are unchanged, so
-// typed clients and Harrier's zero-copy client are served alike.
-class ParameterServiceImpl final : public proto::ParameterService::Service {
- public:
-  explicit ParameterServiceImpl(ShardStore* store);
+namespace internal_parameter_service {
+using RawDataService = proto::ParameterService::WithRawCallbackMethod_Push<
+    proto::ParameterService::WithRawCallbackMethod_Pull<
+        proto::ParameterService::WithRawCallbackMethod_PushPull<
+            proto::ParameterService::Service>>>;
+}  // namespace internal_parameter_service
 
-  // Optional: call latencies are observed into these (not owned; must
-  // outlive the service). Set before serving.
-  void SetLatencyHistograms(Histogram* push_seconds, Histogram* pull_seconds) {
-    push_seconds_ = push_seconds;
-    pull_seconds_ = pull_seconds;
-  }
+// gRPC framing of a shard: Push, Pull and PushPull are served through the
+// callback API as raw ByteBuffers and handed to the ShardService, which
+// answers them exactly as it answers UCX. Reactions (gRPC's callback
+// threads) read and frame, and run the store work that does not wait (the
+// push, pull chunks that are ready); a pull that has to wait runs on the
+// service's pull pool, never in a reaction. TensorChunk payloads are read
+// from the received slices and replies written from slices the store fills,
+// never parsed into or serialised from protobuf strings (common/chunk_wire.h).
+// The bytes on the wire are unchanged, so typed clients are served alike.
+// A client's cancel wakes its blocked pull at once (OnCancel cancels the
+// call's Cancellation). The small control calls (Init, Heartbeat, Leave,
+// GetTransportAddress) stay synchronous. Thread-safe.
+class ParameterServiceImpl final : public internal_parameter_service::RawDataService {
+ public:
+  // Neither is owned; both must outlive the service (and the gRPC server).
+  ParameterServiceImpl(ShardStore* store, ShardService* service);
 
   grpc::Status Init(grpc::ServerContext* context, const proto::InitRequest* request,
                     proto::InitResponse* response) override;
@@ -44,18 +49,21 @@ class ParameterServiceImpl final : public proto::ParameterService::Service {
   // answers FAILED_PRECONDITION. Thread-safe.
   void SetUcxAddress(std::string address);
 
- private:
-  using RawStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
-  // Raw handlers of Push, Pull and PushPull (installed by the constructor).
-  grpc::Status RawPush(grpc::ServerContext* context, RawStream* stream);
-  grpc::Status RawPull(grpc::ServerContext* context, RawStream* stream);
-  grpc::Status RawPushPull(grpc::ServerContext* context, RawStream* stream);
+  using internal_parameter_service::RawDataService::Pull;
+  using internal_parameter_service::RawDataService::Push;
+  using internal_parameter_service::RawDataService::PushPull;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Push(grpc::CallbackServerContext* context,
+                                                  grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushPull(
+      grpc::CallbackServerContext* context) override;
 
-  ShardStore* store_;  // not owned
-  std::mutex address_mutex_;
-  std::string ucx_address_;  // guarded by address_mutex_; empty: no UCX
-  Histogram* push_seconds_ = nullptr;
-  Histogram* pull_seconds_ = nullptr;
+ private:
+  ShardStore* store_;      // not owned
+  ShardService* service_;  // not owned
+  absl::Mutex address_mutex_;
+  std::string ucx_address_ ABSL_GUARDED_BY(address_mutex_);  // empty: no UCX
 };
 
 }  // namespace harrier

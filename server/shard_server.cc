@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     if (checkpoint.ok()) {
       if (auto status = server->store_->Import(*checkpoint); !status.ok()) return status;
       server->restored_version_ = checkpoint->version;
+      absl::MutexLock lock(&server->checkpoint_mutex_);
       server->next_checkpoint_version_ = checkpoint->version + 1;
       spdlog::info("restored shard {} from checkpoint version {} ({} chunks)", options.shard,
                    checkpoint->version, checkpoint->slots.size());
@@ -50,9 +51,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                                               checkpoint.status().message()));
     }
   }
-  server->parameter_service_ = std::make_unique<ParameterServiceImpl>(server->store_.get());
+  ShardServiceOptions service_options;
+  service_options.push_threads = options.push_threads;
+  service_options.pull_threads = options.pull_threads;
+  service_options.max_queued_calls = options.max_queued_calls;
+  server->RegisterMetrics(&service_options);
+  server->shard_service_ = std::make_unique<ShardService>(server->store_.get(), service_options);
+  server->parameter_service_ = std::make_unique<ParameterServiceImpl>(
+      server->store_.get(), server->shard_service_.get());
   if (options.ucx) {
-    auto ucx = UcxServer::Start(server->store_.get());
+    UcxServerOptions ucx_options;
+    ucx_options.shard = options.shard;
+    auto ucx = UcxServer::Start(server->shard_service_.get(), ucx_options);
     if (!ucx.ok()) return ucx.status();
     server->ucx_server_ = std::move(*ucx);
     server->parameter_service_->SetUcxAddress(server->ucx_server_->address());
@@ -79,7 +89,6 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.host, ":", options.port));
   }
-  server->RegisterMetrics();
   if (options.metrics_port >= 0) {
     auto http = MetricsHttpServer::Start(options.host, options.metrics_port, server->metrics_.get());
     if (!http.ok()) return http.status();
@@ -89,26 +98,29 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   // SERVING only once it holds its parameters.
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   ShardServer* self = server.get();
-  server->monitor_ = std::thread([self] {
-    const auto& options = self->options_;
-    auto next_checkpoint = std::chrono::steady_clock::now() + options.checkpoint_every;
-    std::unique_lock<std::mutex> lock(self->monitor_mutex_);
-    while (!self->monitor_stop_) {
-      self->monitor_wake_.wait_for(lock, std::chrono::milliseconds(200));
-      if (self->monitor_stop_) break;
-      lock.unlock();
-      self->store_->CheckLiveness(options.heartbeat_timeout, options.on_worker_loss);
-      if (options.checkpoint_every.count() > 0 &&
-          std::chrono::steady_clock::now() >= next_checkpoint) {
-        if (auto status = self->WriteCheckpointNow(); !status.ok()) {
-          spdlog::error("checkpoint failed: {}", status.ToString());
-        }
-        next_checkpoint = std::chrono::steady_clock::now() + options.checkpoint_every;
-      }
-      lock.lock();
-    }
-  });
+  server->monitor_ = std::thread([self] { self->MonitorLoop(); });
   return server;
+}
+
+void ShardServer::MonitorLoop() {
+  auto next_checkpoint = std::chrono::steady_clock::now() + options_.checkpoint_every;
+  for (;;) {
+    {
+      absl::MutexLock lock(&monitor_mutex_);
+      // Woken early by Shutdown; otherwise a check every 200 ms.
+      monitor_mutex_.AwaitWithTimeout(absl::Condition(&monitor_stop_), absl::Milliseconds(200));
+      if (monitor_stop_) return;
+    }
+    store_->CheckLiveness(options_.heartbeat_timeout, options_.on_worker_loss);
+    if (control_service_) control_service_->ExpireBarriers();
+    if (options_.checkpoint_every.count() > 0 &&
+        std::chrono::steady_clock::now() >= next_checkpoint) {
+      if (auto status = WriteCheckpointNow(); !status.ok()) {
+        spdlog::error("checkpoint failed: {}", status.ToString());
+      }
+      next_checkpoint = std::chrono::steady_clock::now() + options_.checkpoint_every;
+    }
+  }
 }
 
 ShardServer::~ShardServer() {
@@ -126,20 +138,23 @@ void ShardServer::Shutdown(std::chrono::milliseconds grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   {
-    std::lock_guard<std::mutex> lock(monitor_mutex_);
+    absl::MutexLock lock(&monitor_mutex_);
     monitor_stop_ = true;
   }
-  monitor_wake_.notify_all();
   if (monitor_.joinable()) monitor_.join();
   if (auto status = WriteCheckpointNow(); !status.ok()) {
     spdlog::error("final checkpoint failed: {}", status.ToString());
   }
   server_->GetHealthCheckService()->SetServingStatus(false);
+  // Blocked pulls and barriers wake up now, so what follows drains at once.
   store_->Close();
-  // After Close(): blocked UCX pulls wake up, so the pools drain at once.
-  if (ucx_server_) ucx_server_->Shutdown();
   if (control_service_) control_service_->Close();
+  // gRPC's calls end (each reactor is finished by the ShardService), then
+  // the service's pools drain (UCX answers are posted to a worker that still
+  // runs), then the UCX listener closes with nothing left to answer.
   server_->Shutdown(std::chrono::system_clock::now() + grace);
+  shard_service_->Shutdown();
+  if (ucx_server_) ucx_server_->Shutdown();
   if (metrics_http_) metrics_http_->Stop();
 }
 
@@ -147,7 +162,7 @@ void ShardServer::Wait() { server_->Wait(); }
 
 absl::Status ShardServer::WriteCheckpointNow() {
   if (options_.checkpoint_dir.empty()) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(checkpoint_mutex_);
+  absl::MutexLock lock(&checkpoint_mutex_);
   ShardCheckpoint checkpoint = store_->Export();
   checkpoint.version = next_checkpoint_version_;
   checkpoint.created_unix_ms = absl::ToUnixMillis(absl::Now());
@@ -160,7 +175,7 @@ absl::Status ShardServer::WriteCheckpointNow() {
   return absl::OkStatus();
 }
 
-void ShardServer::RegisterMetrics() {
+void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
   metrics_ = std::make_unique<MetricsRegistry>();
   const ShardCounters& counters = store_->counters();
   const MetricLabels shard = {{"shard", std::to_string(options_.shard)}};
@@ -197,12 +212,15 @@ void ShardServer::RegisterMetrics() {
         return (now - last) / 1000.0;
       },
       shard);
-  parameter_service_->SetLatencyHistograms(
+  // One series per shard whichever transport carried the call: both
+  // transports answer through the ShardService, which observes these.
+  service_options->push_seconds =
       &metrics_->AddHistogram("harrier_server_push_seconds", "Push call latency.",
-                              ExponentialBuckets(1e-5, 4, 10), shard),
+                              ExponentialBuckets(1e-5, 4, 10), shard);
+  service_options->pull_seconds =
       &metrics_->AddHistogram("harrier_server_pull_seconds",
                               "Pull call latency, including consistency waits.",
-                              ExponentialBuckets(1e-5, 4, 10), shard));
+                              ExponentialBuckets(1e-5, 4, 10), shard);
 }
 
 }  // namespace harrier

@@ -5,14 +5,14 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <vector>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/server.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http_server.h"
 #include "server/checkpoint.h"
@@ -20,6 +20,7 @@
 #include "server/control_service.h"
 #include "server/optimizer.h"
 #include "server/parameter_service.h"
+#include "server/shard_service.h"
 #include "server/shard_store.h"
 #include "server/ucx/ucx_server.h"
 
@@ -48,9 +49,15 @@ struct ShardServerOptions {
   int checkpoint_keep = 3;
   // Prometheus /metrics and /healthz over HTTP; -1 disables, 0 = ephemeral.
   int metrics_port = -1;
+  // The request path's pools, shared by gRPC and UCX (see
+  // ShardServiceOptions; its histograms are the server's own).
+  int push_threads = ShardServiceOptions().push_threads;
+  int pull_threads = ShardServiceOptions().pull_threads;
+  size_t max_queued_calls = ShardServiceOptions().max_queued_calls;
 };
 
-// One shard: a ShardStore behind the gRPC ParameterService, plus the
+// One shard: a ShardStore behind one ShardService, framed by the gRPC
+// ParameterService and (with options.ucx) the UCX listener, plus the
 // ControlService on shard 0 and grpc.health.v1 on every shard. Several may
 // run in one process (tests do). Thread-safe.
 class ShardServer {
@@ -78,16 +85,21 @@ class ShardServer {
  private:
   ShardServer() = default;
 
-  void RegisterMetrics();
+  // Registers every metric and points `service_options` at the latency
+  // histograms, so the ShardService has them from construction on (before
+  // anything serves: no histogram is set on a running service).
+  void RegisterMetrics(ShardServiceOptions* service_options);
+  void MonitorLoop();
 
   ShardServerOptions options_;
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<MetricsRegistry> metrics_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
-  std::mutex checkpoint_mutex_;  // serialises checkpoint writes
-  uint64_t next_checkpoint_version_ = 1;
+  absl::Mutex checkpoint_mutex_;  // serialises checkpoint writes
+  uint64_t next_checkpoint_version_ ABSL_GUARDED_BY(checkpoint_mutex_) = 1;
   uint64_t restored_version_ = 0;
   std::atomic<int64_t> last_checkpoint_ms_{0};  // steady clock, 0: none yet
+  std::unique_ptr<ShardService> shard_service_;
   std::unique_ptr<ParameterServiceImpl> parameter_service_;
   std::unique_ptr<UcxServer> ucx_server_;  // null without options.ucx
   std::unique_ptr<ControlServiceImpl> control_service_;
@@ -95,9 +107,8 @@ class ShardServer {
   int port_ = 0;
   bool shut_down_ = false;
   // Liveness monitor: applies the worker-loss policy.
-  std::mutex monitor_mutex_;
-  std::condition_variable monitor_wake_;
-  bool monitor_stop_ = false;
+  absl::Mutex monitor_mutex_;
+  bool monitor_stop_ ABSL_GUARDED_BY(monitor_mutex_) = false;
   std::thread monitor_;
 };
 

@@ -18,17 +18,9 @@ namespace {
 // upper bound), so anything bigger is refused before it is received.
 constexpr size_t kMaxPayloadBytes = 64u << 20;
 
-// As the gRPC service: give up a little before the client does, so the
-// client receives the shard's DEADLINE_EXCEEDED (naming the slowest worker);
-// no deadline means at most an hour.
-ShardStore::Clock::time_point DeadlineOf(int64_t timeout_ms) {
-  using std::chrono::milliseconds;
-  milliseconds remaining = timeout_ms < 0 ? milliseconds(std::chrono::hours(1))
-                                          : milliseconds(timeout_ms);
-  remaining -= std::min<milliseconds>(milliseconds(200), remaining / 5);
-  remaining = std::min<milliseconds>(remaining, std::chrono::hours(1));
-  return ShardStore::Clock::now() + remaining;
-}
+// Clients size their calls by the framing's bound; the service enforces it.
+static_assert(ShardService::kMaxChunksPerCall == transport::kMaxChunksPerCall,
+              "the shard refuses calls the framing lets clients send");
 
 // Bytes of an eager message's data, or of a rendezvous one once received.
 struct Arrival {
@@ -57,21 +49,44 @@ struct UcxServer::Pending {
   uint32_t count = 0;
   uint32_t arrived = 0;
   int64_t timeout_ms = -1;
+  // The first frame's arrival: the call's latency counts receiving it all.
+  ShardService::Clock::time_point received = ShardService::Clock::now();
   std::vector<proto::TensorChunk> chunks;  // headers (payload field unused)
   std::vector<transport::PayloadBuffer> payloads;
   std::vector<bool> seen;
   absl::Status error;  // the first bad frame's; replied once all arrived
 };
 
-absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(ShardStore* store,
+// One request the service is answering; also its reply sink.
+struct UcxServer::Request final : ShardService::ReplySink {
+  UcxServer* server = nullptr;
+  uint64_t connection = 0;
+  uint64_t id = 0;
+  Cancellation cancellation;
+  std::shared_ptr<Pending> pushed;  // a push's chunks, read in place by the store
+  // Pool thread, one chunk at a time: between Allocate and Send.
+  transport::PayloadBuffer payload;
+  uint32_t sent = 0;
+
+  char* Allocate(size_t bytes) override {
+    // The store writes the parameters straight into the buffer UCX sends.
+    payload = transport::PayloadBuffer::Allocate(bytes);
+    return payload.data();
+  }
+  absl::Status Send(const proto::TensorChunk& header, uint32_t index, bool) override {
+    server->SendChunk(connection, id, index, header,
+                      std::make_shared<transport::PayloadBuffer>(std::move(payload)));
+    sent = index + 1;
+    return absl::OkStatus();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(ShardService* service,
                                                             const UcxServerOptions& options) {
   std::unique_ptr<UcxServer> server(new UcxServer());
-  server->store_ = store;
-  server->options_ = options;
-  server->push_pool_ = std::make_unique<ThreadPool>(std::max(1, options.push_threads));
-  server->pull_pool_ = std::make_unique<ThreadPool>(std::max(1, options.pull_threads));
+  server->service_ = service;
   auto worker = transport::UcxWorker::Start(
-      absl::StrCat("harrier-shard-", store->options().shard),
+      absl::StrCat("harrier-shard-", options.shard),
       {{transport::kRequestAmId, &UcxServer::OnRequest, server.get()}});
   if (!worker.ok()) return worker.status();
   server->worker_ = std::move(*worker);
@@ -84,11 +99,20 @@ UcxServer::~UcxServer() { Shutdown(); }
 void UcxServer::Shutdown() {
   if (stopping_.exchange(true)) return;
   {
-    std::lock_guard<std::mutex> lock(cancel_mutex_);
-    for (auto& entry : cancels_) entry.second->Cancel();
+    absl::MutexLock lock(&requests_mutex_);
+    for (auto& entry : requests_) entry.second->cancellation.Cancel();
+    // Answers post replies through worker_: it must outlive them.
+    if (!requests_mutex_.AwaitWithTimeout(
+            absl::Condition(
+                +[](std::map<RequestKey, std::shared_ptr<Request>>* requests) {
+                  return requests->empty();
+                },
+                &requests_),
+            kDrainTimeout)) {
+      spdlog::error("ucx shutdown: {} requests still unanswered after {}", requests_.size(),
+                    absl::FormatDuration(kDrainTimeout));
+    }
   }
-  push_pool_.reset();
-  pull_pool_.reset();
   if (!worker_) return;  // Start() failed
   worker_->Post([this] {
     for (auto& entry : peers_) worker_->CloseEndpoint(entry.second->ep);
@@ -154,9 +178,9 @@ void UcxServer::OnFrame(const Frame& frame, std::string body, transport::Payload
     return;
   }
   if (frame.op == Op::kCancel) {
-    std::lock_guard<std::mutex> lock(cancel_mutex_);
-    auto it = cancels_.find({frame.connection_id, frame.request_id});
-    if (it != cancels_.end()) it->second->Cancel();
+    absl::MutexLock lock(&requests_mutex_);
+    auto it = requests_.find({frame.connection_id, frame.request_id});
+    if (it != requests_.end()) it->second->cancellation.Cancel();
     return;
   }
   if (stopping_) {
@@ -183,15 +207,7 @@ void UcxServer::OnFrame(const Frame& frame, std::string body, transport::Payload
         SendStatus(frame.connection_id, frame.request_id, 0, data_status);
         return;
       }
-      std::vector<PullItem> items;
-      for (const proto::ChunkRef& ref : request.chunks()) {
-        items.push_back({request.rank(), request.clock(), ref, request.job()});
-      }
-      const auto deadline = DeadlineOf(frame.arg);
-      worker_->ExpectReplies(1);  // ends with the request's SendStatus
-      pull_pool_->Submit([this, frame, deadline, items = std::move(items)]() mutable {
-        RunPull(frame.connection_id, frame.request_id, deadline, std::move(items));
-      });
+      Dispatch(frame, frame.arg, nullptr, &request);
       return;
     }
     default:
@@ -233,13 +249,7 @@ void UcxServer::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   const uint64_t id = peer->id;
   spdlog::info("ucx connection={} closed: {}", id, ucs_status_string(status));
   self->worker_->CloseEndpoint(ep);
-  {
-    std::lock_guard<std::mutex> lock(self->cancel_mutex_);
-    for (auto it = self->cancels_.lower_bound({id, 0});
-         it != self->cancels_.end() && it->first.first == id; ++it) {
-      it->second->Cancel();
-    }
-  }
+  self->CancelConnection(id);
   self->pending_.erase(self->pending_.lower_bound({id, 0}),
                        self->pending_.lower_bound({id + 1, 0}));
   auto it = self->peers_.find(id);
@@ -250,10 +260,8 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::
                         absl::Status frame_status) {
   const uint64_t connection = frame.connection_id;
   const uint64_t request = frame.request_id;
-  if (frame.count > transport::kMaxChunksPerCall) {
-    SendStatus(connection, request, 0,
-               absl::ResourceExhaustedError(absl::StrCat(
-                   "more than ", transport::kMaxChunksPerCall, " chunks in one call")));
+  if (auto status = ShardService::CheckChunkCount(frame.count); !status.ok()) {
+    SendStatus(connection, request, 0, status);
     return;
   }
   if (frame.count == 0) {  // an empty push: nothing to wait for
@@ -261,12 +269,7 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::
       SendStatus(connection, request, 0, frame_status);
       return;
     }
-    const bool then_pull = frame.op == Op::kPushPull;
-    const auto deadline = DeadlineOf(frame.arg);
-    worker_->ExpectReplies(1);
-    push_pool_->Submit([this, connection, request, then_pull, deadline] {
-      RunPush(connection, request, then_pull, deadline, nullptr);
-    });
+    Dispatch(frame, frame.arg, nullptr, nullptr);
     return;
   }
   auto& slot = pending_[{connection, request}];
@@ -309,88 +312,59 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::
     SendStatus(connection, request, 0, done->error);
     return;
   }
-  const bool then_pull = done->op == Op::kPushPull;
-  const auto deadline = DeadlineOf(done->timeout_ms);
-  worker_->ExpectReplies(1);
-  push_pool_->Submit([this, connection, request, then_pull, deadline, done] {
-    RunPush(connection, request, then_pull, deadline, done);
-  });
+  const int64_t timeout_ms = done->timeout_ms;
+  Dispatch(frame, timeout_ms, std::move(done), nullptr);
 }
 
-void UcxServer::RunPush(uint64_t connection, uint64_t request, bool then_pull,
-                        ShardStore::Clock::time_point deadline, std::shared_ptr<Pending> pushed) {
-  static const std::vector<proto::TensorChunk> kNone;
-  const std::vector<proto::TensorChunk>& chunks = pushed ? pushed->chunks : kNone;
-  absl::Status status;
-  if (stopping_) {
-    status = absl::UnavailableError("shard is shutting down");
-  } else {
-    std::vector<ShardStore::PushChunkView> views(chunks.size());
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      views[i] = {&chunks[i], pushed->payloads[i].view()};
-    }
-    status = store_->Push(views);
+void UcxServer::Dispatch(const Frame& frame, int64_t timeout_ms, std::shared_ptr<Pending> pushed,
+                         proto::PullRequest* pull) {
+  auto request = std::make_shared<Request>();
+  request->server = this;
+  request->connection = frame.connection_id;
+  request->id = frame.request_id;
+  request->pushed = std::move(pushed);
+  ShardService::Call call;
+  if (request->pushed) call.received = request->pushed->received;
+  if (timeout_ms >= 0) call.client_deadline = call.received + std::chrono::milliseconds(timeout_ms);
+  call.cancellation = &request->cancellation;
+  {
+    absl::MutexLock lock(&requests_mutex_);
+    requests_[{request->connection, request->id}] = request;
   }
-  if (!status.ok() || !then_pull) {
-    SendStatus(connection, request, 0, status);
-    worker_->ExpectReplies(-1);
+  worker_->ExpectReplies(1);  // ends with the request's SendStatus
+  auto done = [this, request](const absl::Status& status) { Answer(request, status); };
+  if (pull != nullptr) {
+    service_->Pull(call, std::move(*pull), request.get(), std::move(done));
     return;
   }
-  std::vector<PullItem> items;
-  items.reserve(chunks.size());
-  for (const proto::TensorChunk& pushed : chunks) {
-    PullItem item;
-    item.rank = pushed.rank();
-    item.ref = ShardStore::PushPullRef(pushed, &item.clock);
-    item.job = pushed.job();
-    items.push_back(std::move(item));
-  }
-  // The pull half may block: it goes to the pull pool so this pool keeps
-  // applying other workers' pushes (which are what unblock it).
-  pull_pool_->Submit([this, connection, request, deadline, items = std::move(items)]() mutable {
-    RunPull(connection, request, deadline, std::move(items));
-  });
-}
-
-void UcxServer::RunPull(uint64_t connection, uint64_t request,
-                        ShardStore::Clock::time_point deadline, std::vector<PullItem> items) {
-  auto cancel = TrackCancel(connection, request);
-  absl::Status status;
-  uint32_t sent = 0;
-  for (const PullItem& item : items) {
-    if (cancel->cancelled()) {
-      status = absl::CancelledError("client went away");
-      break;
+  std::vector<ShardStore::PushChunkView> views;
+  if (request->pushed) {
+    const Pending& chunks = *request->pushed;
+    views.resize(chunks.chunks.size());
+    for (size_t i = 0; i < views.size(); ++i) {
+      views[i] = {&chunks.chunks[i], chunks.payloads[i].view()};
     }
-    proto::TensorChunk out;
-    transport::PayloadBuffer payload;
-    // The store writes the parameters straight into the buffer UCX sends.
-    status = store_->Pull(item.rank, item.clock, item.ref, deadline, cancel.get(), &out,
-                          [&payload](size_t bytes) {
-                            payload = transport::PayloadBuffer::Allocate(bytes);
-                            return payload.data();
-                          });
-    if (!status.ok()) break;
-    out.set_job(item.job);
-    SendChunk(connection, request, sent++, out, std::make_shared<transport::PayloadBuffer>(
-                                                    std::move(payload)));
   }
-  Untrack(connection, request);
-  SendStatus(connection, request, sent, status);
+  if (frame.op == Op::kPushPull) {
+    service_->PushPull(call, std::move(views), request.get(), std::move(done));
+  } else {
+    service_->Push(call, std::move(views), std::move(done));
+  }
+}
+
+void UcxServer::Answer(const std::shared_ptr<Request>& request, const absl::Status& status) {
+  SendStatus(request->connection, request->id, request->sent, status);
   worker_->ExpectReplies(-1);
+  absl::MutexLock lock(&requests_mutex_);
+  requests_.erase({request->connection, request->id});
 }
 
-std::shared_ptr<Cancellation> UcxServer::TrackCancel(uint64_t connection, uint64_t request) {
-  auto flag = std::make_shared<Cancellation>();
-  if (stopping_) flag->Cancel();
-  std::lock_guard<std::mutex> lock(cancel_mutex_);
-  cancels_[{connection, request}] = flag;
-  return flag;
-}
-
-void UcxServer::Untrack(uint64_t connection, uint64_t request) {
-  std::lock_guard<std::mutex> lock(cancel_mutex_);
-  cancels_.erase({connection, request});
+void UcxServer::CancelConnection(uint64_t connection) {
+  absl::MutexLock lock(&requests_mutex_);
+  for (auto it = requests_.lower_bound({connection, 0});
+       it != requests_.end() && it->first.first == connection; ++it) {
+    it->second->cancellation.Cancel();
+  }
 }
 
 void UcxServer::SendStatus(uint64_t connection, uint64_t request, uint32_t count,

@@ -6,56 +6,59 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/cancellation.h"
-#include "common/thread_pool.h"
 #include "common/transport/framing.h"
 #include "common/transport/ucx_worker.h"
 #include "proto/harrier.pb.h"
-#include "server/shard_store.h"
+#include "server/shard_service.h"
 
 namespace harrier {
 
 struct UcxServerOptions {
-  // Pushes never wait on other workers, so a small pool keeps them moving
-  // even while every pull thread is blocked on the consistency model.
-  int push_threads = 2;
-  // Blocked pulls hold a thread each until answered or their deadline.
-  int pull_threads = 16;
+  int shard = 0;  // names the UCX worker
 };
 
-// Serves a ShardStore over UCP active messages (common/transport/framing.h
-// has the protocol). Clients fetch address() over gRPC
-// (GetTransportAddress) and connect to it. The progress thread only parses
-// frames and moves bytes; every store call runs on the push or pull pool.
-// Requests give the same statuses as the gRPC ParameterService. A malformed
-// request gets an error reply and changes nothing; a peer that fails has its
-// endpoint closed by the error handler. Thread-safe.
+// UCP active-message framing of a shard (common/transport/framing.h has the
+// protocol). Clients fetch address() over gRPC (GetTransportAddress) and
+// connect to it. The progress thread only parses frames and moves bytes;
+// every request goes to the ShardService, which runs the store work on its
+// pools and answers exactly as it answers gRPC. A kCancel frame or a failed
+// peer cancels the request's Cancellation, which wakes a blocked pull at
+// once. A malformed request gets an error reply and changes nothing.
+// Thread-safe.
 class UcxServer {
  public:
-  static absl::StatusOr<std::unique_ptr<UcxServer>> Start(ShardStore* store,
+  // `service` is not owned and must outlive the server.
+  static absl::StatusOr<std::unique_ptr<UcxServer>> Start(ShardService* service,
                                                           const UcxServerOptions& options = {});
   ~UcxServer();
 
   // The worker address clients connect to (bytes).
   const std::string& address() const { return address_; }
 
-  // Stops taking requests, finishes the ones running (blocked pulls end
-  // when the store closes or at their deadline), closes every endpoint.
-  // Idempotent.
+  // Stops taking requests, cancels the running ones and waits (at most
+  // kDrainTimeout) for the service to answer them, then closes every
+  // endpoint. Shut the ShardService down first and nothing is left to wait
+  // for. Idempotent.
   void Shutdown();
 
  private:
   struct Peer;
   struct Pending;
+  struct Request;
   using RequestKey = std::pair<uint64_t, uint64_t>;  // connection, request
+
+  static constexpr absl::Duration kDrainTimeout = absl::Seconds(10);
 
   UcxServer() = default;
 
@@ -68,8 +71,12 @@ class UcxServer {
                absl::Status data_status, size_t data_length);
   void OnHello(const transport::Frame& frame, const std::string& address);
   void OnChunk(const transport::Frame& frame, const std::string& body,
-               transport::PayloadBuffer data,
-               absl::Status frame_status);
+               transport::PayloadBuffer data, absl::Status frame_status);
+  // Hands a complete request to the service; `pushed` is null for a pull
+  // or an empty push.
+  void Dispatch(const transport::Frame& frame, int64_t timeout_ms,
+                std::shared_ptr<Pending> pushed, proto::PullRequest* pull);
+  void CancelConnection(uint64_t connection);
 
   // Any thread: queue a reply on the progress thread.
   void SendStatus(uint64_t connection, uint64_t request, uint32_t count,
@@ -77,39 +84,21 @@ class UcxServer {
   void SendChunk(uint64_t connection, uint64_t request, uint32_t index,
                  const proto::TensorChunk& chunk,
                  std::shared_ptr<transport::PayloadBuffer> payload);
+  // Any thread: the service's answer to a request.
+  void Answer(const std::shared_ptr<Request>& request, const absl::Status& status);
 
-  // Pools.
-  struct PullItem {
-    uint32_t rank = 0;
-    int64_t clock = 0;
-    proto::ChunkRef ref;
-    std::string job;
-  };
-  // `pushed` null: an empty push.
-  void RunPush(uint64_t connection, uint64_t request, bool then_pull,
-               ShardStore::Clock::time_point deadline, std::shared_ptr<Pending> pushed);
-  void RunPull(uint64_t connection, uint64_t request, ShardStore::Clock::time_point deadline,
-               std::vector<PullItem> items);
-  std::shared_ptr<Cancellation> TrackCancel(uint64_t connection, uint64_t request);
-  void Untrack(uint64_t connection, uint64_t request);
-
-  ShardStore* store_ = nullptr;
-  UcxServerOptions options_;
+  ShardService* service_ = nullptr;
   std::atomic<bool> stopping_{false};
 
   // Progress thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;
   std::map<RequestKey, std::unique_ptr<Pending>> pending_;
 
-  // Cancellation flags of running requests (kCancel, or the peer failed).
-  std::mutex cancel_mutex_;
-  std::map<RequestKey, std::shared_ptr<Cancellation>> cancels_;
+  // Requests the service is answering: kCancel and failed peers cancel them.
+  absl::Mutex requests_mutex_;
+  std::map<RequestKey, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(requests_mutex_);
 
   std::string address_;
-  // Shutdown() destroys the pools (their tasks post replies) before the
-  // worker, whose destructor runs the posted replies and stops the thread.
-  std::unique_ptr<ThreadPool> push_pool_;
-  std::unique_ptr<ThreadPool> pull_pool_;
   std::unique_ptr<transport::UcxWorker> worker_;
 };
 

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "proto/harrier.grpc.pb.h"
 
 namespace harrier::testing {
@@ -28,23 +29,23 @@ absl::StatusOr<std::unique_ptr<RawUcxClient>> RawUcxClient::Connect(
   if (!worker.ok()) return worker.status();
   client->worker_ = std::move(*worker);
   RawUcxClient* raw = client.get();
-  std::mutex mutex;
-  std::condition_variable done;
-  absl::Status connected;
-  bool finished = false;
-  raw->worker_->Post([&, raw, address = response.address()] {
+  // Shared with the posted task, which may outlive this call on a timeout.
+  struct Connecting {
+    absl::Notification done;
+    absl::Status status;
+  };
+  auto connecting = std::make_shared<Connecting>();
+  raw->worker_->Post([connecting, raw, address = response.address()] {
     bool detects_failure = false;
     auto ep = raw->worker_->Connect(address, &RawUcxClient::OnError, raw, &detects_failure);
-    std::lock_guard<std::mutex> lock(mutex);
     if (ep.ok()) raw->ep_ = *ep;
-    connected = ep.status();
-    finished = true;
-    done.notify_all();
+    connecting->status = ep.status();
+    connecting->done.Notify();
   });
-  {
-    std::unique_lock<std::mutex> lock(mutex);
-    done.wait(lock, [&] { return finished; });
+  if (!connecting->done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
+    return absl::DeadlineExceededError("the UCX connect did not finish within 10 s");
   }
+  const absl::Status connected = connecting->status;
   if (!connected.ok()) return connected;
   transport::Frame hello;
   hello.op = transport::Op::kHello;
@@ -66,28 +67,63 @@ RawUcxClient::~RawUcxClient() {
 
 void RawUcxClient::Abandon() { worker_.reset(); }
 
-absl::Status RawUcxClient::Call(transport::Frame frame, const std::string& body,
-                                const std::string& data, absl::Duration timeout) {
+uint64_t RawUcxClient::Send(transport::Frame frame, const std::string& body,
+                            const std::string& data) {
   frame.connection_id = connection_id_;
-  frame.request_id = next_request_++;
+  if (frame.op != transport::Op::kCancel) frame.request_id = next_request_++;
   std::string header = transport::EncodeHeader(frame, body);
-  // `data` outlives the send: this call waits for the reply, which the shard
-  // sends only after it has received the data.
+  // `data` outlives the send: the caller waits for the reply, which the
+  // shard sends only after it has received the data.
   worker_->Post([this, header = std::move(header), &data]() mutable {
     if (ep_ == nullptr) return;
     worker_->SendAm(ep_, transport::kRequestAmId, std::move(header), data.data(), data.size(),
                     [](ucs_status_t) {});
   });
-  std::unique_lock<std::mutex> lock(mutex_);
-  const uint64_t id = frame.request_id;
-  if (!changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                         [&] { return replies_.count(id) > 0 || !failure_.ok(); })) {
-    return absl::DeadlineExceededError("no reply from the shard");
-  }
+  return frame.request_id;
+}
+
+bool RawUcxClient::AwaitReplyLocked(uint64_t id, absl::Duration timeout) {
+  struct Arrived {
+    RawUcxClient* client;
+    uint64_t id;
+    bool operator()() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(client->mutex_) {
+      return client->replies_.count(id) > 0 || !client->failure_.ok();
+    }
+  };
+  Arrived arrived{this, id};
+  return mutex_.AwaitWithTimeout(absl::Condition(&arrived), timeout);
+}
+
+absl::Status RawUcxClient::Await(uint64_t id, absl::Duration timeout) {
+  absl::MutexLock lock(&mutex_);
+  if (!AwaitReplyLocked(id, timeout)) return absl::DeadlineExceededError("no reply from the shard");
   if (replies_.count(id) == 0) return failure_;
   absl::Status status = replies_[id];
   replies_.erase(id);
   return status;
+}
+
+absl::Status RawUcxClient::Call(transport::Frame frame, const std::string& body,
+                                const std::string& data, absl::Duration timeout) {
+  return Await(Send(frame, body, data), timeout);
+}
+
+absl::Status RawUcxClient::CallAndCancel(transport::Frame frame, const std::string& body,
+                                         const std::string& data, absl::Duration cancel_after,
+                                         absl::Duration timeout) {
+  const uint64_t id = Send(frame, body, data);
+  bool replied = false;
+  {
+    absl::MutexLock lock(&mutex_);
+    replied = AwaitReplyLocked(id, cancel_after);
+  }
+  if (replied) return Await(id, absl::ZeroDuration());
+  transport::Frame cancel;
+  cancel.op = transport::Op::kCancel;
+  cancel.request_id = id;
+  static const std::string kNoData;
+  Send(cancel, "", kNoData);
+  return Await(id, timeout);
 }
 
 ucs_status_t RawUcxClient::OnReply(void* arg, const void* header, size_t header_length, void*,
@@ -97,9 +133,8 @@ ucs_status_t RawUcxClient::OnReply(void* arg, const void* header, size_t header_
   absl::string_view body;
   if (!transport::DecodeHeader(header, header_length, &frame, &body).ok()) return UCS_OK;
   if (frame.op != transport::Op::kStatus) return UCS_OK;  // reply chunks: dropped
-  std::lock_guard<std::mutex> lock(self->mutex_);
+  absl::MutexLock lock(&self->mutex_);
   self->replies_[frame.request_id] = transport::DecodeStatus(frame, body);
-  self->changed_.notify_all();
   return UCS_OK;
 }
 
@@ -107,9 +142,8 @@ void RawUcxClient::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* self = static_cast<RawUcxClient*>(arg);
   self->worker_->CloseEndpoint(ep);
   self->ep_ = nullptr;
-  std::lock_guard<std::mutex> lock(self->mutex_);
+  absl::MutexLock lock(&self->mutex_);
   self->failure_ = absl::UnavailableError(ucs_status_string(status));
-  self->changed_.notify_all();
 }
 
 }  // namespace harrier::testing

@@ -5,13 +5,13 @@
 // frames to a shard and waits for the status reply, so bad input can be
 // sent that UcxShardTransport would never produce.
 
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/transport/framing.h"
 #include "common/transport/ucx_worker.h"
@@ -31,12 +31,23 @@ class RawUcxClient {
   absl::Status Call(transport::Frame frame, const std::string& body, const std::string& data,
                     absl::Duration timeout = absl::Seconds(10));
 
+  // As Call, but gives up after `cancel_after` as a client does: sends
+  // kCancel for the request, then waits for the shard's reply to it.
+  absl::Status CallAndCancel(transport::Frame frame, const std::string& body,
+                             const std::string& data, absl::Duration cancel_after,
+                             absl::Duration timeout = absl::Seconds(10));
+
   // Stops the worker without closing the endpoint, as a crashed process
   // would leave it.
   void Abandon();
 
  private:
   RawUcxClient() = default;
+  // Posts a request (ids filled in); returns its request id. `data` must
+  // outlive the reply.
+  uint64_t Send(transport::Frame frame, const std::string& body, const std::string& data);
+  // The reply status to request `id`, or DEADLINE_EXCEEDED after `timeout`.
+  absl::Status Await(uint64_t id, absl::Duration timeout);
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param);
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -44,10 +55,13 @@ class RawUcxClient {
   uint64_t connection_id_ = 0;
   uint64_t next_request_ = 1;
   ucp_ep_h ep_ = nullptr;  // progress thread only
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::map<uint64_t, absl::Status> replies_;  // guarded by mutex_
-  absl::Status failure_;                      // guarded by mutex_
+  // Until a reply to `id` or a failure arrived, at most `timeout`; false
+  // if neither did.
+  bool AwaitReplyLocked(uint64_t id, absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  absl::Mutex mutex_;
+  std::map<uint64_t, absl::Status> replies_ ABSL_GUARDED_BY(mutex_);
+  absl::Status failure_ ABSL_GUARDED_BY(mutex_);
   std::unique_ptr<transport::UcxWorker> worker_;
 };
 

@@ -1,0 +1,174 @@
+#ifndef HARRIER_SERVER_SHARD_SERVICE_H_
+#define HARRIER_SERVER_SHARD_SERVICE_H_
+
+// The one request path of a shard: every transport (the gRPC callback
+// service, the UCX listener) decodes its framing into header + payload views
+// and calls this class, which owns what must not differ between transports:
+// the deadline rule, the chunks-per-call limit, push-then-pull, the latency
+// metrics and the bounded executors the store work runs on.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/cancellation.h"
+#include "common/metrics/metrics.h"
+#include "common/thread_pool.h"
+#include "proto/harrier.pb.h"
+#include "server/shard_store.h"
+
+namespace harrier {
+
+struct ShardServiceOptions {
+  // Pushes never wait for other workers, so their own small pool keeps them
+  // moving (they are what unblocks waiting pulls) while every pull thread is
+  // blocked on the consistency model. Used by callers that may not apply a
+  // push themselves (Call::work_on_caller_thread false: UCX).
+  int push_threads = 2;
+  // A pull blocked on the consistency model holds one of these until it is
+  // answered, cancelled or expires. A pull that could be answered at once
+  // still queues behind blocked ones, so this is sized for every tensor of
+  // every worker waiting at once.
+  int pull_threads = 64;
+  // Calls waiting for a thread, per pool; one more is refused with
+  // RESOURCE_EXHAUSTED instead of queueing without limit.
+  size_t max_queued_calls = 1024;
+  // Call latencies (seconds) are observed into these for every transport;
+  // null: not measured. Not owned; must outlive the service.
+  Histogram* push_seconds = nullptr;  // Push
+  Histogram* pull_seconds = nullptr;  // Pull and PushPull, consistency waits included
+};
+
+// Thread-safe. Every call's `done` runs exactly once, either on a pool
+// thread or on the calling thread before the method returns: when the call
+// is refused before any store work (a full queue, too many chunks,
+// shutdown), or when its work ran there (Call::work_on_caller_thread).
+// Nothing of the call is touched after `done` starts.
+class ShardService {
+ public:
+  using Clock = ShardStore::Clock;
+  using Done = std::function<void(const absl::Status&)>;
+
+  // Most chunks one push or push-pull may carry: bounds the memory a single
+  // call holds (chunks are at most 32 MiB, ClientOptions' upper bound).
+  static constexpr uint32_t kMaxChunksPerCall = 256;
+
+  // What a transport knows about a call besides its messages.
+  struct Call {
+    // When the transport saw the call begin: latency is measured from here,
+    // so receiving the request counts.
+    Clock::time_point received = Clock::now();
+    // The client's deadline; max(): the client gave none.
+    Clock::time_point client_deadline = Clock::time_point::max();
+    // Cancelled by the transport when the client cancels or goes away; may
+    // be null. Must stay valid until `done` has run.
+    Cancellation* cancellation = nullptr;
+    // The calling thread may run the store work that does not wait: the
+    // push, and the pull chunks the consistency model lets through at once
+    // (from the first that has to wait on, the pull pool answers). Saves a
+    // hand-off for callers whose thread may do CPU work and take the
+    // store's chunk locks (a gRPC reaction); never for one that must only
+    // move bytes (the UCX progress thread).
+    bool work_on_caller_thread = false;
+  };
+
+  // Where a pull's reply chunks go. Called on a pool thread, in order:
+  // Allocate then Send for each chunk.
+  class ReplySink {
+   public:
+    virtual ~ReplySink() = default;
+    // Memory for the next reply chunk's `bytes` payload bytes (the store
+    // writes the parameters straight into it, under the chunk's lock: must
+    // be quick). Owned by the sink; valid until the Send that follows.
+    virtual char* Allocate(size_t bytes) = 0;
+    // The chunk whose payload was just written, complete with its job.
+    // `index` counts the chunks of this reply from 0; `last`: no chunk
+    // follows and, if Send returns OK, the call ends OK (a transport may
+    // send the status with this chunk). Must not block; an error (the
+    // client went away) ends the call with it.
+    virtual absl::Status Send(const proto::TensorChunk& header, uint32_t index, bool last) = 0;
+  };
+
+  // `store` is not owned and must outlive the service.
+  ShardService(ShardStore* store, const ShardServiceOptions& options);
+  // Shutdown().
+  ~ShardService();
+  ShardService(const ShardService&) = delete;
+  ShardService& operator=(const ShardService&) = delete;
+
+  // The server-side deadline of a call whose client gives up at
+  // `client_deadline`: a little earlier, so the client receives the shard's
+  // DEADLINE_EXCEEDED (which names the slowest worker) rather than its own
+  // bare one; and no later than an hour from `now`, so a call without a
+  // deadline does not wait forever.
+  static Clock::time_point ServerDeadline(Clock::time_point client_deadline,
+                                          Clock::time_point now);
+
+  // OK, or RESOURCE_EXHAUSTED once a call holds more than kMaxChunksPerCall
+  // chunks. Transports ask as chunks arrive, so an oversized call is refused
+  // before it is all buffered.
+  static absl::Status CheckChunkCount(size_t chunks);
+
+  // Applies one worker's chunks (validated whole first; see
+  // ShardStore::Push). The views' memory stays the caller's and valid until
+  // `done` has run.
+  void Push(const Call& call, std::vector<ShardStore::PushChunkView> chunks, Done done);
+
+  // Answers every chunk of `request` into `sink` as the consistency model
+  // allows; `done` gets the first error or OK. `sink` must stay valid until
+  // `done` has run.
+  void Pull(const Call& call, proto::PullRequest request, ReplySink* sink, Done done);
+
+  // Push, then the pull half of each pushed chunk (ShardStore::PushPullRef)
+  // into `sink`. The pull half runs on the pull pool, so the push pool keeps
+  // applying the other workers' pushes it may wait for.
+  void PushPull(const Call& call, std::vector<ShardStore::PushChunkView> chunks, ReplySink* sink,
+                Done done);
+
+  // Refuses later calls (UNAVAILABLE), then waits for the queued and running
+  // ones to finish: close the store first so blocked pulls end at once.
+  // Idempotent.
+  void Shutdown();
+
+ private:
+  // One call in flight: what its tasks share.
+  struct Work;
+  // One request's chunks to pull, in reply order.
+  struct PullPlan;
+  enum class Pool { kPush, kPull };
+
+  std::shared_ptr<Work> Begin(const Call& call, Histogram* latency, Done done) const;
+  // Runs a push's `task` where the call allows (work_on_caller_thread).
+  absl::Status RunPush(const Work& work, std::function<void()> task);
+  // Runs `task` on `pool`, or says why not (the service is shut down, or
+  // the pool's queue is full) and drops it.
+  absl::Status Submit(Pool pool, std::function<void()> task);
+  // Answers the plan's chunks from `*next` on into `sink`, advancing
+  // `*next`. With `only_if_ready` it stops at the first chunk that would
+  // wait, sets `*would_wait` and returns OK.
+  absl::Status PullInto(const Work& work, const PullPlan& plan, bool only_if_ready, size_t* next,
+                        ReplySink* sink, bool* would_wait);
+  // The pull part of Pull and PushPull: where the call allows, what is
+  // ready now on this thread; the rest on the pull pool.
+  void AnswerPulls(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
+                   ReplySink* sink);
+  absl::Status ApplyPush(const Work& work, const std::vector<ShardStore::PushChunkView>& chunks);
+
+  ShardStore* const store_;
+  const ShardServiceOptions options_;
+
+  // Submitters hold it shared; Shutdown exclusively, to retire the pools.
+  absl::Mutex mutex_;
+  std::unique_ptr<ThreadPool> push_pool_ ABSL_GUARDED_BY(mutex_);
+  std::unique_ptr<ThreadPool> pull_pool_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_SERVER_SHARD_SERVICE_H_

@@ -1,0 +1,431 @@
+// ShardService with a real ShardStore and no process or socket: the rules
+// every transport shares (deadline, chunk limit, push-then-pull, bounded
+// pools, cancellation, latency metrics).
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/cancellation.h"
+#include "common/crc32c.h"
+#include "common/metrics/metrics.h"
+#include "server/shard_service.h"
+#include "server/shard_store.h"
+
+namespace harrier {
+namespace {
+
+using Clock = ShardService::Clock;
+using std::chrono::milliseconds;
+
+proto::InitRequest Init(const std::string& key, uint32_t chunk, size_t n) {
+  std::vector<float> zeros(n, 0.0f);
+  proto::InitRequest request;
+  request.set_key(key);
+  request.set_chunk(chunk);
+  request.add_shape(n);
+  request.set_num_elements(n);
+  request.set_dtype(proto::DTYPE_FLOAT32);
+  request.set_initial_values(std::string(reinterpret_cast<const char*>(zeros.data()), n * 4));
+  request.set_checksum(Crc32c(request.initial_values().data(), n * 4));
+  return request;
+}
+
+// A pushed chunk: the header, and its payload kept apart as transports do.
+struct Pushed {
+  proto::TensorChunk header;
+  std::vector<float> payload;
+};
+
+Pushed Gradient(const std::string& key, uint32_t chunk, uint32_t rank, int64_t clock,
+                std::vector<float> values) {
+  Pushed pushed;
+  pushed.header.set_job("job-a");
+  pushed.header.set_key(key);
+  pushed.header.set_chunk(chunk);
+  pushed.header.set_rank(rank);
+  pushed.header.set_clock(clock);
+  pushed.header.set_num_elements(values.size());
+  pushed.header.set_dtype(proto::DTYPE_FLOAT32);
+  pushed.header.set_checksum(Crc32c(values.data(), values.size() * 4));
+  pushed.payload = std::move(values);
+  return pushed;
+}
+
+std::vector<ShardStore::PushChunkView> Views(const std::vector<Pushed>& chunks) {
+  std::vector<ShardStore::PushChunkView> views;
+  for (const Pushed& chunk : chunks) {
+    views.push_back({&chunk.header,
+                     absl::string_view(reinterpret_cast<const char*>(chunk.payload.data()),
+                                       chunk.payload.size() * 4)});
+  }
+  return views;
+}
+
+proto::PullRequest PullOf(const std::string& key, uint32_t rank, int64_t clock, size_t n) {
+  proto::PullRequest request;
+  request.set_job("job-a");
+  request.set_rank(rank);
+  request.set_clock(clock);
+  proto::ChunkRef* ref = request.add_chunks();
+  ref->set_key(key);
+  ref->set_num_elements(n);
+  return request;
+}
+
+// Collects reply chunks as a transport would send them.
+class Sink : public ShardService::ReplySink {
+ public:
+  char* Allocate(size_t bytes) override {
+    buffer_.assign(bytes, 0);
+    return buffer_.data();
+  }
+  absl::Status Send(const proto::TensorChunk& header, uint32_t index, bool last) override {
+    headers.push_back(header);
+    indices.push_back(index);
+    lasts.push_back(last);
+    std::vector<float> values(buffer_.size() / 4);
+    std::memcpy(values.data(), buffer_.data(), buffer_.size());
+    payloads.push_back(std::move(values));
+    return absl::OkStatus();
+  }
+
+  std::vector<proto::TensorChunk> headers;
+  std::vector<uint32_t> indices;
+  std::vector<bool> lasts;
+  std::vector<std::vector<float>> payloads;
+
+ private:
+  std::vector<char> buffer_;
+};
+
+// A call's outcome, as `done` reports it.
+struct Outcome {
+  absl::Notification done;
+  absl::Status status;
+  Clock::time_point at;
+
+  ShardService::Done Callback() {
+    return [this](const absl::Status& s) {
+      status = s;
+      at = Clock::now();
+      done.Notify();
+    };
+  }
+  bool Wait(milliseconds timeout = milliseconds(5000)) {
+    return done.WaitForNotificationWithTimeout(absl::FromChrono(timeout));
+  }
+};
+
+std::unique_ptr<ShardStore> MakeStore(const std::string& sync, int workers) {
+  ShardStoreOptions options;
+  options.num_workers = workers;
+  options.sync = *SyncPolicy::FromFlags(sync, 1, 1);
+  OptimizerOptions sgd;
+  sgd.lr = 1.0f;
+  return std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
+}
+
+uint64_t Count(const Histogram& histogram) {
+  const auto counts = histogram.BucketCounts();
+  return std::accumulate(counts.begin(), counts.end(), uint64_t{0});
+}
+
+// Until the store counts `n` pulls waiting for the consistency model.
+bool AwaitBlocked(const ShardStore& store, int n) {
+  const auto until = Clock::now() + milliseconds(5000);
+  while (store.blocked_pulls() < n) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  return true;
+}
+
+TEST_CASE("shard service: the server gives up a little before the client, and within an hour") {
+  const Clock::time_point now = Clock::now();
+  // 1/5 of the remaining time, at most 200 ms.
+  REQUIRE(ShardService::ServerDeadline(now + milliseconds(10000), now) ==
+          now + milliseconds(9800));
+  REQUIRE(ShardService::ServerDeadline(now + milliseconds(500), now) == now + milliseconds(400));
+  REQUIRE(ShardService::ServerDeadline(Clock::time_point::max(), now) ==
+          now + std::chrono::hours(1));
+  REQUIRE(ShardService::ServerDeadline(now + std::chrono::hours(5), now) ==
+          now + std::chrono::hours(1));
+  REQUIRE(ShardService::ServerDeadline(now - milliseconds(10), now) <= now);
+
+  // A blocked pull ends at the server's deadline with the store's status,
+  // which names the slowest worker, before the client's own deadline.
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  ShardService service(store.get(), {});
+  ShardService::Call call;
+  call.client_deadline = Clock::now() + milliseconds(1000);
+  Sink sink;
+  Outcome outcome;
+  const auto start = Clock::now();
+  service.Pull(call, PullOf("w", 0, 1, 2), &sink, outcome.Callback());
+  REQUIRE(outcome.Wait());
+  INFO(outcome.status.ToString());
+  REQUIRE(absl::IsDeadlineExceeded(outcome.status));
+  const auto waited = outcome.at - start;
+  REQUIRE(waited >= milliseconds(750));
+  REQUIRE(waited < milliseconds(950));
+}
+
+TEST_CASE("shard service: a call of more than 256 chunks is refused whole") {
+  REQUIRE(ShardService::CheckChunkCount(256).ok());
+  REQUIRE(absl::IsResourceExhausted(ShardService::CheckChunkCount(257)));
+
+  auto store = MakeStore("asp", 1);
+  std::vector<Pushed> chunks;
+  for (uint32_t c = 0; c < 257; ++c) {
+    REQUIRE(store->Init(Init("w", c, 1)).ok());
+    chunks.push_back(Gradient("w", c, 0, 0, {1.0f}));
+  }
+  ShardService service(store.get(), {});
+  Outcome refused;
+  service.Push({}, Views(chunks), refused.Callback());
+  REQUIRE(refused.Wait());
+  INFO(refused.status.ToString());
+  REQUIRE(absl::IsResourceExhausted(refused.status));
+  REQUIRE(refused.status.message().find("256") != absl::string_view::npos);
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{0.0f});
+  // The same refusal for a push-pull; 256 chunks are fine.
+  Sink sink;
+  Outcome refused_too;
+  service.PushPull({}, Views(chunks), &sink, refused_too.Callback());
+  REQUIRE(refused_too.Wait());
+  REQUIRE(absl::IsResourceExhausted(refused_too.status));
+  chunks.pop_back();
+  Outcome accepted;
+  service.Push({}, Views(chunks), accepted.Callback());
+  REQUIRE(accepted.Wait());
+  INFO(accepted.status.ToString());
+  REQUIRE(accepted.status.ok());
+  REQUIRE(*store->Snapshot("w", 255) == std::vector<float>{-1.0f});
+}
+
+TEST_CASE("shard service: push-pull applies the push, then answers with the parameters after it") {
+  auto store = MakeStore("asp", 1);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  REQUIRE(store->Init(Init("w", 1, 3)).ok());
+  ShardService service(store.get(), {});
+  const std::vector<Pushed> chunks = {Gradient("w", 0, 0, 0, {1, 2}),
+                                      Gradient("w", 1, 0, 0, {3, 4, 5})};
+  Sink sink;
+  Outcome outcome;
+  service.PushPull({}, Views(chunks), &sink, outcome.Callback());
+  REQUIRE(outcome.Wait());
+  INFO(outcome.status.ToString());
+  REQUIRE(outcome.status.ok());
+  REQUIRE(sink.indices == std::vector<uint32_t>{0, 1});
+  REQUIRE(sink.lasts == std::vector<bool>{false, true});
+  REQUIRE(sink.payloads == std::vector<std::vector<float>>{{-1, -2}, {-3, -4, -5}});
+  for (size_t i = 0; i < 2; ++i) {
+    REQUIRE(sink.headers[i].job() == "job-a");
+    REQUIRE(sink.headers[i].key() == "w");
+    REQUIRE(sink.headers[i].chunk() == i);
+    REQUIRE(sink.headers[i].clock() == 1);  // answered at the clock after the push
+  }
+  // A plain pull of the same chunk answers the same values.
+  Sink pulled;
+  Outcome pull;
+  service.Pull({}, PullOf("w", 0, 1, 2), &pulled, pull.Callback());
+  REQUIRE(pull.Wait());
+  REQUIRE(pull.status.ok());
+  REQUIRE(pulled.payloads == std::vector<std::vector<float>>{{-1, -2}});
+}
+
+TEST_CASE("shard service: a cancelled blocked pull returns CANCELLED at once") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  ShardService service(store.get(), {});
+  Cancellation cancellation;
+  ShardService::Call call;
+  call.client_deadline = Clock::now() + milliseconds(10000);
+  call.cancellation = &cancellation;
+  Sink sink;
+  Outcome outcome;
+  service.Pull(call, PullOf("w", 0, 1, 2), &sink, outcome.Callback());
+  REQUIRE(AwaitBlocked(*store, 1));
+  const auto cancelled_at = Clock::now();
+  cancellation.Cancel();
+  REQUIRE(outcome.Wait(milliseconds(1000)));
+  INFO(outcome.status.ToString());
+  REQUIRE(absl::IsCancelled(outcome.status));
+  // The old 50 ms poll would take up to 50 ms; a wake-up takes well under.
+  REQUIRE(outcome.at - cancelled_at < milliseconds(100));
+  REQUIRE(sink.headers.empty());
+}
+
+TEST_CASE("shard service: on the caller's thread, what is ready is answered there, the rest waits "
+          "in the pull pool") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 0, 1)).ok());
+  REQUIRE(store->Init(Init("w", 1, 1)).ok());
+  ShardService service(store.get(), {});
+  // Both ranks pushed chunk 0 for clock 0; only rank 0 pushed chunk 1.
+  const std::vector<Pushed> both = {Gradient("w", 0, 0, 0, {2})};
+  const std::vector<Pushed> other = {Gradient("w", 0, 1, 0, {4})};
+  const std::vector<Pushed> half = {Gradient("w", 1, 0, 0, {2})};
+  for (const auto* chunks : {&both, &other, &half}) {
+    Outcome pushed;
+    ShardService::Call call;
+    call.work_on_caller_thread = true;
+    service.Push(call, Views(*chunks), pushed.Callback());
+    REQUIRE(pushed.done.HasBeenNotified());  // applied on this thread
+    REQUIRE(pushed.status.ok());
+  }
+
+  Cancellation cancellation;
+  ShardService::Call call;
+  call.work_on_caller_thread = true;
+  call.client_deadline = Clock::now() + milliseconds(10000);
+  call.cancellation = &cancellation;
+  proto::PullRequest request = PullOf("w", 0, 1, 1);
+  *request.add_chunks() = request.chunks(0);
+  request.mutable_chunks(1)->set_chunk(1);
+  Sink sink;
+  Outcome outcome;
+  service.Pull(call, request, &sink, outcome.Callback());
+  // Chunk 0 was ready: answered before Pull returned. Chunk 1 waits for
+  // rank 1, in the pool.
+  REQUIRE(sink.payloads == std::vector<std::vector<float>>{{-3}});
+  REQUIRE(sink.lasts == std::vector<bool>{false});
+  REQUIRE_FALSE(outcome.done.HasBeenNotified());
+  REQUIRE(AwaitBlocked(*store, 1));
+  const std::vector<Pushed> rest = {Gradient("w", 1, 1, 0, {4})};
+  Outcome pushed;
+  service.Push({}, Views(rest), pushed.Callback());
+  REQUIRE(pushed.Wait());
+  REQUIRE(outcome.Wait());
+  INFO(outcome.status.ToString());
+  REQUIRE(outcome.status.ok());
+  REQUIRE(sink.indices == std::vector<uint32_t>{0, 1});
+  REQUIRE(sink.lasts == std::vector<bool>{false, true});
+  REQUIRE(sink.payloads == std::vector<std::vector<float>>{{-3}, {-3}});
+
+  // A pull that has to wait still wakes at once on cancel.
+  Sink blocked_sink;
+  Outcome blocked;
+  service.Pull(call, PullOf("w", 0, 2, 1), &blocked_sink, blocked.Callback());
+  REQUIRE_FALSE(blocked.done.HasBeenNotified());
+  REQUIRE(AwaitBlocked(*store, 1));
+  const auto cancelled_at = Clock::now();
+  cancellation.Cancel();
+  REQUIRE(blocked.Wait(milliseconds(1000)));
+  REQUIRE(absl::IsCancelled(blocked.status));
+  REQUIRE(blocked.at - cancelled_at < milliseconds(100));
+}
+
+TEST_CASE("shard service: a push cancelled before it is applied changes nothing") {
+  auto store = MakeStore("asp", 1);
+  REQUIRE(store->Init(Init("w", 0, 1)).ok());
+  ShardService service(store.get(), {});
+  Cancellation cancellation;
+  cancellation.Cancel();
+  ShardService::Call call;
+  call.cancellation = &cancellation;
+  const std::vector<Pushed> chunks = {Gradient("w", 0, 0, 0, {1})};
+  Outcome outcome;
+  service.Push(call, Views(chunks), outcome.Callback());
+  REQUIRE(outcome.Wait());
+  REQUIRE(absl::IsCancelled(outcome.status));
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{0.0f});
+}
+
+TEST_CASE("shard service: a full pull pool refuses with RESOURCE_EXHAUSTED") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  ShardServiceOptions options;
+  options.pull_threads = 1;
+  options.max_queued_calls = 1;
+  ShardService service(store.get(), options);
+  Cancellation cancellation;
+  ShardService::Call call;
+  call.client_deadline = Clock::now() + milliseconds(10000);
+  call.cancellation = &cancellation;
+  Sink sinks[3];
+  Outcome running, queued, refused;
+  service.Pull(call, PullOf("w", 0, 1, 2), &sinks[0], running.Callback());
+  REQUIRE(AwaitBlocked(*store, 1));  // holds the one thread
+  service.Pull(call, PullOf("w", 0, 1, 2), &sinks[1], queued.Callback());
+  service.Pull(call, PullOf("w", 0, 1, 2), &sinks[2], refused.Callback());
+  // Refused on the caller's thread, before returning.
+  REQUIRE(refused.done.HasBeenNotified());
+  INFO(refused.status.ToString());
+  REQUIRE(absl::IsResourceExhausted(refused.status));
+  REQUIRE(refused.status.message().find("pull pool is full") != absl::string_view::npos);
+  REQUIRE_FALSE(queued.done.HasBeenNotified());
+  // A push-pull whose pull half finds the pool full says its push counted.
+  const std::vector<Pushed> chunks = {Gradient("w", 0, 1, 0, {1, 1})};
+  Outcome half;
+  service.PushPull(call, Views(chunks), &sinks[2], half.Callback());
+  REQUIRE(half.Wait());
+  INFO(half.status.ToString());
+  REQUIRE(absl::IsResourceExhausted(half.status));
+  REQUIRE(half.status.message().find("push was applied") != absl::string_view::npos);
+  cancellation.Cancel();
+  REQUIRE(running.Wait(milliseconds(1000)));
+  REQUIRE(queued.Wait(milliseconds(1000)));
+  REQUIRE(absl::IsCancelled(running.status));
+  REQUIRE(absl::IsCancelled(queued.status));
+}
+
+TEST_CASE("shard service: every call is observed into the latency histograms it was built with") {
+  auto store = MakeStore("asp", 1);
+  REQUIRE(store->Init(Init("w", 0, 1)).ok());
+  Histogram push_seconds(ExponentialBuckets(1e-5, 4, 10));
+  Histogram pull_seconds(ExponentialBuckets(1e-5, 4, 10));
+  ShardServiceOptions options;
+  options.push_seconds = &push_seconds;
+  options.pull_seconds = &pull_seconds;
+  ShardService service(store.get(), options);
+  const std::vector<Pushed> first = {Gradient("w", 0, 0, 0, {1})};
+  Outcome push;
+  service.Push({}, Views(first), push.Callback());
+  REQUIRE(push.Wait());
+  REQUIRE(push.status.ok());
+  REQUIRE(Count(push_seconds) == 1);
+  REQUIRE(Count(pull_seconds) == 0);
+  Sink sink;
+  Outcome pull;
+  service.Pull({}, PullOf("w", 0, 1, 1), &sink, pull.Callback());
+  REQUIRE(pull.Wait());
+  REQUIRE(Count(pull_seconds) == 1);
+  const std::vector<Pushed> second = {Gradient("w", 0, 0, 1, {1})};
+  Outcome pushpull;
+  service.PushPull({}, Views(second), &sink, pushpull.Callback());
+  REQUIRE(pushpull.Wait());
+  REQUIRE(pushpull.status.ok());
+  REQUIRE(Count(pull_seconds) == 2);
+  REQUIRE(Count(push_seconds) == 1);
+  // Refused calls are calls too.
+  std::vector<Pushed> too_many(257, Gradient("w", 0, 0, 2, {1}));
+  Outcome refused;
+  service.Push({}, Views(too_many), refused.Callback());
+  REQUIRE(refused.Wait());
+  REQUIRE(Count(push_seconds) == 2);
+}
+
+TEST_CASE("shard service: after shutdown every call is refused UNAVAILABLE") {
+  auto store = MakeStore("asp", 1);
+  REQUIRE(store->Init(Init("w", 0, 1)).ok());
+  ShardService service(store.get(), {});
+  service.Shutdown();
+  const std::vector<Pushed> chunks = {Gradient("w", 0, 0, 0, {1})};
+  Outcome outcome;
+  service.Push({}, Views(chunks), outcome.Callback());
+  REQUIRE(outcome.done.HasBeenNotified());
+  REQUIRE(absl::IsUnavailable(outcome.status));
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{0.0f});
+}
+
+}  // namespace
+}  // namespace harrier

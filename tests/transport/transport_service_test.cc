@@ -1,0 +1,253 @@
+// Both transports through one request path, checked through the real
+// harrier-server binary: the latency histograms on /metrics move for gRPC
+// and for UCX alike, and a gRPC client's cancel wakes the shard's blocked
+// pull at once. UCX runs over tcp on loopback (see BUILD).
+#include <catch2/catch.hpp>
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "proto/harrier.grpc.pb.h"
+#include "common/transport/framing.h"
+#include "tests/integration/server_process.h"
+#include "tests/transport/raw_ucx_client.h"
+#include "worker/client.h"
+
+namespace harrier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr size_t kElements = 16;
+
+ClientOptions Options(const std::string& address, const std::string& transport) {
+  ClientOptions options;
+  options.servers = {address};
+  options.transport = transport;
+  options.rpc_timeout = absl::Seconds(30);
+  options.heartbeat_interval = absl::ZeroDuration();
+  return options;
+}
+
+bool Has(const std::string& text, const std::string& line) {
+  return text.find(line) != std::string::npos;
+}
+
+// One push, one pull and one push-pull through `client`.
+void Exercise(Client& client) {
+  std::vector<float> w(kElements), g(kElements, 1.0f);
+  REQUIRE(client.Push("w", g).ok());
+  client.Clock();
+  REQUIRE(client.Pull("w", absl::MakeSpan(w)).ok());
+  REQUIRE(client.PushPull("w", g, absl::MakeSpan(w)).ok());
+  client.Clock();
+}
+
+TEST_CASE("the latency histograms count calls over gRPC and over UCX alike") {
+  const int metrics_port = testing::FreePort();
+  auto server = testing::ServerProcess::Start(
+      {"--num_workers=2", "--sync=asp", "--ucx", absl::StrCat("--metrics_port=", metrics_port)});
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  auto grpc_client = Client::Create(Options((*server)->address(), "grpc"));
+  REQUIRE(grpc_client.ok());
+  auto ucx_client = Client::Create(Options((*server)->address(), "ucx"));
+  INFO(ucx_client.status().ToString());
+  REQUIRE(ucx_client.ok());
+  REQUIRE((*grpc_client)->RegisterTensor("w", {kElements}).ok());
+  REQUIRE((*ucx_client)->RegisterTensor("w", {kElements}).ok());
+
+  Exercise(**grpc_client);
+  std::string metrics = testing::HttpGet(metrics_port, "/metrics");
+  INFO(metrics);
+  REQUIRE(Has(metrics, "harrier_server_push_seconds_count{shard=\"0\"} 1\n"));
+  REQUIRE(Has(metrics, "harrier_server_pull_seconds_count{shard=\"0\"} 2\n"));
+
+  Exercise(**ucx_client);
+  metrics = testing::HttpGet(metrics_port, "/metrics");
+  INFO(metrics);
+  // The same series, whichever transport carried the call.
+  REQUIRE(Has(metrics, "harrier_server_push_seconds_count{shard=\"0\"} 2\n"));
+  REQUIRE(Has(metrics, "harrier_server_pull_seconds_count{shard=\"0\"} 4\n"));
+}
+
+// Many calls end while others start: a reply's last chunk, its status and
+// the end of the call race with the next call on every worker.
+TEST_CASE("concurrent push-pulls are each answered with their own chunk, over both transports") {
+  constexpr int kWorkersPerTransport = 4;
+  auto server = testing::ServerProcess::Start(
+      {absl::StrCat("--num_workers=", 2 * kWorkersPerTransport), "--sync=asp", "--lr=1", "--ucx"});
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  int rank = 0;
+  for (const char* transport : {"grpc", "ucx"}) {
+    INFO(transport);
+    std::vector<std::future<std::string>> workers;
+    for (int i = 0; i < kWorkersPerTransport; ++i, ++rank) {
+      workers.push_back(std::async(std::launch::async, [&, transport, rank]() -> std::string {
+        auto client = Client::Create(Options((*server)->address(), transport));
+        if (!client.ok()) return client.status().ToString();
+        const std::string name = absl::StrCat("w", rank);
+        if (auto s = (*client)->RegisterTensor(name, {kElements}); !s.ok()) return s.ToString();
+        std::vector<float> w(kElements), g(kElements, 1.0f);
+        for (int t = 0; t < 300; ++t) {
+          if (auto s = (*client)->PushPull(name, g, absl::MakeSpan(w)); !s.ok()) return s.ToString();
+          (*client)->Clock();
+          // Each worker alone steps its own tensor, by 1/8 (ASP scales by
+          // 1/workers): exact in fp32.
+          if (w[0] != -0.125f * static_cast<float>(t + 1)) {
+            return absl::StrCat("step ", t, ": ", w[0]);
+          }
+        }
+        return "";
+      }));
+    }
+    for (auto& worker : workers) REQUIRE(worker.get() == "");
+  }
+}
+
+// The shard's blocked-pull gauge, or -1 if absent.
+int BlockedPulls(int metrics_port) {
+  const std::string metrics = testing::HttpGet(metrics_port, "/metrics");
+  const std::string prefix = "harrier_server_blocked_pulls{shard=\"0\"} ";
+  const size_t at = metrics.find(prefix);
+  if (at == std::string::npos) return -1;
+  return std::stoi(metrics.substr(at + prefix.size()));
+}
+
+bool AwaitBlockedPulls(int metrics_port, int n, milliseconds timeout) {
+  const auto until = Clock::now() + timeout;
+  while (BlockedPulls(metrics_port) != n) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  return true;
+}
+
+// Creates "w" over gRPC, as a worker's registration does.
+void InitOverGrpc(proto::ParameterService::Stub& stub) {
+  std::vector<float> zeros(kElements, 0.0f);
+  proto::InitRequest init;
+  init.set_key("w");
+  init.add_shape(kElements);
+  init.set_num_elements(kElements);
+  init.set_dtype(proto::DTYPE_FLOAT32);
+  init.set_initial_values(std::string(reinterpret_cast<const char*>(zeros.data()), kElements * 4));
+  init.set_checksum(Crc32c(init.initial_values().data(), kElements * 4));
+  grpc::ClientContext context;
+  proto::InitResponse created;
+  REQUIRE(stub.Init(&context, init, &created).ok());
+}
+
+// Under BSP with 2 workers, clock 1 waits for both workers' first push:
+// blocked until its deadline, a minute away, unless the cancel reaches the
+// store.
+proto::PullRequest BlockedPull() {
+  proto::PullRequest request;
+  request.set_rank(0);
+  request.set_clock(1);
+  proto::ChunkRef* ref = request.add_chunks();
+  ref->set_key("w");
+  ref->set_num_elements(kElements);
+  return request;
+}
+
+// A BSP shard of 2 workers serving gRPC and UCX, with "w" created.
+struct BspShard {
+  BspShard() {
+    auto started = testing::ServerProcess::Start(
+        {"--num_workers=2", "--sync=bsp", "--ucx", absl::StrCat("--metrics_port=", metrics_port)});
+    INFO(started.status().ToString());
+    REQUIRE(started.ok());
+    server = std::move(*started);
+    stub = proto::ParameterService::NewStub(
+        grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+    InitOverGrpc(*stub);
+  }
+
+  const int metrics_port = testing::FreePort();
+  std::unique_ptr<testing::ServerProcess> server;
+  std::unique_ptr<proto::ParameterService::Stub> stub;
+};
+
+TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
+  BspShard shard;
+  const int metrics_port = shard.metrics_port;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto pull = std::async(std::launch::async, [&] {
+    auto reader = shard.stub->Pull(&context, BlockedPull());
+    proto::TensorChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    return reader->Finish();
+  });
+  REQUIRE(AwaitBlockedPulls(metrics_port, 1, milliseconds(5000)));
+  context.TryCancel();
+  REQUIRE(pull.get().error_code() == grpc::StatusCode::CANCELLED);
+  REQUIRE(AwaitBlockedPulls(metrics_port, 0, milliseconds(200)));
+}
+
+TEST_CASE("a UCX client's kCancel wakes the shard's blocked pull at once") {
+  BspShard shard;
+  auto ucx = testing::RawUcxClient::Connect(shard.server->address());
+  INFO(ucx.status().ToString());
+  REQUIRE(ucx.ok());
+
+  transport::Frame frame;
+  frame.op = transport::Op::kPull;
+  frame.arg = 60000;  // the client's remaining milliseconds
+  const auto start = Clock::now();
+  const absl::Status status = (*ucx)->CallAndCancel(frame, BlockedPull().SerializeAsString(), "",
+                                                    absl::Milliseconds(300));
+  const auto answered = Clock::now() - start;
+  INFO(status.ToString());
+  // The shard's own answer to the cancelled request, not the deadline's.
+  REQUIRE(absl::IsCancelled(status));
+  INFO("answered after " << std::chrono::duration_cast<milliseconds>(answered).count() << " ms");
+  // Not before the cancel was sent (the client's wait may end a hair early),
+  // and promptly after it.
+  REQUIRE(answered >= milliseconds(290));
+  REQUIRE(answered < milliseconds(400));
+  REQUIRE(AwaitBlockedPulls(shard.metrics_port, 0, milliseconds(200)));
+}
+
+TEST_CASE("both transports refuse a call of more than 256 chunks alike") {
+  BspShard shard;
+  const std::string expected = "more than 256 chunks in one call";
+
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::PushResponse response;
+  auto writer = shard.stub->Push(&context, &response);
+  proto::TensorChunk chunk;
+  chunk.set_key("w");
+  for (int i = 0; i < 257 && writer->Write(chunk); ++i) {
+  }
+  writer->WritesDone();
+  const grpc::Status over_grpc = writer->Finish();
+  INFO(over_grpc.error_message());
+  REQUIRE(over_grpc.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  REQUIRE(over_grpc.error_message() == expected);
+
+  auto ucx = testing::RawUcxClient::Connect(shard.server->address());
+  REQUIRE(ucx.ok());
+  transport::Frame frame;
+  frame.op = transport::Op::kPush;
+  frame.count = 257;
+  frame.arg = 10000;
+  const absl::Status over_ucx = (*ucx)->Call(frame, chunk.SerializeAsString(), "");
+  INFO(over_ucx.ToString());
+  REQUIRE(absl::IsResourceExhausted(over_ucx));
+  REQUIRE(over_ucx.message() == expected);
+}
+
+}  // namespace
+}  // namespace harrier
