@@ -35,6 +35,9 @@ ABSL_FLAG(std::string, servers, "",
           "Optional comma-separated host:port of every shard, served to workers by shard 0.");
 ABSL_FLAG(bool, staleness_aware_lr, false,
           "SSP/ASP: divide each push's step by the staleness it arrives with.");
+ABSL_FLAG(int64_t, max_pending_rounds, harrier::ConsistencyController::kDefaultMaxPendingRounds,
+          "BSP/local: a push for a clock this many rounds ahead of the slowest live worker is "
+          "refused (FAILED_PRECONDITION), bounding the round sums a shard holds.");
 ABSL_FLAG(std::string, on_worker_loss, "fail",
           "A worker silent for --heartbeat_timeout_ms: fail (abort the job with a clear error) or "
           "continue (drop it from the clock and the average).");
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
   if (!sync.ok()) return Fail(std::string(sync.status().message()));
   options.sync = *sync;
   options.staleness_aware_lr = absl::GetFlag(FLAGS_staleness_aware_lr);
+  options.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
   const std::string loss_policy = absl::GetFlag(FLAGS_on_worker_loss);
   if (loss_policy == "fail") {
     options.on_worker_loss = harrier::WorkerLossPolicy::kFail;

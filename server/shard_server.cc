@@ -19,6 +19,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                                                    options.num_shards, ")"));
   }
   if (options.num_workers < 1) return absl::InvalidArgumentError("--num_workers must be >= 1");
+  if (options.max_pending_rounds < 1) {
+    return absl::InvalidArgumentError("--max_pending_rounds must be >= 1");
+  }
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--port=", options.port, " out of range"));
   }
@@ -33,6 +36,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   store_options.num_workers = options.num_workers;
   store_options.sync = options.sync;
   store_options.staleness_aware_lr = options.staleness_aware_lr;
+  store_options.max_pending_rounds = options.max_pending_rounds;
   server->store_ = std::make_unique<ShardStore>(store_options, std::move(*optimizer));
   if (!options.checkpoint_dir.empty()) {
     std::vector<std::string> warnings;

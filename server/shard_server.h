@@ -36,6 +36,7 @@ struct ShardServerOptions {
   SyncPolicy sync;
   std::vector<std::string> shard_addresses;  // optional, for GetShardMap
   bool staleness_aware_lr = false;
+  int64_t max_pending_rounds = ConsistencyController::kDefaultMaxPendingRounds;
   WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kFail;
   // A worker that heartbeated once and then is silent this long is lost.
   std::chrono::milliseconds heartbeat_timeout{10000};

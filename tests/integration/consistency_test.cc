@@ -185,6 +185,35 @@ TEST_CASE("BSP with uneven iteration counts finishes once the short worker leave
   REQUIRE(w[0] == -14.0f);
 }
 
+TEST_CASE("BSP: a push too many rounds ahead is refused and changes nothing") {
+  auto servers =
+      testing::StartCluster(1, 2, {"--sync=bsp", "--lr=1", "--max_pending_rounds=2"});
+  REQUIRE(servers.ok());
+  auto runaway = Connect(*servers, 0);
+  auto slow = Connect(*servers, 1);
+  // Pushes without pulls: rounds 0 and 1 are held for rank 1.
+  for (int t = 0; t < 2; ++t) {
+    REQUIRE(runaway->Push("w", Filled(1)).ok());
+    runaway->Clock();
+  }
+  const absl::Status refused = runaway->Push("w", Filled(1));
+  INFO(refused.ToString());
+  REQUIRE(absl::IsFailedPrecondition(refused));
+  REQUIRE(refused.message().find("--max_pending_rounds") != absl::string_view::npos);
+  // The slow rank catches up; the held rounds apply and the refused clock is
+  // still the runaway's next one.
+  for (int t = 0; t < 2; ++t) {
+    REQUIRE(slow->Push("w", Filled(1)).ok());
+    slow->Clock();
+  }
+  REQUIRE(runaway->Push("w", Filled(1)).ok());
+  REQUIRE(slow->Push("w", Filled(1)).ok());
+  std::vector<float> w(kElements);
+  runaway->Clock();
+  REQUIRE(runaway->Pull("w", absl::MakeSpan(w)).ok());
+  REQUIRE(w[0] == -3.0f);  // three rounds of average 1
+}
+
 // A harrier-worker process takes rank 1, heartbeats, and is killed; rank 0
 // (a thread here) waits for it in BSP.
 absl::Status RunWithKilledWorker(const std::string& policy) {
