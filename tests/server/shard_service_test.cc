@@ -17,6 +17,7 @@
 #include "common/metrics/metrics.h"
 #include "server/shard_service.h"
 #include "server/shard_store.h"
+#include "tests/server/store_fixtures.h"
 
 namespace harrier {
 namespace {
@@ -24,16 +25,11 @@ namespace {
 using Clock = ShardService::Clock;
 using std::chrono::milliseconds;
 
+using testing::MakeStore;
+
 proto::InitRequest Init(const std::string& key, uint32_t chunk, size_t n) {
-  std::vector<float> zeros(n, 0.0f);
-  proto::InitRequest request;
-  request.set_key(key);
+  proto::InitRequest request = testing::Init(key, n);
   request.set_chunk(chunk);
-  request.add_shape(n);
-  request.set_num_elements(n);
-  request.set_dtype(proto::DTYPE_FLOAT32);
-  request.set_initial_values(std::string(reinterpret_cast<const char*>(zeros.data()), n * 4));
-  request.set_checksum(Crc32c(request.initial_values().data(), n * 4));
   return request;
 }
 
@@ -122,15 +118,6 @@ struct Outcome {
     return done.WaitForNotificationWithTimeout(absl::FromChrono(timeout));
   }
 };
-
-std::unique_ptr<ShardStore> MakeStore(const std::string& sync, int workers) {
-  ShardStoreOptions options;
-  options.num_workers = workers;
-  options.sync = *SyncPolicy::FromFlags(sync, 1, 1);
-  OptimizerOptions sgd;
-  sgd.lr = 1.0f;
-  return std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
-}
 
 uint64_t Count(const Histogram& histogram) {
   const auto counts = histogram.BucketCounts();
