@@ -182,6 +182,20 @@ class ReplyWriter : public DataCall<Reactor>, public ShardService::ReplySink {
     return absl::OkStatus();
   }
 
+  absl::Status AwaitSent(ShardService::Clock::time_point deadline) override {
+    absl::MutexLock lock(&mutex_);
+    auto sent = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+      return broken_ || queue_.empty();
+    };
+    const absl::Time until =
+        absl::Now() + absl::FromChrono(deadline - ShardService::Clock::now());
+    if (!mutex_.AwaitWithDeadline(absl::Condition(&sent), until)) {
+      return absl::DeadlineExceededError("reply chunk not sent by the call's deadline");
+    }
+    if (broken_) return absl::CancelledError("client went away");
+    return absl::OkStatus();
+  }
+
   // The ShardService's `done`, the last call into this object: finishes
   // now, or once the queued chunks are written (a status sent before them
   // would cut the reply short).

@@ -129,6 +129,9 @@ absl::Status ShardService::PullInto(const Work& work, const PullPlan& plan, bool
     const size_t index = *next;
     const PullPlan::Item& item = plan.items[index];
     if (work.cancelled()) return ClientWentAway();
+    if (!only_if_ready && index > 0) {
+      if (auto status = sink->AwaitSent(work.deadline); !status.ok()) return status;
+    }
     // A deadline already reached: the store answers if the consistency
     // model lets the pull through now, and otherwise returns at once.
     const Clock::time_point deadline = only_if_ready ? Clock::now() : work.deadline;
@@ -150,10 +153,24 @@ absl::Status ShardService::PullInto(const Work& work, const PullPlan& plan, bool
   return absl::OkStatus();
 }
 
+namespace {
+
+// Pulls up to this many parameter bytes are answered on the transport's
+// thread when they need not wait (no hand-off: the 4 KiB round trip is
+// 60-100 us faster). Larger ones go to the pull pool even when ready, where
+// AwaitSent keeps one reply chunk of the call in memory at a time; inline,
+// where nothing may block, every chunk would be queued at once (and 16 MiB
+// pulls measured 15-20 % slower with the copies running ahead of the sends).
+constexpr uint64_t kInlinePullBytes = 256u << 10;
+
+}  // namespace
+
 void ShardService::AnswerPulls(const std::shared_ptr<Work>& work,
                                std::shared_ptr<const PullPlan> plan, ReplySink* sink) {
   size_t next = 0;
-  if (work->on_caller_thread) {
+  uint64_t plan_bytes = 0;
+  for (const auto& item : plan->items) plan_bytes += item.ref.num_elements() * sizeof(float);
+  if (work->on_caller_thread && plan_bytes <= kInlinePullBytes) {
     // What can be answered now is, without a hand-off; the first chunk that
     // has to wait and the rest go to the pull pool.
     bool would_wait = false;

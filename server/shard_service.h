@@ -93,6 +93,16 @@ class ShardService {
     // send the status with this chunk). Must not block; an error (the
     // client went away) ends the call with it.
     virtual absl::Status Send(const proto::TensorChunk& header, uint32_t index, bool last) = 0;
+    // Blocks until every chunk sent so far has left (or the client went
+    // away: CANCELLED), at most until `deadline` (DEADLINE_EXCEEDED). Called
+    // from the pull pool only, before each chunk after the first, so a call
+    // holds one reply chunk in memory at a time rather than all of them,
+    // and the copy of chunk i+1 does not compete with the send of chunk i.
+    // A transport that sends synchronously has nothing to wait for.
+    virtual absl::Status AwaitSent(Clock::time_point deadline) {
+      (void)deadline;
+      return absl::OkStatus();
+    }
   };
 
   // `store` is not owned and must outlive the service.

@@ -91,7 +91,13 @@ class Sink : public ShardService::ReplySink {
     payloads.push_back(std::move(values));
     return absl::OkStatus();
   }
+  absl::Status AwaitSent(ShardService::Clock::time_point) override {
+    awaited_before.push_back(static_cast<uint32_t>(indices.size()));
+    return await_status;
+  }
 
+  absl::Status await_status;            // what AwaitSent answers
+  std::vector<uint32_t> awaited_before;  // chunks sent when AwaitSent was called
   std::vector<proto::TensorChunk> headers;
   std::vector<uint32_t> indices;
   std::vector<bool> lasts;
@@ -227,6 +233,36 @@ TEST_CASE("shard service: push-pull applies the push, then answers with the para
   REQUIRE(pull.Wait());
   REQUIRE(pull.status.ok());
   REQUIRE(pulled.payloads == std::vector<std::vector<float>>{{-1, -2}});
+}
+
+TEST_CASE("shard service: the pull pool waits for each reply chunk to leave before the next") {
+  auto store = MakeStore("asp", 1);
+  for (uint32_t chunk = 0; chunk < 3; ++chunk) REQUIRE(store->Init(Init("w", chunk, 2)).ok());
+  ShardService service(store.get(), {});
+  proto::PullRequest request = PullOf("w", 0, 0, 2);
+  for (uint32_t chunk = 1; chunk < 3; ++chunk) {
+    proto::ChunkRef* ref = request.add_chunks();
+    ref->set_key("w");
+    ref->set_chunk(chunk);
+    ref->set_num_elements(2);
+  }
+  Sink sink;
+  Outcome outcome;
+  service.Pull({}, request, &sink, outcome.Callback());
+  REQUIRE(outcome.Wait());
+  REQUIRE(outcome.status.ok());
+  REQUIRE(sink.indices == std::vector<uint32_t>{0, 1, 2});
+  // One chunk in memory at a time: before chunk i, the i chunks sent are out.
+  REQUIRE(sink.awaited_before == std::vector<uint32_t>{1, 2});
+
+  // The client went away while chunk 0 was leaving: nothing more is pulled.
+  Sink gone;
+  gone.await_status = absl::CancelledError("client went away");
+  Outcome cut;
+  service.Pull({}, request, &gone, cut.Callback());
+  REQUIRE(cut.Wait());
+  REQUIRE(absl::IsCancelled(cut.status));
+  REQUIRE(gone.indices == std::vector<uint32_t>{0});
 }
 
 TEST_CASE("shard service: a cancelled blocked pull returns CANCELLED at once") {
