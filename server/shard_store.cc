@@ -94,6 +94,22 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
         absl::StrCat(Where(key, request.chunk()), ": initial values contain NaN or Inf"));
   }
   const std::vector<uint64_t> shape(request.shape().begin(), request.shape().end());
+  // A chunk holds part of its tensor: never more elements than the shape
+  // has (the product is taken without overflow; a shape of [] is a scalar).
+  uint64_t tensor_elements = 1;
+  bool shape_overflows = false;
+  for (uint64_t dim : shape) {
+    if (dim != 0 && tensor_elements > std::numeric_limits<uint64_t>::max() / dim) {
+      shape_overflows = true;
+      break;
+    }
+    tensor_elements *= dim;
+  }
+  if (shape_overflows || n > tensor_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(key, request.chunk()), ": ", n, " elements do not fit the shape [",
+        absl::StrJoin(shape, ","), "]"));
+  }
 
   absl::MutexLock lock(&slots_mutex_);
   auto& entry = slots_[SlotKey(key, request.chunk())];

@@ -109,6 +109,22 @@ TEST_CASE("shard store: Init refuses an element count whose byte size wraps arou
   REQUIRE(absl::IsNotFound(store->Snapshot("w", 0).status()));
 }
 
+TEST_CASE("shard store: Init refuses more elements than the shape holds") {
+  auto store = MakeStore("bsp", 1);
+  proto::InitRequest request = Init("w", 1024);
+  request.clear_shape();
+  request.add_shape(3);
+  REQUIRE(absl::IsInvalidArgument(store->Init(request).status()));
+  request.clear_shape();
+  for (int i = 0; i < 3; ++i) request.add_shape(uint64_t{1} << 32);  // the product overflows
+  REQUIRE(absl::IsInvalidArgument(store->Init(request).status()));
+  REQUIRE(absl::IsNotFound(store->Snapshot("w", 0).status()));
+  request.clear_shape();
+  request.add_shape(32);
+  request.add_shape(32);
+  REQUIRE(store->Init(request).ok());
+}
+
 TEST_CASE("shard store: majority-vote rounds reuse their aggregator and stay a vote") {
   auto store = MakeStore("bsp", 3);
   REQUIRE(store->Init(Init("w", 2)).ok());
