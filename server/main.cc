@@ -59,6 +59,16 @@ ABSL_FLAG(int, pull_threads, 64,
 ABSL_FLAG(int, max_queued_calls, 1024,
           "Calls waiting for a push or pull thread, per pool; more are refused with "
           "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_request_bytes, int64_t{512} << 20,
+          "Payload bytes one push or push-pull call may send before the shard refuses it "
+          "(RESOURCE_EXHAUSTED); bounds what a call buffers before validation.");
+ABSL_FLAG(int64_t, max_chunks, int64_t{1} << 20,
+          "Tensor chunks a job may Init on this shard.");
+ABSL_FLAG(int64_t, max_param_bytes, int64_t{64} << 30,
+          "Parameter bytes a job may Init on this shard.");
+ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{32} << 20,
+          "Largest chunk Init accepts, in bytes (clients split tensors into chunks of at most "
+          "32 MiB).");
 ABSL_FLAG(bool, ucx, false,
           "Also serve pushes and pulls over UCX (workers: --transport=ucx); UCX_TLS picks the "
           "transports, e.g. tcp or sm,self.");
@@ -127,6 +137,15 @@ int main(int argc, char** argv) {
   options.push_threads = absl::GetFlag(FLAGS_push_threads);
   options.pull_threads = absl::GetFlag(FLAGS_pull_threads);
   options.max_queued_calls = static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_calls));
+  if (absl::GetFlag(FLAGS_max_request_bytes) < 1 || absl::GetFlag(FLAGS_max_chunks) < 1 ||
+      absl::GetFlag(FLAGS_max_param_bytes) < 1 || absl::GetFlag(FLAGS_max_chunk_bytes) < 4) {
+    return Fail("--max_request_bytes, --max_chunks and --max_param_bytes must be >= 1, "
+                "--max_chunk_bytes >= 4");
+  }
+  options.max_request_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_request_bytes));
+  options.max_chunks = static_cast<size_t>(absl::GetFlag(FLAGS_max_chunks));
+  options.max_param_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_param_bytes));
+  options.max_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_chunk_bytes));
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (absl::GetFlag(FLAGS_checkpoint_every_s) < 0 || absl::GetFlag(FLAGS_checkpoint_keep) < 1) {
     return Fail("--checkpoint_every_s must be >= 0 and --checkpoint_keep >= 1");

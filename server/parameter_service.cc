@@ -124,6 +124,10 @@ class PushReader : public Base {
     if (auto status = DecodeChunk(chunk.slices, &chunk.header, &payload); !status.ok()) {
       return status;
     }
+    request_bytes_ += payload.size();
+    if (auto status = this->service_->CheckRequestBytes(request_bytes_); !status.ok()) {
+      return status;
+    }
     const absl::string_view first = payload.first();
     if (payload.contiguous() && reinterpret_cast<uintptr_t>(first.data()) % alignof(float) == 0) {
       chunk.payload = first;
@@ -138,6 +142,7 @@ class PushReader : public Base {
   }
 
   grpc::ByteBuffer buffer_;
+  uint64_t request_bytes_ = 0;  // payload bytes of the chunks read so far
   // Reactions only (one read at a time); the views handed to the service
   // are taken once reading is over.
   std::vector<ReceivedChunk> chunks_;

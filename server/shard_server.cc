@@ -37,6 +37,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   store_options.sync = options.sync;
   store_options.staleness_aware_lr = options.staleness_aware_lr;
   store_options.max_pending_rounds = options.max_pending_rounds;
+  store_options.max_chunks = options.max_chunks;
+  store_options.max_param_bytes = options.max_param_bytes;
+  store_options.max_chunk_bytes = options.max_chunk_bytes;
   server->store_ = std::make_unique<ShardStore>(store_options, std::move(*optimizer));
   if (!options.checkpoint_dir.empty()) {
     std::vector<std::string> warnings;
@@ -59,6 +62,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   service_options.push_threads = options.push_threads;
   service_options.pull_threads = options.pull_threads;
   service_options.max_queued_calls = options.max_queued_calls;
+  service_options.max_request_bytes = options.max_request_bytes;
   server->RegisterMetrics(&service_options);
   server->shard_service_ = std::make_unique<ShardService>(server->store_.get(), service_options);
   server->parameter_service_ = std::make_unique<ParameterServiceImpl>(

@@ -55,6 +55,11 @@ struct ShardServerOptions {
   int push_threads = ShardServiceOptions().push_threads;
   int pull_threads = ShardServiceOptions().pull_threads;
   size_t max_queued_calls = ShardServiceOptions().max_queued_calls;
+  uint64_t max_request_bytes = ShardServiceOptions().max_request_bytes;
+  // What a job may Init (ShardStoreOptions).
+  size_t max_chunks = ShardStoreOptions().max_chunks;
+  uint64_t max_param_bytes = ShardStoreOptions().max_param_bytes;
+  uint64_t max_chunk_bytes = ShardStoreOptions().max_chunk_bytes;
 };
 
 // One shard: a ShardStore behind one ShardService, framed by the gRPC

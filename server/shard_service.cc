@@ -86,6 +86,13 @@ absl::Status ShardService::CheckChunkCount(size_t chunks) {
       absl::StrCat("more than ", kMaxChunksPerCall, " chunks in one call"));
 }
 
+absl::Status ShardService::CheckRequestBytes(uint64_t bytes) const {
+  if (bytes <= options_.max_request_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("call carries more than ", options_.max_request_bytes,
+                   " payload bytes (--max_request_bytes); split it into smaller calls"));
+}
+
 std::shared_ptr<ShardService::Work> ShardService::Begin(const Call& call, Histogram* latency,
                                                         Done done) const {
   auto work = std::make_shared<Work>();

@@ -39,6 +39,10 @@ struct ShardServiceOptions {
   // Calls waiting for a thread, per pool; one more is refused with
   // RESOURCE_EXHAUSTED instead of queueing without limit.
   size_t max_queued_calls = 1024;
+  // Payload bytes one call may have the transport buffer before the shard
+  // validates anything (--max_request_bytes): a call that would hold more is
+  // refused with RESOURCE_EXHAUSTED as the excess arrives.
+  uint64_t max_request_bytes = uint64_t{512} << 20;
   // Call latencies (seconds) are observed into these for every transport;
   // null: not measured. Not owned; must outlive the service.
   Histogram* push_seconds = nullptr;  // Push
@@ -124,6 +128,9 @@ class ShardService {
   // chunks. Transports ask as chunks arrive, so an oversized call is refused
   // before it is all buffered.
   static absl::Status CheckChunkCount(size_t chunks);
+  // OK, or RESOURCE_EXHAUSTED once a call's payloads add up to more than
+  // max_request_bytes; asked the same way, as payloads arrive.
+  absl::Status CheckRequestBytes(uint64_t bytes) const;
 
   // Applies one worker's chunks (validated whole first; see
   // ShardStore::Push). The views' memory stays the caller's and valid until

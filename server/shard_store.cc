@@ -105,6 +105,11 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
     }
     tensor_elements *= dim;
   }
+  if (n * sizeof(float) > options_.max_chunk_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        Where(key, request.chunk()), ": ", n * sizeof(float), " bytes in one chunk, more than ",
+        options_.max_chunk_bytes, " (--max_chunk_bytes)"));
+  }
   if (shape_overflows || n > tensor_elements) {
     return absl::InvalidArgumentError(absl::StrCat(
         Where(key, request.chunk()), ": ", n, " elements do not fit the shape [",
@@ -112,6 +117,20 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   }
 
   absl::MutexLock lock(&slots_mutex_);
+  auto existing = slots_.find(SlotKey(key, request.chunk()));
+  if (existing == slots_.end()) {
+    if (slots_.size() >= options_.max_chunks) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(Where(key, request.chunk()), ": shard ", options_.shard, " holds ",
+                       slots_.size(), " chunks already (--max_chunks)"));
+    }
+    if (bytes_ + n * sizeof(float) > options_.max_param_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          Where(key, request.chunk()), ": shard ", options_.shard, " holds ", bytes_,
+          " parameter bytes; ", n * sizeof(float), " more would pass ", options_.max_param_bytes,
+          " (--max_param_bytes)"));
+    }
+  }
   auto& entry = slots_[SlotKey(key, request.chunk())];
   if (entry) {
     if (entry->num_elements != n || entry->shape != shape) {
@@ -126,6 +145,7 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   // A key first seen after a restore: the workers are already past clock 0.
   if (restored_) book.Restore(std::vector<int64_t>(options_.num_workers, 0));
   entry = std::make_unique<Slot>(key, request.chunk(), shape, n, std::move(book));
+  bytes_ += n * sizeof(float);
   absl::MutexLock slot_lock(&entry->mutex);
   entry->values.assign(values, values + n);
   return true;
@@ -584,6 +604,7 @@ absl::Status ShardStore::Import(const ShardCheckpoint& checkpoint) {
       slot->optimizer_state.second = saved.optimizer_second;
       slot->optimizer_state.steps = saved.optimizer_steps;
     }
+    bytes_ += saved.values.size() * sizeof(float);
     slots_[SlotKey(saved.key, saved.chunk)] = std::move(slot);
   }
   restored_ = true;

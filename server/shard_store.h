@@ -41,6 +41,12 @@ struct ShardStoreOptions {
   // BSP/local: rounds a rank may push ahead of the slowest live rank
   // (ConsistencyController); bounds the round sums a slot holds.
   int64_t max_pending_rounds = ConsistencyController::kDefaultMaxPendingRounds;
+  // What a job may Init on this shard: chunks (keys x chunks), their bytes
+  // in all, and the bytes of one chunk (a client splits tensors into chunks
+  // of at most 32 MiB). Past them Init answers RESOURCE_EXHAUSTED.
+  size_t max_chunks = 1u << 20;
+  uint64_t max_param_bytes = uint64_t{64} << 30;
+  uint64_t max_chunk_bytes = uint64_t{32} << 20;
 };
 
 // Counters a shard exposes (monotonic; read without locks).
@@ -263,6 +269,7 @@ class ShardStore {
   absl::flat_hash_map<SlotKey, std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(slots_mutex_);
   // Set by Import(): slots created later start re-basable too.
   bool restored_ ABSL_GUARDED_BY(slots_mutex_) = false;
+  uint64_t bytes_ ABSL_GUARDED_BY(slots_mutex_) = 0;  // parameter bytes of every slot
 };
 
 }  // namespace harrier

@@ -118,6 +118,7 @@ void UcxServer::Shutdown() {
     for (auto& entry : peers_) worker_->CloseEndpoint(entry.second->ep);
     peers_.clear();
     pending_.clear();
+    request_bytes_.clear();
   });
   // Not reset: callbacks still running on the progress thread use worker_.
   worker_->Stop();
@@ -133,6 +134,18 @@ ucs_status_t UcxServer::OnRequest(void* arg, const void* header, size_t header_l
     // rendezvous message is dropped by returning UCS_OK).
     spdlog::warn("ucx dropped a request: {}", std::string(status.message()));
     return UCS_OK;
+  }
+  // The call's payloads so far plus this one, counted before it is copied or
+  // received: a call over --max_request_bytes is refused without buffering
+  // the excess (its later frames are dropped the same way).
+  if ((frame.op == Op::kPush || frame.op == Op::kPushPull) &&
+      self->peers_.count(frame.connection_id) != 0) {
+    uint64_t& buffered = self->request_bytes_[{frame.connection_id, frame.request_id}];
+    buffered += length;
+    if (auto status = self->service_->CheckRequestBytes(buffered); !status.ok()) {
+      self->OnFrame(frame, std::string(body), {}, status, length);
+      return UCS_OK;
+    }
   }
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
     self->OnFrame(frame, std::string(body), Copy(data, length), absl::OkStatus(), length);
@@ -252,6 +265,8 @@ void UcxServer::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   self->CancelConnection(id);
   self->pending_.erase(self->pending_.lower_bound({id, 0}),
                        self->pending_.lower_bound({id + 1, 0}));
+  self->request_bytes_.erase(self->request_bytes_.lower_bound({id, 0}),
+                             self->request_bytes_.lower_bound({id + 1, 0}));
   auto it = self->peers_.find(id);
   if (it != self->peers_.end() && it->second.get() == peer) self->peers_.erase(it);
 }
@@ -261,10 +276,12 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::
   const uint64_t connection = frame.connection_id;
   const uint64_t request = frame.request_id;
   if (auto status = ShardService::CheckChunkCount(frame.count); !status.ok()) {
+    request_bytes_.erase({connection, request});
     SendStatus(connection, request, 0, status);
     return;
   }
   if (frame.count == 0) {  // an empty push: nothing to wait for
+    request_bytes_.erase({connection, request});
     if (!frame_status.ok()) {
       SendStatus(connection, request, 0, frame_status);
       return;
@@ -308,6 +325,7 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::
   if (fits && pending.arrived < pending.count) return;
   std::shared_ptr<Pending> done = std::move(slot);
   pending_.erase({connection, request});
+  request_bytes_.erase({connection, request});
   if (!done->error.ok()) {
     SendStatus(connection, request, 0, done->error);
     return;

@@ -93,6 +93,9 @@ class UcxServer {
   // Progress thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;
   std::map<RequestKey, std::unique_ptr<Pending>> pending_;
+  // Payload bytes each push / push-pull has sent so far (ShardService's
+  // --max_request_bytes), counted as frames arrive.
+  std::map<RequestKey, uint64_t> request_bytes_;
 
   // Requests the service is answering: kCancel and failed peers cancel them.
   absl::Mutex requests_mutex_;

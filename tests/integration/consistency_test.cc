@@ -220,13 +220,24 @@ absl::Status RunWithKilledWorker(const std::string& policy) {
   auto servers = testing::StartCluster(
       1, 2, {"--sync=bsp", "--lr=1", "--heartbeat_timeout_ms=1000", "--on_worker_loss=" + policy});
   REQUIRE(servers.ok());
+  const int victim_metrics = testing::FreePort();
   auto victim = testing::ChildProcess::Start(
       testing::RunfilePath("worker/harrier-worker"),
       {"--servers=" + (*servers)[0]->address(), "--rank=1", "--train_examples=2000",
-       "--step_delay_ms=1000", "--max_steps=1000", "--log_every=1000"});
+       "--step_delay_ms=1000", "--max_steps=1000", "--log_every=1000",
+       "--metrics_port=" + std::to_string(victim_metrics)});
   REQUIRE(victim.ok());
   auto survivor = Connect(*servers, 0, absl::Seconds(15));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the victim heartbeats
+  // The victim serves /healthz once it has registered and its heartbeats
+  // run; a fixed sleep lost that race on a loaded machine (the victim was
+  // killed before it ever heartbeated, so it was never declared lost).
+  bool registered = false;
+  for (int waited_ms = 0; waited_ms < 30000 && !registered; waited_ms += 50) {
+    registered = testing::HttpGet(victim_metrics, "/healthz").find(" 200 ") != std::string::npos;
+    if (!registered) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(registered);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a heartbeat or two arrive
   (*victim)->Signal(SIGKILL);
   REQUIRE((*victim)->WaitForExit(5000) == 128 + SIGKILL);
   std::vector<float> w(kElements);
