@@ -17,14 +17,24 @@ std::string Where(const std::string& key, uint32_t chunk) {
   return absl::StrCat("key '", key, "' chunk ", chunk);
 }
 
-bool AllFinite(const float* values, size_t n) {
-  // On the bits, so the loop vectorises (a float sum may not be reordered
-  // without -ffast-math): an exponent of all ones is Inf or NaN.
+// The biased exponent bits of 2^40 (about 1.1e12): a gradient element at or
+// above it in magnitude is refused. No real gradient comes near it, while a
+// few such pushes (FLT_MAX, say) would drive finite parameters to Inf.
+// Bounded below it, the n pushes of a round sum far below FLT_MAX, and so do
+// the squares Adam and AdaGrad keep (2^80 each: AdaGrad's sum would need
+// 2^48 steps to overflow).
+constexpr uint32_t kGradientLimitBits = (127u + 40u) << 23;
+
+// True when every value is finite and, if `limit_bits` is set, below the
+// magnitude whose exponent bits those are. On the bits, so the loop
+// vectorises (a float comparison loop may not be reordered without
+// -ffast-math): an exponent of all ones is Inf or NaN.
+bool AllWithin(const float* values, size_t n, uint32_t limit_bits = 0x7f800000u) {
   uint32_t bad = 0;
   for (size_t i = 0; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, values + i, sizeof(bits));
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) >= limit_bits);
   }
   return bad == 0;
 }
@@ -89,7 +99,7 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
         absl::StrCat(Where(key, request.chunk()), ": checksum mismatch in initial values"));
   }
   const auto* values = reinterpret_cast<const float*>(request.initial_values().data());
-  if (!AllFinite(values, n)) {
+  if (!AllWithin(values, n)) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(key, request.chunk()), ": initial values contain NaN or Inf"));
   }
@@ -212,9 +222,11 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
     out->gradient = out->decoded.data();
     out->codec = std::move(*codec);
   }
-  if (!AllFinite(out->gradient, n)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(key, chunk.chunk()), ": gradient contains NaN or Inf"));
+  if (!AllWithin(out->gradient, n, kGradientLimitBits)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(key, chunk.chunk()),
+        AllWithin(out->gradient, n) ? ": gradient element of magnitude 2^40 (about 1.1e12) or more"
+                                    : ": gradient contains NaN or Inf"));
   }
   if (membership_.departed(chunk.rank())) {
     return absl::FailedPreconditionError(absl::StrCat(Where(key, chunk.chunk()), ": rank ",

@@ -3,6 +3,7 @@
 // RESOURCE_EXHAUSTED, and nothing changes.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,22 @@ TEST_CASE("--max_chunks, --max_param_bytes, --max_chunk_bytes bound what a job m
   INFO(over.ToString());
   REQUIRE(absl::IsResourceExhausted(over));
   REQUIRE(over.message().find("--max_param_bytes") != absl::string_view::npos);
+}
+
+TEST_CASE("gradients of 2^40 or more are refused: pushes of FLT_MAX leave the parameters finite") {
+  auto servers = testing::StartCluster(1, 1, {"--sync=bsp", "--lr=1"});
+  REQUIRE(servers.ok());
+  auto client = Connect(*servers, "grpc");
+  REQUIRE(client->RegisterTensor("w", {4}).ok());
+  const std::vector<float> huge(4, std::numeric_limits<float>::max());
+  for (int i = 0; i < 3; ++i) {
+    const absl::Status refused = client->Push("w", huge);
+    INFO(refused.ToString());
+    REQUIRE(absl::IsInvalidArgument(refused));
+  }
+  std::vector<float> values(4, -1.0f);
+  REQUIRE(client->Pull("w", absl::MakeSpan(values)).ok());
+  REQUIRE(values == std::vector<float>(4, 0.0f));
 }
 
 }  // namespace

@@ -125,6 +125,22 @@ TEST_CASE("shard store: Init refuses more elements than the shape holds") {
   REQUIRE(store->Init(request).ok());
 }
 
+TEST_CASE("shard store: gradients of 2^40 or more are refused: FLT_MAX cannot reach -Inf") {
+  auto store = MakeStore("bsp", 1);
+  REQUIRE(store->Init(Init("w", 2)).ok());
+  const float huge = std::numeric_limits<float>::max();
+  for (int64_t clock = 0; clock < 3; ++clock) {
+    const absl::Status refused = store->Push({Gradient("w", 0, clock, {huge, 1})});
+    REQUIRE(absl::IsInvalidArgument(refused));
+    REQUIRE(std::string(refused.message()).find("2^40") != std::string::npos);
+  }
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{0, 0});
+  // Just below the bound is a gradient like any other.
+  const float big = 1.0e12f;  // 2^40 is about 1.0995e12
+  REQUIRE(store->Push({Gradient("w", 0, 0, {big, -big})}).ok());
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{-big, big});
+}
+
 TEST_CASE("shard store: majority-vote rounds reuse their aggregator and stay a vote") {
   auto store = MakeStore("bsp", 3);
   REQUIRE(store->Init(Init("w", 2)).ok());
