@@ -236,6 +236,14 @@ void ShardService::PushPull(const Call& call, std::vector<ShardStore::PushChunkV
     work->Finish(status);
     return;
   }
+  // A pull half that would be refused refuses the call before its push is
+  // applied: a retry could not push the same clock again.
+  for (const ShardStore::PushChunkView& pushed : chunks) {
+    if (auto status = store_->CheckPullCodec(pushed.header->pull_codec_params()); !status.ok()) {
+      work->Finish(status);
+      return;
+    }
+  }
   auto status = RunPush(*work, [this, work, sink, chunks = std::move(chunks)] {
     if (auto status = ApplyPush(*work, chunks); !status.ok()) {
       work->Finish(status);

@@ -559,6 +559,16 @@ void ShardStore::Close() {
   ForEachSlotLocked([](Slot&) {});
 }
 
+absl::Status ShardStore::CheckPullCodec(const std::string& codec_params) {
+  if (IsDense(codec_params)) return absl::OkStatus();
+  auto codec = codecs_.Get(codec_params);
+  if (!codec.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull codec '", codec_params, "': ", codec.status().message()));
+  }
+  return absl::OkStatus();
+}
+
 proto::ChunkRef ShardStore::PushPullRef(const proto::TensorChunk& pushed, int64_t* clock) {
   proto::ChunkRef ref;
   ref.set_key(pushed.key());

@@ -109,6 +109,11 @@ class ShardStore {
                     Clock::time_point deadline, Cancellation* cancellation,
                     proto::TensorChunk* out);
 
+  // OK if pulls may ask for `codec_params` (empty or "none": dense), else
+  // INVALID_ARGUMENT: lets a push-pull refuse a bad pull codec before its
+  // push is applied.
+  absl::Status CheckPullCodec(const std::string& codec_params);
+
   // The pull half of a push-pull: the pushed chunk at clock + 1 (returned
   // in `clock`), with the pull codec the push asked for. Every transport's
   // PushPull uses it, so they answer alike.

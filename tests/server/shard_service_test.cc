@@ -204,6 +204,25 @@ TEST_CASE("shard service: a call of more than 256 chunks is refused whole") {
   REQUIRE(*store->Snapshot("w", 255) == std::vector<float>{-1.0f});
 }
 
+TEST_CASE("shard service: a push-pull with a bad pull codec is refused before its push") {
+  auto store = MakeStore("asp", 1);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  ShardService service(store.get(), {});
+  std::vector<Pushed> chunks = {Gradient("w", 0, 0, 0, {1, 2})};
+  chunks[0].header.set_pull_codec_params("zip");
+  Sink sink;
+  Outcome outcome;
+  service.PushPull({}, Views(chunks), &sink, outcome.Callback());
+  REQUIRE(outcome.Wait());
+  REQUIRE(absl::IsInvalidArgument(outcome.status));
+  REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{0, 0});  // the push was not applied
+  chunks[0].header.set_pull_codec_params("");
+  Outcome retried;
+  service.PushPull({}, Views(chunks), &sink, retried.Callback());
+  REQUIRE(retried.Wait());
+  REQUIRE(retried.status.ok());  // the clock is still free
+}
+
 TEST_CASE("shard service: push-pull applies the push, then answers with the parameters after it") {
   auto store = MakeStore("asp", 1);
   REQUIRE(store->Init(Init("w", 0, 2)).ok());
