@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -186,6 +188,24 @@ struct CallError {
   std::string call;  // "push load/t2_1M at clock 17"
 };
 
+// A BSP read that expects `rounds` complete rounds, kept as a hash of its
+// values (copies of every late read would take hundreds of MiB).
+struct LateRead {
+  size_t tensor = 0;
+  int64_t rounds = 0;
+  uint64_t hash = 0;
+};
+
+// FNV-1a over the bytes of the values.
+uint64_t HashValues(absl::Span<const float> values) {
+  uint64_t hash = 14695981039346656037ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+  for (size_t i = 0; i < values.size() * sizeof(float); ++i) {
+    hash = (hash ^ bytes[i]) * 1099511628211ull;
+  }
+  return hash;
+}
+
 // What one client thread did. Written by its thread only; read after join.
 struct ClientRun {
   std::unique_ptr<Client> client;
@@ -198,6 +218,9 @@ struct ClientRun {
   int64_t errors = 0;
   int64_t bad_reads = 0;
   std::vector<CallError> first_errors;  // at most kKeptErrors
+  // BSP reads after some client stopped: checked at the end, once the
+  // contributors of every round are known.
+  std::vector<LateRead> late_reads;
   std::string first_bad_read;
   BenchClock::time_point last_op_end;
 };
@@ -220,6 +243,10 @@ struct Shared {
   std::atomic<bool> someone_stopped{false};
 };
 
+void RecordBadRead(ClientRun* run, std::string what) {
+  if (run->bad_reads++ == 0) run->first_bad_read = std::move(what);
+}
+
 // BSP: a pull of clock t by a rank that has pushed t clocks (and a
 // push-pull of clock t, which pulls t + 1) sees exactly that many complete
 // rounds. While every client is still running each round is the average of
@@ -231,11 +258,36 @@ void CheckBspRead(const Tensor& tensor, const std::vector<float>& values, int64_
   for (size_t i = 0; i < values.size(); ++i) {
     const double want = static_cast<double>(tensor.initial[i]) - descent;
     if (static_cast<double>(values[i]) != want) {
-      if (run->bad_reads++ == 0) {
-        run->first_bad_read = absl::StrCat(tensor.name, "[", i, "] = ", values[i], " after ",
-                                           rounds, " rounds, expected ", want);
-      }
+      RecordBadRead(run, absl::StrCat(tensor.name, "[", i, "] = ", values[i], " after ", rounds,
+                                      " rounds, expected ", want));
       return;
+    }
+  }
+}
+
+// ASP: any interleaving of pushes is legal, but the shard applies a push to
+// a chunk and copies a chunk for a pull under the chunk's lock, so within
+// one chunk every element has moved by the same whole number of 1/n steps,
+// and never upwards (every gradient is positive).
+void CheckAspRead(const Tensor& tensor, const std::vector<float>& values, size_t chunk_elements,
+                  int clients, ClientRun* run) {
+  for (size_t begin = 0; begin < values.size(); begin += chunk_elements) {
+    const size_t end = std::min(values.size(), begin + chunk_elements);
+    const double descent = static_cast<double>(tensor.initial[begin]) - values[begin];
+    const double steps = descent * clients;
+    if (descent < 0 || steps != std::floor(steps)) {
+      RecordBadRead(run, absl::StrCat(tensor.name, "[", begin, "] moved by ", descent,
+                                      ", not a whole number of steps of 1/", clients));
+      return;
+    }
+    for (size_t i = begin; i < end; ++i) {
+      if (static_cast<double>(tensor.initial[i]) - values[i] != descent) {
+        RecordBadRead(run, absl::StrCat(tensor.name, "[", i, "] moved by ",
+                                        static_cast<double>(tensor.initial[i]) - values[i],
+                                        " but [", begin, "] of its chunk by ", descent,
+                                        ": a torn chunk"));
+        return;
+      }
     }
   }
 }
@@ -304,11 +356,17 @@ void RunClient(Shared* shared, int rank, ClientRun* run) {
     }
     return true;
   };
+  const size_t chunk_elements = std::max<size_t>(1, options.chunk_bytes / sizeof(float));
   auto check_read = [&](size_t k, int64_t rounds) {
-    // Read the flag after the call returned: a round completed by a Leave
-    // is seen only by calls that return after the leaver raised it.
-    if (shared->bsp && !shared->someone_stopped.load()) {
+    if (!shared->bsp) {
+      CheckAspRead(tensors[k], run->values[k], chunk_elements, options.clients, run);
+    } else if (!shared->someone_stopped.load()) {
+      // Read after the call returned: a client raises the flag before it
+      // leaves, so a read that might include a round completed by a Leave
+      // always sees it raised.
       CheckBspRead(tensors[k], run->values[k], rounds, options.clients, run);
+    } else {
+      run->late_reads.push_back({k, rounds, HashValues(run->values[k])});
     }
   };
 
@@ -360,7 +418,8 @@ void RunClient(Shared* shared, int rank, ClientRun* run) {
 // |w| * n < 2^24 every partial result is exact, so the order of arrival does
 // not matter: w = initial - sum_r pushes_r * (r + 1) / n.
 //
-// BSP: round t is the average of the pushes of the ranks that did more than
+// BSP: the values after the first `round_limit` rounds (all of them if it
+// is larger). Round t is the average of the pushes of the ranks that did more than
 // t steps, applied in clock order (consistency.h). Rounds every rank joined
 // average to (n + 1) / 2 exactly. The last few rounds, completed by Leave,
 // may have fewer contributors c and an inexact quotient sum / c; the shard
@@ -368,7 +427,8 @@ void RunClient(Shared* shared, int rank, ClientRun* run) {
 // weight decay), in clock order, so those rounds are replayed here with the
 // same float32 operations, which gives the same bits.
 std::vector<float> ExpectedValues(bool bsp, const Tensor& tensor, size_t k,
-                                  const std::vector<ClientRun>& runs, std::string* why) {
+                                  const std::vector<ClientRun>& runs, int64_t round_limit,
+                                  std::string* why) {
   const int n = static_cast<int>(runs.size());
   double max_initial = 0;
   for (float v : tensor.initial) max_initial = std::max(max_initial, std::fabs(static_cast<double>(v)));
@@ -388,6 +448,7 @@ std::vector<float> ExpectedValues(bool bsp, const Tensor& tensor, size_t k,
   }
   int64_t rounds = 0;
   for (const ClientRun& run : runs) rounds = std::max(rounds, run.pushes[k]);
+  rounds = std::min(rounds, round_limit);
   int64_t full_rounds = rounds;
   for (const ClientRun& run : runs) full_rounds = std::min(full_rounds, run.pushes[k]);
   const double full_descent = static_cast<double>(full_rounds) * (n + 1) / 2.0;
@@ -523,7 +584,8 @@ bool RunMode(const Options& options, const std::string& binary, const std::strin
   std::string first_mismatch;
   for (size_t k = 0; k < tensors.size(); ++k) {
     std::string why;
-    const std::vector<float> expected = ExpectedValues(shared.bsp, tensors[k], k, runs, &why);
+    const std::vector<float> expected =
+        ExpectedValues(shared.bsp, tensors[k], k, runs, INT64_MAX, &why);
     std::vector<float> final_values(tensors[k].initial.size());
     const absl::Status pulled = runs[0].client->Pull(tensors[k].name, absl::MakeSpan(final_values));
     if (!pulled.ok()) {
@@ -543,6 +605,29 @@ bool RunMode(const Options& options, const std::string& binary, const std::strin
         if (mismatched++ == 0) {
           first_mismatch = absl::StrCat(tensors[k].name, "[", i, "] = ", final_values[i],
                                         ", expected ", expected[i]);
+        }
+      }
+    }
+  }
+
+  // BSP reads made after some client stopped, against the values after
+  // exactly the rounds each expected (computed once per tensor and count).
+  std::map<std::pair<size_t, int64_t>, uint64_t> expected_hash;
+  int64_t late_reads = 0;
+  for (int rank = 0; rank < options.clients; ++rank) {
+    for (const LateRead& read : runs[rank].late_reads) {
+      ++late_reads;
+      auto [it, inserted] = expected_hash.try_emplace({read.tensor, read.rounds}, 0);
+      if (inserted) {
+        std::string why;
+        it->second = HashValues(
+            ExpectedValues(true, tensors[read.tensor], read.tensor, runs, read.rounds, &why));
+      }
+      if (read.hash != it->second) {
+        if (bad_reads++ == 0) {
+          first_bad_read = absl::StrCat("rank ", rank, " read ", tensors[read.tensor].name,
+                                        " after a client stopped: not the values after ",
+                                        read.rounds, " rounds");
         }
       }
     }
@@ -576,7 +661,7 @@ bool RunMode(const Options& options, const std::string& binary, const std::strin
       ",\"payload_gbps\":",
       absl::StrFormat("%.4f", seconds > 0 ? steps * static_cast<double>(step_bytes) / seconds / 1e9
                                           : 0.0),
-      ",\"bad_reads\":", bad_reads, ",\"mismatched_elements\":", mismatched,
+      ",\"bad_reads\":", bad_reads, ",\"late_reads\":", late_reads, ",\"mismatched_elements\":", mismatched,
       ",\"exact_sum\":", exact ? "true" : "false");
   if (!error_lines.empty()) {
     absl::StrAppend(&line, ",\"first_error\":\"", JsonSafe(error_lines.front()), "\"");
