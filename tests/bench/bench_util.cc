@@ -51,8 +51,8 @@ absl::StatusOr<BenchClock::time_point> StartGate::WaitAllThenOpenUntil(
   if (!ready) {
     aborted_ = true;
     changed_.notify_all();
-    return absl::DeadlineExceededError(absl::StrCat(
-        "start gate: ", arrived_, " of ", parties_, " parties arrived before the deadline"));
+    return absl::DeadlineExceededError(absl::StrCat("start gate: ", arrived_, " of ", parties_,
+                                                    " parties arrived before the deadline"));
   }
   open_ = true;
   const auto start = BenchClock::now();

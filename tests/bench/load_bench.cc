@@ -98,7 +98,8 @@ std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
     const absl::string_view value = arg.substr(equals + 1);
     if (name == "clients" || name == "shards") {
       auto counts = ParseIntList(value);
-      if (!counts.ok() || counts->size() != 1) return absl::StrCat("bad --", name, "='", value, "'");
+      if (!counts.ok() || counts->size() != 1)
+        return absl::StrCat("bad --", name, "='", value, "'");
       (name == "clients" ? options->clients : options->shards) = (*counts)[0];
     } else if (name == "duration_s" || name == "rpc_timeout_s") {
       double seconds = 0;
@@ -210,9 +211,9 @@ uint64_t HashValues(absl::Span<const float> values) {
 struct ClientRun {
   std::unique_ptr<Client> client;
   absl::Status setup;
-  std::vector<float> gradient;              // rank + 1 everywhere
-  std::vector<std::vector<float>> values;   // per tensor: what the last pull returned
-  std::vector<int64_t> pushes;              // per tensor: pushes (and push-pulls) that returned OK
+  std::vector<float> gradient;             // rank + 1 everywhere
+  std::vector<std::vector<float>> values;  // per tensor: what the last pull returned
+  std::vector<int64_t> pushes;             // per tensor: pushes (and push-pulls) that returned OK
   std::vector<float> latency_us[kNumOpKinds];
   int64_t steps = 0;
   int64_t errors = 0;
@@ -282,10 +283,10 @@ void CheckAspRead(const Tensor& tensor, const std::vector<float>& values, size_t
     }
     for (size_t i = begin; i < end; ++i) {
       if (static_cast<double>(tensor.initial[i]) - values[i] != descent) {
-        RecordBadRead(run, absl::StrCat(tensor.name, "[", i, "] moved by ",
-                                        static_cast<double>(tensor.initial[i]) - values[i],
-                                        " but [", begin, "] of its chunk by ", descent,
-                                        ": a torn chunk"));
+        RecordBadRead(
+            run, absl::StrCat(tensor.name, "[", i, "] moved by ",
+                              static_cast<double>(tensor.initial[i]) - values[i], " but [", begin,
+                              "] of its chunk by ", descent, ": a torn chunk"));
         return;
       }
     }
@@ -331,9 +332,9 @@ void RunClient(Shared* shared, int rank, ClientRun* run) {
     const int64_t elements = static_cast<int64_t>(tensors[k].initial.size());
     if (auto status = c.RegisterTensor(tensors[k].name, {elements}, tensors[k].initial);
         !status.ok()) {
-      run->setup = absl::Status(status.code(), absl::StrCat("rank ", rank, " RegisterTensor ",
-                                                            tensors[k].name, ": ",
-                                                            status.message()));
+      run->setup = absl::Status(
+          status.code(),
+          absl::StrCat("rank ", rank, " RegisterTensor ", tensors[k].name, ": ", status.message()));
       shared->start_gate->Abort();
       return;
     }
@@ -346,9 +347,8 @@ void RunClient(Shared* shared, int rank, ClientRun* run) {
     const auto start = BenchClock::now();
     absl::Status status = call();
     run->last_op_end = BenchClock::now();
-    run->latency_us[kind].push_back(
-        static_cast<float>(std::chrono::duration<double, std::micro>(run->last_op_end - start)
-                               .count()));
+    run->latency_us[kind].push_back(static_cast<float>(
+        std::chrono::duration<double, std::micro>(run->last_op_end - start).count()));
     if (!status.ok()) {
       RecordError(run, std::move(status),
                   absl::StrCat(kOpNames[kind], " ", tensors[k].name, " at clock ", clock));
@@ -379,7 +379,8 @@ void RunClient(Shared* shared, int rank, ClientRun* run) {
       const auto gradient = absl::MakeConstSpan(run->gradient.data(), run->values[k].size());
       const auto out = absl::MakeSpan(run->values[k]);
       if (push_pull) {
-        failed = !timed(kPushPull, k, clock, [&] { return c.PushPull(tensors[k].name, gradient, out); });
+        failed =
+            !timed(kPushPull, k, clock, [&] { return c.PushPull(tensors[k].name, gradient, out); });
         if (failed) break;
         ++run->pushes[k];
         check_read(k, clock + 1);
@@ -403,7 +404,8 @@ void RunClient(Shared* shared, int rank, ClientRun* run) {
   // left while others still push would change the scale of their pushes.
   // Under BSP a rank leaves when it is done; the rounds it would have
   // joined complete without it (server/consistency.h).
-  if (shared->done_gate != nullptr && !shared->done_gate->ArriveAndWaitUntil(shared->done_deadline)) {
+  if (shared->done_gate != nullptr &&
+      !shared->done_gate->ArriveAndWaitUntil(shared->done_deadline)) {
     RecordError(run, absl::DeadlineExceededError("other clients did not finish in time"),
                 "wait before leave");
   }
@@ -431,7 +433,8 @@ std::vector<float> ExpectedValues(bool bsp, const Tensor& tensor, size_t k,
                                   std::string* why) {
   const int n = static_cast<int>(runs.size());
   double max_initial = 0;
-  for (float v : tensor.initial) max_initial = std::max(max_initial, std::fabs(static_cast<double>(v)));
+  for (float v : tensor.initial)
+    max_initial = std::max(max_initial, std::fabs(static_cast<double>(v)));
   std::vector<float> expected(tensor.initial.size());
   if (!bsp) {
     double descent = 0;
@@ -531,8 +534,8 @@ bool RunMode(const Options& options, const std::string& binary, const std::strin
 
   for (int rank = 0; rank < options.clients; ++rank) {
     if (!runs[rank].setup.ok()) {
-      std::fprintf(stderr, "harrier-bench load: sync=%s: client %d setup: %s\n", sync.c_str(),
-                   rank, runs[rank].setup.ToString().c_str());
+      std::fprintf(stderr, "harrier-bench load: sync=%s: client %d setup: %s\n", sync.c_str(), rank,
+                   runs[rank].setup.ToString().c_str());
       return false;
     }
   }
@@ -644,25 +647,24 @@ bool RunMode(const Options& options, const std::string& binary, const std::strin
       "{\"bench\":\"load\",\"sync\":\"", sync, "\",\"transport\":\"", options.transport,
       "\",\"clients\":", options.clients, ",\"shards\":", options.shards,
       ",\"tensors\":", tensors.size(), ",\"chunks\":", chunks,
-      ",\"seconds\":", absl::StrFormat("%.3f", seconds), ",\"ops\":", ops,
-      ",\"errors\":", errors, ",\"p50_us\":", absl::StrFormat("%.1f", p50),
-      ",\"p99_us\":", absl::StrFormat("%.1f", p99),
+      ",\"seconds\":", absl::StrFormat("%.3f", seconds), ",\"ops\":", ops, ",\"errors\":", errors,
+      ",\"p50_us\":", absl::StrFormat("%.1f", p50), ",\"p99_us\":", absl::StrFormat("%.1f", p99),
       ",\"ops_per_s\":", absl::StrFormat("%.1f", seconds > 0 ? ops / seconds : 0.0));
   for (int kind = 0; kind < kNumOpKinds; ++kind) {
     if (kind_latency[kind].empty()) continue;
     absl::StrAppend(&line, ",\"", kOpNames[kind], "_ops\":", kind_latency[kind].size(), ",\"",
-                    kOpNames[kind], "_p50_us\":",
-                    absl::StrFormat("%.1f", Percentile(kind_latency[kind], 0.50)), ",\"",
-                    kOpNames[kind], "_p99_us\":",
-                    absl::StrFormat("%.1f", Percentile(kind_latency[kind], 0.99)));
+                    kOpNames[kind],
+                    "_p50_us\":", absl::StrFormat("%.1f", Percentile(kind_latency[kind], 0.50)),
+                    ",\"", kOpNames[kind],
+                    "_p99_us\":", absl::StrFormat("%.1f", Percentile(kind_latency[kind], 0.99)));
   }
   absl::StrAppend(
       &line, ",\"steps\":", steps, ",\"min_steps\":", min_steps, ",\"max_steps\":", max_steps,
       ",\"payload_gbps\":",
-      absl::StrFormat("%.4f", seconds > 0 ? steps * static_cast<double>(step_bytes) / seconds / 1e9
-                                          : 0.0),
-      ",\"bad_reads\":", bad_reads, ",\"late_reads\":", late_reads, ",\"mismatched_elements\":", mismatched,
-      ",\"exact_sum\":", exact ? "true" : "false");
+      absl::StrFormat("%.4f",
+                      seconds > 0 ? steps * static_cast<double>(step_bytes) / seconds / 1e9 : 0.0),
+      ",\"bad_reads\":", bad_reads, ",\"late_reads\":", late_reads,
+      ",\"mismatched_elements\":", mismatched, ",\"exact_sum\":", exact ? "true" : "false");
   if (!error_lines.empty()) {
     absl::StrAppend(&line, ",\"first_error\":\"", JsonSafe(error_lines.front()), "\"");
   }
@@ -685,11 +687,10 @@ bool RunMode(const Options& options, const std::string& binary, const std::strin
   std::fprintf(stderr,
                "load: sync=%s clients=%d shards=%d %.1f s: %lld ops (%.0f/s), p50 %.0f us, "
                "p99 %.0f us, steps %lld-%lld per client, %lld errors, %s -> %s\n",
-               sync.c_str(), options.clients, options.shards, seconds,
-               static_cast<long long>(ops), seconds > 0 ? ops / seconds : 0.0, p50, p99,
-               static_cast<long long>(min_steps), static_cast<long long>(max_steps),
-               static_cast<long long>(errors), exact ? "exact sum" : "sum NOT exact",
-               passed ? "PASS" : "FAIL");
+               sync.c_str(), options.clients, options.shards, seconds, static_cast<long long>(ops),
+               seconds > 0 ? ops / seconds : 0.0, p50, p99, static_cast<long long>(min_steps),
+               static_cast<long long>(max_steps), static_cast<long long>(errors),
+               exact ? "exact sum" : "sum NOT exact", passed ? "PASS" : "FAIL");
   return passed;
 }
 

@@ -4,9 +4,8 @@
 // that arrives in between finds min_clock satisfied without the leaver and
 // copies the values without that round.
 
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <string>
