@@ -35,6 +35,31 @@ BenchClock::time_point StartGate::WaitAllThenOpen() {
   return start;
 }
 
+bool StartGate::ArriveAndWaitUntil(BenchClock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ++arrived_;
+  changed_.notify_all();
+  return changed_.wait_until(lock, deadline, [this] { return open_ || aborted_; }) && !aborted_;
+}
+
+absl::StatusOr<BenchClock::time_point> StartGate::WaitAllThenOpenUntil(
+    BenchClock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const bool ready =
+      changed_.wait_until(lock, deadline, [this] { return arrived_ >= parties_ || aborted_; });
+  if (aborted_) return absl::AbortedError("a party aborted the start gate");
+  if (!ready) {
+    aborted_ = true;
+    changed_.notify_all();
+    return absl::DeadlineExceededError(absl::StrCat("start gate: ", arrived_, " of ", parties_,
+                                                    " parties arrived before the deadline"));
+  }
+  open_ = true;
+  const auto start = BenchClock::now();
+  changed_.notify_all();
+  return start;
+}
+
 void StartGate::Abort() {
   std::lock_guard<std::mutex> lock(mutex_);
   aborted_ = true;

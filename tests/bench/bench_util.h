@@ -44,6 +44,13 @@ class StartGate {
   // A party that failed during set-up calls this so nobody waits for it.
   void Abort();
 
+  // The same two waits with a deadline. A party whose deadline passes
+  // returns false; a coordinator whose deadline passes aborts the gate (so
+  // no party waits on for it) and returns DEADLINE_EXCEEDED naming how many
+  // parties had arrived. ABORTED if a party called Abort().
+  bool ArriveAndWaitUntil(BenchClock::time_point deadline);
+  absl::StatusOr<BenchClock::time_point> WaitAllThenOpenUntil(BenchClock::time_point deadline);
+
  private:
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -7,6 +7,7 @@
 
 #include "common/process.h"
 #include "tests/bench/codec/codec_bench.h"
+#include "tests/bench/load_bench.h"
 #include "tests/bench/transport_bench.h"
 
 namespace {
@@ -27,6 +28,10 @@ constexpr Subcommand kSubcommands[] = {
      harrier::bench::RunTransportBench},
     {"codec", "gradient codec encode/decode throughput versus memcpy",
      harrier::bench::RunCodecBench},
+    {"load",
+     "many clients x seconds under ASP and BSP: errors, latency, and an exact check of "
+     "every parameter",
+     harrier::bench::RunLoadBench},
 };
 
 void PrintUsage(FILE* out) {
