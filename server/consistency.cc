@@ -78,7 +78,10 @@ std::unique_ptr<Optimizer> ConsistencyController::ShardOptimizer(
 ClockBook ConsistencyController::NewClockBook() const { return ClockBook(this, num_workers_); }
 
 ClockBook::ClockBook(const ConsistencyController* controller, int num_workers)
-    : controller_(controller), pushed_(num_workers, 0), may_rebase_(num_workers, false) {}
+    : controller_(controller),
+      pushed_(num_workers, 0),
+      may_rebase_(num_workers, false),
+      departed_(num_workers, false) {}
 
 absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock,
                                   const Membership& membership) const {
@@ -90,7 +93,7 @@ absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock,
                      clock > expected ? " (clock from the future)" : " (already pushed)"));
   }
   if (controller_->AggregatesRounds()) {
-    const PullVerdict slowest = CheckPull(0, membership);
+    const PullVerdict slowest = CheckPull(0);
     if (!slowest.everyone_left &&
         clock - slowest.min_clock >= controller_->max_pending_rounds()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -133,17 +136,16 @@ PushDecision ClockBook::RecordPush(uint32_t rank, int64_t clock, const Membershi
   round.count++;
   decision.kind = PushDecision::Kind::kHoldForRound;
   decision.round = clock;
-  decision.completed = TakeCompletedRounds(membership);
+  decision.completed = TakeCompletedRounds();
   return decision;
 }
 
-bool ClockBook::RoundComplete(int64_t clock, const Round& round,
-                              const Membership& membership) const {
+bool ClockBook::RoundComplete(int64_t clock, const Round& round) const {
   for (size_t r = 0; r < pushed_.size(); ++r) {
     // A rank is done with this round when it pushed for it, left the job, or
     // was re-based past it after a restore (its push for the round was lost
     // with the shard).
-    if (!round.from_rank[r] && !membership.departed(static_cast<uint32_t>(r)) &&
+    if (!round.from_rank[r] && !departed_[r] &&
         pushed_[r] <= clock) {
       return false;
     }
@@ -151,24 +153,28 @@ bool ClockBook::RoundComplete(int64_t clock, const Round& round,
   return true;
 }
 
-std::vector<PushDecision::CompletedRound> ClockBook::TakeCompletedRounds(
-    const Membership& membership) {
+std::vector<PushDecision::CompletedRound> ClockBook::Depart(uint32_t rank) {
+  departed_[rank] = true;
+  return TakeCompletedRounds();
+}
+
+std::vector<PushDecision::CompletedRound> ClockBook::TakeCompletedRounds() {
   // Rounds complete in clock order: every rank pushes its clocks in order,
   // so round t+1 cannot hold a rank that round t still waits for.
   std::vector<PushDecision::CompletedRound> completed;
   while (!rounds_.empty() &&
-         RoundComplete(rounds_.begin()->first, rounds_.begin()->second, membership)) {
+         RoundComplete(rounds_.begin()->first, rounds_.begin()->second)) {
     completed.push_back({rounds_.begin()->first, rounds_.begin()->second.count});
     rounds_.erase(rounds_.begin());
   }
   return completed;
 }
 
-PullVerdict ClockBook::CheckPull(int64_t pull_clock, const Membership& membership) const {
+PullVerdict ClockBook::CheckPull(int64_t pull_clock) const {
   PullVerdict verdict;
   int64_t min_clock = std::numeric_limits<int64_t>::max();
   for (size_t r = 0; r < pushed_.size(); ++r) {
-    if (membership.departed(static_cast<uint32_t>(r))) continue;  // holds nobody back
+    if (departed_[r]) continue;  // holds nobody back
     if (pushed_[r] < min_clock) {
       min_clock = pushed_[r];
       verdict.slowest_rank = static_cast<int>(r);

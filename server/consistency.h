@@ -139,13 +139,18 @@ class ClockBook {
   // Records a push that CheckPush accepted and says what to do with it.
   PushDecision RecordPush(uint32_t rank, int64_t clock, const Membership& membership);
 
-  // Rounds complete now that a rank left, oldest first, removed from the book.
-  std::vector<PushDecision::CompletedRound> TakeCompletedRounds(const Membership& membership);
+  // `rank` left the job: from now on this slot's rounds and pulls stop
+  // waiting for it. Returns the rounds that completed, oldest first, removed
+  // from the book. The store calls it under the slot's lock for every slot,
+  // after Membership::Depart: a rank counts as gone on a slot only once its
+  // rounds there are settled, so no pull sees it gone before the rounds
+  // that waited for it are applied. Idempotent.
+  std::vector<PushDecision::CompletedRound> Depart(uint32_t rank);
 
   // True while round `clock` has pushes held.
   bool RoundPending(int64_t clock) const { return rounds_.count(clock) != 0; }
 
-  PullVerdict CheckPull(int64_t pull_clock, const Membership& membership) const;
+  PullVerdict CheckPull(int64_t pull_clock) const;
 
   // The per-rank clocks a checkpoint keeps: pushes held in an incomplete
   // round are not in the checkpoint, so their ranks are rolled back to it
@@ -166,11 +171,13 @@ class ClockBook {
   };
 
   ClockBook(const ConsistencyController* controller, int num_workers);
-  bool RoundComplete(int64_t clock, const Round& round, const Membership& membership) const;
+  bool RoundComplete(int64_t clock, const Round& round) const;
+  std::vector<PushDecision::CompletedRound> TakeCompletedRounds();
 
   const ConsistencyController* controller_;
   std::vector<int64_t> pushed_;
   std::vector<bool> may_rebase_;
+  std::vector<bool> departed_;  // ranks gone as far as this slot is concerned
   std::map<int64_t, Round> rounds_;  // BSP/local rounds not yet complete
 };
 

@@ -154,6 +154,11 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   ClockBook book = controller_.NewClockBook();
   // A key first seen after a restore: the workers are already past clock 0.
   if (restored_) book.Restore(std::vector<int64_t>(options_.num_workers, 0));
+  // Ranks that left before this key existed (a Leave running now marks the
+  // new slot itself: it walks the slots after this lock is released).
+  for (int r = 0; r < options_.num_workers; ++r) {
+    if (membership_.departed(static_cast<uint32_t>(r))) book.Depart(static_cast<uint32_t>(r));
+  }
   entry = std::make_unique<Slot>(key, request.chunk(), shape, n, std::move(book));
   bytes_ += n * sizeof(float);
   absl::MutexLock slot_lock(&entry->mutex);
@@ -423,7 +428,7 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   } blocked{blocked_pulls_};
   const absl::Time wait_until = absl::Now() + absl::FromChrono(deadline - Clock::now());
   absl::ReleasableMutexLock lock(&slot->mutex);
-  PullVerdict verdict = slot->book.CheckPull(clock, membership_);
+  PullVerdict verdict = slot->book.CheckPull(clock);
   while (!verdict.may_answer) {
     if (!blocked.counted) {
       blocked.counted = true;
@@ -442,7 +447,7 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
           verdict.slowest_rank, " at clock ", verdict.min_clock));
     }
     slot->changed.WaitWithDeadline(&slot->mutex, wait_until);
-    verdict = slot->book.CheckPull(clock, membership_);
+    verdict = slot->book.CheckPull(clock);
   }
   out->set_key(ref.key());
   out->set_chunk(ref.chunk());
@@ -531,9 +536,11 @@ absl::Status ShardStore::Leave(uint32_t rank, int64_t clock) {
   if (auto status = membership_.CheckRank(rank, "leave"); !status.ok()) return status;
   (void)clock;
   if (!membership_.Depart(rank)) return absl::OkStatus();
-  // Rounds that waited only for this rank are complete now.
-  ForEachSlotLocked([this](Slot& slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    FinishRoundsLocked(slot, slot.book.TakeCompletedRounds(membership_));
+  // Slot by slot, under each slot's lock, the rank stops counting and the
+  // rounds that waited only for it are applied in the same step: a pull
+  // never sees the rank gone from a slot whose rounds still lack it.
+  ForEachSlotLocked([this, rank](Slot& slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    FinishRoundsLocked(slot, slot.book.Depart(rank));
   });
   return absl::OkStatus();
 }

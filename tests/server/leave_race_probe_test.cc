@@ -1,8 +1,9 @@
-// Probe (tagged manual, not CI): can a BSP pull see a leaver gone before the
-// round that waited for it is applied? ShardStore::Leave marks the rank
-// departed first and then completes the pending rounds slot by slot; a pull
-// that arrives in between finds min_clock satisfied without the leaver and
-// copies the values without that round.
+// Can a BSP pull see a leaver gone before the round that waited for it is
+// applied? ShardStore::Leave used to mark the rank departed for every slot
+// first and then complete the pending rounds slot by slot; a pull arriving
+// in between found min_clock satisfied without the leaver and copied the
+// values without that round. Each slot's ClockBook now records the
+// departure in the same locked step that applies those rounds.
 
 #include <atomic>
 #include <catch2/catch.hpp>
