@@ -45,6 +45,12 @@ constexpr int kKillAtStep = 300;
 // ClientOptions.retry_timeout (harrier-worker has no flag for it).
 constexpr double kRetryTimeoutS = 30;
 constexpr double kAccuracyTolerance = 0.01;
+// The fault-free run takes 12-19 s here (2 shared cores). With this cap the
+// worst case, 45 + (3 x 45 + 30) s plus two stack dumps, stays inside a
+// medium test's 300 s, so a hang ends in this test's stacks, not in Bazel's
+// timeout.
+constexpr double kReferenceDeadlineS = 45;
+constexpr int kStackDumpTimeoutS = 20;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -100,7 +106,8 @@ std::string Tail(const std::string& text, size_t bytes = 3000) {
 
 void DumpStacks(pid_t pid, const std::string& log_path) {
   const std::string command =
-      absl::StrCat("timeout 60 gdb -batch -ex 'thread apply all bt' -p ", pid, " >> '", log_path,
+      absl::StrCat("timeout ", kStackDumpTimeoutS, " gdb -batch -ex 'thread apply all bt' -p ", pid,
+                   " >> '", log_path,
                    "' 2>&1");
   if (std::system(command.c_str()) != 0) {
     std::fprintf(stderr, "gdb on pid %d failed (see %s)\n", pid, log_path.c_str());
@@ -259,7 +266,7 @@ JobResult RunJob(const std::string& name, bool kill, double deadline_s) {
 TEST_CASE("a shard SIGKILLed during MLP training restarts from its checkpoint; the job finishes "
           "within its bound and within one point of the run without the fault") {
   const std::string transport = Transport();
-  const JobResult reference = RunJob("fault-free", /*kill=*/false, /*deadline_s=*/120);
+  const JobResult reference = RunJob("fault-free", /*kill=*/false, kReferenceDeadlineS);
   INFO(reference.worker_logs);
   REQUIRE(reference.exit_codes == std::vector<int>(kWorkers, 0));
   REQUIRE(reference.accuracy > 0.6);
