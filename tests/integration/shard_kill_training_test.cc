@@ -10,10 +10,9 @@
 // one point of its accuracy. Every wait has a deadline; a worker still
 // running at its deadline gets its stacks dumped (gdb) into its log before it
 // is killed, so a hang shows where it hangs.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -109,8 +108,7 @@ std::string Tail(const std::string& text, size_t bytes = 3000) {
 void DumpStacks(pid_t pid, const std::string& log_path) {
   const std::string command =
       absl::StrCat("timeout ", kStackDumpTimeoutS, " gdb -batch -ex 'thread apply all bt' -p ", pid,
-                   " >> '", log_path,
-                   "' 2>&1");
+                   " >> '", log_path, "' 2>&1");
   if (std::system(command.c_str()) != 0) {
     std::fprintf(stderr, "gdb on pid %d failed (see %s)\n", pid, log_path.c_str());
   }
@@ -122,11 +120,11 @@ struct JobResult {
   double accuracy = -1;
   std::string worker_logs;  // tails, for failure messages
   // With the fault only.
-  int step_at_kill = 0;                // rank 0's last progress line before the SIGKILL
-  int64_t checkpoint_clock_min = -1;   // rank 0's clock in the killed shard's newest
-  int64_t checkpoint_clock_max = -1;   // checkpoint, over its slots
-  double down_s = 0;                   // SIGKILL to the restarted shard serving
-  double resumed_after_restart_s = -1; // restart to rank 0's next progress line
+  int step_at_kill = 0;                 // rank 0's last progress line before the SIGKILL
+  int64_t checkpoint_clock_min = -1;    // rank 0's clock in the killed shard's newest
+  int64_t checkpoint_clock_max = -1;    // checkpoint, over its slots
+  double down_s = 0;                    // SIGKILL to the restarted shard serving
+  double resumed_after_restart_s = -1;  // restart to rank 0's next progress line
 };
 
 struct Job {
@@ -255,7 +253,8 @@ JobResult RunJob(const std::string& name, bool kill, double deadline_s) {
   for (int rank = 0; rank < kWorkers; ++rank) {
     const int64_t left_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    result.exit_codes[rank] = workers[rank]->WaitForExit(static_cast<int>(std::max<int64_t>(0, left_ms)));
+    result.exit_codes[rank] =
+        workers[rank]->WaitForExit(static_cast<int>(std::max<int64_t>(0, left_ms)));
     if (result.exit_codes[rank] < 0) {
       DumpStacks(workers[rank]->pid(), job.log(absl::StrCat("worker", rank)));
     }
@@ -267,16 +266,18 @@ JobResult RunJob(const std::string& name, bool kill, double deadline_s) {
   }
   result.accuracy = Accuracy(ReadFile(rank0_log));
   for (int rank = 0; rank < kWorkers; ++rank) {
-    result.worker_logs += absl::StrCat("--- worker ", rank, " (", job.log(absl::StrCat("worker", rank)),
-                                       ")\n", Tail(ReadFile(job.log(absl::StrCat("worker", rank)))));
+    result.worker_logs +=
+        absl::StrCat("--- worker ", rank, " (", job.log(absl::StrCat("worker", rank)), ")\n",
+                     Tail(ReadFile(job.log(absl::StrCat("worker", rank)))));
   }
   result.worker_logs += absl::StrCat("--- shard ", kKilledShard, "\n",
                                      Tail(ReadFile(job.log(absl::StrCat("shard", kKilledShard)))));
   return result;
 }
 
-TEST_CASE("a shard SIGKILLed during MLP training restarts from its checkpoint; the job finishes "
-          "within its bound and within one point of the run without the fault") {
+TEST_CASE(
+    "a shard SIGKILLed during MLP training restarts from its checkpoint; the job finishes "
+    "within its bound and within one point of the run without the fault") {
   const std::string transport = Transport();
   const JobResult reference = RunJob("fault-free", /*kill=*/false, kReferenceDeadlineS);
   INFO(reference.worker_logs);
@@ -289,8 +290,8 @@ TEST_CASE("a shard SIGKILLed during MLP training restarts from its checkpoint; t
       "%s: fault-free %.1f s, test_accuracy %.4f; with shard %d SIGKILLed at rank 0's step %d "
       "(its checkpoint held clocks %lld..%lld: %lld..%lld steps lost), down %.2f s, progress "
       "%.2f s after the restart, %.1f s (bound %.1f s), test_accuracy %.4f\n",
-      transport.c_str(), reference.seconds, reference.accuracy, kKilledShard,
-      faulted.step_at_kill, static_cast<long long>(faulted.checkpoint_clock_min),
+      transport.c_str(), reference.seconds, reference.accuracy, kKilledShard, faulted.step_at_kill,
+      static_cast<long long>(faulted.checkpoint_clock_min),
       static_cast<long long>(faulted.checkpoint_clock_max),
       static_cast<long long>(faulted.step_at_kill - faulted.checkpoint_clock_max),
       static_cast<long long>(faulted.step_at_kill - faulted.checkpoint_clock_min), faulted.down_s,
