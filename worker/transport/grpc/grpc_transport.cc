@@ -39,14 +39,16 @@ absl::Status Cancelled() { return absl::CancelledError("operation cancelled"); }
 // How long a call waits, after its call object is destroyed, for gRPC to
 // release the payload slices it borrowed. gRPC may hold a slice after
 // Finish() returned (the bytes may still sit in the TCP write queue); a
-// healthy connection drains in milliseconds. A message a stream to a killed
-// shard never sent stays with the call until the call is destroyed, so the
-// wait comes after that (waiting before it hung the job for good, and with
-// this grace cost 5 s per kill: //tests/integration:shard_kill_training_grpc_test).
-// The grace is a backstop: past it the call returns an error instead of
-// hanging; gRPC only ever reads the bytes, and a dead connection never sends
-// them, so the caller reusing its buffer cannot corrupt anything that is
-// still delivered. (The count itself outlives the call, see below.)
+// healthy connection drains in milliseconds. A message a stream never sent
+// stays with the call until the call is destroyed, so the wait comes after
+// that: a call to a stopped shard then returns at its deadline (1.0 s after a
+// 1 s deadline, 6.0 s when it waited first). After a shard is killed, gRPC
+// still holds a slice past the call in some runs (4 of 6 of
+// //tests/integration:shard_kill_training_grpc_test), so the grace stays:
+// past it the call returns an error instead of hanging; gRPC only ever reads
+// the bytes, and a dead connection never sends them, so the caller reusing
+// its buffer cannot corrupt anything that is still delivered. (The count
+// itself outlives the call, see below.)
 constexpr absl::Duration kSliceReleaseGrace = absl::Seconds(5);
 
 // Counts borrowed payload slices gRPC still references. A call waits for
