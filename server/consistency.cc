@@ -92,7 +92,7 @@ absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock,
                      expected,
                      clock > expected ? " (clock from the future)" : " (already pushed)"));
   }
-  if (controller_->AggregatesRounds()) {
+  if (controller_->AggregatesRounds() && !AwaitingRebase()) {
     const PullVerdict slowest = CheckPull(0);
     if (!slowest.everyone_left &&
         clock - slowest.min_clock >= controller_->max_pending_rounds()) {
@@ -104,6 +104,13 @@ absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock,
     }
   }
   return absl::OkStatus();
+}
+
+bool ClockBook::AwaitingRebase() const {
+  for (size_t r = 0; r < may_rebase_.size(); ++r) {
+    if (may_rebase_[r] && !departed_[r]) return true;
+  }
+  return false;
 }
 
 int64_t ClockBook::fastest() const {

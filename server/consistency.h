@@ -133,7 +133,8 @@ class ClockBook {
   // (already pushed, a clock from the future, or too many rounds ahead of the
   // slowest live rank). A rank may push its next clock; after Restore() its
   // first push on this slot may also be for a later clock (the worker ran on
-  // while the shard was down).
+  // while the shard was down); the pending-rounds bound waits until every
+  // live rank has made that first push.
   absl::Status CheckPush(uint32_t rank, int64_t clock, const Membership& membership) const;
 
   // Records a push that CheckPush accepted and says what to do with it.
@@ -173,6 +174,13 @@ class ClockBook {
   ClockBook(const ConsistencyController* controller, int num_workers);
   bool RoundComplete(int64_t clock, const Round& round) const;
   std::vector<PushDecision::CompletedRound> TakeCompletedRounds();
+  // After a restore, until every live rank has pushed once on this slot, the
+  // slowest clock in the book is the checkpoint's, not where that worker is:
+  // the workers ran on while the shard was down (about 100 rounds per
+  // checkpoint interval for the MLP here), so the pending-rounds bound would
+  // refuse each worker's first, re-basing push. BSP still holds at most one
+  // round per rank meanwhile (its next pull waits for that round).
+  bool AwaitingRebase() const;
 
   const ConsistencyController* controller_;
   std::vector<int64_t> pushed_;

@@ -57,6 +57,8 @@ ABSL_FLAG(std::string, pull_codec, "none",
           "Pull compression: the shard sends C(parameters - the worker's view), e.g. "
           "topk:ratio=0.1 or fp16.");
 ABSL_FLAG(int, compress_min_bytes, 16384, "Chunks smaller than this travel uncompressed.");
+ABSL_FLAG(int, chunk_kib, 4096,
+          "Tensors above this many KiB are split into chunks spread over the shards.");
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics and liveness /healthz over HTTP (-1: off, 0: ephemeral).");
 ABSL_FLAG(int, connect_timeout_s, 30, "How long to wait for every shard to be reachable.");
@@ -119,6 +121,8 @@ int main(int argc, char** argv) {
   client_options.pull_codec = absl::GetFlag(FLAGS_pull_codec);
   client_options.transport = absl::GetFlag(FLAGS_transport);
   client_options.compress_min_bytes = std::max(0, absl::GetFlag(FLAGS_compress_min_bytes));
+  client_options.chunk_bytes = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_chunk_kib)))
+                               << 10;
 
   auto train = harrier::workload::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir),
                                                    harrier::workload::Split::kTrain);

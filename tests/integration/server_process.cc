@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -32,7 +33,8 @@ std::string TempDir() {
 }
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
-    const std::string& binary, const std::vector<std::string>& args) {
+    const std::string& binary, const std::vector<std::string>& args,
+    const std::string& output_path) {
   std::vector<std::string> argv_storage = {binary};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -41,6 +43,13 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
+    if (!output_path.empty()) {
+      const int fd = open(output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd < 0) _exit(126);
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
     execv(binary.c_str(), argv.data());
     _exit(127);
   }
@@ -77,7 +86,7 @@ int ChildProcess::WaitForExit(int timeout_ms) {
 }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::vector<std::string>& flags) {
+    const std::vector<std::string>& flags, const std::string& output_path) {
   static std::atomic<int> counter{0};
   const std::string port_file =
       absl::StrCat(TempDir(), "/server-", getpid(), "-", counter++, ".port");
@@ -88,7 +97,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   for (const auto& flag : flags) has_port |= flag.rfind("--port=", 0) == 0;
   if (!has_port) args.push_back("--port=0");
   args.push_back(absl::StrCat("--port_file=", port_file));
-  auto child = ChildProcess::Start(RunfilePath("server/harrier-server"), args);
+  auto child = ChildProcess::Start(RunfilePath("server/harrier-server"), args, output_path);
   if (!child.ok()) return child.status();
   auto server = std::unique_ptr<ServerProcess>(new ServerProcess());
   server->process_ = std::move(*child);

@@ -21,8 +21,11 @@ std::string TempDir();
 // SIGKILL if it still runs, so a failing test leaves nothing behind.
 class ChildProcess {
  public:
+  // `output_path`: the child's stdout and stderr are appended to this file
+  // ("" keeps the test's own).
   static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const std::string& binary,
-                                                             const std::vector<std::string>& args);
+                                                             const std::vector<std::string>& args,
+                                                             const std::string& output_path = "");
   ~ChildProcess();
 
   pid_t pid() const { return pid_; }
@@ -41,7 +44,9 @@ class ChildProcess {
 class ServerProcess {
  public:
   // `flags` are passed as they are; --host, --port and --port_file are added.
-  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::vector<std::string>& flags);
+  // `output_path` as for ChildProcess::Start.
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::vector<std::string>& flags,
+                                                              const std::string& output_path = "");
 
   int port() const { return port_; }
   std::string address() const;

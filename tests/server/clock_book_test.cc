@@ -191,6 +191,28 @@ TEST_CASE("clock book: BSP refuses a push too many rounds ahead of the slowest r
   }
 }
 
+// Seen with the real MLP (tests/integration:shard_kill_training_grpc_test):
+// the workers ran about 100 rounds past the shard's last checkpoint before
+// it came back, and the bound refused their first pushes for good.
+TEST_CASE("clock book: after a restore the pending-rounds bound lets every rank re-base") {
+  ConsistencyController controller(*SyncPolicy::FromFlags("bsp", 0, 1), 2, false,
+                                   /*max_pending_rounds=*/64);
+  Membership membership(2);
+  ClockBook book = controller.NewClockBook();
+  book.Restore({547, 547});
+  REQUIRE(book.CheckPush(0, 653, membership).ok());
+  REQUIRE(book.RecordPush(0, 653, membership).completed.empty());
+  REQUIRE(book.CheckPush(1, 653, membership).ok());
+  const PushDecision last = book.RecordPush(1, 653, membership);
+  REQUIRE(last.completed.size() == 1);
+  REQUIRE(last.completed[0].clock == 653);
+  // Re-based: the bound is back, measured from the new clocks.
+  REQUIRE(book.CheckPush(0, 654, membership).ok());
+  book.RecordPush(0, 654, membership);
+  for (int64_t clock = 655; clock < 654 + 64; ++clock) book.RecordPush(0, clock, membership);
+  REQUIRE(absl::IsFailedPrecondition(book.CheckPush(0, 654 + 64, membership)));
+}
+
 TEST_CASE("clock book: a checkpoint rolls ranks back to the first pending round") {
   ConsistencyController controller(*SyncPolicy::FromFlags("bsp", 0, 1), 3);
   Membership membership(3);

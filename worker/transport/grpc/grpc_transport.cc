@@ -36,14 +36,19 @@ class CancelScope {
 
 absl::Status Cancelled() { return absl::CancelledError("operation cancelled"); }
 
-// How long a call waits, after its stream ended, for gRPC to release the
-// payload slices it borrowed. gRPC may hold a slice after Finish() returned
-// (the bytes may still sit in the TCP write queue); a healthy connection
-// drains in milliseconds, but a connection to a killed shard can keep its
-// queue for minutes. Past this grace the call returns an error instead of
-// hanging: gRPC only ever reads the bytes, and a dead connection never
-// sends them, so the caller reusing its buffer cannot corrupt anything that
-// is still delivered. (The count itself outlives the call, see below.)
+// How long a call waits, after its call object is destroyed, for gRPC to
+// release the payload slices it borrowed. gRPC may hold a slice after
+// Finish() returned (the bytes may still sit in the TCP write queue); a
+// healthy connection drains in milliseconds. A message a stream never sent
+// stays with the call until the call is destroyed, so the wait comes after
+// that: a call to a stopped shard then returns at its deadline (1.0 s after a
+// 1 s deadline, 6.0 s when it waited first). After a shard is killed, gRPC
+// still holds a slice past the call in some runs (4 of 6 of
+// //tests/integration:shard_kill_training_grpc_test), so the grace stays:
+// past it the call returns an error instead of hanging; gRPC only ever reads
+// the bytes, and a dead connection never sends them, so the caller reusing
+// its buffer cannot corrupt anything that is still delivered. (The count
+// itself outlives the call, see below.)
 constexpr absl::Duration kSliceReleaseGrace = absl::Seconds(5);
 
 // Counts borrowed payload slices gRPC still references. A call waits for
@@ -161,20 +166,25 @@ GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
 absl::Status GrpcShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
                                       absl::Time deadline, CallCanceller& canceller) {
   BorrowedSlices borrowed;  // declared first: outlives the call's objects
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
-  CancelScope scope(canceller, &context);
-  if (!scope.registered()) return Cancelled();
-  grpc::ByteBuffer response;  // a PushResponse; nothing in it is needed
-  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), push_method_,
-                                                                    &context, &response));
-  for (const auto& chunk : chunks) {
-    if (!writer->Write(EncodeChunk(chunk, borrowed))) break;  // Finish() says why
+  absl::Status status;
+  {
+    // The call (owned by the context) keeps a message it could not send,
+    // slices included, until it is destroyed: a stream to a killed shard
+    // releases them only here, so the wait below comes after this scope.
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    CancelScope scope(canceller, &context);
+    if (!scope.registered()) return Cancelled();
+    grpc::ByteBuffer response;  // a PushResponse; nothing in it is needed
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), push_method_,
+                                                                      &context, &response));
+    for (const auto& chunk : chunks) {
+      if (!writer->Write(EncodeChunk(chunk, borrowed))) break;  // Finish() says why
+    }
+    writer->WritesDone();
+    status = FromGrpcStatus(writer->Finish());
   }
-  writer->WritesDone();
-  absl::Status status = FromGrpcStatus(writer->Finish());
-  writer.reset();
   return AfterRelease(borrowed, status);
 }
 
