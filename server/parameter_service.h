@@ -6,6 +6,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/harrier.grpc.pb.h"
+#include "server/job_token.h"
 #include "server/shard_service.h"
 #include "server/shard_store.h"
 
@@ -33,7 +34,8 @@ using RawDataService = proto::ParameterService::WithRawCallbackMethod_Push<
 class ParameterServiceImpl final : public internal_parameter_service::RawDataService {
  public:
   // Neither is owned; both must outlive the service (and the gRPC server).
-  ParameterServiceImpl(ShardStore* store, ShardService* service);
+  // A non-empty `job_token` must come with every call (JobTokenCheck).
+  ParameterServiceImpl(ShardStore* store, ShardService* service, std::string job_token = "");
 
   grpc::Status Init(grpc::ServerContext* context, const proto::InitRequest* request,
                     proto::InitResponse* response) override;
@@ -62,6 +64,7 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
  private:
   ShardStore* store_;      // not owned
   ShardService* service_;  // not owned
+  const JobTokenCheck token_check_;
   absl::Mutex address_mutex_;
   std::string ucx_address_ ABSL_GUARDED_BY(address_mutex_);  // empty: no UCX
 };

@@ -25,6 +25,7 @@
 
 namespace grpc {
 class Channel;
+class ChannelCredentials;
 }  // namespace grpc
 
 namespace harrier {
@@ -60,7 +61,17 @@ class ControlClient {
   virtual bool ShardReachable(int shard) = 0;
 };
 
-// Over gRPC: one channel per shard, shared with the gRPC data path.
+// How the channels to the shards are secured; the default is plaintext
+// without a token, as before security existed.
+struct ChannelSecurity {
+  // Null: plaintext. Else e.g. from MakeChannelCredentials (TLS).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Non-empty: sent as metadata on every call of every channel.
+  std::string job_token;
+};
+
+// Over gRPC: one channel per shard, shared with the gRPC data path, so every
+// call of the worker (control and data) goes with the same credentials.
 class GrpcControlClient : public ControlClient {
  public:
   // Opens a channel to every server (shard 0 first) and waits until each
@@ -68,7 +79,7 @@ class GrpcControlClient : public ControlClient {
   // connect_timeout.
   static absl::StatusOr<std::unique_ptr<GrpcControlClient>> Connect(
       const std::vector<std::string>& servers, absl::Duration connect_timeout,
-      absl::Duration rpc_timeout);
+      absl::Duration rpc_timeout, const ChannelSecurity& security = {});
   ~GrpcControlClient() override;
 
   // The shard's channel, for the gRPC data path (transport_factory.h).
