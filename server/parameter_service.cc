@@ -416,9 +416,11 @@ grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-void ParameterServiceImpl::SetUcxAddress(std::string address) {
+void ParameterServiceImpl::SetUcxAddress(std::string address,
+                                         std::function<std::string()> issue_hello_secret) {
   absl::MutexLock lock(&address_mutex_);
   ucx_address_ = std::move(address);
+  issue_hello_secret_ = std::move(issue_hello_secret);
 }
 
 grpc::Status ParameterServiceImpl::GetTransportAddress(
@@ -435,6 +437,9 @@ grpc::Status ParameterServiceImpl::GetTransportAddress(
   }
   response->set_address(ucx_address_);
   response->set_transport("ucx");
+  if (issue_hello_secret_ && request->transport() == "ucx") {
+    response->set_hello_secret(issue_hello_secret_());
+  }
   return grpc::Status::OK;
 }
 

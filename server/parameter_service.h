@@ -1,6 +1,7 @@
 #ifndef HARRIER_SERVER_PARAMETER_SERVICE_H_
 #define HARRIER_SERVER_PARAMETER_SERVICE_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -48,8 +49,11 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
                                    proto::TransportAddressResponse* response) override;
 
   // The UCX worker address GetTransportAddress serves; until set, it
-  // answers FAILED_PRECONDITION. Thread-safe.
-  void SetUcxAddress(std::string address);
+  // answers FAILED_PRECONDITION. With `issue_hello_secret`, each request
+  // naming "ucx" also gets a fresh secret for its hello (UcxServer).
+  // Thread-safe.
+  void SetUcxAddress(std::string address,
+                     std::function<std::string()> issue_hello_secret = nullptr);
 
   using internal_parameter_service::RawDataService::Pull;
   using internal_parameter_service::RawDataService::Push;
@@ -67,6 +71,7 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
   const JobTokenCheck token_check_;
   absl::Mutex address_mutex_;
   std::string ucx_address_ ABSL_GUARDED_BY(address_mutex_);  // empty: no UCX
+  std::function<std::string()> issue_hello_secret_ ABSL_GUARDED_BY(address_mutex_);
 };
 
 }  // namespace harrier

@@ -73,10 +73,19 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (options.ucx) {
     UcxServerOptions ucx_options;
     ucx_options.shard = options.shard;
+    // With a token or TLS the gRPC channel authenticates its clients; the
+    // hello secret extends that to UCX endpoints. Without either, anyone
+    // may call GetTransportAddress, so a secret would protect nothing.
+    ucx_options.require_hello_secret = !options.job_token.empty() || options.tls.enabled();
     auto ucx = UcxServer::Start(server->shard_service_.get(), ucx_options);
     if (!ucx.ok()) return ucx.status();
     server->ucx_server_ = std::move(*ucx);
-    server->parameter_service_->SetUcxAddress(server->ucx_server_->address());
+    UcxServer* ucx_server = server->ucx_server_.get();
+    server->parameter_service_->SetUcxAddress(
+        ucx_server->address(),
+        ucx_options.require_hello_secret
+            ? std::function<std::string()>([ucx_server] { return ucx_server->IssueHelloSecret(); })
+            : nullptr);
   }
 
   grpc::EnableDefaultHealthCheckService(true);

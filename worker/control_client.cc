@@ -172,9 +172,8 @@ absl::Status GrpcControlClient::ShardHeartbeat(int shard, const proto::Heartbeat
   });
 }
 
-absl::StatusOr<std::string> GrpcControlClient::GetTransportAddress(int shard,
-                                                                   const std::string& transport,
-                                                                   absl::Time deadline) {
+absl::StatusOr<transport::PeerAddress> GrpcControlClient::GetTransportAddress(
+    int shard, const std::string& transport, absl::Time deadline) {
   proto::TransportAddressRequest request;
   request.set_transport(transport);
   proto::TransportAddressResponse response;
@@ -182,7 +181,7 @@ absl::StatusOr<std::string> GrpcControlClient::GetTransportAddress(int shard,
     return shards_[shard]->parameters->GetTransportAddress(c, request, &response);
   });
   if (!status.ok()) return status;
-  return response.address();
+  return transport::PeerAddress{response.address(), response.hello_secret()};
 }
 
 bool GrpcControlClient::ShardReachable(int shard) {

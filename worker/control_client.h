@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/transport/framing.h"
 #include "proto/harrier.pb.h"
 
 namespace grpc {
@@ -52,9 +53,10 @@ class ControlClient {
   // The liveness heartbeat every shard gets from the background loop.
   virtual absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
                                       absl::Time deadline) = 0;
-  // The shard's address for a data-path backend ("ucx"), by `deadline`.
-  virtual absl::StatusOr<std::string> GetTransportAddress(int shard, const std::string& transport,
-                                                          absl::Time deadline) = 0;
+  // The shard's address for a data-path backend ("ucx"), with the secret
+  // its hello must carry, by `deadline`.
+  virtual absl::StatusOr<transport::PeerAddress> GetTransportAddress(
+      int shard, const std::string& transport, absl::Time deadline) = 0;
   // False only if the shard answers UNAVAILABLE to a side-effect-free RPC
   // within a second: it is down (a channel's state alone can stay READY for
   // seconds after a crash).
@@ -94,8 +96,9 @@ class GrpcControlClient : public ControlClient {
   absl::Status Leave(int shard, const proto::LeaveRequest& request) override;
   absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
                               absl::Time deadline) override;
-  absl::StatusOr<std::string> GetTransportAddress(int shard, const std::string& transport,
-                                                  absl::Time deadline) override;
+  absl::StatusOr<transport::PeerAddress> GetTransportAddress(int shard,
+                                                             const std::string& transport,
+                                                             absl::Time deadline) override;
   bool ShardReachable(int shard) override;
 
  private:
