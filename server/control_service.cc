@@ -43,6 +43,7 @@ class ControlServiceImpl::Wait final : public grpc::ServerUnaryReactor {
 
 ControlServiceImpl::ControlServiceImpl(ControlOptions options)
     : options_(std::move(options)),
+      token_check_(options_.job_token),
       rank_taken_(options_.num_workers, false),
       last_heartbeat_(options_.num_workers) {}
 
@@ -68,9 +69,10 @@ void ControlServiceImpl::FillSync(proto::SyncConfig* sync) const {
   sync->set_local_steps(options_.sync.local_steps);
 }
 
-grpc::Status ControlServiceImpl::Register(grpc::ServerContext*,
+grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
                                           const proto::RegisterRequest* request,
                                           proto::RegisterResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
   absl::MutexLock lock(&mutex_);
   int rank = request->requested_rank();
   if (rank >= options_.num_workers || rank < -1) {
@@ -104,6 +106,11 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext*,
 grpc::ServerUnaryReactor* ControlServiceImpl::Barrier(grpc::CallbackServerContext* context,
                                                       const proto::BarrierRequest* request,
                                                       proto::BarrierResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) {
+    grpc::ServerUnaryReactor* refused = context->DefaultReactor();
+    refused->Finish(status);
+    return refused;
+  }
   const uint32_t rank = request->rank();
   if (rank >= static_cast<uint32_t>(options_.num_workers)) {
     grpc::ServerUnaryReactor* refused = context->DefaultReactor();
@@ -192,9 +199,10 @@ void ControlServiceImpl::ExpireBarriers() {
   for (auto& [wait, status] : expired) wait->Finish(status);
 }
 
-grpc::Status ControlServiceImpl::Heartbeat(grpc::ServerContext*,
+grpc::Status ControlServiceImpl::Heartbeat(grpc::ServerContext* context,
                                            const proto::HeartbeatRequest* request,
                                            proto::HeartbeatResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
   if (request->rank() >= static_cast<uint32_t>(options_.num_workers)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("heartbeat: rank ", request->rank(), " out of range"));
@@ -207,8 +215,10 @@ grpc::Status ControlServiceImpl::Heartbeat(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ControlServiceImpl::GetShardMap(grpc::ServerContext*, const proto::ShardMapRequest*,
+grpc::Status ControlServiceImpl::GetShardMap(grpc::ServerContext* context,
+                                             const proto::ShardMapRequest*,
                                              proto::ShardMapResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
   for (const auto& address : options_.shard_addresses) response->add_shard_addresses(address);
   response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
   FillSync(response->mutable_sync());

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/consistency.h"
+#include "server/job_token.h"
 
 namespace harrier {
 
@@ -20,6 +21,8 @@ struct ControlOptions {
   // A barrier whose client set no deadline (or a later one) ends this long
   // after it began, with DEADLINE_EXCEEDED.
   std::chrono::milliseconds max_barrier_wait = std::chrono::hours(1);
+  // Every call must carry this job token (empty: none needed).
+  std::string job_token;
 };
 
 // The control plane, served by shard 0: ranks, barriers, heartbeats and the
@@ -75,6 +78,7 @@ class ControlServiceImpl final
   bool RemoveLocked(Wait* wait, grpc::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ControlOptions options_;
+  const JobTokenCheck token_check_;
   absl::Mutex mutex_;
   bool closed_ ABSL_GUARDED_BY(mutex_) = false;
   std::vector<bool> rank_taken_ ABSL_GUARDED_BY(mutex_);

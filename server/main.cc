@@ -72,6 +72,18 @@ ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{32} << 20,
 ABSL_FLAG(bool, ucx, false,
           "Also serve pushes and pulls over UCX (workers: --transport=ucx); UCX_TLS picks the "
           "transports, e.g. tcp or sm,self.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of this shard; with --tls_key the gRPC port serves TLS only.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificates: with it every client must present a certificate signed by one "
+          "of them (mutual TLS).");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the job token (trailing newline stripped; not readable by others): every "
+          "call except health checks must carry it, else UNAUTHENTICATED.");
+ABSL_FLAG(int, health_port, -1,
+          "Also serve grpc.health.v1 alone on this port, plaintext and without a token, for "
+          "probes that cannot do TLS (-1: off, 0: ephemeral).");
 
 namespace {
 
@@ -153,15 +165,28 @@ int main(int argc, char** argv) {
   options.checkpoint_every = std::chrono::seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key = absl::GetFlag(FLAGS_tls_key);
+  options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  if (const std::string token_file = absl::GetFlag(FLAGS_auth_token_file); !token_file.empty()) {
+    auto token = harrier::ReadJobTokenFile(token_file);
+    if (!token.ok()) return Fail(std::string(token.status().message()));
+    options.job_token = *token;
+  }
+  options.health_port = absl::GetFlag(FLAGS_health_port);
   const std::string servers = absl::GetFlag(FLAGS_servers);
   if (!servers.empty()) options.shard_addresses = absl::StrSplit(servers, ',', absl::SkipEmpty());
 
   auto server = harrier::ShardServer::Start(options);
   if (!server.ok()) return Fail(std::string(server.status().message()));
-  spdlog::info("serving shard={}/{} port={} workers={} sync={} optimizer={} lr={} metrics_port={}",
-               options.shard, options.num_shards, (*server)->port(), options.num_workers,
-               options.sync.ToString(), options.optimizer.kind, options.optimizer.lr,
-               (*server)->metrics_port());
+  spdlog::info(
+      "serving shard={}/{} port={} workers={} sync={} optimizer={} lr={} metrics_port={} tls={} "
+      "token={} health_port={}",
+      options.shard, options.num_shards, (*server)->port(), options.num_workers,
+      options.sync.ToString(), options.optimizer.kind, options.optimizer.lr,
+      (*server)->metrics_port(),
+      options.tls.ca.empty() ? (options.tls.enabled() ? "server" : "off") : "mutual",
+      options.job_token.empty() ? "off" : "on", (*server)->health_port());
 
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {

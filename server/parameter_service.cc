@@ -361,37 +361,59 @@ class PushPullReactor final
   void End(const absl::Status& status) override { Complete(status); }
 };
 
+// A data call refused before anything of it is read: it finishes with
+// `status` at once, and the request's messages are never looked at.
+template <class Reactor>
+class RefusedCall final : public Reactor {
+ public:
+  explicit RefusedCall(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
-ParameterServiceImpl::ParameterServiceImpl(ShardStore* store, ShardService* service)
-    : store_(store), service_(service) {}
+ParameterServiceImpl::ParameterServiceImpl(ShardStore* store, ShardService* service,
+                                           std::string job_token)
+    : store_(store), service_(service), token_check_(std::move(job_token)) {}
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::Push(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) {
+    return new RefusedCall<grpc::ServerReadReactor<grpc::ByteBuffer>>(status);
+  }
   return new PushReactor(service_, context, response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  if (auto status = token_check_.Check(*context); !status.ok()) {
+    return new RefusedCall<grpc::ServerWriteReactor<grpc::ByteBuffer>>(status);
+  }
   return new PullReactor(service_, context, request);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ParameterServiceImpl::PushPull(
     grpc::CallbackServerContext* context) {
+  if (auto status = token_check_.Check(*context); !status.ok()) {
+    return new RefusedCall<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(status);
+  }
   return new PushPullReactor(service_, context);
 }
 
-grpc::Status ParameterServiceImpl::Init(grpc::ServerContext*, const proto::InitRequest* request,
+grpc::Status ParameterServiceImpl::Init(grpc::ServerContext* context,
+                                        const proto::InitRequest* request,
                                         proto::InitResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
   auto created = store_->Init(*request);
   if (!created.ok()) return ToGrpcStatus(created.status());
   response->set_created(*created);
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext*,
+grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext* context,
                                              const proto::HeartbeatRequest* request,
                                              proto::HeartbeatResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
   if (auto status = store_->Heartbeat(request->rank()); !status.ok()) return ToGrpcStatus(status);
   response->set_server_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
@@ -399,14 +421,17 @@ grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-void ParameterServiceImpl::SetUcxAddress(std::string address) {
+void ParameterServiceImpl::SetUcxAddress(std::string address,
+                                         std::function<std::string()> issue_hello_secret) {
   absl::MutexLock lock(&address_mutex_);
   ucx_address_ = std::move(address);
+  issue_hello_secret_ = std::move(issue_hello_secret);
 }
 
 grpc::Status ParameterServiceImpl::GetTransportAddress(
-    grpc::ServerContext*, const proto::TransportAddressRequest* request,
+    grpc::ServerContext* context, const proto::TransportAddressRequest* request,
     proto::TransportAddressResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
   if (!request->transport().empty() && request->transport() != "ucx") {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("unknown transport '", request->transport(), "'"));
@@ -417,11 +442,16 @@ grpc::Status ParameterServiceImpl::GetTransportAddress(
   }
   response->set_address(ucx_address_);
   response->set_transport("ucx");
+  if (issue_hello_secret_ && request->transport() == "ucx") {
+    response->set_hello_secret(issue_hello_secret_());
+  }
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Leave(grpc::ServerContext*, const proto::LeaveRequest* request,
+grpc::Status ParameterServiceImpl::Leave(grpc::ServerContext* context,
+                                         const proto::LeaveRequest* request,
                                          proto::LeaveResponse*) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
   return ToGrpcStatus(store_->Leave(request->rank(), request->clock()));
 }
 

@@ -25,8 +25,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--port=", options.port, " out of range"));
   }
+  if (options.health_port < -1 || options.health_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--health_port=", options.health_port, " out of range"));
+  }
   auto optimizer = CreateOptimizer(options.optimizer);
   if (!optimizer.ok()) return optimizer.status();
+  // Before anything is restored or bound: a bad certificate path fails fast.
+  auto credentials = MakeServerCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
 
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->options_ = options;
@@ -66,20 +73,29 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   server->RegisterMetrics(&service_options);
   server->shard_service_ = std::make_unique<ShardService>(server->store_.get(), service_options);
   server->parameter_service_ = std::make_unique<ParameterServiceImpl>(
-      server->store_.get(), server->shard_service_.get());
+      server->store_.get(), server->shard_service_.get(), options.job_token);
   if (options.ucx) {
     UcxServerOptions ucx_options;
     ucx_options.shard = options.shard;
+    // With a token or TLS the gRPC channel authenticates its clients; the
+    // hello secret extends that to UCX endpoints. Without either, anyone
+    // may call GetTransportAddress, so a secret would protect nothing.
+    ucx_options.require_hello_secret = !options.job_token.empty() || options.tls.enabled();
     auto ucx = UcxServer::Start(server->shard_service_.get(), ucx_options);
     if (!ucx.ok()) return ucx.status();
     server->ucx_server_ = std::move(*ucx);
-    server->parameter_service_->SetUcxAddress(server->ucx_server_->address());
+    UcxServer* ucx_server = server->ucx_server_.get();
+    server->parameter_service_->SetUcxAddress(
+        ucx_server->address(),
+        ucx_options.require_hello_secret
+            ? std::function<std::string()>([ucx_server] { return ucx_server->IssueHelloSecret(); })
+            : nullptr);
   }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                           grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), *credentials,
+                           &server->port_);
   builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
   builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes);
   ApplyServerTuning(builder);
@@ -89,6 +105,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     control.num_workers = options.num_workers;
     control.sync = options.sync;
     control.shard_addresses = options.shard_addresses;
+    control.job_token = options.job_token;
     server->control_service_ = std::make_unique<ControlServiceImpl>(control);
     builder.RegisterService(server->control_service_.get());
   }
@@ -96,6 +113,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.host, ":", options.port));
+  }
+  if (options.health_port >= 0) {
+    // A server with no service of its own: the default health service that
+    // every grpc::Server gets is all it serves.
+    grpc::ServerBuilder health_builder;
+    health_builder.AddListeningPort(absl::StrCat(options.host, ":", options.health_port),
+                                    grpc::InsecureServerCredentials(), &server->health_port_);
+    server->health_server_ = health_builder.BuildAndStart();
+    if (server->health_server_ == nullptr || server->health_port_ == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":",
+                                                 options.health_port, " (--health_port)"));
+    }
   }
   if (options.metrics_port >= 0) {
     auto http = MetricsHttpServer::Start(options.host, options.metrics_port, server->metrics_.get());
@@ -105,6 +134,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   // The store is restored before the server starts, so the shard reports
   // SERVING only once it holds its parameters.
   server->server_->GetHealthCheckService()->SetServingStatus(true);
+  if (server->health_server_) server->health_server_->GetHealthCheckService()->SetServingStatus(true);
   ShardServer* self = server.get();
   server->monitor_ = std::thread([self] { self->MonitorLoop(); });
   return server;
@@ -154,6 +184,7 @@ void ShardServer::Shutdown(std::chrono::milliseconds grace) {
     spdlog::error("final checkpoint failed: {}", status.ToString());
   }
   server_->GetHealthCheckService()->SetServingStatus(false);
+  if (health_server_) health_server_->GetHealthCheckService()->SetServingStatus(false);
   // Blocked pulls and barriers wake up now, so what follows drains at once.
   store_->Close();
   if (control_service_) control_service_->Close();
@@ -164,6 +195,8 @@ void ShardServer::Shutdown(std::chrono::milliseconds grace) {
   shard_service_->Shutdown();
   if (ucx_server_) ucx_server_->Shutdown();
   if (metrics_http_) metrics_http_->Stop();
+  // Last: probes see NOT_SERVING until the shard is gone.
+  if (health_server_) health_server_->Shutdown(std::chrono::system_clock::now());
 }
 
 void ShardServer::Wait() { server_->Wait(); }

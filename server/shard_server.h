@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_security.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http_server.h"
 #include "server/checkpoint.h"
@@ -60,6 +61,14 @@ struct ShardServerOptions {
   size_t max_chunks = ShardStoreOptions().max_chunks;
   uint64_t max_param_bytes = ShardStoreOptions().max_param_bytes;
   uint64_t max_chunk_bytes = ShardStoreOptions().max_chunk_bytes;
+  // gRPC transport security (common/grpc_security.h): cert + key serve
+  // TLS, with ca as well every client must present a certificate of that CA.
+  TlsFiles tls;
+  // Non-empty: every call of every service except health must carry it.
+  std::string job_token;
+  // grpc.health.v1 alone, plaintext and without a token, on this port too
+  // (-1 off, 0 ephemeral): for probes that cannot do TLS or send a token.
+  int health_port = -1;
 };
 
 // One shard: a ShardStore behind one ShardService, framed by the gRPC
@@ -73,6 +82,8 @@ class ShardServer {
   ~ShardServer();
 
   int port() const { return port_; }
+  // The bound health-only port, or -1 when disabled.
+  int health_port() const { return health_server_ ? health_port_ : -1; }
   // The bound metrics port, or -1 when disabled.
   int metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
   // The version the shard was restored from (0: started empty).
@@ -111,6 +122,8 @@ class ShardServer {
   std::unique_ptr<ControlServiceImpl> control_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::unique_ptr<grpc::Server> health_server_;  // null without options.health_port
+  int health_port_ = 0;
   bool shut_down_ = false;
   // Liveness monitor: applies the worker-loss policy.
   absl::Mutex monitor_mutex_;

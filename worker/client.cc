@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/grpc_security.h"
 #include "common/partitioner.h"
 #include "worker/chunk_codec.h"
 #include "worker/control_client.h"
@@ -225,14 +226,36 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() = default;
 
+namespace {
+
+// A plaintext client reaches a TLS shard's port, but the shard drops the
+// connection at its first bytes: the first call fails UNAVAILABLE with
+// gRPC's bare "Socket closed". Say what is the likely cause.
+absl::Status ExplainPlaintextFailure(const absl::Status& status, const ClientOptions& options) {
+  if (!absl::IsUnavailable(status) || !options.tls_ca_file.empty()) return status;
+  return absl::UnavailableError(
+      absl::StrCat(status.message(),
+                   " (this client speaks plaintext: the shard may require TLS, pass --tls_ca)"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   if (auto status = CheckOptions(options, true); !status.ok()) return status;
   auto codec = ChunkCodec::Create(options.codec, options.pull_codec, options.compress_min_bytes);
   if (!codec.ok()) return codec.status();
+  ChannelSecurity security;
+  TlsFiles tls{options.tls_cert_file, options.tls_key_file, options.tls_ca_file};
+  if (tls.enabled()) {
+    auto credentials = MakeChannelCredentials(tls);
+    if (!credentials.ok()) return credentials.status();
+    security.credentials = *credentials;
+  }
+  security.job_token = options.auth_token;
   const absl::Time connect_deadline = absl::Now() + options.connect_timeout;
-  auto control =
-      GrpcControlClient::Connect(options.servers, options.connect_timeout, options.rpc_timeout);
-  if (!control.ok()) return control.status();
+  auto control = GrpcControlClient::Connect(options.servers, options.connect_timeout,
+                                            options.rpc_timeout, security);
+  if (!control.ok()) return ExplainPlaintextFailure(control.status(), options);
   GrpcControlClient* grpc_control = control->get();
   std::vector<ShardLink> links;
   for (int shard = 0; shard < grpc_control->num_shards(); ++shard) {
@@ -248,10 +271,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   auto transports =
       CreateShardTransports(options.transport, absl::StrCat("harrier-worker-", options.worker_name),
                             links, connect_deadline);
-  if (!transports.ok()) return transports.status();
+  if (!transports.ok()) return ExplainPlaintextFailure(transports.status(), options);
   auto impl = std::make_unique<Impl>(options, std::move(*control), std::move(*transports),
                                      std::move(*codec));
-  if (auto status = impl->Register(); !status.ok()) return status;
+  if (auto status = impl->Register(); !status.ok()) {
+    return ExplainPlaintextFailure(status, options);
+  }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 

@@ -70,6 +70,17 @@ struct ClientOptions {
   // busy threads before an async operation is refused: its Wait() returns
   // RESOURCE_EXHAUSTED.
   size_t max_queued_calls = 4096;
+  // Transport security of every gRPC channel (control and gRPC data), PEM
+  // file paths: tls_ca_file alone = TLS, the shards' certificates must chain
+  // to it and name the host dialled; with tls_cert_file and tls_key_file
+  // the worker also presents its certificate (shards with --tls_ca require
+  // one). All empty: plaintext.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The job token (the contents of --auth_token_file), sent on every call;
+  // empty: none.
+  std::string auth_token;
 };
 
 class ControlClient;   // worker/control_client.h

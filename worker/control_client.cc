@@ -1,11 +1,13 @@
 #include "worker/control_client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_limits.h"
+#include "common/grpc_security.h"
 #include "common/grpc_status.h"
 #include "proto/harrier.grpc.pb.h"
 
@@ -16,6 +18,49 @@ namespace {
 // delay the heartbeats of the live ones by a whole rpc_timeout.
 constexpr absl::Duration kHeartbeatDeadline = absl::Seconds(2);
 constexpr absl::Duration kProbeDeadline = absl::Seconds(1);
+
+// Adds the job token to the metadata of every call made on a channel. An
+// interceptor rather than call credentials: gRPC sends call credentials only
+// over TLS, and the token must also work on plaintext channels.
+class JobTokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit JobTokenInterceptor(const std::string* token) : token_(token) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({std::string(kJobTokenMetadataKey), *token_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* const token_;  // the factory's, which the channel owns
+};
+
+class JobTokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit JobTokenInterceptorFactory(std::string token) : token_(std::move(token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new JobTokenInterceptor(&token_);
+  }
+
+ private:
+  const std::string token_;
+};
+
+std::shared_ptr<grpc::Channel> OpenChannel(const std::string& target,
+                                           const grpc::ChannelArguments& args,
+                                           const ChannelSecurity& security) {
+  const std::shared_ptr<grpc::ChannelCredentials> credentials =
+      security.credentials ? security.credentials : grpc::InsecureChannelCredentials();
+  if (security.job_token.empty()) return grpc::CreateCustomChannel(target, credentials, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<JobTokenInterceptorFactory>(security.job_token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args,
+                                                                 std::move(interceptors));
+}
 
 }  // namespace
 
@@ -32,18 +77,20 @@ GrpcControlClient::~GrpcControlClient() = default;
 
 absl::StatusOr<std::unique_ptr<GrpcControlClient>> GrpcControlClient::Connect(
     const std::vector<std::string>& servers, absl::Duration connect_timeout,
-    absl::Duration rpc_timeout) {
+    absl::Duration rpc_timeout, const ChannelSecurity& security) {
   std::unique_ptr<GrpcControlClient> client(new GrpcControlClient(servers, rpc_timeout));
   const auto args = MakeChannelArguments();
   const absl::Time deadline = absl::Now() + connect_timeout;
   for (size_t i = 0; i < servers.size(); ++i) {
     auto shard = std::make_unique<Shard>();
-    shard->channel =
-        grpc::CreateCustomChannel(servers[i], grpc::InsecureChannelCredentials(), args);
+    shard->channel = OpenChannel(servers[i], args, security);
     if (!shard->channel->WaitForConnected(absl::ToChronoTime(deadline))) {
-      return absl::UnavailableError(absl::StrCat("cannot connect to ",
-                                                 client->ShardName(static_cast<int>(i)), " within ",
-                                                 absl::FormatDuration(connect_timeout)));
+      return absl::UnavailableError(absl::StrCat(
+          "cannot connect to ", client->ShardName(static_cast<int>(i)), " within ",
+          absl::FormatDuration(connect_timeout),
+          security.credentials ? " (TLS: is the shard serving TLS, and does its certificate "
+                                 "chain to --tls_ca and name this host?)"
+                               : ""));
     }
     shard->parameters = proto::ParameterService::NewStub(shard->channel);
     if (i == 0) shard->control = proto::ControlService::NewStub(shard->channel);
@@ -125,9 +172,8 @@ absl::Status GrpcControlClient::ShardHeartbeat(int shard, const proto::Heartbeat
   });
 }
 
-absl::StatusOr<std::string> GrpcControlClient::GetTransportAddress(int shard,
-                                                                   const std::string& transport,
-                                                                   absl::Time deadline) {
+absl::StatusOr<transport::PeerAddress> GrpcControlClient::GetTransportAddress(
+    int shard, const std::string& transport, absl::Time deadline) {
   proto::TransportAddressRequest request;
   request.set_transport(transport);
   proto::TransportAddressResponse response;
@@ -135,7 +181,7 @@ absl::StatusOr<std::string> GrpcControlClient::GetTransportAddress(int shard,
     return shards_[shard]->parameters->GetTransportAddress(c, request, &response);
   });
   if (!status.ok()) return status;
-  return response.address();
+  return transport::PeerAddress{response.address(), response.hello_secret()};
 }
 
 bool GrpcControlClient::ShardReachable(int shard) {

@@ -21,10 +21,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/transport/framing.h"
 #include "proto/harrier.pb.h"
 
 namespace grpc {
 class Channel;
+class ChannelCredentials;
 }  // namespace grpc
 
 namespace harrier {
@@ -51,16 +53,27 @@ class ControlClient {
   // The liveness heartbeat every shard gets from the background loop.
   virtual absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
                                       absl::Time deadline) = 0;
-  // The shard's address for a data-path backend ("ucx"), by `deadline`.
-  virtual absl::StatusOr<std::string> GetTransportAddress(int shard, const std::string& transport,
-                                                          absl::Time deadline) = 0;
+  // The shard's address for a data-path backend ("ucx"), with the secret
+  // its hello must carry, by `deadline`.
+  virtual absl::StatusOr<transport::PeerAddress> GetTransportAddress(
+      int shard, const std::string& transport, absl::Time deadline) = 0;
   // False only if the shard answers UNAVAILABLE to a side-effect-free RPC
   // within a second: it is down (a channel's state alone can stay READY for
   // seconds after a crash).
   virtual bool ShardReachable(int shard) = 0;
 };
 
-// Over gRPC: one channel per shard, shared with the gRPC data path.
+// How the channels to the shards are secured; the default is plaintext
+// without a token, as before security existed.
+struct ChannelSecurity {
+  // Null: plaintext. Else e.g. from MakeChannelCredentials (TLS).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Non-empty: sent as metadata on every call of every channel.
+  std::string job_token;
+};
+
+// Over gRPC: one channel per shard, shared with the gRPC data path, so every
+// call of the worker (control and data) goes with the same credentials.
 class GrpcControlClient : public ControlClient {
  public:
   // Opens a channel to every server (shard 0 first) and waits until each
@@ -68,7 +81,7 @@ class GrpcControlClient : public ControlClient {
   // connect_timeout.
   static absl::StatusOr<std::unique_ptr<GrpcControlClient>> Connect(
       const std::vector<std::string>& servers, absl::Duration connect_timeout,
-      absl::Duration rpc_timeout);
+      absl::Duration rpc_timeout, const ChannelSecurity& security = {});
   ~GrpcControlClient() override;
 
   // The shard's channel, for the gRPC data path (transport_factory.h).
@@ -83,8 +96,9 @@ class GrpcControlClient : public ControlClient {
   absl::Status Leave(int shard, const proto::LeaveRequest& request) override;
   absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
                               absl::Time deadline) override;
-  absl::StatusOr<std::string> GetTransportAddress(int shard, const std::string& transport,
-                                                  absl::Time deadline) override;
+  absl::StatusOr<transport::PeerAddress> GetTransportAddress(int shard,
+                                                             const std::string& transport,
+                                                             absl::Time deadline) override;
   bool ShardReachable(int shard) override;
 
  private:

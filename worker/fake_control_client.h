@@ -80,9 +80,9 @@ class FakeControlClient : public ControlClient {
     requests_.shard_heartbeats.emplace_back(shard, request);
     return absl::OkStatus();
   }
-  absl::StatusOr<std::string> GetTransportAddress(int shard, const std::string&,
-                                                  absl::Time) override {
-    return absl::StrCat("fake:", shard);
+  absl::StatusOr<transport::PeerAddress> GetTransportAddress(int shard, const std::string&,
+                                                             absl::Time) override {
+    return transport::PeerAddress{absl::StrCat("fake:", shard), ""};
   }
   bool ShardReachable(int) override { return true; }
 

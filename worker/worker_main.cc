@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
+#include "common/grpc_security.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http_server.h"
 #include "common/process.h"
@@ -64,6 +65,15 @@ ABSL_FLAG(int, metrics_port, -1,
 ABSL_FLAG(int, connect_timeout_s, 30, "How long to wait for every shard to be reachable.");
 ABSL_FLAG(std::string, transport, "grpc",
           "Data path of pushes and pulls: grpc|ucx (ucx needs servers started with --ucx).");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificates the shards' certificates must chain to: with it every gRPC "
+          "channel uses TLS.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate (with --tls_key and --tls_ca), for shards that require one.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the job token (trailing newline stripped; not readable by others), sent "
+          "with every call.");
 
 namespace {
 
@@ -123,6 +133,14 @@ int main(int argc, char** argv) {
   client_options.compress_min_bytes = std::max(0, absl::GetFlag(FLAGS_compress_min_bytes));
   client_options.chunk_bytes = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_chunk_kib)))
                                << 10;
+  client_options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  client_options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  client_options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  if (const std::string token_file = absl::GetFlag(FLAGS_auth_token_file); !token_file.empty()) {
+    auto token = harrier::ReadJobTokenFile(token_file);
+    if (!token.ok()) return Fail(std::string(token.status().message()));
+    client_options.auth_token = *token;
+  }
 
   auto train = harrier::workload::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir),
                                                    harrier::workload::Split::kTrain);

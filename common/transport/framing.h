@@ -8,7 +8,8 @@
 // shard, replies to kReplyAmId on the client.
 //
 //   client                               shard
-//   kHello(conn, data = worker address) ->  creates an endpoint back
+//   kHello(conn, body = hello secret,   ->  checks the secret, creates an
+//          data = worker address)            endpoint back
 //                                       <-  kStatus(count = 0)
 //   kPush / kPushPull frame i of n      ->  (one per chunk; body = chunk
 //                                            header, data = payload)
@@ -42,6 +43,13 @@ constexpr uint32_t kFrameMagic = 0x31585248;  // "HRX1" little-endian
 constexpr size_t kFrameBytes = 48;
 // Most chunks one call may carry; the same bound as the gRPC service.
 constexpr uint32_t kMaxChunksPerCall = 256;
+
+// What a client needs to connect to a shard's UCX worker, from
+// GetTransportAddress over the (authenticated) gRPC channel.
+struct PeerAddress {
+  std::string address;       // the shard's UCP worker address (bytes)
+  std::string hello_secret;  // goes in the hello's body; empty: none asked
+};
 
 enum class Op : uint16_t {
   kHello = 1,

@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sys/random.h>
+
 #include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_security.h"
 #include "spdlog/spdlog.h"
 
 namespace harrier {
@@ -85,6 +90,8 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(ShardService* servic
                                                             const UcxServerOptions& options) {
   std::unique_ptr<UcxServer> server(new UcxServer());
   server->service_ = service;
+  // Set before the worker can deliver a hello; never changed after.
+  server->require_hello_secret_ = options.require_hello_secret;
   auto worker = transport::UcxWorker::Start(
       absl::StrCat("harrier-shard-", options.shard),
       {{transport::kRequestAmId, &UcxServer::OnRequest, server.get()}});
@@ -95,6 +102,37 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(ShardService* servic
 }
 
 UcxServer::~UcxServer() { Shutdown(); }
+
+std::string UcxServer::IssueHelloSecret() {
+  unsigned char bytes[32];
+  size_t filled = 0;
+  while (filled < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
+    // getrandom(2) blocks until the pool is ready and fails only on EINTR.
+    if (n > 0) filled += static_cast<size_t>(n);
+  }
+  std::string secret = absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+  absl::MutexLock lock(&secrets_mutex_);
+  if (secrets_.size() >= kMaxSecrets) secrets_.pop_front();
+  secrets_.emplace_back(secret, absl::Now() + kSecretLifetime);
+  return secret;
+}
+
+bool UcxServer::TakeHelloSecret(const std::string& secret) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&secrets_mutex_);
+  while (!secrets_.empty() && secrets_.front().second < now) secrets_.pop_front();
+  // Every entry is compared, in constant time each, so the time taken does
+  // not say how much of a guess matched.
+  auto found = secrets_.end();
+  for (auto it = secrets_.begin(); it != secrets_.end(); ++it) {
+    if (ConstantTimeEquals(it->first, secret) && found == secrets_.end()) found = it;
+  }
+  if (found == secrets_.end()) return false;
+  secrets_.erase(found);
+  return true;
+}
 
 void UcxServer::Shutdown() {
   if (stopping_.exchange(true)) return;
@@ -183,7 +221,7 @@ ucs_status_t UcxServer::OnRequest(void* arg, const void* header, size_t header_l
 void UcxServer::OnFrame(const Frame& frame, std::string body, transport::PayloadBuffer data,
                         absl::Status data_status, size_t data_length) {
   if (frame.op == Op::kHello) {
-    OnHello(frame, std::string(data.view()));
+    OnHello(frame, body, std::string(data.view()));
     return;
   }
   if (peers_.count(frame.connection_id) == 0) {
@@ -230,8 +268,18 @@ void UcxServer::OnFrame(const Frame& frame, std::string body, transport::Payload
   }
 }
 
-void UcxServer::OnHello(const Frame& frame, const std::string& address) {
+void UcxServer::OnHello(const Frame& frame, const std::string& secret,
+                        const std::string& address) {
   if (stopping_) return;
+  // Refused without an endpoint back: a client that never fetched the
+  // address over the authenticated gRPC channel learns nothing, and the
+  // connection's id stays unknown to the shard, so its later frames are
+  // dropped as coming from an unknown connection.
+  if (require_hello_secret_ && (secret.empty() || !TakeHelloSecret(secret))) {
+    spdlog::warn("ucx hello refused connection={}: missing, wrong or expired hello secret",
+                 frame.connection_id);
+    return;
+  }
   auto old = peers_.find(frame.connection_id);
   if (old != peers_.end()) {
     worker_->CloseEndpoint(old->second->ep);

@@ -4,6 +4,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +27,10 @@ namespace harrier {
 
 struct UcxServerOptions {
   int shard = 0;  // names the UCX worker
+  // A hello must carry a secret from IssueHelloSecret, so that only clients
+  // that fetched the address over the gRPC channel (which checks TLS and the
+  // job token) get an endpoint. Off: any hello is accepted, as before.
+  bool require_hello_secret = false;
 };
 
 // UCP active-message framing of a shard (common/transport/framing.h has the
@@ -46,6 +51,11 @@ class UcxServer {
   // The worker address clients connect to (bytes).
   const std::string& address() const { return address_; }
 
+  // A fresh random secret that one hello may use within kSecretLifetime
+  // (consumed by it). At most kMaxSecrets are outstanding; the oldest goes
+  // first. Any thread.
+  std::string IssueHelloSecret();
+
   // Stops taking requests, cancels the running ones and waits (at most
   // kDrainTimeout) for the service to answer them, then closes every
   // endpoint. Shut the ShardService down first and nothing is left to wait
@@ -59,6 +69,8 @@ class UcxServer {
   using RequestKey = std::pair<uint64_t, uint64_t>;  // connection, request
 
   static constexpr absl::Duration kDrainTimeout = absl::Seconds(10);
+  static constexpr absl::Duration kSecretLifetime = absl::Seconds(120);
+  static constexpr size_t kMaxSecrets = 4096;
 
   UcxServer() = default;
 
@@ -69,7 +81,10 @@ class UcxServer {
   // `data` holds the AM data, or is empty with `data_status` saying why.
   void OnFrame(const transport::Frame& frame, std::string body, transport::PayloadBuffer data,
                absl::Status data_status, size_t data_length);
-  void OnHello(const transport::Frame& frame, const std::string& address);
+  void OnHello(const transport::Frame& frame, const std::string& secret,
+               const std::string& address);
+  // Consumes `secret` if it was issued and has not expired.
+  bool TakeHelloSecret(const std::string& secret);
   void OnChunk(const transport::Frame& frame, const std::string& body,
                transport::PayloadBuffer data, absl::Status frame_status);
   // Hands a complete request to the service; `pushed` is null for a pull
@@ -103,6 +118,11 @@ class UcxServer {
 
   std::string address_;
   std::unique_ptr<transport::UcxWorker> worker_;
+  bool require_hello_secret_ = false;
+
+  // Issued hello secrets and when each expires, oldest first.
+  absl::Mutex secrets_mutex_;
+  std::deque<std::pair<std::string, absl::Time>> secrets_ ABSL_GUARDED_BY(secrets_mutex_);
 };
 
 }  // namespace harrier

@@ -11,11 +11,12 @@
 namespace harrier::testing {
 
 absl::StatusOr<std::unique_ptr<RawUcxClient>> RawUcxClient::Connect(
-    const std::string& grpc_address) {
+    const std::string& grpc_address, const RawUcxHello& options) {
   auto stub = proto::ParameterService::NewStub(
       grpc::CreateChannel(grpc_address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!options.job_token.empty()) context.AddMetadata("harrier-job-token", options.job_token);
   proto::TransportAddressRequest request;
   request.set_transport("ucx");
   proto::TransportAddressResponse response;
@@ -50,7 +51,9 @@ absl::StatusOr<std::unique_ptr<RawUcxClient>> RawUcxClient::Connect(
   transport::Frame hello;
   hello.op = transport::Op::kHello;
   hello.payload_bytes = client->worker_->address().size();
-  if (auto status = client->Call(hello, "", client->worker_->address()); !status.ok()) {
+  const std::string secret = options.replace_secret ? options.secret : response.hello_secret();
+  if (auto status = client->Call(hello, secret, client->worker_->address(), options.timeout);
+      !status.ok()) {
     return status;
   }
   return client;

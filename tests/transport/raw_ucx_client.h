@@ -18,11 +18,22 @@
 
 namespace harrier::testing {
 
+// How RawUcxClient::Connect says hello to a shard with a job token.
+struct RawUcxHello {
+  std::string job_token;  // sent with GetTransportAddress; empty: none
+  // Replace the secret GetTransportAddress issued by `secret` (empty: a
+  // hello without one).
+  bool replace_secret = false;
+  std::string secret;
+  absl::Duration timeout = absl::Seconds(10);  // for the hello's reply
+};
+
 // Thread-compatible: one call at a time.
 class RawUcxClient {
  public:
   // Fetches the shard's UCX address over gRPC and says hello.
-  static absl::StatusOr<std::unique_ptr<RawUcxClient>> Connect(const std::string& grpc_address);
+  static absl::StatusOr<std::unique_ptr<RawUcxClient>> Connect(const std::string& grpc_address,
+                                                               const RawUcxHello& hello = {});
   ~RawUcxClient();
 
   // Sends one request AM: header = `frame` (connection and request ids

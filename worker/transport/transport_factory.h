@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/transport/framing.h"
 #include "worker/transport/transport.h"
 
 namespace grpc {
@@ -26,9 +27,11 @@ struct ShardLink {
   std::string name;  // "shard i (host:port)", for error messages
   // The shard's gRPC channel (the grpc backend sends over it).
   std::shared_ptr<grpc::Channel> channel;
-  // The shard's current address for a backend ("ucx"), by a deadline; asked
-  // again to reconnect after the shard restarted.
-  std::function<absl::StatusOr<std::string>(const std::string& backend, absl::Time deadline)>
+  // The shard's current address for a backend ("ucx") and its hello
+  // secret, by a deadline; asked again to reconnect after the shard
+  // restarted (a secret serves one hello).
+  std::function<absl::StatusOr<transport::PeerAddress>(const std::string& backend,
+                                                       absl::Time deadline)>
       address;
   // False when the shard is down; polled by backends that cannot detect a
   // dead peer themselves (UCX over shared memory).

@@ -114,7 +114,7 @@ UcxClientContext::~UcxClientContext() {
 
 absl::StatusOr<std::unique_ptr<UcxShardTransport>> UcxClientContext::Connect(
     std::shared_ptr<UcxClientContext> context, const std::string& peer_name,
-    const std::string& address, absl::Time deadline, std::function<bool()> peer_alive,
+    const transport::PeerAddress& address, absl::Time deadline, std::function<bool()> peer_alive,
     UcxAddressProvider address_provider) {
   auto peer = context->ConnectPeer(peer_name, address, deadline, peer_alive);
   if (!peer.ok()) return peer.status();
@@ -123,8 +123,9 @@ absl::StatusOr<std::unique_ptr<UcxShardTransport>> UcxClientContext::Connect(
 }
 
 absl::StatusOr<std::shared_ptr<UcxPeer>> UcxClientContext::ConnectPeer(
-    const std::string& peer_name, const std::string& address, absl::Time deadline,
+    const std::string& peer_name, const transport::PeerAddress& peer_address, absl::Time deadline,
     std::function<bool()> peer_alive) {
+  const std::string& address = peer_address.address;
   auto peer = std::make_shared<UcxPeer>();
   peer->peer_alive = std::move(peer_alive);
   peer->context = this;
@@ -156,7 +157,10 @@ absl::StatusOr<std::shared_ptr<UcxPeer>> UcxClientContext::ConnectPeer(
   frame.payload_bytes = worker_->address().size();
   frame.arg = TimeoutMs(deadline);
   std::vector<Message> messages;
-  messages.push_back({transport::EncodeHeader(frame, {}), worker_->address().data(),
+  // The secret rides in the hello's body, so the frame format is unchanged
+  // and a shard that asks for none ignores it.
+  messages.push_back({transport::EncodeHeader(frame, peer_address.hello_secret),
+                      worker_->address().data(),
                       worker_->address().size()});
   CallCanceller canceller;
   absl::Status status =

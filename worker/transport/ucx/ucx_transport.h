@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/transport/framing.h"
 #include "common/transport/ucx_worker.h"
 #include "worker/transport/transport.h"
 
@@ -22,10 +23,11 @@ class UcxShardTransport;
 struct UcxPeer;
 struct UcxCall;
 
-// Fetches a shard's current UCX worker address (GetTransportAddress over
-// gRPC), giving up by `deadline`. Used to reconnect after the shard failed:
-// a restarted shard has a new address.
-using UcxAddressProvider = std::function<absl::StatusOr<std::string>(absl::Time deadline)>;
+// Fetches a shard's current UCX worker address and a fresh hello secret
+// (GetTransportAddress over gRPC), giving up by `deadline`. Used to
+// reconnect after the shard failed: a restarted shard has a new address.
+using UcxAddressProvider =
+    std::function<absl::StatusOr<transport::PeerAddress>(absl::Time deadline)>;
 
 // One UCP worker and progress thread shared by a Client's shard transports.
 // The progress thread runs the reply handler and completions; calling
@@ -46,7 +48,7 @@ class UcxClientContext {
   // shard has failed: see UcxShardTransport.
   static absl::StatusOr<std::unique_ptr<UcxShardTransport>> Connect(
       std::shared_ptr<UcxClientContext> context, const std::string& peer_name,
-      const std::string& address, absl::Time deadline,
+      const transport::PeerAddress& address, absl::Time deadline,
       std::function<bool()> peer_alive = nullptr, UcxAddressProvider address_provider = nullptr);
 
  private:
@@ -59,10 +61,11 @@ class UcxClientContext {
 
   UcxClientContext() = default;
 
-  // Opens an endpoint to `address` and says hello; on failure the new
-  // peer's endpoint is closed again (on the progress thread).
+  // Opens an endpoint to `address` and says hello with its secret; on
+  // failure the new peer's endpoint is closed again (on the progress
+  // thread).
   absl::StatusOr<std::shared_ptr<UcxPeer>> ConnectPeer(const std::string& peer_name,
-                                                       const std::string& address,
+                                                       const transport::PeerAddress& address,
                                                        absl::Time deadline,
                                                        std::function<bool()> peer_alive);
 
