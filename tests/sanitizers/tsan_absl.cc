@@ -33,11 +33,29 @@ Fn Real(const char* symbol) {
   return reinterpret_cast<Fn>(address);
 }
 
+// Abseil evaluates a Condition with the mutex held, but inside its own
+// code, on the waiting thread or on whichever thread unlocks: the
+// predicate's reads need the mutex's edges too, so the wrapper acquires
+// before and releases after each evaluation. Lives on the waiter's stack
+// for the duration of the call.
+struct GuardedCondition {
+  const absl::Condition* condition;
+  absl::Mutex* mutex;
+
+  static bool Eval(GuardedCondition* self) {
+    __tsan_acquire(self->mutex);
+    const bool met = self->condition->Eval();
+    __tsan_release(self->mutex);
+    return met;
+  }
+};
+
 }  // namespace
 
 // The names are Abseil's own, so a new Abseil ABI (another inline
 // namespace) fails loudly in Real() rather than silently losing the edges.
 #define HARRIER_ABSL "_ZN4absl7debian3"
+#define HARRIER_ABSL_CONST "_ZNK4absl7debian3"  // const member functions
 
 namespace absl {
 
@@ -75,14 +93,16 @@ void Mutex::ReaderUnlock() {
 void Mutex::LockWhen(const Condition& cond) {
   static const auto real =
       Real<void (*)(Mutex*, const Condition&)>(HARRIER_ABSL "5Mutex8LockWhenERKNS0_9ConditionE");
-  real(this, cond);
+  GuardedCondition guarded{&cond, this};
+  real(this, Condition(&GuardedCondition::Eval, &guarded));
   __tsan_acquire(this);
 }
 
 bool Mutex::LockWhenWithDeadline(const Condition& cond, absl::Time deadline) {
   static const auto real = Real<bool (*)(Mutex*, const Condition&, absl::Time)>(
       HARRIER_ABSL "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const bool met = real(this, cond, deadline);
+  GuardedCondition guarded{&cond, this};
+  const bool met = real(this, Condition(&GuardedCondition::Eval, &guarded), deadline);
   __tsan_acquire(this);  // held either way
   return met;
 }
@@ -90,7 +110,8 @@ bool Mutex::LockWhenWithDeadline(const Condition& cond, absl::Time deadline) {
 bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
   static const auto real = Real<bool (*)(Mutex*, const Condition&, absl::Duration)>(
       HARRIER_ABSL "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool met = real(this, cond, timeout);
+  GuardedCondition guarded{&cond, this};
+  const bool met = real(this, Condition(&GuardedCondition::Eval, &guarded), timeout);
   __tsan_acquire(this);
   return met;
 }
@@ -100,7 +121,8 @@ void Mutex::Await(const Condition& cond) {
   static const auto real =
       Real<void (*)(Mutex*, const Condition&)>(HARRIER_ABSL "5Mutex5AwaitERKNS0_9ConditionE");
   __tsan_release(this);
-  real(this, cond);
+  GuardedCondition guarded{&cond, this};
+  real(this, Condition(&GuardedCondition::Eval, &guarded));
   __tsan_acquire(this);
 }
 
@@ -108,7 +130,8 @@ bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
   static const auto real = Real<bool (*)(Mutex*, const Condition&, absl::Time)>(
       HARRIER_ABSL "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   __tsan_release(this);
-  const bool met = real(this, cond, deadline);
+  GuardedCondition guarded{&cond, this};
+  const bool met = real(this, Condition(&GuardedCondition::Eval, &guarded), deadline);
   __tsan_acquire(this);
   return met;
 }
@@ -117,7 +140,8 @@ bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
   static const auto real = Real<bool (*)(Mutex*, const Condition&, absl::Duration)>(
       HARRIER_ABSL "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   __tsan_release(this);
-  const bool met = real(this, cond, timeout);
+  GuardedCondition guarded{&cond, this};
+  const bool met = real(this, Condition(&GuardedCondition::Eval, &guarded), timeout);
   __tsan_acquire(this);
   return met;
 }
@@ -156,14 +180,14 @@ void Notification::Notify() {
 
 void Notification::WaitForNotification() const {
   static const auto real =
-      Real<void (*)(const Notification*)>(HARRIER_ABSL "12Notification19WaitForNotificationEv");
+      Real<void (*)(const Notification*)>(HARRIER_ABSL_CONST "12Notification19WaitForNotificationEv");
   real(this);
   __tsan_acquire(const_cast<Notification*>(this));
 }
 
 bool Notification::WaitForNotificationWithTimeout(absl::Duration timeout) const {
   static const auto real = Real<bool (*)(const Notification*, absl::Duration)>(
-      HARRIER_ABSL "12Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
+      HARRIER_ABSL_CONST "12Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
   const bool notified = real(this, timeout);
   if (notified) __tsan_acquire(const_cast<Notification*>(this));
   return notified;
@@ -171,7 +195,7 @@ bool Notification::WaitForNotificationWithTimeout(absl::Duration timeout) const 
 
 bool Notification::WaitForNotificationWithDeadline(absl::Time deadline) const {
   static const auto real = Real<bool (*)(const Notification*, absl::Time)>(
-      HARRIER_ABSL "12Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
+      HARRIER_ABSL_CONST "12Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
   const bool notified = real(this, deadline);
   if (notified) __tsan_acquire(const_cast<Notification*>(this));
   return notified;
@@ -186,5 +210,16 @@ extern "C" const char* __tsan_default_suppressions() {
       // Abseil's Mutex deadlock detector keeps its graph (GraphCycles) under
       // Abseil's own SpinLock, which is not instrumented either: seen as
       // memmove races inside InsertEdge when gRPC locks its mutexes.
-      "race:synchronization_internal::GraphCycles\n";
+      "race:synchronization_internal::GraphCycles\n"
+      // gRPC hands our request and reply objects between its threads through
+      // its own (uninstrumented) queues; TSan then sees gRPC's free() of a
+      // buffer Harrier's thread allocated with no ordering between them.
+      "race:libgrpc.so\n"
+      // The same hand-off for absl::Status: its payload is copied, compared
+      // and freed inside libabsl_status (uninstrumented) on gRPC's threads.
+      "race:libabsl_status.so\n"
+      // gRPC's callback API runs a unary reactor's OnDone (which deletes it)
+      // after its Finish callback, ordered inside gRPC's core: a vptr race
+      // between the two in grpcpp's inline handler code.
+      "race:grpc::internal::CallbackUnaryHandler\n";
 }
