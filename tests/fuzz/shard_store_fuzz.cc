@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -125,7 +127,8 @@ class Harness {
     const State before = state_;
     bool refused = false;
     bool restored = false;
-    switch (in_.Below(7)) {
+    const uint32_t op = in_.Below(7);
+    switch (op) {
       case 0: refused = !Init(); break;
       case 1: refused = !Push(/*compressed=*/false); break;
       case 2: refused = !Push(/*compressed=*/true); break;
@@ -135,6 +138,7 @@ class Harness {
       default: store_->Heartbeat(in_.Below(options_.num_workers + 1)).IgnoreError(); break;
     }
     state_ = State::Of(*store_);
+    if (trace_) Trace(op, refused);
     for (int i = 0; i < kNumSlots; ++i) {
       for (float v : state_.values[i]) Check(std::isfinite(v));
       if (refused) {
@@ -279,6 +283,17 @@ class Harness {
     }
   }
 
+  // HARRIER_FUZZ_TRACE=1: one line per call, to read a crash input.
+  void Trace(uint32_t op, bool refused) const {
+    std::fprintf(stderr, "op=%u refused=%d", op, refused);
+    for (int i = 0; i < kNumSlots; ++i) {
+      std::fprintf(stderr, " %s/%u:", kSlots[i].key, kSlots[i].chunk);
+      for (int64_t p : state_.pushed[i]) std::fprintf(stderr, "%lld,", static_cast<long long>(p));
+    }
+    std::fprintf(stderr, "\n");
+  }
+
+  const bool trace_ = std::getenv("HARRIER_FUZZ_TRACE") != nullptr;
   Input& in_;
   harrier::ShardStoreOptions options_;
   harrier::OptimizerOptions optimizer_;
