@@ -8,7 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils libabsl-dev libspdlog-dev libfmt-dev catch2 zlib1g-dev
   libopenblas-dev dataset-fashion-mnist prometheus-cpp-dev
-  clang-14
+  clang-14 libclang-rt-14-dev libfuzzer-14-dev
   yamllint nodejs npm kubectl
 )
 

@@ -137,7 +137,9 @@ class Decoder {
     std::vector<float> v;
     if (!ok()) return v;
     v.resize(n);
-    if (kLittleEndianHost) {
+    // n == 0 (an empty optimizer state) leaves v.data() null, and memcpy
+    // from or to null is undefined even for 0 bytes (UBSan, fuzzing).
+    if (kLittleEndianHost && n > 0) {
       std::memcpy(v.data(), data_.data() + pos_, n * sizeof(float));
       pos_ += n * sizeof(float);
     } else {
@@ -156,7 +158,7 @@ class Decoder {
     std::vector<T> v;
     if (!ok()) return v;
     v.resize(n);
-    if (kLittleEndianHost) {
+    if (kLittleEndianHost && n > 0) {  // v.data() is null when n == 0, as in Floats
       std::memcpy(v.data(), data_.data() + pos_, n * sizeof(T));
       pos_ += n * sizeof(T);
     } else {

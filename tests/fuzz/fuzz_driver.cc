@@ -4,9 +4,14 @@
 // A crash, an abort or a sanitizer report fails the test; any return value
 // of the target is fine. Build the same target with clang -fsanitize=fuzzer
 // for open-ended fuzzing (see tests/fuzz/README.md).
+//
+// `--write_seeds=DIR` writes the seeds as files DIR/seed-<i> instead, the
+// start of a libFuzzer corpus (tests/fuzz/make_corpus.sh).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,7 +19,30 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 std::vector<std::string> FuzzSeeds();
 
+namespace {
+
+int WriteSeeds(const std::string& dir) {
+  const std::vector<std::string> seeds = FuzzSeeds();
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    const std::string path = dir + "/seed-" + std::to_string(i);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(seeds[i].data(), static_cast<std::streamsize>(seeds[i].size()));
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return 1;
+    }
+  }
+  std::printf("%zu seeds written to %s\n", seeds.size(), dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  constexpr char kWriteSeeds[] = "--write_seeds=";
+  if (argc > 1 && std::strncmp(argv[1], kWriteSeeds, sizeof(kWriteSeeds) - 1) == 0) {
+    return WriteSeeds(argv[1] + sizeof(kWriteSeeds) - 1);
+  }
   int iterations = 20000;
   if (argc > 1) iterations = std::atoi(argv[1]);
   std::mt19937_64 rng(20261129);
