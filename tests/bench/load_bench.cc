@@ -707,15 +707,8 @@ int RunLoadBench(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  auto binary = FindServerBinary(options.server_binary);
-  if (!binary.ok()) {
-    std::fprintf(stderr, "harrier-bench load: %s\n",
-                 std::string(binary.status().message()).c_str());
-    return 2;
-  }
-  // As the servers do: without it every multi-megabyte buffer is unmapped
-  // and faulted in again.
-  TuneMallocForLargeBuffers();
+  auto binary = PrepareServerBench("load", options.server_binary);
+  if (!binary.ok()) return 2;
   bool passed = true;
   for (const std::string& sync : options.syncs) {
     passed = RunMode(options, *binary, sync) && passed;

@@ -1,5 +1,9 @@
 #include "tests/bench/server_cluster.h"
 
+#include <cstdio>
+
+#include "common/process.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -187,6 +191,18 @@ ServerCluster::~ServerCluster() {
   StopAll();
   for (const std::string& file : files_) std::remove(file.c_str());
   if (!dir_.empty()) rmdir(dir_.c_str());
+}
+
+absl::StatusOr<std::string> PrepareServerBench(const char* subcommand,
+                                               const std::string& flag_value) {
+  auto binary = FindServerBinary(flag_value);
+  if (!binary.ok()) {
+    std::fprintf(stderr, "harrier-bench %s: %s\n", subcommand,
+                 std::string(binary.status().message()).c_str());
+    return binary;
+  }
+  TuneMallocForLargeBuffers();
+  return binary;
 }
 
 }  // namespace harrier::bench

@@ -23,6 +23,13 @@ namespace harrier::bench {
 // NOT_FOUND names every path tried.
 absl::StatusOr<std::string> FindServerBinary(const std::string& flag_value);
 
+// What every subcommand that starts servers does first: finds the binary
+// (FindServerBinary) and tunes malloc as the servers do, without which every
+// multi-megabyte buffer is unmapped and faulted in again. On error it prints
+// "harrier-bench <subcommand>: <why>" to stderr and returns the status.
+absl::StatusOr<std::string> PrepareServerBench(const char* subcommand,
+                                               const std::string& flag_value);
+
 // `num_shards` servers of one job, shard 0 first, each on an ephemeral
 // port of 127.0.0.1 with its stderr in a log file of a private temporary
 // directory. The destructor stops them (SIGTERM, then SIGKILL after a

@@ -478,15 +478,8 @@ int RunTransportBench(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  auto binary = FindServerBinary(options.server_binary);
-  if (!binary.ok()) {
-    std::fprintf(stderr, "harrier-bench transport: %s\n",
-                 std::string(binary.status().message()).c_str());
-    return 2;
-  }
-  // The same malloc tuning as the servers: without it multi-megabyte
-  // buffers are unmapped and faulted in again on every message.
-  TuneMallocForLargeBuffers();
+  auto binary = PrepareServerBench("transport", options.server_binary);
+  if (!binary.ok()) return 2;
 
   const auto started = BenchClock::now();
   std::vector<Row> rows;
