@@ -239,10 +239,21 @@ function checkPolicy(docs) {
     const c = s.template.spec.containers[0];
     const grpcPort = (c.ports || []).find((p) => p.name === "grpc");
     if (!grpcPort) problems.push("server container has no port named grpc");
+    // With --health_port the gRPC port wants TLS and the token, which
+    // kubelet's probe cannot give: probes go to the plaintext health port.
+    const healthFlag = containerWords(c).map((w) => /^--health_port=(\d+)$/.exec(w)).find((m) => m);
+    let probePort = grpcPort;
+    if (healthFlag) {
+      probePort = (c.ports || []).find((p) => p.name === "health");
+      if (!probePort) problems.push("server runs --health_port but declares no port named health");
+      else if (probePort.containerPort !== Number(healthFlag[1])) problems.push(`server port health ${probePort.containerPort} != --health_port=${healthFlag[1]}`);
+    } else if (tlsOn(data)) {
+      problems.push("server serves TLS (HARRIER_TLS_CERT) but has no --health_port: kubelet's gRPC probe cannot pass");
+    }
     for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
       const p = c[probe];
       if (!p || !p.grpc) problems.push(`server ${probe} must be a grpc probe`);
-      else if (grpcPort && p.grpc.port !== grpcPort.containerPort) problems.push(`server ${probe} port ${p.grpc.port} != grpc port ${grpcPort.containerPort}`);
+      else if (probePort && p.grpc.port !== probePort.containerPort) problems.push(`server ${probe} port ${p.grpc.port} != ${probePort.name} port ${probePort.containerPort}`);
     }
   }
   if (job) {
@@ -268,9 +279,69 @@ function checkPolicy(docs) {
       if (!(sc.capabilities && (sc.capabilities.drop || []).includes("ALL"))) problems.push(`${where} ${c.name}: must drop ALL capabilities`);
       const refs = (c.envFrom || []).map((e) => e.configMapRef && e.configMapRef.name);
       if (!cms[0] || !refs.includes(cms[0].metadata.name)) problems.push(`${where} ${c.name}: must take envFrom the harrier-config ConfigMap`);
+      problems.push(...checkSecretFiles(where, pod, c, data));
     }
   }
   if (overlay) problems.push(...checkOverlay(sts, job));
+  return problems;
+}
+
+// The command line of a container, word by word (the wrapper scripts'
+// text included, split on blanks and backslash-newlines).
+function containerWords(c) {
+  return [].concat(c.command || [], c.args || []).join(" ").split(/[\s\\]+/).filter((w) => w);
+}
+
+function tlsOn(data) {
+  return Boolean(data.HARRIER_TLS_CERT || data.HARRIER_TLS_CA);
+}
+
+// Which Secret (and key) every file the ConfigMap names must come from.
+const SECRET_FILES = {
+  HARRIER_TLS_CERT: ["harrier-tls", "tls.crt"],
+  HARRIER_TLS_KEY: ["harrier-tls", "tls.key"],
+  HARRIER_TLS_CA: ["harrier-tls", "ca.crt"],
+  HARRIER_AUTH_TOKEN_FILE: ["harrier-token", "token"],
+};
+
+// Every certificate, key and token file the ConfigMap points the binaries
+// at is a key of the right Secret, mounted read-only where the path says,
+// readable by the pod's user through the pod's fsGroup and by no one else
+// (harrier refuses a world-readable token file).
+function checkSecretFiles(where, pod, c, data) {
+  const problems = [];
+  for (const [env, [secret, key]] of Object.entries(SECRET_FILES)) {
+    const file = data[env];
+    if (!file) {
+      problems.push(`${where} ${c.name}: ${env} not set in harrier-config (TLS and the job token are on by default)`);
+      continue;
+    }
+    const dir = file.slice(0, file.lastIndexOf("/"));
+    const base = file.slice(file.lastIndexOf("/") + 1);
+    const mount = (c.volumeMounts || []).find((m) => m.mountPath === dir);
+    if (!mount) {
+      problems.push(`${where} ${c.name}: nothing mounted at ${dir} (${env}=${file})`);
+      continue;
+    }
+    if (mount.readOnly !== true) problems.push(`${where} ${c.name}: mount ${dir} must be readOnly`);
+    const volume = (pod.volumes || []).find((v) => v.name === mount.name);
+    const projected = volume && volume.projected;
+    const sources = projected ? projected.sources || [] : volume && volume.secret ? [{ secret: volume.secret }] : [];
+    const item = sources
+      .filter((src) => src.secret && (src.secret.name || src.secret.secretName) === secret)
+      .flatMap((src) => src.secret.items || [])
+      .find((i) => i.key === key && i.path === base);
+    if (!item) {
+      problems.push(`${where} ${c.name}: ${file} is not key ${key} of Secret ${secret}`);
+      continue;
+    }
+    const mode = item.mode !== undefined ? item.mode : projected ? projected.defaultMode : volume.secret.defaultMode;
+    if (mode === undefined || (mode & 0o007) !== 0) problems.push(`${where} ${c.name}: ${file} must not be readable by others (mode ${mode === undefined ? "default 0644" : "0" + mode.toString(8)})`);
+    const sc = pod.securityContext || {};
+    if ((mode === undefined || (mode & 0o040) !== 0) && sc.runAsUser !== 0 && sc.fsGroup === undefined) {
+      problems.push(`${where}: pod must set fsGroup so that uid ${sc.runAsUser} can read ${file} through its group`);
+    }
+  }
   return problems;
 }
 

@@ -129,6 +129,91 @@ check --check=policy --overlay=cpu "${tmp}/policy-bad.yaml" > "${tmp}/out" 2>&1
 expect_reject "reject replicas that disagree with HARRIER_NUM_SHARDS" "${tmp}/out" $? \
   "StatefulSet replicas 3 != HARRIER_NUM_SHARDS 2"
 
+# Secrets: every pod reads its certificates and token from the Secrets,
+# readable through fsGroup only, and the probes avoid the TLS port.
+sed '/^        fsGroup: 65532$/d' "${tmp}/overlays_cpu.yaml" > "${tmp}/secrets-bad.yaml"
+check --check=policy --overlay=cpu "${tmp}/secrets-bad.yaml" > "${tmp}/out" 2>&1
+expect_reject "reject pods without fsGroup for the 0440 Secrets" "${tmp}/out" $? \
+  "Job/harrier-worker: pod must set fsGroup" "StatefulSet/harrier-server: pod must set fsGroup"
+sed "s/^\( *\)defaultMode: 288$/\1defaultMode: 292/" "${tmp}/overlays_cpu.yaml" > "${tmp}/secrets-bad.yaml"
+check --check=policy --overlay=cpu "${tmp}/secrets-bad.yaml" > "${tmp}/out" 2>&1
+expect_reject "reject world-readable token and key files" "${tmp}/out" $? \
+  "/etc/harrier/secrets/token must not be readable by others (mode 0444)"
+sed "s/^\( *\)port: 8081$/\1port: 50051/" "${tmp}/overlays_cpu.yaml" > "${tmp}/secrets-bad.yaml"
+check --check=policy --overlay=cpu "${tmp}/secrets-bad.yaml" > "${tmp}/out" 2>&1
+expect_reject "reject probes on the TLS port" "${tmp}/out" $? \
+  "server readinessProbe port 50051 != health port 8081"
+grep -v '^  HARRIER_AUTH_TOKEN_FILE:' "${tmp}/overlays_cpu.yaml" > "${tmp}/secrets-bad.yaml"
+check --check=policy --overlay=cpu "${tmp}/secrets-bad.yaml" > "${tmp}/out" 2>&1
+expect_reject "reject a job without the token" "${tmp}/out" $? \
+  "HARRIER_AUTH_TOKEN_FILE not set in harrier-config"
+
+# deploy/k8s/make-secrets.sh: valid Secrets, a certificate every shard
+# name matches, signed by the CA it ships.
+secrets="${tmp}/secrets"
+cert_matches() {
+  openssl x509 -in "${secrets}/tls.crt" -noout -checkhost "$1" 2>&1 | grep -q " does match"
+}
+if "${k8s}/make-secrets.sh" --shards 8 --dir "${secrets}" --namespace demo --san localhost \
+     > "${tmp}/secrets.yaml" 2> "${tmp}/err" &&
+   check --check=schema "${tmp}/secrets.yaml" >> "${tmp}/err" 2>&1 &&
+   check --check=types "${tmp}/secrets.yaml" >> "${tmp}/err" 2>&1 &&
+   grep -q '^  name: harrier-tls$' "${tmp}/secrets.yaml" &&
+   grep -q '^  name: harrier-token$' "${tmp}/secrets.yaml" &&
+   openssl verify -CAfile "${secrets}/ca.crt" "${secrets}/tls.crt" >> "${tmp}/err" 2>&1 &&
+   cert_matches harrier-server-0.harrier-server >> "${tmp}/err" &&
+   cert_matches harrier-server-7.harrier-server >> "${tmp}/err" &&
+   cert_matches harrier-server-1.harrier-server.demo.svc.cluster.local >> "${tmp}/err" &&
+   ! cert_matches harrier-server-8.harrier-server >> "${tmp}/err" &&
+   ! cert_matches harrier-server-0.evil >> "${tmp}/err"; then
+  report 0 "make-secrets.sh: Secrets valid, certificate matches every shard name"
+else
+  report 1 "make-secrets.sh: Secrets valid, certificate matches every shard name" "${tmp}/err"
+fi
+
+# The same files with the real binaries, configured the way the pods are:
+# the harrier.env variables (paths moved to the files made above, mode
+# 0440 like the mount), mutual TLS and the token. A worker trains 20 steps;
+# one without a client certificate is refused.
+server_bin="${root}/bazel-bin/server/harrier-server"
+worker_bin="${root}/bazel-bin/worker/harrier-worker"
+live="live: server and worker with make-secrets.sh's files and harrier.env's TLS/token settings"
+if [ ! -x "${server_bin}" ] || [ ! -x "${worker_bin}" ]; then
+  echo "SKIP ${live} (not built: bazel build //server:harrier-server //worker:harrier-worker)"
+elif [ ! -d /usr/share/datasets/fashion-mnist ]; then
+  echo "SKIP ${live} (dataset-fashion-mnist not installed)"
+else
+  chmod 0440 "${secrets}"/*
+  env_for_pod() {  # the harrier.env TLS/token lines, paths moved to ${secrets}
+    grep -E '^HARRIER_(TLS_CERT|TLS_KEY|TLS_CA|AUTH_TOKEN_FILE)=' "${k8s}/base/harrier.env" |
+      sed "s|=/etc/harrier/secrets/|=${secrets}/|"
+  }
+  mapfile -t pod_env < <(env_for_pod)
+  rm -f "${tmp}/port"
+  env "${pod_env[@]}" timeout 120 "${server_bin}" --host=127.0.0.1 --port=0 \
+    --port_file="${tmp}/port" --num_workers=1 --health_port=0 > "${tmp}/server.log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 1 100); do [ -s "${tmp}/port" ] && break; sleep 0.1; done
+  port="$(cat "${tmp}/port" 2>/dev/null || true)"
+  worker=(timeout 90 "${worker_bin}" --servers="localhost:${port}" --max_steps=20
+          --train_examples=2048 --log_every=10 --connect_timeout_s=10 --rpc_timeout_s=30)
+  ok=1
+  (
+    [ -n "${port}" ] || { echo "server did not start"; cat "${tmp}/server.log"; exit 1; }
+    grep -q "tls=mutual token=on" "${tmp}/server.log" || { echo "server not on mutual TLS + token:"; cat "${tmp}/server.log"; exit 1; }
+    no_cert=()
+    for e in "${pod_env[@]}"; do case "$e" in HARRIER_TLS_CERT=*|HARRIER_TLS_KEY=*) ;; *) no_cert+=("$e") ;; esac; done
+    if env "${no_cert[@]}" "${worker[@]}" --connect_timeout_s=3 > "${tmp}/refused.log" 2>&1; then
+      echo "a worker without a client certificate was let in"; exit 1
+    fi
+    env "${pod_env[@]}" "${worker[@]}" > "${tmp}/worker.log" 2>&1 ||
+      { echo "worker failed:"; tail -n 20 "${tmp}/worker.log"; exit 1; }
+    grep -q '^test_accuracy=' "${tmp}/worker.log" || { echo "no test_accuracy= line"; tail -n 20 "${tmp}/worker.log"; exit 1; }
+  ) > "${tmp}/err" 2>&1 && ok=0
+  kill "${server_pid}" 2>/dev/null; wait "${server_pid}" 2>/dev/null
+  report "${ok}" "${live}" "${tmp}/err"
+fi
+
 # yamllint must reject the lint fixture (duplicate key, bare yes).
 yamllint -s -c "${here}/yamllint.yaml" "${here}/fixtures/yamllint-bad.yaml" > "${tmp}/out" 2>&1
 expect_reject "reject fixtures/yamllint-bad.yaml by yamllint" "${tmp}/out" $? \
