@@ -62,6 +62,12 @@ ABSL_FLAG(int, max_queued_calls, 1024,
 ABSL_FLAG(int64_t, max_request_bytes, int64_t{512} << 20,
           "Payload bytes one push or push-pull call may send before the shard refuses it "
           "(RESOURCE_EXHAUSTED); bounds what a call buffers before validation.");
+ABSL_FLAG(int64_t, max_connection_bytes, int64_t{1} << 30,
+          "Payload bytes the unfinished push and push-pull calls of one connection may hold "
+          "before the shard refuses more (RESOURCE_EXHAUSTED).");
+ABSL_FLAG(int64_t, max_buffered_bytes, int64_t{4} << 30,
+          "Payload bytes the unfinished push and push-pull calls of all connections may hold "
+          "before the shard refuses more (RESOURCE_EXHAUSTED).");
 ABSL_FLAG(int64_t, max_chunks, int64_t{1} << 20,
           "Tensor chunks a job may Init on this shard.");
 ABSL_FLAG(int64_t, max_param_bytes, int64_t{64} << 30,
@@ -150,11 +156,15 @@ int main(int argc, char** argv) {
   options.pull_threads = absl::GetFlag(FLAGS_pull_threads);
   options.max_queued_calls = static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_calls));
   if (absl::GetFlag(FLAGS_max_request_bytes) < 1 || absl::GetFlag(FLAGS_max_chunks) < 1 ||
+      absl::GetFlag(FLAGS_max_connection_bytes) < 1 || absl::GetFlag(FLAGS_max_buffered_bytes) < 1 ||
       absl::GetFlag(FLAGS_max_param_bytes) < 1 || absl::GetFlag(FLAGS_max_chunk_bytes) < 4) {
-    return Fail("--max_request_bytes, --max_chunks and --max_param_bytes must be >= 1, "
+    return Fail("--max_request_bytes, --max_connection_bytes, --max_buffered_bytes, --max_chunks "
+                "and --max_param_bytes must be >= 1, "
                 "--max_chunk_bytes >= 4");
   }
   options.max_request_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_request_bytes));
+  options.max_connection_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_connection_bytes));
+  options.max_buffered_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffered_bytes));
   options.max_chunks = static_cast<size_t>(absl::GetFlag(FLAGS_max_chunks));
   options.max_param_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_param_bytes));
   options.max_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_chunk_bytes));

@@ -75,7 +75,9 @@ template <class Base>
 class PushReader : public Base {
  public:
   PushReader(ShardService* service, grpc::CallbackServerContext* context)
-      : Base(service, context) {}
+      : Base(service, context), peer_(context->peer()) {}
+  // The chunks' buffers go with the call: give their bytes back.
+  ~PushReader() override { this->service_->buffer_budget().Release(peer_, reserved_); }
 
  protected:
   void StartReading() { this->StartRead(&buffer_); }
@@ -128,6 +130,14 @@ class PushReader : public Base {
     if (auto status = this->service_->CheckRequestBytes(request_bytes_); !status.ok()) {
       return status;
     }
+    // Counted once gRPC has read the message: HTTP/2 flow control bounds
+    // what may arrive unasked, so a connection overshoots by at most one
+    // message per call, and the refused call ends now.
+    if (auto status = this->service_->buffer_budget().Reserve(peer_, payload.size());
+        !status.ok()) {
+      return status;
+    }
+    reserved_ += payload.size();
     const absl::string_view first = payload.first();
     if (payload.contiguous() && reinterpret_cast<uintptr_t>(first.data()) % alignof(float) == 0) {
       chunk.payload = first;
@@ -141,8 +151,10 @@ class PushReader : public Base {
     return absl::OkStatus();
   }
 
+  const std::string peer_;  // one HTTP/2 connection: address and port of the client's end
   grpc::ByteBuffer buffer_;
   uint64_t request_bytes_ = 0;  // payload bytes of the chunks read so far
+  uint64_t reserved_ = 0;       // of those, held in the service's BufferBudget
   // Reactions only (one read at a time); the views handed to the service
   // are taken once reading is over.
   std::vector<ReceivedChunk> chunks_;

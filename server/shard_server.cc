@@ -70,6 +70,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   service_options.pull_threads = options.pull_threads;
   service_options.max_queued_calls = options.max_queued_calls;
   service_options.max_request_bytes = options.max_request_bytes;
+  service_options.max_connection_bytes = options.max_connection_bytes;
+  service_options.max_buffered_bytes = options.max_buffered_bytes;
   server->RegisterMetrics(&service_options);
   server->shard_service_ = std::make_unique<ShardService>(server->store_.get(), service_options);
   server->parameter_service_ = std::make_unique<ParameterServiceImpl>(

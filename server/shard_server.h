@@ -57,6 +57,8 @@ struct ShardServerOptions {
   int pull_threads = ShardServiceOptions().pull_threads;
   size_t max_queued_calls = ShardServiceOptions().max_queued_calls;
   uint64_t max_request_bytes = ShardServiceOptions().max_request_bytes;
+  uint64_t max_connection_bytes = ShardServiceOptions().max_connection_bytes;
+  uint64_t max_buffered_bytes = ShardServiceOptions().max_buffered_bytes;
   // What a job may Init (ShardStoreOptions).
   size_t max_chunks = ShardStoreOptions().max_chunks;
   uint64_t max_param_bytes = ShardStoreOptions().max_param_bytes;

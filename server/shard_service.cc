@@ -46,7 +46,9 @@ absl::Status ClientWentAway() { return absl::CancelledError("the client cancelle
 }  // namespace
 
 ShardService::ShardService(ShardStore* store, const ShardServiceOptions& options)
-    : store_(store), options_(options) {
+    : store_(store),
+      options_(options),
+      buffer_budget_(options.max_connection_bytes, options.max_buffered_bytes) {
   absl::MutexLock lock(&mutex_);
   push_pool_ = std::make_unique<ThreadPool>(options.push_threads, options.max_queued_calls,
                                             "the shard's push pool");

@@ -21,6 +21,7 @@
 #include "common/metrics/metrics.h"
 #include "common/thread_pool.h"
 #include "proto/harrier.pb.h"
+#include "server/buffer_budget.h"
 #include "server/shard_store.h"
 
 namespace harrier {
@@ -43,6 +44,11 @@ struct ShardServiceOptions {
   // validates anything (--max_request_bytes): a call that would hold more is
   // refused with RESOURCE_EXHAUSTED as the excess arrives.
   uint64_t max_request_bytes = uint64_t{512} << 20;
+  // The same bound over every unfinished call of one connection
+  // (--max_connection_bytes) and of the whole shard (--max_buffered_bytes):
+  // see BufferBudget.
+  uint64_t max_connection_bytes = uint64_t{1} << 30;
+  uint64_t max_buffered_bytes = uint64_t{4} << 30;
   // Call latencies (seconds) are observed into these for every transport;
   // null: not measured. Not owned; must outlive the service.
   Histogram* push_seconds = nullptr;  // Push
@@ -131,6 +137,10 @@ class ShardService {
   // OK, or RESOURCE_EXHAUSTED once a call's payloads add up to more than
   // max_request_bytes; asked the same way, as payloads arrive.
   absl::Status CheckRequestBytes(uint64_t bytes) const;
+  // Where transports reserve each payload they buffer before the call is
+  // validated, per connection and in all, and release it when the call's
+  // buffers are freed.
+  BufferBudget& buffer_budget() { return buffer_budget_; }
 
   // Applies one worker's chunks (validated whole first; see
   // ShardStore::Push). The views' memory stays the caller's and valid until
@@ -179,6 +189,7 @@ class ShardService {
 
   ShardStore* const store_;
   const ShardServiceOptions options_;
+  BufferBudget buffer_budget_;
 
   // Submitters hold it shared; Shutdown exclusively, to retire the pools.
   absl::Mutex mutex_;

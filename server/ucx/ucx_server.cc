@@ -40,6 +40,10 @@ transport::PayloadBuffer Copy(const void* data, size_t length) {
   return buffer;
 }
 
+// A UCX connection's name in the service's BufferBudget (gRPC's are peer
+// addresses, so the two never collide).
+std::string BudgetKey(uint64_t connection_id) { return absl::StrCat("ucx:", connection_id); }
+
 }  // namespace
 
 struct UcxServer::Peer {
@@ -156,7 +160,7 @@ void UcxServer::Shutdown() {
     for (auto& entry : peers_) worker_->CloseEndpoint(entry.second->ep);
     peers_.clear();
     pending_.clear();
-    request_bytes_.clear();
+    ForgetRequestBytes(request_bytes_.begin(), request_bytes_.end());
   });
   // Not reset: callbacks still running on the progress thread use worker_.
   worker_->Stop();
@@ -178,12 +182,17 @@ ucs_status_t UcxServer::OnRequest(void* arg, const void* header, size_t header_l
   // the excess (its later frames are dropped the same way).
   if ((frame.op == Op::kPush || frame.op == Op::kPushPull) &&
       self->peers_.count(frame.connection_id) != 0) {
-    uint64_t& buffered = self->request_bytes_[{frame.connection_id, frame.request_id}];
-    buffered += length;
-    if (auto status = self->service_->CheckRequestBytes(buffered); !status.ok()) {
+    RequestBytes& bytes = self->request_bytes_[{frame.connection_id, frame.request_id}];
+    bytes.sent += length;
+    absl::Status status = self->service_->CheckRequestBytes(bytes.sent);
+    if (status.ok()) {
+      status = self->service_->buffer_budget().Reserve(BudgetKey(frame.connection_id), length);
+    }
+    if (!status.ok()) {
       self->OnFrame(frame, std::string(body), {}, status, length);
       return UCS_OK;
     }
+    bytes.reserved += length;
   }
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
     self->OnFrame(frame, std::string(body), Copy(data, length), absl::OkStatus(), length);
@@ -313,10 +322,23 @@ void UcxServer::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   self->CancelConnection(id);
   self->pending_.erase(self->pending_.lower_bound({id, 0}),
                        self->pending_.lower_bound({id + 1, 0}));
-  self->request_bytes_.erase(self->request_bytes_.lower_bound({id, 0}),
-                             self->request_bytes_.lower_bound({id + 1, 0}));
+  self->ForgetRequestBytes(self->request_bytes_.lower_bound({id, 0}),
+                           self->request_bytes_.lower_bound({id + 1, 0}));
   auto it = self->peers_.find(id);
   if (it != self->peers_.end() && it->second.get() == peer) self->peers_.erase(it);
+}
+
+void UcxServer::ForgetRequestBytes(std::map<RequestKey, RequestBytes>::iterator first,
+                                   std::map<RequestKey, RequestBytes>::iterator last) {
+  for (auto it = first; it != last; ++it) {
+    service_->buffer_budget().Release(BudgetKey(it->first.first), it->second.reserved);
+  }
+  request_bytes_.erase(first, last);
+}
+
+void UcxServer::ForgetRequestBytes(const RequestKey& key) {
+  auto it = request_bytes_.find(key);
+  if (it != request_bytes_.end()) ForgetRequestBytes(it, std::next(it));
 }
 
 void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::PayloadBuffer data,
@@ -324,12 +346,12 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::
   const uint64_t connection = frame.connection_id;
   const uint64_t request = frame.request_id;
   if (auto status = ShardService::CheckChunkCount(frame.count); !status.ok()) {
-    request_bytes_.erase({connection, request});
+    ForgetRequestBytes({connection, request});
     SendStatus(connection, request, 0, status);
     return;
   }
   if (frame.count == 0) {  // an empty push: nothing to wait for
-    request_bytes_.erase({connection, request});
+    ForgetRequestBytes({connection, request});
     if (!frame_status.ok()) {
       SendStatus(connection, request, 0, frame_status);
       return;
@@ -373,7 +395,7 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::
   if (fits && pending.arrived < pending.count) return;
   std::shared_ptr<Pending> done = std::move(slot);
   pending_.erase({connection, request});
-  request_bytes_.erase({connection, request});
+  ForgetRequestBytes({connection, request});
   if (!done->error.ok()) {
     SendStatus(connection, request, 0, done->error);
     return;

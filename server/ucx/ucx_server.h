@@ -109,8 +109,19 @@ class UcxServer {
   std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;
   std::map<RequestKey, std::unique_ptr<Pending>> pending_;
   // Payload bytes each push / push-pull has sent so far (ShardService's
-  // --max_request_bytes), counted as frames arrive.
-  std::map<RequestKey, uint64_t> request_bytes_;
+  // --max_request_bytes), counted as frames arrive, and how many of them
+  // are reserved in the service's BufferBudget until the request is
+  // complete or its connection closes.
+  struct RequestBytes {
+    uint64_t sent = 0;
+    uint64_t reserved = 0;
+  };
+  std::map<RequestKey, RequestBytes> request_bytes_;
+  // Forgets the requests in [first, last) of request_bytes_, giving their
+  // reservations back.
+  void ForgetRequestBytes(std::map<RequestKey, RequestBytes>::iterator first,
+                          std::map<RequestKey, RequestBytes>::iterator last);
+  void ForgetRequestBytes(const RequestKey& key);
 
   // Requests the service is answering: kCancel and failed peers cancel them.
   absl::Mutex requests_mutex_;

@@ -3,10 +3,18 @@
 // RESOURCE_EXHAUSTED, and nothing changes.
 #include <catch2/catch.hpp>
 
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "common/crc32c.h"
+#include "common/grpc_limits.h"
+#include "proto/harrier.grpc.pb.h"
 #include "tests/integration/server_process.h"
 #include "worker/client.h"
 
@@ -14,12 +22,13 @@ namespace harrier {
 namespace {
 
 std::unique_ptr<Client> Connect(const std::vector<std::unique_ptr<testing::ServerProcess>>& servers,
-                                const std::string& transport) {
+                                const std::string& transport,
+                                size_t chunk_bytes = 256u << 10) {
   ClientOptions options;
   options.servers = testing::Addresses(servers);
   options.rank = 0;
   options.transport = transport;
-  options.chunk_bytes = 256u << 10;  // a 2 MiB tensor travels as 8 chunks in one call
+  options.chunk_bytes = chunk_bytes;  // default: a 2 MiB tensor travels as 8 chunks in one call
   options.rpc_timeout = absl::Seconds(20);
   options.retry_timeout = absl::ZeroDuration();
   auto client = Client::Create(options);
@@ -54,6 +63,84 @@ TEST_CASE("--max_request_bytes: a call over the bound is refused whole, on every
     REQUIRE(client->Pull("small", absl::MakeSpan(small_values)).ok());
     REQUIRE(small_values == std::vector<float>(small, -1.0f));
   }
+}
+
+proto::TensorChunk DensePush(const std::string& key, size_t n, float value) {
+  std::vector<float> gradient(n, value);
+  proto::TensorChunk chunk;
+  chunk.set_key(key);
+  chunk.set_num_elements(n);
+  chunk.set_dtype(proto::DTYPE_FLOAT32);
+  chunk.mutable_payload()->assign(reinterpret_cast<const char*>(gradient.data()),
+                                  n * sizeof(float));
+  chunk.set_checksum(Crc32c(chunk.payload().data(), chunk.payload().size()));
+  return chunk;
+}
+
+// Two push streams on one connection, each under --max_request_bytes but
+// together over --max_connection_bytes, both left open: the second one the
+// shard reads is refused at once, the other is applied, and once both
+// ended the connection's bytes are free again.
+TEST_CASE("--max_connection_bytes: unfinished calls of one connection are bounded together") {
+  auto servers = testing::StartCluster(
+      1, 1, {"--sync=asp", "--lr=1", "--max_request_bytes=4194304",
+             "--max_connection_bytes=6291456"});
+  REQUIRE(servers.ok());
+  auto client = Connect(*servers, "grpc", 4u << 20);
+  const size_t n = (4u << 20) / sizeof(float);  // 4 MiB, one chunk: at --max_request_bytes
+  for (const char* key : {"a", "b", "c"}) {
+    REQUIRE(client->RegisterTensor(key, {static_cast<int64_t>(n)}).ok());
+  }
+  // One channel: one HTTP/2 connection for every stream below.
+  auto channel = grpc::CreateCustomChannel(testing::Addresses(*servers)[0],
+                                           grpc::InsecureChannelCredentials(),
+                                           MakeChannelArguments());
+  auto stub = proto::ParameterService::NewStub(channel);
+  struct Stream {
+    grpc::ClientContext context;
+    proto::PushResponse response;
+    std::unique_ptr<grpc::ClientWriter<proto::TensorChunk>> writer;
+  };
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(20);
+  Stream first, second;
+  for (Stream* stream : {&first, &second}) {
+    stream->context.set_deadline(deadline);
+    stream->writer = stub->Push(&stream->context, &stream->response);
+  }
+  REQUIRE(first.writer->Write(DensePush("a", n, 1.0f)));
+  second.writer->Write(DensePush("b", n, 1.0f));
+  // Both chunks reach the shard before either call is complete.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  first.writer->WritesDone();
+  second.writer->WritesDone();
+  const grpc::Status first_status = first.writer->Finish();
+  const grpc::Status second_status = second.writer->Finish();
+  INFO("first: " << first_status.error_message() << " second: " << second_status.error_message());
+  REQUIRE(first_status.ok() != second_status.ok());
+  const grpc::Status& refused = first_status.ok() ? second_status : first_status;
+  REQUIRE(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  REQUIRE(refused.error_message().find("--max_connection_bytes") != std::string::npos);
+
+  // The refused call changed nothing; the other was applied once.
+  std::vector<float> a(n), b(n);
+  REQUIRE(client->Pull("a", absl::MakeSpan(a)).ok());
+  REQUIRE(client->Pull("b", absl::MakeSpan(b)).ok());
+  const std::vector<float> applied(n, -1.0f), untouched(n, 0.0f);
+  REQUIRE((first_status.ok() ? a : b) == applied);
+  REQUIRE((first_status.ok() ? b : a) == untouched);
+
+  // Both calls ended: their bytes are free, a new 4 MiB call goes through.
+  Stream third;
+  third.context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  third.writer = stub->Push(&third.context, &third.response);
+  REQUIRE(third.writer->Write(DensePush("c", n, 2.0f)));
+  third.writer->WritesDone();
+  const grpc::Status third_status = third.writer->Finish();
+  INFO(third_status.error_message());
+  REQUIRE(third_status.ok());
+  std::vector<float> c(n);
+  REQUIRE(client->Pull("c", absl::MakeSpan(c)).ok());
+  REQUIRE(c == std::vector<float>(n, -2.0f));
 }
 
 TEST_CASE("--max_chunks, --max_param_bytes, --max_chunk_bytes bound what a job may Init") {
