@@ -123,29 +123,30 @@ else
   report 1 "render fixtures/broken" "${tmp}/err"
 fi
 
+# reject_edit NAME SED_SCRIPT PATTERN...: the cpu overlay edited by
+# SED_SCRIPT must fail the policy check, naming every PATTERN.
+reject_edit() {
+  local name="$1" script="$2"
+  shift 2
+  sed "${script}" "${tmp}/overlays_cpu.yaml" > "${tmp}/policy-bad.yaml"
+  check --check=policy --overlay=cpu "${tmp}/policy-bad.yaml" > "${tmp}/out" 2>&1
+  expect_reject "${name}" "${tmp}/out" $? "$@"
+}
+
 # Broken policy: server replicas changed by hand, not via HARRIER_NUM_SHARDS.
-sed 's/^  replicas: 2$/  replicas: 3/' "${tmp}/overlays_cpu.yaml" > "${tmp}/policy-bad.yaml"
-check --check=policy --overlay=cpu "${tmp}/policy-bad.yaml" > "${tmp}/out" 2>&1
-expect_reject "reject replicas that disagree with HARRIER_NUM_SHARDS" "${tmp}/out" $? \
-  "StatefulSet replicas 3 != HARRIER_NUM_SHARDS 2"
+reject_edit "reject replicas that disagree with HARRIER_NUM_SHARDS" \
+  's/^  replicas: 2$/  replicas: 3/' "StatefulSet replicas 3 != HARRIER_NUM_SHARDS 2"
 
 # Secrets: every pod reads its certificates and token from the Secrets,
 # readable through fsGroup only, and the probes avoid the TLS port.
-sed '/^        fsGroup: 65532$/d' "${tmp}/overlays_cpu.yaml" > "${tmp}/secrets-bad.yaml"
-check --check=policy --overlay=cpu "${tmp}/secrets-bad.yaml" > "${tmp}/out" 2>&1
-expect_reject "reject pods without fsGroup for the 0440 Secrets" "${tmp}/out" $? \
+reject_edit "reject pods without fsGroup for the 0440 Secrets" '/^        fsGroup: 65532$/d' \
   "Job/harrier-worker: pod must set fsGroup" "StatefulSet/harrier-server: pod must set fsGroup"
-sed "s/^\( *\)defaultMode: 288$/\1defaultMode: 292/" "${tmp}/overlays_cpu.yaml" > "${tmp}/secrets-bad.yaml"
-check --check=policy --overlay=cpu "${tmp}/secrets-bad.yaml" > "${tmp}/out" 2>&1
-expect_reject "reject world-readable token and key files" "${tmp}/out" $? \
+reject_edit "reject world-readable token and key files" \
+  's/^\( *\)defaultMode: 288$/\1defaultMode: 292/' \
   "/etc/harrier/secrets/token must not be readable by others (mode 0444)"
-sed "s/^\( *\)port: 8081$/\1port: 50051/" "${tmp}/overlays_cpu.yaml" > "${tmp}/secrets-bad.yaml"
-check --check=policy --overlay=cpu "${tmp}/secrets-bad.yaml" > "${tmp}/out" 2>&1
-expect_reject "reject probes on the TLS port" "${tmp}/out" $? \
+reject_edit "reject probes on the TLS port" 's/^\( *\)port: 8081$/\1port: 50051/' \
   "server readinessProbe port 50051 != health port 8081"
-grep -v '^  HARRIER_AUTH_TOKEN_FILE:' "${tmp}/overlays_cpu.yaml" > "${tmp}/secrets-bad.yaml"
-check --check=policy --overlay=cpu "${tmp}/secrets-bad.yaml" > "${tmp}/out" 2>&1
-expect_reject "reject a job without the token" "${tmp}/out" $? \
+reject_edit "reject a job without the token" '/^  HARRIER_AUTH_TOKEN_FILE:/d' \
   "HARRIER_AUTH_TOKEN_FILE not set in harrier-config"
 
 # deploy/k8s/make-secrets.sh: valid Secrets, a certificate every shard
