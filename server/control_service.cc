@@ -79,7 +79,7 @@ void ControlServiceImpl::ReleaseLocked(BarrierState* barrier, std::vector<Wait*>
 
 absl::Status ControlServiceImpl::CheckRankFree(uint32_t rank, const proto::Session* previous) {
   const SessionTable::RankState state = sessions_->state(rank);
-  if (state.epoch == 0) return absl::OkStatus();
+  if (state.epoch == 0 || state.released) return absl::OkStatus();
   const auto now = SessionTable::Clock::now();
   const auto timeout = options_.heartbeat_timeout;
   if (!state.heard) {
@@ -145,6 +145,28 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
                                      options_.num_workers, ")"));
   }
   absl::MutexLock lock(&register_mutex_);
+  if (request->release()) {
+    // Only the session's holder may give it back.
+    if (rank < 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "release: requested_rank names the rank to give back");
+    }
+    if (auto status = sessions_->Verify(request->job(), static_cast<uint32_t>(rank),
+                                        request->previous_session(), "release");
+        !status.ok()) {
+      return ToGrpcStatus(status);
+    }
+    if (!sessions_->Release(static_cast<uint32_t>(rank), request->previous_session().epoch())) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat("release: rank ", rank, ": session epoch ",
+                                       request->previous_session().epoch(),
+                                       " is not the rank's current one"));
+    }
+    spdlog::info("release rank={} epoch={}", rank, request->previous_session().epoch());
+    response->set_rank(static_cast<uint32_t>(rank));
+    response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
+    return grpc::Status::OK;
+  }
   if (rank == -1) {
     for (int r = 0; r < options_.num_workers; ++r) {
       if (CheckRankFree(static_cast<uint32_t>(r), nullptr).ok()) {

@@ -90,6 +90,7 @@ absl::Status SessionTable::Verify(absl::string_view job, uint32_t rank,
       state.epoch = session.epoch();
       state.issued = false;
       state.heard = false;
+      state.released = false;
     }
     entry.credential = session.credential();
   }
@@ -108,8 +109,17 @@ proto::Session SessionTable::Issue(uint32_t rank, uint64_t epoch) {
   entry.state.issued = true;
   entry.state.issued_at = Clock::now();
   entry.state.heard = false;
+  entry.state.released = false;
   entry.credential = session.credential();
   return session;
+}
+
+bool SessionTable::Release(uint32_t rank, uint64_t epoch) {
+  Rank& entry = ranks_[rank];
+  absl::MutexLock lock(&entry.mutex);
+  if (entry.state.epoch != epoch) return false;
+  entry.state.released = true;
+  return true;
 }
 
 SessionTable::RankState SessionTable::state(uint32_t rank) const {

@@ -74,12 +74,17 @@ class SessionTable {
   // not heard from until a call carries the new session.
   proto::Session Issue(uint32_t rank, uint64_t epoch);
 
+  // The worker gave session `epoch` of `rank` back (it exits): the rank is
+  // free for a new session. False if `epoch` is not the rank's current one.
+  bool Release(uint32_t rank, uint64_t epoch);
+
   struct RankState {
     uint64_t epoch = 0;          // 0: no session known
     bool issued = false;         // issued here (else learned from a call, or none)
     Clock::time_point issued_at;
     bool heard = false;          // a call carried this epoch
     Clock::time_point last_heard;
+    bool released = false;       // given back by its worker (Release)
   };
   RankState state(uint32_t rank) const;
 
