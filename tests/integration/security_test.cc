@@ -355,7 +355,7 @@ TEST_CASE("the job token is required on every call, and a refused call changes n
   // With a token, credentials are keyed from it: one minted from the job
   // name alone (what a shard without a token would accept) is refused.
   proto::Session untokened;
-  untokened.set_epoch(1);
+  untokened.set_epoch(uint64_t{1} << 62);  // above rank 1's current epoch
   untokened.set_credential(
       MintCredential(DeriveSessionKey("", "harrier"), "harrier", 1, untokened.epoch()));
   const grpc::Status forged = shard.Push(kToken, "w", 0, untokened, 1);

@@ -279,6 +279,7 @@ TEST_CASE("both transports refuse a push or pull without a valid session alike")
     transport::Frame frame;
     frame.op = transport::Op::kPush;
     frame.count = 1;
+    frame.payload_bytes = payload.size();
     frame.arg = 10000;
     return (*ucx)->Call(frame, chunk.SerializeAsString(), payload);
   };
