@@ -77,7 +77,8 @@ void ControlServiceImpl::ReleaseLocked(BarrierState* barrier, std::vector<Wait*>
   barrier->waiting.clear();
 }
 
-absl::Status ControlServiceImpl::CheckRankFree(uint32_t rank, const proto::Session* previous) {
+absl::Status ControlServiceImpl::CheckRankFree(uint32_t rank, bool by_number,
+                                               const proto::Session* previous) {
   const SessionTable::RankState state = sessions_->state(rank);
   if (state.epoch == 0 || state.released) return absl::OkStatus();
   const auto now = SessionTable::Clock::now();
@@ -86,14 +87,14 @@ absl::Status ControlServiceImpl::CheckRankFree(uint32_t rank, const proto::Sessi
     // Handed out, and no call ever carried it: reclaimed, so a Register
     // flood cannot hold ranks for the workers still to come.
     if (state.issued && now - state.issued_at > timeout) return absl::OkStatus();
-  } else if (previous != nullptr && now - state.last_heard > timeout) {
+  } else if (by_number && now - state.last_heard > timeout) {
     // A rank asked for by number whose worker has gone silent: taken over
     // (a restarted worker that lost its session).
     return absl::OkStatus();
   }
   // The worker holding the rank re-registers: it proves it with the
   // session it holds.
-  if (previous != nullptr && !previous->credential().empty() &&
+  if (by_number && previous != nullptr && !previous->credential().empty() &&
       previous->epoch() == state.epoch &&
       sessions_->Verify(sessions_->job(), rank, *previous, "register").ok()) {
     return absl::OkStatus();
@@ -169,7 +170,7 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
   }
   if (rank == -1) {
     for (int r = 0; r < options_.num_workers; ++r) {
-      if (CheckRankFree(static_cast<uint32_t>(r), nullptr).ok()) {
+      if (CheckRankFree(static_cast<uint32_t>(r), /*by_number=*/false, nullptr).ok()) {
         rank = r;
         break;
       }
@@ -183,12 +184,10 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
                        options_.heartbeat_timeout.count(), " is handed out again"));
     }
   } else {
-    // An empty previous session still marks the request as one for a rank
-    // by number (which may take over a silent session).
-    const proto::Session none;
     const proto::Session* previous =
-        request->has_previous_session() ? &request->previous_session() : &none;
-    if (auto status = CheckRankFree(static_cast<uint32_t>(rank), previous); !status.ok()) {
+        request->has_previous_session() ? &request->previous_session() : nullptr;
+    if (auto status = CheckRankFree(static_cast<uint32_t>(rank), /*by_number=*/true, previous);
+        !status.ok()) {
       return ToGrpcStatus(status);
     }
   }

@@ -95,9 +95,11 @@ class ControlServiceImpl final
   };
 
   void FillSync(proto::SyncConfig* sync) const;
-  // Why `rank` may not be handed to a new session now (OK: it may). With
-  // `previous`, a caller presenting the rank's current session may.
-  absl::Status CheckRankFree(uint32_t rank, const proto::Session* previous);
+  // Why `rank` may not be handed to a new session now (OK: it may). A
+  // Register asking for the rank `by_number` may also take it over from a
+  // silent session, or renew it with `previous` (may be null), the rank's
+  // current session.
+  absl::Status CheckRankFree(uint32_t rank, bool by_number, const proto::Session* previous);
   // Ranks that have not left.
   int ActiveRanks() const;
   bool Departed(uint32_t rank) const;
