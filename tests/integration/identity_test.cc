@@ -314,5 +314,25 @@ TEST_CASE("identity: under --on_worker_loss=continue a barrier completes once a 
   REQUIRE(second.get().ok());
 }
 
+TEST_CASE("identity: under --on_worker_loss=continue a barrier completes once a worker is lost") {
+  auto servers = testing::StartCluster(
+      1, 3, {"--sync=asp", "--on_worker_loss=continue", "--heartbeat_timeout_ms=500"});
+  REQUIRE(servers.ok());
+  auto a = Connect(*servers, 0);
+  auto b = Connect(*servers, 1);
+  auto c = Connect(*servers, 2);
+  auto first = std::async(std::launch::async, [&] { return a->Barrier("end"); });
+  auto second = std::async(std::launch::async, [&] { return b->Barrier("end"); });
+  std::this_thread::sleep_for(milliseconds(200));
+  REQUIRE(first.wait_for(milliseconds(0)) == std::future_status::timeout);
+  c.reset();  // stops heartbeating: lost 500 ms later
+  REQUIRE(first.wait_for(std::chrono::seconds(8)) == std::future_status::ready);
+  REQUIRE(second.wait_for(std::chrono::seconds(8)) == std::future_status::ready);
+  const absl::Status status = first.get();
+  INFO(status.ToString());
+  REQUIRE(status.ok());
+  REQUIRE(second.get().ok());
+}
+
 }  // namespace
 }  // namespace harrier
