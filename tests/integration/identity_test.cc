@@ -139,7 +139,7 @@ TEST_CASE("identity: a forged Leave of another rank is refused, and that rank ca
 
 TEST_CASE("identity: a forged Heartbeat for an absent rank is refused, and nothing aborts later") {
   auto servers = testing::StartCluster(
-      1, 2, {"--sync=asp", "--lr=1", "--heartbeat_timeout_ms=300", "--on_worker_loss=fail"});
+      1, 2, {"--sync=asp", "--lr=1", "--heartbeat_timeout_ms=1000", "--on_worker_loss=fail"});
   REQUIRE(servers.ok());
   auto worker = Connect(*servers, 0);
   RawShard shard((*servers)[0]->address());
@@ -149,9 +149,9 @@ TEST_CASE("identity: a forged Heartbeat for an absent rank is refused, and nothi
   RequireDenied(shard.Heartbeat(heartbeat), "rank 1: no session credential (register first)");
   *heartbeat.mutable_session() = Forged(proto::Session());
   RequireDenied(shard.Heartbeat(heartbeat), "rank 1: bad session credential");
-  // Had it counted, rank 1 would be lost 300 ms later and every call
-  // ABORTED (--on_worker_loss=fail).
-  std::this_thread::sleep_for(milliseconds(1000));
+  // Had it counted, rank 1 would be lost 1 s later and every call ABORTED
+  // (--on_worker_loss=fail).
+  std::this_thread::sleep_for(milliseconds(2000));
   for (int step = 0; step < 3; ++step) {
     const absl::Status status = worker->Push("w", std::vector<float>(kElements, 1.0f));
     INFO(status.ToString());
@@ -202,19 +202,26 @@ TEST_CASE("identity: a message of another job is refused, naming both jobs") {
 }
 
 TEST_CASE("identity: a Register flood cannot keep the ranks from the real workers") {
-  auto servers = testing::StartCluster(1, 2, {"--sync=asp", "--heartbeat_timeout_ms=500"});
+  auto servers = testing::StartCluster(1, 2, {"--sync=asp", "--heartbeat_timeout_ms=2000"});
   REQUIRE(servers.ok());
   RawShard shard((*servers)[0]->address());
   testing::Sessions flood(shard.channel());
   int granted = 0, refused = 0;
+  const auto flood_start = std::chrono::steady_clock::now();
   for (int i = 0; i < 1000; ++i) {
     proto::RegisterResponse response;
     const grpc::Status status = flood.Register(-1, &response);
     if (status.ok()) ++granted;
     if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++refused;
   }
-  REQUIRE(granted == 2);
-  REQUIRE(refused == 998);
+  const auto flood_took = std::chrono::steady_clock::now() - flood_start;
+  INFO("flood took " << std::chrono::duration_cast<milliseconds>(flood_took).count() << " ms");
+  REQUIRE(granted + refused == 1000);
+  // Within --heartbeat_timeout_ms the two ranks stay handed out; a flood
+  // slower than that (a loaded machine) sees them reclaimed and gets them
+  // again, which is the rule too.
+  if (flood_took < milliseconds(2000)) REQUIRE(granted == 2);
+  REQUIRE(granted >= 2);
   // The flood never uses its sessions: once --heartbeat_timeout_ms has
   // passed, the real workers get both ranks.
   std::vector<std::unique_ptr<Client>> workers;
