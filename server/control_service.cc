@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "spdlog/spdlog.h"
 
 namespace harrier {
 
@@ -44,8 +46,69 @@ class ControlServiceImpl::Wait final : public grpc::ServerUnaryReactor {
 ControlServiceImpl::ControlServiceImpl(ControlOptions options)
     : options_(std::move(options)),
       token_check_(options_.job_token),
-      rank_taken_(options_.num_workers, false),
-      last_heartbeat_(options_.num_workers) {}
+      own_sessions_(options_.sessions != nullptr
+                        ? nullptr
+                        : std::make_unique<SessionTable>(
+                              options_.job, DeriveSessionKey(options_.job_token, options_.job),
+                              options_.num_workers)),
+      sessions_(options_.sessions != nullptr ? options_.sessions : own_sessions_.get()) {}
+
+bool ControlServiceImpl::Departed(uint32_t rank) const {
+  return options_.membership != nullptr && options_.membership->departed(rank);
+}
+
+int ControlServiceImpl::ActiveRanks() const {
+  return options_.membership != nullptr ? options_.membership->active() : options_.num_workers;
+}
+
+bool ControlServiceImpl::CompleteLocked(const BarrierState& barrier) const {
+  for (int r = 0; r < options_.num_workers; ++r) {
+    if (!barrier.arrived[r] && !Departed(static_cast<uint32_t>(r))) return false;
+  }
+  return true;
+}
+
+void ControlServiceImpl::ReleaseLocked(BarrierState* barrier, std::vector<Wait*>* released,
+                                       uint32_t* generation) {
+  *generation = barrier->generation++;
+  barrier->count = 0;
+  barrier->arrived.assign(options_.num_workers, false);
+  released->insert(released->end(), barrier->waiting.begin(), barrier->waiting.end());
+  barrier->waiting.clear();
+}
+
+absl::Status ControlServiceImpl::CheckRankFree(uint32_t rank, bool by_number,
+                                               const proto::Session* previous) {
+  const SessionTable::RankState state = sessions_->state(rank);
+  if (state.epoch == 0 || state.released) return absl::OkStatus();
+  const auto now = SessionTable::Clock::now();
+  const auto timeout = options_.heartbeat_timeout;
+  if (!state.heard) {
+    // Handed out, and no call ever carried it: reclaimed, so a Register
+    // flood cannot hold ranks for the workers still to come.
+    if (state.issued && now - state.issued_at > timeout) return absl::OkStatus();
+  } else if (by_number && now - state.last_heard > timeout) {
+    // A rank asked for by number whose worker has gone silent: taken over
+    // (a restarted worker that lost its session).
+    return absl::OkStatus();
+  }
+  // The worker holding the rank re-registers: it proves it with the
+  // session it holds.
+  if (by_number && previous != nullptr && !previous->credential().empty() &&
+      previous->epoch() == state.epoch &&
+      sessions_->Verify(sessions_->job(), rank, *previous, "register").ok()) {
+    return absl::OkStatus();
+  }
+  const auto since = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         now - (state.heard ? state.last_heard : state.issued_at))
+                         .count();
+  return absl::AlreadyExistsError(absl::StrCat(
+      "rank ", rank, " is held by a live session (epoch ", state.epoch,
+      state.heard ? ", last heard " : ", handed out ", since,
+      " ms ago): a worker re-registering for it must present that session, or wait until it "
+      "has been silent for --heartbeat_timeout_ms=",
+      timeout.count()));
+}
 
 ControlServiceImpl::Clock::time_point ControlServiceImpl::BarrierExpiry(
     const grpc::CallbackServerContext& context) const {
@@ -73,29 +136,71 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
                                           const proto::RegisterRequest* request,
                                           proto::RegisterResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  absl::MutexLock lock(&mutex_);
+  if (auto status = sessions_->CheckJob(request->job(), "register"); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
   int rank = request->requested_rank();
   if (rank >= options_.num_workers || rank < -1) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("requested rank ", rank, " out of range [0, ",
                                      options_.num_workers, ")"));
   }
+  absl::MutexLock lock(&register_mutex_);
+  if (request->release()) {
+    // Only the session's holder may give it back.
+    if (rank < 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "release: requested_rank names the rank to give back");
+    }
+    if (auto status = sessions_->Verify(request->job(), static_cast<uint32_t>(rank),
+                                        request->previous_session(), "release");
+        !status.ok()) {
+      return ToGrpcStatus(status);
+    }
+    if (!sessions_->Release(static_cast<uint32_t>(rank), request->previous_session().epoch())) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat("release: rank ", rank, ": session epoch ",
+                                       request->previous_session().epoch(),
+                                       " is not the rank's current one"));
+    }
+    spdlog::info("release rank={} epoch={}", rank, request->previous_session().epoch());
+    response->set_rank(static_cast<uint32_t>(rank));
+    response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
+    return grpc::Status::OK;
+  }
   if (rank == -1) {
     for (int r = 0; r < options_.num_workers; ++r) {
-      if (!rank_taken_[r]) {
+      if (CheckRankFree(static_cast<uint32_t>(r), /*by_number=*/false, nullptr).ok()) {
         rank = r;
         break;
       }
     }
     if (rank == -1) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("all ", options_.num_workers,
-                                       " worker ranks are taken (--num_workers on the server)"));
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("all ", options_.num_workers,
+                       " worker ranks are taken (--num_workers on the server); a rank handed out "
+                       "but not used within --heartbeat_timeout_ms=",
+                       options_.heartbeat_timeout.count(), " is handed out again"));
+    }
+  } else {
+    const proto::Session* previous =
+        request->has_previous_session() ? &request->previous_session() : nullptr;
+    if (auto status = CheckRankFree(static_cast<uint32_t>(rank), /*by_number=*/true, previous);
+        !status.ok()) {
+      return ToGrpcStatus(status);
     }
   }
-  // A rank may register again (a restarted worker keeps its rank).
-  rank_taken_[rank] = true;
-  last_heartbeat_[rank] = std::chrono::steady_clock::now();
+  // Epochs grow across a restart of shard 0 too: wall-clock milliseconds,
+  // and above every epoch the shard has seen since it started.
+  const uint64_t now_ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  const uint64_t epoch = std::max({last_epoch_ + 1, now_ms, sessions_->max_epoch() + 1});
+  last_epoch_ = epoch;
+  *response->mutable_session() = sessions_->Issue(static_cast<uint32_t>(rank), epoch);
+  spdlog::info("register rank={} epoch={} worker={}", rank, epoch, request->worker_name());
   response->set_rank(static_cast<uint32_t>(rank));
   response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
   for (const auto& address : options_.shard_addresses) response->add_shard_addresses(address);
@@ -112,11 +217,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::Barrier(grpc::CallbackServerContex
     return refused;
   }
   const uint32_t rank = request->rank();
-  if (rank >= static_cast<uint32_t>(options_.num_workers)) {
+  if (auto status = sessions_->Verify(request->job(), rank, request->session(),
+                                      absl::StrCat("barrier '", request->name(), "'"));
+      !status.ok()) {
     grpc::ServerUnaryReactor* refused = context->DefaultReactor();
-    refused->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 absl::StrCat("barrier '", request->name(), "': rank ", rank,
-                                              " out of range [0, ", options_.num_workers, ")")));
+    refused->Finish(ToGrpcStatus(status));
     return refused;
   }
   auto* wait = new Wait(this, request->name(), rank, response, BarrierExpiry(*context));
@@ -132,14 +237,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::Barrier(grpc::CallbackServerContex
                              absl::StrCat("barrier '", request->name(), "': rank ", rank,
                                           " is already waiting"));
     } else {
-      generation = barrier.generation;
       barrier.arrived[rank] = true;
-      if (++barrier.count == options_.num_workers) {
-        barrier.generation++;
-        barrier.count = 0;
-        barrier.arrived.assign(options_.num_workers, false);
-        released.swap(barrier.waiting);
-        released.push_back(wait);
+      ++barrier.count;
+      if (CompleteLocked(barrier)) {
+        barrier.waiting.push_back(wait);
+        ReleaseLocked(&barrier, &released, &generation);
       } else if (closed_) {
         refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down");
       } else {
@@ -168,7 +270,7 @@ bool ControlServiceImpl::RemoveLocked(Wait* wait, grpc::Status* status) {
   barrier.count--;
   *status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                          absl::StrCat("barrier '", wait->name(), "': ", barrier.count, " of ",
-                                      options_.num_workers, " workers arrived"));
+                                      ActiveRanks(), " workers arrived"));
   return true;
 }
 
@@ -184,9 +286,17 @@ void ControlServiceImpl::Withdraw(Wait* wait) {
 void ControlServiceImpl::ExpireBarriers() {
   const auto now = Clock::now();
   std::vector<std::pair<Wait*, grpc::Status>> expired;
+  std::vector<std::pair<std::vector<Wait*>, uint32_t>> completed;
   {
     absl::MutexLock lock(&mutex_);
     for (auto& entry : barriers_) {
+      // A rank left (or was lost) while the others waited for it: they
+      // need not wait any longer.
+      if (!entry.second.waiting.empty() && CompleteLocked(entry.second)) {
+        auto& done = completed.emplace_back();
+        ReleaseLocked(&entry.second, &done.first, &done.second);
+        continue;
+      }
       std::vector<Wait*> waiting = entry.second.waiting;
       for (Wait* wait : waiting) {
         grpc::Status status;
@@ -197,18 +307,22 @@ void ControlServiceImpl::ExpireBarriers() {
     }
   }
   for (auto& [wait, status] : expired) wait->Finish(status);
+  for (auto& [waits, generation] : completed) {
+    for (Wait* wait : waits) wait->Answer(generation);
+  }
 }
 
 grpc::Status ControlServiceImpl::Heartbeat(grpc::ServerContext* context,
                                            const proto::HeartbeatRequest* request,
                                            proto::HeartbeatResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  if (request->rank() >= static_cast<uint32_t>(options_.num_workers)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("heartbeat: rank ", request->rank(), " out of range"));
+  // A verified session counts as heard: what Register reads to tell a live
+  // session from a silent or unused one.
+  if (auto status =
+          sessions_->Verify(request->job(), request->rank(), request->session(), "heartbeat");
+      !status.ok()) {
+    return ToGrpcStatus(status);
   }
-  absl::MutexLock lock(&mutex_);
-  last_heartbeat_[request->rank()] = std::chrono::steady_clock::now();
   response->set_server_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());

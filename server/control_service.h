@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,8 @@
 #include "proto/harrier.grpc.pb.h"
 #include "server/consistency.h"
 #include "server/job_token.h"
+#include "server/membership.h"
+#include "server/session.h"
 
 namespace harrier {
 
@@ -23,10 +26,35 @@ struct ControlOptions {
   std::chrono::milliseconds max_barrier_wait = std::chrono::hours(1);
   // Every call must carry this job token (empty: none needed).
   std::string job_token;
+  // The job every request must name (--job).
+  std::string job = kDefaultJob;
+  // Shard 0's sessions (its ShardService's), through which Register issues
+  // new ones, so shard 0's data path refuses a replaced epoch at once, and
+  // whose record of when each rank was last heard (control heartbeats and
+  // shard 0's data calls alike) decides which ranks Register may hand out
+  // again. Not owned; must outlive the service. Null: the service keeps a
+  // table of its own, keyed from `job` and `job_token` (tests).
+  SessionTable* sessions = nullptr;
+  // Shard 0's membership: a rank that left (Leave, or lost under
+  // --on_worker_loss=continue) no longer holds up a barrier. Not owned;
+  // must outlive the service. Null: nobody ever leaves.
+  const Membership* membership = nullptr;
+  // A session handed out by Register but not heard from within this is
+  // reclaimed (its rank may be handed out again); a heard session silent
+  // this long may be replaced by a Register for its rank.
+  std::chrono::milliseconds heartbeat_timeout{10000};
 };
 
-// The control plane, served by shard 0: ranks, barriers, heartbeats and the
-// shard map. Thread-safe. Barriers go through gRPC's callback API and hold
+// The control plane, served by shard 0: ranks and their sessions, barriers,
+// heartbeats and the shard map. Register's rules (server/README.md,
+// "Sessions"): a rank is free when no session of it is known, or when its
+// session was handed out but nothing carried it within heartbeat_timeout
+// (a Register flood cannot keep ranks); a Register asking for a held rank
+// gets a new epoch only if it presents the rank's current session, or the
+// session has been silent for heartbeat_timeout, and ALREADY_EXISTS
+// otherwise. Every other call that names a rank must carry its session.
+// A barrier completes once every rank still in the job (not departed in
+// `membership`) has arrived. Thread-safe. Barriers go through gRPC's callback API and hold
 // no thread while they wait: the last worker's arrival answers every waiter
 // at once; a waiter whose client cancels or whose deadline passes is
 // answered DEADLINE_EXCEEDED at once (gRPC cancels the call) and no longer
@@ -67,6 +95,20 @@ class ControlServiceImpl final
   };
 
   void FillSync(proto::SyncConfig* sync) const;
+  // Why `rank` may not be handed to a new session now (OK: it may). A
+  // Register asking for the rank `by_number` may also take it over from a
+  // silent session, or renew it with `previous` (may be null), the rank's
+  // current session.
+  absl::Status CheckRankFree(uint32_t rank, bool by_number, const proto::Session* previous);
+  // Ranks that have not left.
+  int ActiveRanks() const;
+  bool Departed(uint32_t rank) const;
+  // Every rank still in the job has arrived.
+  bool CompleteLocked(const BarrierState& barrier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Answers the waiters of `barrier` with its generation and starts the
+  // next one; the waiters are added to `released`.
+  void ReleaseLocked(BarrierState* barrier, std::vector<Wait*>* released,
+                     uint32_t* generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // When a barrier entered now gives up: the client's deadline, capped.
   Clock::time_point BarrierExpiry(const grpc::CallbackServerContext& context) const;
   // `wait` stops waiting (its client cancelled, or it expired): it no
@@ -79,10 +121,13 @@ class ControlServiceImpl final
 
   const ControlOptions options_;
   const JobTokenCheck token_check_;
+  std::unique_ptr<SessionTable> own_sessions_;  // when options_.sessions is null
+  SessionTable* const sessions_;
   absl::Mutex mutex_;
   bool closed_ ABSL_GUARDED_BY(mutex_) = false;
-  std::vector<bool> rank_taken_ ABSL_GUARDED_BY(mutex_);
-  std::vector<Clock::time_point> last_heartbeat_ ABSL_GUARDED_BY(mutex_);
+  // Serialises Register: the rank choice and the issue are one step.
+  absl::Mutex register_mutex_;
+  uint64_t last_epoch_ ABSL_GUARDED_BY(register_mutex_) = 0;
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mutex_);
 };
 

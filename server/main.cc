@@ -41,7 +41,10 @@ ABSL_FLAG(int64_t, max_pending_rounds, harrier::ConsistencyController::kDefaultM
 ABSL_FLAG(std::string, on_worker_loss, "fail",
           "A worker silent for --heartbeat_timeout_ms: fail (abort the job with a clear error) or "
           "continue (drop it from the clock and the average).");
-ABSL_FLAG(int, heartbeat_timeout_ms, 10000, "Silence after which a worker counts as lost.");
+ABSL_FLAG(int, heartbeat_timeout_ms, 10000,
+          "Silence after which a worker counts as lost. Also: a rank handed out by Register "
+          "and not used within it is handed out again, and a Register for a rank whose session "
+          "is silent this long replaces that session.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Restore the shard from here on start and write checkpoints here.");
 ABSL_FLAG(int, checkpoint_every_s, 0,
@@ -86,7 +89,11 @@ ABSL_FLAG(std::string, tls_ca, "",
           "of them (mutual TLS).");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the job token (trailing newline stripped; not readable by others): every "
-          "call except health checks must carry it, else UNAUTHENTICATED.");
+          "call except health checks must carry it, else UNAUTHENTICATED. Session credentials are "
+          "keyed from it; without it they guard against mistakes, not a hostile client.");
+ABSL_FLAG(std::string, job, "harrier",
+          "Job name: a message naming another job is refused (FAILED_PRECONDITION); session "
+          "credentials are bound to it. Must match the workers' --job.");
 ABSL_FLAG(int, health_port, -1,
           "Also serve grpc.health.v1 alone on this port, plaintext and without a token, for "
           "probes that cannot do TLS (-1: off, 0: ephemeral).");
@@ -184,6 +191,8 @@ int main(int argc, char** argv) {
     options.job_token = *token;
   }
   options.health_port = absl::GetFlag(FLAGS_health_port);
+  options.job = absl::GetFlag(FLAGS_job);
+  if (options.job.empty()) return Fail("--job must not be empty");
   const std::string servers = absl::GetFlag(FLAGS_servers);
   if (!servers.empty()) options.shard_addresses = absl::StrSplit(servers, ',', absl::SkipEmpty());
 

@@ -426,7 +426,7 @@ grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext* context,
                                              const proto::HeartbeatRequest* request,
                                              proto::HeartbeatResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  if (auto status = store_->Heartbeat(request->rank()); !status.ok()) return ToGrpcStatus(status);
+  if (auto status = service_->Heartbeat(*request); !status.ok()) return ToGrpcStatus(status);
   response->set_server_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
@@ -464,7 +464,7 @@ grpc::Status ParameterServiceImpl::Leave(grpc::ServerContext* context,
                                          const proto::LeaveRequest* request,
                                          proto::LeaveResponse*) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  return ToGrpcStatus(store_->Leave(request->rank(), request->clock()));
+  return ToGrpcStatus(service_->Leave(*request));
 }
 
 }  // namespace harrier

@@ -72,6 +72,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   service_options.max_request_bytes = options.max_request_bytes;
   service_options.max_connection_bytes = options.max_connection_bytes;
   service_options.max_buffered_bytes = options.max_buffered_bytes;
+  service_options.job = options.job;
+  service_options.job_token = options.job_token;
+  if (options.job_token.empty()) {
+    spdlog::warn(
+        "no job token (--auth_token_file): session credentials are keyed from the job name "
+        "alone; they guard against mistakes (a wrong rank, a stale process of a restarted "
+        "worker) but not against a hostile client");
+  }
   server->RegisterMetrics(&service_options);
   server->shard_service_ = std::make_unique<ShardService>(server->store_.get(), service_options);
   server->parameter_service_ = std::make_unique<ParameterServiceImpl>(
@@ -108,6 +116,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     control.sync = options.sync;
     control.shard_addresses = options.shard_addresses;
     control.job_token = options.job_token;
+    control.job = options.job;
+    control.sessions = &server->shard_service_->sessions();
+    control.membership = &server->store_->membership();
+    control.heartbeat_timeout = options.heartbeat_timeout;
     server->control_service_ = std::make_unique<ControlServiceImpl>(control);
     builder.RegisterService(server->control_service_.get());
   }

@@ -67,7 +67,10 @@ struct ShardServerOptions {
   // TLS, with ca as well every client must present a certificate of that CA.
   TlsFiles tls;
   // Non-empty: every call of every service except health must carry it.
+  // Session credentials are keyed from it (server/session.h).
   std::string job_token;
+  // The job every message must name (--job); the workers' --job.
+  std::string job = kDefaultJob;
   // grpc.health.v1 alone, plaintext and without a token, on this port too
   // (-1 off, 0 ephemeral): for probes that cannot do TLS or send a token.
   int health_port = -1;

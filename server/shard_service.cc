@@ -48,7 +48,9 @@ absl::Status ClientWentAway() { return absl::CancelledError("the client cancelle
 ShardService::ShardService(ShardStore* store, const ShardServiceOptions& options)
     : store_(store),
       options_(options),
-      buffer_budget_(options.max_connection_bytes, options.max_buffered_bytes) {
+      buffer_budget_(options.max_connection_bytes, options.max_buffered_bytes),
+      sessions_(options.job, DeriveSessionKey(options.job_token, options.job),
+                store->options().num_workers) {
   absl::MutexLock lock(&mutex_);
   push_pool_ = std::make_unique<ThreadPool>(options.push_threads, options.max_queued_calls,
                                             "the shard's push pool");
@@ -129,6 +131,43 @@ absl::Status ShardService::ApplyPush(const Work& work,
   // A call the client gave up on before it was applied changes nothing.
   if (work.cancelled()) return ClientWentAway();
   return store_->Push(chunks);
+}
+
+absl::Status ShardService::CheckSessions(const std::vector<ShardStore::PushChunkView>& chunks,
+                                         absl::string_view what) {
+  const proto::TensorChunk* verified = nullptr;
+  for (const ShardStore::PushChunkView& chunk : chunks) {
+    const proto::TensorChunk& header = *chunk.header;
+    // A call's chunks nearly always share one identity: verify it once.
+    if (verified != nullptr && header.rank() == verified->rank() &&
+        header.job() == verified->job() &&
+        header.session().epoch() == verified->session().epoch() &&
+        header.session().credential() == verified->session().credential()) {
+      continue;
+    }
+    if (auto status = sessions_.Verify(header.job(), header.rank(), header.session(), what);
+        !status.ok()) {
+      return status;
+    }
+    verified = &header;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::Heartbeat(const proto::HeartbeatRequest& request) {
+  if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(), "heartbeat");
+      !status.ok()) {
+    return status;
+  }
+  return store_->Heartbeat(request.rank());
+}
+
+absl::Status ShardService::Leave(const proto::LeaveRequest& request) {
+  if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(), "leave");
+      !status.ok()) {
+    return status;
+  }
+  return store_->Leave(request.rank(), request.clock());
 }
 
 absl::Status ShardService::PullInto(const Work& work, const PullPlan& plan, bool only_if_ready,
@@ -212,6 +251,10 @@ void ShardService::Push(const Call& call, std::vector<ShardStore::PushChunkView>
     work->Finish(status);
     return;
   }
+  if (auto status = CheckSessions(chunks, "push"); !status.ok()) {
+    work->Finish(status);
+    return;
+  }
   auto status = RunPush(*work, [this, work, chunks = std::move(chunks)] {
     work->Finish(ApplyPush(*work, chunks));
   });
@@ -221,6 +264,11 @@ void ShardService::Push(const Call& call, std::vector<ShardStore::PushChunkView>
 void ShardService::Pull(const Call& call, proto::PullRequest request, ReplySink* sink,
                         Done done) {
   auto work = Begin(call, options_.pull_seconds, std::move(done));
+  if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(), "pull");
+      !status.ok()) {
+    work->Finish(status);
+    return;
+  }
   auto plan = std::make_shared<PullPlan>();
   plan->request = std::move(request);
   const proto::PullRequest& pull = plan->request;
@@ -235,6 +283,10 @@ void ShardService::PushPull(const Call& call, std::vector<ShardStore::PushChunkV
                             ReplySink* sink, Done done) {
   auto work = Begin(call, options_.pull_seconds, std::move(done));
   if (auto status = CheckChunkCount(chunks.size()); !status.ok()) {
+    work->Finish(status);
+    return;
+  }
+  if (auto status = CheckSessions(chunks, "push-pull"); !status.ok()) {
     work->Finish(status);
     return;
   }

@@ -4,8 +4,10 @@
 // The one request path of a shard: every transport (the gRPC callback
 // service, the UCX listener) decodes its framing into header + payload views
 // and calls this class, which owns what must not differ between transports:
-// the deadline rule, the chunks-per-call limit, push-then-pull, the latency
-// metrics and the bounded executors the store work runs on.
+// the identity check (job and session of every call that names a rank,
+// before anything touches the store), the deadline rule, the chunks-per-call
+// limit, push-then-pull, the latency metrics and the bounded executors the
+// store work runs on.
 
 #include <chrono>
 #include <cstddef>
@@ -22,11 +24,16 @@
 #include "common/thread_pool.h"
 #include "proto/harrier.pb.h"
 #include "server/buffer_budget.h"
+#include "server/session.h"
 #include "server/shard_store.h"
 
 namespace harrier {
 
 struct ShardServiceOptions {
+  // The job every message must name (--job), and the job token the session
+  // key is derived from (empty: from the job name alone; server/session.h).
+  std::string job = kDefaultJob;
+  std::string job_token;
   // Pushes never wait for other workers, so their own small pool keeps them
   // moving (they are what unblocks waiting pulls) while every pull thread is
   // blocked on the consistency model. Used by callers that may not apply a
@@ -142,6 +149,11 @@ class ShardService {
   // buffers are freed.
   BufferBudget& buffer_budget() { return buffer_budget_; }
 
+  // Every call that names a rank is first checked against the sessions
+  // (SessionTable::Verify: the job, the rank's session): a refused call gets
+  // FAILED_PRECONDITION (another job) or PERMISSION_DENIED (no, an old or a
+  // bad credential) and changes nothing.
+
   // Applies one worker's chunks (validated whole first; see
   // ShardStore::Push). The views' memory stays the caller's and valid until
   // `done` has run.
@@ -157,6 +169,16 @@ class ShardService {
   // applying the other workers' pushes it may wait for.
   void PushPull(const Call& call, std::vector<ShardStore::PushChunkView> chunks, ReplySink* sink,
                 Done done);
+
+  // The worker is alive (ShardStore::Heartbeat), once its session verifies.
+  absl::Status Heartbeat(const proto::HeartbeatRequest& request);
+  // The worker leaves for good (ShardStore::Leave), once its session
+  // verifies: nobody else can make a rank leave.
+  absl::Status Leave(const proto::LeaveRequest& request);
+
+  // The sessions this shard verifies against; shard 0's control plane
+  // issues new ones through it (server/control_service.h).
+  SessionTable& sessions() { return sessions_; }
 
   // Refuses later calls (UNAVAILABLE), then waits for the queued and running
   // ones to finish: close the store first so blocked pulls end at once.
@@ -186,10 +208,15 @@ class ShardService {
   void AnswerPulls(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
                    ReplySink* sink);
   absl::Status ApplyPush(const Work& work, const std::vector<ShardStore::PushChunkView>& chunks);
+  // Verifies the job and session of every chunk (runs of chunks with the
+  // same identity are verified once).
+  absl::Status CheckSessions(const std::vector<ShardStore::PushChunkView>& chunks,
+                             absl::string_view what);
 
   ShardStore* const store_;
   const ShardServiceOptions options_;
   BufferBudget buffer_budget_;
+  SessionTable sessions_;
 
   // Submitters hold it shared; Shutdown exclusively, to retire the pools.
   absl::Mutex mutex_;

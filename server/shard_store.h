@@ -142,6 +142,8 @@ class ShardStore {
 
   // Number of ranks that have not left.
   int active_workers() const { return membership_.active(); }
+  // Who is still in the job (shard 0's control plane reads it for barriers).
+  const Membership& membership() const { return membership_; }
 
   // Wakes every waiting pull, which then fails with UNAVAILABLE; later calls
   // fail the same way.

@@ -130,6 +130,7 @@ class Client::Impl {
   TensorTable tensors_;
   std::unique_ptr<ChunkCodec> codec_;
   int rank_ = 0;
+  proto::Session session_;  // from Register: every call naming rank_ carries it
   int num_workers_ = 0;
   SyncInfo sync_;
   std::atomic<int64_t> clock_{0};
@@ -147,11 +148,13 @@ absl::Status Client::Impl::Register() {
   auto response = control_->Register(request);
   if (!response.ok()) return response.status();
   rank_ = static_cast<int>(response->rank());
+  session_ = response->session();
   num_workers_ = static_cast<int>(response->num_workers());
   sync_ = ToSyncInfo(response->sync());
   ShardCallsConfig config;
   config.job = options_.job;
   config.rank = static_cast<uint32_t>(rank_);
+  config.session = session_;
   config.rpc_timeout = options_.rpc_timeout;
   config.shard_name = [control = control_.get()](int shard) { return control->ShardName(shard); };
   std::vector<ShardTransport*> transports;
@@ -162,6 +165,7 @@ absl::Status Client::Impl::Register() {
       proto::HeartbeatRequest heartbeat;
       heartbeat.set_job(options_.job);
       heartbeat.set_rank(static_cast<uint32_t>(rank_));
+      *heartbeat.mutable_session() = session_;
       heartbeat.set_clock(clock_);
       return heartbeat;
     });
@@ -224,7 +228,19 @@ absl::Status Client::Impl::RunBlocking(
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Client::~Client() = default;
+Client::~Client() {
+  if (impl_ == nullptr || impl_->calls_ == nullptr) return;  // never registered
+  // Stop heartbeating, then give the session back so the rank is free for
+  // another worker at once (rather than after --heartbeat_timeout_ms).
+  // Best effort, and short: a worker exits whether or not shard 0 answers.
+  impl_->heartbeat_.reset();
+  proto::RegisterRequest release;
+  release.set_job(impl_->options_.job);
+  release.set_requested_rank(impl_->rank_);
+  *release.mutable_previous_session() = impl_->session_;
+  release.set_release(true);
+  impl_->control_->ReleaseSession(release, absl::Now() + absl::Milliseconds(500)).IgnoreError();
+}
 
 namespace {
 
@@ -298,6 +314,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
 }
 
 int Client::rank() const { return impl_->rank_; }
+
+uint64_t Client::session_epoch() const { return impl_->session_.epoch(); }
 int Client::num_workers() const { return impl_->num_workers_; }
 int Client::num_shards() const { return static_cast<int>(impl_->options_.servers.size()); }
 const SyncInfo& Client::sync() const { return impl_->sync_; }
@@ -391,6 +409,7 @@ absl::Status Client::Barrier(const std::string& name) {
   proto::BarrierRequest request;
   request.set_job(impl_->options_.job);
   request.set_rank(static_cast<uint32_t>(impl_->rank_));
+  *request.mutable_session() = impl_->session_;
   request.set_name(name);
   return impl_->control_->Barrier(request);
 }
@@ -399,8 +418,18 @@ absl::Status Client::Heartbeat() {
   proto::HeartbeatRequest request;
   request.set_job(impl_->options_.job);
   request.set_rank(static_cast<uint32_t>(impl_->rank_));
+  *request.mutable_session() = impl_->session_;
   request.set_clock(impl_->clock_);
-  return impl_->control_->Heartbeat(request);
+  // The control plane, and every shard: shards' liveness (the worker-loss
+  // policy) is each shard's own. Every shard is tried; the first error is
+  // returned.
+  absl::Status first = impl_->control_->Heartbeat(request);
+  for (int shard = 0; shard < impl_->control_->num_shards(); ++shard) {
+    absl::Status status = impl_->control_->ShardHeartbeat(
+        shard, request, absl::Now() + impl_->options_.rpc_timeout);
+    if (first.ok()) first = status;
+  }
+  return first;
 }
 
 absl::Status Client::Leave() {
@@ -408,6 +437,7 @@ absl::Status Client::Leave() {
     proto::LeaveRequest request;
     request.set_job(impl_->options_.job);
     request.set_rank(static_cast<uint32_t>(impl_->rank_));
+    *request.mutable_session() = impl_->session_;
     request.set_clock(impl_->clock_);
     if (auto status = impl_->control_->Leave(shard, request); !status.ok()) return status;
   }

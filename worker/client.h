@@ -124,6 +124,8 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Create(
       const ClientOptions& options, std::unique_ptr<ControlClient> control,
       std::vector<std::unique_ptr<ShardTransport>> transports);
+  // Gives the worker's session back (best effort, at most 500 ms), so its
+  // rank is free for another worker at once.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -164,8 +166,12 @@ class Client {
 
   // Blocks until every worker has entered the barrier of this name.
   absl::Status Barrier(const std::string& name);
-  // Tells the control plane this worker is alive, at its current clock.
+  // Tells the control plane and every shard this worker is alive, at its
+  // current clock (what the background loop does every heartbeat_interval).
   absl::Status Heartbeat();
+
+  // The epoch of this worker's session (from Register; 0 before).
+  uint64_t session_epoch() const;
 
   // Tells every shard this worker has pushed its last clock, so no pull or
   // BSP round waits for it any more (workers may run uneven step counts).

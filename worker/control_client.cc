@@ -150,6 +150,14 @@ absl::Status GrpcControlClient::Heartbeat(const proto::HeartbeatRequest& request
   });
 }
 
+absl::Status GrpcControlClient::ReleaseSession(const proto::RegisterRequest& request,
+                                               absl::Time deadline) {
+  proto::RegisterResponse response;
+  return Call(*this, 0, deadline, [&](grpc::ClientContext* c) {
+    return shards_[0]->control->Register(c, request, &response);
+  });
+}
+
 absl::Status GrpcControlClient::Init(int shard, const proto::InitRequest& request) {
   proto::InitResponse response;
   return Call(*this, shard, absl::Now() + rpc_timeout_, [&](grpc::ClientContext* c) {

@@ -46,6 +46,10 @@ class ControlClient {
       const proto::RegisterRequest& request) = 0;
   virtual absl::Status Barrier(const proto::BarrierRequest& request) = 0;
   virtual absl::Status Heartbeat(const proto::HeartbeatRequest& request) = 0;
+  // Gives the worker's session back (a RegisterRequest with release set),
+  // by `deadline`: the worker exits and its rank is free again at once.
+  virtual absl::Status ReleaseSession(const proto::RegisterRequest& request,
+                                      absl::Time deadline) = 0;
 
   // One shard's parameter service.
   virtual absl::Status Init(int shard, const proto::InitRequest& request) = 0;
@@ -92,6 +96,8 @@ class GrpcControlClient : public ControlClient {
   absl::StatusOr<proto::RegisterResponse> Register(const proto::RegisterRequest& request) override;
   absl::Status Barrier(const proto::BarrierRequest& request) override;
   absl::Status Heartbeat(const proto::HeartbeatRequest& request) override;
+  absl::Status ReleaseSession(const proto::RegisterRequest& request,
+                              absl::Time deadline) override;
   absl::Status Init(int shard, const proto::InitRequest& request) override;
   absl::Status Leave(int shard, const proto::LeaveRequest& request) override;
   absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,

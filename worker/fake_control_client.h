@@ -24,7 +24,17 @@ class FakeControlClient : public ControlClient {
     std::vector<proto::HeartbeatRequest> heartbeats;
     std::vector<std::pair<int, proto::HeartbeatRequest>> shard_heartbeats;
     std::vector<std::pair<int, proto::LeaveRequest>> leaves;
+    std::vector<proto::RegisterRequest> releases;
   };
+
+  // The session Register hands out for `rank` (epoch 1, a fixed
+  // credential): what every later request of that rank must carry.
+  static proto::Session SessionFor(uint32_t rank) {
+    proto::Session session;
+    session.set_epoch(1);
+    session.set_credential(absl::StrCat("fake-credential-", rank));
+    return session;
+  }
 
   explicit FakeControlClient(int num_shards, int num_workers = 1)
       : num_shards_(num_shards), num_workers_(num_workers) {}
@@ -50,7 +60,13 @@ class FakeControlClient : public ControlClient {
     proto::RegisterResponse response;
     response.set_rank(request.requested_rank() < 0 ? 0 : request.requested_rank());
     response.set_num_workers(num_workers_);
+    *response.mutable_session() = SessionFor(response.rank());
     return response;
+  }
+  absl::Status ReleaseSession(const proto::RegisterRequest& request, absl::Time) override {
+    absl::MutexLock lock(&mutex_);
+    requests_.releases.push_back(request);
+    return absl::OkStatus();
   }
   absl::Status Barrier(const proto::BarrierRequest& request) override {
     absl::MutexLock lock(&mutex_);

@@ -23,6 +23,7 @@ absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::st
     proto::TensorChunk& header = chunks[i].header;
     header.set_job(config_.job);
     header.set_rank(config_.rank);
+    *header.mutable_session() = config_.session;
     header.set_key(name);
     header.set_chunk(span.chunk);
     header.set_clock(clock);
@@ -84,6 +85,7 @@ absl::Status ShardCalls::Pull(Operation& op, const std::string& name, const Shar
   proto::PullRequest request;
   request.set_job(config_.job);
   request.set_rank(config_.rank);
+  *request.mutable_session() = config_.session;
   request.set_clock(clock);
   for (const ChunkSpan& span : group.spans) {
     proto::ChunkRef* ref = request.add_chunks();

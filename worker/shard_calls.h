@@ -27,6 +27,8 @@ namespace harrier {
 struct ShardCallsConfig {
   std::string job;
   uint32_t rank = 0;
+  // The rank's session from Register: every pushed chunk and pull carries it.
+  proto::Session session;
   absl::Duration rpc_timeout = absl::Seconds(60);  // each transport call's deadline
   // Names shard i in errors ("shard i (host:port)").
   std::function<std::string(int shard)> shard_name;

@@ -31,7 +31,9 @@ ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every shard, s
 ABSL_FLAG(int, rank, -1, "This worker's rank; -1 lets the control plane assign one.");
 ABSL_FLAG(int, num_workers, 0,
           "Expected number of workers; checked against the servers' (0: take theirs).");
-ABSL_FLAG(std::string, job, "harrier", "Job name carried in every message.");
+ABSL_FLAG(std::string, job, "harrier",
+          "Job name carried in every message; must match the servers' --job (else every call "
+          "is refused FAILED_PRECONDITION).");
 ABSL_FLAG(std::string, workload, "mlp", "Built-in workload: mlp.");
 ABSL_FLAG(std::string, layers, "784,256,256,10", "MLP layer sizes, input first, classes last.");
 ABSL_FLAG(std::string, data_dir, harrier::workload::kDefaultFashionMnistDir,

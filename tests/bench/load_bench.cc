@@ -492,8 +492,9 @@ std::string JsonSafe(absl::string_view text) {
 // One sync mode: start the servers, run every client, check every element.
 bool RunMode(const Options& options, const std::string& binary, const std::string& sync) {
   const std::vector<Tensor> tensors = MakeTensors(options.sizes);
-  std::vector<std::string> flags = {absl::StrCat("--sync=", sync), "--optimizer=sgd", "--lr=1",
-                                    "--shutdown_grace_ms=500"};
+  // --job: the clients' job (client_options.job), which the shards check.
+  std::vector<std::string> flags = {absl::StrCat("--sync=", sync), "--job=load",
+                                    "--optimizer=sgd", "--lr=1", "--shutdown_grace_ms=500"};
   if (options.transport == "ucx") flags.push_back("--ucx");
   auto cluster = ServerCluster::Start(binary, options.shards, options.clients, flags);
   if (!cluster.ok()) {

@@ -421,7 +421,7 @@ absl::Status RunConfig(const Options& options, const std::string& binary, int sh
   // ASP: a push is applied as it arrives and a pull never waits for other
   // workers, so the figures measure the transport and the shard's apply
   // path, not the consistency model.
-  std::vector<std::string> flags = {"--sync=asp", "--optimizer=sgd", "--lr=0.001",
+  std::vector<std::string> flags = {"--sync=asp", "--job=bench", "--optimizer=sgd", "--lr=0.001",
                                     "--shutdown_grace_ms=500"};
   if (options.transport == "ucx") flags.push_back("--ucx");
   auto cluster = ServerCluster::Start(binary, shards, workers, flags);

@@ -59,13 +59,16 @@ expect_error "bad HARRIER_ environment value" "HARRIER_EPOCHS" \
 printf 'num_workers = 2\nbogus_setting = 1\n' >"$TEST_TMPDIR/bad.conf"
 expect_error "unknown name in a config file" "bad.conf:2" \
   "$worker" --config="$TEST_TMPDIR/bad.conf" --servers="$address"
+# Rank 1 from here on: rank 0's worker was killed (no clean exit), so its
+# session stays live until --heartbeat_timeout_ms and a Register for rank 0
+# would be refused ALREADY_EXISTS; rank 1's worker exited and gave its back.
 printf '# settings\nnum_workers = 5\n' >"$TEST_TMPDIR/five.conf"
 expect_error "config file value reaches the flag" "--num_workers=5" \
-  "$worker" --config="$TEST_TMPDIR/five.conf" --rank=0 --servers="$address"
+  "$worker" --config="$TEST_TMPDIR/five.conf" --rank=1 --servers="$address"
 expect_error "environment beats the config file" "--num_workers=7" \
-  env HARRIER_NUM_WORKERS=7 "$worker" --config="$TEST_TMPDIR/five.conf" --rank=0 --servers="$address"
+  env HARRIER_NUM_WORKERS=7 "$worker" --config="$TEST_TMPDIR/five.conf" --rank=1 --servers="$address"
 expect_error "a flag beats the environment" "--num_workers=9" \
-  env HARRIER_NUM_WORKERS=7 "$worker" --num_workers=9 --rank=0 --servers="$address"
+  env HARRIER_NUM_WORKERS=7 "$worker" --num_workers=9 --rank=1 --servers="$address"
 
 echo "$((total - failures)) checks passed, $failures failed"
 [ "$failures" -eq 0 ]

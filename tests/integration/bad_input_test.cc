@@ -14,6 +14,7 @@
 #include "common/grpc_limits.h"
 #include "proto/harrier.grpc.pb.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/sessions.h"
 
 namespace harrier {
 namespace {
@@ -23,8 +24,10 @@ constexpr size_t kElements = 8;
 class Shard {
  public:
   explicit Shard(const std::string& address)
-      : stub_(proto::ParameterService::NewStub(grpc::CreateCustomChannel(
-            address, grpc::InsecureChannelCredentials(), MakeChannelArguments()))) {}
+      : channel_(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                           MakeChannelArguments())),
+        stub_(proto::ParameterService::NewStub(channel_)),
+        sessions_(channel_) {}
 
   grpc::Status Init(const proto::InitRequest& request) {
     grpc::ClientContext context;
@@ -38,7 +41,11 @@ class Shard {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     proto::PushResponse response;
     auto writer = stub_->Push(&context, &response);
-    for (const auto& chunk : chunks) writer->Write(chunk);
+    for (proto::TensorChunk chunk : chunks) {
+      // Each rank's session, as its worker would send it.
+      sessions_.Attach(&chunk);
+      writer->Write(chunk);
+    }
     writer->WritesDone();
     return writer->Finish();
   }
@@ -49,6 +56,7 @@ class Shard {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
     proto::PullRequest request;
     request.set_rank(rank);
+    sessions_.Attach(&request);
     request.set_clock(clock);
     auto* ref = request.add_chunks();
     ref->set_key(key);
@@ -63,7 +71,9 @@ class Shard {
   }
 
  private:
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::ParameterService::Stub> stub_;
+  testing::Sessions sessions_;
 };
 
 proto::InitRequest MakeInit(const std::string& key, size_t n) {

@@ -12,6 +12,7 @@
 #include "common/grpc_limits.h"
 #include "proto/harrier.grpc.pb.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/sessions.h"
 #include "worker/client.h"
 
 namespace harrier {
@@ -97,11 +98,17 @@ TEST_CASE("compressed pulls rebuild the parameters exactly over a few pulls") {
 }
 
 TEST_CASE("hostile compressed payloads are refused and change nothing") {
-  auto servers = testing::StartCluster(1, 1, {"--lr=1"});
+  // Rank 0 is the client; the hostile pushes come from rank 1 with a valid
+  // session, so it is their payloads that are refused. ASP: rank 0's pull
+  // does not wait for rank 1.
+  auto servers = testing::StartCluster(1, 2, {"--lr=1", "--sync=asp"});
   REQUIRE(servers.ok());
   auto client = Connect(*servers, 0, "none");
-  auto stub = proto::ParameterService::NewStub(grpc::CreateCustomChannel(
-      (*servers)[0]->address(), grpc::InsecureChannelCredentials(), MakeChannelArguments()));
+  auto channel = grpc::CreateCustomChannel((*servers)[0]->address(),
+                                           grpc::InsecureChannelCredentials(),
+                                           MakeChannelArguments());
+  auto stub = proto::ParameterService::NewStub(channel);
+  testing::Sessions sessions(channel);
   auto spec = CodecSpec::Parse("topk:ratio=0.01");
   REQUIRE(spec.ok());
   auto codec = CreateCodec(*spec);
@@ -112,6 +119,8 @@ TEST_CASE("hostile compressed payloads are refused and change nothing") {
 
   auto push = [&](const std::string& bytes, const std::string& params) {
     proto::TensorChunk chunk;
+    chunk.set_rank(1);
+    sessions.Attach(&chunk);
     chunk.set_key("w");
     chunk.set_num_elements(kElements);
     chunk.set_dtype(proto::DTYPE_FLOAT32);

@@ -16,6 +16,7 @@
 #include "common/grpc_limits.h"
 #include "proto/harrier.grpc.pb.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/sessions.h"
 #include "worker/client.h"
 
 namespace harrier {
@@ -65,9 +66,13 @@ TEST_CASE("--max_request_bytes: a call over the bound is refused whole, on every
   }
 }
 
-proto::TensorChunk DensePush(const std::string& key, size_t n, float value) {
+// Rank 1's push of `value` everywhere (the client of the test is rank 0).
+proto::TensorChunk DensePush(testing::Sessions& sessions, const std::string& key, size_t n,
+                             float value) {
   std::vector<float> gradient(n, value);
   proto::TensorChunk chunk;
+  chunk.set_rank(1);
+  sessions.Attach(&chunk);
   chunk.set_key(key);
   chunk.set_num_elements(n);
   chunk.set_dtype(proto::DTYPE_FLOAT32);
@@ -82,8 +87,9 @@ proto::TensorChunk DensePush(const std::string& key, size_t n, float value) {
 // shard reads is refused at once, the other is applied, and once both
 // ended the connection's bytes are free again.
 TEST_CASE("--max_connection_bytes: unfinished calls of one connection are bounded together") {
+  // Two workers under ASP: each push moves the parameters by -lr * g / 2.
   auto servers = testing::StartCluster(
-      1, 1, {"--sync=asp", "--lr=1", "--max_request_bytes=4194304",
+      1, 2, {"--sync=asp", "--lr=1", "--max_request_bytes=4194304",
              "--max_connection_bytes=6291456"});
   REQUIRE(servers.ok());
   auto client = Connect(*servers, "grpc", 4u << 20);
@@ -96,6 +102,7 @@ TEST_CASE("--max_connection_bytes: unfinished calls of one connection are bounde
                                            grpc::InsecureChannelCredentials(),
                                            MakeChannelArguments());
   auto stub = proto::ParameterService::NewStub(channel);
+  testing::Sessions sessions(channel);
   struct Stream {
     grpc::ClientContext context;
     proto::PushResponse response;
@@ -107,8 +114,8 @@ TEST_CASE("--max_connection_bytes: unfinished calls of one connection are bounde
     stream->context.set_deadline(deadline);
     stream->writer = stub->Push(&stream->context, &stream->response);
   }
-  REQUIRE(first.writer->Write(DensePush("a", n, 1.0f)));
-  second.writer->Write(DensePush("b", n, 1.0f));
+  REQUIRE(first.writer->Write(DensePush(sessions, "a", n, 2.0f)));
+  second.writer->Write(DensePush(sessions, "b", n, 2.0f));
   // Both chunks reach the shard before either call is complete.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   first.writer->WritesDone();
@@ -133,7 +140,7 @@ TEST_CASE("--max_connection_bytes: unfinished calls of one connection are bounde
   Stream third;
   third.context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   third.writer = stub->Push(&third.context, &third.response);
-  REQUIRE(third.writer->Write(DensePush("c", n, 2.0f)));
+  REQUIRE(third.writer->Write(DensePush(sessions, "c", n, 4.0f)));
   third.writer->WritesDone();
   const grpc::Status third_status = third.writer->Finish();
   INFO(third_status.error_message());

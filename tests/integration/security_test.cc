@@ -18,7 +18,9 @@
 #include "common/grpc_limits.h"
 #include "common/grpc_security.h"
 #include "proto/harrier.grpc.pb.h"
+#include "server/session.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/sessions.h"
 #include "worker/client.h"
 
 namespace harrier {
@@ -190,7 +192,8 @@ class RawShard {
       : channel_(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                            MakeChannelArguments())),
         parameters_(proto::ParameterService::NewStub(channel_)),
-        control_(proto::ControlService::NewStub(channel_)) {}
+        control_(proto::ControlService::NewStub(channel_)),
+        sessions_(channel_, "harrier", kToken) {}
 
   std::unique_ptr<grpc::ClientContext> Context(const std::string& token, int timeout_ms = 5000) {
     auto context = std::make_unique<grpc::ClientContext>();
@@ -214,11 +217,14 @@ class RawShard {
     return status;
   }
 
-  grpc::Status Push(const std::string& token, const std::string& key, int64_t clock) {
+  grpc::Status Push(const std::string& token, const std::string& key, int64_t clock,
+                    const proto::Session& session = proto::Session(), uint32_t rank = 0) {
     std::vector<float> gradient(kElements, 1000.0f);
     proto::TensorChunk chunk;
+    chunk.set_job("harrier");
+    *chunk.mutable_session() = session;
     chunk.set_key(key);
-    chunk.set_rank(0);
+    chunk.set_rank(rank);
     chunk.set_clock(clock);
     chunk.set_num_elements(kElements);
     chunk.set_dtype(proto::DTYPE_FLOAT32);
@@ -252,6 +258,7 @@ class RawShard {
     proto::BarrierRequest request;
     request.set_name("b");
     request.set_rank(rank);
+    if (token == kToken) sessions_.Attach(&request);  // a refused call needs none
     proto::BarrierResponse response;
     return control_->Barrier(Context(token, timeout_ms).get(), request, &response);
   }
@@ -298,6 +305,7 @@ class RawShard {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::ParameterService::Stub> parameters_;
   std::unique_ptr<proto::ControlService::Stub> control_;
+  testing::Sessions sessions_;  // registered with the right token
 };
 
 void RequireUnauthenticated(const grpc::Status& status) {
@@ -341,7 +349,19 @@ TEST_CASE("the job token is required on every call, and a refused call changes n
   bool created = false;
   REQUIRE(shard.Init(kToken, "fresh", &created).ok());
   REQUIRE(created);
-  REQUIRE(shard.Barrier(kToken, 0, 1000).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Rank 1 (which the refused barriers named) now registers and waits
+  // alone: rank 0 never comes.
+  REQUIRE(shard.Barrier(kToken, 1, 1000).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  // With a token, credentials are keyed from it: one minted from the job
+  // name alone (what a shard without a token would accept) is refused.
+  proto::Session untokened;
+  untokened.set_epoch(uint64_t{1} << 62);  // above rank 1's current epoch
+  untokened.set_credential(
+      MintCredential(DeriveSessionKey("", "harrier"), "harrier", 1, untokened.epoch()));
+  const grpc::Status forged = shard.Push(kToken, "w", 0, untokened, 1);
+  INFO(forged.error_message());
+  REQUIRE(forged.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  REQUIRE(forged.error_message().find("rank 1: bad session credential") != std::string::npos);
   std::vector<float> gradient(kElements, 1.0f);
   REQUIRE((*client)->Push("w", gradient).ok());  // clock 0 is still rank 0's next
   (*client)->Clock();

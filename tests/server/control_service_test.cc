@@ -8,10 +8,13 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "proto/harrier.grpc.pb.h"
 #include "server/control_service.h"
+#include "server/membership.h"
 
 namespace harrier {
 namespace {
@@ -24,10 +27,16 @@ constexpr milliseconds kNoDeadline = milliseconds::max();
 class ControlFixture {
  public:
   explicit ControlFixture(int workers,
-                          std::chrono::milliseconds max_barrier_wait = std::chrono::hours(1)) {
-    ControlOptions options;
-    options.num_workers = workers;
-    options.max_barrier_wait = max_barrier_wait;
+                          std::chrono::milliseconds max_barrier_wait = std::chrono::hours(1))
+      : ControlFixture([&] {
+          ControlOptions options;
+          options.num_workers = workers;
+          options.max_barrier_wait = max_barrier_wait;
+          return options;
+        }()) {}
+  // `register_all`: every rank registers at once (barriers need sessions).
+  explicit ControlFixture(const ControlOptions& options, bool register_all = true) {
+    const int workers = options.num_workers;
     service_ = std::make_unique<ControlServiceImpl>(options);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -37,7 +46,38 @@ class ControlFixture {
     REQUIRE(server_ != nullptr);
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                    grpc::InsecureChannelCredentials());
+    // Every rank registers: barriers need its session.
+    sessions_.resize(workers);
+    for (int rank = 0; register_all && rank < workers; ++rank) {
+      proto::RegisterResponse response;
+      REQUIRE(Register(rank, &response).ok());
+      sessions_[rank] = response.session();
+    }
   }
+
+  grpc::Status Register(int rank, proto::RegisterResponse* response,
+                        const proto::Session* previous = nullptr) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::RegisterRequest request;
+    request.set_job("harrier");
+    request.set_requested_rank(rank);
+    if (previous != nullptr) *request.mutable_previous_session() = *previous;
+    return Stub()->Register(&context, request, response);
+  }
+
+  grpc::Status Heartbeat(uint32_t rank, const proto::Session& session) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::HeartbeatRequest request;
+    request.set_job("harrier");
+    request.set_rank(rank);
+    *request.mutable_session() = session;
+    proto::HeartbeatResponse response;
+    return Stub()->Heartbeat(&context, request, &response);
+  }
+
+  proto::Session& session(int rank) { return sessions_[rank]; }
   ~ControlFixture() {
     service_->Close();
     server_->Shutdown(std::chrono::system_clock::now());
@@ -54,8 +94,10 @@ class ControlFixture {
     if (context == nullptr) context = &own;
     if (timeout != kNoDeadline) context->set_deadline(std::chrono::system_clock::now() + timeout);
     proto::BarrierRequest request;
+    request.set_job("harrier");
     request.set_name("b");
     request.set_rank(rank);
+    *request.mutable_session() = sessions_[rank];
     proto::BarrierResponse response;
     return Stub()->Barrier(context, request, &response);
   }
@@ -66,6 +108,7 @@ class ControlFixture {
   std::unique_ptr<ControlServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
+  std::vector<proto::Session> sessions_;
 };
 
 TEST_CASE("control: the last worker's arrival answers every waiting barrier at once") {
@@ -133,6 +176,117 @@ TEST_CASE("control: a barrier without a client deadline still ends at the shard'
   INFO(expired.error_message());
   REQUIRE(expired.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
   REQUIRE(expired.error_message() == "barrier 'b': 0 of 2 workers arrived");
+}
+
+TEST_CASE("control: ranks handed out but never used are handed out again after the timeout") {
+  ControlOptions options;
+  options.num_workers = 2;
+  options.heartbeat_timeout = milliseconds(300);
+  ControlFixture control(options, /*register_all=*/false);
+  // A flood takes both ranks; the rest are refused.
+  proto::RegisterResponse first, response;
+  REQUIRE(control.Register(-1, &first).ok());
+  REQUIRE(control.Register(-1, &response).ok());
+  int refused = 0;
+  for (int i = 0; i < 100; ++i) {
+    const grpc::Status status = control.Register(-1, &response);
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++refused;
+  }
+  REQUIRE(refused == 100);
+  // Rank 0's holder uses its session; rank 1's never does.
+  REQUIRE(control.Heartbeat(first.rank(), first.session()).ok());
+  std::this_thread::sleep_for(milliseconds(400));
+  REQUIRE(control.Heartbeat(first.rank(), first.session()).ok());
+  proto::RegisterResponse late;
+  const grpc::Status reclaimed = control.Register(-1, &late);
+  INFO(reclaimed.error_message());
+  REQUIRE(reclaimed.ok());
+  REQUIRE(late.rank() == 1 - first.rank());
+  REQUIRE(late.session().epoch() > first.session().epoch());
+}
+
+TEST_CASE("control: a rank held by a live session is refused; its holder gets a new epoch") {
+  ControlOptions options;
+  options.num_workers = 2;
+  options.heartbeat_timeout = milliseconds(300);
+  ControlFixture control(options, /*register_all=*/false);
+  proto::RegisterResponse held;
+  REQUIRE(control.Register(1, &held).ok());
+  REQUIRE(held.rank() == 1);
+  REQUIRE(control.Heartbeat(1, held.session()).ok());
+
+  proto::RegisterResponse response;
+  const grpc::Status taken = control.Register(1, &response);
+  INFO(taken.error_message());
+  REQUIRE(taken.error_code() == grpc::StatusCode::ALREADY_EXISTS);
+  REQUIRE(taken.error_message().find("rank 1 is held by a live session") != std::string::npos);
+  // A forged previous session does not help.
+  proto::Session forged = held.session();
+  forged.mutable_credential()->assign(32, 'x');
+  REQUIRE(control.Register(1, &response, &forged).error_code() ==
+          grpc::StatusCode::ALREADY_EXISTS);
+
+  // The holder itself re-registers: a new epoch; the old one is refused.
+  proto::RegisterResponse renewed;
+  REQUIRE(control.Register(1, &renewed, &held.session()).ok());
+  REQUIRE(renewed.rank() == 1);
+  REQUIRE(renewed.session().epoch() > held.session().epoch());
+  const grpc::Status old = control.Heartbeat(1, held.session());
+  INFO(old.error_message());
+  REQUIRE(old.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  REQUIRE(old.error_message().find("was replaced by epoch") != std::string::npos);
+  REQUIRE(control.Heartbeat(1, renewed.session()).ok());
+
+  // Silent for the timeout: a Register for the rank takes it over.
+  std::this_thread::sleep_for(milliseconds(400));
+  proto::RegisterResponse taken_over;
+  REQUIRE(control.Register(1, &taken_over).ok());
+  REQUIRE(taken_over.session().epoch() > renewed.session().epoch());
+}
+
+TEST_CASE("control: a heartbeat or barrier without a valid session is refused") {
+  ControlFixture control(2);
+  const grpc::Status none = control.Heartbeat(1, proto::Session());
+  INFO(none.error_message());
+  REQUIRE(none.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  REQUIRE(none.error_message().find("rank 1: no session credential (register first)") !=
+          std::string::npos);
+  // Rank 0's session for rank 1, and rank 1's epoch with a made-up credential.
+  REQUIRE(control.Heartbeat(1, control.session(0)).error_code() ==
+          grpc::StatusCode::PERMISSION_DENIED);
+  proto::Session wrong = control.session(1);
+  wrong.mutable_credential()->assign(32, 'x');
+  REQUIRE(control.Heartbeat(1, wrong).error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  control.session(1) = wrong;
+  const grpc::Status barrier = control.Barrier(1, milliseconds(2000));
+  INFO(barrier.error_message());
+  REQUIRE(barrier.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  REQUIRE(barrier.error_message().find("rank 1: bad session credential") != std::string::npos);
+}
+
+TEST_CASE("control: a barrier completes once the missing rank has left the job") {
+  Membership membership(3);
+  ControlOptions options;
+  options.num_workers = 3;
+  options.membership = &membership;
+  ControlFixture control(options);
+  auto first = std::async(std::launch::async, [&] { return control.Barrier(0, milliseconds(5000)); });
+  auto second = std::async(std::launch::async, [&] { return control.Barrier(1, milliseconds(5000)); });
+  std::this_thread::sleep_for(milliseconds(100));
+  control.service().ExpireBarriers();
+  REQUIRE(first.wait_for(milliseconds(0)) == std::future_status::timeout);
+  // Rank 2 leaves (or is lost under --on_worker_loss=continue): what the
+  // shard's monitor runs next releases the survivors.
+  membership.Depart(2);
+  control.service().ExpireBarriers();
+  REQUIRE(first.wait_for(std::chrono::seconds(2)) == std::future_status::ready);
+  REQUIRE(first.get().ok());
+  REQUIRE(second.get().ok());
+  // The next barrier needs only the two ranks still in the job.
+  auto again = std::async(std::launch::async, [&] { return control.Barrier(0, milliseconds(5000)); });
+  std::this_thread::sleep_for(milliseconds(50));
+  REQUIRE(control.Barrier(1, milliseconds(5000)).ok());
+  REQUIRE(again.get().ok());
 }
 
 }  // namespace

@@ -27,6 +27,14 @@ using std::chrono::milliseconds;
 
 using testing::MakeStore;
 
+// What Register would hand rank `rank` (no job token, the default job).
+proto::Session SessionOf(uint32_t rank) {
+  proto::Session session;
+  session.set_epoch(1);
+  session.set_credential(MintCredential(DeriveSessionKey("", kDefaultJob), kDefaultJob, rank, 1));
+  return session;
+}
+
 proto::InitRequest Init(const std::string& key, uint32_t chunk, size_t n) {
   proto::InitRequest request = testing::Init(key, n);
   request.set_chunk(chunk);
@@ -42,7 +50,8 @@ struct Pushed {
 Pushed Gradient(const std::string& key, uint32_t chunk, uint32_t rank, int64_t clock,
                 std::vector<float> values) {
   Pushed pushed;
-  pushed.header.set_job("job-a");
+  pushed.header.set_job(kDefaultJob);
+  *pushed.header.mutable_session() = SessionOf(rank);
   pushed.header.set_key(key);
   pushed.header.set_chunk(chunk);
   pushed.header.set_rank(rank);
@@ -66,8 +75,9 @@ std::vector<ShardStore::PushChunkView> Views(const std::vector<Pushed>& chunks) 
 
 proto::PullRequest PullOf(const std::string& key, uint32_t rank, int64_t clock, size_t n) {
   proto::PullRequest request;
-  request.set_job("job-a");
+  request.set_job(kDefaultJob);
   request.set_rank(rank);
+  *request.mutable_session() = SessionOf(rank);
   request.set_clock(clock);
   proto::ChunkRef* ref = request.add_chunks();
   ref->set_key(key);
@@ -240,7 +250,7 @@ TEST_CASE("shard service: push-pull applies the push, then answers with the para
   REQUIRE(sink.lasts == std::vector<bool>{false, true});
   REQUIRE(sink.payloads == std::vector<std::vector<float>>{{-1, -2}, {-3, -4, -5}});
   for (size_t i = 0; i < 2; ++i) {
-    REQUIRE(sink.headers[i].job() == "job-a");
+    REQUIRE(sink.headers[i].job() == kDefaultJob);
     REQUIRE(sink.headers[i].key() == "w");
     REQUIRE(sink.headers[i].chunk() == i);
     REQUIRE(sink.headers[i].clock() == 1);  // answered at the clock after the push
@@ -467,6 +477,86 @@ TEST_CASE("shard service: after shutdown every call is refused UNAVAILABLE") {
   REQUIRE(outcome.done.HasBeenNotified());
   REQUIRE(absl::IsUnavailable(outcome.status));
   REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{0.0f});
+}
+
+TEST_CASE("shard service: a call without a valid session, or of another job, changes nothing") {
+  auto store = MakeStore("asp", 2);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  ShardService service(store.get(), {});
+  ShardService::Call call;
+
+  auto push = [&](const Pushed& pushed) {
+    std::vector<Pushed> chunks{pushed};
+    Outcome outcome;
+    service.Push(call, Views(chunks), outcome.Callback());
+    REQUIRE(outcome.Wait());
+    return outcome.status;
+  };
+  auto message = [](const absl::Status& status) { return std::string(status.message()); };
+
+  Pushed none = Gradient("w", 0, 1, 0, {1, 1});
+  none.header.clear_session();
+  absl::Status status = push(none);
+  INFO(status.ToString());
+  REQUIRE(absl::IsPermissionDenied(status));
+  REQUIRE(message(status).find("rank 1: no session credential (register first)") !=
+          std::string::npos);
+
+  Pushed stolen = Gradient("w", 0, 1, 0, {1, 1});
+  *stolen.header.mutable_session() = SessionOf(0);  // rank 0's credential
+  status = push(stolen);
+  REQUIRE(absl::IsPermissionDenied(status));
+  REQUIRE(message(status).find("rank 1: bad session credential") != std::string::npos);
+
+  Pushed other_job = Gradient("w", 0, 1, 0, {1, 1});
+  other_job.header.set_job("other");
+  status = push(other_job);
+  REQUIRE(absl::IsFailedPrecondition(status));
+  REQUIRE(message(status).find("'other'") != std::string::npos);
+  REQUIRE(message(status).find("'harrier'") != std::string::npos);
+
+  // A call whose second chunk is refused applies neither.
+  {
+    REQUIRE(store->Init(Init("w", 1, 2)).ok());
+    std::vector<Pushed> chunks{Gradient("w", 0, 1, 0, {1, 1}), Gradient("w", 1, 1, 0, {1, 1})};
+    chunks[1].header.clear_session();
+    Outcome outcome;
+    service.Push(call, Views(chunks), outcome.Callback());
+    REQUIRE(outcome.Wait());
+    REQUIRE(absl::IsPermissionDenied(outcome.status));
+  }
+
+  // Heartbeat and Leave alike; nothing changed: rank 1 has not left, has
+  // pushed nothing, and may push clock 0.
+  proto::HeartbeatRequest heartbeat;
+  heartbeat.set_job(kDefaultJob);
+  heartbeat.set_rank(1);
+  REQUIRE(absl::IsPermissionDenied(service.Heartbeat(heartbeat)));
+  proto::LeaveRequest leave;
+  leave.set_job(kDefaultJob);
+  leave.set_rank(1);
+  REQUIRE(absl::IsPermissionDenied(service.Leave(leave)));
+  REQUIRE(store->active_workers() == 2);
+  Sink sink;
+  Outcome pulled;
+  service.Pull(call, PullOf("w", 0, 0, 2), &sink, pulled.Callback());
+  REQUIRE(pulled.Wait());
+  REQUIRE(pulled.status.ok());
+  REQUIRE(sink.payloads.at(0) == std::vector<float>{0, 0});
+  REQUIRE(push(Gradient("w", 0, 1, 0, {1, 1})).ok());
+  *leave.mutable_session() = SessionOf(1);
+  REQUIRE(service.Leave(leave).ok());
+  REQUIRE(store->active_workers() == 1);
+
+  // A pull without a session is refused before it is planned.
+  proto::PullRequest anonymous = PullOf("w", 0, 0, 2);
+  anonymous.clear_session();
+  Outcome refused;
+  Sink nothing;
+  service.Pull(call, anonymous, &nothing, refused.Callback());
+  REQUIRE(refused.Wait());
+  REQUIRE(absl::IsPermissionDenied(refused.status));
+  REQUIRE(nothing.headers.empty());
 }
 
 }  // namespace

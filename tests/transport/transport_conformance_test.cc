@@ -17,6 +17,7 @@
 #include "proto/harrier.grpc.pb.h"
 #include "tests/integration/server_process.h"
 #include "tests/transport/raw_ucx_client.h"
+#include "tests/integration/sessions.h"
 #include "worker/client.h"
 
 namespace harrier {
@@ -181,9 +182,15 @@ TEST_CASE("BSP: 2 shards, 3 workers are exact") {
 
 constexpr size_t kElements = 8;
 
+// The raw pushes come from rank 1 with a valid session (the client is rank
+// 0), so what is refused is their content, not their identity.
+testing::Sessions* raw_sessions = nullptr;
+
 proto::TensorChunk MakePush(const std::string& key, size_t n, float value) {
   std::vector<float> gradient(n, value);
   proto::TensorChunk chunk;
+  chunk.set_rank(1);
+  if (raw_sessions != nullptr) raw_sessions->Attach(&chunk);
   chunk.set_key(key);
   chunk.set_num_elements(kElements);
   chunk.set_dtype(proto::DTYPE_FLOAT32);
@@ -283,8 +290,17 @@ void RequireRefused(const absl::Status& status, absl::StatusCode code, const std
 
 TEST_CASE("bad input gets the same status codes and changes nothing") {
   INFO("transport " << Transport());
-  auto servers = testing::StartCluster(1, 1, ServerFlags({"--optimizer=sgd", "--lr=1"}));
+  // Two workers, ASP: the client's own push below applies at once, scaled
+  // by 1/2; rank 1 is the raw peer's.
+  auto servers =
+      testing::StartCluster(1, 2, ServerFlags({"--optimizer=sgd", "--lr=1", "--sync=asp"}));
   REQUIRE(servers.ok());
+  testing::Sessions sessions(grpc::CreateChannel((*servers)[0]->address(),
+                                                 grpc::InsecureChannelCredentials()));
+  raw_sessions = &sessions;
+  struct Reset {
+    ~Reset() { raw_sessions = nullptr; }
+  } reset;
   auto client = Client::Create(Options(*servers));
   REQUIRE_OK(client.status());
   std::vector<float> init(kElements), before(kElements), after(kElements);
@@ -341,7 +357,7 @@ TEST_CASE("bad input gets the same status codes and changes nothing") {
   REQUIRE_OK((*client)->Push("w", ones));
   (*client)->Clock();
   REQUIRE_OK((*client)->Pull("w", absl::MakeSpan(after)));
-  for (size_t i = 0; i < kElements; ++i) REQUIRE(after[i] == before[i] - 1.0f);
+  for (size_t i = 0; i < kElements; ++i) REQUIRE(after[i] == before[i] - 0.5f);
 }
 
 TEST_CASE("a dead shard fails calls with UNAVAILABLE instead of hanging") {

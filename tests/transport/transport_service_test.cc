@@ -10,12 +10,16 @@
 #include <future>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/grpc_status.h"
 #include "proto/harrier.grpc.pb.h"
 #include "common/transport/framing.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/sessions.h"
 #include "tests/transport/raw_ucx_client.h"
 #include "worker/client.h"
 
@@ -149,9 +153,10 @@ void InitOverGrpc(proto::ParameterService::Stub& stub) {
 // Under BSP with 2 workers, clock 1 waits for both workers' first push:
 // blocked until its deadline, a minute away, unless the cancel reaches the
 // store.
-proto::PullRequest BlockedPull() {
+proto::PullRequest BlockedPull(testing::Sessions& sessions) {
   proto::PullRequest request;
   request.set_rank(0);
+  sessions.Attach(&request);
   request.set_clock(1);
   proto::ChunkRef* ref = request.add_chunks();
   ref->set_key("w");
@@ -167,14 +172,16 @@ struct BspShard {
     INFO(started.status().ToString());
     REQUIRE(started.ok());
     server = std::move(*started);
-    stub = proto::ParameterService::NewStub(
-        grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+    auto channel = grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials());
+    stub = proto::ParameterService::NewStub(channel);
+    sessions = std::make_unique<testing::Sessions>(channel);
     InitOverGrpc(*stub);
   }
 
   const int metrics_port = testing::FreePort();
   std::unique_ptr<testing::ServerProcess> server;
   std::unique_ptr<proto::ParameterService::Stub> stub;
+  std::unique_ptr<testing::Sessions> sessions;  // registers ranks with the shard
 };
 
 TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
@@ -183,7 +190,7 @@ TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto pull = std::async(std::launch::async, [&] {
-    auto reader = shard.stub->Pull(&context, BlockedPull());
+    auto reader = shard.stub->Pull(&context, BlockedPull(*shard.sessions));
     proto::TensorChunk chunk;
     while (reader->Read(&chunk)) {
     }
@@ -205,7 +212,7 @@ TEST_CASE("a UCX client's kCancel wakes the shard's blocked pull at once") {
   frame.op = transport::Op::kPull;
   frame.arg = 60000;  // the client's remaining milliseconds
   const auto start = Clock::now();
-  const absl::Status status = (*ucx)->CallAndCancel(frame, BlockedPull().SerializeAsString(), "",
+  const absl::Status status = (*ucx)->CallAndCancel(frame, BlockedPull(*shard.sessions).SerializeAsString(), "",
                                                     absl::Milliseconds(300));
   const auto answered = Clock::now() - start;
   INFO(status.ToString());
@@ -247,6 +254,76 @@ TEST_CASE("both transports refuse a call of more than 256 chunks alike") {
   INFO(over_ucx.ToString());
   REQUIRE(absl::IsResourceExhausted(over_ucx));
   REQUIRE(over_ucx.message() == expected);
+}
+
+TEST_CASE("both transports refuse a push or pull without a valid session alike") {
+  BspShard shard;
+  auto ucx = testing::RawUcxClient::Connect(shard.server->address());
+  INFO(ucx.status().ToString());
+  REQUIRE(ucx.ok());
+  const std::vector<float> gradient(kElements, 1.0f);
+  const std::string payload(reinterpret_cast<const char*>(gradient.data()),
+                            gradient.size() * sizeof(float));
+  auto chunk_of = [&](uint32_t rank, const proto::Session& session) {
+    proto::TensorChunk chunk;
+    chunk.set_job("harrier");
+    chunk.set_rank(rank);
+    *chunk.mutable_session() = session;
+    chunk.set_key("w");
+    chunk.set_num_elements(kElements);
+    chunk.set_dtype(proto::DTYPE_FLOAT32);
+    chunk.set_checksum(Crc32c(payload.data(), payload.size()));
+    return chunk;
+  };
+  auto push_over_ucx = [&](const proto::TensorChunk& chunk) {
+    transport::Frame frame;
+    frame.op = transport::Op::kPush;
+    frame.count = 1;
+    frame.payload_bytes = payload.size();
+    frame.arg = 10000;
+    return (*ucx)->Call(frame, chunk.SerializeAsString(), payload);
+  };
+  auto push_over_grpc = [&](proto::TensorChunk chunk) {
+    chunk.set_payload(payload);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::PushResponse response;
+    auto writer = shard.stub->Push(&context, &response);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  };
+  // Rank 1 never registered; rank 0 did, and its session is stolen for
+  // rank 1, or its credential garbled.
+  const proto::Session real = shard.sessions->For(0);
+  proto::Session garbled = real;
+  (*garbled.mutable_credential())[0] ^= 1;
+  for (const auto& [name, chunk, needle] :
+       std::vector<std::tuple<std::string, proto::TensorChunk, std::string>>{
+           {"none", chunk_of(1, proto::Session()), "rank 1: no session credential (register first)"},
+           {"stolen", chunk_of(1, real), "rank 1: bad session credential"},
+           {"garbled", chunk_of(0, garbled), "rank 0: bad session credential"}}) {
+    INFO(name);
+    for (const absl::Status& status : {push_over_ucx(chunk), push_over_grpc(chunk)}) {
+      INFO(status.ToString());
+      REQUIRE(absl::IsPermissionDenied(status));
+      REQUIRE(status.message().find(needle) != absl::string_view::npos);
+    }
+  }
+  proto::PullRequest pull = BlockedPull(*shard.sessions);
+  pull.set_clock(0);
+  *pull.mutable_session() = garbled;
+  transport::Frame frame;
+  frame.op = transport::Op::kPull;
+  frame.arg = 10000;
+  const absl::Status refused_pull = (*ucx)->Call(frame, pull.SerializeAsString(), "");
+  INFO(refused_pull.ToString());
+  REQUIRE(absl::IsPermissionDenied(refused_pull));
+  // The same frames with rank 0's own session go through: the refusals
+  // were the session's.
+  REQUIRE(push_over_ucx(chunk_of(0, real)).ok());
+  *pull.mutable_session() = real;
+  REQUIRE((*ucx)->Call(frame, pull.SerializeAsString(), "").ok());
 }
 
 }  // namespace

@@ -68,6 +68,52 @@ std::string Bytes(const float* values, size_t n) {
   return std::string(reinterpret_cast<const char*>(values), n * sizeof(float));
 }
 
+TEST_CASE("every call naming the rank carries Register's session; Heartbeat reaches every shard") {
+  ClientOptions options = TestOptions(3);
+  options.rank = 2;
+  options.chunk_bytes = 4 * sizeof(float);
+  FakeCluster cluster = MakeCluster(options);
+  const proto::Session expected = FakeControlClient::SessionFor(2);
+  REQUIRE(cluster.client->session_epoch() == expected.epoch());
+  auto same = [&](const proto::Session& session) {
+    return session.epoch() == expected.epoch() && session.credential() == expected.credential();
+  };
+  REQUIRE(cluster.client->RegisterTensor("w", {10}, Iota(10)).ok());
+  std::vector<float> gradient(10, 1.0f), out(10);
+  REQUIRE(cluster.client->Push("w", gradient).ok());
+  REQUIRE(cluster.client->Pull("w", absl::MakeSpan(out)).ok());
+  REQUIRE(cluster.client->PushPull("w", gradient, absl::MakeSpan(out)).ok());
+  int calls = 0;
+  for (FakeShardTransport* shard : cluster.shards) {
+    for (const FakeShardTransport::Call& call : shard->calls()) {
+      ++calls;
+      if (call.kind == FakeShardTransport::CallKind::kPull) {
+        REQUIRE(same(call.pull.session()));
+      }
+      for (const proto::TensorChunk& chunk : call.chunks) {
+        REQUIRE(chunk.rank() == 2);
+        REQUIRE(same(chunk.session()));
+      }
+    }
+  }
+  REQUIRE(calls > 0);
+
+  REQUIRE(cluster.client->Heartbeat().ok());
+  REQUIRE(cluster.client->Barrier("b").ok());
+  REQUIRE(cluster.client->Leave().ok());
+  const FakeControlClient::Requests requests = cluster.control->requests();
+  REQUIRE(requests.heartbeats.size() == 1);
+  REQUIRE(same(requests.heartbeats[0].session()));
+  REQUIRE(requests.shard_heartbeats.size() == 3);  // every shard, not only the control plane
+  for (int shard = 0; shard < 3; ++shard) {
+    REQUIRE(requests.shard_heartbeats[shard].first == shard);
+    REQUIRE(same(requests.shard_heartbeats[shard].second.session()));
+  }
+  REQUIRE(same(requests.barriers.at(0).session()));
+  REQUIRE(requests.leaves.size() == 3);
+  for (const auto& [shard, leave] : requests.leaves) REQUIRE(same(leave.session()));
+}
+
 TEST_CASE("chunks are cut at chunk_bytes and go to the shard the partitioner names") {
   ClientOptions options = TestOptions(3);
   options.chunk_bytes = 4 * sizeof(float);

@@ -7,6 +7,9 @@ _LIBS = {
     "ucx": (["ucx"], []),
     "spdlog": (["spdlog", "fmt"], []),
     "zlib": (["zlib"], []),
+    # OpenSSL's libcrypto (libssl-dev): HMAC-SHA256 of session credentials
+    # (server/session.h).
+    "crypto": (["libcrypto"], []),
     "openblas": (["openblas"], []),
     # prometheus-cpp 1.0 (package prometheus-cpp-dev): metric families and the
     # pull Exposer. Debian builds the Exposer on the system civetweb, which

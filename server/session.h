@@ -1,0 +1,109 @@
+#ifndef HARRIER_SERVER_SESSION_H_
+#define HARRIER_SERVER_SESSION_H_
+
+// Sessions: who may speak for a rank. ControlService.Register (shard 0)
+// hands each worker a session for its rank, an epoch and a credential
+//
+//   credential = HMAC-SHA256(session key, job | rank | epoch),
+//
+// and every call that names a rank (push, pull, push-pull, heartbeat, leave,
+// barrier) carries it. The session key is derived from the job token
+// (--auth_token_file), so every shard verifies credentials on its own,
+// without asking shard 0. Without a token the key is derived from the job
+// name alone: anyone who knows the job can then mint credentials, so
+// sessions guard against mistakes (a wrong rank, a stale process of a
+// restarted worker, a worker of another job) but not against a hostile
+// client.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/harrier.pb.h"
+
+namespace harrier {
+
+// The job the server and the worker use unless told otherwise (--job).
+inline constexpr char kDefaultJob[] = "harrier";
+
+// The key credentials of `job` are minted with: from `job_token` when one is
+// configured (non-empty), else from the job name alone. 32 bytes.
+std::string DeriveSessionKey(absl::string_view job_token, absl::string_view job);
+
+// HMAC-SHA256(key, job | rank | epoch), 32 bytes. The fields are framed
+// (the job's length first), so no two (job, rank, epoch) share a message.
+std::string MintCredential(absl::string_view key, absl::string_view job, uint32_t rank,
+                           uint64_t epoch);
+
+// One shard's view of every rank's session: the highest epoch it has seen
+// for the rank, the credential it verified for that epoch (so the hot path
+// compares 32 bytes instead of recomputing the HMAC for every chunk), and
+// when the rank was last heard from with it. Shard 0's control plane also
+// issues sessions through it, so its data path refuses an old epoch the
+// moment a worker re-registers. Thread-safe: one lock per rank.
+class SessionTable {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  SessionTable(std::string job, std::string key, int num_workers);
+
+  const std::string& job() const { return job_; }
+  int num_workers() const { return num_workers_; }
+
+  // OK when `job` is this shard's job, else FAILED_PRECONDITION naming both.
+  // `what` names the call in the message ("push 'w' chunk 0").
+  absl::Status CheckJob(absl::string_view job, absl::string_view what) const;
+
+  // OK when `session` speaks for `rank` of `job` (CheckJob first), and then
+  // the rank counts as heard from now. Else, naming `what` and the rank:
+  // INVALID_ARGUMENT for a rank out of range; PERMISSION_DENIED for no
+  // credential ("register first"), an epoch below the highest seen ("was
+  // replaced by epoch N (the worker re-registered)") or a credential that
+  // does not verify ("bad session credential"). A refused call records
+  // nothing.
+  absl::Status Verify(absl::string_view job, uint32_t rank, const proto::Session& session,
+                      absl::string_view what);
+
+  // A new session for `rank` at `epoch` (which must be above the rank's
+  // current one): from now on lower epochs are refused here. The rank is
+  // not heard from until a call carries the new session.
+  proto::Session Issue(uint32_t rank, uint64_t epoch);
+
+  // The worker gave session `epoch` of `rank` back (it exits): the rank is
+  // free for a new session. False if `epoch` is not the rank's current one.
+  bool Release(uint32_t rank, uint64_t epoch);
+
+  struct RankState {
+    uint64_t epoch = 0;          // 0: no session known
+    bool issued = false;         // issued here (else learned from a call, or none)
+    Clock::time_point issued_at;
+    bool heard = false;          // a call carried this epoch
+    Clock::time_point last_heard;
+    bool released = false;       // given back by its worker (Release)
+  };
+  RankState state(uint32_t rank) const;
+
+  // The highest epoch issued or verified for any rank (0: none).
+  uint64_t max_epoch() const;
+
+ private:
+  struct Rank {
+    mutable absl::Mutex mutex;
+    RankState state ABSL_GUARDED_BY(mutex);
+    std::string credential ABSL_GUARDED_BY(mutex);  // verified (or issued) for state.epoch
+  };
+
+  const std::string job_;
+  const std::string key_;
+  const int num_workers_;
+  const std::unique_ptr<Rank[]> ranks_;
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_SERVER_SESSION_H_
