@@ -73,7 +73,9 @@ void RawUcxClient::Abandon() { worker_.reset(); }
 uint64_t RawUcxClient::Send(transport::Frame frame, const std::string& body,
                             const std::string& data) {
   frame.connection_id = connection_id_;
-  if (frame.op != transport::Op::kCancel) frame.request_id = next_request_++;
+  if (frame.op != transport::Op::kCancel && frame.request_id == 0) {
+    frame.request_id = next_request_++;
+  }
   std::string header = transport::EncodeHeader(frame, body);
   // `data` outlives the send: the caller waits for the reply, which the
   // shard sends only after it has received the data.

@@ -52,13 +52,16 @@ class RawUcxClient {
   // would leave it.
   void Abandon();
 
- private:
-  RawUcxClient() = default;
-  // Posts a request (ids filled in); returns its request id. `data` must
-  // outlive the reply.
+  // Posts one frame without waiting, for requests of several frames: the
+  // connection id is filled in, and the request id too unless `frame` has
+  // one (the frames of one request share it). Returns the request id.
+  // `data` must outlive the reply.
   uint64_t Send(transport::Frame frame, const std::string& body, const std::string& data);
   // The reply status to request `id`, or DEADLINE_EXCEEDED after `timeout`.
   absl::Status Await(uint64_t id, absl::Duration timeout);
+
+ private:
+  RawUcxClient() = default;
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param);
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
