@@ -230,6 +230,15 @@ void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
   counter("harrier_server_bytes_in_total", "Push payload bytes received.", counters.bytes_in);
   counter("harrier_server_bytes_out_total", "Pull payload bytes sent.", counters.bytes_out);
   counter("harrier_server_rejected_total", "Pushes refused as bad input.", counters.rejected);
+  counter("harrier_server_duplicate_pushes_total",
+          "Pushed chunks acknowledged as already applied (retries), not applied again.",
+          counters.duplicate_pushes);
+  counter("harrier_server_pull_view_remakes_total",
+          "Compressed pull replies re-made from the previous view (the client lost a reply).",
+          counters.pull_view_remakes);
+  counter("harrier_server_pull_view_resets_total",
+          "Compressed pulls answered dense because the client held no view the shard knows.",
+          counters.pull_view_resets);
   counter("harrier_server_optimizer_steps_total", "Optimizer steps applied.",
           counters.optimizer_steps);
   ShardStore* store = store_.get();

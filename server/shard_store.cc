@@ -239,22 +239,25 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
   }
   {
     absl::MutexLock lock(&slot->mutex);
-    if (auto status = slot->book.CheckPush(chunk.rank(), chunk.clock(), membership_); !status.ok()) {
-      return WithWhere(key, chunk.chunk(), status);
+    absl::StatusOr<PushClass> push =
+        slot->book.ClassifyPush(chunk.rank(), chunk.clock(), membership_);
+    if (!push.ok()) return WithWhere(key, chunk.chunk(), push.status());
+    if (*push == PushClass::kNew) {
+      if (auto status = CheckRoundCodecLocked(*slot, chunk); !status.ok()) return status;
     }
-    if (auto status = CheckRoundCodecLocked(*slot, chunk); !status.ok()) return status;
   }
   out->slot = slot;
   return absl::OkStatus();
 }
 
-absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
+absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks,
+                              PushResult* result) {
   std::vector<PushChunkView> views(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) views[i] = {&chunks[i], chunks[i].payload()};
-  return Push(views);
+  return Push(views, result);
 }
 
-absl::Status ShardStore::Push(const std::vector<PushChunkView>& views) {
+absl::Status ShardStore::Push(const std::vector<PushChunkView>& views, PushResult* result) {
   if (closed_) return absl::UnavailableError("shard is shutting down");
   if (auto failure = membership_.failure(); !failure.ok()) return failure;
   std::vector<ValidatedChunk> valid(views.size());
@@ -284,31 +287,47 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views) {
   for (size_t i = 0; i < views.size(); ++i) {
     const proto::TensorChunk& chunk = *views[i].header;
     valid[i].slot->mutex.AssertHeld();  // by `locks`; tells the analysis so
-    if (absl::Status status = RecheckLocked(*valid[i].slot, chunk); !status.ok()) {
+    absl::StatusOr<PushClass> push = RecheckLocked(*valid[i].slot, chunk);
+    if (!push.ok()) {
       counters_.rejected++;
-      return status;
+      return push.status();
     }
+    valid[i].duplicate = *push == PushClass::kDuplicate;
   }
+  PushResult counts;
   for (size_t i = 0; i < views.size(); ++i) {
+    if (valid[i].duplicate) {
+      ++counts.duplicate;
+      continue;
+    }
     Slot& slot = *valid[i].slot;
     slot.mutex.AssertHeld();
     ApplyLocked(slot, *views[i].header, views[i].payload, valid[i]);
     slot.changed.SignalAll();
+    ++counts.applied;
     counters_.pushes++;
     counters_.bytes_in += views[i].payload.size();
   }
+  counters_.duplicate_pushes += counts.duplicate;
+  if (result != nullptr) *result = counts;
   if (!views.empty()) membership_.Heard(views.front().header->rank());
   return absl::OkStatus();
 }
 
-absl::Status ShardStore::RecheckLocked(Slot& slot, const proto::TensorChunk& chunk) {
-  // Only a call racing another call of the same rank can fail here.
-  if (!slot.book.CheckPush(chunk.rank(), chunk.clock(), membership_).ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ",
-                     chunk.rank(), " for clock ", chunk.clock(), "; this call changed nothing"));
+absl::StatusOr<PushClass> ShardStore::RecheckLocked(Slot& slot, const proto::TensorChunk& chunk) {
+  // Only a call racing another call of the same rank can fail here, or
+  // turn from new into a duplicate (a retry racing its original).
+  absl::StatusOr<PushClass> push =
+      slot.book.ClassifyPush(chunk.rank(), chunk.clock(), membership_);
+  if (!push.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ", chunk.rank(),
+        " for clock ", chunk.clock(), " (", push.status().message(),
+        "); this call changed nothing"));
   }
-  return CheckRoundCodecLocked(slot, chunk);
+  if (*push == PushClass::kDuplicate) return push;
+  if (auto status = CheckRoundCodecLocked(slot, chunk); !status.ok()) return status;
+  return push;
 }
 
 absl::Status ShardStore::CheckRoundCodecLocked(Slot& slot, const proto::TensorChunk& chunk) {
