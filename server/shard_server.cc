@@ -53,7 +53,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     auto checkpoint = LoadLatestCheckpoint(options.checkpoint_dir, options.shard, &warnings);
     for (const auto& warning : warnings) spdlog::warn("{}", warning);
     if (checkpoint.ok()) {
-      if (auto status = server->store_->Import(*checkpoint); !status.ok()) return status;
+      if (auto status = server->store_->Import(*checkpoint); !status.ok()) {
+        return absl::Status(status.code(),
+                            absl::StrCat("cannot restore shard ", options.shard, " from ",
+                                         options.checkpoint_dir, ": ", status.message()));
+      }
       server->restored_version_ = checkpoint->version;
       absl::MutexLock lock(&server->checkpoint_mutex_);
       server->next_checkpoint_version_ = checkpoint->version + 1;

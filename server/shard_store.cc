@@ -611,6 +611,7 @@ ShardCheckpoint ShardStore::Export() const {
   checkpoint.num_shards = options_.num_shards;
   checkpoint.num_workers = options_.num_workers;
   checkpoint.sync = options_.sync.ToString();
+  checkpoint.optimizer = optimizer_->options().kind;
   absl::ReaderMutexLock map_lock(&slots_mutex_);
   checkpoint.slots.reserve(slots_.size());
   for (const auto& entry : slots_) {
@@ -637,6 +638,17 @@ absl::Status ShardStore::Import(const ShardCheckpoint& checkpoint) {
         "checkpoint is for shard ", checkpoint.shard, "/", checkpoint.num_shards, " with ",
         checkpoint.num_workers, " workers; this is shard ", options_.shard, "/",
         options_.num_shards, " with ", options_.num_workers));
+  }
+  // Optimizer state of another kind would be read as this kind's (Adam's
+  // first moment as momentum's velocity, say): refused. A format-1
+  // checkpoint does not say its kind and is taken as it is.
+  const std::string& kind = optimizer_->options().kind;
+  if (!checkpoint.optimizer.empty() && checkpoint.optimizer != kind) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint version ", checkpoint.version, " holds optimizer state of kind '",
+        checkpoint.optimizer, "' but this shard runs optimizer '", kind,
+        "'; start it with --optimizer=", checkpoint.optimizer,
+        " (the same --sync), or with another --checkpoint_dir"));
   }
   absl::MutexLock lock(&slots_mutex_);
   if (!slots_.empty()) return absl::FailedPreconditionError("import into a non-empty shard");
