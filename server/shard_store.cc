@@ -55,7 +55,11 @@ ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> opt
                   options.max_pending_rounds),
       optimizer_(controller_.ShardOptimizer(std::move(optimizer))),
       partitioner_(options.num_shards),
-      membership_(options.num_workers) {}
+      membership_(options.num_workers),
+      last_view_version_(static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(
+              std::chrono::system_clock::now().time_since_epoch())
+              .count())) {}
 
 ShardStore::~ShardStore() { Close(); }
 
@@ -482,7 +486,8 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
     std::memcpy(payload, slot->values.data(), bytes);
   } else {
     std::string encoded;
-    auto compressed = CompressPullLocked(*slot, rank, ref.codec_params(), out, &encoded);
+    auto compressed =
+        CompressPullLocked(*slot, rank, ref.codec_params(), ref.view_version(), out, &encoded);
     if (!compressed.ok()) {
       return absl::Status(compressed.code(), absl::StrCat("pull of ", Where(ref.key(), ref.chunk()),
                                                           ": ", compressed.message()));
@@ -505,18 +510,30 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
 
 absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
                                             const std::string& codec_params,
-                                            proto::TensorChunk* out, std::string* payload) {
+                                            uint64_t held_version, proto::TensorChunk* out,
+                                            std::string* payload) {
   auto codec = codecs_.Get(codec_params);
   if (!codec.ok()) return codec.status();
   const CodecSpec& spec = (*codec)->spec;
   const size_t n = slot.num_elements;
   if (slot.pulled_views.empty()) slot.pulled_views.resize(options_.num_workers);
   PulledView& view = slot.pulled_views[rank];
-  if (view.values.size() != n) {
-    // First compressed pull of this rank: dense, and the view starts there.
+  const bool holds_current = held_version != 0 && held_version == view.version &&
+                             view.values.size() == n;
+  const bool holds_previous = held_version != 0 && held_version == view.previous_version &&
+                              view.previous.size() == n;
+  if (!holds_current && !holds_previous) {
+    // The rank's first compressed pull, or a view this shard does not hold
+    // (version 0, one from before a restart, garbage): dense, and the view
+    // starts there. The old views are no base for anything the rank holds.
+    if (view.values.size() == n || held_version != 0) counters_.pull_view_resets++;
     view.values = slot.values;
+    view.version = ++last_view_version_;
+    view.previous_version = 0;
+    view.previous.clear();
     payload->assign(reinterpret_cast<const char*>(view.values.data()), n * sizeof(float));
     out->set_codec(0);
+    out->set_view_version(view.version);
     return absl::OkStatus();
   }
   if (!view.encoder || view.encoder_params != codec_params) {
@@ -525,19 +542,36 @@ absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
     view.encoder = std::move(*encoder);
     view.encoder_params = codec_params;
   }
+  if (holds_current) {
+    // The usual case: the current view becomes the previous one (what the
+    // rank holds until this reply arrives).
+    view.previous.swap(view.values);
+    view.previous_version = view.version;
+    view.values = view.previous;
+  } else {
+    // The rank lost the latest reply: re-make it from the view it holds.
+    // That reply's view is dropped; the previous one stays as it is.
+    counters_.pull_view_remakes++;
+    view.values = view.previous;
+  }
   std::vector<float> delta(n);
   for (size_t i = 0; i < n; ++i) delta[i] = slot.values[i] - view.values[i];
   CodecContext context;
   context.seed = DeriveSeed(slot.key, slot.chunk, out->clock(), rank, spec.seed);
-  if (auto status = view.encoder->Encode(delta, context, payload); !status.ok()) return status;
+  absl::Status status = view.encoder->Encode(delta, context, payload);
   // The view advances by what the rank will decode, so what the codec drops
   // stays in the next difference (error feedback on the shard's side).
-  if (auto status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(view.values));
-      !status.ok()) {
+  if (status.ok()) status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(view.values));
+  if (!status.ok()) {
+    // Nothing was sent: the rank holds the previous view, the only one left.
+    view.values = view.previous;
+    view.version = view.previous_version;
     return status;
   }
+  view.version = ++last_view_version_;
   out->set_codec(static_cast<uint32_t>(spec.id));
   out->set_codec_params(spec.ToString());
+  out->set_view_version(view.version);
   return absl::OkStatus();
 }
 
@@ -601,6 +635,7 @@ proto::ChunkRef ShardStore::PushPullRef(const proto::TensorChunk& pushed, int64_
   ref.set_chunk(pushed.chunk());
   ref.set_num_elements(pushed.num_elements());
   ref.set_codec_params(pushed.pull_codec_params());
+  ref.set_view_version(pushed.pull_view_version());
   *clock = pushed.clock() + 1;
   return ref;
 }

@@ -198,8 +198,15 @@ class ShardStore {
   };
   // Compressed pulls: the parameters as one rank has rebuilt them from its
   // replies so far, and the encoder of that stream (PowerSGD warm-starts).
+  // Two versions: the latest reply's (`values`) and the one before it
+  // (`previous`), which is what the rank holds if that reply was lost; a
+  // reply re-made from `previous` is decoded by the rank exactly as the
+  // shard decodes it, so the two stay bit-identical. At most two copies.
   struct PulledView {
     std::vector<float> values;  // empty until the rank's first compressed pull
+    uint64_t version = 0;       // 0: none
+    std::vector<float> previous;
+    uint64_t previous_version = 0;  // 0: none
     std::string encoder_params;
     std::unique_ptr<Codec> encoder;
   };
@@ -275,11 +282,13 @@ class ShardStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   void FinishRoundsLocked(Slot& slot, const std::vector<PushDecision::CompletedRound>& rounds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
-  // Encodes the difference between the slot's values and the rank's view
-  // into `payload` and advances the view; sets the reply's codec fields.
+  // Encodes the difference between the slot's values and the view the
+  // rank holds (`held_version`: the current or the previous one; any other
+  // gets a dense reply) into `payload` and makes the result the current
+  // view; sets the reply's codec fields and view_version.
   absl::Status CompressPullLocked(Slot& slot, uint32_t rank, const std::string& codec_params,
-                                  proto::TensorChunk* out, std::string* payload)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+                                  uint64_t held_version, proto::TensorChunk* out,
+                                  std::string* payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   // Runs `visit` on every slot, with the slot's lock held, then wakes its
   // waiters (under the lock, so a pull between its check and its wait
   // cannot miss the wake-up).
@@ -293,6 +302,11 @@ class ShardStore {
   Membership membership_;
   CodecCache codecs_;
   std::atomic<bool> closed_{false};
+  // The last pull view version handed out. Starts at the wall clock in
+  // nanoseconds, so versions never repeat across restarts of a shard (each
+  // version takes more than a nanosecond to hand out): a client holding a
+  // view from before a restart is always told "unknown", never matched.
+  std::atomic<uint64_t> last_view_version_;
   std::atomic<int> blocked_pulls_{0};
 
   mutable absl::Mutex slots_mutex_;
