@@ -282,18 +282,21 @@ TEST_CASE("idempotent compressed pulls: with replies lost, the view still conver
   auto client = Connect(options, kLarge);
   std::vector<float> w(kLarge);
   REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());  // dense: the view starts
-  shard.proxy->SetCutProbability(/*reply=*/0.15, /*request=*/0.0);
   std::vector<float> g(kLarge), expected(kLarge, 0.0f);
   constexpr int kSteps = 200;
+  // Only pull replies are lost here (pushes have their own tests above).
+  auto lose_pull_replies = [&](bool on) { shard.proxy->SetCutProbability(on ? 0.15 : 0, 0); };
   for (int t = 0; t < kSteps; ++t) {
     for (size_t i = 0; i < kLarge; ++i) {
       g[i] = static_cast<float>((i * 7 + t * 3) % 11) - 5.0f;
       expected[i] -= g[i];
     }
+    lose_pull_replies(false);
     const absl::Status pushed = client->Push("w", g);
     INFO("step " << t << ": " << pushed.ToString());
     REQUIRE(pushed.ok());
     client->Clock();
+    lose_pull_replies(true);
     const absl::Status pulled = client->Pull("w", absl::MakeSpan(w));
     INFO("step " << t << ": " << pulled.ToString());
     REQUIRE(pulled.ok());
