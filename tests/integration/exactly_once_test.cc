@@ -202,9 +202,24 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
     const std::string dir = absl::StrCat(testing::TempDir(), "/exactly-once-", run++);
     std::filesystem::remove_all(dir);
     const int port = testing::FreePort();
-    const std::vector<std::string> flags = {
-        "--shard=0", "--num_shards=1", "--num_workers=1", "--sync=asp", "--lr=1",
-        absl::StrCat("--port=", port), "--checkpoint_dir=" + dir, "--checkpoint_every_s=1"};
+    const int metrics_port = testing::FreePort();
+    const std::vector<std::string> flags = {"--shard=0",
+                                            "--num_shards=1",
+                                            "--num_workers=1",
+                                            "--sync=asp",
+                                            "--lr=1",
+                                            absl::StrCat("--port=", port),
+                                            absl::StrCat("--metrics_port=", metrics_port),
+                                            "--checkpoint_dir=" + dir,
+                                            "--checkpoint_every_s=1"};
+    auto await_metric = [&](const std::string& name, double value) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (MetricValue(metrics_port, name) != value &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return MetricValue(metrics_port, name) == value;
+    };
     auto server = testing::ServerProcess::Start(flags);
     REQUIRE(server.ok());
     auto proxy = testing::FaultProxy::Start(port, 7);
@@ -236,20 +251,25 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
       pushed = client->Push("w", g);
       done = true;
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the push is applied
+    REQUIRE(await_metric("harrier_server_pushes_total", 2));  // clock 1 applied
     if (in_checkpoint) {
-      REQUIRE(await_checkpoint_after(before_push));
-    } else {
-      // Killed before the next checkpoint can hold it (1 s period); clear
-      // any that just happened, so the restart reads one from before.
-      REQUIRE(newest() == before_push);
+      // Until the newest checkpoint holds clock 1 (rank 0 pushed 2 clocks).
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      bool held = false;
+      while (!held && std::chrono::steady_clock::now() < deadline) {
+        auto latest = LoadLatestCheckpoint(dir, 0, nullptr);
+        held = latest.ok() && !latest->slots.empty() && latest->slots[0].pushed[0] == 2;
+        if (!held) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      REQUIRE(held);
     }
     REQUIRE_FALSE(done);
     (*server)->process().Signal(SIGKILL);
     REQUIRE((*server)->process().WaitForExit(5000) >= 0);
-    if (!in_checkpoint && newest() != before_push) {
-      // A checkpoint slipped in between the check and the kill: drop it.
-      std::remove(CheckpointPath(dir, 0, newest()).c_str());
+    if (!in_checkpoint) {
+      // Restart from the checkpoint from before the push: drop any written
+      // since (they may hold it).
+      while (newest() > before_push) std::remove(CheckpointPath(dir, 0, newest()).c_str());
     }
     (*proxy)->SetDropReplies(false);
     auto restarted = testing::ServerProcess::Start(flags);
@@ -263,6 +283,11 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
     pusher.join();
     INFO(pushed.ToString());
     REQUIRE(pushed.ok());
+    // The restarted shard acknowledged the retry as a duplicate (the
+    // checkpoint held clock 1) or applied it (it did not): once either way.
+    REQUIRE(MetricValue(metrics_port, "harrier_server_duplicate_pushes_total") ==
+            (in_checkpoint ? 1 : 0));
+    REQUIRE(MetricValue(metrics_port, "harrier_server_pushes_total") == (in_checkpoint ? 0 : 1));
     client->Clock();
     std::vector<float> w(kElements);
     REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());
