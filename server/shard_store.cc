@@ -568,6 +568,7 @@ absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
     view.version = view.previous_version;
     return status;
   }
+  out->set_pull_view_version(view.previous_version);  // the base: what the rank holds
   view.version = ++last_view_version_;
   out->set_codec(static_cast<uint32_t>(spec.id));
   out->set_codec_params(spec.ToString());

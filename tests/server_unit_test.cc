@@ -252,6 +252,7 @@ TEST_CASE("compressed pulls are idempotent: a lost reply is re-made from the vie
     reply.Clear();
     REQUIRE(store->Pull(0, clock, ref, forever, {}, &reply).ok());
     REQUIRE(reply.codec() == static_cast<uint32_t>(CodecId::kTopK));
+    REQUIRE(reply.pull_view_version() == ref.view_version());  // made for the view held
     if (pull % 2 == 1) {
       ApplyReply(reply, &view);
       ref.set_view_version(reply.view_version());

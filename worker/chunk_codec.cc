@@ -230,6 +230,16 @@ absl::Status ChunkCodec::DecodeIntoMirror(const std::string& name, const ChunkSp
     return absl::DataLossError(absl::StrCat("compressed reply for '", name, "' chunk ",
                                             reply.chunk(), " before its first dense one"));
   }
+  if (reply.pull_view_version() != 0 && reply.pull_view_version() != mirror.version) {
+    // Made for another view than this one (two pulls of the chunk at once):
+    // adding it would part the mirror from the shard's view for good. Left
+    // as it is, the mirror's version is unknown to the shard by the next
+    // pull, which then resets it with a dense reply.
+    return absl::DataLossError(absl::StrCat(
+        "compressed reply for '", name, "' chunk ", reply.chunk(), " applies to view version ",
+        reply.pull_view_version(), ", this client holds ", mirror.version,
+        " (one chunk pulled twice at once?)"));
+  }
   if (auto status = pull_decoder_->DecodeAdd(bytes, 1.0f, absl::MakeSpan(mirror.values));
       !status.ok()) {
     return absl::DataLossError(

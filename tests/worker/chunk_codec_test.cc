@@ -119,11 +119,23 @@ TEST_CASE("the mirror records the view version of the last reply it applied") {
   compressed.set_view_version(42);
   REQUIRE((*codec)->DecodePull("w", spans, compressed, PayloadView(payload), out.data()).ok());
   CHECK((*codec)->ViewVersion({"w", 0}) == 42);
+  // A reply made for another view than the one held is refused.
+  proto::TensorChunk other_base = compressed;
+  other_base.set_pull_view_version(41);
+  other_base.set_view_version(44);
+  const std::vector<float> before = out;
+  CHECK(absl::IsDataLoss(
+      (*codec)->DecodePull("w", spans, other_base, PayloadView(payload), out.data())));
+  CHECK((*codec)->ViewVersion({"w", 0}) == 42);
+  other_base.set_pull_view_version(42);  // the right base applies
+  REQUIRE((*codec)->DecodePull("w", spans, other_base, PayloadView(payload), out.data()).ok());
+  CHECK((*codec)->ViewVersion({"w", 0}) == 44);
+  CHECK(out != before);
   // A refused reply changes neither the view nor its version.
   compressed.set_view_version(43);
   compressed.set_checksum(compressed.checksum() ^ 1);
   CHECK_FALSE((*codec)->DecodePull("w", spans, compressed, PayloadView(payload), out.data()).ok());
-  CHECK((*codec)->ViewVersion({"w", 0}) == 42);
+  CHECK((*codec)->ViewVersion({"w", 0}) == 44);
   // A chunk pulled dense has no view.
   auto plain = ChunkCodec::Create("none", "none", 0);
   REQUIRE((*plain)->AddTensor(OneChunk("w")).ok());
