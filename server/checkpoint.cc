@@ -202,7 +202,7 @@ class Decoder {
 };
 
 std::string EncodePayload(const ShardCheckpoint& c) {
-  size_t estimate = 64 + c.sync.size();
+  size_t estimate = 64 + c.sync.size() + c.optimizer.size();
   for (const auto& s : c.slots) {
     estimate += 64 + s.key.size() + 8 * (s.shape.size() + s.pushed.size()) +
                 4 * (s.values.size() + s.optimizer_first.size() + s.optimizer_second.size());
@@ -214,6 +214,7 @@ std::string EncodePayload(const ShardCheckpoint& c) {
   e.U32(static_cast<uint32_t>(c.num_shards));
   e.U32(static_cast<uint32_t>(c.num_workers));
   e.Bytes(c.sync);
+  e.Bytes(c.optimizer);  // format 2
   e.U64(c.version);
   e.I64(c.created_unix_ms);
   e.U64(c.slots.size());
@@ -230,13 +231,14 @@ std::string EncodePayload(const ShardCheckpoint& c) {
   return out;
 }
 
-absl::StatusOr<ShardCheckpoint> DecodePayload(absl::string_view payload) {
+absl::StatusOr<ShardCheckpoint> DecodePayload(absl::string_view payload, uint32_t format) {
   Decoder d(payload);
   ShardCheckpoint c;
   c.shard = d.Int("shard");
   c.num_shards = d.Int("num_shards");
   c.num_workers = d.Int("num_workers");
   c.sync = d.Bytes("sync");
+  if (format >= 2) c.optimizer = d.Bytes("optimizer");
   c.version = d.U64("version");
   c.created_unix_ms = d.I64("created_unix_ms");
   const uint64_t num_slots = d.U64("slot count");
@@ -430,15 +432,16 @@ absl::StatusOr<ShardCheckpoint> DecodeCheckpoint(absl::string_view bytes) {
     return absl::DataLossError(
         absl::StrFormat("CRC-32C mismatch: stored 0x%08x, computed 0x%08x", stored, computed));
   }
-  if (format != kCheckpointFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "format version ", format, "; this build reads version ", kCheckpointFormatVersion));
+  if (format < kOldestCheckpointFormatVersion || format > kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("format version ", format, "; this build reads versions ",
+                     kOldestCheckpointFormatVersion, " to ", kCheckpointFormatVersion));
   }
   if (flags != 0) {
     return absl::FailedPreconditionError(absl::StrFormat("unknown flags 0x%08x", flags));
   }
   absl::StatusOr<ShardCheckpoint> checkpoint =
-      DecodePayload(bytes.substr(kHeaderSize, payload_size));
+      DecodePayload(bytes.substr(kHeaderSize, payload_size), format);
   if (!checkpoint.ok()) return checkpoint.status();
   // The CRC matched, so an inconsistency here was written that way: still
   // refused, since restoring it would corrupt the shard.

@@ -13,6 +13,8 @@
 // File format (all integers little-endian):
 //   magic "HRRCKPT\n" (8 bytes) | format version u32 | flags u32 (0) |
 //   payload size u64 | payload | CRC-32C u32 of every preceding byte.
+// Format versions: 1 (no optimizer kind), 2 (adds the optimizer kind after
+// the sync policy's name). This build writes 2 and reads both.
 // The payload is a plain length-prefixed encoding of ShardCheckpoint (see
 // checkpoint.cc); no protobuf, because the bulk is float arrays that are
 // written with one memcpy each and protobuf's 2 GiB message limit would cap
@@ -51,13 +53,19 @@ struct ShardCheckpoint {
   int num_shards = 1;
   int num_workers = 1;
   std::string sync;  // the sync policy's name, for a restart to compare
+  // The shard optimizer's kind (OptimizerOptions::kind: sgd, momentum, ...;
+  // "delta" under local SGD) whose state the slots hold. A restore into a
+  // shard with another kind is refused (ShardStore::Import). Empty: unknown
+  // (format version 1), not checked.
+  std::string optimizer;
   uint64_t version = 0;
   int64_t created_unix_ms = 0;
   std::vector<SlotCheckpoint> slots;
 };
 
-// The format version this build writes and the only one it reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// The format version this build writes, and the oldest it still reads.
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
+inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 inline constexpr int kDefaultCheckpointsKept = 3;
 
 // `<dir>/shard-<shard>`.

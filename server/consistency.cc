@@ -81,16 +81,32 @@ ClockBook::ClockBook(const ConsistencyController* controller, int num_workers)
     : controller_(controller),
       pushed_(num_workers, 0),
       may_rebase_(num_workers, false),
+      lost_from_(num_workers, 0),
+      lost_to_(num_workers, 0),
       departed_(num_workers, false) {}
 
-absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock,
-                                  const Membership& membership) const {
+absl::StatusOr<PushClass> ClockBook::ClassifyPush(uint32_t rank, int64_t clock,
+                                                  const Membership& membership) const {
+  (void)membership;
   const int64_t expected = pushed_[rank];
-  if (clock != expected && !(may_rebase_[rank] && clock > expected)) {
+  if (clock < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("push for negative clock ", clock, " from rank ", rank));
+  }
+  if (clock < expected) {
+    if (clock >= lost_from_[rank] && clock < lost_to_[rank]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "push for clock ", clock, " from rank ", rank,
+          " was lost: the shard restarted from a checkpoint at clock ", lost_from_[rank],
+          " and the rank re-based to clock ", lost_to_[rank],
+          ", so its clocks in between were never applied here and cannot be now"));
+    }
+    return PushClass::kDuplicate;
+  }
+  if (clock != expected && !may_rebase_[rank]) {
     return absl::FailedPreconditionError(
         absl::StrCat("push for clock ", clock, " from rank ", rank, " but its next clock is ",
-                     expected,
-                     clock > expected ? " (clock from the future)" : " (already pushed)"));
+                     expected, " (clock from the future)"));
   }
   if (controller_->AggregatesRounds() && !AwaitingRebase()) {
     const PullVerdict slowest = CheckPull(0);
@@ -102,6 +118,18 @@ absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock,
           slowest.min_clock, "); at most ", controller_->max_pending_rounds(),
           " rounds may be pending (--max_pending_rounds)"));
     }
+  }
+  return PushClass::kNew;
+}
+
+absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock,
+                                  const Membership& membership) const {
+  absl::StatusOr<PushClass> push = ClassifyPush(rank, clock, membership);
+  if (!push.ok()) return push.status();
+  if (*push == PushClass::kDuplicate) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("push for clock ", clock, " from rank ", rank, " but its next clock is ",
+                     pushed_[rank], " (already pushed)"));
   }
   return absl::OkStatus();
 }
@@ -125,6 +153,10 @@ PushDecision ClockBook::RecordPush(uint32_t rank, int64_t clock, const Membershi
     // The first push of a rank on this slot after a restore: the worker may
     // have run on while the shard was down, so its clock is taken as it is.
     may_rebase_[rank] = false;
+    if (clock > pushed_[rank]) {
+      lost_from_[rank] = pushed_[rank];
+      lost_to_[rank] = clock;
+    }
     pushed_[rank] = std::max(pushed_[rank], clock);
   }
   if (!controller_->AggregatesRounds()) {
@@ -213,6 +245,8 @@ void ClockBook::Restore(std::vector<int64_t> pushed) {
   pushed_ = std::move(pushed);
   pushed_.resize(may_rebase_.size(), 0);
   may_rebase_.assign(may_rebase_.size(), true);
+  lost_from_.assign(may_rebase_.size(), 0);
+  lost_to_.assign(may_rebase_.size(), 0);
   rounds_.clear();
 }
 

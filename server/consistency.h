@@ -64,6 +64,13 @@ struct PushDecision {
   std::vector<CompletedRound> completed;
 };
 
+// What a push is, as far as exactly-once goes (ClockBook::ClassifyPush).
+enum class PushClass {
+  kNew,        // not seen: record it (RecordPush) and apply it
+  kDuplicate,  // (rank, clock) already applied or held in a pending round on
+               // this slot: acknowledge it, apply nothing
+};
+
 // The min clock a pull reply carries once every rank has left.
 inline constexpr int64_t kEveryoneLeftClock = std::numeric_limits<int64_t>::max() / 4;
 
@@ -129,15 +136,28 @@ class ClockBook {
   int64_t pushed(uint32_t rank) const { return pushed_[rank]; }
   const std::vector<int64_t>& pushed() const { return pushed_; }
 
-  // May `rank` push for `clock` now? OK, or FAILED_PRECONDITION saying why
-  // (already pushed, a clock from the future, or too many rounds ahead of the
-  // slowest live rank). A rank may push its next clock; after Restore() its
-  // first push on this slot may also be for a later clock (the worker ran on
-  // while the shard was down); the pending-rounds bound waits until every
-  // live rank has made that first push.
+  // The exactly-once rule. A rank pushes the clocks of a slot in order, so
+  // every clock below its next clock (pushed(rank)) has been seen: applied,
+  // or held in a pending BSP/local round. Such a push is kDuplicate (a retry
+  // after a lost reply, a cut connection or a shard restart; the checkpoint
+  // keeps pushed(), so the rule survives a restore) unless its clock is one
+  // a restore re-based the rank past (below): those were lost with the
+  // shard, and answering "applied" would be false.
+  // kNew: the rank's next clock; after Restore() its first push on this slot
+  // may also be for a later clock (the worker ran on while the shard was
+  // down); the pending-rounds bound waits until every live rank has made
+  // that first push.
+  // FAILED_PRECONDITION saying why otherwise: a negative clock, a clock from
+  // the future, too many rounds ahead of the slowest live rank, or a clock
+  // lost with a restart.
+  absl::StatusOr<PushClass> ClassifyPush(uint32_t rank, int64_t clock,
+                                         const Membership& membership) const;
+
+  // May `rank` push for `clock` now, i.e. is it kNew? OK, or
+  // FAILED_PRECONDITION (a duplicate says "already pushed").
   absl::Status CheckPush(uint32_t rank, int64_t clock, const Membership& membership) const;
 
-  // Records a push that CheckPush accepted and says what to do with it.
+  // Records a kNew push (CheckPush accepted it) and says what to do with it.
   PushDecision RecordPush(uint32_t rank, int64_t clock, const Membership& membership);
 
   // `rank` left the job: from now on this slot's rounds and pulls stop
@@ -185,6 +205,10 @@ class ClockBook {
   const ConsistencyController* controller_;
   std::vector<int64_t> pushed_;
   std::vector<bool> may_rebase_;
+  // Per rank, the clocks [from, to) a re-base after Restore() skipped: below
+  // the rank's next clock, never applied by this shard (to == from: none).
+  std::vector<int64_t> lost_from_;
+  std::vector<int64_t> lost_to_;
   std::vector<bool> departed_;  // ranks gone as far as this slot is concerned
   std::map<int64_t, Round> rounds_;  // BSP/local rounds not yet complete
 };

@@ -317,6 +317,7 @@ class PushReactor final : public PushReader<DataCall<grpc::ServerReadReactor<grp
 
  private:
   void OnAllRead() override {
+    call_.push_result = &push_result_;
     service_->Push(call_, Views(), [this](const absl::Status& status) { End(status); });
   }
 
@@ -327,6 +328,7 @@ class PushReactor final : public PushReader<DataCall<grpc::ServerReadReactor<grp
     }
     proto::PushResponse response;
     response.set_chunks_accepted(static_cast<uint32_t>(chunk_count()));
+    response.set_chunks_duplicate(push_result_.duplicate);
     bool own_buffer = false;
     // The one response travels with the status, as a typed client-streaming
     // handler sends it.
@@ -340,6 +342,7 @@ class PushReactor final : public PushReader<DataCall<grpc::ServerReadReactor<grp
   }
 
   grpc::ByteBuffer* const response_;  // gRPC's, sent with the status
+  PushResult push_result_;            // the store's, before End
 };
 
 class PullReactor final : public ReplyWriter<grpc::ServerWriteReactor<grpc::ByteBuffer>> {

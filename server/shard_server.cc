@@ -53,7 +53,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     auto checkpoint = LoadLatestCheckpoint(options.checkpoint_dir, options.shard, &warnings);
     for (const auto& warning : warnings) spdlog::warn("{}", warning);
     if (checkpoint.ok()) {
-      if (auto status = server->store_->Import(*checkpoint); !status.ok()) return status;
+      if (auto status = server->store_->Import(*checkpoint); !status.ok()) {
+        return absl::Status(status.code(),
+                            absl::StrCat("cannot restore shard ", options.shard, " from ",
+                                         options.checkpoint_dir, ": ", status.message()));
+      }
       server->restored_version_ = checkpoint->version;
       absl::MutexLock lock(&server->checkpoint_mutex_);
       server->next_checkpoint_version_ = checkpoint->version + 1;
@@ -244,6 +248,15 @@ void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
   counter("harrier_server_bytes_in_total", "Push payload bytes received.", counters.bytes_in);
   counter("harrier_server_bytes_out_total", "Pull payload bytes sent.", counters.bytes_out);
   counter("harrier_server_rejected_total", "Pushes refused as bad input.", counters.rejected);
+  counter("harrier_server_duplicate_pushes_total",
+          "Pushed chunks acknowledged as already applied (retries), not applied again.",
+          counters.duplicate_pushes);
+  counter("harrier_server_pull_view_remakes_total",
+          "Compressed pull replies re-made from the previous view (the client lost a reply).",
+          counters.pull_view_remakes);
+  counter("harrier_server_pull_view_resets_total",
+          "Compressed pulls answered dense because the client held no view the shard knows.",
+          counters.pull_view_resets);
   counter("harrier_server_optimizer_steps_total", "Optimizer steps applied.",
           counters.optimizer_steps);
   ShardStore* store = store_.get();

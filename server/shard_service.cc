@@ -14,6 +14,7 @@ struct ShardService::Work {
   Cancellation* cancellation = nullptr;
   bool on_caller_thread = false;  // Call::work_on_caller_thread
   Histogram* latency = nullptr;
+  PushResult* push_result = nullptr;  // Call::push_result
   Done done;
 
   bool cancelled() const { return cancellation != nullptr && cancellation->cancelled(); }
@@ -105,6 +106,7 @@ std::shared_ptr<ShardService::Work> ShardService::Begin(const Call& call, Histog
   work->cancellation = call.cancellation;
   work->on_caller_thread = call.work_on_caller_thread;
   work->latency = latency;
+  work->push_result = call.push_result;
   work->done = std::move(done);
   return work;
 }
@@ -130,7 +132,7 @@ absl::Status ShardService::ApplyPush(const Work& work,
                                      const std::vector<ShardStore::PushChunkView>& chunks) {
   // A call the client gave up on before it was applied changes nothing.
   if (work.cancelled()) return ClientWentAway();
-  return store_->Push(chunks);
+  return store_->Push(chunks, work.push_result);
 }
 
 absl::Status ShardService::CheckSessions(const std::vector<ShardStore::PushChunkView>& chunks,
@@ -235,8 +237,8 @@ void ShardService::AnswerPulls(const std::shared_ptr<Work>& work,
   });
   if (queued.ok()) return;
   if (plan->after_push) {
-    // Retrying the whole call would be refused as a second push of the
-    // clock: say that only the pull half failed.
+    // Say that only the pull half failed (a retry of the whole call is
+    // answered as a duplicate push, then pulls).
     queued = absl::Status(queued.code(),
                           absl::StrCat("the push was applied but its pull half was refused: ",
                                        queued.message()));

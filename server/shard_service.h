@@ -93,6 +93,11 @@ class ShardService {
     // store's chunk locks (a gRPC reaction); never for one that must only
     // move bytes (the UCX progress thread).
     bool work_on_caller_thread = false;
+    // Push and PushPull: where the store writes what the push did (chunks
+    // applied and chunks acknowledged as duplicates, see ShardStore::Push),
+    // before `done` runs with OK. May be null. Must stay valid until `done`
+    // has run.
+    PushResult* push_result = nullptr;
   };
 
   // Where a pull's reply chunks go. Called on a pool thread, in order:

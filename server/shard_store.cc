@@ -55,7 +55,11 @@ ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> opt
                   options.max_pending_rounds),
       optimizer_(controller_.ShardOptimizer(std::move(optimizer))),
       partitioner_(options.num_shards),
-      membership_(options.num_workers) {}
+      membership_(options.num_workers),
+      last_view_version_(static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(
+              std::chrono::system_clock::now().time_since_epoch())
+              .count())) {}
 
 ShardStore::~ShardStore() { Close(); }
 
@@ -239,22 +243,25 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
   }
   {
     absl::MutexLock lock(&slot->mutex);
-    if (auto status = slot->book.CheckPush(chunk.rank(), chunk.clock(), membership_); !status.ok()) {
-      return WithWhere(key, chunk.chunk(), status);
+    absl::StatusOr<PushClass> push =
+        slot->book.ClassifyPush(chunk.rank(), chunk.clock(), membership_);
+    if (!push.ok()) return WithWhere(key, chunk.chunk(), push.status());
+    if (*push == PushClass::kNew) {
+      if (auto status = CheckRoundCodecLocked(*slot, chunk); !status.ok()) return status;
     }
-    if (auto status = CheckRoundCodecLocked(*slot, chunk); !status.ok()) return status;
   }
   out->slot = slot;
   return absl::OkStatus();
 }
 
-absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks) {
+absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks,
+                              PushResult* result) {
   std::vector<PushChunkView> views(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) views[i] = {&chunks[i], chunks[i].payload()};
-  return Push(views);
+  return Push(views, result);
 }
 
-absl::Status ShardStore::Push(const std::vector<PushChunkView>& views) {
+absl::Status ShardStore::Push(const std::vector<PushChunkView>& views, PushResult* result) {
   if (closed_) return absl::UnavailableError("shard is shutting down");
   if (auto failure = membership_.failure(); !failure.ok()) return failure;
   std::vector<ValidatedChunk> valid(views.size());
@@ -284,31 +291,47 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views) {
   for (size_t i = 0; i < views.size(); ++i) {
     const proto::TensorChunk& chunk = *views[i].header;
     valid[i].slot->mutex.AssertHeld();  // by `locks`; tells the analysis so
-    if (absl::Status status = RecheckLocked(*valid[i].slot, chunk); !status.ok()) {
+    absl::StatusOr<PushClass> push = RecheckLocked(*valid[i].slot, chunk);
+    if (!push.ok()) {
       counters_.rejected++;
-      return status;
+      return push.status();
     }
+    valid[i].duplicate = *push == PushClass::kDuplicate;
   }
+  PushResult counts;
   for (size_t i = 0; i < views.size(); ++i) {
+    if (valid[i].duplicate) {
+      ++counts.duplicate;
+      continue;
+    }
     Slot& slot = *valid[i].slot;
     slot.mutex.AssertHeld();
     ApplyLocked(slot, *views[i].header, views[i].payload, valid[i]);
     slot.changed.SignalAll();
+    ++counts.applied;
     counters_.pushes++;
     counters_.bytes_in += views[i].payload.size();
   }
+  counters_.duplicate_pushes += counts.duplicate;
+  if (result != nullptr) *result = counts;
   if (!views.empty()) membership_.Heard(views.front().header->rank());
   return absl::OkStatus();
 }
 
-absl::Status ShardStore::RecheckLocked(Slot& slot, const proto::TensorChunk& chunk) {
-  // Only a call racing another call of the same rank can fail here.
-  if (!slot.book.CheckPush(chunk.rank(), chunk.clock(), membership_).ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ",
-                     chunk.rank(), " for clock ", chunk.clock(), "; this call changed nothing"));
+absl::StatusOr<PushClass> ShardStore::RecheckLocked(Slot& slot, const proto::TensorChunk& chunk) {
+  // Only a call racing another call of the same rank can fail here, or
+  // turn from new into a duplicate (a retry racing its original).
+  absl::StatusOr<PushClass> push =
+      slot.book.ClassifyPush(chunk.rank(), chunk.clock(), membership_);
+  if (!push.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Where(chunk.key(), chunk.chunk()), ": concurrent pushes from rank ", chunk.rank(),
+        " for clock ", chunk.clock(), " (", push.status().message(),
+        "); this call changed nothing"));
   }
-  return CheckRoundCodecLocked(slot, chunk);
+  if (*push == PushClass::kDuplicate) return push;
+  if (auto status = CheckRoundCodecLocked(slot, chunk); !status.ok()) return status;
+  return push;
 }
 
 absl::Status ShardStore::CheckRoundCodecLocked(Slot& slot, const proto::TensorChunk& chunk) {
@@ -463,7 +486,8 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
     std::memcpy(payload, slot->values.data(), bytes);
   } else {
     std::string encoded;
-    auto compressed = CompressPullLocked(*slot, rank, ref.codec_params(), out, &encoded);
+    auto compressed =
+        CompressPullLocked(*slot, rank, ref.codec_params(), ref.view_version(), out, &encoded);
     if (!compressed.ok()) {
       return absl::Status(compressed.code(), absl::StrCat("pull of ", Where(ref.key(), ref.chunk()),
                                                           ": ", compressed.message()));
@@ -486,18 +510,30 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
 
 absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
                                             const std::string& codec_params,
-                                            proto::TensorChunk* out, std::string* payload) {
+                                            uint64_t held_version, proto::TensorChunk* out,
+                                            std::string* payload) {
   auto codec = codecs_.Get(codec_params);
   if (!codec.ok()) return codec.status();
   const CodecSpec& spec = (*codec)->spec;
   const size_t n = slot.num_elements;
   if (slot.pulled_views.empty()) slot.pulled_views.resize(options_.num_workers);
   PulledView& view = slot.pulled_views[rank];
-  if (view.values.size() != n) {
-    // First compressed pull of this rank: dense, and the view starts there.
+  const bool holds_current = held_version != 0 && held_version == view.version &&
+                             view.values.size() == n;
+  const bool holds_previous = held_version != 0 && held_version == view.previous_version &&
+                              view.previous.size() == n;
+  if (!holds_current && !holds_previous) {
+    // The rank's first compressed pull, or a view this shard does not hold
+    // (version 0, one from before a restart, garbage): dense, and the view
+    // starts there. The old views are no base for anything the rank holds.
+    if (view.values.size() == n || held_version != 0) counters_.pull_view_resets++;
     view.values = slot.values;
+    view.version = ++last_view_version_;
+    view.previous_version = 0;
+    view.previous.clear();
     payload->assign(reinterpret_cast<const char*>(view.values.data()), n * sizeof(float));
     out->set_codec(0);
+    out->set_view_version(view.version);
     return absl::OkStatus();
   }
   if (!view.encoder || view.encoder_params != codec_params) {
@@ -506,19 +542,37 @@ absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
     view.encoder = std::move(*encoder);
     view.encoder_params = codec_params;
   }
+  if (holds_current) {
+    // The usual case: the current view becomes the previous one (what the
+    // rank holds until this reply arrives).
+    view.previous.swap(view.values);
+    view.previous_version = view.version;
+    view.values = view.previous;
+  } else {
+    // The rank lost the latest reply: re-make it from the view it holds.
+    // That reply's view is dropped; the previous one stays as it is.
+    counters_.pull_view_remakes++;
+    view.values = view.previous;
+  }
   std::vector<float> delta(n);
   for (size_t i = 0; i < n; ++i) delta[i] = slot.values[i] - view.values[i];
   CodecContext context;
   context.seed = DeriveSeed(slot.key, slot.chunk, out->clock(), rank, spec.seed);
-  if (auto status = view.encoder->Encode(delta, context, payload); !status.ok()) return status;
+  absl::Status status = view.encoder->Encode(delta, context, payload);
   // The view advances by what the rank will decode, so what the codec drops
   // stays in the next difference (error feedback on the shard's side).
-  if (auto status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(view.values));
-      !status.ok()) {
+  if (status.ok()) status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(view.values));
+  if (!status.ok()) {
+    // Nothing was sent: the rank holds the previous view, the only one left.
+    view.values = view.previous;
+    view.version = view.previous_version;
     return status;
   }
+  out->set_pull_view_version(view.previous_version);  // the base: what the rank holds
+  view.version = ++last_view_version_;
   out->set_codec(static_cast<uint32_t>(spec.id));
   out->set_codec_params(spec.ToString());
+  out->set_view_version(view.version);
   return absl::OkStatus();
 }
 
@@ -582,6 +636,7 @@ proto::ChunkRef ShardStore::PushPullRef(const proto::TensorChunk& pushed, int64_
   ref.set_chunk(pushed.chunk());
   ref.set_num_elements(pushed.num_elements());
   ref.set_codec_params(pushed.pull_codec_params());
+  ref.set_view_version(pushed.pull_view_version());
   *clock = pushed.clock() + 1;
   return ref;
 }
@@ -592,6 +647,7 @@ ShardCheckpoint ShardStore::Export() const {
   checkpoint.num_shards = options_.num_shards;
   checkpoint.num_workers = options_.num_workers;
   checkpoint.sync = options_.sync.ToString();
+  checkpoint.optimizer = optimizer_->options().kind;
   absl::ReaderMutexLock map_lock(&slots_mutex_);
   checkpoint.slots.reserve(slots_.size());
   for (const auto& entry : slots_) {
@@ -618,6 +674,17 @@ absl::Status ShardStore::Import(const ShardCheckpoint& checkpoint) {
         "checkpoint is for shard ", checkpoint.shard, "/", checkpoint.num_shards, " with ",
         checkpoint.num_workers, " workers; this is shard ", options_.shard, "/",
         options_.num_shards, " with ", options_.num_workers));
+  }
+  // Optimizer state of another kind would be read as this kind's (Adam's
+  // first moment as momentum's velocity, say): refused. A format-1
+  // checkpoint does not say its kind and is taken as it is.
+  const std::string& kind = optimizer_->options().kind;
+  if (!checkpoint.optimizer.empty() && checkpoint.optimizer != kind) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint version ", checkpoint.version, " holds optimizer state of kind '",
+        checkpoint.optimizer, "' but this shard runs optimizer '", kind,
+        "'; start it with --optimizer=", checkpoint.optimizer,
+        " (the same --sync), or with another --checkpoint_dir"));
   }
   absl::MutexLock lock(&slots_mutex_);
   if (!slots_.empty()) return absl::FailedPreconditionError("import into a non-empty shard");

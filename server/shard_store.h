@@ -59,6 +59,20 @@ struct ShardCounters {
   std::atomic<uint64_t> bytes_out{0};
   std::atomic<uint64_t> rejected{0};
   std::atomic<uint64_t> optimizer_steps{0};
+  // Exactly-once: pushed chunks acknowledged as already applied (or held in
+  // a pending round) and not applied again.
+  std::atomic<uint64_t> duplicate_pushes{0};
+  // Compressed pulls answered from the view before the current one (the
+  // client lost the latest reply), and dense ones that reset a view the
+  // client did not hold (version 0, unknown, or from before a restart).
+  std::atomic<uint64_t> pull_view_remakes{0};
+  std::atomic<uint64_t> pull_view_resets{0};
+};
+
+// What a push call did, chunk by chunk (ShardStore::Push).
+struct PushResult {
+  uint32_t applied = 0;    // new chunks: applied, or held for their round
+  uint32_t duplicate = 0;  // seen before: acknowledged, not applied again
 };
 
 // The parameters one shard owns, keyed by (tensor key, chunk). Applies
@@ -84,10 +98,18 @@ class ShardStore {
 
   // One worker's gradients for one clock, any number of chunks. All chunks
   // are validated first; then, with every slot of the call locked, all are
-  // re-checked and applied, or none: a refused call changes nothing.
-  // INVALID_ARGUMENT for a malformed chunk, NOT_FOUND for an unknown key,
-  // FAILED_PRECONDITION for a clock other than the rank's next one.
-  absl::Status Push(const std::vector<proto::TensorChunk>& chunks);
+  // re-checked and classified (ClockBook::ClassifyPush): if any is refused,
+  // none is applied and the call changes nothing; otherwise every new chunk
+  // is applied and every duplicate (rank, clock, key, chunk) is only
+  // counted, so a retried call is applied exactly once. A call may mix the
+  // two after a restore (the checkpoint may hold one slot's push and not
+  // another's, e.g. a BSP round complete on one slot and pending on the
+  // other): only the missing chunks are applied. INVALID_ARGUMENT for a
+  // malformed chunk (duplicates are validated too), NOT_FOUND for an
+  // unknown key, FAILED_PRECONDITION for a clock from the future, a clock
+  // lost with a restart or a rank that left. `result` (may be null) gets the
+  // counts of an OK call.
+  absl::Status Push(const std::vector<proto::TensorChunk>& chunks, PushResult* result = nullptr);
 
   // A pushed chunk whose payload is not in the message: `header`'s payload
   // field is ignored and `payload` is used instead. Both are borrowed for the
@@ -98,7 +120,7 @@ class ShardStore {
     absl::string_view payload;
   };
   // As Push above (same validation, same errors), without copying payloads.
-  absl::Status Push(const std::vector<PushChunkView>& chunks);
+  absl::Status Push(const std::vector<PushChunkView>& chunks, PushResult* result = nullptr);
 
   // Writes the chunk's parameters into `out` once a pull at `clock` may be
   // answered. Waits until `deadline` or until `cancellation` (may be null) is
@@ -178,8 +200,15 @@ class ShardStore {
   };
   // Compressed pulls: the parameters as one rank has rebuilt them from its
   // replies so far, and the encoder of that stream (PowerSGD warm-starts).
+  // Two versions: the latest reply's (`values`) and the one before it
+  // (`previous`), which is what the rank holds if that reply was lost; a
+  // reply re-made from `previous` is decoded by the rank exactly as the
+  // shard decodes it, so the two stay bit-identical. At most two copies.
   struct PulledView {
     std::vector<float> values;  // empty until the rank's first compressed pull
+    uint64_t version = 0;       // 0: none
+    std::vector<float> previous;
+    uint64_t previous_version = 0;  // 0: none
     std::string encoder_params;
     std::unique_ptr<Codec> encoder;
   };
@@ -216,6 +245,7 @@ class ShardStore {
     const float* gradient = nullptr;  // dense: into the payload or `decoded`
     std::vector<float> decoded;       // compressed pushes, decoded
     std::shared_ptr<const CodecCache::Entry> codec;  // compressed pushes
+    bool duplicate = false;  // classified under the call's locks
   };
 
   Slot* FindSlot(const std::string& key, uint32_t chunk) const;
@@ -241,8 +271,10 @@ class ShardStore {
   };
 
   // Under the slot's lock, right before applying: the checks another call
-  // could have changed since validation.
-  absl::Status RecheckLocked(Slot& slot, const proto::TensorChunk& chunk)
+  // could have changed since validation, and whether the chunk is new or a
+  // duplicate (a retry racing its original: the one applied second sees a
+  // duplicate).
+  absl::StatusOr<PushClass> RecheckLocked(Slot& slot, const proto::TensorChunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   absl::Status CheckRoundCodecLocked(Slot& slot, const proto::TensorChunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
@@ -252,11 +284,13 @@ class ShardStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   void FinishRoundsLocked(Slot& slot, const std::vector<PushDecision::CompletedRound>& rounds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
-  // Encodes the difference between the slot's values and the rank's view
-  // into `payload` and advances the view; sets the reply's codec fields.
+  // Encodes the difference between the slot's values and the view the
+  // rank holds (`held_version`: the current or the previous one; any other
+  // gets a dense reply) into `payload` and makes the result the current
+  // view; sets the reply's codec fields and view_version.
   absl::Status CompressPullLocked(Slot& slot, uint32_t rank, const std::string& codec_params,
-                                  proto::TensorChunk* out, std::string* payload)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+                                  uint64_t held_version, proto::TensorChunk* out,
+                                  std::string* payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   // Runs `visit` on every slot, with the slot's lock held, then wakes its
   // waiters (under the lock, so a pull between its check and its wait
   // cannot miss the wake-up).
@@ -270,6 +304,11 @@ class ShardStore {
   Membership membership_;
   CodecCache codecs_;
   std::atomic<bool> closed_{false};
+  // The last pull view version handed out. Starts at the wall clock in
+  // nanoseconds, so versions never repeat across restarts of a shard (each
+  // version takes more than a nanosecond to hand out): a client holding a
+  // view from before a restart is always told "unknown", never matched.
+  std::atomic<uint64_t> last_view_version_;
   std::atomic<int> blocked_pulls_{0};
 
   mutable absl::Mutex slots_mutex_;

@@ -204,6 +204,7 @@ TEST_CASE("compressed pulls: dense first, then top-k of the difference, nothing 
   REQUIRE(store->Pull(0, 0, ref, forever, {}, &reply).ok());
   REQUIRE(reply.codec() == 0);
   ApplyReply(reply, &view);
+  ref.set_view_version(reply.view_version());  // the client says which view it holds
 
   std::vector<float> gradient(100);
   for (int i = 0; i < 100; ++i) gradient[i] = static_cast<float>(i + 1);
@@ -216,6 +217,7 @@ TEST_CASE("compressed pulls: dense first, then top-k of the difference, nothing 
     REQUIRE(reply.codec() == static_cast<uint32_t>(CodecId::kTopK));
     REQUIRE(reply.payload().size() == HeaderBytes() + 10 * 8);  // vs 400 dense
     ApplyReply(reply, &view);
+    ref.set_view_version(reply.view_version());
     if (pull == 0) {
       REQUIRE(view[99] == target[99]);  // the largest change arrives first
       REQUIRE(view[0] == 0.0f);
@@ -224,6 +226,60 @@ TEST_CASE("compressed pulls: dense first, then top-k of the difference, nothing 
   REQUIRE(view == target);
   ref.set_codec_params("zip");
   REQUIRE(absl::IsInvalidArgument(store->Pull(0, 1, ref, forever, {}, &reply)));
+}
+
+TEST_CASE("compressed pulls are idempotent: a lost reply is re-made from the view the rank holds") {
+  auto store = MakeStore("asp", 1);
+  REQUIRE(store->Init(Init("w", 100)).ok());
+  proto::ChunkRef ref;
+  ref.set_key("w");
+  ref.set_num_elements(100);
+  ref.set_codec_params("topk:ratio=0.1");
+  const auto forever = ShardStore::Clock::now() + std::chrono::seconds(5);
+  std::vector<float> view;
+  proto::TensorChunk reply;
+  REQUIRE(store->Pull(0, 0, ref, forever, {}, &reply).ok());
+  ApplyReply(reply, &view);
+  ref.set_view_version(reply.view_version());
+  REQUIRE(reply.view_version() != 0);
+
+  std::vector<float> gradient(100);
+  for (int i = 0; i < 100; ++i) gradient[i] = static_cast<float>(i + 1);
+  int64_t clock = 0;
+  REQUIRE(store->Push({Gradient("w", 0, clock++, gradient)}).ok());
+  // Every other reply is lost: the rank keeps its view and its version.
+  for (int pull = 0; pull < 40; ++pull) {
+    reply.Clear();
+    REQUIRE(store->Pull(0, clock, ref, forever, {}, &reply).ok());
+    REQUIRE(reply.codec() == static_cast<uint32_t>(CodecId::kTopK));
+    REQUIRE(reply.pull_view_version() == ref.view_version());  // made for the view held
+    if (pull % 2 == 1) {
+      ApplyReply(reply, &view);
+      ref.set_view_version(reply.view_version());
+    }
+    if (pull == 10) REQUIRE(store->Push({Gradient("w", 0, clock++, gradient)}).ok());
+  }
+  REQUIRE(store->counters().pull_view_remakes == 20);
+  // 20 applied replies drain 200 differences of 10 each: the view is the
+  // parameters exactly, as the shard's own view is.
+  REQUIRE(view == *store->Snapshot("w", 0));
+
+  // A version the shard does not hold (0, garbage, from before a restart):
+  // a dense reply that resets the view.
+  for (uint64_t unknown : {uint64_t{0}, uint64_t{12345}}) {
+    ref.set_view_version(unknown);
+    reply.Clear();
+    REQUIRE(store->Pull(0, clock, ref, forever, {}, &reply).ok());
+    REQUIRE(reply.codec() == 0);
+    ApplyReply(reply, &view);
+    REQUIRE(view == *store->Snapshot("w", 0));
+  }
+  REQUIRE(store->counters().pull_view_resets == 2);
+  // After a reset, the version before it is no base any more either.
+  const uint64_t reset_version = reply.view_version();
+  ref.set_view_version(reset_version);
+  REQUIRE(store->Pull(0, clock, ref, forever, {}, &reply).ok());
+  REQUIRE(reply.codec() != 0);
 }
 
 }  // namespace

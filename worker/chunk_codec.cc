@@ -41,6 +41,7 @@ struct ChunkCodec::PushState {
 struct ChunkCodec::Mirror {
   absl::Mutex mutex;
   std::vector<float> values ABSL_GUARDED_BY(mutex);  // empty until the first (dense) reply
+  uint64_t version ABSL_GUARDED_BY(mutex) = 0;       // the shard's view version of `values`
 };
 
 absl::StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const std::string& push_codec,
@@ -119,6 +120,13 @@ const std::string& ChunkCodec::PullParams(const ChunkKey& key) const {
   return MirrorFor(key) != nullptr ? pull_params_ : *kDense;
 }
 
+uint64_t ChunkCodec::ViewVersion(const ChunkKey& key) const {
+  std::shared_ptr<Mirror> mirror = MirrorFor(key);
+  if (mirror == nullptr) return 0;
+  absl::MutexLock lock(&mirror->mutex);
+  return mirror->values.empty() ? 0 : mirror->version;
+}
+
 absl::Status ChunkCodec::EncodePush(const ChunkKey& key, absl::Span<const float> values,
                                     int64_t clock, uint32_t rank, OutgoingChunk* out) {
   proto::TensorChunk& header = out->header;
@@ -187,6 +195,7 @@ absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const Ch
     if (mirror != nullptr) {
       absl::MutexLock lock(&mirror->mutex);
       mirror->values.assign(out, out + span->num_elements);
+      mirror->version = reply.view_version();
     }
     return absl::OkStatus();
   }
@@ -221,11 +230,22 @@ absl::Status ChunkCodec::DecodeIntoMirror(const std::string& name, const ChunkSp
     return absl::DataLossError(absl::StrCat("compressed reply for '", name, "' chunk ",
                                             reply.chunk(), " before its first dense one"));
   }
+  if (reply.pull_view_version() != 0 && reply.pull_view_version() != mirror.version) {
+    // Made for another view than this one (two pulls of the chunk at once):
+    // adding it would part the mirror from the shard's view for good. Left
+    // as it is, the mirror's version is unknown to the shard by the next
+    // pull, which then resets it with a dense reply.
+    return absl::DataLossError(absl::StrCat(
+        "compressed reply for '", name, "' chunk ", reply.chunk(), " applies to view version ",
+        reply.pull_view_version(), ", this client holds ", mirror.version,
+        " (one chunk pulled twice at once?)"));
+  }
   if (auto status = pull_decoder_->DecodeAdd(bytes, 1.0f, absl::MakeSpan(mirror.values));
       !status.ok()) {
     return absl::DataLossError(
         absl::StrCat("'", name, "' chunk ", reply.chunk(), ": ", status.message()));
   }
+  mirror.version = reply.view_version();
   std::memcpy(out, mirror.values.data(), span.num_elements * sizeof(float));
   return absl::OkStatus();
 }

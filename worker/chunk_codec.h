@@ -44,6 +44,13 @@ class ChunkCodec {
   // chunk is pulled dense.
   const std::string& PullParams(const ChunkKey& key) const;
 
+  // The version of the chunk's pull view (the last reply's view_version;
+  // 0: none, or the chunk is pulled dense). A pull sends it so the shard
+  // answers from the view this client holds, whatever replies were lost.
+  // Read it for every attempt of a call: a retried call may follow one
+  // whose first chunks arrived.
+  uint64_t ViewVersion(const ChunkKey& key) const;
+
   // Fills the codec fields, payload and checksum of `out` for the chunk's
   // `values` (its identity fields are the caller's). A dense payload
   // borrows `values`, which must outlive the send. `clock` and `rank` seed

@@ -96,6 +96,10 @@ absl::Status ShardCalls::Pull(Operation& op, const std::string& name, const Shar
     if (!pull_params.empty()) ref->set_codec_params(pull_params);
   }
   return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
+    // Each attempt says which pull views it holds now (ChunkCodec::ViewVersion).
+    for (proto::ChunkRef& ref : *request.mutable_chunks()) {
+      ref.set_view_version(codec_.ViewVersion(ChunkKey{name, ref.chunk()}));
+    }
     return transports_[group.shard]->Pull(request, sink, Deadline(), op.canceller());
   });
 }
@@ -105,6 +109,10 @@ absl::Status ShardCalls::PushPull(Operation& op, const std::string& name, const 
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
   return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
+    for (OutgoingChunk& chunk : *chunks) {  // as in Pull
+      chunk.header.set_pull_view_version(
+          codec_.ViewVersion(ChunkKey{name, chunk.header.chunk()}));
+    }
     return transports_[group.shard]->PushPull(*chunks, sink, Deadline(), op.canceller());
   });
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/crc32c.h"
+#include "server/shard_store.h"
 
 namespace harrier {
 namespace {
@@ -37,6 +38,7 @@ ShardCheckpoint MakeCheckpoint(int shard, uint64_t version) {
   c.num_shards = 4;
   c.num_workers = 3;
   c.sync = "ssp:2";
+  c.optimizer = "adam";
   c.version = version;
   c.created_unix_ms = 1700000000123 + static_cast<int64_t>(version);
 
@@ -77,6 +79,7 @@ void RequireSame(const ShardCheckpoint& x, const ShardCheckpoint& y) {
   REQUIRE(x.num_shards == y.num_shards);
   REQUIRE(x.num_workers == y.num_workers);
   REQUIRE(x.sync == y.sync);
+  REQUIRE(x.optimizer == y.optimizer);
   REQUIRE(x.version == y.version);
   REQUIRE(x.created_unix_ms == y.created_unix_ms);
   REQUIRE(x.slots.size() == y.slots.size());
@@ -253,12 +256,12 @@ TEST_CASE("a corrupt newest file falls back to the previous version", "[checkpoi
 }
 
 TEST_CASE("a file of another format version is refused", "[checkpoint]") {
-  // A well-formed file whose header names format version 2 (CRC recomputed).
+  // A well-formed file whose header names format version 3 (CRC recomputed).
   std::string bytes = EncodeCheckpoint(MakeCheckpoint(0, 1));
-  bytes[8] = 2;
+  bytes[8] = 3;
   auto decoded = DecodeCheckpoint(Reseal(bytes));
   REQUIRE(absl::IsFailedPrecondition(decoded.status()));
-  REQUIRE(std::string(decoded.status().message()).find("format version 2") != std::string::npos);
+  REQUIRE(std::string(decoded.status().message()).find("format version 3") != std::string::npos);
 }
 
 TEST_CASE("all checkpoints corrupt is an error naming each file", "[checkpoint]") {
@@ -374,6 +377,85 @@ TEST_CASE("damaged lengths do not allocate or crash", "[checkpoint]") {
   for (size_t n = 0; n < good.size(); n += 7) {
     REQUIRE_FALSE(DecodeCheckpoint(good.substr(0, n)).ok());
   }
+}
+
+}  // namespace
+}  // namespace harrier
+
+namespace harrier {
+namespace {
+
+// A format-1 file of `c` (no optimizer kind), as the previous release wrote.
+std::string FormatOneFile(ShardCheckpoint c) {
+  c.optimizer.clear();
+  std::string bytes = EncodeCheckpoint(c);
+  // Payload: shard, num_shards, num_workers (4 bytes each), sync (8-byte
+  // length + bytes), then format 2's optimizer (8-byte length, here 0).
+  const size_t header = 24, optimizer_at = header + 12 + 8 + c.sync.size();
+  bytes.erase(optimizer_at, 8);
+  uint64_t payload_size = 0;
+  for (int i = 0; i < 8; ++i) {
+    payload_size |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[16 + i])) << (8 * i);
+  }
+  payload_size -= 8;
+  for (int i = 0; i < 8; ++i) bytes[16 + i] = static_cast<char>((payload_size >> (8 * i)) & 0xff);
+  bytes[8] = 1;
+  return Reseal(bytes);
+}
+
+TEST_CASE("a checkpoint records its optimizer kind; format 1 files stay readable",
+          "[checkpoint]") {
+  auto decoded = DecodeCheckpoint(EncodeCheckpoint(MakeCheckpoint(0, 1)));
+  REQUIRE(decoded.ok());
+  REQUIRE(decoded->optimizer == "adam");
+  auto old = DecodeCheckpoint(FormatOneFile(MakeCheckpoint(0, 1)));
+  INFO(old.status().ToString());
+  REQUIRE(old.ok());
+  REQUIRE(old->optimizer.empty());
+  ShardCheckpoint expected = MakeCheckpoint(0, 1);
+  expected.optimizer.clear();
+  RequireSame(expected, *old);
+}
+
+std::unique_ptr<ShardStore> StoreWith(const std::string& kind) {
+  ShardStoreOptions options;
+  options.num_workers = 1;
+  options.sync = *SyncPolicy::FromFlags("asp", 1, 1);
+  OptimizerOptions optimizer;
+  optimizer.kind = kind;
+  return std::make_unique<ShardStore>(options, *CreateOptimizer(optimizer));
+}
+
+proto::InitRequest OneValue() {
+  const float zero = 0.0f;
+  proto::InitRequest init;
+  init.set_key("w");
+  init.add_shape(1);
+  init.set_num_elements(1);
+  init.set_dtype(proto::DTYPE_FLOAT32);
+  init.set_initial_values(std::string(reinterpret_cast<const char*>(&zero), sizeof(zero)));
+  init.set_checksum(Crc32c(init.initial_values().data(), sizeof(zero)));
+  return init;
+}
+
+TEST_CASE("import refuses optimizer state of another kind, naming both", "[checkpoint]") {
+  auto adam = StoreWith("adam");
+  REQUIRE(adam->Init(OneValue()).ok());
+  const ShardCheckpoint checkpoint = adam->Export();
+  REQUIRE(checkpoint.optimizer == "adam");
+  // Through the file format, as a restart reads it.
+  auto decoded = DecodeCheckpoint(EncodeCheckpoint(checkpoint));
+  REQUIRE(decoded.ok());
+  const absl::Status refused = StoreWith("momentum")->Import(*decoded);
+  INFO(refused.ToString());
+  REQUIRE(absl::IsFailedPrecondition(refused));
+  REQUIRE(refused.message().find("'adam'") != absl::string_view::npos);
+  REQUIRE(refused.message().find("'momentum'") != absl::string_view::npos);
+  REQUIRE(StoreWith("adam")->Import(*decoded).ok());
+  // A format-1 checkpoint does not say its kind: taken as it is.
+  auto old = DecodeCheckpoint(FormatOneFile(checkpoint));
+  REQUIRE(old.ok());
+  REQUIRE(StoreWith("momentum")->Import(*old).ok());
 }
 
 }  // namespace

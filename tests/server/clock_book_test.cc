@@ -15,7 +15,7 @@
 namespace harrier {
 namespace {
 
-enum class Event { kPush, kRefusedPush, kLeave, kRestore, kPull };
+enum class Event { kPush, kRefusedPush, kDuplicatePush, kLostPush, kLeave, kRestore, kPull };
 
 struct Step {
   Event event;
@@ -39,7 +39,13 @@ Step Push(uint32_t rank, int64_t clock, float scale) {
 Step Hold(uint32_t rank, int64_t clock, std::vector<std::pair<int64_t, int>> completed = {}) {
   return {Event::kPush, rank, clock, false, 1.0f, std::move(completed)};
 }
+// Refused: FAILED_PRECONDITION (a clock from the future, too far ahead).
 Step Refused(uint32_t rank, int64_t clock) { return {Event::kRefusedPush, rank, clock}; }
+// Exactly-once: a clock below the rank's next one is a duplicate to
+// acknowledge, not to record (CheckPush still says "already pushed")...
+Step Duplicate(uint32_t rank, int64_t clock) { return {Event::kDuplicatePush, rank, clock}; }
+// ...unless a restore re-based the rank past it: lost with the shard.
+Step Lost(uint32_t rank, int64_t clock) { return {Event::kLostPush, rank, clock}; }
 Step Leave(uint32_t rank, std::vector<std::pair<int64_t, int>> completed = {}) {
   Step step{Event::kLeave, rank};
   step.completed = std::move(completed);
@@ -98,9 +104,27 @@ void Run(const Case& c) {
         }
         break;
       }
-      case Event::kRefusedPush:
+      case Event::kRefusedPush: {
         REQUIRE(absl::IsFailedPrecondition(book.CheckPush(step.rank, step.clock, membership)));
+        REQUIRE(absl::IsFailedPrecondition(
+            book.ClassifyPush(step.rank, step.clock, membership).status()));
         break;
+      }
+      case Event::kDuplicatePush: {
+        auto push = book.ClassifyPush(step.rank, step.clock, membership);
+        REQUIRE(push.ok());
+        REQUIRE(*push == PushClass::kDuplicate);
+        const absl::Status check = book.CheckPush(step.rank, step.clock, membership);
+        REQUIRE(absl::IsFailedPrecondition(check));
+        REQUIRE(std::string(check.message()).find("already pushed") != std::string::npos);
+        break;
+      }
+      case Event::kLostPush: {
+        auto push = book.ClassifyPush(step.rank, step.clock, membership);
+        REQUIRE(absl::IsFailedPrecondition(push.status()));
+        REQUIRE(std::string(push.status().message()).find("was lost") != std::string::npos);
+        break;
+      }
       case Event::kLeave:
         REQUIRE(membership.Depart(step.rank));
         REQUIRE(Flatten(book.Depart(step.rank)) == step.completed);
@@ -122,7 +146,7 @@ TEST_CASE("clock book: every mode, table-driven") {
   const std::vector<Case> cases = {
       {"bsp: a round completes when every rank pushed, pulls wait for it",
        "bsp", 1, 1, 2, false,
-       {Pull(0, true, 0), Hold(0, 0), Pull(1, false, 0), Refused(0, 0), Refused(0, 2),
+       {Pull(0, true, 0), Hold(0, 0), Pull(1, false, 0), Duplicate(0, 0), Refused(0, 2),
         Hold(1, 0, {{0, 2}}), Pull(1, true, 1), Hold(1, 1), Hold(0, 1, {{1, 2}}),
         Pull(2, true, 2)}},
       {"bsp: a fast rank may run one round ahead; rounds complete in clock order",
@@ -143,13 +167,19 @@ TEST_CASE("clock book: every mode, table-driven") {
       {"bsp: after a restore each rank re-bases once on this slot",
        "bsp", 1, 1, 2, false,
        {Restore({1, 1}), Pull(1, true, 1), Hold(0, 3), Pull(2, false, 1), Hold(1, 3, {{3, 2}}),
-        Refused(0, 9), Refused(1, 3), Pull(4, true, 4)}},
+        Refused(0, 9), Duplicate(1, 3), Duplicate(0, 0), Lost(0, 1), Lost(1, 2), Duplicate(0, 3),
+        Pull(4, true, 4)}},
+      {"bsp: after a restore a retry of a clock in the checkpoint is a duplicate, of one "
+       "after it new",
+       "bsp", 1, 1, 2, false,
+       {Restore({3, 3}), Duplicate(0, 2), Duplicate(1, 0), Hold(0, 3), Duplicate(0, 3),
+        Hold(1, 3, {{3, 2}}), Duplicate(1, 3), Refused(0, -1)}},
       {"bsp: a re-based rank past a pending round completes it",
        "bsp", 1, 1, 2, false,
        {Restore({2, 2}), Hold(0, 2), Hold(1, 5, {{2, 1}})}},
       {"ssp(s=2): pushes apply on arrival scaled 1/n, pulls wait for min clock >= t - 2",
        "ssp", 2, 1, 2, false,
-       {Push(0, 0, 0.5f), Push(0, 1, 0.5f), Pull(2, true, 0), Pull(3, false, 0), Refused(0, 1),
+       {Push(0, 0, 0.5f), Push(0, 1, 0.5f), Pull(2, true, 0), Pull(3, false, 0), Duplicate(0, 1),
         Push(1, 0, 0.5f), Pull(3, true, 1)}},
       {"ssp: after a rank leaves the scale is 1/active",
        "ssp", 1, 1, 4, false,

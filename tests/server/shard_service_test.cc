@@ -264,6 +264,43 @@ TEST_CASE("shard service: push-pull applies the push, then answers with the para
   REQUIRE(pulled.payloads == std::vector<std::vector<float>>{{-1, -2}});
 }
 
+TEST_CASE("shard service: a retried push or push-pull is a duplicate on either transport's path") {
+  auto store = MakeStore("asp", 1);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  ShardService service(store.get(), {});
+  const std::vector<Pushed> chunks = {Gradient("w", 0, 0, 0, {1, 2})};
+  // gRPC runs the push on its reaction thread, UCX on the push pool.
+  for (const bool on_caller_thread : {true, false}) {
+    INFO("work_on_caller_thread " << on_caller_thread);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      PushResult result;
+      ShardService::Call call;
+      call.work_on_caller_thread = on_caller_thread;
+      call.push_result = &result;
+      Outcome outcome;
+      service.Push(call, Views(chunks), outcome.Callback());
+      REQUIRE(outcome.Wait());
+      REQUIRE(outcome.status.ok());
+      const bool first = on_caller_thread && attempt == 0;
+      REQUIRE(result.applied == (first ? 1u : 0u));
+      REQUIRE(result.duplicate == (first ? 0u : 1u));
+    }
+    // A retried push-pull: the push half is a duplicate, the pull half answers.
+    PushResult result;
+    ShardService::Call call;
+    call.work_on_caller_thread = on_caller_thread;
+    call.push_result = &result;
+    Sink sink;
+    Outcome outcome;
+    service.PushPull(call, Views(chunks), &sink, outcome.Callback());
+    REQUIRE(outcome.Wait());
+    REQUIRE(outcome.status.ok());
+    REQUIRE(result.duplicate == 1);
+    REQUIRE(sink.payloads == std::vector<std::vector<float>>{{-1, -2}});
+  }
+  REQUIRE(store->counters().duplicate_pushes == 5);
+}
+
 TEST_CASE("shard service: the pull pool waits for each reply chunk to leave before the next") {
   auto store = MakeStore("asp", 1);
   for (uint32_t chunk = 0; chunk < 3; ++chunk) REQUIRE(store->Init(Init("w", chunk, 2)).ok());

@@ -326,5 +326,55 @@ TEST_CASE("both transports refuse a push or pull without a valid session alike")
   REQUIRE((*ucx)->Call(frame, pull.SerializeAsString(), "").ok());
 }
 
+TEST_CASE("both transports acknowledge a retried push as a duplicate and apply it once") {
+  BspShard shard;
+  std::vector<float> ones(kElements, 1.0f);
+  auto chunk_of = [&](uint32_t rank) {
+    proto::TensorChunk chunk;
+    chunk.set_key("w");
+    chunk.set_rank(rank);
+    shard.sessions->Attach(&chunk);
+    chunk.set_clock(0);
+    chunk.set_num_elements(kElements);
+    chunk.set_dtype(proto::DTYPE_FLOAT32);
+    chunk.set_checksum(Crc32c(ones.data(), kElements * 4));
+    return chunk;
+  };
+  const std::string payload(reinterpret_cast<const char*>(ones.data()), kElements * 4);
+  // gRPC: rank 0's push, then its retry; the response says so.
+  for (uint32_t expected_duplicates : {0u, 1u}) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::PushResponse response;
+    auto writer = shard.stub->Push(&context, &response);
+    proto::TensorChunk chunk = chunk_of(0);
+    chunk.set_payload(payload);
+    REQUIRE(writer->Write(chunk));
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    REQUIRE(response.chunks_accepted() == 1);
+    REQUIRE(response.chunks_duplicate() == expected_duplicates);
+  }
+  // UCX: rank 1's push and its retry, both OK (UCX replies carry a status).
+  auto ucx = testing::RawUcxClient::Connect(shard.server->address());
+  REQUIRE(ucx.ok());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    transport::Frame frame;
+    frame.op = transport::Op::kPush;
+    frame.count = 1;
+    frame.payload_bytes = payload.size();
+    frame.arg = 10000;
+    const absl::Status status = (*ucx)->Call(frame, chunk_of(1).SerializeAsString(), payload);
+    INFO(status.ToString());
+    REQUIRE(status.ok());
+  }
+  const std::string metrics = testing::HttpGet(shard.metrics_port, "/metrics");
+  INFO(metrics);
+  REQUIRE(Has(metrics, "harrier_server_duplicate_pushes_total{shard=\"0\"} 2\n"));
+  REQUIRE(Has(metrics, "harrier_server_pushes_total{shard=\"0\"} 2\n"));
+}
+
 }  // namespace
 }  // namespace harrier

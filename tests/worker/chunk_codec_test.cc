@@ -97,6 +97,51 @@ TEST_CASE("compressed pull replies update the mirror that the first dense one se
   CHECK(out == std::vector<float>({1, 2, 13, 4, 5, 6, -7, 8}));
 }
 
+TEST_CASE("the mirror records the view version of the last reply it applied") {
+  const std::string spec = "topk:ratio=0.25";
+  auto codec = ChunkCodec::Create("none", spec, 0);
+  REQUIRE(codec.ok());
+  REQUIRE((*codec)->AddTensor(OneChunk("w")).ok());
+  const std::vector<ChunkSpan> spans = OneChunk("w").groups[0].spans;
+  std::vector<float> out(kElements);
+  CHECK((*codec)->ViewVersion({"w", 0}) == 0);  // no view yet: the shard answers dense
+  const std::string dense = Dense(std::vector<float>(kElements, 1.0f));
+  proto::TensorChunk first = Reply("w", dense, 0, "");
+  first.set_view_version(41);
+  REQUIRE((*codec)->DecodePull("w", spans, first, PayloadView(dense), out.data()).ok());
+  CHECK((*codec)->ViewVersion({"w", 0}) == 41);
+  std::string payload;
+  auto encoder = CreateCodec(*CodecSpec::Parse(spec));
+  REQUIRE((*encoder)
+              ->Encode(std::vector<float>{0, 0, 5, 0, 0, 0, -7, 0}, CodecContext{}, &payload)
+              .ok());
+  proto::TensorChunk compressed = Reply("w", payload, static_cast<uint32_t>(CodecId::kTopK), spec);
+  compressed.set_view_version(42);
+  REQUIRE((*codec)->DecodePull("w", spans, compressed, PayloadView(payload), out.data()).ok());
+  CHECK((*codec)->ViewVersion({"w", 0}) == 42);
+  // A reply made for another view than the one held is refused.
+  proto::TensorChunk other_base = compressed;
+  other_base.set_pull_view_version(41);
+  other_base.set_view_version(44);
+  const std::vector<float> before = out;
+  CHECK(absl::IsDataLoss(
+      (*codec)->DecodePull("w", spans, other_base, PayloadView(payload), out.data())));
+  CHECK((*codec)->ViewVersion({"w", 0}) == 42);
+  other_base.set_pull_view_version(42);  // the right base applies
+  REQUIRE((*codec)->DecodePull("w", spans, other_base, PayloadView(payload), out.data()).ok());
+  CHECK((*codec)->ViewVersion({"w", 0}) == 44);
+  CHECK(out != before);
+  // A refused reply changes neither the view nor its version.
+  compressed.set_view_version(43);
+  compressed.set_checksum(compressed.checksum() ^ 1);
+  CHECK_FALSE((*codec)->DecodePull("w", spans, compressed, PayloadView(payload), out.data()).ok());
+  CHECK((*codec)->ViewVersion({"w", 0}) == 44);
+  // A chunk pulled dense has no view.
+  auto plain = ChunkCodec::Create("none", "none", 0);
+  REQUIRE((*plain)->AddTensor(OneChunk("w")).ok());
+  CHECK((*plain)->ViewVersion({"w", 0}) == 0);
+}
+
 TEST_CASE("a bad pull reply is refused and writes nothing") {
   const std::string spec = "topk:ratio=0.25";
   auto codec = ChunkCodec::Create("none", spec, 0);
