@@ -28,8 +28,22 @@ clang_out="${HARRIER_CLANG_OUT:-$HOME/.cache/harrier-clang-out}"
 read -r -a extra <<<"${HARRIER_CLANG_BAZEL_FLAGS:-}"
 fuzz_seconds="${HARRIER_FUZZ_SECONDS:-30}"
 cbazel() { bazel --output_base="$clang_out" "$@"; }
+# Each phase's wall time, and the CPU seconds its Bazel server's actions and
+# tests used (reaped children of the server, from /proc): on shared cores
+# the second says what the phase costs without the contention.
+server_cpu() {
+  local pid
+  pid=$(cat "$clang_out/server/server.pid.txt" 2>/dev/null) &&
+    awk '{printf "%d", ($14 + $15 + $16 + $17) / 100}' "/proc/$pid/stat" 2>/dev/null || echo 0
+}
 phase_start=$SECONDS
-phase_time() { echo "time $1: $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
+phase_cpu=0
+phase_time() {
+  local cpu; cpu=$(server_cpu)
+  [ "$cpu" -lt "$phase_cpu" ] && phase_cpu=0  # a new server
+  echo "time $1: $((SECONDS - phase_start)) s wall, $((cpu - phase_cpu)) s Bazel CPU"
+  phase_start=$SECONDS; phase_cpu=$cpu
+}
 
 if ! command -v clang-14 >/dev/null 2>&1; then
   echo "FAIL clang build (clang-14 not installed)"
