@@ -37,7 +37,7 @@ server_cpu() {
     awk '{printf "%d", ($14 + $15 + $16 + $17) / 100}' "/proc/$pid/stat" 2>/dev/null || echo 0
 }
 phase_start=$SECONDS
-phase_cpu=0
+phase_cpu=$(server_cpu)  # a server still up from an earlier run has spent some
 phase_time() {
   local cpu; cpu=$(server_cpu)
   [ "$cpu" -lt "$phase_cpu" ] && phase_cpu=0  # a new server
