@@ -70,7 +70,7 @@ count_targets() {  # $1: the bazel test log; $2: a label; $3: bazel's exit statu
   return 0
 }
 
-echo "== clang-14 build: thread-safety analysis, ASan + UBSan, libFuzzer (--config=asan)"
+echo "== clang-14 build, thread-safety analysis (--config=asan, which adds ASan + UBSan and libFuzzer's instrumentation)"
 if cbazel build --config=asan "${extra[@]}" //common/... //server/... //worker/... \
      >"$logs/clang-build.log" 2>&1; then
   passed=$((passed + 1)); echo "PASS clang build"
