@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -214,6 +216,24 @@ TEST_CASE("BSP: a push too many rounds ahead is refused and changes nothing") {
   REQUIRE(w[0] == -3.0f);  // three rounds of average 1
 }
 
+// The value of the first sample of `name` in a Prometheus text exposition
+// (-1 if absent).
+double MetricValue(const std::string& exposition, const std::string& name) {
+  size_t at = 0;
+  while ((at = exposition.find(name, at)) != std::string::npos) {
+    const bool line_start = at == 0 || exposition[at - 1] == '\n';
+    const size_t end = exposition.find('\n', at);
+    const std::string line = exposition.substr(at, end == std::string::npos ? end : end - at);
+    at += name.size();
+    if (!line_start || line.size() <= name.size() ||
+        (line[name.size()] != ' ' && line[name.size()] != '{')) {
+      continue;
+    }
+    return std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+  }
+  return -1;
+}
+
 // A harrier-worker process takes rank 1, heartbeats, and is killed; rank 0
 // (a thread here) waits for it in BSP.
 absl::Status RunWithKilledWorker(const std::string& policy) {
@@ -237,6 +257,19 @@ absl::Status RunWithKilledWorker(const std::string& policy) {
     if (!registered) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   REQUIRE(registered);
+  // The shard declares lost only a rank it has heard from (a heartbeat or a
+  // push). /healthz comes up while the victim's first heartbeat may still be
+  // in flight, and under ASan on loaded cores 500 ms after it was not always
+  // enough (the victim died unheard and the survivor's pull timed out). Its
+  // first push starts only after its first pulls were answered and a step
+  // (with --step_delay_ms) ran: its heartbeats have had over a second.
+  bool pushed = false;
+  for (int waited_ms = 0; waited_ms < 60000 && !pushed; waited_ms += 50) {
+    pushed = MetricValue(testing::HttpGet(victim_metrics, "/metrics"),
+                         "harrier_worker_pushes_total") >= 1;
+    if (!pushed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(pushed);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a heartbeat or two arrive
   (*victim)->Signal(SIGKILL);
   REQUIRE((*victim)->WaitForExit(5000) == 128 + SIGKILL);

@@ -256,6 +256,26 @@ TEST_CASE("clock book: a checkpoint rolls ranks back to the first pending round"
   REQUIRE(book.CheckpointClocks() == std::vector<int64_t>{2, 2, 2});
 }
 
+// What tests/fuzz/shard_store_fuzz found (corpus regression-export-cut-
+// below-rebased-rank): a checkpoint cuts every rank at the first pending
+// round, so a round opened below a rank that a restore put past it lowers
+// that rank's checkpoint clock, though the book's own clock does not move.
+// By design: the checkpoint is the state before that round, and every rank
+// of a restored shard may re-base.
+TEST_CASE("clock book: a round opened below a restored rank lowers its checkpoint clock") {
+  ConsistencyController controller(*SyncPolicy::FromFlags("bsp", 0, 1), 3);
+  Membership membership(3);
+  ClockBook book = controller.NewClockBook();
+  book.Restore({2, 0, 0});
+  REQUIRE(book.CheckpointClocks() == std::vector<int64_t>{2, 0, 0});
+  book.RecordPush(1, 0, membership);
+  REQUIRE(book.RoundPending(0));
+  REQUIRE(book.CheckpointClocks() == std::vector<int64_t>{0, 0, 0});
+  REQUIRE(book.pushed(0) == 2);
+  REQUIRE(book.RecordPush(2, 0, membership).completed.size() == 1);
+  REQUIRE(book.CheckpointClocks() == std::vector<int64_t>{2, 1, 1});
+}
+
 TEST_CASE("consistency controller: local SGD steps with the delta optimizer") {
   OptimizerOptions adam;
   adam.kind = "adam";
