@@ -134,6 +134,20 @@ absl::Status ClockBook::CheckPush(uint32_t rank, int64_t clock,
   return absl::OkStatus();
 }
 
+bool ClockBook::RebaseFromWorker(uint32_t rank, int64_t next_clock,
+                                 std::vector<PushDecision::CompletedRound>* completed) {
+  if (rank >= may_rebase_.size() || !may_rebase_[rank] || departed_[rank] ||
+      next_clock <= pushed_[rank]) {
+    return false;
+  }
+  may_rebase_[rank] = false;
+  lost_from_[rank] = pushed_[rank];
+  lost_to_[rank] = next_clock;
+  pushed_[rank] = next_clock;
+  *completed = TakeCompletedRounds();
+  return true;
+}
+
 bool ClockBook::AwaitingRebase() const {
   for (size_t r = 0; r < may_rebase_.size(); ++r) {
     if (may_rebase_[r] && !departed_[r]) return true;

@@ -181,6 +181,18 @@ class ClockBook {
   // Loads a checkpoint's clocks; every rank may re-base once on this slot.
   void Restore(std::vector<int64_t> pushed);
 
+  // The worker says its next push clock on this slot is `next_clock` (a
+  // heartbeat: one past the last clock the shard acknowledged). A rank
+  // still to re-base after a restore whose book clock is lower is re-based
+  // to it now, as its first push would: the pushes in between were
+  // acknowledged before the crash and will not come again, and rounds and
+  // pulls that wait for them would wait for ever (a worker done with its
+  // step here blocks on another shard for a rank that waits here for it).
+  // True if it re-based (pulls may proceed now); `completed` gets the
+  // rounds that completed, oldest first.
+  bool RebaseFromWorker(uint32_t rank, int64_t next_clock,
+                        std::vector<PushDecision::CompletedRound>* completed);
+
   // The largest clock any rank has reached.
   int64_t fastest() const;
 

@@ -161,7 +161,9 @@ absl::Status ShardService::Heartbeat(const proto::HeartbeatRequest& request) {
       !status.ok()) {
     return status;
   }
-  return store_->Heartbeat(request.rank());
+  if (auto status = store_->Heartbeat(request.rank()); !status.ok()) return status;
+  store_->RebaseFromWorker(request.rank(), request.pushed());
+  return absl::OkStatus();
 }
 
 absl::Status ShardService::Leave(const proto::LeaveRequest& request) {

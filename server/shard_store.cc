@@ -599,6 +599,20 @@ absl::Status ShardStore::Leave(uint32_t rank, int64_t clock) {
   return absl::OkStatus();
 }
 
+void ShardStore::RebaseFromWorker(
+    uint32_t rank, const google::protobuf::RepeatedPtrField<proto::ChunkClock>& pushed) {
+  if (rank >= static_cast<uint32_t>(options_.num_workers)) return;
+  for (const proto::ChunkClock& chunk : pushed) {
+    Slot* slot = FindSlot(chunk.key(), chunk.chunk());
+    if (slot == nullptr) continue;
+    absl::MutexLock lock(&slot->mutex);
+    std::vector<PushDecision::CompletedRound> completed;
+    if (!slot->book.RebaseFromWorker(rank, chunk.next_clock(), &completed)) continue;
+    FinishRoundsLocked(*slot, completed);
+    slot->changed.SignalAll();
+  }
+}
+
 absl::Status ShardStore::Heartbeat(uint32_t rank) {
   if (auto status = membership_.CheckRank(rank, "heartbeat"); !status.ok()) return status;
   membership_.Heard(rank);

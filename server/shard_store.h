@@ -157,6 +157,11 @@ class ShardStore {
 
   // Records that the rank is alive. Pushes count as heartbeats too.
   absl::Status Heartbeat(uint32_t rank);
+  // A heartbeat's per-chunk next push clocks (ClockBook::RebaseFromWorker):
+  // completes the rounds a re-base lets finish and wakes the pulls waiting
+  // on them. Chunks this shard does not hold are ignored.
+  void RebaseFromWorker(uint32_t rank,
+                        const google::protobuf::RepeatedPtrField<proto::ChunkClock>& pushed);
 
   // Applies `policy` to every rank that heartbeated once but not within
   // `timeout`. Called periodically by the server's liveness monitor.

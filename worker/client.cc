@@ -135,8 +135,9 @@ class Client::Impl {
   SyncInfo sync_;
   std::atomic<int64_t> clock_{0};
   std::atomic<uint64_t> pushes_{0}, pulls_{0};
-  std::unique_ptr<HeartbeatLoop> heartbeat_;  // after control_: stops before it goes
   std::unique_ptr<ShardCalls> calls_;         // made once the rank is known
+  // After control_ and calls_, which it reads: stops before they go.
+  std::unique_ptr<HeartbeatLoop> heartbeat_;
   OperationEngine engine_;                    // last: cancels and drains before the parts go
 };
 
@@ -161,14 +162,16 @@ absl::Status Client::Impl::Register() {
   for (const auto& transport : transports_) transports.push_back(transport.get());
   calls_ = std::make_unique<ShardCalls>(std::move(config), std::move(transports), *codec_, engine_);
   if (options_.heartbeat_interval > absl::ZeroDuration()) {
-    heartbeat_ = std::make_unique<HeartbeatLoop>(*control_, options_.heartbeat_interval, [this] {
-      proto::HeartbeatRequest heartbeat;
-      heartbeat.set_job(options_.job);
-      heartbeat.set_rank(static_cast<uint32_t>(rank_));
-      *heartbeat.mutable_session() = session_;
-      heartbeat.set_clock(clock_);
-      return heartbeat;
-    });
+    heartbeat_ = std::make_unique<HeartbeatLoop>(
+        *control_, options_.heartbeat_interval, [this](int shard) {
+          proto::HeartbeatRequest heartbeat;
+          heartbeat.set_job(options_.job);
+          heartbeat.set_rank(static_cast<uint32_t>(rank_));
+          *heartbeat.mutable_session() = session_;
+          heartbeat.set_clock(clock_);
+          calls_->AddAcknowledgedClocks(shard, &heartbeat);
+          return heartbeat;
+        });
   }
   return absl::OkStatus();
 }
@@ -425,8 +428,10 @@ absl::Status Client::Heartbeat() {
   // returned.
   absl::Status first = impl_->control_->Heartbeat(request);
   for (int shard = 0; shard < impl_->control_->num_shards(); ++shard) {
+    proto::HeartbeatRequest to_shard = request;
+    if (impl_->calls_ != nullptr) impl_->calls_->AddAcknowledgedClocks(shard, &to_shard);
     absl::Status status = impl_->control_->ShardHeartbeat(
-        shard, request, absl::Now() + impl_->options_.rpc_timeout);
+        shard, to_shard, absl::Now() + impl_->options_.rpc_timeout);
     if (first.ok()) first = status;
   }
   return first;

@@ -199,7 +199,7 @@ bool GrpcControlClient::ShardReachable(int shard) {
 }
 
 HeartbeatLoop::HeartbeatLoop(ControlClient& control, absl::Duration interval,
-                             std::function<proto::HeartbeatRequest()> request)
+                             std::function<proto::HeartbeatRequest(int shard)> request)
     : control_(control), interval_(interval), request_(std::move(request)) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -211,9 +211,9 @@ HeartbeatLoop::~HeartbeatLoop() {
 
 void HeartbeatLoop::Run() {
   do {
-    const proto::HeartbeatRequest request = request_();
     for (int shard = 0; shard < control_.num_shards() && !stop_.HasBeenNotified(); ++shard) {
-      control_.ShardHeartbeat(shard, request, absl::Now() + kHeartbeatDeadline).IgnoreError();
+      control_.ShardHeartbeat(shard, request_(shard), absl::Now() + kHeartbeatDeadline)
+          .IgnoreError();
     }
   } while (!stop_.WaitForNotificationWithTimeout(interval_));
 }

@@ -122,10 +122,10 @@ class GrpcControlClient : public ControlClient {
 // the shard's state themselves.
 class HeartbeatLoop {
  public:
-  // `request` is called on the loop's thread for each round. `control`
-  // must outlive the loop.
+  // `request` is called on the loop's thread for each shard of each round
+  // (shards get their own chunks' clocks). `control` must outlive the loop.
   HeartbeatLoop(ControlClient& control, absl::Duration interval,
-                std::function<proto::HeartbeatRequest()> request);
+                std::function<proto::HeartbeatRequest(int shard)> request);
   ~HeartbeatLoop();  // stops and joins
   HeartbeatLoop(const HeartbeatLoop&) = delete;
   HeartbeatLoop& operator=(const HeartbeatLoop&) = delete;
@@ -135,7 +135,7 @@ class HeartbeatLoop {
 
   ControlClient& control_;
   const absl::Duration interval_;
-  const std::function<proto::HeartbeatRequest()> request_;
+  const std::function<proto::HeartbeatRequest(int shard)> request_;
   absl::Notification stop_;
   std::thread thread_;
 };

@@ -11,7 +11,8 @@ ShardCalls::ShardCalls(ShardCallsConfig config, std::vector<ShardTransport*> tra
     : config_(std::move(config)),
       transports_(std::move(transports)),
       codec_(codec),
-      engine_(engine) {}
+      engine_(engine),
+      acknowledged_(transports_.size()) {}
 
 absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::string& name,
                                                                    const ShardGroup& group,
@@ -75,9 +76,31 @@ absl::Status ShardCalls::Push(Operation& op, const std::string& name, const Shar
                               const float* gradient, int64_t clock) {
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
-  return OnShard(op, group.shard, [&] {
+  absl::Status status = OnShard(op, group.shard, [&] {
     return transports_[group.shard]->Push(*chunks, Deadline(), op.canceller());
   });
+  if (status.ok()) Acknowledged(name, group, clock);
+  return status;
+}
+
+void ShardCalls::Acknowledged(const std::string& name, const ShardGroup& group, int64_t clock) {
+  absl::MutexLock lock(&acknowledged_mutex_);
+  auto& chunks = acknowledged_[group.shard];
+  for (const ChunkSpan& span : group.spans) {
+    int64_t& next = chunks[{name, span.chunk}];
+    next = std::max(next, clock + 1);
+  }
+}
+
+void ShardCalls::AddAcknowledgedClocks(int shard, proto::HeartbeatRequest* request) const {
+  absl::MutexLock lock(&acknowledged_mutex_);
+  if (shard < 0 || static_cast<size_t>(shard) >= acknowledged_.size()) return;
+  for (const auto& [chunk, next] : acknowledged_[shard]) {
+    proto::ChunkClock* entry = request->add_pushed();
+    entry->set_key(chunk.first);
+    entry->set_chunk(chunk.second);
+    entry->set_next_clock(next);
+  }
 }
 
 absl::Status ShardCalls::Pull(Operation& op, const std::string& name, const ShardGroup& group,
@@ -108,13 +131,15 @@ absl::Status ShardCalls::PushPull(Operation& op, const std::string& name, const 
                                   const float* gradient, float* out, int64_t clock) {
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
-  return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
+  absl::Status status = ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
     for (OutgoingChunk& chunk : *chunks) {  // as in Pull
       chunk.header.set_pull_view_version(
           codec_.ViewVersion(ChunkKey{name, chunk.header.chunk()}));
     }
     return transports_[group.shard]->PushPull(*chunks, sink, Deadline(), op.canceller());
   });
+  if (status.ok()) Acknowledged(name, group, clock);
+  return status;
 }
 
 }  // namespace harrier

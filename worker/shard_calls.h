@@ -10,12 +10,14 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/chunk_codec.h"
 #include "worker/operation_engine.h"
@@ -55,6 +57,10 @@ class ShardCalls {
   uint64_t bytes_pulled() const { return bytes_pulled_; }
   int64_t last_min_clock() const { return last_min_clock_; }
 
+  // One past the last clock `shard` acknowledged for each chunk pushed
+  // there, for that shard's heartbeats (HeartbeatRequest.pushed).
+  void AddAcknowledgedClocks(int shard, proto::HeartbeatRequest* request) const;
+
  private:
   // Dense chunks borrow `gradient`: it must outlive the transport call.
   absl::StatusOr<std::vector<OutgoingChunk>> BuildChunks(const std::string& name,
@@ -68,6 +74,8 @@ class ShardCalls {
                            float* out,
                            const std::function<absl::Status(const ChunkViewSink&)>& call);
   absl::Time Deadline() const { return absl::Now() + config_.rpc_timeout; }
+  // The group's push of `clock` was acknowledged.
+  void Acknowledged(const std::string& name, const ShardGroup& group, int64_t clock);
 
   const ShardCallsConfig config_;
   const std::vector<ShardTransport*> transports_;
@@ -76,6 +84,10 @@ class ShardCalls {
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
   std::atomic<int64_t> last_min_clock_{0};
+  mutable absl::Mutex acknowledged_mutex_;
+  // Per shard: (key, chunk) -> next clock.
+  std::vector<std::map<std::pair<std::string, uint32_t>, int64_t>> acknowledged_
+      ABSL_GUARDED_BY(acknowledged_mutex_);
 };
 
 }  // namespace harrier

@@ -243,6 +243,38 @@ TEST_CASE("clock book: after a restore the pending-rounds bound lets every rank 
   REQUIRE(absl::IsFailedPrecondition(book.CheckPush(0, 654 + 64, membership)));
 }
 
+// Seen in the shard-kill training tests under load: after shard 1 came
+// back, rank 1's pull there waited for rank 0 at its checkpoint clock,
+// while rank 0, done with its step on shard 1 before the crash (its pushes
+// acknowledged, then lost), waited on shard 0 for rank 1. Rank 0's
+// heartbeat says where it is on each chunk, and the book re-bases it.
+TEST_CASE("clock book: a heartbeat re-bases a rank whose pushes were lost with the shard") {
+  ConsistencyController controller(*SyncPolicy::FromFlags("bsp", 0, 1), 2);
+  Membership membership(2);
+  ClockBook book = controller.NewClockBook();
+  book.Restore({350, 350});
+  // Rank 1 retries its push of clock 359; rank 0 had its 359 acknowledged.
+  REQUIRE(book.CheckPush(1, 359, membership).ok());
+  REQUIRE(book.RecordPush(1, 359, membership).completed.empty());
+  REQUIRE_FALSE(book.CheckPull(360).may_answer);  // waits for rank 0 at 350
+  std::vector<PushDecision::CompletedRound> completed;
+  // A heartbeat that is not ahead of the book changes nothing.
+  REQUIRE_FALSE(book.RebaseFromWorker(0, 350, &completed));
+  REQUIRE(book.RebaseFromWorker(0, 360, &completed));
+  REQUIRE(completed.size() == 1);
+  REQUIRE(completed[0].clock == 359);
+  REQUIRE(completed[0].contributors == 1);
+  REQUIRE(book.CheckPull(360).may_answer);
+  // Re-based once: later heartbeats are no re-base, rank 0's next push is
+  // its clock 360, and its lost clocks are refused as lost, not applied.
+  REQUIRE_FALSE(book.RebaseFromWorker(0, 400, &completed));
+  REQUIRE(book.CheckPush(0, 360, membership).ok());
+  REQUIRE(absl::IsFailedPrecondition(book.ClassifyPush(0, 355, membership).status()));
+  // A rank that pushed after the restore is not re-based by a heartbeat.
+  REQUIRE_FALSE(book.RebaseFromWorker(1, 365, &completed));
+  REQUIRE(book.pushed(1) == 360);
+}
+
 TEST_CASE("clock book: a checkpoint rolls ranks back to the first pending round") {
   ConsistencyController controller(*SyncPolicy::FromFlags("bsp", 0, 1), 3);
   Membership membership(3);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +67,43 @@ std::vector<float> Iota(size_t n, float start = 0.0f) {
 
 std::string Bytes(const float* values, size_t n) {
   return std::string(reinterpret_cast<const char*>(values), n * sizeof(float));
+}
+
+// A shard restored from a checkpoint re-bases a rank from these (its pushes
+// after the checkpoint were acknowledged and will not come again).
+TEST_CASE("a shard's heartbeat carries the next clock of each chunk that shard acknowledged") {
+  ClientOptions options = TestOptions(3);
+  options.chunk_bytes = 4 * sizeof(float);  // 10 elements: chunks 0, 1, 2 over the shards
+  FakeCluster cluster = MakeCluster(options);
+  REQUIRE(cluster.client->RegisterTensor("w", {10}, Iota(10)).ok());
+  std::vector<float> gradient(10, 1.0f), out(10);
+  REQUIRE(cluster.client->Push("w", gradient).ok());
+  cluster.client->Clock();
+  REQUIRE(cluster.client->PushPull("w", gradient, absl::MakeSpan(out)).ok());
+  REQUIRE(cluster.client->Heartbeat().ok());
+  const FakeControlClient::Requests requests = cluster.control->requests();
+  REQUIRE(requests.shard_heartbeats.size() == 3);
+  int chunks = 0;
+  for (int shard = 0; shard < 3; ++shard) {
+    // What this shard acknowledged, from its calls.
+    std::map<uint32_t, int64_t> expected;
+    for (const FakeShardTransport::Call& call : cluster.shards[shard]->calls()) {
+      for (const proto::TensorChunk& chunk : call.chunks) {
+        expected[chunk.chunk()] = std::max(expected[chunk.chunk()], chunk.clock() + 1);
+      }
+    }
+    std::map<uint32_t, int64_t> sent;
+    const proto::HeartbeatRequest& heartbeat = requests.shard_heartbeats[shard].second;
+    REQUIRE(requests.shard_heartbeats[shard].first == shard);
+    for (const proto::ChunkClock& clock : heartbeat.pushed()) {
+      REQUIRE(clock.key() == "w");
+      sent[clock.chunk()] = clock.next_clock();
+    }
+    REQUIRE(sent == expected);
+    chunks += static_cast<int>(sent.size());
+  }
+  REQUIRE(chunks == 3);
+  REQUIRE(requests.heartbeats.at(0).pushed().empty());  // the control plane gets none
 }
 
 TEST_CASE("every call naming the rank carries Register's session; Heartbeat reaches every shard") {

@@ -20,7 +20,7 @@ TEST_CASE("the heartbeat loop tells every shard, each interval, until destroyed"
   FakeControlClient control(3);
   int64_t clock = 7;
   {
-    HeartbeatLoop loop(control, absl::Milliseconds(10), [&clock] {
+    HeartbeatLoop loop(control, absl::Milliseconds(10), [&clock](int) {
       proto::HeartbeatRequest request;
       request.set_clock(clock);
       return request;
