@@ -1,6 +1,7 @@
 // Stateful fuzz target: the input is a program of calls on one in-process
 // ShardStore (Init, dense and compressed pushes from several ranks, pulls,
-// Leave, heartbeats, checkpoint Export/Import restores), and after every
+// Leave, heartbeats with the chunk clocks that re-base a restored rank,
+// checkpoint Export/Import restores), and after every
 // call the store's invariants are checked:
 //   - every slot's values stay finite (gradients are bounded, so a
 //     non-finite value is the store's doing);
@@ -21,8 +22,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/codec/codec.h"
@@ -139,7 +142,7 @@ class Harness {
       case 3: Pull(); break;
       case 4: refused = !Leave(); break;  // a Leave may complete a BSP round
       case 5: Restore(); restored = true; break;
-      default: store_->Heartbeat(in_.Below(options_.num_workers + 1)).IgnoreError(); break;
+      default: Heartbeat(); break;
     }
     state_ = State::Of(*store_);
     if (trace_) Trace(op, refused);
@@ -236,8 +239,34 @@ class Harness {
       chunks.push_back(std::move(chunk));
     }
     const bool ok = store_->Push(chunks).ok();
-    if (ok && rank < next_clock_.size()) next_clock_[rank] = std::max(next_clock_[rank], clock + 1);
+    if (ok && rank < next_clock_.size()) {
+      next_clock_[rank] = std::max(next_clock_[rank], clock + 1);
+      // What the worker would report in its heartbeats: this store
+      // acknowledged these chunks' clock (kept across restores, as a worker
+      // keeps it).
+      for (const auto& chunk : chunks) {
+        int64_t& next = acknowledged_[{chunk.key(), chunk.chunk(), rank}];
+        next = std::max(next, clock + 1);
+      }
+    }
     return ok;
+  }
+
+  // A heartbeat, with the chunk clocks this rank had acknowledged (or, now
+  // and then, a made-up one): re-bases the rank on a restored chunk
+  // (ShardStore::RebaseFromWorker).
+  void Heartbeat() {
+    const uint32_t rank = in_.Below(options_.num_workers + 1);
+    store_->Heartbeat(rank).IgnoreError();
+    google::protobuf::RepeatedPtrField<harrier::proto::ChunkClock> pushed;
+    for (const auto& [chunk, next] : acknowledged_) {
+      if (std::get<2>(chunk) != rank) continue;
+      harrier::proto::ChunkClock* clock = pushed.Add();
+      clock->set_key(std::get<0>(chunk));
+      clock->set_chunk(std::get<1>(chunk));
+      clock->set_next_clock(next + (in_.Below(16) == 0 ? in_.Below(4) : 0));
+    }
+    store_->RebaseFromWorker(rank, pushed);
   }
 
   void Pull() {
@@ -308,6 +337,7 @@ class Harness {
   harrier::OptimizerOptions optimizer_;
   std::unique_ptr<harrier::ShardStore> store_;
   std::vector<int64_t> next_clock_;
+  std::map<std::tuple<std::string, uint32_t, uint32_t>, int64_t> acknowledged_;  // (key, chunk, rank)
   std::vector<bool> left_;
   bool any_left_ = false;
   State state_;
