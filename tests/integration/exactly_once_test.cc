@@ -40,7 +40,7 @@ ClientOptions Options(const std::string& address, int rank) {
 std::unique_ptr<Client> Connect(const ClientOptions& options, size_t elements = kElements) {
   auto client = Client::Create(options);
   REQUIRE(client.ok());
-  REQUIRE((*client)->RegisterTensor("w", {elements}).ok());
+  REQUIRE((*client)->RegisterTensor("w", {static_cast<int64_t>(elements)}).ok());
   return std::move(*client);
 }
 
