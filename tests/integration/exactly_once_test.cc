@@ -25,12 +25,26 @@
 namespace harrier {
 namespace {
 
-constexpr size_t kElements = 8;
+// 256 KiB in 64 KiB chunks: each call carries 4 chunks, every payload above
+// the gRPC transport's 32 KiB borrow threshold, as real tensors are.
+constexpr size_t kElements = 64 * 1024;
+constexpr size_t kChunkBytes = 64 * 1024;
+constexpr int kChunks = kElements * sizeof(float) / kChunkBytes;  // the metrics count chunks
+// The restart case's tensor: 48 KiB, one chunk, still borrowed by the gRPC
+// transport, and within HTTP/2's first 64 KiB window: a proxy that drops
+// every reply byte drops the server's window updates too, so a larger
+// request could never be sent whole.
+constexpr size_t kRestartElements = 12 * 1024;
+
+// Element i's multiplier: small integers, so every sum below is exact in
+// float at this size.
+float Unit(size_t i) { return static_cast<float>(1 + i % 8); }
 
 ClientOptions Options(const std::string& address, int rank) {
   ClientOptions options;
   options.servers = {address};
   options.rank = rank;
+  options.chunk_bytes = kChunkBytes;
   options.rpc_timeout = absl::Seconds(10);
   options.retry_timeout = absl::Seconds(30);
   options.heartbeat_interval = absl::Milliseconds(500);
@@ -44,10 +58,10 @@ std::unique_ptr<Client> Connect(const ClientOptions& options, size_t elements = 
   return std::move(*client);
 }
 
-// Element i of rank r's gradient: 2 * (r + 1) * (i + 1), even integers.
+// Element i of rank r's gradient: 2 * (r + 1) * Unit(i), even integers.
 std::vector<float> Gradient(int rank, size_t elements = kElements) {
   std::vector<float> g(elements);
-  for (size_t i = 0; i < elements; ++i) g[i] = 2.0f * (rank + 1) * (i + 1);
+  for (size_t i = 0; i < elements; ++i) g[i] = 2.0f * (rank + 1) * Unit(i);
   return g;
 }
 
@@ -108,7 +122,9 @@ TEST_CASE("exactly once, ASP: 1000 pushes through lost replies and cut connectio
   for (int rank = 0; rank < kWorkers; ++rank) {
     clients.push_back(Connect(Options(shard.proxy->address(), rank)));
   }
-  shard.proxy->SetCutProbability(/*reply=*/0.03, /*request=*/0.01);
+  // Per read: a 256 KiB call takes tens of reads, so a few percent of calls
+  // are cut each way.
+  shard.proxy->SetCutProbability(/*reply=*/0.003, /*request=*/0.001);
   const auto statuses = RunWorkers(kWorkers, [&](int rank) -> absl::Status {
     Client& client = *clients[rank];
     const std::vector<float> g = Gradient(rank);
@@ -123,24 +139,25 @@ TEST_CASE("exactly once, ASP: 1000 pushes through lost replies and cut connectio
     return absl::OkStatus();
   });
   shard.proxy->SetCutProbability(0, 0);
-  for (const absl::Status& status : statuses) {
-    INFO(status.ToString());
-    REQUIRE(status.ok());
+  for (size_t rank = 0; rank < statuses.size(); ++rank) {
+    INFO("rank " << rank << ": " << statuses[0].ToString() << " | rank 1: "
+                 << statuses[statuses.size() - 1].ToString());
+    REQUIRE(statuses[rank].ok());
   }
   WARN("reply cuts " << shard.proxy->reply_cuts() << ", request cuts "
                      << shard.proxy->request_cuts() << ", connections "
                      << shard.proxy->connections());
   REQUIRE(shard.proxy->reply_cuts() >= 10);
-  // ASP applies each push scaled 1/2: w_i = -(1/2) * 500 * (2 + 4) * (i + 1).
+  // ASP applies each push scaled 1/2: w_i = -(1/2) * 500 * (2 + 4) * Unit(i).
   std::vector<float> w(kElements);
   REQUIRE(clients[0]->Pull("w", absl::MakeSpan(w)).ok());
   for (size_t i = 0; i < kElements; ++i) {
     INFO("element " << i);
-    REQUIRE(w[i] == -1500.0f * static_cast<float>(i + 1));
+    REQUIRE(w[i] == -1500.0f * Unit(i));
   }
   // The lost replies were answered as duplicates on retry, and counted.
   REQUIRE(MetricValue(shard.metrics_port, "harrier_server_duplicate_pushes_total") >= 1);
-  REQUIRE(MetricValue(shard.metrics_port, "harrier_server_pushes_total") == 2 * kSteps);
+  REQUIRE(MetricValue(shard.metrics_port, "harrier_server_pushes_total") == kChunks * 2 * kSteps);
 }
 
 TEST_CASE("exactly once, BSP: 1000 pushes and push-pulls through lost replies sum exactly, "
@@ -151,10 +168,12 @@ TEST_CASE("exactly once, BSP: 1000 pushes and push-pulls through lost replies su
   for (int rank = 0; rank < kWorkers; ++rank) {
     clients.push_back(Connect(Options(shard.proxy->address(), rank)));
   }
-  shard.proxy->SetCutProbability(/*reply=*/0.03, /*request=*/0.01);
+  // Per read: a 256 KiB call takes tens of reads, so a few percent of calls
+  // are cut each way.
+  shard.proxy->SetCutProbability(/*reply=*/0.003, /*request=*/0.001);
   // Rank 0 push-pulls (the push half deduplicated, the pull half answered),
   // rank 1 pushes then pulls. Each round averages 2(i+1) and 4(i+1): after
-  // round t, w_i = -3 (i + 1) (t + 1) exactly.
+  // round t, w_i = -3 Unit(i) (t + 1) exactly.
   const auto statuses = RunWorkers(kWorkers, [&](int rank) -> absl::Status {
     Client& client = *clients[rank];
     const std::vector<float> g = Gradient(rank);
@@ -171,19 +190,20 @@ TEST_CASE("exactly once, BSP: 1000 pushes and push-pulls through lost replies su
       if (!status.ok()) return status;
       if (rank == 0) client.Clock();
       for (size_t i = 0; i < kElements; ++i) {
-        if (w[i] != -3.0f * static_cast<float>((i + 1) * (t + 1))) {
+        if (w[i] != -3.0f * Unit(i) * static_cast<float>(t + 1)) {
           return absl::InternalError(absl::StrCat("rank ", rank, " round ", t, " element ", i,
                                                   ": ", w[i], ", expected ",
-                                                  -3.0 * (i + 1) * (t + 1)));
+                                                  -3.0 * Unit(i) * (t + 1)));
         }
       }
     }
     return absl::OkStatus();
   });
   shard.proxy->SetCutProbability(0, 0);
-  for (const absl::Status& status : statuses) {
-    INFO(status.ToString());
-    REQUIRE(status.ok());
+  for (size_t rank = 0; rank < statuses.size(); ++rank) {
+    INFO("rank " << rank << ": " << statuses[0].ToString() << " | rank 1: "
+                 << statuses[statuses.size() - 1].ToString());
+    REQUIRE(statuses[rank].ok());
   }
   WARN("reply cuts " << shard.proxy->reply_cuts() << ", request cuts "
                      << shard.proxy->request_cuts() << ", connections "
@@ -225,8 +245,8 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
     auto proxy = testing::FaultProxy::Start(port, 7);
     REQUIRE(proxy.ok());
     ClientOptions options = Options((*proxy)->address(), 0);
-    auto client = Connect(options);
-    const std::vector<float> g = Gradient(0);  // 2 (i + 1)
+    auto client = Connect(options, kRestartElements);
+    const std::vector<float> g = Gradient(0, kRestartElements);  // 2 Unit(i)
     REQUIRE(client->Push("w", g).ok());        // clock 0, applied and acknowledged
     client->Clock();
     auto newest = [&] {
@@ -289,11 +309,11 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
             (in_checkpoint ? 1 : 0));
     REQUIRE(MetricValue(metrics_port, "harrier_server_pushes_total") == (in_checkpoint ? 0 : 1));
     client->Clock();
-    std::vector<float> w(kElements);
+    std::vector<float> w(kRestartElements);
     REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());
-    for (size_t i = 0; i < kElements; ++i) {
+    for (size_t i = 0; i < kRestartElements; ++i) {
       INFO("element " << i);
-      REQUIRE(w[i] == -4.0f * static_cast<float>(i + 1));  // two pushes of 2 (i + 1), once each
+      REQUIRE(w[i] == -4.0f * Unit(i));  // two pushes of 2 Unit(i), once each
     }
   }
 }
