@@ -75,8 +75,11 @@ absl::Status SessionTable::Verify(absl::string_view job, uint32_t rank,
   }
   // The hot path: the session this rank's calls carried before. A plain
   // comparison is enough here: `entry.credential` was verified (or issued).
+  // Constant time as well: `entry.credential` is a valid credential.
   const bool known = session.epoch() == state.epoch && !entry.credential.empty() &&
-                     session.credential() == entry.credential;
+                     session.credential().size() == entry.credential.size() &&
+                     CRYPTO_memcmp(session.credential().data(), entry.credential.data(),
+                                   entry.credential.size()) == 0;
   if (!known) {
     const std::string expected = MintCredential(key_, job_, rank, session.epoch());
     if (expected.empty() || expected.size() != session.credential().size() ||
