@@ -1,0 +1,140 @@
+#ifndef HARRIER_WORKER_COMM_SCHEDULER_H_
+#define HARRIER_WORKER_COMM_SCHEDULER_H_
+
+// The comm scheduler: overlaps a step's communication with its computation.
+// Training code tells it two things, "the gradient of tensor i is ready"
+// (from backward, last layer first) and "I need tensor i now" (from
+// forward, first layer first); the scheduler decides what goes on the wire
+// when. Each technique of the survey's fourth dimension is switchable alone:
+//
+//   wait-free backprop  push tensor i as soon as its gradient is ready
+//                       (off: push everything at EndBackward, "plain")
+//   fusion              consecutive small tensors (in backward order) merged
+//                       into one wire tensor of at most fusion_bytes
+//   partitioning        tensors above partition_bytes split into pieces
+//                       spread round-robin over the shards, one call each
+//   priority            queued pushes and pulls dispatched front tensor
+//                       first (P3, ByteScheduler), preempting at piece
+//                       granularity, so forward of the next step starts as
+//                       soon as tensor 0 is back
+//   credits             at most max_inflight_bytes of pushes in flight
+//
+// Pushes and pulls are separate calls: a pull of step t+1 waits (on the
+// shard, under BSP) for every worker's push of step t, and pushes never
+// wait on other workers, so the credit cap (which counts pushes only)
+// cannot deadlock workers whose queues are in different orders.
+//
+// One training thread calls, per step:
+//   for i in forward order:  WaitParameters(i); compute layer i
+//   for i in backward order: compute; GradientReady(i, gradient_i)
+//   EndBackward()
+// and Drain() after the last step. This is also what the Python binding's
+// forward and backward hooks call.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "worker/client.h"
+
+namespace harrier {
+
+struct CommSchedulerOptions {
+  bool wait_free_backprop = false;
+  size_t fusion_bytes = 0;        // 0: no fusion
+  size_t partition_bytes = 0;     // 0: no partitioning
+  bool priority = false;
+  size_t max_inflight_bytes = 0;  // 0: no cap
+  // Bound of every wait inside the scheduler (WaitParameters, Drain).
+  absl::Duration wait_timeout = absl::Seconds(120);
+};
+
+// Defaults of the techniques when named without a size.
+inline constexpr size_t kDefaultFusionBytes = 4u << 20;
+inline constexpr size_t kDefaultPartitionBytes = 4u << 20;
+inline constexpr size_t kDefaultMaxInflightBytes = 16u << 20;
+
+// `techniques`: "plain", "wfbp", "fusion", "priority", "all", or several
+// joined by '+' ("wfbp+fusion"). "fusion" and "priority" imply wfbp;
+// "priority" implies partitioning and the credit cap (preemption needs
+// pieces and a queue); "all" is every technique. A size of 0 for an enabled
+// technique takes its default. INVALID_ARGUMENT names an unknown technique.
+absl::StatusOr<CommSchedulerOptions> ParseTechniques(absl::string_view techniques,
+                                                     size_t fusion_bytes = 0,
+                                                     size_t partition_bytes = 0,
+                                                     size_t max_inflight_bytes = 0);
+
+// One model tensor. Its index in the list given to Create is its priority:
+// tensor 0 is the front of the model (the first forward uses it).
+struct ScheduledTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  // The model's parameter buffer: its values at Create are the initial
+  // values (the first worker's win on the shards); pulled parameters are
+  // written here. Must outlive the scheduler.
+  absl::Span<float> parameters;
+};
+
+struct CommSchedulerStats {
+  int64_t push_calls = 0;
+  int64_t pull_calls = 0;
+  int64_t bytes_pushed = 0;
+  int64_t bytes_pulled = 0;
+  int64_t peak_inflight_push_bytes = 0;
+};
+
+// One dispatched call, in dispatch order (tests check order and shape).
+struct DispatchRecord {
+  enum Kind { kPush, kPull } kind = kPush;
+  int64_t step = 0;
+  std::string wire_name;       // the Client tensor (a model tensor, a fused bucket)
+  uint32_t first_chunk = 0;    // the piece
+  uint32_t num_chunks = 0;
+  int shard = 0;
+  size_t bytes = 0;
+  std::vector<int> tensors;    // model tensors it carries
+};
+
+class CommScheduler {
+ public:
+  // Registers the wire tensors (model tensors, fused buckets) with `client`
+  // and plans pieces. `client` must outlive the scheduler.
+  static absl::StatusOr<std::unique_ptr<CommScheduler>> Create(
+      Client& client, std::vector<ScheduledTensor> tensors, const CommSchedulerOptions& options);
+  // Cancels what is still queued and waits (bounded) for calls in flight.
+  ~CommScheduler();
+  CommScheduler(const CommScheduler&) = delete;
+  CommScheduler& operator=(const CommScheduler&) = delete;
+
+  // "I need tensor i now": returns once the tensor's parameters for the
+  // current step are in its buffer (step 0: the shards' initial values).
+  absl::Status WaitParameters(int tensor);
+  // "The gradient of tensor i is ready". The buffer is borrowed: it must
+  // stay unchanged until the next WaitParameters(tensor) returns.
+  absl::Status GradientReady(int tensor, absl::Span<const float> gradient);
+  // Every gradient of this step was given: what is not yet pushed is
+  // queued now, and the step (the client's clock) advances.
+  absl::Status EndBackward();
+  // Waits for every call in flight (after the last step).
+  absl::Status Drain();
+
+  const CommSchedulerOptions& options() const;
+  CommSchedulerStats stats() const;
+  std::vector<DispatchRecord> dispatch_log_for_testing() const;
+
+ private:
+  class Impl;
+  explicit CommScheduler(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_WORKER_COMM_SCHEDULER_H_
