@@ -42,6 +42,30 @@ absl::Status PushPullAll(Client& client, workload::Model& model, const workload:
   return WaitAll(client, handles);
 }
 
+// Rank 0's periodic evaluation after `steps_done` steps. Under BSP the other
+// workers block in their next pull until rank 0 pushes again, so the whole
+// job stands still while rank 0 evaluates: that time is not training time,
+// and is taken off the wall time before it is compared with a target. The
+// parameters evaluated are those the last push-pull returned (the global
+// model of the next clock under BSP; rank 0's local model under local SGD).
+absl::Status EvaluatePeriodically(workload::Model& model, const workload::Dataset& test,
+                                  const TrainerOptions& options, int64_t steps_done,
+                                  absl::Time train_start, TrainResult* result) {
+  const absl::Time eval_start = absl::Now();
+  const double train_wall_s =
+      absl::ToDoubleSeconds(eval_start - train_start) - result->eval_seconds;
+  auto accuracy = model.Evaluate(test);
+  result->eval_seconds += absl::ToDoubleSeconds(absl::Now() - eval_start);
+  if (!accuracy.ok()) return accuracy.status();
+  std::fprintf(stderr, "eval step=%lld accuracy=%.4f wall_s=%.3f\n",
+               static_cast<long long>(steps_done), *accuracy, train_wall_s);
+  if (options.target_accuracy > 0 && result->time_to_target_s < 0 &&
+      *accuracy >= options.target_accuracy) {
+    result->time_to_target_s = train_wall_s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
@@ -49,6 +73,9 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
                                   const TrainerOptions& options) {
   if (options.batch_size < 1) return absl::InvalidArgumentError("--batch_size must be >= 1");
   if (options.epochs < 1) return absl::InvalidArgumentError("--epochs must be >= 1");
+  if (options.eval_every_steps < 0) {
+    return absl::InvalidArgumentError("--eval_every must be >= 0");
+  }
   const int rank = client.rank();
   const int workers = client.num_workers();
   const workload::Dataset shard = workload::ShardOf(train, rank, workers);
@@ -150,6 +177,11 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
 
     const bool last = step + 1 == total_steps;
     if (!status.ok()) break;
+    if (rank == 0 && test != nullptr && options.eval_every_steps > 0 &&
+        ((step + 1) % options.eval_every_steps == 0 || last)) {
+      status = EvaluatePeriodically(model, *test, options, step + 1, start, &result);
+      if (!status.ok()) break;
+    }
     const ClientStats stats = client.stats();
     if (metrics != nullptr) {
       // One line per step: the clock it pulled at, the min clock it saw, how

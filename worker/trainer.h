@@ -28,6 +28,12 @@ struct TrainerOptions {
   float gradient_momentum = 0.0f;
   std::string metrics_out;      // JSON lines file; empty: none
   bool evaluate = true;         // rank 0 evaluates the test set at the end
+  // Rank 0 evaluates the test set every eval_every_steps steps (and after
+  // the last one), printing `eval step=N accuracy=A wall_s=W` on stderr;
+  // 0: never. The first evaluation at or above target_accuracy (> 0) sets
+  // TrainResult::time_to_target_s.
+  int eval_every_steps = 0;
+  double target_accuracy = 0;
 };
 
 struct TrainResult {
@@ -38,6 +44,12 @@ struct TrainResult {
   double seconds = 0;
   double samples_per_second = 0;
   int64_t max_staleness = 0;   // max over steps of (pull clock - min clock seen)
+  // Training wall seconds from the start of Train until the first periodic
+  // evaluation that reached target_accuracy, with the time of every earlier
+  // periodic evaluation subtracted; -1 if never reached (or not rank 0).
+  double time_to_target_s = -1;
+  // Seconds rank 0 spent in periodic evaluations (included in `seconds`).
+  double eval_seconds = 0;
 };
 
 // Runs data-parallel training of `model` on this worker's shard of `train`

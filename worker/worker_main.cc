@@ -45,6 +45,12 @@ ABSL_FLAG(int, train_examples, 0, "Use only the first N training examples (0: al
 ABSL_FLAG(std::string, device, "cpu", "Where the workload runs: cpu|cuda.");
 ABSL_FLAG(std::string, metrics_out, "", "Write one JSON line per progress interval here.");
 ABSL_FLAG(int, log_every, 100, "Steps between progress lines on stderr.");
+ABSL_FLAG(int, eval_every, 0,
+          "Rank 0 evaluates the test set every N steps: 'eval step=N accuracy=A wall_s=W' on "
+          "stderr, evaluation time excluded from W (0: only at the end).");
+ABSL_FLAG(double, target_accuracy, 0,
+          "With --eval_every: rank 0 prints time_to_accuracy_s=X on stdout, the training wall "
+          "time to the first evaluation at or above this accuracy (-1: never reached).");
 ABSL_FLAG(int, step_delay_ms, 0, "Extra delay per step, to play a straggler.");
 ABSL_FLAG(double, step_delay_probability, 1.0,
           "Probability that a step gets --step_delay_ms (below 1: a transient straggler).");
@@ -234,6 +240,12 @@ int main(int argc, char** argv) {
     options.gradient_momentum = static_cast<float>(absl::GetFlag(FLAGS_signum_momentum));
   }
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
+  options.eval_every_steps = absl::GetFlag(FLAGS_eval_every);
+  options.target_accuracy = absl::GetFlag(FLAGS_target_accuracy);
+  if (options.eval_every_steps < 0) return Fail("--eval_every must be >= 0");
+  if (!(options.target_accuracy >= 0 && options.target_accuracy <= 1)) {
+    return Fail("--target_accuracy must be in [0, 1]");
+  }
   auto result = harrier::Train(**client, *model, *train, rank == 0 ? &test : nullptr, options);
   if (!result.ok()) return Fail(std::string(result.status().message()));
 
@@ -245,6 +257,10 @@ int main(int argc, char** argv) {
                static_cast<long long>(result->max_staleness));
   if (rank == 0 && result->test_accuracy >= 0) {
     std::printf("test_accuracy=%.4f\n", result->test_accuracy);
+    std::fflush(stdout);
+  }
+  if (rank == 0 && options.eval_every_steps > 0) {
+    std::printf("time_to_accuracy_s=%.3f\n", result->time_to_target_s);
     std::fflush(stdout);
   }
   return 0;
