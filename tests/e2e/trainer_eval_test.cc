@@ -1,0 +1,267 @@
+// Rank 0's periodic evaluation (TrainerOptions::eval_every_steps) through
+// short real runs against a real harrier-server: the Fashion-MNIST MLP with
+// its default layers, one worker, BSP, the server settings of
+// deploy/quickstart.sh.
+//
+// - harrier-worker --eval_every/--target_accuracy prints one eval line per
+//   interval (and after the last step) with increasing steps and wall
+//   times, and time_to_accuracy_s= is the wall time of the first line at
+//   or above the target (0.5), or -1 when the target is unreachable (0.99).
+// - In process, with a model whose evaluation is made slow (150 ms): the
+//   time to target equals the wall time of the evaluation that reached it
+//   minus every earlier evaluation's time, so evaluation is not counted.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tests/integration/server_process.h"
+#include "worker/client.h"
+#include "worker/trainer.h"
+#include "worker/workload/fashion_mnist.h"
+#include "worker/workload/mlp.h"
+#include "worker/workload/model.h"
+
+namespace harrier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::vector<std::string> kServerFlags = {"--optimizer=nesterov", "--lr=0.05",
+                                               "--momentum=0.9", "--sync=bsp"};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream contents;
+  contents << file.rdbuf();
+  return contents.str();
+}
+
+struct EvalLine {
+  long long step = 0;
+  double accuracy = 0;
+  double wall_s = 0;
+};
+
+std::vector<EvalLine> EvalLines(const std::string& output) {
+  std::vector<EvalLine> lines;
+  const std::regex pattern(R"(^eval step=(\d+) accuracy=([0-9.]+) wall_s=([0-9.]+)$)");
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch match;
+    if (!std::regex_match(line, match, pattern)) continue;
+    EvalLine parsed;
+    parsed.step = std::stoll(match[1]);
+    parsed.accuracy = std::stod(match[2]);
+    parsed.wall_s = std::stod(match[3]);
+    lines.push_back(parsed);
+  }
+  return lines;
+}
+
+// The value of the stdout line `key=X`, or nullopt.
+std::optional<double> KeyValue(const std::string& output, const std::string& key) {
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key + "=", 0) != 0) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(key.size() + 1), &value)) return value;
+  }
+  return std::nullopt;
+}
+
+struct WorkerRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+WorkerRun RunWorker(double target, const std::string& name) {
+  WorkerRun run;
+  auto server = testing::ServerProcess::Start(
+      [] {
+        std::vector<std::string> flags = kServerFlags;
+        flags.push_back("--num_workers=1");
+        return flags;
+      }(),
+      absl::StrCat(testing::TempDir(), "/", name, "_server.log"));
+  REQUIRE(server.ok());
+  const std::string log = absl::StrCat(testing::TempDir(), "/", name, "_worker.log");
+  auto worker = testing::ChildProcess::Start(
+      testing::RunfilePath("worker/harrier-worker"),
+      {"--servers=" + (*server)->address(), "--num_workers=1", "--max_steps=45",
+       "--train_examples=6400", "--eval_every=10", absl::StrCat("--target_accuracy=", target),
+       "--log_every=1000", "--rpc_timeout_s=30"},
+      log);
+  REQUIRE(worker.ok());
+  run.exit_code = (*worker)->WaitForExit(60000);
+  run.output = ReadFile(log);
+  return run;
+}
+
+TEST_CASE("harrier-worker --eval_every: eval lines and time_to_accuracy_s at a reachable target") {
+  const WorkerRun run = RunWorker(0.5, "reachable");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  const std::vector<EvalLine> lines = EvalLines(run.output);
+  // Every 10 steps and after the last (45th) one.
+  REQUIRE(lines.size() == 5);
+  const long long expected_steps[] = {10, 20, 30, 40, 45};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    CHECK(lines[i].step == expected_steps[i]);
+    CHECK(lines[i].accuracy > 0.2);
+    CHECK(lines[i].accuracy <= 1.0);
+    if (i > 0) CHECK(lines[i].wall_s > lines[i - 1].wall_s);
+  }
+  // 45 steps of 64 reach about 0.7 from the seed's 0.1: the model trained.
+  CHECK(lines.back().accuracy > 0.6);
+  const auto time_to_accuracy = KeyValue(run.output, "time_to_accuracy_s");
+  REQUIRE(time_to_accuracy.has_value());
+  const EvalLine* first = nullptr;
+  for (const EvalLine& line : lines) {
+    if (line.accuracy >= 0.5) {
+      first = &line;
+      break;
+    }
+  }
+  REQUIRE(first != nullptr);
+  CHECK(*time_to_accuracy > 0);
+  CHECK(*time_to_accuracy == Approx(first->wall_s).margin(0.0011));
+  const auto final_accuracy = KeyValue(run.output, "test_accuracy");
+  REQUIRE(final_accuracy.has_value());
+  // The final evaluation sees the same parameters as the last periodic one.
+  CHECK(*final_accuracy == Approx(lines.back().accuracy).margin(0.00011));
+}
+
+TEST_CASE("harrier-worker --eval_every: time_to_accuracy_s is -1 at an unreachable target") {
+  const WorkerRun run = RunWorker(0.99, "unreachable");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(EvalLines(run.output).size() == 5);
+  const auto time_to_accuracy = KeyValue(run.output, "time_to_accuracy_s");
+  REQUIRE(time_to_accuracy.has_value());
+  CHECK(*time_to_accuracy == -1);
+}
+
+// An Mlp whose Evaluate takes at least `delay` longer, recording when each
+// evaluation started and how long it took.
+class SlowEvalModel : public workload::Model {
+ public:
+  SlowEvalModel(workload::Mlp mlp, std::chrono::milliseconds delay)
+      : mlp_(std::move(mlp)), delay_(delay) {}
+
+  struct Evaluation {
+    Clock::time_point start;
+    double seconds = 0;
+    double accuracy = 0;
+  };
+  const std::vector<Evaluation>& evaluations() const { return evaluations_; }
+
+  std::vector<workload::ParamTensor>& params() override { return mlp_.params(); }
+  const std::vector<workload::ParamTensor>& params() const override { return mlp_.params(); }
+  int input_size() const override { return mlp_.input_size(); }
+  int num_classes() const override { return mlp_.num_classes(); }
+  int64_t num_parameters() const override { return mlp_.num_parameters(); }
+  workload::Gradients ZeroGradients() const override { return mlp_.ZeroGradients(); }
+  absl::StatusOr<float> ComputeGradients(const float* images, const uint8_t* labels,
+                                         int batch_size, workload::Gradients* grads) override {
+    return mlp_.ComputeGradients(images, labels, batch_size, grads);
+  }
+  absl::StatusOr<double> Evaluate(const workload::Dataset& data) const override {
+    Evaluation evaluation;
+    evaluation.start = Clock::now();
+    std::this_thread::sleep_for(delay_);
+    auto accuracy = mlp_.Evaluate(data);
+    evaluation.seconds = std::chrono::duration<double>(Clock::now() - evaluation.start).count();
+    if (accuracy.ok()) evaluation.accuracy = *accuracy;
+    evaluations_.push_back(evaluation);
+    return accuracy;
+  }
+  absl::Status SgdStep(const workload::Gradients& grads, float lr) override {
+    return mlp_.SgdStep(grads, lr);
+  }
+
+ private:
+  workload::Mlp mlp_;
+  std::chrono::milliseconds delay_;
+  mutable std::vector<Evaluation> evaluations_;
+};
+
+TEST_CASE("Train: evaluation time is not counted in time_to_target_s") {
+  constexpr auto kDelay = std::chrono::milliseconds(150);
+  constexpr double kTarget = 0.65;
+  auto server = testing::ServerProcess::Start(
+      [] {
+        std::vector<std::string> flags = kServerFlags;
+        flags.push_back("--num_workers=1");
+        return flags;
+      }(),
+      absl::StrCat(testing::TempDir(), "/slow_eval_server.log"));
+  REQUIRE(server.ok());
+  auto train = workload::LoadFashionMnist(workload::kDefaultFashionMnistDir,
+                                          workload::Split::kTrain);
+  REQUIRE(train.ok());
+  const workload::Dataset subset = workload::Subset(*train, 6400);
+  auto test = workload::LoadFashionMnist(workload::kDefaultFashionMnistDir,
+                                         workload::Split::kTest);
+  REQUIRE(test.ok());
+  auto mlp = workload::Mlp::Create(workload::MlpOptions{});
+  REQUIRE(mlp.ok());
+  SlowEvalModel model(std::move(*mlp), kDelay);
+
+  ClientOptions client_options;
+  client_options.servers = {(*server)->address()};
+  client_options.rpc_timeout = absl::Seconds(30);
+  auto client = Client::Create(client_options);
+  REQUIRE(client.ok());
+
+  TrainerOptions options;
+  options.max_steps = 60;
+  options.eval_every_steps = 3;
+  options.target_accuracy = kTarget;
+  options.log_every = 1000;
+  options.evaluate = false;  // only the periodic evaluations are recorded
+  const Clock::time_point before = Clock::now();
+  auto result = Train(**client, model, subset, &*test, options);
+  REQUIRE(result.ok());
+
+  const auto& evaluations = model.evaluations();
+  REQUIRE(evaluations.size() == 20);
+  double eval_seconds = 0;
+  for (const auto& evaluation : evaluations) eval_seconds += evaluation.seconds;
+  CHECK(result->eval_seconds >= 20 * 0.15);
+  CHECK(result->eval_seconds == Approx(eval_seconds).margin(0.01));
+
+  size_t reached = 0;
+  while (reached < evaluations.size() && evaluations[reached].accuracy < kTarget) ++reached;
+  REQUIRE(reached < evaluations.size());
+  // At least two earlier evaluations (0.3 s) whose time must be taken off.
+  REQUIRE(reached >= 2);
+  double earlier_eval_s = 0;
+  for (size_t i = 0; i < reached; ++i) earlier_eval_s += evaluations[i].seconds;
+  const double until_reached_s =
+      std::chrono::duration<double>(evaluations[reached].start - before).count();
+  // Train's clock starts after registering the tensors, a little after
+  // `before`: the time to target lies just below this bound, and far below
+  // it if the earlier evaluations were counted.
+  const double expected_max = until_reached_s - earlier_eval_s;
+  INFO("reached at evaluation " << reached << ", time_to_target_s " << result->time_to_target_s
+                                << ", bound " << expected_max << ", earlier evaluations "
+                                << earlier_eval_s << " s");
+  CHECK(result->time_to_target_s > 0);
+  CHECK(result->time_to_target_s <= expected_max + 0.005);
+  CHECK(result->time_to_target_s >= expected_max - 0.1);
+  CHECK(result->time_to_target_s < result->seconds - result->eval_seconds);
+}
+
+}  // namespace
+}  // namespace harrier
