@@ -9,6 +9,7 @@
 #include "tests/bench/codec/codec_bench.h"
 #include "tests/bench/load_bench.h"
 #include "tests/bench/transport_bench.h"
+#include "tests/bench/tta_bench.h"
 
 namespace {
 
@@ -32,6 +33,10 @@ constexpr Subcommand kSubcommands[] = {
      "many clients x seconds under ASP and BSP: errors, latency, and an exact check of "
      "every parameter",
      harrier::bench::RunLoadBench},
+    {"tta",
+     "time to a test accuracy per codec, every shard and worker behind its own emulated "
+     "link (network namespaces; root)",
+     harrier::bench::RunTtaBench},
 };
 
 void PrintUsage(FILE* out) {
