@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -48,6 +49,9 @@ absl::Status PushPullAll(Client& client, workload::Model& model, const workload:
 // and is taken off the wall time before it is compared with a target. The
 // parameters evaluated are those the last push-pull returned (the global
 // model of the next clock under BSP; rank 0's local model under local SGD).
+// With the comm scheduler they are complete only once the next step's
+// WaitParameters returned (its pulls write the buffers in the background),
+// so Train evaluates there, or after Drain following the last step.
 absl::Status EvaluatePeriodically(workload::Model& model, const workload::Dataset& test,
                                   const TrainerOptions& options, int64_t steps_done,
                                   absl::Time train_start, TrainResult* result) {
@@ -91,9 +95,29 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   int64_t total_steps = steps_per_epoch * options.epochs;
   if (options.max_steps >= 0) total_steps = std::min(total_steps, options.max_steps);
 
-  for (auto& param : model.params()) {
-    if (auto status = client.RegisterTensor(param.name, param.shape, param.values); !status.ok()) {
-      return status;
+  const bool local_sgd = client.sync().mode == "local";
+  if (local_sgd && options.scheduler.has_value()) {
+    return absl::InvalidArgumentError(
+        "the comm scheduler (--techniques) needs --sync=bsp, ssp or asp: local SGD pushes one "
+        "model delta per round, not per-layer gradients as backward produces them");
+  }
+  // With a scheduler the scheduler registers the wire tensors (fused
+  // buckets in place of their members).
+  std::unique_ptr<CommScheduler> scheduler;
+  if (options.scheduler.has_value()) {
+    std::vector<ScheduledTensor> tensors;
+    for (auto& param : model.params()) {
+      tensors.push_back({param.name, param.shape, absl::MakeSpan(param.values)});
+    }
+    auto created = CommScheduler::Create(client, std::move(tensors), *options.scheduler);
+    if (!created.ok()) return created.status();
+    scheduler = std::move(*created);
+  } else {
+    for (auto& param : model.params()) {
+      if (auto status = client.RegisterTensor(param.name, param.shape, param.values);
+          !status.ok()) {
+        return status;
+      }
     }
   }
   FILE* metrics = nullptr;
@@ -104,7 +128,6 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
           absl::StrCat("cannot write --metrics_out=", options.metrics_out));
     }
   }
-  const bool local_sgd = client.sync().mode == "local";
   const int64_t local_steps = local_sgd ? std::max<int64_t>(1, client.sync().local_steps) : 1;
 
   TrainResult result;
@@ -117,7 +140,10 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   absl::Time interval_start = start;
   double interval_loss = 0;
   int64_t interval_steps = 0;
-  absl::Status status = PullAll(client, model);
+  // The scheduler pulls step 0's parameters itself.
+  absl::Status status = scheduler != nullptr ? absl::OkStatus() : PullAll(client, model);
+  const int num_params = static_cast<int>(model.params().size());
+  bool eval_due = false;  // scheduler: evaluate once the next step's waits returned
   for (int64_t step = 0; status.ok() && step < total_steps; ++step) {
     const int64_t in_epoch = step % steps_per_epoch;
     const int epoch = static_cast<int>(step / steps_per_epoch);
@@ -125,6 +151,18 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     const int64_t min_clock = client.stats().last_min_clock;
     result.max_staleness = std::max(result.max_staleness, pull_clock - min_clock);
 
+    if (scheduler != nullptr) {
+      // Forward's order: the front tensor is back first under priority.
+      for (int k = 0; status.ok() && k < num_params; ++k) status = scheduler->WaitParameters(k);
+      if (!status.ok()) break;
+      if (eval_due) {
+        // Only now are the previous step's parameters all in the buffers
+        // (the scheduler's pulls write them in the background).
+        eval_due = false;
+        status = EvaluatePeriodically(model, *test, options, step, start, &result);
+        if (!status.ok()) break;
+      }
+    }
     const size_t offset = static_cast<size_t>(in_epoch * options.batch_size);
     auto loss = model.ComputeGradients(shard.image(static_cast<int>(offset)),
                                        shard.labels.data() + offset, options.batch_size, &grads);
@@ -151,7 +189,15 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     const workload::Gradients& to_push = options.gradient_momentum > 0 ? momentum : grads;
 
     const absl::Time comm_start = absl::Now();
-    if (!local_sgd) {
+    if (scheduler != nullptr) {
+      // The MLP's backward produced every gradient at once; they are handed
+      // over last tensor first, as a layer-by-layer backward would.
+      for (int k = num_params - 1; status.ok() && k >= 0; --k) {
+        status = scheduler->GradientReady(k, to_push[k]);
+      }
+      if (status.ok()) status = scheduler->EndBackward();  // advances the clock
+      if (status.ok() && step + 1 == total_steps) status = scheduler->Drain();
+    } else if (!local_sgd) {
       status = PushPullAll(client, model, to_push);
       client.Clock();
     } else {
@@ -179,8 +225,12 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     if (!status.ok()) break;
     if (rank == 0 && test != nullptr && options.eval_every_steps > 0 &&
         ((step + 1) % options.eval_every_steps == 0 || last)) {
-      status = EvaluatePeriodically(model, *test, options, step + 1, start, &result);
-      if (!status.ok()) break;
+      if (scheduler == nullptr || last) {  // after the last step Drain copied them out
+        status = EvaluatePeriodically(model, *test, options, step + 1, start, &result);
+        if (!status.ok()) break;
+      } else {
+        eval_due = true;
+      }
     }
     const ClientStats stats = client.stats();
     if (metrics != nullptr) {
@@ -225,7 +275,10 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   // pull then sees every update under any consistency model.
   if (auto barrier = client.Barrier("train-done"); !barrier.ok()) return barrier;
   if (options.evaluate && rank == 0 && test != nullptr) {
-    if (auto pulled = PullAll(client, model); !pulled.ok()) return pulled;
+    if (auto pulled = scheduler != nullptr ? scheduler->Refresh() : PullAll(client, model);
+        !pulled.ok()) {
+      return pulled;
+    }
     auto accuracy = model.Evaluate(*test);
     if (!accuracy.ok()) return accuracy.status();
     result.test_accuracy = *accuracy;

@@ -2,11 +2,13 @@
 #define HARRIER_WORKER_TRAINER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/client.h"
+#include "worker/comm_scheduler.h"
 #include "worker/workload/fashion_mnist.h"
 #include "worker/workload/model.h"
 
@@ -34,6 +36,12 @@ struct TrainerOptions {
   // TrainResult::time_to_target_s.
   int eval_every_steps = 0;
   double target_accuracy = 0;
+  // Set: every step goes through a CommScheduler with these options
+  // (WaitParameters for each tensor in order, gradients, GradientReady last
+  // tensor first, EndBackward; Drain after the last step). Not with local
+  // SGD (--sync=local): Train then fails with INVALID_ARGUMENT. nullopt:
+  // one PushPull per tensor and step, no scheduler.
+  std::optional<CommSchedulerOptions> scheduler;
 };
 
 struct TrainResult {
