@@ -7,7 +7,7 @@
 //   interval (and after the last step) with increasing steps and wall
 //   times, and time_to_accuracy_s= is the wall time of the first line at
 //   or above the target (0.5), or -1 when the target is unreachable (0.99).
-// - In process, with a model whose evaluation is made slow (150 ms): the
+// - In process, with a model whose evaluation is made slow (400 ms): the
 //   time to target equals the wall time of the evaluation that reached it
 //   minus every earlier evaluation's time, so evaluation is not counted.
 // - With the comm scheduler (every technique, 128 KiB pieces so pulls run
@@ -202,8 +202,8 @@ class SlowEvalModel : public workload::Model {
 };
 
 TEST_CASE("Train: evaluation time is not counted in time_to_target_s") {
-  constexpr auto kDelay = std::chrono::milliseconds(150);
-  constexpr double kTarget = 0.65;
+  constexpr auto kDelay = std::chrono::milliseconds(400);
+  constexpr double kTarget = 0.7;
   auto server = testing::ServerProcess::Start(
       [] {
         std::vector<std::string> flags = kServerFlags;
@@ -231,7 +231,7 @@ TEST_CASE("Train: evaluation time is not counted in time_to_target_s") {
 
   TrainerOptions options;
   options.max_steps = 60;
-  options.eval_every_steps = 3;
+  options.eval_every_steps = 6;
   options.target_accuracy = kTarget;
   options.log_every = 1000;
   options.evaluate = false;  // only the periodic evaluations are recorded
@@ -240,31 +240,32 @@ TEST_CASE("Train: evaluation time is not counted in time_to_target_s") {
   REQUIRE(result.ok());
 
   const auto& evaluations = model.evaluations();
-  REQUIRE(evaluations.size() == 20);
+  REQUIRE(evaluations.size() == 10);
   double eval_seconds = 0;
   for (const auto& evaluation : evaluations) eval_seconds += evaluation.seconds;
-  CHECK(result->eval_seconds >= 20 * 0.15);
+  CHECK(result->eval_seconds >= 10 * 0.4);
   CHECK(result->eval_seconds == Approx(eval_seconds).margin(0.01));
 
   size_t reached = 0;
   while (reached < evaluations.size() && evaluations[reached].accuracy < kTarget) ++reached;
   REQUIRE(reached < evaluations.size());
-  // At least two earlier evaluations (0.3 s) whose time must be taken off.
+  // At least two earlier evaluations (0.8 s) whose time must be taken off.
   REQUIRE(reached >= 2);
   double earlier_eval_s = 0;
   for (size_t i = 0; i < reached; ++i) earlier_eval_s += evaluations[i].seconds;
   const double until_reached_s =
       std::chrono::duration<double>(evaluations[reached].start - before).count();
   // Train's clock starts after registering the tensors, a little after
-  // `before`: the time to target lies just below this bound, and far below
-  // it if the earlier evaluations were counted.
+  // `before` (up to 0.2 s seen on a loaded machine): the time to target lies
+  // just below this bound; above it if earlier evaluations were counted,
+  // 0.4 s or more below it if the reaching one was taken off too.
   const double expected_max = until_reached_s - earlier_eval_s;
   INFO("reached at evaluation " << reached << ", time_to_target_s " << result->time_to_target_s
                                 << ", bound " << expected_max << ", earlier evaluations "
                                 << earlier_eval_s << " s");
   CHECK(result->time_to_target_s > 0);
   CHECK(result->time_to_target_s <= expected_max + 0.005);
-  CHECK(result->time_to_target_s >= expected_max - 0.1);
+  CHECK(result->time_to_target_s >= expected_max - 0.3);
   CHECK(result->time_to_target_s < result->seconds - result->eval_seconds);
 }
 
