@@ -152,6 +152,12 @@ int main(int argc, char** argv) {
     if (!parsed.ok()) return Fail(absl::StrCat("--techniques: ", parsed.status().message()));
     scheduler = *parsed;
   }
+  if (!replay.has_value() && scheduler.has_value()) {
+    // TrainerOptions::scheduler is the sched helper's part of issue 12; until
+    // it lands, refuse rather than silently train without the scheduler.
+    return Fail("--techniques other than none with --workload=mlp: the MLP trainer has no comm "
+                "scheduler in this build yet (use --workload=replay:NAME)");
+  }
   if (replay.has_value()) {
     if (absl::GetFlag(FLAGS_device) != "cpu") {
       return Fail("--workload=replay:* models its compute; it takes --device=cpu only");
