@@ -152,12 +152,6 @@ int main(int argc, char** argv) {
     if (!parsed.ok()) return Fail(absl::StrCat("--techniques: ", parsed.status().message()));
     scheduler = *parsed;
   }
-  if (!replay.has_value() && scheduler.has_value()) {
-    // TrainerOptions::scheduler is the sched helper's part of issue 12; until
-    // it lands, refuse rather than silently train without the scheduler.
-    return Fail("--techniques other than none with --workload=mlp: the MLP trainer has no comm "
-                "scheduler in this build yet (use --workload=replay:NAME)");
-  }
   if (replay.has_value()) {
     if (absl::GetFlag(FLAGS_device) != "cpu") {
       return Fail("--workload=replay:* models its compute; it takes --device=cpu only");
@@ -335,6 +329,7 @@ int main(int argc, char** argv) {
     options.gradient_momentum = static_cast<float>(absl::GetFlag(FLAGS_signum_momentum));
   }
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
+  options.scheduler = scheduler;
   auto result = harrier::Train(**client, *model, train, rank == 0 ? &test : nullptr, options);
   if (!result.ok()) return Fail(std::string(result.status().message()));
 
