@@ -151,10 +151,15 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     const int64_t min_clock = client.stats().last_min_clock;
     result.max_staleness = std::max(result.max_staleness, pull_clock - min_clock);
 
+    // With a scheduler part of the step's wait for the servers is here,
+    // before forward.
+    absl::Duration forward_wait;
     if (scheduler != nullptr) {
+      const absl::Time wait_start = absl::Now();
       // Forward's order: the front tensor is back first under priority.
       for (int k = 0; status.ok() && k < num_params; ++k) status = scheduler->WaitParameters(k);
       if (!status.ok()) break;
+      forward_wait = absl::Now() - wait_start;
       if (eval_due) {
         // Only now are the previous step's parameters all in the buffers
         // (the scheduler's pulls write them in the background).
@@ -218,7 +223,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
         client.Clock();
       }
     }
-    const double wait_ms = absl::ToDoubleMilliseconds(absl::Now() - comm_start);
+    const double wait_ms = absl::ToDoubleMilliseconds(absl::Now() - comm_start + forward_wait);
     ++result.steps;
 
     const bool last = step + 1 == total_steps;

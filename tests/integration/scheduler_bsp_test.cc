@@ -258,12 +258,18 @@ workload::Dataset Synthetic(int n) {
   return data;
 }
 
-std::vector<Params> TrainJob(const std::optional<CommSchedulerOptions>& scheduler_options) {
+struct TrainOutcome {
+  std::vector<Params> params = std::vector<Params>(kWorkers);
+  double accuracy = -1;  // rank 0's, after the final barrier and pull
+};
+
+TrainOutcome TrainJob(const std::optional<CommSchedulerOptions>& scheduler_options) {
   auto servers =
       testing::StartCluster(2, kWorkers, {"--optimizer=sgd", "--lr=0.1", "--sync=bsp"});
   REQUIRE(servers.ok());
   const workload::Dataset train = Synthetic(512);
-  std::vector<Params> params(kWorkers);
+  TrainOutcome outcome;
+  std::vector<Params>& params = outcome.params;
   std::vector<std::string> failures(kWorkers);
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
@@ -289,14 +295,14 @@ std::vector<Params> TrainJob(const std::optional<CommSchedulerOptions>& schedule
       trainer.batch_size = 32;
       trainer.max_steps = 6;
       trainer.log_every = 1000;
-      trainer.evaluate = false;
       trainer.scheduler = scheduler_options;
-      auto trained = Train(**client, *model, train, nullptr, trainer);
+      auto trained = Train(**client, *model, train, &train, trainer);
       if (!trained.ok()) {
         failures[w] = trained.status().ToString();
         return;
       }
       if (trained->steps != 6) failures[w] = absl::StrCat(trained->steps, " steps");
+      if ((*client)->rank() == 0) outcome.accuracy = trained->test_accuracy;
       for (const auto& param : model->params()) params[w].push_back(param.values);
     });
   }
@@ -305,20 +311,24 @@ std::vector<Params> TrainJob(const std::optional<CommSchedulerOptions>& schedule
     INFO("worker " << w << ": " << failures[w]);
     REQUIRE(failures[w].empty());
   }
-  return params;
+  return outcome;
 }
 
 TEST_CASE("the MLP trainer ends on the same parameters with the scheduler as without") {
-  const std::vector<Params> without = TrainJob(std::nullopt);
+  const TrainOutcome without = TrainJob(std::nullopt);
   // fc0.weight (392 KiB) in pieces of 64 KiB; the biases and fc2 fused.
   auto options = ParseTechniques("all", 16u << 10, 64u << 10, 256u << 10);
   REQUIRE(options.ok());
-  const std::vector<Params> with = TrainJob(*options);
+  const TrainOutcome with = TrainJob(*options);
   for (int w = 0; w < kWorkers; ++w) {
     INFO("worker " << w);
-    CHECK(FirstDifference(with[w], without[w]) == "");
+    CHECK(FirstDifference(with.params[w], without.params[w]) == "");
   }
-  CHECK(FirstDifference(without[0], without[1]) == "");
+  CHECK(FirstDifference(without.params[0], without.params[1]) == "");
+  // Rank 0 evaluated what it pulled after the final barrier (the scheduler's
+  // Refresh): the same model, the same accuracy.
+  CHECK(without.accuracy >= 0);
+  CHECK(with.accuracy == without.accuracy);
 }
 
 TEST_CASE("the trainer refuses the scheduler under local SGD") {
