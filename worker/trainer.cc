@@ -164,6 +164,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
         // Only now are the previous step's parameters all in the buffers
         // (the scheduler's pulls write them in the background).
         eval_due = false;
+        if (metrics != nullptr) std::fflush(metrics);
         status = EvaluatePeriodically(model, *test, options, step, start, &result);
         if (!status.ok()) break;
       }
@@ -231,6 +232,9 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     if (rank == 0 && test != nullptr && options.eval_every_steps > 0 &&
         ((step + 1) % options.eval_every_steps == 0 || last)) {
       if (scheduler == nullptr || last) {  // after the last step Drain copied them out
+        // A bench may stop the job once an eval line shows the target: the
+        // traffic so far must be on disk by then.
+        if (metrics != nullptr) std::fflush(metrics);
         status = EvaluatePeriodically(model, *test, options, step + 1, start, &result);
         if (!status.ok()) break;
       } else {

@@ -365,8 +365,8 @@ struct RunResult {
   double final_accuracy = -1;
   int64_t steps = 0;
   double wall_s = 0;
-  double bytes_up_per_step = 0;
-  double bytes_down_per_step = 0;
+  double bytes_up_per_step = -1;  // -1: rank 0's metrics had no complete line
+  double bytes_down_per_step = -1;
 };
 
 // Rank 0's per-step traffic from the last complete line of its
