@@ -136,7 +136,7 @@ absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spe
       }
       workload::SleepCompute(layer.forward_ms, options.compute_scale);
     }
-    // Before step 0's forward every initial parameter is in and no later
+    // After step 0's forward every initial parameter is in and no later
     // pull can have been answered (BSP holds them until step 0's pushes).
     if (step == 0) m.after_setup = Snapshot(client);
     for (size_t l = spec.layers.size(); l-- > 0;) {
