@@ -62,9 +62,10 @@ struct ReplayRunResult {
   // From the algorithm (RingBytesPerRank summed over the buckets).
   int64_t bytes_sent_per_iter = 0;
   int64_t bytes_received_per_iter = 0;
-  // From /proc/self/io (bytes this process wrote to / read from any file
-  // descriptor, gloo's sockets all but a few log lines) over the timed
-  // steps; -1 where /proc/self/io cannot be read.
+  // Measured over the timed steps: the kernel's TCP_INFO byte counters
+  // (bytes acknowledged by the peer, bytes received) summed over this
+  // process's sockets, which include gloo's small per-message headers; -1
+  // where they cannot be read.
   int64_t measured_bytes_sent_per_iter = -1;
   int64_t measured_bytes_received_per_iter = -1;
   bool checked = false;

@@ -4,6 +4,7 @@
 #include <exception>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "gloo/allreduce.h"
 #include "gloo/common/error.h"
@@ -20,10 +21,12 @@ std::chrono::milliseconds ToChrono(absl::Duration d) {
 }
 
 // Gloo throws IoException both for a peer that went away and for a wait
-// that ran out of time; its message says which ("Timed out ...").
+// that ran out of time; only its message says which ("Timed out ...",
+// "Wait timeout for key(s) ...").
 absl::Status FromGloo(const std::exception& e, const std::string& what) {
   const std::string message = e.what();
-  if (message.find("imed out") != std::string::npos) {
+  const std::string lower = absl::AsciiStrToLower(message);
+  if (lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos) {
     return absl::DeadlineExceededError(absl::StrCat(what, ": ", message));
   }
   if (dynamic_cast<const gloo::IoException*>(&e) != nullptr) {
