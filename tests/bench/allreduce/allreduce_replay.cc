@@ -91,7 +91,7 @@ class BucketReducer {
   BucketReducer(const BucketPlan& plan, GlooRing& ring, const ReplayRunOptions& options,
                 float* gradients, float* parameters)
       : plan_(plan), ring_(ring), options_(options), gradients_(gradients),
-        parameters_(parameters) {
+        parameters_(parameters), started_(plan.buckets.size()) {
     thread_ = std::thread([this] { Loop(); });
   }
 
@@ -110,8 +110,9 @@ class BucketReducer {
   }
 
   // Returns once every bucket of the step is reduced and applied, then
-  // starts the next step's count.
-  absl::Status WaitAllDone() {
+  // starts the next step's count. `started` gets when each bucket's
+  // all-reduce began.
+  absl::Status WaitAllDone(std::vector<absl::Time>* started) {
     absl::MutexLock lock(&mutex_);
     const int total = static_cast<int>(plan_.buckets.size());
     auto finished = [this, total]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
@@ -123,6 +124,7 @@ class BucketReducer {
                        " buckets reduced after ", absl::FormatDuration(options_.timeout)));
     }
     if (!error_.ok()) return error_;
+    *started = started_;
     ready_ = 0;
     done_ = 0;
     return absl::OkStatus();
@@ -146,6 +148,7 @@ class BucketReducer {
         }
         if (stop_) return;
         bucket = done_;
+        started_[bucket] = absl::Now();
       }
       const Bucket& b = plan_.buckets[bucket];
       float* grad = gradients_ + b.buffer_offset;
@@ -180,6 +183,7 @@ class BucketReducer {
   int done_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stop_ ABSL_GUARDED_BY(mutex_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mutex_);
+  std::vector<absl::Time> started_ ABSL_GUARDED_BY(mutex_);
   std::thread thread_;
 };
 
@@ -279,6 +283,8 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
   bool tcp_ok = false;
   double exposed_ms_sum = 0;
   double timed_ms_sum = 0;
+  double overlapped_sum = 0;
+  double overrun_ms_sum = 0;
   for (int step = 0; step < options.steps; ++step) {
     if (step == options.warmup_steps) tcp_ok = ReadTcpBytes(&sent0, &received0);
     const absl::Time step_start = absl::Now();
@@ -287,6 +293,9 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
     }
     const uint32_t key = GradientKey(options.seed, ring.rank(), step);
     int ready = 0;
+    // Taken before the last hand-over: the bucket that completes with layer
+    // 0 starts after backward, not before it.
+    absl::Time backward_end;
     for (int l = static_cast<int>(layers.size()) - 1; l >= 0; --l) {
       // Writing the gradient is part of the layer's modelled time, not
       // added to it (unless it takes longer).
@@ -296,6 +305,7 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
         for (int64_t j = 0; j < slot->elements; ++j) grad[j] = Gradient(slot->model_offset + j, key);
       }
       SleepUntil(layer_end);
+      backward_end = absl::Now();
       int now_ready = ready;
       while (now_ready < result.buckets && plan.buckets[now_ready].ready_after_layer >= l) {
         ++now_ready;
@@ -305,20 +315,26 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
         reducer.MarkReady(ready);
       }
     }
-    const absl::Time backward_end = absl::Now();
-    absl::Status status = reducer.WaitAllDone();
+    std::vector<absl::Time> started;
+    absl::Status status = reducer.WaitAllDone(&started);
     if (!status.ok()) return status;
+    int overlapped = 0;
+    for (absl::Time t : started) overlapped += t < backward_end ? 1 : 0;
     const absl::Time step_end = absl::Now();
     const double step_ms = absl::ToDoubleMilliseconds(step_end - step_start);
     result.step_ms.push_back(step_ms);
     if (step >= options.warmup_steps) {
       timed_ms_sum += step_ms;
       exposed_ms_sum += absl::ToDoubleMilliseconds(step_end - backward_end);
+      overlapped_sum += overlapped;
+      overrun_ms_sum += absl::ToDoubleMilliseconds(backward_end - step_start) - result.compute_ms;
     }
   }
   const int timed = options.steps - options.warmup_steps;
   result.iter_ms = timed_ms_sum / timed;
   result.exposed_comm_ms = exposed_ms_sum / timed;
+  result.overlapped_buckets = overlapped_sum / timed;
+  result.compute_overrun_ms = overrun_ms_sum / timed;
   int64_t sent1 = 0, received1 = 0;
   if (tcp_ok && ReadTcpBytes(&sent1, &received1)) {
     result.measured_bytes_sent_per_iter = (sent1 - sent0) / timed;

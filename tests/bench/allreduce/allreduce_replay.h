@@ -58,6 +58,14 @@ struct ReplayRunResult {
   // Mean time the next forward waited for the buckets after backward ended:
   // the communication left exposed.
   double exposed_comm_ms = 0;
+  // Mean number of buckets per timed step whose all-reduce began before
+  // backward ended: 0 means no overlap at all.
+  double overlapped_buckets = 0;
+  // Mean time per timed step by which forward + backward outlasted the
+  // modelled compute: writing the synthetic gradients, sleep overshoot, and
+  // this CPU's cores shared with the ring's reductions and copies. Near 0
+  // means the replay ran at the modelled speed.
+  double compute_overrun_ms = 0;
   std::vector<double> step_ms;  // every step, warm-up included
   // From the algorithm (RingBytesPerRank summed over the buckets).
   int64_t bytes_sent_per_iter = 0;
