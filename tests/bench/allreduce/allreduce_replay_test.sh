@@ -179,6 +179,18 @@ else
   fail "missing peer: exit $rc after $took s: $(tail -n 2 "$tmp/alone.err")"
 fi
 
+# A reused rendezvous directory is refused in one line, not waited on.
+timeout 30 "$bin" --model=resnet50 --rank=0 --world=1 --rendezvous_dir="$tmp/alone.rdv" \
+  --steps=2 >/dev/null 2>"$tmp/reuse.err"
+timeout 30 "$bin" --model=resnet50 --rank=0 --world=1 --rendezvous_dir="$tmp/alone.rdv" \
+  --steps=2 >/dev/null 2>"$tmp/reuse.err"
+rc=$?
+if [ "$rc" != 0 ] && grep -q "^harrier-allreduce-replay: FAILED_PRECONDITION: .*fresh one" "$tmp/reuse.err"; then
+  pass "a reused rendezvous directory: exit $rc, FAILED_PRECONDITION asking for a fresh one"
+else
+  fail "a reused rendezvous directory: exit $rc: $(tail -n 1 "$tmp/reuse.err" | head -c 300)"
+fi
+
 # --- usage -------------------------------------------------------------------------
 # (The exit status of --help is common/flags' ParseFlags', absl's: 1.)
 "$bin" --help >"$tmp/help" 2>&1
