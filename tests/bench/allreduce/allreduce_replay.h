@@ -73,7 +73,9 @@ struct ReplayRunResult {
   // Measured over the timed steps: the kernel's TCP_INFO byte counters
   // (bytes acknowledged by the peer, bytes received) summed over this
   // process's sockets, which include gloo's small per-message headers; -1
-  // where they cannot be read.
+  // where they cannot be read. Received is complete when the step ends;
+  // the last sent segments may still await their acknowledgement, so sent
+  // can read up to two segments (2 MiB) per run low.
   int64_t measured_bytes_sent_per_iter = -1;
   int64_t measured_bytes_received_per_iter = -1;
   bool checked = false;
