@@ -579,7 +579,8 @@ absl::StatusOr<std::vector<Summary>> RunAllReduce(const Options& options,
                                      absl::StrCat("--world=", options.workers),
                                      absl::StrCat("--rendezvous_dir=", rendezvous),
                                      absl::StrCat("--address=", network.host_address(rank)),
-                                     absl::StrCat("--steps=", options.steps),
+                                     // --steps counts every step run, the warm-up included.
+                                     absl::StrCat("--steps=", options.steps + options.warmup_steps),
                                      absl::StrCat("--warmup_steps=", options.warmup_steps),
                                      absl::StrCat("--compute_scale=", Fmt(config.compute_scale)),
                                      absl::StrCat("--bucket_bytes=", options.bucket_bytes)};
@@ -733,15 +734,15 @@ int RunOverlapBench(int argc, char** argv) {
             ",\"compute_scale\":", Fmt(scale), ",\"balanced\":",
             options.compute_scale.has_value() ? "false" : "true", ",\"techniques\":\"", techniques,
             "\",\"workers\":", W, ",\"shards\":", allreduce ? 0 : S, ",\"batch\":", spec.batch_size,
-            ",\"steps\":", first.steps, ",\"compute_ms\":", Fmt(first.compute_ms),
+            ",\"steps\":", options.steps, ",\"warmup_steps\":", options.warmup_steps, ",\"compute_ms\":", Fmt(first.compute_ms),
             ",\"comm_ms\":", Fmt(comm_ms), ",\"iter_ms\":", Fmt(iter_ms),
             ",\"ideal_iter_ms\":", Fmt(ideal_ms), ",\"ideal_over_iter\":", Fmt(ideal_ms / iter_ms),
-            ",\"speedup_vs_plain\":",
-            plain_iter_ms > 0 ? Fmt(plain_iter_ms / iter_ms) : std::string("null"),
+            plain_iter_ms > 0 ? absl::StrCat(",\"speedup_vs_plain\":", Fmt(plain_iter_ms / iter_ms))
+                              : std::string(),
             ",\"samples_per_s\":", Fmt(samples_per_s),
-            ",\"bytes_per_iter\":", Fmt(first.bytes_per_iter),
-            ",\"bytes_pushed_per_iter\":", Fmt(first.bytes_pushed),
-            ",\"bytes_pulled_per_iter\":", Fmt(first.bytes_pulled),
+            ",\"bytes_per_iter\":", static_cast<int64_t>(first.bytes_per_iter),
+            ",\"bytes_pushed_per_iter\":", static_cast<int64_t>(first.bytes_pushed),
+            ",\"bytes_pulled_per_iter\":", static_cast<int64_t>(first.bytes_pulled),
             ",\"checked\":", checked ? "true" : "false", "}");
         std::printf("%s\n", line.c_str());
         std::fflush(stdout);
