@@ -77,6 +77,40 @@ SyncInfo ToSyncInfo(const proto::SyncConfig& sync) {
   return info;
 }
 
+// The layout of the chunks `scope` selects: `info`'s groups cut down to
+// them, shard groups left empty dropped. Its own entry, so the tasks that
+// share it keep it alive as they do a whole tensor's.
+absl::StatusOr<std::shared_ptr<const TensorInfo>> ScopeLayout(
+    const absl::StatusOr<std::shared_ptr<const TensorInfo>>& info, const CallScope& scope) {
+  if (!info.ok()) return info.status();
+  size_t chunks = 0;
+  for (const ShardGroup& group : (*info)->groups) chunks += group.spans.size();
+  const uint64_t first = scope.first_chunk;
+  const uint64_t end = scope.num_chunks == 0 ? chunks : first + scope.num_chunks;
+  if (scope.clock < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", (*info)->name, "': call scope clock ", scope.clock, " < -1"));
+  }
+  if (first >= chunks || end > chunks) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", (*info)->name, "': chunks [",
+                                                   first, ", ", end, ") out of its ", chunks,
+                                                   " chunks"));
+  }
+  auto scoped = std::make_shared<TensorInfo>();
+  scoped->name = (*info)->name;
+  scoped->shape = (*info)->shape;
+  scoped->num_elements = (*info)->num_elements;
+  for (const ShardGroup& group : (*info)->groups) {
+    ShardGroup part;
+    part.shard = group.shard;
+    for (const ChunkSpan& span : group.spans) {
+      if (span.chunk >= first && span.chunk < end) part.spans.push_back(span);
+    }
+    if (!part.spans.empty()) scoped->groups.push_back(std::move(part));
+  }
+  return std::shared_ptr<const TensorInfo>(std::move(scoped));
+}
+
 }  // namespace
 
 // The facade's state: the parts, and how an operation becomes one task per
@@ -110,9 +144,10 @@ class Client::Impl {
   GroupRun PushRun(const std::string& name, const float* gradient);
   GroupRun PullRun(const std::string& name, float* out);
   GroupRun PushPullRun(const std::string& name, const float* gradient, float* out);
+  // `clock` -1: the current clock.
   Handle StartGroups(OpKind kind, const std::string& name,
                      const absl::StatusOr<std::shared_ptr<const TensorInfo>>& info,
-                     const GroupRun& run);
+                     const GroupRun& run, int64_t clock = -1);
   // A tensor on one shard (every tensor up to the chunk size) runs on the
   // calling thread; others through the pools.
   absl::Status RunBlocking(OpKind kind, const std::string& name,
@@ -202,10 +237,11 @@ void Client::Impl::CountStart(OpKind kind) {
 
 Client::Handle Client::Impl::StartGroups(
     OpKind kind, const std::string& name,
-    const absl::StatusOr<std::shared_ptr<const TensorInfo>>& info, const GroupRun& run) {
+    const absl::StatusOr<std::shared_ptr<const TensorInfo>>& info, const GroupRun& run,
+    int64_t clock) {
   if (!info.ok()) return engine_.Failed(kind, Describe(kind, name), info.status());
   CountStart(kind);
-  const int64_t clock = clock_;
+  if (clock < 0) clock = clock_;
   std::vector<OperationEngine::Task> tasks;
   for (const ShardGroup& group : (*info)->groups) {
     // The task shares the layout, which outlives a re-registration.
@@ -321,6 +357,7 @@ int Client::rank() const { return impl_->rank_; }
 uint64_t Client::session_epoch() const { return impl_->session_.epoch(); }
 int Client::num_workers() const { return impl_->num_workers_; }
 int Client::num_shards() const { return static_cast<int>(impl_->options_.servers.size()); }
+size_t Client::chunk_bytes() const { return impl_->options_.chunk_bytes; }
 const SyncInfo& Client::sync() const { return impl_->sync_; }
 void Client::Clock() { impl_->clock_++; }
 int64_t Client::clock() const { return impl_->clock_; }
@@ -378,6 +415,20 @@ Client::Handle Client::PushAsync(const std::string& name, absl::Span<const float
 Client::Handle Client::PullAsync(const std::string& name, absl::Span<float> out) {
   return impl_->StartGroups(OpKind::kPull, name, impl_->tensors_.Lookup(name, out.size()),
                             impl_->PullRun(name, out.data()));
+}
+
+Client::Handle Client::PushAsync(const std::string& name, absl::Span<const float> gradient,
+                                  const CallScope& scope) {
+  return impl_->StartGroups(OpKind::kPush, name,
+                            ScopeLayout(impl_->tensors_.Lookup(name, gradient.size()), scope),
+                            impl_->PushRun(name, gradient.data()), scope.clock);
+}
+
+Client::Handle Client::PullAsync(const std::string& name, absl::Span<float> out,
+                                  const CallScope& scope) {
+  return impl_->StartGroups(OpKind::kPull, name,
+                            ScopeLayout(impl_->tensors_.Lookup(name, out.size()), scope),
+                            impl_->PullRun(name, out.data()), scope.clock);
 }
 
 Client::Handle Client::PushPullAsync(const std::string& name, absl::Span<const float> gradient,

@@ -83,6 +83,15 @@ struct ClientOptions {
   std::string auth_token;
 };
 
+// Which part of a tensor a call covers, and at which clock (the comm
+// scheduler's calls: worker/comm_scheduler.h). Chunks are the client's
+// (chunk_bytes each, the last shorter), numbered from 0.
+struct CallScope {
+  int64_t clock = -1;        // -1: the client's current clock
+  uint32_t first_chunk = 0;
+  uint32_t num_chunks = 0;   // 0: every chunk from first_chunk
+};
+
 class ControlClient;   // worker/control_client.h
 class ShardTransport;  // worker/transport/transport.h
 
@@ -133,6 +142,9 @@ class Client {
   int rank() const;
   int num_workers() const;
   int num_shards() const;
+  // ClientOptions::chunk_bytes: chunk c of tensor k holds elements
+  // [c * chunk_bytes / 4, ...) and lives on HashPartitioner's shard.
+  size_t chunk_bytes() const;
   const SyncInfo& sync() const;
 
   // Declares a dense float32 tensor. The first worker to register a name
@@ -147,6 +159,13 @@ class Client {
   Handle PushAsync(const std::string& name, absl::Span<const float> gradient);
   // Fetches the tensor's parameters at the current clock into `out`.
   Handle PullAsync(const std::string& name, absl::Span<float> out);
+  // The same on the chunks `scope` selects, at its clock. `gradient` and
+  // `out` are still whole-tensor buffers: only the selected chunks'
+  // elements are read or written. A scope out of the tensor's chunks (or a
+  // clock below -1) fails with INVALID_ARGUMENT and sends nothing.
+  Handle PushAsync(const std::string& name, absl::Span<const float> gradient,
+                   const CallScope& scope);
+  Handle PullAsync(const std::string& name, absl::Span<float> out, const CallScope& scope);
   // Push for the current clock, then fetch the parameters of clock + 1.
   Handle PushPullAsync(const std::string& name, absl::Span<const float> gradient,
                        absl::Span<float> out);

@@ -122,8 +122,14 @@ class CommScheduler {
   // Every gradient of this step was given: what is not yet pushed is
   // queued now, and the step (the client's clock) advances.
   absl::Status EndBackward();
-  // Waits for every call in flight (after the last step).
+  // Waits for every call in flight (after the last step): the pushes of
+  // the last step and the pulls after them, so every tensor's buffer then
+  // holds the parameters of the step after the last.
   absl::Status Drain();
+  // Pulls every tensor again at the current step, after Drain (e.g. after
+  // the job's final barrier, so evaluation sees every worker's updates under
+  // SSP and ASP too). Added for the trainer; not part of the pinned API.
+  absl::Status Refresh();
 
   const CommSchedulerOptions& options() const;
   CommSchedulerStats stats() const;

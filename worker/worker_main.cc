@@ -1,9 +1,11 @@
 // harrier-worker: the training agent. Trains a built-in workload on its shard
-// of Fashion-MNIST through the Harrier parameter servers.
+// of Fashion-MNIST through the Harrier parameter servers, or replays a real
+// model's communication (--workload=replay:NAME) with modelled compute.
 #include <cblas.h>
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/grpc_security.h"
@@ -18,10 +21,14 @@
 #include "common/metrics/metrics_http_server.h"
 #include "common/process.h"
 #include "worker/client.h"
+#include "worker/comm_scheduler.h"
+#include "worker/replay_trainer.h"
 #include "worker/trainer.h"
 #include "worker/workload/fashion_mnist.h"
 #include "worker/workload/mlp.h"
 #include "worker/workload/model.h"
+#include "worker/workload/replay.h"
+#include "worker/workload/replay_models.h"
 #if HARRIER_WITH_CUDA
 #include "cuda/device_codec.h"
 #include "worker/workload/cuda/device_mlp_model.h"
@@ -34,13 +41,34 @@ ABSL_FLAG(int, num_workers, 0,
 ABSL_FLAG(std::string, job, "harrier",
           "Job name carried in every message; must match the servers' --job (else every call "
           "is refused FAILED_PRECONDITION).");
-ABSL_FLAG(std::string, workload, "mlp", "Built-in workload: mlp.");
+ABSL_FLAG(std::string, workload, "mlp",
+          "Built-in workload: mlp (Fashion-MNIST), or replay:resnet50|replay:vgg16|"
+          "replay:bert-base (a real model's tensors with seeded gradients and modelled compute; "
+          "no data set).");
+ABSL_FLAG(double, compute_scale, 1.0,
+          "Replay: multiplies the model's per-layer compute times (0: no compute).");
+ABSL_FLAG(int64_t, warmup_steps, 1, "Replay: steps run before the --max_steps timed ones.");
+ABSL_FLAG(std::string, techniques, "none",
+          "Comm overlap: none (today's trainer path, no scheduler) or plain|wfbp|fusion|priority|"
+          "all, or several joined by '+', through the comm scheduler.");
+ABSL_FLAG(int64_t, fusion_bytes, 0,
+          "Fusion bucket size in bytes (0: the technique's default when fusion is on).");
+ABSL_FLAG(int64_t, partition_bytes, 0,
+          "Piece size in bytes when partitioning is on (0: its default); also the client's chunk "
+          "size then.");
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "Credit cap on push bytes in flight (0: the default when the cap is on).");
+ABSL_FLAG(std::string, optimizer, "sgd",
+          "Replay: the servers' --optimizer; the exact check of the final parameters runs under "
+          "bsp with sgd only.");
+ABSL_FLAG(double, lr, 0.01, "Replay: the servers' --lr, which the exact check assumes.");
 ABSL_FLAG(std::string, layers, "784,256,256,10", "MLP layer sizes, input first, classes last.");
 ABSL_FLAG(std::string, data_dir, harrier::workload::kDefaultFashionMnistDir,
           "Directory with Fashion-MNIST IDX files (.gz or plain).");
 ABSL_FLAG(int, epochs, 1, "Passes over this worker's shard of the training set.");
 ABSL_FLAG(int, batch_size, 64, "Examples per step on this worker.");
-ABSL_FLAG(int64_t, max_steps, -1, "Stop after this many steps (-1: run all epochs).");
+ABSL_FLAG(int64_t, max_steps, -1,
+          "Stop after this many steps (-1: run all epochs). Replay: the timed steps (-1: 5).");
 ABSL_FLAG(int, train_examples, 0, "Use only the first N training examples (0: all).");
 ABSL_FLAG(std::string, device, "cpu", "Where the workload runs: cpu|cuda.");
 ABSL_FLAG(std::string, metrics_out, "", "Write one JSON line per progress interval here.");
@@ -89,15 +117,54 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   harrier::ParseFlags(argc, argv,
                       "The Harrier worker agent: trains a workload through the parameter servers.\n"
-                      "Usage: harrier-worker --servers=HOST:PORT,... [--epochs=N] [flags]");
+                      "Usage: harrier-worker --servers=HOST:PORT,... [--epochs=N] [flags]\n"
+                      "       harrier-worker --servers=... --workload=replay:resnet50 "
+                      "[--compute_scale=X] [--techniques=all] [--max_steps=N]\n"
+                      "Replay prints one line on stdout: replay_summary {json}.");
   harrier::TuneMallocForLargeBuffers();
   // Library logs go to stderr: stdout carries only the test_accuracy= line.
   harrier::InitLogging("worker");
   openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
 
-  if (absl::GetFlag(FLAGS_workload) != "mlp") {
-    return Fail(absl::StrCat("unknown --workload='", absl::GetFlag(FLAGS_workload),
-                             "' (available: mlp)"));
+  const std::string workload_flag = absl::GetFlag(FLAGS_workload);
+  std::optional<harrier::workload::ReplayModelSpec> replay;
+  if (absl::StartsWith(workload_flag, "replay:")) {
+    auto spec = harrier::workload::FindReplayModel(workload_flag.substr(7));
+    if (!spec.ok()) return Fail(absl::StrCat("--workload: ", spec.status().message()));
+    replay = std::move(*spec);
+  } else if (workload_flag != "mlp") {
+    return Fail(absl::StrCat("unknown --workload='", workload_flag, "' (available: mlp, replay:",
+                             absl::StrJoin(harrier::workload::ReplayModelNames(), ", replay:"),
+                             ")"));
+  }
+  // none: no scheduler at all, the path every run took before it existed.
+  std::optional<harrier::CommSchedulerOptions> scheduler;
+  const std::string techniques = absl::GetFlag(FLAGS_techniques);
+  if (techniques != "none") {
+    if (absl::GetFlag(FLAGS_fusion_bytes) < 0 || absl::GetFlag(FLAGS_partition_bytes) < 0 ||
+        absl::GetFlag(FLAGS_max_inflight_bytes) < 0) {
+      return Fail("--fusion_bytes, --partition_bytes and --max_inflight_bytes must be >= 0");
+    }
+#ifdef HARRIER_HAVE_COMM_SCHEDULER
+    auto parsed = harrier::ParseTechniques(
+        techniques, static_cast<size_t>(absl::GetFlag(FLAGS_fusion_bytes)),
+        static_cast<size_t>(absl::GetFlag(FLAGS_partition_bytes)),
+        static_cast<size_t>(absl::GetFlag(FLAGS_max_inflight_bytes)));
+    if (!parsed.ok()) return Fail(absl::StrCat("--techniques: ", parsed.status().message()));
+    scheduler = *parsed;
+#else
+    return Fail("--techniques other than none needs the comm scheduler, missing from this build");
+#endif
+  }
+  if (replay.has_value()) {
+    if (absl::GetFlag(FLAGS_device) != "cpu") {
+      return Fail("--workload=replay:* models its compute; it takes --device=cpu only");
+    }
+    if (!(absl::GetFlag(FLAGS_compute_scale) >= 0)) return Fail("--compute_scale must be >= 0");
+    if (absl::GetFlag(FLAGS_warmup_steps) < 0) return Fail("--warmup_steps must be >= 0");
+    if (absl::GetFlag(FLAGS_max_steps) == 0 || absl::GetFlag(FLAGS_max_steps) < -1) {
+      return Fail("--max_steps must be >= 1 (or -1) with --workload=replay:*");
+    }
   }
   const bool use_cuda = absl::GetFlag(FLAGS_device) == "cuda";
   if (use_cuda) {
@@ -135,6 +202,11 @@ int main(int argc, char** argv) {
   client_options.compress_min_bytes = std::max(0, absl::GetFlag(FLAGS_compress_min_bytes));
   client_options.chunk_bytes = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_chunk_kib)))
                                << 10;
+  // A piece of a partitioned tensor is one client chunk, so the shards
+  // spread and pipeline exactly the pieces the scheduler plans.
+  if (scheduler.has_value() && scheduler->partition_bytes > 0) {
+    client_options.chunk_bytes = scheduler->partition_bytes;
+  }
   client_options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
   client_options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   client_options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
@@ -144,29 +216,34 @@ int main(int argc, char** argv) {
     client_options.auth_token = *token;
   }
 
-  auto train = harrier::workload::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir),
-                                                   harrier::workload::Split::kTrain);
-  if (!train.ok()) return Fail(std::string(train.status().message()));
-  if (absl::GetFlag(FLAGS_train_examples) > 0) {
-    *train = harrier::workload::Subset(*train, absl::GetFlag(FLAGS_train_examples));
-  }
+  // A replayed model needs no data set and no model object.
+  harrier::workload::Dataset train;
   std::unique_ptr<harrier::workload::Model> model;
-  if (!use_cuda) {
-    auto mlp = harrier::workload::Mlp::Create(mlp_options);
-    if (!mlp.ok()) return Fail(std::string(mlp.status().message()));
-    model = std::make_unique<harrier::workload::Mlp>(std::move(*mlp));
-  } else {
-#if HARRIER_WITH_CUDA
-    auto device_model = harrier::workload::DeviceMlpModel::Create(mlp_options);
-    if (!device_model.ok()) {
-      return Fail(absl::StrCat("--device=cuda: ", device_model.status().message()));
+  if (!replay.has_value()) {
+    auto loaded_train = harrier::workload::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir),
+                                                            harrier::workload::Split::kTrain);
+    if (!loaded_train.ok()) return Fail(std::string(loaded_train.status().message()));
+    train = std::move(*loaded_train);
+    if (absl::GetFlag(FLAGS_train_examples) > 0) {
+      train = harrier::workload::Subset(train, absl::GetFlag(FLAGS_train_examples));
     }
-    model = std::move(*device_model);
+    if (!use_cuda) {
+      auto mlp = harrier::workload::Mlp::Create(mlp_options);
+      if (!mlp.ok()) return Fail(std::string(mlp.status().message()));
+      model = std::make_unique<harrier::workload::Mlp>(std::move(*mlp));
+    } else {
+#if HARRIER_WITH_CUDA
+      auto device_model = harrier::workload::DeviceMlpModel::Create(mlp_options);
+      if (!device_model.ok()) {
+        return Fail(absl::StrCat("--device=cuda: ", device_model.status().message()));
+      }
+      model = std::move(*device_model);
 #endif
-  }
-  if (model->input_size() != train->example_size()) {
-    return Fail(absl::StrCat("--layers input size ", model->input_size(),
-                             " does not match the data's ", train->example_size(), " pixels"));
+    }
+    if (model->input_size() != train.example_size()) {
+      return Fail(absl::StrCat("--layers input size ", model->input_size(),
+                               " does not match the data's ", train.example_size(), " pixels"));
+    }
   }
 
   auto client = harrier::Client::Create(client_options);
@@ -179,7 +256,9 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "[worker %d] rank %d of %d, %d shards, sync %s, %lld parameters\n", rank,
                rank, (*client)->num_workers(), (*client)->num_shards(),
-               (*client)->sync().mode.c_str(), static_cast<long long>(model->num_parameters()));
+               (*client)->sync().mode.c_str(),
+               static_cast<long long>(replay.has_value() ? replay->num_parameters()
+                                                         : model->num_parameters()));
 
   // The worker's own metrics and liveness endpoint, read from the client's
   // counters when scraped.
@@ -211,6 +290,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "[worker %d] metrics on port %d\n", rank, metrics_http->port());
   }
 
+  if (replay.has_value()) {
+    harrier::ReplayTrainerOptions replay_options;
+    replay_options.compute_scale = absl::GetFlag(FLAGS_compute_scale);
+    replay_options.steps = absl::GetFlag(FLAGS_max_steps) < 0 ? 5 : absl::GetFlag(FLAGS_max_steps);
+    replay_options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+    replay_options.seed = absl::GetFlag(FLAGS_seed);
+    replay_options.scheduler = scheduler;
+    replay_options.techniques = techniques;
+    replay_options.optimizer = absl::GetFlag(FLAGS_optimizer);
+    replay_options.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+    replay_options.wait_timeout = client_options.rpc_timeout;
+    auto summary = harrier::RunReplay(**client, *replay, replay_options);
+    if (!summary.ok()) return Fail(std::string(summary.status().message()));
+    std::fprintf(stderr, "[worker %d] replay of %s done: %.1f ms per step\n", rank,
+                 replay->name.c_str(), summary->iter_ms);
+    std::printf("%s\n", harrier::workload::FormatReplaySummary(*summary).c_str());
+    std::fflush(stdout);
+    return 0;
+  }
+
   harrier::workload::Dataset test;
   if (rank == 0) {
     auto loaded = harrier::workload::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir),
@@ -234,7 +333,7 @@ int main(int argc, char** argv) {
     options.gradient_momentum = static_cast<float>(absl::GetFlag(FLAGS_signum_momentum));
   }
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
-  auto result = harrier::Train(**client, *model, *train, rank == 0 ? &test : nullptr, options);
+  auto result = harrier::Train(**client, *model, train, rank == 0 ? &test : nullptr, options);
   if (!result.ok()) return Fail(std::string(result.status().message()));
 
   std::fprintf(stderr,

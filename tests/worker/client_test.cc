@@ -208,6 +208,105 @@ TEST_CASE("chunks are cut at chunk_bytes and go to the shard the partitioner nam
   }
 }
 
+// The comm scheduler's calls: one piece of a tensor, at an explicit clock.
+TEST_CASE("a scoped push sends only its chunks, at the scope's clock") {
+  ClientOptions options = TestOptions(3);
+  options.chunk_bytes = 4 * sizeof(float);  // 10 elements: chunks 0..2 (4, 4, 2)
+  FakeCluster cluster = MakeCluster(options);
+  REQUIRE(cluster.client->chunk_bytes() == 4 * sizeof(float));
+  REQUIRE(cluster.client->RegisterTensor("w", {10}, Iota(10)).ok());
+  const std::vector<float> gradient = Iota(10, 100.0f);
+  CallScope scope;
+  scope.clock = 7;
+  scope.first_chunk = 1;
+  scope.num_chunks = 2;
+  REQUIRE(cluster.client->Wait(cluster.client->PushAsync("w", gradient, scope)).ok());
+  HashPartitioner partitioner(3);
+  std::map<uint32_t, std::string> sent;
+  for (int shard = 0; shard < 3; ++shard) {
+    for (const FakeShardTransport::Call& call : cluster.shards[shard]->calls()) {
+      REQUIRE(call.kind == FakeShardTransport::CallKind::kPush);
+      for (size_t i = 0; i < call.chunks.size(); ++i) {
+        CHECK(call.chunks[i].clock() == 7);
+        CHECK(partitioner.ShardFor("w", call.chunks[i].chunk()) == shard);
+        sent[call.chunks[i].chunk()] = call.payloads[i];
+      }
+    }
+  }
+  REQUIRE(sent.size() == 2);
+  CHECK(sent.at(1) == Bytes(gradient.data() + 4, 4));
+  CHECK(sent.at(2) == Bytes(gradient.data() + 8, 2));
+  CHECK(cluster.client->clock() == 0);  // the client's own clock did not move
+
+  // num_chunks 0: every chunk from first_chunk; clock -1: the current one.
+  const int before = cluster.shards[0]->num_calls() + cluster.shards[1]->num_calls() +
+                     cluster.shards[2]->num_calls();
+  cluster.client->Clock();
+  CallScope rest;
+  rest.first_chunk = 2;
+  REQUIRE(cluster.client->Wait(cluster.client->PushAsync("w", gradient, rest)).ok());
+  int after = 0;
+  for (FakeShardTransport* shard : cluster.shards) {
+    const auto calls = shard->calls();
+    after += static_cast<int>(calls.size());
+    for (size_t c = 0; c < calls.size(); ++c) {
+      for (const auto& chunk : calls[c].chunks) {
+        if (chunk.clock() == 1) CHECK(chunk.chunk() == 2);
+      }
+    }
+  }
+  CHECK(after == before + 1);
+}
+
+TEST_CASE("a scoped pull writes only its chunks' elements, at the scope's clock") {
+  ClientOptions options = TestOptions(2);
+  options.chunk_bytes = 4 * sizeof(float);
+  FakeCluster cluster = MakeCluster(options);
+  REQUIRE(cluster.client->RegisterTensor("w", {10}, Iota(10)).ok());
+  std::vector<float> out(10, -1.0f);
+  CallScope scope;
+  scope.clock = 3;
+  scope.first_chunk = 1;
+  scope.num_chunks = 1;
+  REQUIRE(cluster.client->Wait(cluster.client->PullAsync("w", absl::MakeSpan(out), scope)).ok());
+  for (size_t i = 0; i < 10; ++i) {
+    INFO("element " << i);
+    // The fake answers element i of chunk c with c * 1000 + i.
+    CHECK(out[i] == (i >= 4 && i < 8 ? 1000.0f + (i - 4) : -1.0f));
+  }
+  int pulls = 0;
+  for (FakeShardTransport* shard : cluster.shards) {
+    for (const FakeShardTransport::Call& call : shard->calls()) {
+      ++pulls;
+      CHECK(call.pull.clock() == 3);
+      REQUIRE(call.pull.chunks_size() == 1);
+      CHECK(call.pull.chunks(0).chunk() == 1);
+    }
+  }
+  CHECK(pulls == 1);
+}
+
+TEST_CASE("a scope outside the tensor's chunks is INVALID_ARGUMENT and sends nothing") {
+  ClientOptions options = TestOptions(2);
+  options.chunk_bytes = 4 * sizeof(float);
+  FakeCluster cluster = MakeCluster(options);
+  REQUIRE(cluster.client->RegisterTensor("w", {10}, Iota(10)).ok());
+  std::vector<float> buffer(10, 0.0f);
+  std::vector<CallScope> bad(3);
+  bad[0].first_chunk = 3;                       // only 0..2
+  bad[1].first_chunk = 2, bad[1].num_chunks = 2;  // 2..3
+  bad[2].clock = -2;
+  for (const CallScope& scope : bad) {
+    absl::Status push = cluster.client->Wait(cluster.client->PushAsync("w", buffer, scope));
+    CHECK(absl::IsInvalidArgument(push));
+    CHECK(push.message().find("'w'") != std::string::npos);
+    absl::Status pull =
+        cluster.client->Wait(cluster.client->PullAsync("w", absl::MakeSpan(buffer), scope));
+    CHECK(absl::IsInvalidArgument(pull));
+  }
+  for (FakeShardTransport* shard : cluster.shards) CHECK(shard->num_calls() == 0);
+}
+
 TEST_CASE("small tensors spread over shards by name") {
   FakeCluster cluster = MakeCluster(TestOptions(4));
   HashPartitioner partitioner(4);

@@ -1,0 +1,558 @@
+// The comm scheduler over a client on a fake control plane and fake shards:
+// what it sends, in which order, in which pieces and buckets, under which
+// cap, and that two workers with differently ordered queues never deadlock
+// on shards that hold each pull until every worker has pushed (BSP).
+#include "worker/comm_scheduler.h"
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/partitioner.h"
+#include "worker/fake_control_client.h"
+#include "worker/transport/fake/fake_transport.h"
+
+namespace harrier {
+namespace {
+
+struct FakeCluster {
+  std::vector<FakeShardTransport*> shards;
+  std::unique_ptr<Client> client;
+};
+
+ClientOptions TestOptions(int num_shards, size_t chunk_bytes) {
+  ClientOptions options;
+  for (int i = 0; i < num_shards; ++i) options.servers.push_back(absl::StrCat("fake:", i));
+  options.heartbeat_interval = absl::ZeroDuration();
+  options.rpc_timeout = absl::Seconds(20);
+  options.chunk_bytes = chunk_bytes;
+  return options;
+}
+
+FakeCluster MakeCluster(const ClientOptions& options, int num_workers = 1) {
+  FakeCluster cluster;
+  const int num_shards = static_cast<int>(options.servers.size());
+  auto control = std::make_unique<FakeControlClient>(num_shards, num_workers);
+  std::vector<std::unique_ptr<ShardTransport>> transports;
+  for (int i = 0; i < num_shards; ++i) {
+    auto shard = std::make_unique<FakeShardTransport>();
+    cluster.shards.push_back(shard.get());
+    transports.push_back(std::move(shard));
+  }
+  auto client = Client::Create(options, std::move(control), std::move(transports));
+  REQUIRE(client.ok());
+  cluster.client = std::move(*client);
+  return cluster;
+}
+
+// A model: tensor i has sizes[i] floats, parameters and gradients owned here.
+struct Model {
+  explicit Model(const std::vector<size_t>& sizes) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      params.emplace_back(sizes[i], static_cast<float>(i));
+      grads.emplace_back(sizes[i]);
+      for (size_t e = 0; e < sizes[i]; ++e) grads[i][e] = static_cast<float>(i * 100000 + e);
+    }
+  }
+  std::vector<ScheduledTensor> Tensors() {
+    std::vector<ScheduledTensor> tensors;
+    for (size_t i = 0; i < params.size(); ++i) {
+      tensors.push_back({absl::StrCat("t", i), {static_cast<int64_t>(params[i].size())},
+                         absl::MakeSpan(params[i])});
+    }
+    return tensors;
+  }
+  std::vector<std::vector<float>> params, grads;
+};
+
+CommSchedulerOptions BaseOptions() {
+  CommSchedulerOptions options;
+  options.wait_timeout = absl::Seconds(10);
+  return options;
+}
+
+// One training step as the header prescribes.
+absl::Status Step(CommScheduler& scheduler, Model& model) {
+  const int n = static_cast<int>(model.params.size());
+  for (int i = 0; i < n; ++i) {
+    if (auto status = scheduler.WaitParameters(i); !status.ok()) return status;
+  }
+  for (int i = n - 1; i >= 0; --i) {
+    if (auto status = scheduler.GradientReady(i, model.grads[i]); !status.ok()) return status;
+  }
+  return scheduler.EndBackward();
+}
+
+std::vector<DispatchRecord> Pushes(const CommScheduler& scheduler) {
+  std::vector<DispatchRecord> pushes;
+  for (const DispatchRecord& record : scheduler.dispatch_log_for_testing()) {
+    if (record.kind == DispatchRecord::kPush) pushes.push_back(record);
+  }
+  return pushes;
+}
+
+// (first tensor, first chunk) of each push, in dispatch order.
+std::vector<std::pair<int, uint32_t>> PushOrder(const CommScheduler& scheduler) {
+  std::vector<std::pair<int, uint32_t>> order;
+  for (const DispatchRecord& record : Pushes(scheduler)) {
+    order.emplace_back(record.tensors.front(), record.first_chunk);
+  }
+  return order;
+}
+
+TEST_CASE("ParseTechniques: each technique alone, the implied ones, defaults, unknown names") {
+  auto plain = ParseTechniques("plain");
+  REQUIRE(plain.ok());
+  CHECK(!plain->wait_free_backprop);
+  CHECK(plain->fusion_bytes == 0);
+  CHECK(plain->partition_bytes == 0);
+  CHECK(!plain->priority);
+  CHECK(plain->max_inflight_bytes == 0);
+
+  auto wfbp = ParseTechniques("wfbp");
+  REQUIRE(wfbp.ok());
+  CHECK(wfbp->wait_free_backprop);
+  CHECK(wfbp->fusion_bytes == 0);
+
+  auto fusion = ParseTechniques("fusion", 1234);
+  REQUIRE(fusion.ok());
+  CHECK(fusion->wait_free_backprop);
+  CHECK(fusion->fusion_bytes == 1234);
+  CHECK(fusion->partition_bytes == 0);
+
+  auto priority = ParseTechniques("priority");
+  REQUIRE(priority.ok());
+  CHECK(priority->priority);
+  CHECK(priority->wait_free_backprop);
+  CHECK(priority->partition_bytes == kDefaultPartitionBytes);
+  CHECK(priority->max_inflight_bytes == kDefaultMaxInflightBytes);
+  CHECK(priority->fusion_bytes == 0);
+
+  auto all = ParseTechniques("all", 0, 1 << 20, 1 << 22);
+  REQUIRE(all.ok());
+  CHECK(all->fusion_bytes == kDefaultFusionBytes);
+  CHECK(all->partition_bytes == (1u << 20));
+  CHECK(all->max_inflight_bytes == (1u << 22));
+
+  auto joined = ParseTechniques("wfbp+fusion");
+  REQUIRE(joined.ok());
+  CHECK(joined->fusion_bytes == kDefaultFusionBytes);
+  CHECK(!joined->priority);
+
+  for (const char* bad : {"", "none", "wfbp+magic", "all+"}) {
+    INFO(bad);
+    auto parsed = ParseTechniques(bad);
+    CHECK(absl::IsInvalidArgument(parsed.status()));
+  }
+  CHECK(std::string(ParseTechniques("wfbp+magic").status().message()).find("'magic'") !=
+        std::string::npos);
+}
+
+TEST_CASE("fusion: consecutive small tensors in backward order share a bucket of at most "
+          "fusion_bytes; a tensor above it goes alone") {
+  FakeCluster cluster = MakeCluster(TestOptions(2, 32u << 20));
+  // Bytes: 400, 200, 1200, 240, 240, 400, 160. Backward: 6+5+4 = 800 (3
+  // would make 1040), 3 alone (2 is above the threshold), 2 alone, 1+0.
+  Model model({100, 50, 300, 60, 60, 100, 40});
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  options.fusion_bytes = 1000;
+  auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(scheduler.ok());
+  REQUIRE(Step(**scheduler, model).ok());
+  REQUIRE((*scheduler)->Drain().ok());
+
+  const std::vector<DispatchRecord> pushes = Pushes(**scheduler);
+  std::vector<std::vector<int>> buckets;
+  for (const DispatchRecord& record : pushes) {
+    buckets.push_back(record.tensors);
+    if (record.tensors.size() > 1) {
+      CHECK(record.bytes <= 1000);
+      CHECK(record.wire_name.rfind("harrier.fused/", 0) == 0);
+    } else {
+      CHECK(record.wire_name == absl::StrCat("t", record.tensors[0]));
+    }
+  }
+  // Dispatched as they became ready (backward order, FIFO).
+  const std::vector<std::vector<int>> expected = {{4, 5, 6}, {3}, {2}, {0, 1}};
+  CHECK(buckets == expected);
+
+  // A bucket's payload is its members' gradients side by side, in index
+  // order; pulled values go back to each member.
+  std::map<std::string, std::string> payloads;
+  for (FakeShardTransport* shard : cluster.shards) {
+    for (const FakeShardTransport::Call& call : shard->calls()) {
+      if (call.kind != FakeShardTransport::CallKind::kPush) continue;
+      payloads[call.chunks[0].key()] = call.payloads[0];
+    }
+  }
+  for (const DispatchRecord& record : pushes) {
+    std::string want;
+    for (int member : record.tensors) {
+      want.append(reinterpret_cast<const char*>(model.grads[member].data()),
+                  model.grads[member].size() * sizeof(float));
+    }
+    INFO(record.wire_name);
+    CHECK(payloads.at(record.wire_name) == want);
+  }
+  // The fake answers element e of chunk 0 with e: member k of a bucket sees
+  // its offset in the bucket plus its own index.
+  size_t offset = 0;
+  for (int member : {4, 5, 6}) {
+    for (size_t e = 0; e < model.params[member].size(); ++e) {
+      REQUIRE(model.params[member][e] == static_cast<float>(offset + e));
+    }
+    offset += model.params[member].size();
+  }
+  CHECK(model.params[0][0] == 0.0f);
+  CHECK(model.params[1][0] == 100.0f);
+  CHECK(model.params[2][299] == 299.0f);
+}
+
+TEST_CASE("partitioning: a large tensor goes in pieces of partition_bytes spread over every shard") {
+  constexpr size_t kChunk = 64 * sizeof(float);
+  FakeCluster cluster = MakeCluster(TestOptions(3, kChunk));
+  Model model({16, 64 * 10 + 5});  // tensor 1: 11 chunks, the last 5 elements
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  options.partition_bytes = kChunk;
+  auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(scheduler.ok());
+  REQUIRE(Step(**scheduler, model).ok());
+  REQUIRE((*scheduler)->Drain().ok());
+
+  const HashPartitioner partitioner(3);
+  std::map<int, int> per_shard;
+  std::set<uint32_t> chunks;
+  size_t bytes = 0;
+  for (const DispatchRecord& record : Pushes(**scheduler)) {
+    if (record.tensors.front() != 1) continue;
+    CHECK(record.num_chunks == 1);
+    CHECK(record.shard == partitioner.ShardFor("t1", record.first_chunk));
+    CHECK(record.bytes == (record.first_chunk == 10 ? 5 : 64) * sizeof(float));
+    per_shard[record.shard]++;
+    chunks.insert(record.first_chunk);
+    bytes += record.bytes;
+  }
+  CHECK(chunks.size() == 11);
+  CHECK(bytes == (64 * 10 + 5) * sizeof(float));
+  REQUIRE(per_shard.size() == 3);
+  for (const auto& [shard, count] : per_shard) CHECK((count == 3 || count == 4));
+  // One call per piece on the wire: every push call carries one chunk.
+  int calls = 0;
+  for (FakeShardTransport* shard : cluster.shards) {
+    for (const FakeShardTransport::Call& call : shard->calls()) {
+      if (call.kind == FakeShardTransport::CallKind::kPull) {
+        CHECK(call.pull.chunks_size() == 1);
+      } else {
+        CHECK(call.chunks.size() == 1);
+        ++calls;
+      }
+    }
+  }
+  CHECK(calls == 12);
+
+  // Without partitioning the same tensor is one call (over every shard).
+  FakeCluster whole = MakeCluster(TestOptions(3, kChunk));
+  Model again({16, 64 * 10 + 5});
+  CommSchedulerOptions no_partition = BaseOptions();
+  no_partition.wait_free_backprop = true;
+  auto unsplit = CommScheduler::Create(*whole.client, again.Tensors(), no_partition);
+  REQUIRE(unsplit.ok());
+  REQUIRE(Step(**unsplit, again).ok());
+  REQUIRE((*unsplit)->Drain().ok());
+  CHECK(Pushes(**unsplit).size() == 2);
+}
+
+// Pushes held one at a time (a cap below one piece), a back tensor in four
+// pieces queued, then the front tensor's gradient: `priority` decides
+// whether it overtakes the queued pieces.
+std::vector<std::pair<int, uint32_t>> OrderWithLateFront(bool priority) {
+  constexpr size_t kChunk = 256 * sizeof(float);
+  FakeCluster cluster = MakeCluster(TestOptions(2, kChunk));
+  Model model({8, 4 * 256});
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  options.partition_bytes = kChunk;
+  options.max_inflight_bytes = 1;
+  options.priority = priority;
+  auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(scheduler.ok());
+  REQUIRE((*scheduler)->WaitParameters(0).ok());
+  REQUIRE((*scheduler)->WaitParameters(1).ok());
+  for (FakeShardTransport* shard : cluster.shards) shard->Block();
+  REQUIRE((*scheduler)->GradientReady(1, model.grads[1]).ok());
+  // The first piece is on the wire (held), the other three queued.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (cluster.shards[0]->held_calls() + cluster.shards[1]->held_calls() < 1 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  REQUIRE(cluster.shards[0]->held_calls() + cluster.shards[1]->held_calls() == 1);
+  REQUIRE((*scheduler)->GradientReady(0, model.grads[0]).ok());
+  REQUIRE((*scheduler)->EndBackward().ok());
+  absl::SleepFor(absl::Milliseconds(50));  // nothing else may go while one is in flight
+  CHECK(Pushes(**scheduler).size() == 1);
+  for (FakeShardTransport* shard : cluster.shards) shard->Release();
+  REQUIRE((*scheduler)->Drain().ok());
+  CHECK((*scheduler)->stats().peak_inflight_push_bytes == static_cast<int64_t>(kChunk));
+  return PushOrder(**scheduler);
+}
+
+TEST_CASE("priority: a late front tensor overtakes queued back pieces, not the one in flight") {
+  const std::vector<std::pair<int, uint32_t>> expected = {{1, 0}, {0, 0}, {1, 1}, {1, 2}, {1, 3}};
+  CHECK(OrderWithLateFront(true) == expected);
+}
+
+TEST_CASE("without priority pushes go in the order gradients became ready") {
+  const std::vector<std::pair<int, uint32_t>> expected = {{1, 0}, {1, 1}, {1, 2}, {1, 3}, {0, 0}};
+  CHECK(OrderWithLateFront(false) == expected);
+}
+
+TEST_CASE("plain: nothing is pushed before EndBackward, then every tensor in tensor order") {
+  FakeCluster cluster = MakeCluster(TestOptions(2, 1u << 20));
+  Model model({10, 20, 30, 40});
+  CommSchedulerOptions options = BaseOptions();
+  auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(scheduler.ok());
+  for (int i = 0; i < 4; ++i) REQUIRE((*scheduler)->WaitParameters(i).ok());
+  for (int i = 3; i >= 0; --i) REQUIRE((*scheduler)->GradientReady(i, model.grads[i]).ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(Pushes(**scheduler).empty());
+  REQUIRE((*scheduler)->EndBackward().ok());
+  REQUIRE((*scheduler)->Drain().ok());
+  const std::vector<std::pair<int, uint32_t>> expected = {{0, 0}, {1, 0}, {2, 0}, {3, 0}};
+  CHECK(PushOrder(**scheduler) == expected);
+
+  // The positive control: with wfbp the back tensor goes before EndBackward.
+  FakeCluster eager = MakeCluster(TestOptions(2, 1u << 20));
+  Model model2({10, 20, 30, 40});
+  options.wait_free_backprop = true;
+  auto wfbp = CommScheduler::Create(*eager.client, model2.Tensors(), options);
+  REQUIRE(wfbp.ok());
+  for (int i = 0; i < 4; ++i) REQUIRE((*wfbp)->WaitParameters(i).ok());
+  REQUIRE((*wfbp)->GradientReady(3, model2.grads[3]).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Pushes(**wfbp).empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  CHECK(PushOrder(**wfbp) == std::vector<std::pair<int, uint32_t>>{{3, 0}});
+}
+
+TEST_CASE("plain waits for every tensor's pull before forward; wfbp only for the one asked") {
+  for (bool wfbp : {false, true}) {
+    INFO("wfbp " << wfbp);
+    FakeCluster cluster = MakeCluster(TestOptions(1, 1u << 20));
+    // Pulls of t3 for step 1 are held until `release`.
+    auto release = std::make_shared<absl::Notification>();
+    cluster.shards[0]->SetResponder(
+        [release](const FakeShardTransport::Call& call, const ChunkViewSink* sink) {
+          if (call.kind == FakeShardTransport::CallKind::kPull && call.pull.clock() == 1 &&
+              call.pull.chunks(0).key() == "t3") {
+            release->WaitForNotificationWithTimeout(absl::Seconds(10));
+          }
+          return FakeShardTransport::DefaultResponse(call, sink);
+        });
+    Model model({10, 20, 30, 40});
+    CommSchedulerOptions options = BaseOptions();
+    options.wait_free_backprop = wfbp;
+    auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+    REQUIRE(scheduler.ok());
+    REQUIRE(Step(**scheduler, model).ok());
+    absl::Notification returned;
+    absl::Status first;
+    std::thread forward([&] {
+      first = (*scheduler)->WaitParameters(0);
+      returned.Notify();
+    });
+    // wfbp: t0's own pull suffices; plain: t0 waits for t3's.
+    CHECK(returned.WaitForNotificationWithTimeout(absl::Milliseconds(300)) == wfbp);
+    release->Notify();
+    forward.join();
+    CHECK(first.ok());
+    CHECK((*scheduler)->WaitParameters(3).ok());
+    CHECK((*scheduler)->Drain().ok());
+  }
+}
+
+// Shards shared by two workers that answer a pull at clock t only once
+// both workers pushed that chunk at t - 1 (BSP), or fail at the call's
+// deadline: a scheduler whose cap or order made workers wait on each other
+// would fail here by timeout, not hang.
+class BspShards {
+ public:
+  explicit BspShards(int workers) : workers_(workers) {}
+
+  FakeShardTransport::Responder ResponderFor() {
+    return [this](const FakeShardTransport::Call& call, const ChunkViewSink* sink) {
+      if (call.kind == FakeShardTransport::CallKind::kPush) {
+        absl::MutexLock lock(&mutex_);
+        for (const proto::TensorChunk& chunk : call.chunks) {
+          pushed_[{chunk.key(), chunk.chunk(), chunk.clock()}]++;
+        }
+        return absl::OkStatus();
+      }
+      {
+        absl::MutexLock lock(&mutex_);
+        auto all_pushed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+          if (call.pull.clock() == 0) return true;
+          for (const proto::ChunkRef& ref : call.pull.chunks()) {
+            auto it = pushed_.find({ref.key(), ref.chunk(), call.pull.clock() - 1});
+            if (it == pushed_.end() || it->second < workers_) return false;
+          }
+          return true;
+        };
+        if (!mutex_.AwaitWithDeadline(absl::Condition(&all_pushed), call.deadline)) {
+          return absl::DeadlineExceededError("BSP fake: not every worker pushed");
+        }
+      }
+      return FakeShardTransport::DefaultResponse(call, sink);
+    };
+  }
+
+ private:
+  const int workers_;
+  absl::Mutex mutex_;
+  std::map<std::tuple<std::string, uint32_t, int64_t>, int> pushed_ ABSL_GUARDED_BY(mutex_);
+};
+
+TEST_CASE("credits: the cap is never exceeded and two workers in different orders never "
+          "deadlock, for caps from 1 byte to unbounded") {
+  constexpr size_t kChunk = 128 * sizeof(float);
+  // Largest piece: one chunk (512 bytes). Wires: t6, t5, t4 (3 pieces), the
+  // bucket {2, 3}, t1 (4 pieces), t0: 11 pushes a step.
+  const std::vector<size_t> sizes = {16, 4 * 128, 8, 8, 3 * 128, 100, 128};
+  for (size_t cap : {size_t{1}, size_t{100}, kChunk, 3 * kChunk, size_t{1} << 20, size_t{0}}) {
+    INFO("cap " << cap);
+    BspShards bsp(2);
+    std::vector<FakeCluster> clusters;
+    for (int w = 0; w < 2; ++w) {
+      ClientOptions client_options = TestOptions(2, kChunk);
+      client_options.rpc_timeout = absl::Seconds(5);
+      clusters.push_back(MakeCluster(client_options, 2));
+      for (FakeShardTransport* shard : clusters.back().shards) {
+        shard->SetResponder(bsp.ResponderFor());
+      }
+    }
+    std::vector<absl::Status> results(2);
+    std::vector<CommSchedulerStats> stats(2);
+    std::vector<std::thread> threads;
+    const absl::Time start = absl::Now();
+    for (int w = 0; w < 2; ++w) {
+      threads.emplace_back([&, w] {
+        Model model(sizes);
+        CommSchedulerOptions options;
+        options.wait_free_backprop = true;
+        options.partition_bytes = kChunk;
+        options.fusion_bytes = 64;
+        options.max_inflight_bytes = cap;
+        options.priority = w == 0;  // worker 1 FIFO: queues in different orders
+        options.wait_timeout = absl::Seconds(8);
+        auto scheduler = CommScheduler::Create(*clusters[w].client, model.Tensors(), options);
+        if (!scheduler.ok()) {
+          results[w] = scheduler.status();
+          return;
+        }
+        for (int step = 0; step < 4 && results[w].ok(); ++step) {
+          results[w] = Step(**scheduler, model);
+        }
+        if (results[w].ok()) results[w] = (*scheduler)->Drain();
+        stats[w] = (*scheduler)->stats();
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    CHECK(absl::Now() - start < absl::Seconds(8));
+    for (int w = 0; w < 2; ++w) {
+      INFO("worker " << w << ": " << results[w].ToString());
+      CHECK(results[w].ok());
+      CHECK(stats[w].push_calls == 4 * 11);
+      if (cap == 0) continue;
+      // A piece above the cap goes alone; otherwise the cap holds.
+      CHECK(stats[w].peak_inflight_push_bytes <=
+            static_cast<int64_t>(std::max(cap, kChunk)));
+      if (cap < kChunk) CHECK(stats[w].peak_inflight_push_bytes == static_cast<int64_t>(kChunk));
+    }
+  }
+}
+
+TEST_CASE("a failed push surfaces at the next wait, naming the tensor") {
+  FakeCluster cluster = MakeCluster(TestOptions(1, 1u << 20));
+  Model model({10, 20});
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(scheduler.ok());
+  REQUIRE((*scheduler)->WaitParameters(0).ok());
+  REQUIRE((*scheduler)->WaitParameters(1).ok());
+  cluster.shards[0]->FailNext(1, absl::InvalidArgumentError("fake refuses"));
+  REQUIRE((*scheduler)->GradientReady(1, model.grads[1]).ok());
+  absl::Status status = (*scheduler)->WaitParameters(1);
+  // The step has not ended: WaitParameters(1) is for step 0 and returns at
+  // once; the error shows at the next call that waits.
+  CHECK(status.ok());
+  absl::Status drained = (*scheduler)->Drain();
+  CHECK(absl::IsInvalidArgument(drained));
+  CHECK(std::string(drained.message()).find("'t1'") != std::string::npos);
+  CHECK(std::string(drained.message()).find("fake refuses") != std::string::npos);
+  CHECK(absl::IsInvalidArgument((*scheduler)->EndBackward()));
+  CHECK(absl::IsInvalidArgument((*scheduler)->WaitParameters(0)));
+}
+
+TEST_CASE("the destructor drops queued work and returns within the call deadline") {
+  FakeCluster cluster = MakeCluster(TestOptions(1, 64));
+  Model model({16 * 8});  // 8 pieces of one chunk
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  options.partition_bytes = 64;
+  options.max_inflight_bytes = 1;
+  options.wait_timeout = absl::Milliseconds(500);
+  auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(scheduler.ok());
+  REQUIRE((*scheduler)->WaitParameters(0).ok());
+  const int before = cluster.shards[0]->num_calls();
+  cluster.shards[0]->Block();
+  REQUIRE((*scheduler)->GradientReady(0, model.grads[0]).ok());
+  REQUIRE(cluster.shards[0]->AwaitHeld(1, absl::Seconds(10)));
+  const absl::Time start = absl::Now();
+  scheduler->reset();
+  CHECK(absl::Now() - start < absl::Seconds(3));
+  CHECK(cluster.shards[0]->num_calls() == before + 1);  // the 7 queued pieces never went
+  cluster.shards[0]->Release();
+}
+
+TEST_CASE("bad tensors and gradients are refused with INVALID_ARGUMENT or FAILED_PRECONDITION") {
+  FakeCluster cluster = MakeCluster(TestOptions(1, 1u << 20));
+  std::vector<float> a(4), b(6);
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  CHECK(absl::IsInvalidArgument(
+      CommScheduler::Create(*cluster.client, {{"a", {5}, absl::MakeSpan(a)}}, options).status()));
+  CHECK(absl::IsInvalidArgument(CommScheduler::Create(*cluster.client,
+                                                      {{"a", {4}, absl::MakeSpan(a)},
+                                                       {"a", {6}, absl::MakeSpan(b)}},
+                                                      options)
+                                    .status()));
+  auto scheduler = CommScheduler::Create(
+      *cluster.client, {{"a", {4}, absl::MakeSpan(a)}, {"b", {6}, absl::MakeSpan(b)}}, options);
+  REQUIRE(scheduler.ok());
+  CHECK(absl::IsInvalidArgument((*scheduler)->WaitParameters(2)));
+  REQUIRE((*scheduler)->WaitParameters(0).ok());
+  REQUIRE((*scheduler)->WaitParameters(1).ok());
+  CHECK(absl::IsInvalidArgument((*scheduler)->GradientReady(0, b)));
+  REQUIRE((*scheduler)->GradientReady(1, b).ok());
+  CHECK(absl::IsFailedPrecondition((*scheduler)->GradientReady(1, b)));
+  absl::Status missing = (*scheduler)->EndBackward();
+  CHECK(absl::IsFailedPrecondition(missing));
+  CHECK(std::string(missing.message()).find("'a'") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace harrier

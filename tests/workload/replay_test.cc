@@ -1,0 +1,232 @@
+#include "worker/workload/replay.h"
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "server/optimizer.h"
+#include "worker/workload/replay_models.h"
+
+namespace harrier::workload {
+namespace {
+
+constexpr uint64_t kSeed = 7;
+
+ReplayModelSpec ResNet50() {
+  absl::StatusOr<ReplayModelSpec> spec = FindReplayModel("resnet50");
+  REQUIRE(spec.ok());
+  return *std::move(spec);
+}
+
+// What the shards do under BSP with SGD: sum the round's pushes in float in
+// arrival order, divide by the contributors, apply the server's own SGD.
+// `skip_rank_at_step` drops one push (the shard then averages the rest);
+// `pushers` says whose gradients arrive, so a doubled push can be played.
+struct Shards {
+  std::vector<std::vector<float>> params;
+  std::unique_ptr<Optimizer> sgd;
+  std::vector<OptimizerState> state;
+
+  Shards(const ReplayModelSpec& spec, float lr) {
+    OptimizerOptions options;
+    options.kind = "sgd";
+    options.lr = lr;
+    auto created = CreateOptimizer(options);
+    REQUIRE(created.ok());
+    sgd = std::move(*created);
+    const std::vector<const ReplayTensor*> tensors = FlattenTensors(spec);
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      params.push_back(ReplayInitialValues(kSeed, static_cast<int>(k), tensors[k]->num_elements()));
+    }
+    state.resize(tensors.size());
+  }
+
+  void Round(int64_t step, const std::vector<const ReplayGradients*>& pushers) {
+    for (size_t k = 0; k < params.size(); ++k) {
+      std::vector<float> sum(params[k].size(), 0.0f);
+      for (const ReplayGradients* g : pushers) {
+        absl::Span<const float> grad = g->Get(static_cast<int>(k), step);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += grad[i];
+      }
+      for (float& v : sum) v /= static_cast<float>(pushers.size());
+      sgd->Step(absl::MakeSpan(params[k]), sum, 1.0f, state[k]);
+    }
+  }
+
+  std::vector<absl::Span<const float>> Views() const;
+};
+
+std::vector<absl::Span<const float>> Views(const std::vector<std::vector<float>>& params) {
+  std::vector<absl::Span<const float>> out;
+  for (const auto& p : params) out.push_back(absl::MakeConstSpan(p));
+  return out;
+}
+
+std::vector<absl::Span<const float>> Shards::Views() const { return harrier::workload::Views(params); }
+
+int IndexOf(const ReplayModelSpec& spec, const std::string& name) {
+  const std::vector<const ReplayTensor*> tensors = FlattenTensors(spec);
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    if (tensors[k]->name == name) return static_cast<int>(k);
+  }
+  FAIL("no tensor " << name);
+  return -1;
+}
+
+std::vector<ReplayGradients> AllRanks(const ReplayModelSpec& spec, int workers) {
+  std::vector<ReplayGradients> out;
+  for (int r = 0; r < workers; ++r) {
+    auto g = ReplayGradients::Create(spec, kSeed, r, workers);
+    REQUIRE(g.ok());
+    out.push_back(*std::move(g));
+  }
+  return out;
+}
+
+TEST_CASE("the workers' gradients average exactly to the shared mean, for any worker count") {
+  const ReplayModelSpec spec = ResNet50();
+  for (int workers : {1, 3}) {
+    const std::vector<ReplayGradients> ranks = AllRanks(spec, workers);
+    // fc.weight (2 M elements) and a BN bias: the mean, computed as the
+    // shard does (float sum, then / n), equals ReplayMeanGradient exactly.
+    for (int tensor : {159, 1}) {
+      for (int64_t step : {0, 1}) {
+        const int64_t n = static_cast<int64_t>(ranks[0].Get(tensor, step).size());
+        int64_t differing = 0, wrong = 0, zero = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          float sum = 0;
+          for (int r = workers - 1; r >= 0; --r) sum += ranks[r].Get(tensor, step)[i];
+          const float mean = sum / static_cast<float>(workers);
+          if (mean != ReplayMeanGradient(kSeed, tensor, i, step)) ++wrong;
+          if (mean == 0.0f) ++zero;
+          if (workers > 1 && ranks[0].Get(tensor, step)[i] != mean) ++differing;
+        }
+        CHECK(wrong == 0);
+        CHECK(zero == 0);
+        // The workers really differ from each other (a deviation of zero
+        // has probability 1/7 per element).
+        if (workers > 1) CHECK(differing > n / 2);
+      }
+    }
+  }
+  CHECK(!ReplayGradients::Create(spec, kSeed, 2, 2).ok());
+}
+
+TEST_CASE("a worker's gradients of ResNet-50 are generated fast enough to do once") {
+  const ReplayModelSpec spec = ResNet50();
+  const auto start = std::chrono::steady_clock::now();
+  auto g = ReplayGradients::Create(spec, kSeed, 1, 4);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE(g.ok());
+  CHECK(g->num_tensors() == 161);
+  CHECK(g->Get(159, 0).size() == 2048000u);
+  // Even and odd steps differ by -1/2: the alternation that bounds the drift.
+  CHECK(g->Get(159, 1)[12345] == -0.5f * g->Get(159, 0)[12345]);
+  CHECK(g->Get(159, 2).data() == g->Get(159, 0).data());
+  CHECK(s < 10.0);
+}
+
+TEST_CASE("the check passes on a BSP replay through the server's SGD and catches every fault") {
+  const ReplayModelSpec spec = ResNet50();
+  const int workers = 3;  // not a power of two: the division by n must be exact too
+  const std::vector<ReplayGradients> ranks = AllRanks(spec, workers);
+  std::vector<const ReplayGradients*> all;
+  for (const auto& r : ranks) all.push_back(&r);
+  for (float lr : {0.01f, 0.0625f}) {
+    ReplayCheckOptions check;
+    check.lr = lr;
+    check.steps = 3;
+    Shards good(spec, lr);
+    for (int64_t t = 0; t < check.steps; ++t) good.Round(t, all);
+    REQUIRE(CheckReplayParameters(spec, kSeed, good.Views(), check).ok());
+
+    {  // one element off by one ulp
+      std::vector<std::vector<float>> bad = good.params;
+      const int tensor = IndexOf(spec, "layer3.0.conv2.weight");
+      // The last element: the sample always includes it.
+      bad[tensor].back() = std::nextafter(bad[tensor].back(), 10.0f);
+      const absl::Status status = CheckReplayParameters(spec, kSeed, Views(bad), check);
+      CHECK(status.code() == absl::StatusCode::kDataLoss);
+      CHECK(absl::StrContains(status.message(), "layer3.0.conv2.weight"));
+    }
+    {  // a small tensor with one wrong element anywhere
+      std::vector<std::vector<float>> bad = good.params;
+      bad[IndexOf(spec, "bn1.weight")][37] += 1.0f / 64;  // checked whole
+      CHECK(CheckReplayParameters(spec, kSeed, Views(bad), check).code() ==
+            absl::StatusCode::kDataLoss);
+    }
+    {  // one worker's push missing from one round
+      Shards bad(spec, lr);
+      for (int64_t t = 0; t < check.steps; ++t) {
+        bad.Round(t, t == 1 ? std::vector<const ReplayGradients*>{all[0], all[2]} : all);
+      }
+      CHECK(!CheckReplayParameters(spec, kSeed, bad.Views(), check).ok());
+    }
+    {  // one worker's push counted twice
+      Shards bad(spec, lr);
+      for (int64_t t = 0; t < check.steps; ++t) {
+        bad.Round(t, t == 2 ? std::vector<const ReplayGradients*>{all[0], all[1], all[1]} : all);
+      }
+      CHECK(!CheckReplayParameters(spec, kSeed, bad.Views(), check).ok());
+    }
+    {  // a step fewer or more
+      ReplayCheckOptions other = check;
+      other.steps = check.steps - 1;
+      CHECK(!CheckReplayParameters(spec, kSeed, good.Views(), other).ok());
+      other.steps = check.steps + 1;
+      CHECK(!CheckReplayParameters(spec, kSeed, good.Views(), other).ok());
+    }
+    {  // another learning rate
+      ReplayCheckOptions other = check;
+      other.lr = lr * 2;
+      CHECK(!CheckReplayParameters(spec, kSeed, good.Views(), other).ok());
+    }
+  }
+}
+
+TEST_CASE("with a power-of-two lr the expected value is exact real arithmetic") {
+  // w0 - lr * (ceil(T/2) * b/64 - floor(T/2) * b/128): no float rounding.
+  for (int64_t i = 0; i < 1000; ++i) {
+    const double w0 = ReplayInitialValue(kSeed, 5, i);
+    const double even = ReplayMeanGradient(kSeed, 5, i, 0);
+    const double odd = ReplayMeanGradient(kSeed, 5, i, 1);
+    for (int64_t steps : {1, 2, 7, 100}) {
+      const double exact = w0 - 0.0625 * ((steps + 1) / 2 * even + steps / 2 * odd);
+      REQUIRE(ExpectedReplayValue(kSeed, 5, i, steps, 0.0625f) == exact);
+    }
+  }
+}
+
+TEST_CASE("the summary line has the contract's fields in order") {
+  ReplaySummary s;
+  s.model = "resnet50";
+  s.techniques = "all";
+  s.compute_scale = 1.0;
+  s.rank = 0;
+  s.workers = 2;
+  s.shards = 2;
+  s.steps = 5;
+  s.warmup_steps = 1;
+  s.iter_ms = 123.4;
+  s.compute_ms = 100.0;
+  s.bytes_pushed_per_iter = 102228128;
+  s.bytes_pulled_per_iter = 102228128;
+  s.bytes_per_iter = 204456256;
+  s.checked = true;
+  CHECK(FormatReplaySummary(s) ==
+        "replay_summary {\"model\":\"resnet50\",\"techniques\":\"all\",\"compute_scale\":1.0,"
+        "\"rank\":0,\"workers\":2,\"shards\":2,\"steps\":5,\"warmup_steps\":1,\"iter_ms\":123.400,"
+        "\"compute_ms\":100.000,\"bytes_pushed_per_iter\":102228128,\"bytes_pulled_per_iter\":"
+        "102228128,\"bytes_per_iter\":204456256,\"checked\":true}");
+  s.compute_scale = 0.01;
+  CHECK(absl::StrContains(FormatReplaySummary(s), "\"compute_scale\":0.01,"));
+}
+
+}  // namespace
+}  // namespace harrier::workload

@@ -1,0 +1,639 @@
+#include "worker/comm_scheduler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/partitioner.h"
+
+namespace harrier {
+
+absl::StatusOr<CommSchedulerOptions> ParseTechniques(absl::string_view techniques,
+                                                     size_t fusion_bytes, size_t partition_bytes,
+                                                     size_t max_inflight_bytes) {
+  bool wfbp = false, fusion = false, partition = false, priority = false, credits = false;
+  if (techniques.empty()) {
+    return absl::InvalidArgumentError("--techniques is empty: expected plain, wfbp, fusion, "
+                                      "priority, partition, credits or all, joined by '+'");
+  }
+  for (absl::string_view part : absl::StrSplit(techniques, '+')) {
+    if (part == "plain") {
+    } else if (part == "wfbp") {
+      wfbp = true;
+    } else if (part == "fusion") {
+      wfbp = fusion = true;
+    } else if (part == "partition") {
+      partition = true;
+    } else if (part == "credits") {
+      credits = true;
+    } else if (part == "priority") {
+      wfbp = priority = partition = credits = true;
+    } else if (part == "all") {
+      wfbp = fusion = partition = priority = credits = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown technique '", part, "' in --techniques=", techniques,
+          ": expected plain, wfbp, fusion, priority, partition, credits or all, joined by '+' "
+          "(none, without a scheduler, is the worker's own choice)"));
+    }
+  }
+  CommSchedulerOptions options;
+  options.wait_free_backprop = wfbp;
+  options.priority = priority;
+  if (fusion) options.fusion_bytes = fusion_bytes > 0 ? fusion_bytes : kDefaultFusionBytes;
+  if (partition) {
+    options.partition_bytes = partition_bytes > 0 ? partition_bytes : kDefaultPartitionBytes;
+  }
+  if (credits) {
+    options.max_inflight_bytes =
+        max_inflight_bytes > 0 ? max_inflight_bytes : kDefaultMaxInflightBytes;
+  }
+  return options;
+}
+
+namespace {
+
+// A range of the wire tensor's client chunks: one call.
+struct Piece {
+  uint32_t first_chunk = 0;
+  uint32_t num_chunks = 0;
+  int shard = 0;  // of its first chunk
+  size_t bytes = 0;
+};
+
+// What goes on the wire as one Client tensor: a model tensor, or a bucket
+// of consecutive small ones.
+struct Wire {
+  std::string name;
+  std::vector<int> members;  // model tensors, ascending; laid out in this order
+  bool fused = false;
+  size_t elements = 0;
+  int front = 0;             // members' smallest index: the wire's priority
+  std::vector<Piece> pieces;
+  // Fused only: gradients are copied in at GradientReady (so the caller's
+  // buffers are free at once), pulls land here and are copied out to the
+  // members at WaitParameters.
+  std::vector<float> grad_staging;
+  std::vector<float> param_staging;
+  const float* gradient = nullptr;  // what pushes read
+  float* parameters = nullptr;      // where pulls write
+
+  // Per step. A push round is queued once every member's gradient of the
+  // step is in; the pull of piece p for step s + 1 is queued when its push
+  // of step s is acknowledged, so a round of pulls starts with the first.
+  int64_t ready_step = -1;
+  size_t ready_members = 0;
+  int64_t push_step = -1;      // the latest round queued
+  int pushes_remaining = 0;    // of that round
+  int64_t pull_step = -1;      // the latest round of pulls begun
+  int pulls_remaining = 0;     // of that round
+};
+
+struct Member {
+  int wire = 0;
+  size_t offset = 0;           // in the wire's elements
+  size_t elements = 0;
+  absl::Span<float> parameters;
+  int64_t gradient_step = -1;  // the step whose gradient was given last
+  int64_t copied_step = -1;    // fused: the step copied out last
+};
+
+enum class Kind { kPush, kPull };
+
+struct Call {
+  Kind kind = Kind::kPush;
+  int wire = 0;
+  int piece = 0;
+  int64_t step = 0;
+};
+
+// Queue order: under priority (step, front tensor, piece), else the order
+// calls became ready; the sequence number breaks ties and keeps FIFO.
+using QueueKey = std::tuple<int64_t, int, int, uint64_t>;
+
+}  // namespace
+
+class CommScheduler::Impl {
+ public:
+  Impl(Client& client, std::vector<ScheduledTensor> tensors, const CommSchedulerOptions& options)
+      : client_(client), options_(options), tensors_(std::move(tensors)) {}
+  ~Impl();
+
+  absl::Status Plan();
+  void Start();
+
+  absl::Status WaitParameters(int tensor);
+  absl::Status GradientReady(int tensor, absl::Span<const float> gradient);
+  absl::Status EndBackward();
+  absl::Status Drain();
+  absl::Status Refresh();
+
+  const CommSchedulerOptions& options() const { return options_; }
+  CommSchedulerStats stats() const {
+    absl::MutexLock lock(&mutex_);
+    return stats_;
+  }
+  std::vector<DispatchRecord> log() const {
+    absl::MutexLock lock(&mutex_);
+    return log_;
+  }
+
+ private:
+  void Run(Kind kind);
+  bool Dispatchable(Kind kind) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Enqueue(Kind kind, int wire, int piece, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void QueuePushes(int wire) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void BeginPulls(int wire, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Complete(const Call& call, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  bool Pulled(const Wire& wire, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return wire.pull_step >= step && wire.pulls_remaining == 0;
+  }
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return queue_[0].empty() && queue_[1].empty() && inflight_calls_ == 0;
+  }
+  // Waits for `ready` (or an error) until the wait_timeout; the error, or
+  // DEADLINE_EXCEEDED with `what`.
+  template <typename Ready>
+  absl::Status AwaitOrFail(const Ready& ready, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void CopyOut(Member& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  std::string Describe(const Wire& wire) const;
+
+  Client& client_;
+  const CommSchedulerOptions options_;
+  std::vector<ScheduledTensor> tensors_;
+  int64_t base_clock_ = 0;  // the client's clock at step 0
+  std::vector<Wire> wires_;  // in backward order (as fusion walks)
+  std::vector<int> wires_front_first_;
+  std::vector<Member> members_;
+  std::vector<std::thread> threads_;
+
+  mutable absl::Mutex mutex_;
+  int64_t step_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::map<QueueKey, Call> queue_[2] ABSL_GUARDED_BY(mutex_);  // by Kind
+  uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
+  size_t inflight_push_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  int inflight_calls_ ABSL_GUARDED_BY(mutex_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mutex_);
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  CommSchedulerStats stats_ ABSL_GUARDED_BY(mutex_);
+  std::vector<DispatchRecord> log_ ABSL_GUARDED_BY(mutex_);
+};
+
+std::string CommScheduler::Impl::Describe(const Wire& wire) const {
+  if (!wire.fused) return absl::StrCat("'", wire.name, "'");
+  return absl::StrCat("'", wire.name, "' (tensors '", tensors_[wire.members.front()].name,
+                      "' .. '", tensors_[wire.members.back()].name, "')");
+}
+
+absl::Status CommScheduler::Impl::Plan() {
+  const size_t n = tensors_.size();
+  if (n == 0) return absl::InvalidArgumentError("comm scheduler: no tensors");
+  std::set<std::string> names;
+  members_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const ScheduledTensor& tensor = tensors_[i];
+    if (tensor.name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("comm scheduler: tensor ", i, " has no name"));
+    }
+    if (!names.insert(tensor.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("comm scheduler: tensor '", tensor.name, "' given twice"));
+    }
+    size_t elements = 1;
+    for (int64_t dim : tensor.shape) {
+      if (dim < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("comm scheduler: tensor '", tensor.name, "' has a negative dimension"));
+      }
+      elements *= static_cast<size_t>(dim);
+    }
+    if (elements != tensor.parameters.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("comm scheduler: tensor '", tensor.name, "' has ", elements,
+                       " elements, its parameter buffer ", tensor.parameters.size()));
+    }
+    members_[i].elements = elements;
+    members_[i].parameters = tensor.parameters;
+  }
+
+  // Fusion walks in backward order (the order gradients appear): a bucket
+  // closes when the next tensor would take it past fusion_bytes, so it is
+  // ready as soon as its front member's gradient is.
+  std::vector<std::vector<int>> groups;
+  std::vector<int> bucket;
+  size_t bucket_bytes = 0;
+  auto close = [&] {
+    if (!bucket.empty()) groups.push_back(bucket);
+    bucket.clear();
+    bucket_bytes = 0;
+  };
+  for (int i = static_cast<int>(n) - 1; i >= 0; --i) {
+    const size_t bytes = members_[i].elements * sizeof(float);
+    if (options_.fusion_bytes == 0 || bytes > options_.fusion_bytes) {
+      close();
+      groups.push_back({i});
+      continue;
+    }
+    if (bucket_bytes + bytes > options_.fusion_bytes) close();
+    bucket.push_back(i);
+    bucket_bytes += bytes;
+  }
+  close();
+
+  const size_t chunk_bytes = client_.chunk_bytes();
+  const size_t chunk_elements = std::max<size_t>(1, chunk_bytes / sizeof(float));
+  const HashPartitioner partitioner(client_.num_shards());
+  // A piece covers partition_bytes of client chunks (the worker makes the
+  // client's chunk_bytes the partition size, so usually one chunk).
+  const size_t chunks_per_piece =
+      options_.partition_bytes == 0
+          ? 0
+          : std::max<size_t>(1, options_.partition_bytes / chunk_bytes);
+  int buckets = 0;
+  for (std::vector<int>& group : groups) {
+    std::sort(group.begin(), group.end());
+    Wire wire;
+    wire.members = group;
+    wire.front = group.front();
+    wire.fused = group.size() > 1;
+    wire.name = wire.fused ? absl::StrCat("harrier.fused/", buckets++) : tensors_[group[0]].name;
+    const int index = static_cast<int>(wires_.size());
+    for (int member : group) {
+      members_[member].wire = index;
+      members_[member].offset = wire.elements;
+      wire.elements += members_[member].elements;
+    }
+    const std::vector<ChunkSpan> spans =
+        SplitIntoChunks(wire.name, wire.elements, chunk_elements, partitioner);
+    const size_t step = chunks_per_piece == 0 ? spans.size() : chunks_per_piece;
+    for (size_t first = 0; first < spans.size(); first += step) {
+      Piece piece;
+      piece.first_chunk = static_cast<uint32_t>(first);
+      piece.num_chunks = static_cast<uint32_t>(std::min(step, spans.size() - first));
+      piece.shard = spans[first].shard;
+      for (size_t c = first; c < first + piece.num_chunks; ++c) {
+        piece.bytes += spans[c].num_elements * sizeof(float);
+      }
+      wire.pieces.push_back(piece);
+    }
+    if (wire.fused) {
+      wire.grad_staging.assign(wire.elements, 0.0f);
+      wire.param_staging.assign(wire.elements, 0.0f);
+      for (int member : group) {
+        std::copy(members_[member].parameters.begin(), members_[member].parameters.end(),
+                  wire.param_staging.begin() + members_[member].offset);
+      }
+      wire.gradient = wire.grad_staging.data();
+      wire.parameters = wire.param_staging.data();
+      if (auto status = client_.RegisterTensor(wire.name, {static_cast<int64_t>(wire.elements)},
+                                               wire.param_staging);
+          !status.ok()) {
+        return status;
+      }
+    } else {
+      const ScheduledTensor& tensor = tensors_[group[0]];
+      wire.parameters = tensor.parameters.data();
+      if (auto status = client_.RegisterTensor(tensor.name, tensor.shape, tensor.parameters);
+          !status.ok()) {
+        return status;
+      }
+    }
+    wires_.push_back(std::move(wire));
+  }
+  for (size_t w = 0; w < wires_.size(); ++w) wires_front_first_.push_back(static_cast<int>(w));
+  std::sort(wires_front_first_.begin(), wires_front_first_.end(),
+            [&](int a, int b) { return wires_[a].front < wires_[b].front; });
+  base_clock_ = client_.clock();
+  absl::MutexLock lock(&mutex_);
+  // Step 0's parameters: the shards' initial values, front tensor first.
+  for (int w : wires_front_first_) BeginPulls(w, 0);
+  return absl::OkStatus();
+}
+
+void CommScheduler::Impl::Start() {
+  // As many callers of each kind as the client has pool threads for it:
+  // more would only queue inside the client in FIFO order, where priority
+  // can no longer reorder them.
+  const int per_kind = 2 * client_.num_shards() + 2;
+  for (int i = 0; i < per_kind; ++i) {
+    threads_.emplace_back([this] { Run(Kind::kPush); });
+    threads_.emplace_back([this] { Run(Kind::kPull); });
+  }
+}
+
+CommScheduler::Impl::~Impl() {
+  {
+    absl::MutexLock lock(&mutex_);
+    stopping_ = true;
+    queue_[0].clear();
+    queue_[1].clear();
+  }
+  // A thread still in a call returns within that call's Wait deadline
+  // (wait_timeout; the client then cancels it).
+  for (std::thread& thread : threads_) thread.join();
+}
+
+void CommScheduler::Impl::Enqueue(Kind kind, int wire, int piece, int64_t step) {
+  const Wire& w = wires_[wire];
+  const QueueKey key = options_.priority ? QueueKey{step, w.front, piece, sequence_++}
+                                         : QueueKey{0, 0, 0, sequence_++};
+  queue_[static_cast<int>(kind)][key] = Call{kind, wire, piece, step};
+}
+
+void CommScheduler::Impl::QueuePushes(int wire) {
+  Wire& w = wires_[wire];
+  w.push_step = step_;
+  w.pushes_remaining = static_cast<int>(w.pieces.size());
+  for (size_t p = 0; p < w.pieces.size(); ++p) {
+    Enqueue(Kind::kPush, wire, static_cast<int>(p), step_);
+  }
+}
+
+void CommScheduler::Impl::BeginPulls(int wire, int64_t step) {
+  Wire& w = wires_[wire];
+  w.pull_step = step;
+  w.pulls_remaining = static_cast<int>(w.pieces.size());
+  for (size_t p = 0; p < w.pieces.size(); ++p) {
+    Enqueue(Kind::kPull, wire, static_cast<int>(p), step);
+  }
+}
+
+bool CommScheduler::Impl::Dispatchable(Kind kind) const {
+  const auto& queue = queue_[static_cast<int>(kind)];
+  if (queue.empty() || !error_.ok()) return false;
+  if (kind == Kind::kPull || options_.max_inflight_bytes == 0) return true;
+  // Credits: a piece larger than the cap goes alone, else a cap below one
+  // piece would stop the scheduler for good. Only the queue's head may go,
+  // so priority order holds under the cap too.
+  const Call& head = queue.begin()->second;
+  const size_t bytes = wires_[head.wire].pieces[head.piece].bytes;
+  return inflight_push_bytes_ == 0 || inflight_push_bytes_ + bytes <= options_.max_inflight_bytes;
+}
+
+void CommScheduler::Impl::Run(Kind kind) {
+  absl::MutexLock lock(&mutex_);
+  for (;;) {
+    // A thread idle for want of work waits without a deadline: what it
+    // waits for is the training thread's next call, or the destructor.
+    auto ready = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_ || Dispatchable(kind); };
+    mutex_.Await(absl::Condition(&ready));
+    if (stopping_) return;
+    auto& queue = queue_[static_cast<int>(kind)];
+    const Call call = queue.begin()->second;
+    queue.erase(queue.begin());
+    const Wire& wire = wires_[call.wire];
+    const Piece& piece = wire.pieces[call.piece];
+    ++inflight_calls_;
+    DispatchRecord record;
+    record.kind = kind == Kind::kPush ? DispatchRecord::kPush : DispatchRecord::kPull;
+    record.step = call.step;
+    record.wire_name = wire.name;
+    record.first_chunk = piece.first_chunk;
+    record.num_chunks = piece.num_chunks;
+    record.shard = piece.shard;
+    record.bytes = piece.bytes;
+    record.tensors = wire.members;
+    log_.push_back(std::move(record));
+    if (kind == Kind::kPush) {
+      inflight_push_bytes_ += piece.bytes;
+      stats_.push_calls++;
+      stats_.bytes_pushed += static_cast<int64_t>(piece.bytes);
+      stats_.peak_inflight_push_bytes =
+          std::max(stats_.peak_inflight_push_bytes, static_cast<int64_t>(inflight_push_bytes_));
+    } else {
+      stats_.pull_calls++;
+      stats_.bytes_pulled += static_cast<int64_t>(piece.bytes);
+    }
+    CallScope scope;
+    scope.clock = base_clock_ + call.step;
+    scope.first_chunk = piece.first_chunk;
+    scope.num_chunks = piece.num_chunks;
+    const std::string name = wire.name;
+    const float* gradient = wire.gradient;
+    float* parameters = wire.parameters;
+    const size_t elements = wire.elements;
+    mutex_.Unlock();
+    Client::Handle handle =
+        kind == Kind::kPush
+            ? client_.PushAsync(name, absl::MakeConstSpan(gradient, elements), scope)
+            : client_.PullAsync(name, absl::MakeSpan(parameters, elements), scope);
+    absl::Status status = client_.Wait(handle, absl::Now() + options_.wait_timeout);
+    mutex_.Lock();
+    Complete(call, status);
+  }
+}
+
+void CommScheduler::Impl::Complete(const Call& call, const absl::Status& status) {
+  Wire& wire = wires_[call.wire];
+  --inflight_calls_;
+  if (call.kind == Kind::kPush) inflight_push_bytes_ -= wire.pieces[call.piece].bytes;
+  if (!status.ok()) {
+    Fail(absl::Status(status.code(),
+                      absl::StrCat("comm scheduler: ", call.kind == Kind::kPush ? "push" : "pull",
+                                   " of ", Describe(wire), " piece ", call.piece, " at step ",
+                                   call.step, ": ", status.message())));
+    return;
+  }
+  if (call.kind == Kind::kPull) {
+    --wire.pulls_remaining;
+    return;
+  }
+  --wire.pushes_remaining;
+  if (stopping_) return;
+  // Step s + 1's pull of this piece waits on the shard for every worker's
+  // push of step s; a pull round begins with its first piece.
+  if (wire.pull_step < call.step + 1) {
+    wire.pull_step = call.step + 1;
+    wire.pulls_remaining = static_cast<int>(wire.pieces.size());
+  }
+  Enqueue(Kind::kPull, call.wire, call.piece, call.step + 1);
+}
+
+void CommScheduler::Impl::Fail(absl::Status status) {
+  if (error_.ok()) error_ = std::move(status);
+  // Nothing queued goes out after an error; calls in flight end by their
+  // deadlines.
+  queue_[0].clear();
+  queue_[1].clear();
+}
+
+template <typename Ready>
+absl::Status CommScheduler::Impl::AwaitOrFail(const Ready& ready, const std::string& what) {
+  auto done = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !error_.ok() || ready(); };
+  const bool in_time =
+      mutex_.AwaitWithDeadline(absl::Condition(&done), absl::Now() + options_.wait_timeout);
+  if (!error_.ok()) return error_;
+  if (!in_time) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "comm scheduler: ", what, " not done within ", absl::FormatDuration(options_.wait_timeout)));
+  }
+  return absl::OkStatus();
+}
+
+void CommScheduler::Impl::CopyOut(Member& member) {
+  const Wire& wire = wires_[member.wire];
+  if (!wire.fused || member.copied_step == wire.pull_step) return;
+  std::memcpy(member.parameters.data(), wire.param_staging.data() + member.offset,
+              member.elements * sizeof(float));
+  member.copied_step = wire.pull_step;
+}
+
+absl::Status CommScheduler::Impl::WaitParameters(int tensor) {
+  if (tensor < 0 || static_cast<size_t>(tensor) >= members_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("comm scheduler: no tensor ", tensor));
+  }
+  absl::MutexLock lock(&mutex_);
+  Member& member = members_[tensor];
+  const int64_t step = step_;
+  // Plain: every tensor is pulled before forward starts.
+  auto ready = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (!options_.wait_free_backprop) {
+      for (const Wire& wire : wires_) {
+        if (!Pulled(wire, step)) return false;
+      }
+      return true;
+    }
+    return Pulled(wires_[member.wire], step);
+  };
+  if (auto status = AwaitOrFail(ready, absl::StrCat("the parameters of '", tensors_[tensor].name,
+                                                    "' for step ", step));
+      !status.ok()) {
+    return status;
+  }
+  CopyOut(member);
+  return absl::OkStatus();
+}
+
+absl::Status CommScheduler::Impl::GradientReady(int tensor, absl::Span<const float> gradient) {
+  if (tensor < 0 || static_cast<size_t>(tensor) >= members_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("comm scheduler: no tensor ", tensor));
+  }
+  absl::MutexLock lock(&mutex_);
+  if (!error_.ok()) return error_;
+  Member& member = members_[tensor];
+  const std::string& name = tensors_[tensor].name;
+  if (gradient.size() != member.elements) {
+    return absl::InvalidArgumentError(absl::StrCat("comm scheduler: gradient of '", name, "' has ",
+                                                   gradient.size(), " elements, the tensor ",
+                                                   member.elements));
+  }
+  if (member.gradient_step == step_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("comm scheduler: gradient of '", name, "' given twice in step ", step_));
+  }
+  Wire& wire = wires_[member.wire];
+  // The previous step's push must be off the staging buffer (it is, unless
+  // WaitParameters was skipped: that waits for it).
+  auto pushed = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return wire.pushes_remaining == 0; };
+  if (auto status = AwaitOrFail(pushed, absl::StrCat("the previous push of ", Describe(wire)));
+      !status.ok()) {
+    return status;
+  }
+  member.gradient_step = step_;
+  if (wire.fused) {
+    std::memcpy(wire.grad_staging.data() + member.offset, gradient.data(),
+                member.elements * sizeof(float));
+  } else {
+    wire.gradient = gradient.data();
+  }
+  if (wire.ready_step != step_) {
+    wire.ready_step = step_;
+    wire.ready_members = 0;
+  }
+  ++wire.ready_members;
+  if (options_.wait_free_backprop && wire.ready_members == wire.members.size()) {
+    QueuePushes(member.wire);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CommScheduler::Impl::EndBackward() {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (!error_.ok()) return error_;
+    for (int w : wires_front_first_) {
+      Wire& wire = wires_[w];
+      if (wire.push_step == step_) continue;
+      if (wire.ready_step != step_ || wire.ready_members != wire.members.size()) {
+        for (int member : wire.members) {
+          if (members_[member].gradient_step != step_) {
+            Fail(absl::FailedPreconditionError(
+                absl::StrCat("comm scheduler: EndBackward of step ", step_, " without the gradient of '",
+                             tensors_[member].name, "'")));
+            return error_;
+          }
+        }
+      }
+      QueuePushes(w);
+    }
+    ++step_;
+  }
+  // The calls carry explicit clocks; the client's own clock follows the
+  // steps for what reads it (heartbeats, Leave).
+  client_.Clock();
+  return absl::OkStatus();
+}
+
+absl::Status CommScheduler::Impl::Drain() {
+  absl::MutexLock lock(&mutex_);
+  auto idle = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Idle(); };
+  if (auto status = AwaitOrFail(idle, "draining the calls in flight"); !status.ok()) {
+    return status;
+  }
+  for (Member& member : members_) CopyOut(member);
+  return absl::OkStatus();
+}
+
+absl::Status CommScheduler::Impl::Refresh() {
+  absl::MutexLock lock(&mutex_);
+  auto idle = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Idle(); };
+  if (auto status = AwaitOrFail(idle, "draining before a refresh"); !status.ok()) return status;
+  for (int w : wires_front_first_) BeginPulls(w, step_);
+  if (auto status = AwaitOrFail(idle, "refreshing every tensor"); !status.ok()) return status;
+  for (Member& member : members_) {
+    member.copied_step = -1;
+    CopyOut(member);
+  }
+  return absl::OkStatus();
+}
+
+CommScheduler::CommScheduler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CommScheduler::~CommScheduler() = default;
+
+absl::StatusOr<std::unique_ptr<CommScheduler>> CommScheduler::Create(
+    Client& client, std::vector<ScheduledTensor> tensors, const CommSchedulerOptions& options) {
+  if (options.wait_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("comm scheduler: wait_timeout must be positive");
+  }
+  auto impl = std::make_unique<Impl>(client, std::move(tensors), options);
+  if (auto status = impl->Plan(); !status.ok()) return status;
+  impl->Start();
+  return std::unique_ptr<CommScheduler>(new CommScheduler(std::move(impl)));
+}
+
+absl::Status CommScheduler::WaitParameters(int tensor) { return impl_->WaitParameters(tensor); }
+absl::Status CommScheduler::GradientReady(int tensor, absl::Span<const float> gradient) {
+  return impl_->GradientReady(tensor, gradient);
+}
+absl::Status CommScheduler::EndBackward() { return impl_->EndBackward(); }
+absl::Status CommScheduler::Drain() { return impl_->Drain(); }
+absl::Status CommScheduler::Refresh() { return impl_->Refresh(); }
+const CommSchedulerOptions& CommScheduler::options() const { return impl_->options(); }
+CommSchedulerStats CommScheduler::stats() const { return impl_->stats(); }
+std::vector<DispatchRecord> CommScheduler::dispatch_log_for_testing() const {
+  return impl_->log();
+}
+
+}  // namespace harrier

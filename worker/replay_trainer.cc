@@ -1,0 +1,236 @@
+#include "worker/replay_trainer.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/types/span.h"
+
+namespace harrier {
+namespace {
+
+using workload::ReplayGradients;
+using workload::ReplayLayer;
+using workload::ReplayModelSpec;
+using workload::ReplayTensor;
+
+// First tensor index of every layer in the flat (forward) order.
+std::vector<int> LayerStarts(const ReplayModelSpec& spec) {
+  std::vector<int> starts;
+  int k = 0;
+  for (const ReplayLayer& layer : spec.layers) {
+    starts.push_back(k);
+    k += static_cast<int>(layer.tensors.size());
+  }
+  return starts;
+}
+
+// Waits for every handle, each against the same deadline; the first error
+// wins, and the handles not yet waited for are dropped (which frees them).
+absl::Status WaitAll(Client& client, const std::vector<Client::Handle>& handles,
+                     absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (const Client::Handle& h : handles) {
+    if (absl::Status s = client.Wait(h, deadline); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Counters at one instant, for per-step figures.
+struct Bytes {
+  uint64_t pushed = 0;
+  uint64_t pulled = 0;
+};
+
+Bytes Snapshot(const Client& client) {
+  const ClientStats s = client.stats();
+  return {s.bytes_pushed, s.bytes_pulled};
+}
+
+// What a run measured, whichever path it took.
+struct Measured {
+  absl::Time timed_start;
+  absl::Time end;
+  Bytes after_setup;  // once the initial parameters are in
+  Bytes at_end;
+};
+
+// Today's path: after backward, push-pull every tensor, wait for all.
+absl::StatusOr<Measured> RunDirect(Client& client, const ReplayModelSpec& spec,
+                                   const ReplayGradients& grads,
+                                   std::vector<std::vector<float>>& params,
+                                   const ReplayTrainerOptions& options) {
+  const std::vector<const ReplayTensor*> tensors = workload::FlattenTensors(spec);
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    if (absl::Status s = client.RegisterTensor(tensors[k]->name, tensors[k]->shape, params[k]);
+        !s.ok()) {
+      return s;
+    }
+  }
+  std::vector<Client::Handle> handles;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    handles.push_back(client.PullAsync(tensors[k]->name, absl::MakeSpan(params[k])));
+  }
+  if (absl::Status s = WaitAll(client, handles, options.wait_timeout); !s.ok()) return s;
+  Measured m;
+  m.after_setup = Snapshot(client);
+  const int64_t total = options.warmup_steps + options.steps;
+  m.timed_start = absl::Now();
+  for (int64_t step = 0; step < total; ++step) {
+    if (step == options.warmup_steps) m.timed_start = absl::Now();
+    for (const ReplayLayer& layer : spec.layers) {
+      workload::SleepCompute(layer.forward_ms, options.compute_scale);
+    }
+    for (auto layer = spec.layers.rbegin(); layer != spec.layers.rend(); ++layer) {
+      workload::SleepCompute(layer->backward_ms, options.compute_scale);
+    }
+    handles.clear();
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      handles.push_back(client.PushPullAsync(tensors[k]->name,
+                                             grads.Get(static_cast<int>(k), step),
+                                             absl::MakeSpan(params[k])));
+    }
+    if (absl::Status s = WaitAll(client, handles, options.wait_timeout); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("replay step ", step, ": ", s.message()));
+    }
+    client.Clock();
+  }
+  m.end = absl::Now();
+  m.at_end = Snapshot(client);
+  return m;
+}
+
+#ifdef HARRIER_HAVE_COMM_SCHEDULER
+// Through the comm scheduler: "I need tensor k now" before each layer's
+// forward, "the gradient of k is ready" after each layer's backward.
+absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spec,
+                                      const ReplayGradients& grads,
+                                      std::vector<std::vector<float>>& params,
+                                      const ReplayTrainerOptions& options) {
+  const std::vector<const ReplayTensor*> tensors = workload::FlattenTensors(spec);
+  std::vector<ScheduledTensor> scheduled;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    scheduled.push_back(
+        ScheduledTensor{tensors[k]->name, tensors[k]->shape, absl::MakeSpan(params[k])});
+  }
+  absl::StatusOr<std::unique_ptr<CommScheduler>> created =
+      CommScheduler::Create(client, std::move(scheduled), *options.scheduler);
+  if (!created.ok()) return created.status();
+  CommScheduler& scheduler = **created;
+  const std::vector<int> starts = LayerStarts(spec);
+  const int64_t total = options.warmup_steps + options.steps;
+  Measured m;
+  m.timed_start = absl::Now();
+  for (int64_t step = 0; step < total; ++step) {
+    if (step == options.warmup_steps) m.timed_start = absl::Now();
+    for (size_t l = 0; l < spec.layers.size(); ++l) {
+      const ReplayLayer& layer = spec.layers[l];
+      for (size_t j = 0; j < layer.tensors.size(); ++j) {
+        if (absl::Status s = scheduler.WaitParameters(starts[l] + static_cast<int>(j)); !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat("replay step ", step, ": ", s.message()));
+        }
+      }
+      workload::SleepCompute(layer.forward_ms, options.compute_scale);
+    }
+    // Before step 0's forward every initial parameter is in and no later
+    // pull can have been answered (BSP holds them until step 0's pushes).
+    if (step == 0) m.after_setup = Snapshot(client);
+    for (size_t l = spec.layers.size(); l-- > 0;) {
+      const ReplayLayer& layer = spec.layers[l];
+      workload::SleepCompute(layer.backward_ms, options.compute_scale);
+      for (size_t j = layer.tensors.size(); j-- > 0;) {
+        const int k = starts[l] + static_cast<int>(j);
+        if (absl::Status s = scheduler.GradientReady(k, grads.Get(k, step)); !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat("replay step ", step, ": ", s.message()));
+        }
+      }
+    }
+    if (absl::Status s = scheduler.EndBackward(); !s.ok()) return s;
+  }
+  // The parameters after the last step, as the next forward would want them.
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    if (absl::Status s = scheduler.WaitParameters(static_cast<int>(k)); !s.ok()) return s;
+  }
+  if (absl::Status s = scheduler.Drain(); !s.ok()) return s;
+  m.end = absl::Now();
+  m.at_end = Snapshot(client);
+  return m;
+}
+#else
+absl::StatusOr<Measured> RunScheduled(Client&, const ReplayModelSpec&, const ReplayGradients&,
+                                      std::vector<std::vector<float>>&,
+                                      const ReplayTrainerOptions&) {
+  return absl::UnimplementedError("replay: this build has no comm scheduler");
+}
+#endif
+
+}  // namespace
+
+absl::StatusOr<workload::ReplaySummary> RunReplay(Client& client, const ReplayModelSpec& spec,
+                                                  const ReplayTrainerOptions& options) {
+  if (options.steps < 1 || options.warmup_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("replay: ", options.steps, " timed steps and ",
+                                                   options.warmup_steps,
+                                                   " warmup steps (need >= 1 and >= 0)"));
+  }
+  if (!(options.compute_scale >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay: compute_scale ", options.compute_scale, " (need >= 0)"));
+  }
+  absl::StatusOr<ReplayGradients> grads =
+      ReplayGradients::Create(spec, options.seed, client.rank(), client.num_workers());
+  if (!grads.ok()) return grads.status();
+  const std::vector<const ReplayTensor*> tensors = workload::FlattenTensors(spec);
+  std::vector<std::vector<float>> params;
+  params.reserve(tensors.size());
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    params.push_back(workload::ReplayInitialValues(options.seed, static_cast<int>(k),
+                                                   tensors[k]->num_elements()));
+  }
+
+  absl::StatusOr<Measured> measured =
+      options.scheduler.has_value() ? RunScheduled(client, spec, *grads, params, options)
+                                    : RunDirect(client, spec, *grads, params, options);
+  if (!measured.ok()) return measured.status();
+  if (absl::Status s = client.Leave(); !s.ok()) return s;
+
+  const int64_t total = options.warmup_steps + options.steps;
+  workload::ReplaySummary summary;
+  summary.model = spec.name;
+  summary.techniques = options.techniques;
+  summary.compute_scale = options.compute_scale;
+  summary.rank = client.rank();
+  summary.workers = client.num_workers();
+  summary.shards = client.num_shards();
+  summary.steps = options.steps;
+  summary.warmup_steps = options.warmup_steps;
+  summary.iter_ms = absl::ToDoubleMilliseconds(measured->end - measured->timed_start) /
+                    static_cast<double>(options.steps);
+  summary.compute_ms = spec.compute_ms() * options.compute_scale;
+  summary.bytes_pushed_per_iter =
+      static_cast<int64_t>(measured->at_end.pushed - measured->after_setup.pushed) / total;
+  summary.bytes_pulled_per_iter =
+      static_cast<int64_t>(measured->at_end.pulled - measured->after_setup.pulled) / total;
+  summary.bytes_per_iter = summary.bytes_pushed_per_iter + summary.bytes_pulled_per_iter;
+
+  if (client.sync().mode == "bsp" && options.optimizer == "sgd") {
+    workload::ReplayCheckOptions check;
+    check.steps = total;
+    check.lr = options.lr;
+    std::vector<absl::Span<const float>> views;
+    for (const auto& p : params) views.push_back(absl::MakeConstSpan(p));
+    if (absl::Status s = workload::CheckReplayParameters(spec, options.seed, views, check);
+        !s.ok()) {
+      return s;
+    }
+    summary.checked = true;
+  }
+  return summary;
+}
+
+}  // namespace harrier

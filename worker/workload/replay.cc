@@ -1,0 +1,185 @@
+#include "worker/workload/replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace harrier::workload {
+namespace {
+
+constexpr float kEvenUnit = 1.0f / 64;   // 2^-6
+constexpr float kOddUnit = -1.0f / 128;  // -2^-7
+
+uint64_t Mix(uint64_t x) {
+  // splitmix64's finaliser: cheap, and every input bit reaches every output
+  // bit, so neighbouring elements get unrelated values.
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// One stream per (seed, purpose, tensor, rank); elements index into it.
+uint64_t StreamKey(uint64_t seed, uint64_t purpose, int tensor, int rank) {
+  return Mix(Mix(Mix(seed ^ (purpose << 56)) + static_cast<uint64_t>(tensor)) +
+             static_cast<uint64_t>(rank));
+}
+
+uint64_t At(uint64_t key, int64_t index) {
+  return Mix(key + static_cast<uint64_t>(index) * 0xd1b54a32d192ed03ULL);
+}
+
+enum Purpose : uint64_t { kInitial = 1, kBase = 2, kDeviation = 3 };
+
+// b in {-7..-1, 1..7}: never zero, so every element's check sees the steps.
+int Base(uint64_t key, int64_t index) {
+  const int v = static_cast<int>(At(key, index) % 14);
+  return v < 7 ? v - 7 : v - 6;
+}
+
+int Deviation(uint64_t key, int64_t index) { return static_cast<int>(At(key, index) % 7) - 3; }
+
+}  // namespace
+
+void SleepCompute(double layer_ms, double compute_scale) {
+  const double ms = layer_ms * compute_scale;
+  if (!(ms > 0)) return;
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+}
+
+std::vector<const ReplayTensor*> FlattenTensors(const ReplayModelSpec& spec) {
+  std::vector<const ReplayTensor*> out;
+  for (const ReplayLayer& layer : spec.layers) {
+    for (const ReplayTensor& t : layer.tensors) out.push_back(&t);
+  }
+  return out;
+}
+
+float ReplayInitialValue(uint64_t seed, int tensor, int64_t index) {
+  const uint64_t key = StreamKey(seed, kInitial, tensor, 0);
+  return static_cast<float>(static_cast<int>(At(key, index) % 129) - 64) * kEvenUnit;
+}
+
+std::vector<float> ReplayInitialValues(uint64_t seed, int tensor, int64_t num_elements) {
+  std::vector<float> out(static_cast<size_t>(num_elements));
+  const uint64_t key = StreamKey(seed, kInitial, tensor, 0);
+  for (int64_t i = 0; i < num_elements; ++i) {
+    out[i] = static_cast<float>(static_cast<int>(At(key, i) % 129) - 64) * kEvenUnit;
+  }
+  return out;
+}
+
+float ReplayMeanGradient(uint64_t seed, int tensor, int64_t index, int64_t step) {
+  const int b = Base(StreamKey(seed, kBase, tensor, 0), index);
+  return static_cast<float>(b) * (step % 2 == 0 ? kEvenUnit : kOddUnit);
+}
+
+float ExpectedReplayValue(uint64_t seed, int tensor, int64_t index, int64_t steps, float lr) {
+  float w = ReplayInitialValue(seed, tensor, index);
+  const float even = ReplayMeanGradient(seed, tensor, index, 0);
+  const float odd = ReplayMeanGradient(seed, tensor, index, 1);
+  for (int64_t t = 0; t < steps; ++t) w -= lr * (t % 2 == 0 ? even : odd);
+  return w;
+}
+
+absl::StatusOr<ReplayGradients> ReplayGradients::Create(const ReplayModelSpec& spec,
+                                                        uint64_t seed, int rank,
+                                                        int num_workers) {
+  if (num_workers < 1 || rank < 0 || rank >= num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay gradients: rank ", rank, " of ", num_workers, " workers"));
+  }
+  ReplayGradients out;
+  const std::vector<const ReplayTensor*> tensors = FlattenTensors(spec);
+  out.even_.resize(tensors.size());
+  out.odd_.resize(tensors.size());
+  const bool last = rank == num_workers - 1;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const int tensor = static_cast<int>(k);
+    const int64_t n = tensors[k]->num_elements();
+    const uint64_t base_key = StreamKey(seed, kBase, tensor, 0);
+    // The last rank's deviation cancels the others', so the sum is n * b.
+    std::vector<uint64_t> keys;
+    if (last) {
+      for (int r = 0; r + 1 < num_workers; ++r) keys.push_back(StreamKey(seed, kDeviation, tensor, r));
+    } else {
+      keys.push_back(StreamKey(seed, kDeviation, tensor, rank));
+    }
+    std::vector<float>& even = out.even_[k];
+    std::vector<float>& odd = out.odd_[k];
+    even.resize(static_cast<size_t>(n));
+    odd.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      int d = 0;
+      for (uint64_t key : keys) d += Deviation(key, i);
+      if (last) d = -d;
+      const float v = static_cast<float>(Base(base_key, i) + d);
+      even[i] = v * kEvenUnit;
+      odd[i] = v * kOddUnit;
+    }
+  }
+  return out;
+}
+
+absl::Span<const float> ReplayGradients::Get(int tensor, int64_t step) const {
+  const std::vector<float>& v = step % 2 == 0 ? even_[tensor] : odd_[tensor];
+  return absl::MakeConstSpan(v);
+}
+
+absl::Status CheckReplayParameters(const ReplayModelSpec& spec, uint64_t seed,
+                                   const std::vector<absl::Span<const float>>& parameters,
+                                   const ReplayCheckOptions& options) {
+  const std::vector<const ReplayTensor*> tensors = FlattenTensors(spec);
+  if (parameters.size() != tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("replay check: ", parameters.size(),
+                                                   " tensors given, ", spec.name, " has ",
+                                                   tensors.size()));
+  }
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const int64_t n = tensors[k]->num_elements();
+    if (static_cast<int64_t>(parameters[k].size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat("replay check: tensor ", tensors[k]->name,
+                                                     " has ", parameters[k].size(),
+                                                     " elements, expected ", n));
+    }
+    const bool whole = n <= options.check_all_below || n <= options.samples;
+    const int64_t count = whole ? n : std::max<int64_t>(options.samples, 2);
+    for (int64_t s = 0; s < count; ++s) {
+      // Spread over the tensor, first and last included, so every chunk of
+      // a large tensor (and so every shard) is sampled.
+      const int64_t i = whole ? s : s * (n - 1) / (count - 1);
+      const float expected = ExpectedReplayValue(seed, static_cast<int>(k), i, options.steps,
+                                                 options.lr);
+      const float actual = parameters[k][i];
+      if (!(actual == expected)) {
+        return absl::DataLossError(absl::StrFormat(
+            "replay check: %s[%d] is %.9g, expected %.9g after %d BSP steps at lr %g",
+            tensors[k]->name, i, actual, expected, options.steps, options.lr));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string FormatReplaySummary(const ReplaySummary& s) {
+  std::string scale = absl::StrFormat("%.6g", s.compute_scale);
+  if (scale.find_first_of(".en") == std::string::npos) scale += ".0";
+  return absl::StrFormat(
+      "replay_summary {\"model\":\"%s\",\"techniques\":\"%s\",\"compute_scale\":%s,\"rank\":%d,"
+      "\"workers\":%d,\"shards\":%d,\"steps\":%d,\"warmup_steps\":%d,\"iter_ms\":%.3f,"
+      "\"compute_ms\":%.3f,\"bytes_pushed_per_iter\":%d,\"bytes_pulled_per_iter\":%d,"
+      "\"bytes_per_iter\":%d,\"checked\":%s}",
+      s.model, s.techniques, scale, s.rank, s.workers, s.shards, s.steps, s.warmup_steps,
+      s.iter_ms, s.compute_ms, s.bytes_pushed_per_iter, s.bytes_pulled_per_iter, s.bytes_per_iter,
+      s.checked ? "true" : "false");
+}
+
+}  // namespace harrier::workload

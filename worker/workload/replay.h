@@ -1,0 +1,114 @@
+#ifndef HARRIER_WORKER_WORKLOAD_REPLAY_H_
+#define HARRIER_WORKER_WORKLOAD_REPLAY_H_
+
+// What a replayed model computes: a compute-time model (sleeps standing in
+// for a GPU's kernels, during which the CPU is free, as it is while a GPU
+// computes), seeded synthetic gradients, and the exact check of the final
+// parameters under BSP with SGD.
+//
+// Why the check can be exact: every value is a small integer times a power
+// of two. Initial values are k * 2^-6 (|k| <= 64); worker r's gradient of
+// an element is (b + d_r) * 2^-6 on even steps and -(b + d_r) * 2^-7 on odd
+// ones, with b in +-[1, 7] shared by all workers and deviations d_r that sum
+// to zero over the workers. The shard's float sum of the n pushes is then
+// exact in any order, and so is its division by n: the BSP mean is b * 2^-6
+// (or -b * 2^-7). A lost, doubled or foreign push moves the mean off b, a
+// lost or extra step moves the sum of means, and both show in the final
+// value. The signs alternate so parameters drift by b * 2^-7 per two steps
+// instead of growing with every step.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/workload/replay_models.h"
+
+namespace harrier::workload {
+
+// Sleeps `layer_ms * compute_scale` milliseconds (nothing for <= 0). Bounded
+// by its argument: the compute model never waits on anything else.
+void SleepCompute(double layer_ms, double compute_scale);
+
+// Tensors of a spec flattened in forward order: index k is the k-th tensor
+// of the first layer that has it; this is also its comm priority.
+std::vector<const ReplayTensor*> FlattenTensors(const ReplayModelSpec& spec);
+
+// The initial value of element `index` of tensor `tensor` (every worker
+// computes the same ones, so whoever registers first initialises the same
+// model).
+float ReplayInitialValue(uint64_t seed, int tensor, int64_t index);
+std::vector<float> ReplayInitialValues(uint64_t seed, int tensor, int64_t num_elements);
+
+// The BSP mean of the workers' gradients of an element at `step` (the same
+// for any number of workers).
+float ReplayMeanGradient(uint64_t seed, int tensor, int64_t index, int64_t step);
+
+// The value of an element after `steps` BSP steps of the shard's SGD
+// (w -= lr * mean, in float, as server/optimizer.cc computes it with no
+// weight decay) from its initial value.
+float ExpectedReplayValue(uint64_t seed, int tensor, int64_t index, int64_t steps, float lr);
+
+// One worker's gradients of every tensor, generated once (a VGG-16 is 138 M
+// floats: generating them per step would cost more than the modelled
+// compute) as two buffers, the even and the odd step's.
+class ReplayGradients {
+ public:
+  // INVALID_ARGUMENT unless 0 <= rank < num_workers.
+  static absl::StatusOr<ReplayGradients> Create(const ReplayModelSpec& spec, uint64_t seed,
+                                                int rank, int num_workers);
+  // Tensor `tensor`'s gradient at `step`: valid as long as this object.
+  absl::Span<const float> Get(int tensor, int64_t step) const;
+  int num_tensors() const { return static_cast<int>(even_.size()); }
+
+ private:
+  ReplayGradients() = default;
+  std::vector<std::vector<float>> even_;
+  std::vector<std::vector<float>> odd_;
+};
+
+struct ReplayCheckOptions {
+  int64_t steps = 0;        // BSP steps every worker ran (warmup included)
+  float lr = 0.01f;         // the shards' SGD learning rate
+  // Tensors up to this many elements are checked whole; larger ones at
+  // `samples` positions spread over the tensor, first and last included.
+  int64_t check_all_below = 4096;
+  int64_t samples = 1024;
+};
+
+// Checks `parameters[k]` (tensor k in FlattenTensors order) against
+// ExpectedReplayValue, bit for bit. DATA_LOSS naming the tensor, the
+// element, the expected and the actual value at the first mismatch;
+// INVALID_ARGUMENT when sizes disagree with the spec.
+absl::Status CheckReplayParameters(const ReplayModelSpec& spec, uint64_t seed,
+                                   const std::vector<absl::Span<const float>>& parameters,
+                                   const ReplayCheckOptions& options);
+
+// The end-of-run figures of a replayed model, for harrier-worker and the
+// all-reduce baseline alike (contracts (a), (b) of issue 12).
+struct ReplaySummary {
+  std::string model;
+  std::string techniques;
+  double compute_scale = 1.0;
+  int rank = 0;
+  int workers = 0;
+  int shards = 0;
+  int64_t steps = 0;          // timed
+  int64_t warmup_steps = 0;
+  double iter_ms = 0;         // mean wall time of a timed step
+  double compute_ms = 0;      // modelled compute of one step at compute_scale
+  int64_t bytes_pushed_per_iter = 0;
+  int64_t bytes_pulled_per_iter = 0;
+  int64_t bytes_per_iter = 0;
+  bool checked = false;       // the exact check ran and passed
+};
+
+// `replay_summary {...}`: one line, no newline, the JSON object's fields in
+// the contract's order.
+std::string FormatReplaySummary(const ReplaySummary& summary);
+
+}  // namespace harrier::workload
+
+#endif  // HARRIER_WORKER_WORKLOAD_REPLAY_H_
