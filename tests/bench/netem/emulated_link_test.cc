@@ -47,8 +47,10 @@ EmulatedNetworkOptions Options(LinkModel model, int hosts, double rate_gbps) {
   return options;
 }
 
+// Best of 3: on a loaded machine a stream can only come out slower than the
+// link (README.md), never faster, so a stubbed shaper still fails.
 double Measure(const EmulatedNetwork& network, int from, int to, int64_t bytes) {
-  auto gbps = network.MeasureTcpGbps(from, to, bytes);
+  auto gbps = network.BestTcpGbps(from, to, bytes, 3);
   INFO(gbps.status().ToString());
   REQUIRE(gbps.ok());
   std::printf("%s %d -> %d, set %g Gbit/s: measured %.3f Gbit/s\n",
@@ -111,16 +113,28 @@ TEST_CASE("per-host links are independent, a shared link is shared") {
   for (LinkModel model : {LinkModel::kPerHost, LinkModel::kSharedLink}) {
     auto network = MakeOrSkip(Options(model, 4, 1));
     if (network == nullptr) return;
+    // Best of 3 pairs by their slower stream, for the reason Measure says.
     double first = 0;
     double second = 0;
-    std::thread other([&] {
-      auto gbps = network->MeasureTcpGbps(2, 3, kBytesAt1Gbit);
-      second = gbps.ok() ? *gbps : -1;
-    });
-    first = Measure(*network, 0, 1, kBytesAt1Gbit);
-    other.join();
-    std::printf("  concurrent 2 -> 3: %.3f Gbit/s\n", second);
-    REQUIRE(second > 0);
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      double a = 0;
+      double b = 0;
+      std::thread other([&] {
+        auto gbps = network->MeasureTcpGbps(2, 3, kBytesAt1Gbit);
+        b = gbps.ok() ? *gbps : -1;
+      });
+      auto gbps = network->MeasureTcpGbps(0, 1, kBytesAt1Gbit);
+      other.join();
+      REQUIRE(gbps.ok());
+      REQUIRE(b > 0);
+      a = *gbps;
+      std::printf("%s concurrent 0 -> 1: %.3f, 2 -> 3: %.3f Gbit/s\n",
+                  model == LinkModel::kPerHost ? "per-host" : "shared", a, b);
+      if (std::min(a, b) > std::min(first, second)) {
+        first = a;
+        second = b;
+      }
+    }
     if (model == LinkModel::kPerHost) {
       CHECK(first == Approx(1.0).epsilon(0.10));
       CHECK(second == Approx(1.0).epsilon(0.10));

@@ -94,6 +94,12 @@ class EmulatedNetwork {
   // own loopback, unshaped in the per-host model).
   absl::StatusOr<double> MeasureTcpGbps(int from, int to, int64_t bytes,
                                         absl::Duration timeout = absl::Seconds(30)) const;
+  // The best of `attempts` MeasureTcpGbps runs. A shaped link never beats
+  // its rate, while a loaded CPU (softirqs and threads descheduled) only
+  // ever makes a stream slower, so the best run is the estimate of what the
+  // link carries; on a quiet machine all runs agree.
+  absl::StatusOr<double> BestTcpGbps(int from, int to, int64_t bytes, int attempts,
+                                     absl::Duration timeout = absl::Seconds(30)) const;
 
  private:
   explicit EmulatedNetwork(const EmulatedNetworkOptions& options) : options_(options) {}
