@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -48,6 +49,17 @@ double AllReduceCommMs(double model_bytes, int ranks, double link_gbps) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Set by SIGINT/SIGTERM. Signals are process-wide, so this one flag is too;
+// the waits below poll it, so an interrupted bench still stops its
+// processes and removes its namespaces through the destructors.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void OnStopSignal(int signal_number) { g_stop_signal = signal_number; }
+
+absl::Status Interrupted() {
+  return absl::CancelledError(absl::StrCat("interrupted by signal ", g_stop_signal));
+}
 
 constexpr const char kUsage[] =
     "usage: harrier-bench overlap [flags]\n"
@@ -437,6 +449,7 @@ absl::Status WaitAll(std::vector<std::unique_ptr<HostProcess>>& watch,
   std::vector<bool> done(watch.size(), false);
   size_t remaining = watch.size();
   while (remaining > 0) {
+    if (g_stop_signal != 0) return Interrupted();
     for (size_t i = 0; i < watch.size(); ++i) {
       int status = 0;
       if (done[i] || !watch[i]->Poll(&status)) continue;
@@ -512,6 +525,7 @@ absl::StatusOr<std::vector<Summary>> RunPs(const Options& options, const Emulate
       std::ifstream file(port_file);
       if (file >> port && port > 0) break;
       int status = 0;
+      if (g_stop_signal != 0) return Interrupted();
       if (servers.back()->Poll(&status)) return absl::InternalError(servers.back()->Describe(status));
       if (Clock::now() >= port_deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
@@ -659,6 +673,12 @@ int RunOverlapBench(int argc, char** argv) {
     return 2;
   }
 
+  struct sigaction action {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+
   const int W = options.workers;
   const int S = options.shards;
   int failures = 0;
@@ -703,6 +723,7 @@ int RunOverlapBench(int argc, char** argv) {
                                : PsCommMs(model_bytes, W, S, gbps) / spec.compute_ms();
       double plain_iter_ms = 0;
       for (const std::string& techniques : options.techniques) {
+        if (g_stop_signal != 0) return 128 + g_stop_signal;
         const bool allreduce = techniques == "allreduce";
         RunConfig config{spec.name, techniques, scale};
         auto summaries = allreduce
@@ -713,6 +734,7 @@ int RunOverlapBench(int argc, char** argv) {
                        spec.name.c_str(), link, techniques.c_str(),
                        std::string(summaries.status().message()).c_str());
           ++failures;
+          if (g_stop_signal != 0) return 128 + g_stop_signal;
           continue;
         }
         double iter_ms = 0;
