@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -47,12 +48,20 @@ EmulatedNetworkOptions Options(LinkModel model, int hosts, double rate_gbps) {
   return options;
 }
 
-// Best of 3: on a loaded machine a stream can only come out slower than the
-// link (README.md), never faster, so a stubbed shaper still fails.
+// The best of up to 5 streams, stopping once one is within 10 % of the set
+// rate: on a loaded machine a stream can only come out slower than the link
+// (README.md), never faster, so a stubbed shaper still fails every time.
 double Measure(const EmulatedNetwork& network, int from, int to, int64_t bytes) {
-  auto gbps = network.BestTcpGbps(from, to, bytes, 3);
-  INFO(gbps.status().ToString());
-  REQUIRE(gbps.ok());
+  const double target = network.options().rate_gbps;
+  absl::StatusOr<double> gbps = 0.0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    auto one = network.MeasureTcpGbps(from, to, bytes);
+    INFO(one.status().ToString());
+    REQUIRE(one.ok());
+    gbps = std::max(*gbps, *one);
+    if (target > 0 && std::abs(*gbps - target) <= 0.1 * target) break;
+    if (target == 0 && attempt == 2) break;
+  }
   std::printf("%s %d -> %d, set %g Gbit/s: measured %.3f Gbit/s\n",
               network.options().model == LinkModel::kPerHost ? "per-host" : "shared", from, to,
               network.options().rate_gbps, *gbps);
@@ -113,10 +122,17 @@ TEST_CASE("per-host links are independent, a shared link is shared") {
   for (LinkModel model : {LinkModel::kPerHost, LinkModel::kSharedLink}) {
     auto network = MakeOrSkip(Options(model, 4, 1));
     if (network == nullptr) return;
-    // Best of 3 pairs by their slower stream, for the reason Measure says.
+    // Best of up to 5 pairs by their slower stream, for the reason Measure
+    // says.
     double first = 0;
     double second = 0;
-    for (int attempt = 0; attempt < 3; ++attempt) {
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      if (model == LinkModel::kPerHost && std::abs(first - 1) <= 0.1 &&
+          std::abs(second - 1) <= 0.1) {
+        break;
+      }
+      // One shared pair is enough: retrying would only search for a split.
+      if (model == LinkModel::kSharedLink && attempt == 1) break;
       double a = 0;
       double b = 0;
       std::thread other([&] {

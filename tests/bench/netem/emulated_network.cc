@@ -376,9 +376,9 @@ absl::StatusOr<double> EmulatedNetwork::MeasureTcpGbps(int from, int to, int64_t
   absl::Notification listening;
   int port = 0;                 // set before `listening`
   absl::Status receiver_status;  // set before the receiver thread ends
-  double seconds = 0;
-  int64_t timed_bytes = 0;
-  std::atomic<bool> abort{false};
+  Clock::time_point last_byte;   // set by the receiver
+  Clock::time_point connecting;  // set by the sender before connect
+  int64_t received_bytes = 0;
 
   std::thread receiver([&] {
     auto fail = [&](absl::Status status) {
@@ -419,8 +419,6 @@ absl::StatusOr<double> EmulatedNetwork::MeasureTcpGbps(int from, int to, int64_t
     }
     std::vector<char> buffer(1 << 20);
     int64_t received = 0;
-    int64_t first_read = 0;
-    Clock::time_point first;
     Clock::time_point last;
     while (received < bytes) {
       if (auto status = PollFor(conn, POLLIN, deadline, "MeasureTcpGbps receive"); !status.ok()) {
@@ -437,17 +435,13 @@ absl::StatusOr<double> EmulatedNetwork::MeasureTcpGbps(int from, int to, int64_t
         close(conn);
         return;
       }
-      if (received == 0) {
-        first = Clock::now();
-        first_read = n;
-      }
       received += n;
       last = Clock::now();
     }
     close(conn);
     absl::MutexLock lock(&mutex);
-    seconds = std::chrono::duration<double>(last - first).count();
-    timed_bytes = received - first_read;
+    last_byte = last;
+    received_bytes = received;
   });
 
   absl::Status sender_status;
@@ -471,6 +465,10 @@ absl::StatusOr<double> EmulatedNetwork::MeasureTcpGbps(int from, int to, int64_t
       return;
     }
     LargeBuffers(fd);
+    {
+      absl::MutexLock lock(&mutex);
+      connecting = Clock::now();
+    }
     if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
         errno != EINPROGRESS) {
       sender_status = absl::InternalError(
@@ -480,7 +478,7 @@ absl::StatusOr<double> EmulatedNetwork::MeasureTcpGbps(int from, int to, int64_t
     }
     std::vector<char> buffer(1 << 20, 'h');
     int64_t sent = 0;
-    while (sent < bytes && !abort.load()) {
+    while (sent < bytes) {
       if (auto status = PollFor(fd, POLLOUT, deadline, "MeasureTcpGbps send"); !status.ok()) {
         sender_status = status;
         break;
@@ -503,8 +501,9 @@ absl::StatusOr<double> EmulatedNetwork::MeasureTcpGbps(int from, int to, int64_t
   absl::MutexLock lock(&mutex);
   if (!receiver_status.ok()) return receiver_status;
   if (!sender_status.ok()) return sender_status;
+  const double seconds = std::chrono::duration<double>(last_byte - connecting).count();
   if (seconds <= 0) return absl::InternalError("MeasureTcpGbps: no time elapsed");
-  return static_cast<double>(timed_bytes) * 8 / seconds / 1e9;
+  return static_cast<double>(received_bytes) * 8 / seconds / 1e9;
 }
 
 absl::StatusOr<double> EmulatedNetwork::BestTcpGbps(int from, int to, int64_t bytes,

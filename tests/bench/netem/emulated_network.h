@@ -89,8 +89,12 @@ class EmulatedNetwork {
   // to host `to`: a listener and a sender on two threads of this process,
   // each moved into its host's namespace with setns, so the stream crosses
   // the emulated links (and the bridge) as the benchmark's traffic does.
-  // The rate is timed at the receiver from the first byte to the last, so
-  // connection set-up does not count. `from` == `to` is allowed (the host's
+  // Timed from just before connect to the receiver's last byte: every byte
+  // must cross the link within that span, so a receiver that is descheduled
+  // and then drains a full socket buffer at once cannot inflate the rate
+  // (timing from its first read did, seen under load). The handshake (one
+  // round trip, tens of microseconds) and the tbf burst are under 2 % of a
+  // 0.2 s stream. `from` == `to` is allowed (the host's
   // own loopback, unshaped in the per-host model).
   absl::StatusOr<double> MeasureTcpGbps(int from, int to, int64_t bytes,
                                         absl::Duration timeout = absl::Seconds(30)) const;
