@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <set>
 #include <thread>
@@ -144,7 +145,7 @@ class CommScheduler::Impl {
   }
   std::vector<DispatchRecord> log() const {
     absl::MutexLock lock(&mutex_);
-    return log_;
+    return std::vector<DispatchRecord>(log_.begin(), log_.end());
   }
 
  private:
@@ -188,7 +189,9 @@ class CommScheduler::Impl {
   absl::Status error_ ABSL_GUARDED_BY(mutex_);
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   CommSchedulerStats stats_ ABSL_GUARDED_BY(mutex_);
-  std::vector<DispatchRecord> log_ ABSL_GUARDED_BY(mutex_);
+  // The latest kLogLimit calls: a long job must not grow it without bound.
+  static constexpr size_t kLogLimit = 1 << 16;
+  std::deque<DispatchRecord> log_ ABSL_GUARDED_BY(mutex_);
 };
 
 std::string CommScheduler::Impl::Describe(const Wire& wire) const {
@@ -406,6 +409,7 @@ void CommScheduler::Impl::Run(Kind kind) {
     record.bytes = piece.bytes;
     record.tensors = wire.members;
     log_.push_back(std::move(record));
+    if (log_.size() > kLogLimit) log_.pop_front();
     if (kind == Kind::kPush) {
       inflight_push_bytes_ += piece.bytes;
       stats_.push_calls++;

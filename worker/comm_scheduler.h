@@ -51,8 +51,12 @@ struct CommSchedulerOptions {
   size_t fusion_bytes = 0;        // 0: no fusion
   size_t partition_bytes = 0;     // 0: no partitioning
   bool priority = false;
-  size_t max_inflight_bytes = 0;  // 0: no cap
-  // Bound of every wait inside the scheduler (WaitParameters, Drain).
+  // 0: no cap. Counts pushes only; a piece above the cap goes alone when
+  // no other push is in flight.
+  size_t max_inflight_bytes = 0;
+  // Bound of every wait inside the scheduler (WaitParameters,
+  // GradientReady, Drain, and each call's Wait, so a BSP pull waiting longer
+  // for a slow worker fails the scheduler).
   absl::Duration wait_timeout = absl::Seconds(120);
 };
 
@@ -64,8 +68,11 @@ inline constexpr size_t kDefaultMaxInflightBytes = 16u << 20;
 // `techniques`: "plain", "wfbp", "fusion", "priority", "all", or several
 // joined by '+' ("wfbp+fusion"). "fusion" and "priority" imply wfbp;
 // "priority" implies partitioning and the credit cap (preemption needs
-// pieces and a queue); "all" is every technique. A size of 0 for an enabled
-// technique takes its default. INVALID_ARGUMENT names an unknown technique.
+// pieces and a queue); "all" is every technique. Also "partition" and
+// "credits" alone. "none" is not a technique (no scheduler at all is the
+// caller's choice). A size of 0 for an enabled technique takes its
+// default; the size of a technique that is off is ignored.
+// INVALID_ARGUMENT names an unknown technique.
 absl::StatusOr<CommSchedulerOptions> ParseTechniques(absl::string_view techniques,
                                                      size_t fusion_bytes = 0,
                                                      size_t partition_bytes = 0,
@@ -93,11 +100,14 @@ struct CommSchedulerStats {
 // One dispatched call, in dispatch order (tests check order and shape).
 struct DispatchRecord {
   enum Kind { kPush, kPull } kind = kPush;
+  // A push: the step whose gradient it carries; a pull: the step whose
+  // parameters it fetches (t + 1 after step t's push). Its clock is the
+  // client's clock at Create plus this.
   int64_t step = 0;
   std::string wire_name;       // the Client tensor (a model tensor, a fused bucket)
   uint32_t first_chunk = 0;    // the piece
   uint32_t num_chunks = 0;
-  int shard = 0;
+  int shard = 0;               // of the piece's first chunk
   size_t bytes = 0;
   std::vector<int> tensors;    // model tensors it carries
 };
@@ -133,6 +143,7 @@ class CommScheduler {
 
   const CommSchedulerOptions& options() const;
   CommSchedulerStats stats() const;
+  // The latest 65536 calls.
   std::vector<DispatchRecord> dispatch_log_for_testing() const;
 
  private:

@@ -105,7 +105,6 @@ absl::StatusOr<Measured> RunDirect(Client& client, const ReplayModelSpec& spec,
   return m;
 }
 
-#ifdef HARRIER_HAVE_COMM_SCHEDULER
 // Through the comm scheduler: "I need tensor k now" before each layer's
 // forward, "the gradient of k is ready" after each layer's backward.
 absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spec,
@@ -161,13 +160,6 @@ absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spe
   m.at_end = Snapshot(client);
   return m;
 }
-#else
-absl::StatusOr<Measured> RunScheduled(Client&, const ReplayModelSpec&, const ReplayGradients&,
-                                      std::vector<std::vector<float>>&,
-                                      const ReplayTrainerOptions&) {
-  return absl::UnimplementedError("replay: this build has no comm scheduler");
-}
-#endif
 
 }  // namespace
 

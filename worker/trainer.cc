@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -64,9 +65,29 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   int64_t total_steps = steps_per_epoch * options.epochs;
   if (options.max_steps >= 0) total_steps = std::min(total_steps, options.max_steps);
 
-  for (auto& param : model.params()) {
-    if (auto status = client.RegisterTensor(param.name, param.shape, param.values); !status.ok()) {
-      return status;
+  const bool local_sgd = client.sync().mode == "local";
+  if (local_sgd && options.scheduler.has_value()) {
+    return absl::InvalidArgumentError(
+        "the comm scheduler (--techniques) needs --sync=bsp, ssp or asp: local SGD pushes one "
+        "model delta per round, not per-layer gradients as backward produces them");
+  }
+  // With a scheduler the scheduler registers the wire tensors (fused
+  // buckets in place of their members).
+  std::unique_ptr<CommScheduler> scheduler;
+  if (options.scheduler.has_value()) {
+    std::vector<ScheduledTensor> tensors;
+    for (auto& param : model.params()) {
+      tensors.push_back({param.name, param.shape, absl::MakeSpan(param.values)});
+    }
+    auto created = CommScheduler::Create(client, std::move(tensors), *options.scheduler);
+    if (!created.ok()) return created.status();
+    scheduler = std::move(*created);
+  } else {
+    for (auto& param : model.params()) {
+      if (auto status = client.RegisterTensor(param.name, param.shape, param.values);
+          !status.ok()) {
+        return status;
+      }
     }
   }
   FILE* metrics = nullptr;
@@ -77,7 +98,6 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
           absl::StrCat("cannot write --metrics_out=", options.metrics_out));
     }
   }
-  const bool local_sgd = client.sync().mode == "local";
   const int64_t local_steps = local_sgd ? std::max<int64_t>(1, client.sync().local_steps) : 1;
 
   TrainResult result;
@@ -90,7 +110,9 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   absl::Time interval_start = start;
   double interval_loss = 0;
   int64_t interval_steps = 0;
-  absl::Status status = PullAll(client, model);
+  // The scheduler pulls step 0's parameters itself.
+  absl::Status status = scheduler != nullptr ? absl::OkStatus() : PullAll(client, model);
+  const int num_params = static_cast<int>(model.params().size());
   for (int64_t step = 0; status.ok() && step < total_steps; ++step) {
     const int64_t in_epoch = step % steps_per_epoch;
     const int epoch = static_cast<int>(step / steps_per_epoch);
@@ -98,6 +120,16 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     const int64_t min_clock = client.stats().last_min_clock;
     result.max_staleness = std::max(result.max_staleness, pull_clock - min_clock);
 
+    // With a scheduler part of the step's wait for the servers is here,
+    // before forward.
+    absl::Duration forward_wait;
+    if (scheduler != nullptr) {
+      const absl::Time wait_start = absl::Now();
+      // Forward's order: the front tensor is back first under priority.
+      for (int k = 0; status.ok() && k < num_params; ++k) status = scheduler->WaitParameters(k);
+      if (!status.ok()) break;
+      forward_wait = absl::Now() - wait_start;
+    }
     const size_t offset = static_cast<size_t>(in_epoch * options.batch_size);
     auto loss = model.ComputeGradients(shard.image(static_cast<int>(offset)),
                                        shard.labels.data() + offset, options.batch_size, &grads);
@@ -124,7 +156,15 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     const workload::Gradients& to_push = options.gradient_momentum > 0 ? momentum : grads;
 
     const absl::Time comm_start = absl::Now();
-    if (!local_sgd) {
+    if (scheduler != nullptr) {
+      // The MLP's backward produced every gradient at once; they are handed
+      // over last tensor first, as a layer-by-layer backward would.
+      for (int k = num_params - 1; status.ok() && k >= 0; --k) {
+        status = scheduler->GradientReady(k, to_push[k]);
+      }
+      if (status.ok()) status = scheduler->EndBackward();  // advances the clock
+      if (status.ok() && step + 1 == total_steps) status = scheduler->Drain();
+    } else if (!local_sgd) {
       status = PushPullAll(client, model, to_push);
       client.Clock();
     } else {
@@ -145,7 +185,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
         client.Clock();
       }
     }
-    const double wait_ms = absl::ToDoubleMilliseconds(absl::Now() - comm_start);
+    const double wait_ms = absl::ToDoubleMilliseconds(absl::Now() - comm_start + forward_wait);
     ++result.steps;
 
     const bool last = step + 1 == total_steps;
@@ -193,7 +233,10 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   // pull then sees every update under any consistency model.
   if (auto barrier = client.Barrier("train-done"); !barrier.ok()) return barrier;
   if (options.evaluate && rank == 0 && test != nullptr) {
-    if (auto pulled = PullAll(client, model); !pulled.ok()) return pulled;
+    if (auto pulled = scheduler != nullptr ? scheduler->Refresh() : PullAll(client, model);
+        !pulled.ok()) {
+      return pulled;
+    }
     auto accuracy = model.Evaluate(*test);
     if (!accuracy.ok()) return accuracy.status();
     result.test_accuracy = *accuracy;

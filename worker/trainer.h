@@ -2,11 +2,13 @@
 #define HARRIER_WORKER_TRAINER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/client.h"
+#include "worker/comm_scheduler.h"
 #include "worker/workload/fashion_mnist.h"
 #include "worker/workload/model.h"
 
@@ -28,6 +30,12 @@ struct TrainerOptions {
   float gradient_momentum = 0.0f;
   std::string metrics_out;      // JSON lines file; empty: none
   bool evaluate = true;         // rank 0 evaluates the test set at the end
+  // Set: every step goes through a CommScheduler with these options
+  // (WaitParameters for each tensor in order, gradients, GradientReady last
+  // tensor first, EndBackward; Drain after the last step). Not with local
+  // SGD (--sync=local): Train then fails with INVALID_ARGUMENT. nullopt:
+  // one PushPull per tensor and step, no scheduler.
+  std::optional<CommSchedulerOptions> scheduler;
 };
 
 struct TrainResult {

@@ -145,16 +145,12 @@ int main(int argc, char** argv) {
         absl::GetFlag(FLAGS_max_inflight_bytes) < 0) {
       return Fail("--fusion_bytes, --partition_bytes and --max_inflight_bytes must be >= 0");
     }
-#ifdef HARRIER_HAVE_COMM_SCHEDULER
     auto parsed = harrier::ParseTechniques(
         techniques, static_cast<size_t>(absl::GetFlag(FLAGS_fusion_bytes)),
         static_cast<size_t>(absl::GetFlag(FLAGS_partition_bytes)),
         static_cast<size_t>(absl::GetFlag(FLAGS_max_inflight_bytes)));
     if (!parsed.ok()) return Fail(absl::StrCat("--techniques: ", parsed.status().message()));
     scheduler = *parsed;
-#else
-    return Fail("--techniques other than none needs the comm scheduler, missing from this build");
-#endif
   }
   if (replay.has_value()) {
     if (absl::GetFlag(FLAGS_device) != "cpu") {
@@ -333,6 +329,7 @@ int main(int argc, char** argv) {
     options.gradient_momentum = static_cast<float>(absl::GetFlag(FLAGS_signum_momentum));
   }
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
+  options.scheduler = scheduler;
   auto result = harrier::Train(**client, *model, train, rank == 0 ? &test : nullptr, options);
   if (!result.ok()) return Fail(std::string(result.status().message()));
 

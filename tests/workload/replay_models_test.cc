@@ -47,6 +47,7 @@ TEST_CASE("resnet50 is torchvision's: 161 tensors, 25,557,032 parameters") {
   const ReplayModelSpec spec = Get("resnet50");
   CheckCommon(spec);
   CHECK(spec.num_tensors() == 161);
+  CHECK(spec.layers.size() == 1 + 16 * 3 + 4 + 1);  // stem, bottleneck convs, downsamples, fc
   CHECK(spec.num_parameters() == 25557032);
   int convs = 0, bns = 0;
   for (const ReplayLayer& layer : spec.layers) {
@@ -100,6 +101,7 @@ TEST_CASE("bert-base is bert-base-uncased's BertModel: 199 tensors, 109,482,240 
   CHECK(spec.num_parameters() == total);
   CHECK(spec.num_tensors() == 5 + 12 * 16 + 2);
   CHECK(spec.num_tensors() == 199);
+  CHECK(spec.layers.size() == 1 + 12 * 4 + 1);
   CHECK(Find(spec, "encoder.layer.11.output.LayerNorm.bias") != nullptr);
   CHECK(Find(spec, "embeddings.word_embeddings.weight")->shape ==
         std::vector<int64_t>{30522, 768});

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,24 +80,30 @@ int IndexOf(const ReplayModelSpec& spec, const std::string& name) {
   return -1;
 }
 
-std::vector<ReplayGradients> AllRanks(const ReplayModelSpec& spec, int workers) {
+// Generated once per worker count for the whole test binary (ResNet-50's
+// 25.6 M floats x 3 buffers per rank).
+const std::vector<ReplayGradients>& AllRanks(const ReplayModelSpec& spec, int workers) {
+  static std::map<int, std::vector<ReplayGradients>>* cache =
+      new std::map<int, std::vector<ReplayGradients>>();
+  auto it = cache->find(workers);
+  if (it != cache->end()) return it->second;
   std::vector<ReplayGradients> out;
   for (int r = 0; r < workers; ++r) {
     auto g = ReplayGradients::Create(spec, kSeed, r, workers);
     REQUIRE(g.ok());
     out.push_back(*std::move(g));
   }
-  return out;
+  return cache->emplace(workers, std::move(out)).first->second;
 }
 
 TEST_CASE("the workers' gradients average exactly to the shared mean, for any worker count") {
   const ReplayModelSpec spec = ResNet50();
   for (int workers : {1, 3}) {
-    const std::vector<ReplayGradients> ranks = AllRanks(spec, workers);
+    const std::vector<ReplayGradients>& ranks = AllRanks(spec, workers);
     // fc.weight (2 M elements) and a BN bias: the mean, computed as the
     // shard does (float sum, then / n), equals ReplayMeanGradient exactly.
     for (int tensor : {159, 1}) {
-      for (int64_t step : {0, 1}) {
+      for (int64_t step : {0, 1, 2}) {
         const int64_t n = static_cast<int64_t>(ranks[0].Get(tensor, step).size());
         int64_t differing = 0, wrong = 0, zero = 0;
         for (int64_t i = 0; i < n; ++i) {
@@ -126,16 +133,19 @@ TEST_CASE("a worker's gradients of ResNet-50 are generated fast enough to do onc
   REQUIRE(g.ok());
   CHECK(g->num_tensors() == 161);
   CHECK(g->Get(159, 0).size() == 2048000u);
-  // Even and odd steps differ by -1/2: the alternation that bounds the drift.
+  // Step 0 once, then -1/2 and +1/2 of it alternating: bounded drift, and
+  // no later step looks like step 0.
   CHECK(g->Get(159, 1)[12345] == -0.5f * g->Get(159, 0)[12345]);
-  CHECK(g->Get(159, 2).data() == g->Get(159, 0).data());
+  CHECK(g->Get(159, 2)[12345] == 0.5f * g->Get(159, 0)[12345]);
+  CHECK(g->Get(159, 4).data() == g->Get(159, 2).data());
+  CHECK(g->Get(159, 3).data() == g->Get(159, 1).data());
   CHECK(s < 10.0);
 }
 
 TEST_CASE("the check passes on a BSP replay through the server's SGD and catches every fault") {
   const ReplayModelSpec spec = ResNet50();
   const int workers = 3;  // not a power of two: the division by n must be exact too
-  const std::vector<ReplayGradients> ranks = AllRanks(spec, workers);
+  const std::vector<ReplayGradients>& ranks = AllRanks(spec, workers);
   std::vector<const ReplayGradients*> all;
   for (const auto& r : ranks) all.push_back(&r);
   for (float lr : {0.01f, 0.0625f}) {
@@ -145,6 +155,8 @@ TEST_CASE("the check passes on a BSP replay through the server's SGD and catches
     Shards good(spec, lr);
     for (int64_t t = 0; t < check.steps; ++t) good.Round(t, all);
     REQUIRE(CheckReplayParameters(spec, kSeed, good.Views(), check).ok());
+    // The faults once, at the server's default lr (the emulated-float case).
+    if (lr != 0.01f) continue;
 
     {  // one element off by one ulp
       std::vector<std::vector<float>> bad = good.params;
@@ -175,6 +187,21 @@ TEST_CASE("the check passes on a BSP replay through the server's SGD and catches
       }
       CHECK(!CheckReplayParameters(spec, kSeed, bad.Views(), check).ok());
     }
+    {  // one worker a step ahead: it pushes steps 1..T where the others push 0..T-1
+      Shards bad(spec, lr);
+      for (int64_t t = 0; t < check.steps; ++t) {
+        for (size_t k = 0; k < bad.params.size(); ++k) {
+          std::vector<float> sum(bad.params[k].size(), 0.0f);
+          for (int r = 0; r < workers; ++r) {
+            absl::Span<const float> g = all[r]->Get(static_cast<int>(k), r == 1 ? t + 1 : t);
+            for (size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
+          }
+          for (float& v : sum) v /= static_cast<float>(workers);
+          bad.sgd->Step(absl::MakeSpan(bad.params[k]), sum, 1.0f, bad.state[k]);
+        }
+      }
+      CHECK(!CheckReplayParameters(spec, kSeed, bad.Views(), check).ok());
+    }
     {  // a step fewer or more
       ReplayCheckOptions other = check;
       other.steps = check.steps - 1;
@@ -190,14 +217,16 @@ TEST_CASE("the check passes on a BSP replay through the server's SGD and catches
   }
 }
 
-TEST_CASE("with a power-of-two lr the expected value is exact real arithmetic") {
-  // w0 - lr * (ceil(T/2) * b/64 - floor(T/2) * b/128): no float rounding.
+TEST_CASE("with a power-of-two lr the expected value is exact real arithmetic, and bounded") {
+  // w0 - lr * b * (1/64 - (1/128 if the step count is even)): no rounding.
   for (int64_t i = 0; i < 1000; ++i) {
     const double w0 = ReplayInitialValue(kSeed, 5, i);
-    const double even = ReplayMeanGradient(kSeed, 5, i, 0);
-    const double odd = ReplayMeanGradient(kSeed, 5, i, 1);
-    for (int64_t steps : {1, 2, 7, 100}) {
-      const double exact = w0 - 0.0625 * ((steps + 1) / 2 * even + steps / 2 * odd);
+    const double b = ReplayMeanGradient(kSeed, 5, i, 0) * 64;
+    REQUIRE(b == std::round(b));
+    REQUIRE(std::abs(b) >= 1);
+    REQUIRE(std::abs(b) <= 7);
+    for (int64_t steps : {1, 2, 7, 100, 1001}) {
+      const double exact = w0 - 0.0625 * b * (1.0 / 64 - (steps % 2 == 0 ? 1.0 / 128 : 0.0));
       REQUIRE(ExpectedReplayValue(kSeed, 5, i, steps, 0.0625f) == exact);
     }
   }

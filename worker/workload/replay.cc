@@ -15,8 +15,14 @@
 namespace harrier::workload {
 namespace {
 
-constexpr float kEvenUnit = 1.0f / 64;   // 2^-6
-constexpr float kOddUnit = -1.0f / 128;  // -2^-7
+constexpr float kInitialUnit = 1.0f / 64;  // 2^-6
+constexpr float kFirstUnit = 1.0f / 64;    // c_0
+constexpr float kOddUnit = -1.0f / 128;    // c_t, t odd
+constexpr float kEvenUnit = 1.0f / 128;    // c_t, t even > 0
+
+float StepUnit(int64_t step) {
+  return step == 0 ? kFirstUnit : (step % 2 == 1 ? kOddUnit : kEvenUnit);
+}
 
 uint64_t Mix(uint64_t x) {
   // splitmix64's finaliser: cheap, and every input bit reaches every output
@@ -65,28 +71,29 @@ std::vector<const ReplayTensor*> FlattenTensors(const ReplayModelSpec& spec) {
 
 float ReplayInitialValue(uint64_t seed, int tensor, int64_t index) {
   const uint64_t key = StreamKey(seed, kInitial, tensor, 0);
-  return static_cast<float>(static_cast<int>(At(key, index) % 129) - 64) * kEvenUnit;
+  return static_cast<float>(static_cast<int>(At(key, index) % 129) - 64) * kInitialUnit;
 }
 
 std::vector<float> ReplayInitialValues(uint64_t seed, int tensor, int64_t num_elements) {
   std::vector<float> out(static_cast<size_t>(num_elements));
   const uint64_t key = StreamKey(seed, kInitial, tensor, 0);
   for (int64_t i = 0; i < num_elements; ++i) {
-    out[i] = static_cast<float>(static_cast<int>(At(key, i) % 129) - 64) * kEvenUnit;
+    out[i] = static_cast<float>(static_cast<int>(At(key, i) % 129) - 64) * kInitialUnit;
   }
   return out;
 }
 
 float ReplayMeanGradient(uint64_t seed, int tensor, int64_t index, int64_t step) {
   const int b = Base(StreamKey(seed, kBase, tensor, 0), index);
-  return static_cast<float>(b) * (step % 2 == 0 ? kEvenUnit : kOddUnit);
+  return static_cast<float>(b) * StepUnit(step);
 }
 
 float ExpectedReplayValue(uint64_t seed, int tensor, int64_t index, int64_t steps, float lr) {
   float w = ReplayInitialValue(seed, tensor, index);
-  const float even = ReplayMeanGradient(seed, tensor, index, 0);
-  const float odd = ReplayMeanGradient(seed, tensor, index, 1);
-  for (int64_t t = 0; t < steps; ++t) w -= lr * (t % 2 == 0 ? even : odd);
+  const float means[3] = {ReplayMeanGradient(seed, tensor, index, 0),
+                          ReplayMeanGradient(seed, tensor, index, 1),
+                          ReplayMeanGradient(seed, tensor, index, 2)};
+  for (int64_t t = 0; t < steps; ++t) w -= lr * means[t == 0 ? 0 : (t % 2 == 1 ? 1 : 2)];
   return w;
 }
 
@@ -99,8 +106,9 @@ absl::StatusOr<ReplayGradients> ReplayGradients::Create(const ReplayModelSpec& s
   }
   ReplayGradients out;
   const std::vector<const ReplayTensor*> tensors = FlattenTensors(spec);
-  out.even_.resize(tensors.size());
+  out.first_.resize(tensors.size());
   out.odd_.resize(tensors.size());
+  out.even_.resize(tensors.size());
   const bool last = rank == num_workers - 1;
   for (size_t k = 0; k < tensors.size(); ++k) {
     const int tensor = static_cast<int>(k);
@@ -113,24 +121,28 @@ absl::StatusOr<ReplayGradients> ReplayGradients::Create(const ReplayModelSpec& s
     } else {
       keys.push_back(StreamKey(seed, kDeviation, tensor, rank));
     }
-    std::vector<float>& even = out.even_[k];
+    std::vector<float>& first = out.first_[k];
     std::vector<float>& odd = out.odd_[k];
-    even.resize(static_cast<size_t>(n));
+    std::vector<float>& even = out.even_[k];
+    first.resize(static_cast<size_t>(n));
     odd.resize(static_cast<size_t>(n));
+    even.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       int d = 0;
       for (uint64_t key : keys) d += Deviation(key, i);
       if (last) d = -d;
       const float v = static_cast<float>(Base(base_key, i) + d);
-      even[i] = v * kEvenUnit;
+      first[i] = v * kFirstUnit;
       odd[i] = v * kOddUnit;
+      even[i] = v * kEvenUnit;
     }
   }
   return out;
 }
 
 absl::Span<const float> ReplayGradients::Get(int tensor, int64_t step) const {
-  const std::vector<float>& v = step % 2 == 0 ? even_[tensor] : odd_[tensor];
+  const std::vector<float>& v =
+      step == 0 ? first_[tensor] : (step % 2 == 1 ? odd_[tensor] : even_[tensor]);
   return absl::MakeConstSpan(v);
 }
 

@@ -8,14 +8,17 @@
 //
 // Why the check can be exact: every value is a small integer times a power
 // of two. Initial values are k * 2^-6 (|k| <= 64); worker r's gradient of
-// an element is (b + d_r) * 2^-6 on even steps and -(b + d_r) * 2^-7 on odd
-// ones, with b in +-[1, 7] shared by all workers and deviations d_r that sum
-// to zero over the workers. The shard's float sum of the n pushes is then
-// exact in any order, and so is its division by n: the BSP mean is b * 2^-6
-// (or -b * 2^-7). A lost, doubled or foreign push moves the mean off b, a
-// lost or extra step moves the sum of means, and both show in the final
-// value. The signs alternate so parameters drift by b * 2^-7 per two steps
-// instead of growing with every step.
+// an element is (b + d_r) times c_t, with b in +-[1, 7] shared by all
+// workers, deviations d_r that sum to zero over the workers, and c_0 = 2^-6,
+// then c_t = -2^-7 on odd and +2^-7 on even steps. The shard's float sum of
+// the n pushes is then exact in any order, and so is its division by n: the
+// BSP mean is b * c_t. A lost, doubled or foreign push moves the mean off
+// b; a lost or extra step moves the sum of the means (c_t is never 0), and
+// so does a worker a step ahead or behind (c_0 is used once, never again);
+// all show in the final value. After step 0 the signs alternate, so the
+// parameters stay within lr * b * 2^-7 of w0 - lr * b * 2^-6 however long
+// the run. (An SGD sum cannot see the order of its steps: that is the one
+// fault of this kind the check cannot catch.)
 
 #include <cstdint>
 #include <string>
@@ -53,7 +56,8 @@ float ExpectedReplayValue(uint64_t seed, int tensor, int64_t index, int64_t step
 
 // One worker's gradients of every tensor, generated once (a VGG-16 is 138 M
 // floats: generating them per step would cost more than the modelled
-// compute) as two buffers, the even and the odd step's.
+// compute) as three buffers: step 0's, the odd steps' and the later even
+// steps'.
 class ReplayGradients {
  public:
   // INVALID_ARGUMENT unless 0 <= rank < num_workers.
@@ -61,12 +65,13 @@ class ReplayGradients {
                                                 int rank, int num_workers);
   // Tensor `tensor`'s gradient at `step`: valid as long as this object.
   absl::Span<const float> Get(int tensor, int64_t step) const;
-  int num_tensors() const { return static_cast<int>(even_.size()); }
+  int num_tensors() const { return static_cast<int>(first_.size()); }
 
  private:
   ReplayGradients() = default;
-  std::vector<std::vector<float>> even_;
+  std::vector<std::vector<float>> first_;
   std::vector<std::vector<float>> odd_;
+  std::vector<std::vector<float>> even_;
 };
 
 struct ReplayCheckOptions {

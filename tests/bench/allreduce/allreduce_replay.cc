@@ -30,15 +30,43 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-uint32_t GradientKey(uint64_t seed, int rank, int step) {
-  return static_cast<uint32_t>(
-      SplitMix64(seed ^ SplitMix64((static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(step))));
+// Gradients are a per-rank table of kTable values read at a per-step
+// offset: g(i, r, s) = table_r[(i + offset_s) mod kTable]. Writing a layer's
+// gradient is then a copy from a table that stays in cache (a hash per
+// element cost 30-100 ms per ResNet-50 step here, most of a scaled-down
+// backward), and the values still differ by rank, by step and along the
+// tensor, so a sum of the wrong step, rank or range shows.
+constexpr int64_t kTable = int64_t{1} << 16;
+
+uint32_t RankKey(uint64_t seed, int rank) {
+  return static_cast<uint32_t>(SplitMix64(seed ^ SplitMix64(0x5eed0000ull + rank)));
+}
+
+int64_t StepOffset(uint64_t seed, int step) {
+  return static_cast<int64_t>(SplitMix64(seed * 31 + static_cast<uint64_t>(step)) % kTable);
 }
 
 // An integer in [-8, 7] times 2^-3: sums stay exact in float.
-inline float Gradient(int64_t model_index, uint32_t key) {
-  const uint32_t h = static_cast<uint32_t>(model_index) * 2654435761u + key;
+inline float TableEntry(int64_t k, uint32_t rank_key) {
+  const uint32_t h = static_cast<uint32_t>(k) * 2654435761u + rank_key;
   return static_cast<float>(static_cast<int>(h >> 28) - 8) * 0.125f;
+}
+
+inline float Gradient(int64_t model_index, uint32_t rank_key, int64_t step_offset) {
+  return TableEntry((model_index + step_offset) % kTable, rank_key);
+}
+
+// Writes g(model_index + j) for j in [0, count) from this rank's table.
+void CopyGradient(const std::vector<float>& table, int64_t model_index, int64_t step_offset,
+                  int64_t count, float* out) {
+  int64_t k = (model_index + step_offset) % kTable;
+  while (count > 0) {
+    const int64_t run = std::min(count, kTable - k);
+    std::memcpy(out, table.data() + k, static_cast<size_t>(run) * sizeof(float));
+    out += run;
+    count -= run;
+    k = 0;
+  }
 }
 
 inline float InitialParameter(int64_t model_index, uint64_t seed) {
@@ -91,7 +119,7 @@ class BucketReducer {
   BucketReducer(const BucketPlan& plan, GlooRing& ring, const ReplayRunOptions& options,
                 float* gradients, float* parameters)
       : plan_(plan), ring_(ring), options_(options), gradients_(gradients),
-        parameters_(parameters) {
+        parameters_(parameters), started_(plan.buckets.size()) {
     thread_ = std::thread([this] { Loop(); });
   }
 
@@ -110,8 +138,9 @@ class BucketReducer {
   }
 
   // Returns once every bucket of the step is reduced and applied, then
-  // starts the next step's count.
-  absl::Status WaitAllDone() {
+  // starts the next step's count. `started` gets when each bucket's
+  // all-reduce began.
+  absl::Status WaitAllDone(std::vector<absl::Time>* started) {
     absl::MutexLock lock(&mutex_);
     const int total = static_cast<int>(plan_.buckets.size());
     auto finished = [this, total]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
@@ -123,6 +152,7 @@ class BucketReducer {
                        " buckets reduced after ", absl::FormatDuration(options_.timeout)));
     }
     if (!error_.ok()) return error_;
+    *started = started_;
     ready_ = 0;
     done_ = 0;
     return absl::OkStatus();
@@ -146,6 +176,7 @@ class BucketReducer {
         }
         if (stop_) return;
         bucket = done_;
+        started_[bucket] = absl::Now();
       }
       const Bucket& b = plan_.buckets[bucket];
       float* grad = gradients_ + b.buffer_offset;
@@ -180,6 +211,7 @@ class BucketReducer {
   int done_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stop_ ABSL_GUARDED_BY(mutex_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mutex_);
+  std::vector<absl::Time> started_ ABSL_GUARDED_BY(mutex_);
   std::thread thread_;
 };
 
@@ -198,9 +230,7 @@ void Check(const BucketPlan& plan, const float* parameters, int world,
   for (int i = 0; i < options.check_samples; ++i) positions.push_back(any(random));
 
   std::vector<uint32_t> keys;
-  for (int s = 0; s < options.steps; ++s) {
-    for (int r = 0; r < world; ++r) keys.push_back(GradientKey(options.seed, r, s));
-  }
+  for (int r = 0; r < world; ++r) keys.push_back(RankKey(options.seed, r));
   result->mismatches = 0;
   for (int64_t position : positions) {
     // The tensor holding this buffer position: slots are in buffer order.
@@ -211,7 +241,8 @@ void Check(const BucketPlan& plan, const float* parameters, int world,
     float expected = InitialParameter(model_index, options.seed);
     for (int s = 0; s < options.steps; ++s) {
       float sum = 0;
-      for (int r = 0; r < world; ++r) sum += Gradient(model_index, keys[s * world + r]);
+      const int64_t offset = StepOffset(options.seed, s);
+      for (int r = 0; r < world; ++r) sum += Gradient(model_index, keys[r], offset);
       expected = SgdStep(expected, sum, static_cast<float>(world), options.lr);
     }
     const float actual = parameters[position];
@@ -269,6 +300,9 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
       parameters[slot.buffer_offset + j] = InitialParameter(slot.model_offset + j, options.seed);
     }
   }
+  std::vector<float> table(kTable);
+  const uint32_t rank_key = RankKey(options.seed, ring.rank());
+  for (int64_t k = 0; k < kTable; ++k) table[k] = TableEntry(k, rank_key);
   // Slots of each layer, so backward of layer l writes just its tensors.
   std::vector<std::vector<const TensorSlot*>> slots_of_layer(layers.size());
   for (const TensorSlot& slot : plan.tensors) slots_of_layer[slot.layer].push_back(&slot);
@@ -279,23 +313,29 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
   bool tcp_ok = false;
   double exposed_ms_sum = 0;
   double timed_ms_sum = 0;
+  double overlapped_sum = 0;
+  double overrun_ms_sum = 0;
   for (int step = 0; step < options.steps; ++step) {
     if (step == options.warmup_steps) tcp_ok = ReadTcpBytes(&sent0, &received0);
     const absl::Time step_start = absl::Now();
     for (const LayerShape& layer : layers) {
       SleepUntil(absl::Now() + absl::Milliseconds(layer.forward_ms * scale));
     }
-    const uint32_t key = GradientKey(options.seed, ring.rank(), step);
+    const int64_t step_offset = StepOffset(options.seed, step);
     int ready = 0;
+    // Taken before the last hand-over: the bucket that completes with layer
+    // 0 starts after backward, not before it.
+    absl::Time backward_end;
     for (int l = static_cast<int>(layers.size()) - 1; l >= 0; --l) {
       // Writing the gradient is part of the layer's modelled time, not
       // added to it (unless it takes longer).
       const absl::Time layer_end = absl::Now() + absl::Milliseconds(layers[l].backward_ms * scale);
       for (const TensorSlot* slot : slots_of_layer[l]) {
-        float* grad = gradients.get() + slot->buffer_offset;
-        for (int64_t j = 0; j < slot->elements; ++j) grad[j] = Gradient(slot->model_offset + j, key);
+        CopyGradient(table, slot->model_offset, step_offset, slot->elements,
+                     gradients.get() + slot->buffer_offset);
       }
       SleepUntil(layer_end);
+      backward_end = absl::Now();
       int now_ready = ready;
       while (now_ready < result.buckets && plan.buckets[now_ready].ready_after_layer >= l) {
         ++now_ready;
@@ -305,20 +345,26 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
         reducer.MarkReady(ready);
       }
     }
-    const absl::Time backward_end = absl::Now();
-    absl::Status status = reducer.WaitAllDone();
+    std::vector<absl::Time> started;
+    absl::Status status = reducer.WaitAllDone(&started);
     if (!status.ok()) return status;
+    int overlapped = 0;
+    for (absl::Time t : started) overlapped += t < backward_end ? 1 : 0;
     const absl::Time step_end = absl::Now();
     const double step_ms = absl::ToDoubleMilliseconds(step_end - step_start);
     result.step_ms.push_back(step_ms);
     if (step >= options.warmup_steps) {
       timed_ms_sum += step_ms;
       exposed_ms_sum += absl::ToDoubleMilliseconds(step_end - backward_end);
+      overlapped_sum += overlapped;
+      overrun_ms_sum += absl::ToDoubleMilliseconds(backward_end - step_start) - result.compute_ms;
     }
   }
   const int timed = options.steps - options.warmup_steps;
   result.iter_ms = timed_ms_sum / timed;
   result.exposed_comm_ms = exposed_ms_sum / timed;
+  result.overlapped_buckets = overlapped_sum / timed;
+  result.compute_overrun_ms = overrun_ms_sum / timed;
   int64_t sent1 = 0, received1 = 0;
   if (tcp_ok && ReadTcpBytes(&sent1, &received1)) {
     result.measured_bytes_sent_per_iter = (sent1 - sent0) / timed;

@@ -58,6 +58,14 @@ struct ReplayRunResult {
   // Mean time the next forward waited for the buckets after backward ended:
   // the communication left exposed.
   double exposed_comm_ms = 0;
+  // Mean number of buckets per timed step whose all-reduce began before
+  // backward ended: 0 means no overlap at all.
+  double overlapped_buckets = 0;
+  // Mean time per timed step by which forward + backward outlasted the
+  // modelled compute: writing the synthetic gradients, sleep overshoot, and
+  // this CPU's cores shared with the ring's reductions and copies. Near 0
+  // means the replay ran at the modelled speed.
+  double compute_overrun_ms = 0;
   std::vector<double> step_ms;  // every step, warm-up included
   // From the algorithm (RingBytesPerRank summed over the buckets).
   int64_t bytes_sent_per_iter = 0;
@@ -65,7 +73,9 @@ struct ReplayRunResult {
   // Measured over the timed steps: the kernel's TCP_INFO byte counters
   // (bytes acknowledged by the peer, bytes received) summed over this
   // process's sockets, which include gloo's small per-message headers; -1
-  // where they cannot be read.
+  // where they cannot be read. Received is complete when the step ends;
+  // the last sent segments may still await their acknowledgement, so sent
+  // can read up to two segments (2 MiB) per run low.
   int64_t measured_bytes_sent_per_iter = -1;
   int64_t measured_bytes_received_per_iter = -1;
   bool checked = false;

@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
       "\"rank\":%d,\"workers\":%d,\"shards\":0,\"steps\":%d,\"warmup_steps\":%d,"
       "\"iter_ms\":%.1f,\"compute_ms\":%.1f,\"bytes_pushed_per_iter\":%lld,"
       "\"bytes_pulled_per_iter\":%lld,\"bytes_per_iter\":%lld,\"checked\":%s,"
-      "\"bucket_bytes\":%lld,\"buckets\":%d,\"model_bytes\":%lld,\"exposed_comm_ms\":%.1f,"
+      "\"bucket_bytes\":%lld,\"buckets\":%d,\"model_bytes\":%lld,\"exposed_comm_ms\":%.1f,\"overlapped_buckets\":%.2f,\"compute_overrun_ms\":%.1f,"
       "\"measured_bytes_sent_per_iter\":%lld,\"measured_bytes_received_per_iter\":%lld,"
       "\"checked_elements\":%lld}\n",
       model.c_str(), absl::StrFormat("%g", options.compute_scale).c_str(), rank, world,
@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
       static_cast<long long>(result->bytes_sent_per_iter + result->bytes_received_per_iter),
       result->checked ? "true" : "false", static_cast<long long>(options.bucket_bytes),
       result->buckets, static_cast<long long>(result->model_bytes), result->exposed_comm_ms,
+      result->overlapped_buckets, result->compute_overrun_ms,
       static_cast<long long>(result->measured_bytes_sent_per_iter),
       static_cast<long long>(result->measured_bytes_received_per_iter),
       static_cast<long long>(result->checked_elements));

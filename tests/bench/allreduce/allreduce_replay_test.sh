@@ -94,11 +94,14 @@ for r in 0 1 2; do
     fail "rank $r: bytes: $line"
   fi
   # The kernel's counters: the ring really moved that much (gloo's headers
-  # add a few hundred bytes per segment: within 0.5 %).
+  # add a few hundred bytes per segment: within 0.5 % above). A rank has
+  # received all it needs when its step ends, so received is complete; its
+  # last sent segments (two of <= 1 MiB in flight) may not be acknowledged
+  # yet when it samples, so sent may read up to 1 % low.
   if awk -v p="$(field "$line" bytes_pushed_per_iter)" \
          -v s="$(field "$line" measured_bytes_sent_per_iter)" \
          -v g="$(field "$line" measured_bytes_received_per_iter)" \
-         'BEGIN { exit !(s >= p && s <= p * 1.005 && g >= p && g <= p * 1.005) }'; then
+         'BEGIN { exit !(s >= p * 0.99 && s <= p * 1.005 && g >= p && g <= p * 1.005) }'; then
     pass "rank $r: TCP counters moved the reported bytes (within 0.5 %)"
   else
     fail "rank $r: measured bytes differ from the formula: $line"
@@ -131,6 +134,23 @@ else
   fail "bucket_bytes=0: $(summary one 0) $(tail -n 2 "$tmp/one.0.err")"
 fi
 
+# --- buckets are reduced while backward goes on ---------------------------------
+# At ResNet-50's modelled speed (backward ~142 ms) the buckets of the last
+# layers are complete long before backward ends and the communication thread
+# starts the first at once: at least 1 of the 4 must begin before backward
+# ends (how many more depends on how fast the first ones finish on this
+# shared CPU); with bucket_bytes=0 none can.
+run_ranks overlap 2 --model=resnet50 --compute_scale=1 --steps=2
+line=$(summary overlap 0)
+echo "overlap: $line"
+if [ "$(cat "$tmp/overlap.0.rc")" = 0 ] && [ "$(field "$line" checked)" = true ] &&
+   awk -v o="$(field "$line" overlapped_buckets)" 'BEGIN { exit !(o >= 1) }' &&
+   awk -v o="$(field "$(summary one 0)" overlapped_buckets)" 'BEGIN { exit !(o == 0) }'; then
+  pass "25 MiB buckets: $(field "$line" overlapped_buckets) of 4 started during backward (>= 1); one bucket: 0"
+else
+  fail "overlap: $line / $(summary one 0)"
+fi
+
 # --- a broken reduction is caught ------------------------------------------------
 # Every rank skips the all-reduce of bucket 1 (its parameters step with the
 # local gradient alone): each check must fail and the process exit non-zero.
@@ -160,6 +180,18 @@ if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$took" -le 15 ] && [ ! -s "$tmp/alon
   pass "missing peer: exit $rc after $took s: $(grep '^harrier-allreduce-replay' "$tmp/alone.err" | head -c 200)"
 else
   fail "missing peer: exit $rc after $took s: $(tail -n 2 "$tmp/alone.err")"
+fi
+
+# A reused rendezvous directory is refused in one line, not waited on.
+timeout 30 "$bin" --model=resnet50 --rank=0 --world=1 --rendezvous_dir="$tmp/alone.rdv" \
+  --steps=2 >/dev/null 2>"$tmp/reuse.err"
+timeout 30 "$bin" --model=resnet50 --rank=0 --world=1 --rendezvous_dir="$tmp/alone.rdv" \
+  --steps=2 >/dev/null 2>"$tmp/reuse.err"
+rc=$?
+if [ "$rc" != 0 ] && grep -q "^harrier-allreduce-replay: FAILED_PRECONDITION: .*fresh one" "$tmp/reuse.err"; then
+  pass "a reused rendezvous directory: exit $rc, FAILED_PRECONDITION asking for a fresh one"
+else
+  fail "a reused rendezvous directory: exit $rc: $(tail -n 1 "$tmp/reuse.err" | head -c 300)"
 fi
 
 # --- usage -------------------------------------------------------------------------

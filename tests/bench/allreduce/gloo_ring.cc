@@ -29,6 +29,11 @@ absl::Status FromGloo(const std::exception& e, const std::string& what) {
   if (lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos) {
     return absl::DeadlineExceededError(absl::StrCat(what, ": ", message));
   }
+  if (message.find("File already exists") != std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": the rendezvous directory holds an earlier run's keys (give each run a fresh one): ",
+        message));
+  }
   if (dynamic_cast<const gloo::IoException*>(&e) != nullptr) {
     return absl::UnavailableError(absl::StrCat(what, ": ", message));
   }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The replay workload end to end through the real binaries: 2 shards and 2
+# workers on 127.0.0.1 replay ResNet-50 (25,557,032 parameters) under BSP
+# with SGD. Both workers must print one replay_summary line each with the
+# exact check passed and dense traffic: every step pushes and pulls the
+# whole model, 4 bytes a parameter each way.
+set -uo pipefail
+root="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-harrier}"
+[ -n "${TEST_SRCDIR:-}" ] || root="${HARRIER_BIN_DIR:?set HARRIER_BIN_DIR outside bazel}"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+server="$root/server/harrier-server"
+worker="$root/worker/harrier-worker"
+failures=0
+checks=0
+check() {
+  checks=$((checks + 1))
+  if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; failures=$((failures + 1)); fi
+}
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+trap cleanup EXIT
+
+readonly params=25557032
+readonly dense=$((4 * params))
+
+# One run: 2 fresh shards, 2 workers with the given extra flags, each worker
+# bounded by `timeout`. Leaves worker<r>.out/.err in $tmp/$name.
+run() {
+  local name=$1; shift
+  local dir="$tmp/$name"
+  mkdir -p "$dir"
+  local shard_pids=()
+  for s in 0 1; do
+    "$server" --host=127.0.0.1 --port=0 --port_file="$dir/port$s" --shard=$s --num_shards=2 \
+      --num_workers=2 --sync=bsp --optimizer=sgd --lr=0.0625 2>"$dir/shard$s.log" &
+    shard_pids+=($!); pids+=($!)
+  done
+  for _ in $(seq 100); do [ -s "$dir/port0" ] && [ -s "$dir/port1" ] && break; sleep 0.1; done
+  local servers="127.0.0.1:$(cat "$dir/port0"),127.0.0.1:$(cat "$dir/port1")"
+  local worker_pids=()
+  for r in 0 1; do
+    timeout 120 "$worker" --servers="$servers" --rank=$r --workload=replay:resnet50 \
+      --compute_scale=0.01 --max_steps=3 --optimizer=sgd --lr=0.0625 --rpc_timeout_s=60 "$@" \
+      >"$dir/worker$r.out" 2>"$dir/worker$r.err" &
+    worker_pids+=($!)
+  done
+  local rc=0
+  for p in "${worker_pids[@]}"; do wait "$p" || rc=$?; done
+  for p in "${shard_pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  echo "$rc" >"$dir/rc"
+}
+
+field() {  # file, field name: the value in the replay_summary line
+  sed -n 's/^replay_summary //p' "$1" | tr ',' '\n' | sed -n "s/^{\{0,1\}\"$2\":\"\{0,1\}\([^\"}]*\)\"\{0,1\}}\{0,1\}$/\1/p"
+}
+
+assert_run() {  # name, techniques
+  local name=$1 techniques=$2 dir="$tmp/$1"
+  check "$name: both workers exit 0" "[ $(cat "$dir/rc") -eq 0 ] || { tail -n 3 '$dir'/worker*.err; false; }"
+  for r in 0 1; do
+    local out="$dir/worker$r.out"
+    check "$name: rank $r prints exactly one replay_summary line" \
+      "[ \$(grep -c '^replay_summary {' '$out') -eq 1 ] && [ \$(wc -l <'$out') -eq 1 ]"
+    echo "  $(cat "$out")"
+    check "$name: rank $r model, techniques, rank, workers, shards, steps" \
+      "[ '$(field "$out" model)/$(field "$out" techniques)/$(field "$out" rank)/$(field "$out" workers)/$(field "$out" shards)/$(field "$out" steps)/$(field "$out" warmup_steps)' = 'resnet50/$techniques/$r/2/2/3/1' ]"
+    check "$name: rank $r checked=true" "[ '$(field "$out" checked)' = true ]"
+    check "$name: rank $r pushes 4 x 25,557,032 bytes a step" \
+      "[ '$(field "$out" bytes_pushed_per_iter)' = $dense ]"
+    check "$name: rank $r pulls 4 x 25,557,032 bytes a step" \
+      "[ '$(field "$out" bytes_pulled_per_iter)' = $dense ]"
+    check "$name: rank $r bytes_per_iter = 2 x 4 x 25,557,032" \
+      "[ '$(field "$out" bytes_per_iter)' = $((2 * dense)) ]"
+    # compute at scale 0.01: 213.3 ms x 0.01; a step cannot be shorter.
+    check "$name: rank $r compute_ms is the model's at scale 0.01" \
+      "awk -v c='$(field "$out" compute_ms)' 'BEGIN { exit !(c > 2.13 && c < 2.14) }'"
+    check "$name: rank $r iter_ms at least compute_ms" \
+      "awk -v i='$(field "$out" iter_ms)' -v c='$(field "$out" compute_ms)' 'BEGIN { exit !(i >= c) }'"
+  done
+}
+
+run direct
+assert_run direct none
+if [ "${REPLAY_E2E_TECHNIQUES:-all}" != skip ]; then
+  run scheduled --techniques=all
+  assert_run scheduled all
+fi
+
+# A wrong learning rate on the workers' side must fail the check, naming a
+# tensor, with a non-zero exit (the check is not a formality).
+run wrong_lr --lr=0.125
+check "wrong lr: the workers exit non-zero" "[ $(cat "$tmp/wrong_lr/rc") -ne 0 ]"
+check "wrong lr: the error names a tensor and the check" \
+  "grep -q 'replay check: .*\\[' '$tmp/wrong_lr/worker0.err'"
+check "wrong lr: no summary line" "! grep -q replay_summary '$tmp/wrong_lr/worker0.out'"
+
+# Unknown model names list the known ones.
+"$worker" --servers=127.0.0.1:1 --workload=replay:resnet51 >/dev/null 2>"$tmp/unknown.err"
+unknown_rc=$?
+check "unknown model: non-zero exit listing the models" \
+  "[ $unknown_rc -ne 0 ] && grep -q 'resnet50, vgg16, bert-base' '$tmp/unknown.err'"
+
+echo "$((checks - failures)) checks passed, $failures failed"
+[ "$failures" -eq 0 ]
