@@ -80,14 +80,15 @@ absl::StatusOr<Measured> RunDirect(Client& client, const ReplayModelSpec& spec,
   Measured m;
   m.after_setup = Snapshot(client);
   const int64_t total = options.warmup_steps + options.steps;
+  workload::ComputePacer pacer(options.compute_scale);
   m.timed_start = absl::Now();
   for (int64_t step = 0; step < total; ++step) {
     if (step == options.warmup_steps) m.timed_start = absl::Now();
     for (const ReplayLayer& layer : spec.layers) {
-      workload::SleepCompute(layer.forward_ms, options.compute_scale);
+      pacer.Run(layer.forward_ms);
     }
     for (auto layer = spec.layers.rbegin(); layer != spec.layers.rend(); ++layer) {
-      workload::SleepCompute(layer->backward_ms, options.compute_scale);
+      pacer.Run(layer->backward_ms);
     }
     handles.clear();
     for (size_t k = 0; k < tensors.size(); ++k) {
@@ -123,6 +124,7 @@ absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spe
   CommScheduler& scheduler = **created;
   const std::vector<int> starts = LayerStarts(spec);
   const int64_t total = options.warmup_steps + options.steps;
+  workload::ComputePacer pacer(options.compute_scale);
   Measured m;
   m.timed_start = absl::Now();
   for (int64_t step = 0; step < total; ++step) {
@@ -134,14 +136,14 @@ absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spe
           return absl::Status(s.code(), absl::StrCat("replay step ", step, ": ", s.message()));
         }
       }
-      workload::SleepCompute(layer.forward_ms, options.compute_scale);
+      pacer.Run(layer.forward_ms);
     }
-    // Before step 0's forward every initial parameter is in and no later
+    // After step 0's forward every initial parameter is in and no later
     // pull can have been answered (BSP holds them until step 0's pushes).
     if (step == 0) m.after_setup = Snapshot(client);
     for (size_t l = spec.layers.size(); l-- > 0;) {
       const ReplayLayer& layer = spec.layers[l];
-      workload::SleepCompute(layer.backward_ms, options.compute_scale);
+      pacer.Run(layer.backward_ms);
       for (size_t j = layer.tensors.size(); j-- > 0;) {
         const int k = starts[l] + static_cast<int>(j);
         if (absl::Status s = scheduler.GradientReady(k, grads.Get(k, step)); !s.ok()) {

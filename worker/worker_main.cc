@@ -262,6 +262,15 @@ int main(int argc, char** argv) {
                static_cast<long long>(replay.has_value() ? replay->num_parameters()
                                                          : model->num_parameters()));
 
+  if (scheduler.has_value()) {
+    std::fprintf(stderr,
+                 "[worker %d] comm scheduler: techniques=%s wfbp=%d fusion_bytes=%zu "
+                 "partition_bytes=%zu priority=%d max_inflight_bytes=%zu\n",
+                 rank, techniques.c_str(), scheduler->wait_free_backprop ? 1 : 0,
+                 scheduler->fusion_bytes, scheduler->partition_bytes, scheduler->priority ? 1 : 0,
+                 scheduler->max_inflight_bytes);
+  }
+
   // The worker's own metrics and liveness endpoint, read from the client's
   // counters when scraped.
   harrier::MetricsRegistry metrics;

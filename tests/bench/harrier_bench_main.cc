@@ -8,6 +8,7 @@
 #include "common/process.h"
 #include "tests/bench/codec/codec_bench.h"
 #include "tests/bench/load_bench.h"
+#include "tests/bench/overlap_bench.h"
 #include "tests/bench/transport_bench.h"
 #include "tests/bench/tta_bench.h"
 
@@ -33,6 +34,10 @@ constexpr Subcommand kSubcommands[] = {
      "many clients x seconds under ASP and BSP: errors, latency, and an exact check of "
      "every parameter",
      harrier::bench::RunLoadBench},
+    {"overlap",
+     "replayed models under BSP on emulated links (network namespaces + tbf), per overlap "
+     "technique, versus the cost model's ideal",
+     harrier::bench::RunOverlapBench},
     {"tta",
      "time to a test accuracy per codec, every shard and worker behind its own emulated "
      "link (network namespaces; root)",

@@ -50,12 +50,20 @@ run() {
   echo "$rc" >"$dir/rc"
 }
 
+# Pushes the shards served in a run (their "stopped pushes=N" line).
+shard_pushes() { grep -h 'stopped pushes=' "$tmp/$1"/shard*.log | sed 's/.*pushes=\([0-9]*\).*/\1/' | awk '{ s += $1 } END { print s + 0 }'; }
+
 field() {  # file, field name: the value in the replay_summary line
   sed -n 's/^replay_summary //p' "$1" | tr ',' '\n' | sed -n "s/^{\{0,1\}\"$2\":\"\{0,1\}\([^\"}]*\)\"\{0,1\}}\{0,1\}$/\1/p"
 }
 
 assert_run() {  # name, techniques
   local name=$1 techniques=$2 dir="$tmp/$1"
+  if [ "$techniques" = none ]; then
+    check "$name: no scheduler" "! grep -q 'comm scheduler' '$dir/worker0.err'"
+  else
+    check "$name: the scheduler with $techniques" "grep -q 'comm scheduler: techniques=$techniques' '$dir/worker0.err'"
+  fi
   check "$name: both workers exit 0" "[ $(cat "$dir/rc") -eq 0 ] || { tail -n 3 '$dir'/worker*.err; false; }"
   for r in 0 1; do
     local out="$dir/worker$r.out"
@@ -84,7 +92,60 @@ assert_run direct none
 if [ "${REPLAY_E2E_TECHNIQUES:-all}" != skip ]; then
   run scheduled --techniques=all
   assert_run scheduled all
+  # Fusion merges ResNet-50's BN vectors into buckets: fewer pushes reach
+  # the shards than the 161 tensors' chunks, so the steps really went
+  # through the scheduler.
+  direct_pushes=$(shard_pushes direct)
+  scheduled_pushes=$(shard_pushes scheduled)
+  echo "  resnet50 shard pushes: none $direct_pushes, all $scheduled_pushes"
+  check "scheduled: fewer pushes than direct (fusion)" \
+    "[ $scheduled_pushes -gt 0 ] && [ $scheduled_pushes -lt $direct_pushes ]"
 fi
+
+# The MLP through the scheduler (--techniques=all) ends where the MLP
+# without it does: the same test accuracy to the printed digit, under BSP
+# from the same seed (tests/integration/scheduler_bsp_test checks the
+# parameters bit for bit).
+mlp() {  # name, extra worker flags...
+  local name=$1; shift
+  local dir="$tmp/$name"
+  mkdir -p "$dir"
+  local shard_pids=()
+  for s in 0 1; do
+    "$server" --host=127.0.0.1 --port=0 --port_file="$dir/port$s" --shard=$s --num_shards=2 \
+      --num_workers=2 --sync=bsp --lr=0.1 2>"$dir/shard$s.log" &
+    shard_pids+=($!); pids+=($!)
+  done
+  for _ in $(seq 100); do [ -s "$dir/port0" ] && [ -s "$dir/port1" ] && break; sleep 0.1; done
+  local servers="127.0.0.1:$(cat "$dir/port0"),127.0.0.1:$(cat "$dir/port1")"
+  local worker_pids=()
+  for r in 0 1; do
+    timeout 120 "$worker" --servers="$servers" --rank=$r --train_examples=4000 --max_steps=30 \
+      --chunk_kib=64 "$@" >"$dir/worker$r.out" 2>"$dir/worker$r.err" &
+    worker_pids+=($!)
+  done
+  local rc=0
+  for p in "${worker_pids[@]}"; do wait "$p" || rc=$?; done
+  for p in "${shard_pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  echo "$rc" >"$dir/rc"
+}
+mlp mlp_none
+mlp mlp_all --techniques=all --partition_bytes=65536
+none_acc=$(sed -n 's/^test_accuracy=//p' "$tmp/mlp_none/worker0.out")
+all_acc=$(sed -n 's/^test_accuracy=//p' "$tmp/mlp_all/worker0.out")
+echo "  mlp test_accuracy: none $none_acc, all $all_acc"
+check "mlp: both runs exit 0" "[ $(cat "$tmp/mlp_none/rc") -eq 0 ] && [ $(cat "$tmp/mlp_all/rc") -eq 0 ]"
+check "mlp: accuracy above chance" "awk -v a='$none_acc' 'BEGIN { exit !(a > 0.3) }'"
+check "mlp: --techniques=all reached the trainer's scheduler" \
+  "grep -q 'comm scheduler: techniques=all wfbp=1 fusion_bytes=4194304 partition_bytes=65536 priority=1' '$tmp/mlp_all/worker0.err' && ! grep -q 'comm scheduler' '$tmp/mlp_none/worker0.err'"
+# Fusion merges the biases and the small last layer into one wire tensor:
+# the shards count fewer pushes (their "stopped pushes=N" line), which only
+# a trainer that really went through the scheduler produces.
+none_pushes=$(shard_pushes mlp_none)
+all_pushes=$(shard_pushes mlp_all)
+echo "  mlp shard pushes: none $none_pushes, all $all_pushes"
+check "mlp: fewer pushes through the scheduler's fusion" "[ $all_pushes -gt 0 ] && [ $all_pushes -lt $none_pushes ]"
+check "mlp: the scheduler's run ends where the direct one does" "[ -n '$all_acc' ] && [ '$all_acc' = '$none_acc' ]"
 
 # A wrong learning rate on the workers' side must fail the check, naming a
 # tensor, with a non-zero exit (the check is not a formality).

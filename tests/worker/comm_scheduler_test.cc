@@ -293,12 +293,9 @@ std::vector<std::pair<int, uint32_t>> OrderWithLateFront(bool priority) {
   REQUIRE((*scheduler)->WaitParameters(1).ok());
   for (FakeShardTransport* shard : cluster.shards) shard->Block();
   REQUIRE((*scheduler)->GradientReady(1, model.grads[1]).ok());
-  // The first piece is on the wire (held), the other three queued.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (cluster.shards[0]->held_calls() + cluster.shards[1]->held_calls() < 1 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  // t1's piece 0 is on the wire (held), the other three queued.
+  const int first_shard = HashPartitioner(2).ShardFor("t1", 0);
+  REQUIRE(cluster.shards[first_shard]->AwaitHeld(1, absl::Seconds(10)));
   REQUIRE(cluster.shards[0]->held_calls() + cluster.shards[1]->held_calls() == 1);
   REQUIRE((*scheduler)->GradientReady(0, model.grads[0]).ok());
   REQUIRE((*scheduler)->EndBackward().ok());

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -230,6 +231,28 @@ TEST_CASE("with a power-of-two lr the expected value is exact real arithmetic, a
       REQUIRE(ExpectedReplayValue(kSeed, 5, i, steps, 0.0625f) == exact);
     }
   }
+}
+
+TEST_CASE("the compute pacer never runs short, and restarts after a wait on the network") {
+  using Clock = std::chrono::steady_clock;
+  const auto ms = [](Clock::duration d) {
+    return std::chrono::duration<double, std::milli>(d).count();
+  };
+  // 200 layers of 0.05 ms at scale 2: at least 20 ms in all.
+  ComputePacer pacer(2.0);
+  auto start = Clock::now();
+  for (int i = 0; i < 200; ++i) pacer.Run(0.05);
+  CHECK(ms(Clock::now() - start) >= 20.0);
+  // A wait longer than kRestartMs is not credited to the next layer.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  start = Clock::now();
+  pacer.Run(1.5);
+  CHECK(ms(Clock::now() - start) >= 3.0);
+  // Scale 0 and negative times cost nothing.
+  ComputePacer none(0.0);
+  start = Clock::now();
+  for (int i = 0; i < 1000; ++i) none.Run(10.0);
+  CHECK(ms(Clock::now() - start) < 100.0);
 }
 
 TEST_CASE("the summary line has the contract's fields in order") {

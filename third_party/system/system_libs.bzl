@@ -16,6 +16,12 @@ _LIBS = {
     # has no .pc file; common/metrics calls civetweb for /healthz, so it links
     # it by name.
     "prometheus": (["prometheus-cpp-pull", "prometheus-cpp-core"], ["-lcivetweb-cpp", "-lcivetweb"]),
+    # Gloo (package libgloo-dev, Debian's 2022 snapshot, tcp transport):
+    # the all-reduce baseline (tests/bench/allreduce). It ships no .pc file,
+    # only CMake config; headers are in /usr/include/gloo and the library in
+    # /usr/lib, both on the default search paths. libgloo.so itself records
+    # its hiredis and ibverbs dependencies.
+    "gloo": ([], ["-lgloo", "-pthread"]),
 }
 
 def _split(text):
@@ -34,8 +40,9 @@ def _system_libs_impl(ctx):
         if name == "absl":
             # Not every Debian Abseil ships every module (absl_crc32c is newer); keep those present.
             mods = [m for m in modules if ctx.execute(["pkg-config", "--exists", m]).return_code == 0]
-        cflags = _pkg_config(ctx, mods, "--cflags")
-        libs = _pkg_config(ctx, mods, "--libs")
+        # A library without a .pc file lists no modules: its linkopts say it all.
+        cflags = _pkg_config(ctx, mods, "--cflags") if mods else []
+        libs = _pkg_config(ctx, mods, "--libs") if mods else []
         defines = [f[2:] for f in cflags if f.startswith("-D")]
         copts = [f for f in cflags if not f.startswith("-D") and not f.startswith("-I/usr/include")]
         lines.append("cc_library(")

@@ -55,10 +55,17 @@ int Deviation(uint64_t key, int64_t index) { return static_cast<int>(At(key, ind
 
 }  // namespace
 
-void SleepCompute(double layer_ms, double compute_scale) {
-  const double ms = layer_ms * compute_scale;
+void ComputePacer::Run(double layer_ms) {
+  const double ms = layer_ms * scale_;
   if (!(ms > 0)) return;
-  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+  const auto now = std::chrono::steady_clock::now();
+  const auto restart = std::chrono::duration<double, std::milli>(kRestartMs);
+  if (next_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(restart) < now) {
+    next_ = now;
+  }
+  next_ += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double, std::milli>(ms));
+  if (next_ > now) std::this_thread::sleep_until(next_);
 }
 
 std::vector<const ReplayTensor*> FlattenTensors(const ReplayModelSpec& spec) {

@@ -20,6 +20,7 @@
 // the run. (An SGD sum cannot see the order of its steps: that is the one
 // fault of this kind the check cannot catch.)
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,9 +32,24 @@
 
 namespace harrier::workload {
 
-// Sleeps `layer_ms * compute_scale` milliseconds (nothing for <= 0). Bounded
-// by its argument: the compute model never waits on anything else.
-void SleepCompute(double layer_ms, double compute_scale);
+// Models a layer's compute (layer_ms * compute_scale) by sleeping, as a GPU
+// computes while the host CPU is free. Paces one thread: each layer's time is added to a
+// deadline the thread sleeps until, so a short sleep's overshoot (tens of
+// microseconds, more on a loaded machine) is taken off the next layer
+// instead of adding up over a model's hundred-odd layer phases. A gap of
+// more than kRestart since the last deadline is time spent waiting on the
+// network, not overshoot: compute then restarts from now. Each Run sleeps
+// at most its own layer's time plus what earlier layers still owe.
+class ComputePacer {
+ public:
+  static constexpr double kRestartMs = 1.0;
+  explicit ComputePacer(double compute_scale) : scale_(compute_scale) {}
+  void Run(double layer_ms);
+
+ private:
+  double scale_;
+  std::chrono::steady_clock::time_point next_{};
+};
 
 // Tensors of a spec flattened in forward order: index k is the k-th tensor
 // of the first layer that has it; this is also its comm priority.

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -47,10 +48,20 @@ EmulatedNetworkOptions Options(LinkModel model, int hosts, double rate_gbps) {
   return options;
 }
 
+// The best of up to 5 streams, stopping once one is within 10 % of the set
+// rate: on a loaded machine a stream can only come out slower than the link
+// (README.md), never faster, so a stubbed shaper still fails every time.
 double Measure(const EmulatedNetwork& network, int from, int to, int64_t bytes) {
-  auto gbps = network.MeasureTcpGbps(from, to, bytes);
-  INFO(gbps.status().ToString());
-  REQUIRE(gbps.ok());
+  const double target = network.options().rate_gbps;
+  absl::StatusOr<double> gbps = 0.0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    auto one = network.MeasureTcpGbps(from, to, bytes);
+    INFO(one.status().ToString());
+    REQUIRE(one.ok());
+    gbps = std::max(*gbps, *one);
+    if (target > 0 && std::abs(*gbps - target) <= 0.1 * target) break;
+    if (target == 0 && attempt == 2) break;
+  }
   std::printf("%s %d -> %d, set %g Gbit/s: measured %.3f Gbit/s\n",
               network.options().model == LinkModel::kPerHost ? "per-host" : "shared", from, to,
               network.options().rate_gbps, *gbps);
@@ -111,16 +122,35 @@ TEST_CASE("per-host links are independent, a shared link is shared") {
   for (LinkModel model : {LinkModel::kPerHost, LinkModel::kSharedLink}) {
     auto network = MakeOrSkip(Options(model, 4, 1));
     if (network == nullptr) return;
+    // Best of up to 5 pairs by their slower stream, for the reason Measure
+    // says.
     double first = 0;
     double second = 0;
-    std::thread other([&] {
-      auto gbps = network->MeasureTcpGbps(2, 3, kBytesAt1Gbit);
-      second = gbps.ok() ? *gbps : -1;
-    });
-    first = Measure(*network, 0, 1, kBytesAt1Gbit);
-    other.join();
-    std::printf("  concurrent 2 -> 3: %.3f Gbit/s\n", second);
-    REQUIRE(second > 0);
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      if (model == LinkModel::kPerHost && std::abs(first - 1) <= 0.1 &&
+          std::abs(second - 1) <= 0.1) {
+        break;
+      }
+      // One shared pair is enough: retrying would only search for a split.
+      if (model == LinkModel::kSharedLink && attempt == 1) break;
+      double a = 0;
+      double b = 0;
+      std::thread other([&] {
+        auto gbps = network->MeasureTcpGbps(2, 3, kBytesAt1Gbit);
+        b = gbps.ok() ? *gbps : -1;
+      });
+      auto gbps = network->MeasureTcpGbps(0, 1, kBytesAt1Gbit);
+      other.join();
+      REQUIRE(gbps.ok());
+      REQUIRE(b > 0);
+      a = *gbps;
+      std::printf("%s concurrent 0 -> 1: %.3f, 2 -> 3: %.3f Gbit/s\n",
+                  model == LinkModel::kPerHost ? "per-host" : "shared", a, b);
+      if (std::min(a, b) > std::min(first, second)) {
+        first = a;
+        second = b;
+      }
+    }
     if (model == LinkModel::kPerHost) {
       CHECK(first == Approx(1.0).epsilon(0.10));
       CHECK(second == Approx(1.0).epsilon(0.10));

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# CI case of `harrier-bench overlap`: ResNet-50 replayed by 2 real workers
+# and 2 real shards, each host on its own emulated 1 Gbit/s link, plain and
+# all. Asserts the JSON fields, that the link measured within 10 % of its
+# set rate, that the bytes are ResNet-50's, that comm_ms and ideal follow
+# the cost model from those figures, and that no iteration beat the link
+# (which fails if shaping is lost). Prints SKIPPED where namespaces cannot
+# be made (not root).
+set -uo pipefail
+root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
+bench="$root/tests/bench/harrier-bench"
+tmp="${TEST_TMPDIR:-/tmp}"
+out="$tmp/overlap.jsonl"
+err="$tmp/overlap.err"
+
+"$bench" overlap --models=resnet50 --links_gbps=1 --compute_scale=0.05 --steps=2 \
+  --warmup_steps=1 --techniques=plain,all --run_timeout_s=60 >"$out" 2>"$err"
+rc=$?
+if [ "$rc" -eq 3 ]; then
+  echo "SKIPPED: $(grep -m1 'unavailable' "$err")"
+  exit 0
+fi
+cat "$err" >&2
+if [ "$rc" -ne 0 ]; then
+  echo "FAIL harrier-bench overlap exited $rc"
+  exit 1
+fi
+cat "$out"
+/usr/bin/python3 - "$out" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+failed = []
+def check(ok, what):
+    print(("PASS " if ok else "FAIL ") + what)
+    if not ok: failed.append(what)
+check([l["techniques"] for l in lines] == ["plain", "all"], "one line per technique set, in order")
+fields = ["bench", "model", "link_gbps", "link_measured_gbps", "compute_scale", "techniques",
+          "workers", "shards", "compute_ms", "comm_ms", "iter_ms", "ideal_iter_ms",
+          "samples_per_s", "bytes_per_iter", "checked"]
+resnet50_bytes = 25557032 * 4   # torchvision ResNet-50, float32
+for l in lines:
+    t = l.get("techniques")
+    check(all(f in l for f in fields), f"{t}: every field present")
+    if not all(f in l for f in fields): continue
+    check(l["bench"] == "overlap" and l["model"] == "resnet50", f"{t}: bench and model")
+    check(l["workers"] == 2 and l["shards"] == 2 and l["link_gbps"] == 1, f"{t}: shape of the run")
+    check(abs(l["link_measured_gbps"] - 1) <= 0.10,
+          f"{t}: link measured {l['link_measured_gbps']:.3f} Gbit/s, within 10 % of 1")
+    check(l["checked"] is True, f"{t}: the BSP check passed")
+    m = max(l["bytes_pushed_per_iter"], l["bytes_pulled_per_iter"])
+    check(m >= resnet50_bytes and l["bytes_per_iter"] >= 2 * resnet50_bytes,
+          f"{t}: moves ResNet-50's {resnet50_bytes} bytes each way (pushed {l['bytes_pushed_per_iter']})")
+    comm = max(m, 2 * m / 2) * 8 / (l["link_measured_gbps"] * 1e9) * 1e3
+    check(abs(l["comm_ms"] - comm) <= 0.01 * comm, f"{t}: comm_ms {l['comm_ms']:.1f} = cost model {comm:.1f}")
+    check(abs(l["ideal_iter_ms"] - max(comm, l["compute_ms"])) <= 0.01 * comm, f"{t}: ideal = max(compute, comm)")
+    check(l["iter_ms"] >= 0.9 * l["comm_ms"],
+          f"{t}: iteration {l['iter_ms']:.1f} ms not faster than the link allows ({l['comm_ms']:.1f} ms)")
+    check(l["iter_ms"] < 20 * l["comm_ms"], f"{t}: iteration within 20x of the cost model")
+    sps = 2 * l["batch"] / (l["iter_ms"] / 1e3)
+    check(abs(l["samples_per_s"] - sps) <= 0.01 * sps, f"{t}: samples_per_s = workers * batch / iter")
+print(f"{len(failed)} failed")
+sys.exit(1 if failed else 0)
+PY
