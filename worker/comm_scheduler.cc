@@ -231,47 +231,63 @@ absl::Status CommScheduler::Impl::Plan() {
     members_[i].parameters = tensor.parameters;
   }
 
-  // Fusion walks in backward order (the order gradients appear): a bucket
-  // closes when the next tensor would take it past fusion_bytes, so it is
-  // ready as soon as its front member's gradient is.
+  // Fusion walks in backward order (the order gradients appear) and keeps
+  // one open bucket per shard: a small tensor joins the bucket of the shard
+  // it would live on unfused, so fusion merges messages without moving
+  // bytes between shards (one bucket for a whole small model would put all
+  // of its traffic on one shard's link). A bucket closes when the next
+  // tensor would take it past fusion_bytes.
+  const HashPartitioner partitioner(client_.num_shards());
   std::vector<std::vector<int>> groups;
-  std::vector<int> bucket;
-  size_t bucket_bytes = 0;
-  auto close = [&] {
-    if (!bucket.empty()) groups.push_back(bucket);
-    bucket.clear();
-    bucket_bytes = 0;
+  std::vector<int> group_shard;  // the shard a fused group's name must map to; -1 unfused
+  std::vector<std::vector<int>> open(client_.num_shards());
+  std::vector<size_t> open_bytes(client_.num_shards(), 0);
+  auto close = [&](int shard) {
+    if (!open[shard].empty()) {
+      groups.push_back(open[shard]);
+      group_shard.push_back(open[shard].size() > 1 ? shard : -1);
+    }
+    open[shard].clear();
+    open_bytes[shard] = 0;
   };
   for (int i = static_cast<int>(n) - 1; i >= 0; --i) {
     const size_t bytes = members_[i].elements * sizeof(float);
     if (options_.fusion_bytes == 0 || bytes > options_.fusion_bytes) {
-      close();
       groups.push_back({i});
+      group_shard.push_back(-1);
       continue;
     }
-    if (bucket_bytes + bytes > options_.fusion_bytes) close();
-    bucket.push_back(i);
-    bucket_bytes += bytes;
+    const int shard = partitioner.ShardFor(tensors_[i].name, 0);
+    if (open_bytes[shard] + bytes > options_.fusion_bytes) close(shard);
+    open[shard].push_back(i);
+    open_bytes[shard] += bytes;
   }
-  close();
+  for (int shard = 0; shard < client_.num_shards(); ++shard) close(shard);
+  // A bucket's name picks its shard: the first free name that maps there.
+  std::set<std::string> taken = names;
+  auto fused_name = [&](int shard) {
+    for (int k = 0;; ++k) {
+      std::string name = absl::StrCat("harrier.fused/", shard, "/", k);
+      if (partitioner.ShardFor(name, 0) == shard && taken.insert(name).second) return name;
+    }
+  };
 
   const size_t chunk_bytes = client_.chunk_bytes();
   const size_t chunk_elements = std::max<size_t>(1, chunk_bytes / sizeof(float));
-  const HashPartitioner partitioner(client_.num_shards());
   // A piece covers partition_bytes of client chunks (the worker makes the
   // client's chunk_bytes the partition size, so usually one chunk).
   const size_t chunks_per_piece =
       options_.partition_bytes == 0
           ? 0
           : std::max<size_t>(1, options_.partition_bytes / chunk_bytes);
-  int buckets = 0;
-  for (std::vector<int>& group : groups) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<int>& group = groups[g];
     std::sort(group.begin(), group.end());
     Wire wire;
     wire.members = group;
     wire.front = group.front();
     wire.fused = group.size() > 1;
-    wire.name = wire.fused ? absl::StrCat("harrier.fused/", buckets++) : tensors_[group[0]].name;
+    wire.name = wire.fused ? fused_name(group_shard[g]) : tensors_[group[0]].name;
     const int index = static_cast<int>(wires_.size());
     for (int member : group) {
       members_[member].wire = index;

@@ -9,8 +9,9 @@
 //
 //   wait-free backprop  push tensor i as soon as its gradient is ready
 //                       (off: push everything at EndBackward, "plain")
-//   fusion              consecutive small tensors (in backward order) merged
-//                       into one wire tensor of at most fusion_bytes
+//   fusion              small tensors of one shard (the shard each would
+//                       live on unfused), collected in backward order,
+//                       merged into one wire tensor of at most fusion_bytes
 //   partitioning        tensors above partition_bytes split into pieces
 //                       spread round-robin over the shards, one call each
 //   priority            queued pushes and pulls dispatched front tensor

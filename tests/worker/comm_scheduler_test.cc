@@ -158,12 +158,14 @@ TEST_CASE("ParseTechniques: each technique alone, the implied ones, defaults, un
         std::string::npos);
 }
 
-TEST_CASE("fusion: consecutive small tensors in backward order share a bucket of at most "
-          "fusion_bytes; a tensor above it goes alone") {
+TEST_CASE("fusion: small tensors of one shard, in backward order, share a bucket of at most "
+          "fusion_bytes on that shard; a tensor above it goes alone") {
   FakeCluster cluster = MakeCluster(TestOptions(2, 32u << 20));
-  // Bytes: 400, 200, 1200, 240, 240, 400, 160. Backward: 6+5+4 = 800, the
-  // threshold exactly (3 would make 1040), 3 alone (2 is above the
-  // threshold), 2 alone, 1+0.
+  // Bytes: 400, 200, 1200, 240, 240, 400, 160. Unfused, t0 t2 t4 t6 live
+  // on shard 1 and t1 t3 t5 on shard 0 (fnv1a). Backward, per shard:
+  // shard 1 collects 6+4+0 = 800, the threshold exactly; shard 0 collects
+  // 5+3 = 640 and closes it when 1 would make 840; 2 is above the threshold
+  // and goes alone; 1 is left alone in its bucket.
   Model model({100, 50, 300, 60, 60, 100, 40});
   CommSchedulerOptions options = BaseOptions();
   options.wait_free_backprop = true;
@@ -180,12 +182,17 @@ TEST_CASE("fusion: consecutive small tensors in backward order share a bucket of
     if (record.tensors.size() > 1) {
       CHECK(record.bytes <= 800);
       CHECK(record.wire_name.rfind("harrier.fused/", 0) == 0);
+      // The bucket travels to the shard its members would live on.
+      const HashPartitioner partitioner(2);
+      for (int member : record.tensors) {
+        CHECK(record.shard == partitioner.ShardFor(absl::StrCat("t", member), 0));
+      }
     } else {
       CHECK(record.wire_name == absl::StrCat("t", record.tensors[0]));
     }
   }
   // Dispatched as they became ready (backward order, FIFO).
-  const std::vector<std::vector<int>> expected = {{4, 5, 6}, {3}, {2}, {0, 1}};
+  const std::vector<std::vector<int>> expected = {{3, 5}, {2}, {1}, {0, 4, 6}};
   CHECK(buckets == expected);
 
   // A bucket's payload is its members' gradients side by side, in index
@@ -208,15 +215,18 @@ TEST_CASE("fusion: consecutive small tensors in backward order share a bucket of
   }
   // The fake answers element e of chunk 0 with e: member k of a bucket sees
   // its offset in the bucket plus its own index.
-  size_t offset = 0;
-  for (int member : {4, 5, 6}) {
-    for (size_t e = 0; e < model.params[member].size(); ++e) {
-      REQUIRE(model.params[member][e] == static_cast<float>(offset + e));
+  auto check_bucket = [&](std::initializer_list<int> members) {
+    size_t offset = 0;
+    for (int member : members) {
+      for (size_t e = 0; e < model.params[member].size(); ++e) {
+        REQUIRE(model.params[member][e] == static_cast<float>(offset + e));
+      }
+      offset += model.params[member].size();
     }
-    offset += model.params[member].size();
-  }
-  CHECK(model.params[0][0] == 0.0f);
-  CHECK(model.params[1][0] == 100.0f);
+  };
+  check_bucket({0, 4, 6});
+  check_bucket({3, 5});
+  CHECK(model.params[1][0] == 0.0f);
   CHECK(model.params[2][299] == 299.0f);
 }
 
@@ -425,8 +435,9 @@ class BspShards {
 TEST_CASE("credits: the cap is never exceeded and two workers in different orders never "
           "deadlock, for caps from 1 byte to unbounded") {
   constexpr size_t kChunk = 128 * sizeof(float);
-  // Largest piece: one chunk (512 bytes). Wires: t6, t5, t4 (3 pieces), the
-  // bucket {2, 3}, t1 (4 pieces), t0: 11 pushes a step.
+  // Largest piece: one chunk (512 bytes). Wires: t6, t5, t4 (3 pieces), t3,
+  // t2 (small, but on different shards, so not fused), t1 (4 pieces), t0
+  // (would take t2's bucket past 64 bytes): 12 pushes a step.
   const std::vector<size_t> sizes = {16, 4 * 128, 8, 8, 3 * 128, 100, 128};
   for (size_t cap : {size_t{1}, size_t{100}, kChunk, 3 * kChunk, size_t{1} << 20, size_t{0}}) {
     INFO("cap " << cap);
@@ -471,7 +482,7 @@ TEST_CASE("credits: the cap is never exceeded and two workers in different order
     for (int w = 0; w < 2; ++w) {
       INFO("worker " << w << ": " << results[w].ToString());
       CHECK(results[w].ok());
-      CHECK(stats[w].push_calls == 4 * 11);
+      CHECK(stats[w].push_calls == 4 * 12);
       if (cap == 0) continue;
       // A piece above the cap goes alone; otherwise the cap holds.
       CHECK(stats[w].peak_inflight_push_bytes <=
