@@ -33,6 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "tests/bench/netem/emulated_network.h"
+#include "tests/bench/netem/host_process.h"
 #include "worker/workload/replay_models.h"
 
 namespace harrier::bench {
@@ -235,118 +236,8 @@ std::string ReadFile(const std::string& path) {
   return contents.str();
 }
 
-std::string Tail(const std::string& path, size_t max_chars = 800) {
-  std::string text = ReadFile(path);
-  if (text.size() > max_chars) text = "..." + text.substr(text.size() - max_chars);
-  return std::string(absl::StripTrailingAsciiWhitespace(text));
-}
 
-// A process started in one host's network namespace. It dies with the bench
-// (PR_SET_PDEATHSIG, set before setns and exec, which keep it) and is
-// killed by the destructor if still running.
-class HostProcess {
- public:
-  static absl::StatusOr<std::unique_ptr<HostProcess>> Start(
-      const std::string& label, const std::string& namespace_path,
-      std::vector<std::string> args, const std::string& stdout_path,
-      const std::string& stderr_path) {
-    auto process = std::unique_ptr<HostProcess>(new HostProcess());
-    process->label_ = label;
-    process->stdout_path_ = stdout_path;
-    process->stderr_path_ = stderr_path;
-    // Everything the child needs is opened before fork: between fork and
-    // exec the child of a threaded process may only make plain syscalls.
-    const int ns_fd = open(namespace_path.c_str(), O_RDONLY | O_CLOEXEC);
-    const int out_fd = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    const int err_fd = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    auto close_all = [&] {
-      for (int fd : {ns_fd, out_fd, err_fd, null_fd}) {
-        if (fd >= 0) close(fd);
-      }
-    };
-    if (ns_fd < 0 || out_fd < 0 || err_fd < 0 || null_fd < 0) {
-      close_all();
-      return absl::InternalError(
-          absl::StrCat("cannot open ", namespace_path, " or the logs of ", label));
-    }
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      if (setns(ns_fd, CLONE_NEWNET) != 0) _exit(126);
-      dup2(null_fd, STDIN_FILENO);
-      dup2(out_fd, STDOUT_FILENO);
-      dup2(err_fd, STDERR_FILENO);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close_all();
-    if (pid < 0) return absl::InternalError(absl::StrCat("fork failed for ", label));
-    process->pid_ = pid;
-    return process;
-  }
-
-  ~HostProcess() { Stop(absl::Milliseconds(2000)); }
-
-  // Non-blocking: true (and the exit status in *status) once it exited.
-  bool Poll(int* status) {
-    if (pid_ <= 0) {
-      *status = status_;
-      return true;
-    }
-    const pid_t done = waitpid(pid_, &status_, WNOHANG);
-    if (done == pid_) {
-      pid_ = -1;
-      *status = status_;
-      return true;
-    }
-    return false;
-  }
-
-  // SIGTERM, then SIGKILL after `grace`; bounded.
-  void Stop(absl::Duration grace) {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    const auto deadline = Clock::now() + absl::ToChronoMilliseconds(grace);
-    int status = 0;
-    while (Clock::now() < deadline) {
-      if (Poll(&status)) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    kill(pid_, SIGKILL);
-    const auto kill_deadline = Clock::now() + std::chrono::seconds(5);
-    while (Clock::now() < kill_deadline) {
-      if (Poll(&status)) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-
-  std::string Describe(int status) const {
-    const std::string how = WIFEXITED(status)
-                                ? absl::StrCat("exit ", WEXITSTATUS(status))
-                                : absl::StrCat("signal ", WTERMSIG(status));
-    std::string why;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 126) why = " (setns failed)";
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 127) why = " (exec failed)";
-    return absl::StrCat(label_, " ended with ", how, why, "; its stderr: ", Tail(stderr_path_));
-  }
-  const std::string& label() const { return label_; }
-  const std::string& stdout_path() const { return stdout_path_; }
-  const std::string& stderr_path() const { return stderr_path_; }
-
- private:
-  HostProcess() = default;
-  std::string label_;
-  std::string stdout_path_;
-  std::string stderr_path_;
-  pid_t pid_ = -1;
-  int status_ = 0;
-};
+using netem::HostProcess;
 
 // A private temporary directory for one run's logs, port files and
 // rendezvous, removed with its contents at the end.
@@ -415,7 +306,7 @@ absl::StatusOr<Summary> ReadSummary(const HostProcess& process) {
   if (at == std::string::npos) {
     return absl::InternalError(absl::StrCat(process.label(),
                                             " printed no replay_summary line; its stderr: ",
-                                            Tail(process.stderr_path())));
+                                            netem::TailOfFile(process.stderr_path())));
   }
   std::string json = out.substr(at + std::strlen("replay_summary "));
   json = json.substr(0, json.find('\n'));
@@ -451,17 +342,15 @@ absl::Status WaitAll(std::vector<std::unique_ptr<HostProcess>>& watch,
   while (remaining > 0) {
     if (g_stop_signal != 0) return Interrupted();
     for (size_t i = 0; i < watch.size(); ++i) {
-      int status = 0;
-      if (done[i] || !watch[i]->Poll(&status)) continue;
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        return absl::InternalError(watch[i]->Describe(status));
-      }
+      if (done[i]) continue;
+      const std::optional<int> code = watch[i]->Poll();
+      if (!code.has_value()) continue;
+      if (*code != 0) return absl::InternalError(watch[i]->Describe());
       done[i] = true;
       --remaining;
     }
     for (auto& server : keep_alive) {
-      int status = 0;
-      if (server->Poll(&status)) return absl::InternalError(server->Describe(status));
+      if (server->Poll().has_value()) return absl::InternalError(server->Describe());
     }
     if (remaining == 0) break;
     if (Clock::now() >= deadline) {
@@ -469,7 +358,7 @@ absl::Status WaitAll(std::vector<std::unique_ptr<HostProcess>>& watch,
         if (!done[i]) {
           return absl::DeadlineExceededError(
               absl::StrCat(watch[i]->label(), " still running after --run_timeout_s=", timeout_s,
-                           "; its stderr: ", Tail(watch[i]->stderr_path())));
+                           "; its stderr: ", netem::TailOfFile(watch[i]->stderr_path())));
         }
       }
     }
@@ -524,13 +413,14 @@ absl::StatusOr<std::vector<Summary>> RunPs(const Options& options, const Emulate
     while (true) {
       std::ifstream file(port_file);
       if (file >> port && port > 0) break;
-      int status = 0;
       if (g_stop_signal != 0) return Interrupted();
-      if (servers.back()->Poll(&status)) return absl::InternalError(servers.back()->Describe(status));
+      if (servers.back()->Poll().has_value()) {
+        return absl::InternalError(servers.back()->Describe());
+      }
       if (Clock::now() >= port_deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             servers.back()->label(), " wrote no port file within 20 s; its stderr: ",
-            Tail(servers.back()->stderr_path())));
+            netem::TailOfFile(servers.back()->stderr_path())));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }

@@ -33,6 +33,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "tests/bench/netem/emulated_network.h"
+#include "tests/bench/netem/host_process.h"
 #include "tests/bench/server_cluster.h"
 
 namespace harrier::bench {
@@ -235,85 +236,7 @@ std::string Tail(const std::string& path, size_t max_chars) {
   return text;
 }
 
-// A process started inside one emulated host's network namespace, its
-// stdout and stderr in files. Dies with the bench (PR_SET_PDEATHSIG); the
-// destructor stops it (SIGTERM, then SIGKILL).
-class HostProcess {
- public:
-  static absl::StatusOr<std::unique_ptr<HostProcess>> Start(const std::string& netns_path,
-                                                            std::vector<std::string> args,
-                                                            const std::string& stdout_path,
-                                                            const std::string& stderr_path) {
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    // Everything is opened before fork: between fork and exec a child of a
-    // threaded process may only make async-signal-safe calls.
-    const int ns_fd = open(netns_path.c_str(), O_RDONLY | O_CLOEXEC);
-    const int out_fd = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    const int err_fd = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    auto close_all = [&] {
-      for (int fd : {ns_fd, out_fd, err_fd, null_fd}) {
-        if (fd >= 0) close(fd);
-      }
-    };
-    if (ns_fd < 0 || out_fd < 0 || err_fd < 0 || null_fd < 0) {
-      close_all();
-      return absl::InternalError(absl::StrCat("cannot open ", netns_path, " or the logs ",
-                                              stdout_path, ", ", stderr_path));
-    }
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      if (setns(ns_fd, CLONE_NEWNET) != 0) _exit(126);
-      dup2(null_fd, STDIN_FILENO);
-      dup2(out_fd, STDOUT_FILENO);
-      dup2(err_fd, STDERR_FILENO);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close_all();
-    if (pid < 0) return absl::InternalError("fork failed");
-    return std::unique_ptr<HostProcess>(new HostProcess(pid));
-  }
-
-  ~HostProcess() { Stop(); }
-
-  // The exit status once it ended (128 + signal when killed), else nullopt.
-  std::optional<int> Poll() {
-    if (exit_code_.has_value()) return exit_code_;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    return exit_code_;
-  }
-
-  void Stop() {
-    if (Poll().has_value()) return;
-    kill(pid_, SIGTERM);
-    if (WaitFor(absl::Seconds(3))) return;
-    kill(pid_, SIGKILL);
-    WaitFor(absl::Seconds(3));
-  }
-
- private:
-  explicit HostProcess(pid_t pid) : pid_(pid) {}
-  bool WaitFor(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      if (Poll().has_value()) return true;
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    return false;
-  }
-
-  pid_t pid_;
-  std::optional<int> exit_code_;
-};
+using netem::HostProcess;
 
 struct EvalPoint {
   int64_t step = 0;
@@ -416,8 +339,9 @@ class TtaRunner {
                                        "--sync=bsp"};
       args.insert(args.end(), codec.server_flags.begin(), codec.server_flags.end());
       const std::string log = absl::StrCat(tag, "_shard", shard, ".log");
-      auto process = HostProcess::Start(network_.host_namespace_path(shard), args,
-                                        "/dev/null", log);
+      auto process = HostProcess::Start(absl::StrCat("harrier-server shard ", shard),
+                                        network_.host_namespace_path(shard), args, "/dev/null",
+                                        log);
       if (!process.ok()) return process.status();
       shards.push_back(std::move(*process));
       auto port = WaitForPort(port_file, *shards.back(), log, absl::Seconds(20));
@@ -449,6 +373,7 @@ class TtaRunner {
       }
       if (rank == 0) args.push_back("--metrics_out=" + metrics);
       auto process = HostProcess::Start(
+          absl::StrCat("harrier-worker rank ", rank),
           network_.host_namespace_path(options_.shards + rank), args,
           rank == 0 ? rank0_out : "/dev/null",
           rank == 0 ? rank0_err : absl::StrCat(tag, "_worker", rank, ".log"));
