@@ -15,17 +15,13 @@
 #include "common/codec/codec.h"
 #include "common/codec/error_feedback.h"
 #include "common/partitioner.h"
+#include "tests/worker/fake_cluster.h"
 #include "worker/fake_control_client.h"
 #include "worker/transport/fake/fake_transport.h"
 
 namespace harrier {
 namespace {
 
-struct FakeCluster {
-  FakeControlClient* control = nullptr;
-  std::vector<FakeShardTransport*> shards;
-  std::unique_ptr<Client> client;
-};
 
 ClientOptions TestOptions(int num_shards) {
   ClientOptions options;
@@ -35,26 +31,10 @@ ClientOptions TestOptions(int num_shards) {
   return options;
 }
 
-FakeCluster MakeCluster(const ClientOptions& options) {
-  FakeCluster cluster;
-  const int num_shards = static_cast<int>(options.servers.size());
-  auto control = std::make_unique<FakeControlClient>(num_shards);
-  cluster.control = control.get();
-  std::vector<std::unique_ptr<ShardTransport>> transports;
-  for (int i = 0; i < num_shards; ++i) {
-    auto shard = std::make_unique<FakeShardTransport>();
-    cluster.shards.push_back(shard.get());
-    transports.push_back(std::move(shard));
-  }
-  auto client = Client::Create(options, std::move(control), std::move(transports));
-  REQUIRE(client.ok());
-  cluster.client = std::move(*client);
-  return cluster;
-}
 
 // A cluster with a 4-element tensor "w" registered.
 FakeCluster MakeClusterWithW(const ClientOptions& options) {
-  FakeCluster cluster = MakeCluster(options);
+  FakeCluster cluster = MakeFakeCluster(options);
   REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
   return cluster;
 }
@@ -74,7 +54,7 @@ std::string Bytes(const float* values, size_t n) {
 TEST_CASE("a shard's heartbeat carries the next clock of each chunk that shard acknowledged") {
   ClientOptions options = TestOptions(3);
   options.chunk_bytes = 4 * sizeof(float);  // 10 elements: chunks 0, 1, 2 over the shards
-  FakeCluster cluster = MakeCluster(options);
+  FakeCluster cluster = MakeFakeCluster(options);
   REQUIRE(cluster.client->RegisterTensor("w", {10}, Iota(10)).ok());
   std::vector<float> gradient(10, 1.0f), out(10);
   REQUIRE(cluster.client->Push("w", gradient).ok());
@@ -110,7 +90,7 @@ TEST_CASE("every call naming the rank carries Register's session; Heartbeat reac
   ClientOptions options = TestOptions(3);
   options.rank = 2;
   options.chunk_bytes = 4 * sizeof(float);
-  FakeCluster cluster = MakeCluster(options);
+  FakeCluster cluster = MakeFakeCluster(options);
   const proto::Session expected = FakeControlClient::SessionFor(2);
   REQUIRE(cluster.client->session_epoch() == expected.epoch());
   auto same = [&](const proto::Session& session) {
@@ -155,7 +135,7 @@ TEST_CASE("every call naming the rank carries Register's session; Heartbeat reac
 TEST_CASE("chunks are cut at chunk_bytes and go to the shard the partitioner names") {
   ClientOptions options = TestOptions(3);
   options.chunk_bytes = 4 * sizeof(float);
-  FakeCluster cluster = MakeCluster(options);
+  FakeCluster cluster = MakeFakeCluster(options);
   const std::vector<float> initial = Iota(10, 100.0f);
   REQUIRE(cluster.client->RegisterTensor("w", {10}, initial).ok());
   const std::vector<ChunkSpan> expected = SplitIntoChunks("w", 10, 4, HashPartitioner(3));
@@ -212,7 +192,7 @@ TEST_CASE("chunks are cut at chunk_bytes and go to the shard the partitioner nam
 TEST_CASE("a scoped push sends only its chunks, at the scope's clock") {
   ClientOptions options = TestOptions(3);
   options.chunk_bytes = 4 * sizeof(float);  // 10 elements: chunks 0..2 (4, 4, 2)
-  FakeCluster cluster = MakeCluster(options);
+  FakeCluster cluster = MakeFakeCluster(options);
   REQUIRE(cluster.client->chunk_bytes() == 4 * sizeof(float));
   REQUIRE(cluster.client->RegisterTensor("w", {10}, Iota(10)).ok());
   const std::vector<float> gradient = Iota(10, 100.0f);
@@ -261,7 +241,7 @@ TEST_CASE("a scoped push sends only its chunks, at the scope's clock") {
 TEST_CASE("a scoped pull writes only its chunks' elements, at the scope's clock") {
   ClientOptions options = TestOptions(2);
   options.chunk_bytes = 4 * sizeof(float);
-  FakeCluster cluster = MakeCluster(options);
+  FakeCluster cluster = MakeFakeCluster(options);
   REQUIRE(cluster.client->RegisterTensor("w", {10}, Iota(10)).ok());
   std::vector<float> out(10, -1.0f);
   CallScope scope;
@@ -289,7 +269,7 @@ TEST_CASE("a scoped pull writes only its chunks' elements, at the scope's clock"
 TEST_CASE("a scope outside the tensor's chunks is INVALID_ARGUMENT and sends nothing") {
   ClientOptions options = TestOptions(2);
   options.chunk_bytes = 4 * sizeof(float);
-  FakeCluster cluster = MakeCluster(options);
+  FakeCluster cluster = MakeFakeCluster(options);
   REQUIRE(cluster.client->RegisterTensor("w", {10}, Iota(10)).ok());
   std::vector<float> buffer(10, 0.0f);
   std::vector<CallScope> bad(3);
@@ -308,7 +288,7 @@ TEST_CASE("a scope outside the tensor's chunks is INVALID_ARGUMENT and sends not
 }
 
 TEST_CASE("small tensors spread over shards by name") {
-  FakeCluster cluster = MakeCluster(TestOptions(4));
+  FakeCluster cluster = MakeFakeCluster(TestOptions(4));
   HashPartitioner partitioner(4);
   const std::vector<std::string> names = {"a", "b", "layer1.weight", "layer1.bias", "fc", "out"};
   for (const std::string& name : names) {
@@ -365,7 +345,7 @@ TEST_CASE("errors other than UNAVAILABLE are not retried") {
 }
 
 TEST_CASE("Wait's deadline cancels the call in flight through its canceller") {
-  FakeCluster cluster = MakeCluster(TestOptions(1));  // rpc_timeout 30 s
+  FakeCluster cluster = MakeFakeCluster(TestOptions(1));  // rpc_timeout 30 s
   REQUIRE(cluster.client->RegisterTensor("w", {4}).ok());
   cluster.shards[0]->Block();
   std::vector<float> out(4, -1.0f);
@@ -480,7 +460,7 @@ TEST_CASE("threshold with momentum pushes DGC's momentum-corrected payloads") {
   ClientOptions options = TestOptions(1);
   options.codec = spec_text;
   options.compress_min_bytes = 0;
-  FakeCluster cluster = MakeCluster(options);
+  FakeCluster cluster = MakeFakeCluster(options);
   constexpr size_t kElements = 64;
   REQUIRE(cluster.client->RegisterTensor("w", {kElements}).ok());
   std::vector<std::vector<float>> gradients;

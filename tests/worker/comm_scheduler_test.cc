@@ -19,16 +19,13 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/partitioner.h"
+#include "tests/worker/fake_cluster.h"
 #include "worker/fake_control_client.h"
 #include "worker/transport/fake/fake_transport.h"
 
 namespace harrier {
 namespace {
 
-struct FakeCluster {
-  std::vector<FakeShardTransport*> shards;
-  std::unique_ptr<Client> client;
-};
 
 ClientOptions TestOptions(int num_shards, size_t chunk_bytes) {
   ClientOptions options;
@@ -39,21 +36,6 @@ ClientOptions TestOptions(int num_shards, size_t chunk_bytes) {
   return options;
 }
 
-FakeCluster MakeCluster(const ClientOptions& options, int num_workers = 1) {
-  FakeCluster cluster;
-  const int num_shards = static_cast<int>(options.servers.size());
-  auto control = std::make_unique<FakeControlClient>(num_shards, num_workers);
-  std::vector<std::unique_ptr<ShardTransport>> transports;
-  for (int i = 0; i < num_shards; ++i) {
-    auto shard = std::make_unique<FakeShardTransport>();
-    cluster.shards.push_back(shard.get());
-    transports.push_back(std::move(shard));
-  }
-  auto client = Client::Create(options, std::move(control), std::move(transports));
-  REQUIRE(client.ok());
-  cluster.client = std::move(*client);
-  return cluster;
-}
 
 // A model: tensor i has sizes[i] floats, parameters and gradients owned here.
 struct Model {
@@ -160,7 +142,7 @@ TEST_CASE("ParseTechniques: each technique alone, the implied ones, defaults, un
 
 TEST_CASE("fusion: small tensors of one shard, in backward order, share a bucket of at most "
           "fusion_bytes on that shard; a tensor above it goes alone") {
-  FakeCluster cluster = MakeCluster(TestOptions(2, 32u << 20));
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, 32u << 20));
   // Bytes: 400, 200, 1200, 240, 240, 400, 160. Unfused, t0 t2 t4 t6 live
   // on shard 1 and t1 t3 t5 on shard 0 (fnv1a). Backward, per shard:
   // shard 1 collects 6+4+0 = 800, the threshold exactly; shard 0 collects
@@ -232,7 +214,7 @@ TEST_CASE("fusion: small tensors of one shard, in backward order, share a bucket
 
 TEST_CASE("partitioning: a large tensor goes in pieces of partition_bytes spread over every shard") {
   constexpr size_t kChunk = 64 * sizeof(float);
-  FakeCluster cluster = MakeCluster(TestOptions(3, kChunk));
+  FakeCluster cluster = MakeFakeCluster(TestOptions(3, kChunk));
   Model model({16, 64 * 10 + 5});  // tensor 1: 11 chunks, the last 5 elements
   CommSchedulerOptions options = BaseOptions();
   options.wait_free_backprop = true;
@@ -274,7 +256,7 @@ TEST_CASE("partitioning: a large tensor goes in pieces of partition_bytes spread
   CHECK(calls == 12);
 
   // Without partitioning the same tensor is one call (over every shard).
-  FakeCluster whole = MakeCluster(TestOptions(3, kChunk));
+  FakeCluster whole = MakeFakeCluster(TestOptions(3, kChunk));
   Model again({16, 64 * 10 + 5});
   CommSchedulerOptions no_partition = BaseOptions();
   no_partition.wait_free_backprop = true;
@@ -290,7 +272,7 @@ TEST_CASE("partitioning: a large tensor goes in pieces of partition_bytes spread
 // whether it overtakes the queued pieces.
 std::vector<std::pair<int, uint32_t>> OrderWithLateFront(bool priority) {
   constexpr size_t kChunk = 256 * sizeof(float);
-  FakeCluster cluster = MakeCluster(TestOptions(2, kChunk));
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kChunk));
   Model model({8, 4 * 256});
   CommSchedulerOptions options = BaseOptions();
   options.wait_free_backprop = true;
@@ -328,7 +310,7 @@ TEST_CASE("without priority pushes go in the order gradients became ready") {
 }
 
 TEST_CASE("plain: nothing is pushed before EndBackward, then every tensor in tensor order") {
-  FakeCluster cluster = MakeCluster(TestOptions(2, 1u << 20));
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, 1u << 20));
   Model model({10, 20, 30, 40});
   CommSchedulerOptions options = BaseOptions();
   auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
@@ -343,7 +325,7 @@ TEST_CASE("plain: nothing is pushed before EndBackward, then every tensor in ten
   CHECK(PushOrder(**scheduler) == expected);
 
   // The positive control: with wfbp the back tensor goes before EndBackward.
-  FakeCluster eager = MakeCluster(TestOptions(2, 1u << 20));
+  FakeCluster eager = MakeFakeCluster(TestOptions(2, 1u << 20));
   Model model2({10, 20, 30, 40});
   options.wait_free_backprop = true;
   auto wfbp = CommScheduler::Create(*eager.client, model2.Tensors(), options);
@@ -358,7 +340,7 @@ TEST_CASE("plain: nothing is pushed before EndBackward, then every tensor in ten
 TEST_CASE("plain waits for every tensor's pull before forward; wfbp only for the one asked") {
   for (bool wfbp : {false, true}) {
     INFO("wfbp " << wfbp);
-    FakeCluster cluster = MakeCluster(TestOptions(1, 1u << 20));
+    FakeCluster cluster = MakeFakeCluster(TestOptions(1, 1u << 20));
     // Pulls of t3 for step 1 are held until `release`.
     auto release = std::make_shared<absl::Notification>();
     cluster.shards[0]->SetResponder(
@@ -446,7 +428,7 @@ TEST_CASE("credits: the cap is never exceeded and two workers in different order
     for (int w = 0; w < 2; ++w) {
       ClientOptions client_options = TestOptions(2, kChunk);
       client_options.rpc_timeout = absl::Seconds(5);
-      clusters.push_back(MakeCluster(client_options, 2));
+      clusters.push_back(MakeFakeCluster(client_options, 2));
       for (FakeShardTransport* shard : clusters.back().shards) {
         shard->SetResponder(bsp.ResponderFor());
       }
@@ -493,7 +475,7 @@ TEST_CASE("credits: the cap is never exceeded and two workers in different order
 }
 
 TEST_CASE("a failed push surfaces at the next wait, naming the tensor") {
-  FakeCluster cluster = MakeCluster(TestOptions(1, 1u << 20));
+  FakeCluster cluster = MakeFakeCluster(TestOptions(1, 1u << 20));
   Model model({10, 20});
   CommSchedulerOptions options = BaseOptions();
   options.wait_free_backprop = true;
@@ -516,7 +498,7 @@ TEST_CASE("a failed push surfaces at the next wait, naming the tensor") {
 }
 
 TEST_CASE("the destructor drops queued work and returns within the call deadline") {
-  FakeCluster cluster = MakeCluster(TestOptions(1, 64));
+  FakeCluster cluster = MakeFakeCluster(TestOptions(1, 64));
   Model model({16 * 8});  // 8 pieces of one chunk
   CommSchedulerOptions options = BaseOptions();
   options.wait_free_backprop = true;
@@ -538,7 +520,7 @@ TEST_CASE("the destructor drops queued work and returns within the call deadline
 }
 
 TEST_CASE("bad tensors and gradients are refused with INVALID_ARGUMENT or FAILED_PRECONDITION") {
-  FakeCluster cluster = MakeCluster(TestOptions(1, 1u << 20));
+  FakeCluster cluster = MakeFakeCluster(TestOptions(1, 1u << 20));
   std::vector<float> a(4), b(6);
   CommSchedulerOptions options = BaseOptions();
   options.wait_free_backprop = true;
