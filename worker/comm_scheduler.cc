@@ -415,17 +415,19 @@ void CommScheduler::Impl::Run(Kind kind) {
     const Wire& wire = wires_[call.wire];
     const Piece& piece = wire.pieces[call.piece];
     ++inflight_calls_;
-    DispatchRecord record;
-    record.kind = kind == Kind::kPush ? DispatchRecord::kPush : DispatchRecord::kPull;
-    record.step = call.step;
-    record.wire_name = wire.name;
-    record.first_chunk = piece.first_chunk;
-    record.num_chunks = piece.num_chunks;
-    record.shard = piece.shard;
-    record.bytes = piece.bytes;
-    record.tensors = wire.members;
-    log_.push_back(std::move(record));
-    if (log_.size() > kLogLimit) log_.pop_front();
+    if (options_.keep_dispatch_log) {
+      DispatchRecord record;
+      record.kind = kind == Kind::kPush ? DispatchRecord::kPush : DispatchRecord::kPull;
+      record.step = call.step;
+      record.wire_name = wire.name;
+      record.first_chunk = piece.first_chunk;
+      record.num_chunks = piece.num_chunks;
+      record.shard = piece.shard;
+      record.bytes = piece.bytes;
+      record.tensors = wire.members;
+      log_.push_back(std::move(record));
+      if (log_.size() > kLogLimit) log_.pop_front();
+    }
     if (kind == Kind::kPush) {
       inflight_push_bytes_ += piece.bytes;
       stats_.push_calls++;

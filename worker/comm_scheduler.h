@@ -59,6 +59,9 @@ struct CommSchedulerOptions {
   // GradientReady, Drain, and each call's Wait, so a BSP pull waiting longer
   // for a slow worker fails the scheduler).
   absl::Duration wait_timeout = absl::Seconds(120);
+  // Record the latest calls for dispatch_log_for_testing(); off in training
+  // runs, which need no record (a name and a member list) per call.
+  bool keep_dispatch_log = false;
 };
 
 // Defaults of the techniques when named without a size.
@@ -144,7 +147,7 @@ class CommScheduler {
 
   const CommSchedulerOptions& options() const;
   CommSchedulerStats stats() const;
-  // The latest 65536 calls.
+  // The latest 65536 calls, with keep_dispatch_log (else empty).
   std::vector<DispatchRecord> dispatch_log_for_testing() const;
 
  private:

@@ -59,6 +59,7 @@ struct Model {
 
 CommSchedulerOptions BaseOptions() {
   CommSchedulerOptions options;
+  options.keep_dispatch_log = true;
   options.wait_timeout = absl::Seconds(10);
   return options;
 }
@@ -440,7 +441,7 @@ TEST_CASE("credits: the cap is never exceeded and two workers in different order
     for (int w = 0; w < 2; ++w) {
       threads.emplace_back([&, w] {
         Model model(sizes);
-        CommSchedulerOptions options;
+        CommSchedulerOptions options = BaseOptions();
         options.wait_free_backprop = true;
         options.partition_bytes = kChunk;
         options.fusion_bytes = 64;
