@@ -23,6 +23,19 @@ trap cleanup EXIT
 readonly params=25557032
 readonly dense=$((4 * params))
 
+# Starts 2 shards for 2 workers with the given flags, their logs and port
+# files in $1; their pids go to the caller's shard_pids and to pids. Waits
+# (at most 10 s) for both ports.
+start_shards() {
+  local dir=$1; shift
+  for s in 0 1; do
+    "$server" --host=127.0.0.1 --port=0 --port_file="$dir/port$s" --shard=$s --num_shards=2 \
+      --num_workers=2 "$@" 2>"$dir/shard$s.log" &
+    shard_pids+=($!); pids+=($!)
+  done
+  for _ in $(seq 100); do [ -s "$dir/port0" ] && [ -s "$dir/port1" ] && break; sleep 0.1; done
+}
+
 # One run: 2 fresh shards, 2 workers with the given extra flags, each worker
 # bounded by `timeout`. Leaves worker<r>.out/.err in $tmp/$name.
 run() {
@@ -30,12 +43,7 @@ run() {
   local dir="$tmp/$name"
   mkdir -p "$dir"
   local shard_pids=()
-  for s in 0 1; do
-    "$server" --host=127.0.0.1 --port=0 --port_file="$dir/port$s" --shard=$s --num_shards=2 \
-      --num_workers=2 --sync=bsp --optimizer=sgd --lr=0.0625 2>"$dir/shard$s.log" &
-    shard_pids+=($!); pids+=($!)
-  done
-  for _ in $(seq 100); do [ -s "$dir/port0" ] && [ -s "$dir/port1" ] && break; sleep 0.1; done
+  start_shards "$dir" --sync=bsp --optimizer=sgd --lr=0.0625
   local servers="127.0.0.1:$(cat "$dir/port0"),127.0.0.1:$(cat "$dir/port1")"
   local worker_pids=()
   for r in 0 1; do
@@ -111,12 +119,7 @@ mlp() {  # name, extra worker flags...
   local dir="$tmp/$name"
   mkdir -p "$dir"
   local shard_pids=()
-  for s in 0 1; do
-    "$server" --host=127.0.0.1 --port=0 --port_file="$dir/port$s" --shard=$s --num_shards=2 \
-      --num_workers=2 --sync=bsp --lr=0.1 2>"$dir/shard$s.log" &
-    shard_pids+=($!); pids+=($!)
-  done
-  for _ in $(seq 100); do [ -s "$dir/port0" ] && [ -s "$dir/port1" ] && break; sleep 0.1; done
+  start_shards "$dir" --sync=bsp --lr=0.1
   local servers="127.0.0.1:$(cat "$dir/port0"),127.0.0.1:$(cat "$dir/port1")"
   local worker_pids=()
   for r in 0 1; do

@@ -45,6 +45,31 @@ using Clock = std::chrono::steady_clock;
 const std::vector<std::string> kServerFlags = {"--optimizer=nesterov", "--lr=0.05",
                                                "--momentum=0.9", "--sync=bsp"};
 
+// A fresh server for one worker, the tests' server settings.
+std::unique_ptr<testing::ServerProcess> StartOneWorkerServer(const std::string& log_name) {
+  std::vector<std::string> flags = kServerFlags;
+  flags.push_back("--num_workers=1");
+  auto server =
+      testing::ServerProcess::Start(flags, absl::StrCat(testing::TempDir(), "/", log_name));
+  REQUIRE(server.ok());
+  return std::move(*server);
+}
+
+// The first 6400 training images: 100 steps of 64.
+workload::Dataset TrainSubset() {
+  auto train = workload::LoadFashionMnist(workload::kDefaultFashionMnistDir,
+                                          workload::Split::kTrain);
+  REQUIRE(train.ok());
+  return workload::Subset(*train, 6400);
+}
+
+workload::Dataset TestSet() {
+  auto test = workload::LoadFashionMnist(workload::kDefaultFashionMnistDir,
+                                         workload::Split::kTest);
+  REQUIRE(test.ok());
+  return std::move(*test);
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream file(path);
   std::stringstream contents;
@@ -92,18 +117,11 @@ struct WorkerRun {
 
 WorkerRun RunWorker(double target, const std::string& name) {
   WorkerRun run;
-  auto server = testing::ServerProcess::Start(
-      [] {
-        std::vector<std::string> flags = kServerFlags;
-        flags.push_back("--num_workers=1");
-        return flags;
-      }(),
-      absl::StrCat(testing::TempDir(), "/", name, "_server.log"));
-  REQUIRE(server.ok());
+  auto server = StartOneWorkerServer(absl::StrCat(name, "_server.log"));
   const std::string log = absl::StrCat(testing::TempDir(), "/", name, "_worker.log");
   auto worker = testing::ChildProcess::Start(
       testing::RunfilePath("worker/harrier-worker"),
-      {"--servers=" + (*server)->address(), "--num_workers=1", "--max_steps=45",
+      {"--servers=" + server->address(), "--num_workers=1", "--max_steps=45",
        "--train_examples=6400", "--eval_every=10", absl::StrCat("--target_accuracy=", target),
        "--log_every=1000", "--rpc_timeout_s=30"},
       log);
@@ -204,27 +222,15 @@ class SlowEvalModel : public workload::Model {
 TEST_CASE("Train: evaluation time is not counted in time_to_target_s") {
   constexpr auto kDelay = std::chrono::milliseconds(400);
   constexpr double kTarget = 0.7;
-  auto server = testing::ServerProcess::Start(
-      [] {
-        std::vector<std::string> flags = kServerFlags;
-        flags.push_back("--num_workers=1");
-        return flags;
-      }(),
-      absl::StrCat(testing::TempDir(), "/slow_eval_server.log"));
-  REQUIRE(server.ok());
-  auto train = workload::LoadFashionMnist(workload::kDefaultFashionMnistDir,
-                                          workload::Split::kTrain);
-  REQUIRE(train.ok());
-  const workload::Dataset subset = workload::Subset(*train, 6400);
-  auto test = workload::LoadFashionMnist(workload::kDefaultFashionMnistDir,
-                                         workload::Split::kTest);
-  REQUIRE(test.ok());
+  auto server = StartOneWorkerServer("slow_eval_server.log");
+  const workload::Dataset subset = TrainSubset();
+  const workload::Dataset test = TestSet();
   auto mlp = workload::Mlp::Create(workload::MlpOptions{});
   REQUIRE(mlp.ok());
   SlowEvalModel model(std::move(*mlp), kDelay);
 
   ClientOptions client_options;
-  client_options.servers = {(*server)->address()};
+  client_options.servers = {server->address()};
   client_options.rpc_timeout = absl::Seconds(30);
   auto client = Client::Create(client_options);
   REQUIRE(client.ok());
@@ -236,7 +242,7 @@ TEST_CASE("Train: evaluation time is not counted in time_to_target_s") {
   options.log_every = 1000;
   options.evaluate = false;  // only the periodic evaluations are recorded
   const Clock::time_point before = Clock::now();
-  auto result = Train(**client, model, subset, &*test, options);
+  auto result = Train(**client, model, subset, &test, options);
   REQUIRE(result.ok());
 
   const auto& evaluations = model.evaluations();
@@ -272,26 +278,14 @@ TEST_CASE("Train: evaluation time is not counted in time_to_target_s") {
 // The accuracies of rank 0's periodic evaluations of one short job on a
 // fresh server (eval every 5 of 30 steps).
 std::vector<double> EvalAccuracies(const std::optional<CommSchedulerOptions>& scheduler) {
-  auto server = testing::ServerProcess::Start(
-      [] {
-        std::vector<std::string> flags = kServerFlags;
-        flags.push_back("--num_workers=1");
-        return flags;
-      }(),
-      absl::StrCat(testing::TempDir(), "/scheduler_eval_server.log"));
-  REQUIRE(server.ok());
-  auto train = workload::LoadFashionMnist(workload::kDefaultFashionMnistDir,
-                                          workload::Split::kTrain);
-  REQUIRE(train.ok());
-  const workload::Dataset subset = workload::Subset(*train, 6400);
-  auto test = workload::LoadFashionMnist(workload::kDefaultFashionMnistDir,
-                                         workload::Split::kTest);
-  REQUIRE(test.ok());
+  auto server = StartOneWorkerServer("scheduler_eval_server.log");
+  const workload::Dataset subset = TrainSubset();
+  const workload::Dataset test = TestSet();
   auto mlp = workload::Mlp::Create(workload::MlpOptions{});
   REQUIRE(mlp.ok());
   SlowEvalModel model(std::move(*mlp), std::chrono::milliseconds(0));
   ClientOptions client_options;
-  client_options.servers = {(*server)->address()};
+  client_options.servers = {server->address()};
   client_options.rpc_timeout = absl::Seconds(30);
   if (scheduler.has_value()) client_options.chunk_bytes = scheduler->partition_bytes;
   auto client = Client::Create(client_options);
@@ -302,7 +296,7 @@ std::vector<double> EvalAccuracies(const std::optional<CommSchedulerOptions>& sc
   options.log_every = 1000;
   options.evaluate = false;
   options.scheduler = scheduler;
-  auto result = Train(**client, model, subset, &*test, options);
+  auto result = Train(**client, model, subset, &test, options);
   REQUIRE(result.ok());
   std::vector<double> accuracies;
   for (const auto& evaluation : model.evaluations()) accuracies.push_back(evaluation.accuracy);
