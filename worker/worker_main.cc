@@ -49,8 +49,8 @@ ABSL_FLAG(double, compute_scale, 1.0,
           "Replay: multiplies the model's per-layer compute times (0: no compute).");
 ABSL_FLAG(int64_t, warmup_steps, 1, "Replay: steps run before the --max_steps timed ones.");
 ABSL_FLAG(std::string, techniques, "none",
-          "Comm overlap: none (today's trainer path, no scheduler) or plain|wfbp|fusion|priority|"
-          "all, or several joined by '+', through the comm scheduler.");
+          "Comm overlap: none (today's trainer path, no scheduler) or plain|wfbp|fusion|partition|"
+          "credits|priority|all, or several joined by '+', through the comm scheduler.");
 ABSL_FLAG(int64_t, fusion_bytes, 0,
           "Fusion bucket size in bytes (0: the technique's default when fusion is on).");
 ABSL_FLAG(int64_t, partition_bytes, 0,
