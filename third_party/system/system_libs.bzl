@@ -52,6 +52,14 @@ def _system_libs_impl(ctx):
         lines.append("    linkopts = %s," % repr(libs + extra))
         lines.append(")")
         lines.append("")
+    # Python's headers for extension modules (python/): not a pkg-config
+    # library dependents can take copts from, so a constant to load. Debian's
+    # own interpreter (python3-dev), never a python3 earlier on PATH.
+    python = ctx.execute(["/usr/bin/python3-config", "--includes"])
+    python_copts = _split(python.stdout) if python.return_code == 0 else []
+    python_copts = ["-isystem" + f[2:] for f in python_copts if f.startswith("-I")]
+    python_copts = [f for i, f in enumerate(python_copts) if f not in python_copts[:i]]
+    ctx.file("python.bzl", "PYTHON_COPTS = %s\n" % repr(python_copts))
     ctx.file("BUILD", "\n".join(lines))
     ctx.file("WORKSPACE", "")
 

@@ -1,0 +1,376 @@
+"""Harrier's Python client: push gradients to and pull parameters from the
+parameter-server shards (README "From PyTorch").
+
+    import harrier
+    client = harrier.Client(servers=["127.0.0.1:50061"])
+    client.register("w", weights)          # first registration wins
+    client.pull("w", weights)              # waits as the sync mode says
+    client.push("w", gradient)             # for the current clock
+    client.clock()                         # next iteration
+
+Arrays are numpy arrays or CPU torch tensors. Contiguous float32 memory is
+used in place (no copy); other inputs are copied to float32 first, and
+outputs must be contiguous float32 already. Every call that can block
+releases the GIL. Failures raise a subclass of harrier.Error carrying the
+status code and message.
+"""
+
+import numpy as _np
+
+from . import _harrier
+
+__all__ = [
+    "Client", "Handle", "Scheduler", "Error",
+    "CancelledError", "UnknownError", "InvalidArgumentError", "DeadlineExceededError",
+    "NotFoundError", "AlreadyExistsError", "PermissionDeniedError", "ResourceExhaustedError",
+    "FailedPreconditionError", "AbortedError", "OutOfRangeError", "UnimplementedError",
+    "InternalError", "UnavailableError", "DataLossError", "UnauthenticatedError",
+]
+
+
+class Error(Exception):
+    """A failed Harrier call. `code` is the status code's name
+    ("DEADLINE_EXCEEDED"), `code_value` its number, `message` the text."""
+
+    def __init__(self, message, code="UNKNOWN", code_value=2):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.code_value = code_value
+
+    def __str__(self):
+        return f"{self.code}: {self.message}"
+
+
+class CancelledError(Error): pass
+class UnknownError(Error): pass
+class InvalidArgumentError(Error, ValueError): pass
+class DeadlineExceededError(Error, TimeoutError): pass
+class NotFoundError(Error, LookupError): pass
+class AlreadyExistsError(Error): pass
+class PermissionDeniedError(Error, PermissionError): pass
+class ResourceExhaustedError(Error): pass
+class FailedPreconditionError(Error): pass
+class AbortedError(Error): pass
+class OutOfRangeError(Error, IndexError): pass
+class UnimplementedError(Error, NotImplementedError): pass
+class InternalError(Error): pass
+class UnavailableError(Error, ConnectionError): pass
+class DataLossError(Error): pass
+class UnauthenticatedError(Error): pass
+
+
+_harrier._set_error_classes({
+    "CANCELLED": CancelledError, "UNKNOWN": UnknownError,
+    "INVALID_ARGUMENT": InvalidArgumentError, "DEADLINE_EXCEEDED": DeadlineExceededError,
+    "NOT_FOUND": NotFoundError, "ALREADY_EXISTS": AlreadyExistsError,
+    "PERMISSION_DENIED": PermissionDeniedError, "RESOURCE_EXHAUSTED": ResourceExhaustedError,
+    "FAILED_PRECONDITION": FailedPreconditionError, "ABORTED": AbortedError,
+    "OUT_OF_RANGE": OutOfRangeError, "UNIMPLEMENTED": UnimplementedError,
+    "INTERNAL": InternalError, "UNAVAILABLE": UnavailableError,
+    "DATA_LOSS": DataLossError, "UNAUTHENTICATED": UnauthenticatedError,
+})
+
+Handle = _harrier.Handle
+
+
+def _bad(message):
+    return InvalidArgumentError(message, "INVALID_ARGUMENT", 3)
+
+
+def _is_torch_tensor(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "numpy")
+
+
+def _readable(x, what):
+    """A float32 C-contiguous array with x's values: x's own memory when it
+    already is one, else a copy."""
+    if _is_torch_tensor(x):
+        t = x.detach()
+        if t.device.type != "cpu":
+            raise _bad(f"{what}: the tensor is on {t.device}; the Python client takes CPU tensors")
+        x = t.numpy() if t.dtype.is_floating_point or t.dtype.is_complex is False else t
+    array = _np.asarray(x)
+    if array.dtype != _np.float32 or not array.flags.c_contiguous:
+        if array.dtype.kind not in "fiub":
+            raise _bad(f"{what}: expected real numbers, got dtype {array.dtype}")
+        array = _np.ascontiguousarray(array, dtype=_np.float32)
+    return array
+
+
+def _writable(x, what):
+    """x itself as a float32 array the pull writes into (no copy: a copy
+    would drop the result)."""
+    if _is_torch_tensor(x):
+        t = x.detach()
+        if t.device.type != "cpu" or t.dtype.__str__() != "torch.float32" or not t.is_contiguous():
+            raise _bad(f"{what}: expected a contiguous float32 CPU tensor, got {t.dtype} on "
+                       f"{t.device}{'' if t.is_contiguous() else ' (not contiguous)'}")
+        return t.numpy()
+    if not isinstance(x, _np.ndarray):
+        raise _bad(f"{what}: expected a numpy array or torch tensor, got {type(x).__name__}")
+    if x.dtype != _np.float32 or not x.flags.c_contiguous or not x.flags.writeable:
+        raise _bad(f"{what}: expected a writable C-contiguous float32 array, got {x.dtype}"
+                   f"{'' if x.flags.c_contiguous else ' (not contiguous)'}"
+                   f"{'' if x.flags.writeable else ' (read-only)'}")
+    return x
+
+
+def _duration(value, what):
+    value = float(value)
+    if not value > 0:
+        raise _bad(f"{what} must be a positive number of seconds, got {value}")
+    return value
+
+
+class Client:
+    """One worker's connection to every shard (worker/client.h).
+
+    servers: "host:port" of every shard, shard 0 first (same order on every
+    worker). rank: None lets the control plane pick the lowest free rank.
+    codec / pull_codec: compression specs ("topk:ratio=0.01", "powersgd:rank=2",
+    see common/codec/README.md). transport: "grpc" or "ucx". Durations are in
+    seconds. Not thread-affine: any thread may call any method.
+    """
+
+    def __init__(self, servers, rank=None, codec="none", pull_codec="none", transport="grpc",
+                 rpc_timeout=60.0, connect_timeout=30.0, job="harrier", worker_name="",
+                 chunk_bytes=4 << 20, compress_min_bytes=16 << 10, heartbeat_interval=1.0,
+                 retry_timeout=30.0, max_queued_calls=4096, tls_ca_file="", tls_cert_file="",
+                 tls_key_file="", auth_token=""):
+        if isinstance(servers, str):
+            servers = [s for s in servers.split(",") if s]
+        servers = list(servers)
+        if not servers:
+            raise _bad("servers is empty: give host:port of every shard, shard 0 first")
+        if rank is not None and (not isinstance(rank, int) or rank < 0):
+            raise _bad(f"rank must be None or a non-negative int, got {rank!r}")
+        options = _harrier.ClientOptions()
+        options.servers = servers
+        options.rank = -1 if rank is None else rank
+        options.codec = codec
+        options.pull_codec = pull_codec
+        options.transport = transport
+        options.rpc_timeout = _duration(rpc_timeout, "rpc_timeout")
+        options.connect_timeout = _duration(connect_timeout, "connect_timeout")
+        options.job = job
+        options.worker_name = worker_name
+        options.chunk_bytes = int(chunk_bytes)
+        options.compress_min_bytes = int(compress_min_bytes)
+        options.heartbeat_interval = float(heartbeat_interval)
+        options.retry_timeout = float(retry_timeout)
+        options.max_queued_calls = int(max_queued_calls)
+        options.tls_ca_file = tls_ca_file
+        options.tls_cert_file = tls_cert_file
+        options.tls_key_file = tls_key_file
+        options.auth_token = auth_token
+        self._client = _harrier.Client(options)
+        self._shapes = {}
+
+    # -- who we are ---------------------------------------------------------
+    @property
+    def rank(self):
+        return self._client.rank
+
+    @property
+    def num_workers(self):
+        return self._client.num_workers
+
+    @property
+    def num_shards(self):
+        return self._client.num_shards
+
+    @property
+    def current_clock(self):
+        """The iteration later pushes are for."""
+        return self._client.current_clock
+
+    @property
+    def chunk_bytes(self):
+        return self._client.chunk_bytes
+
+    @property
+    def sync(self):
+        """{"mode": "bsp"|"ssp"|"asp"|"local", "staleness": s, "local_steps": H}."""
+        return self._client.sync()
+
+    def shape(self, name):
+        try:
+            return self._shapes[name]
+        except KeyError:
+            raise NotFoundError(f"tensor '{name}' is not registered by this client", "NOT_FOUND", 5)
+
+    # -- tensors --------------------------------------------------------------
+    def register(self, name, shape_or_array):
+        """Declares a float32 tensor: a shape (zeros unless another worker
+        registered it first) or an array (its shape and initial values). The
+        first registration wins; later ones must agree on the shape."""
+        if isinstance(shape_or_array, (tuple, list)) and all(
+                isinstance(d, int) for d in shape_or_array):
+            shape, initial = tuple(shape_or_array), None
+            if any(d < 0 for d in shape):
+                raise _bad(f"tensor '{name}': negative dimension in {shape}")
+        elif isinstance(shape_or_array, int):
+            shape, initial = (shape_or_array,), None
+        else:
+            initial = _readable(shape_or_array, f"register '{name}'")
+            shape = tuple(int(d) for d in initial.shape)
+        self._client.register(name, list(shape), initial)
+        self._shapes[name] = shape
+
+    def _check_size(self, name, array, what):
+        shape = self.shape(name)
+        expected = int(_np.prod(shape, dtype=_np.int64))
+        if array.size != expected:
+            raise _bad(f"{what} '{name}': {array.size} elements, the tensor has {expected} "
+                       f"(shape {shape})")
+        return array
+
+    def _out(self, name, out, what):
+        if out is None:
+            return _np.empty(self.shape(name), dtype=_np.float32), None
+        return self._check_size(name, _writable(out, f"{what} '{name}' out"), what), out
+
+    def push(self, name, gradient):
+        """Sends the gradient for the current clock (waits for the shards'
+        acknowledgement)."""
+        self._client.push(name, self._check_size(name, _readable(gradient, f"push '{name}'"), "push"))
+
+    def pull(self, name, out=None):
+        """The parameters at the current clock, written into `out` (returned)
+        or a new numpy array."""
+        array, original = self._out(name, out, "pull")
+        self._client.pull(name, array)
+        return array if original is None else original
+
+    def push_pull(self, name, gradient, out=None):
+        """Push for the current clock, then the parameters of clock + 1."""
+        grad = self._check_size(name, _readable(gradient, f"push_pull '{name}'"), "push_pull")
+        array, original = self._out(name, out, "push_pull")
+        self._client.push_pull(name, grad, array)
+        return array if original is None else original
+
+    def push_async(self, name, gradient, clock=None, first_chunk=0, num_chunks=0):
+        """Starts a push; returns a Handle whose wait(timeout) returns None.
+        The gradient's memory must not change until then (the handle keeps
+        the array alive). clock / first_chunk / num_chunks: a piece at an
+        explicit clock, as the comm scheduler sends them."""
+        grad = self._check_size(name, _readable(gradient, f"push_async '{name}'"), "push_async")
+        return self._client.push_async(name, grad, clock, first_chunk, num_chunks)
+
+    def pull_async(self, name, out=None, clock=None, first_chunk=0, num_chunks=0):
+        """Starts a pull; returns a Handle whose wait(timeout) returns the
+        filled array (`out`'s numpy view, or a new array)."""
+        array, _ = self._out(name, out, "pull_async")
+        return self._client.pull_async(name, array, clock, first_chunk, num_chunks)
+
+    def push_pull_async(self, name, gradient, out=None):
+        grad = self._check_size(name, _readable(gradient, f"push_pull_async '{name}'"),
+                                "push_pull_async")
+        array, _ = self._out(name, out, "push_pull_async")
+        return self._client.push_pull_async(name, grad, array)
+
+    # -- iterations and membership -------------------------------------------
+    def clock(self):
+        """Advances this worker's iteration; returns the new clock."""
+        return self._client.clock()
+
+    def barrier(self, name):
+        """Blocks until every worker has entered the barrier of this name."""
+        self._client.barrier(name)
+
+    def heartbeat(self):
+        self._client.heartbeat()
+
+    def leave(self):
+        """This worker has pushed its last clock: no pull or BSP round waits
+        for it any more."""
+        self._client.leave()
+
+    def stats(self):
+        """Counters: bytes_pushed, bytes_pulled, pushes, pulls, push_wait_s,
+        pull_wait_s, last_min_clock."""
+        return self._client.stats()
+
+    def close(self):
+        """Gives the session back (also on garbage collection)."""
+        self._client.close()
+
+    @property
+    def closed(self):
+        return self._client.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        if self.closed:
+            return "<harrier.Client closed>"
+        return (f"<harrier.Client rank={self.rank}/{self.num_workers} shards={self.num_shards} "
+                f"clock={self.current_clock}>")
+
+
+class Scheduler:
+    """The comm scheduler (worker/comm_scheduler.h) over numpy parameter
+    buffers: wait-free backprop, fusion, partitioning, priority, credits.
+
+    tensors: [(name, float32 array)] in forward order (index = priority);
+    the arrays' values are the initial values and pulled parameters are
+    written into them, so they must stay alive (the scheduler keeps them).
+    techniques: "plain", "wfbp", "fusion", "priority", "all", or "a+b".
+    """
+
+    def __init__(self, client, tensors, techniques="all", fusion_bytes=0, partition_bytes=0,
+                 max_inflight_bytes=0, wait_timeout=120.0):
+        names, shapes, arrays = [], [], []
+        for name, array in tensors:
+            array = _writable(array, f"scheduler tensor '{name}'")
+            names.append(name)
+            shapes.append(list(array.shape))
+            arrays.append(array)
+        self._scheduler = _harrier.Scheduler(client._client, names, shapes, arrays, techniques,
+                                             int(fusion_bytes), int(partition_bytes),
+                                             int(max_inflight_bytes),
+                                             _duration(wait_timeout, "wait_timeout"))
+        self._client = client
+        self._sizes = [a.size for a in arrays]
+        for name, shape in zip(names, shapes):
+            client._shapes[name] = tuple(shape)
+
+    def wait_parameters(self, index):
+        """Returns once tensor `index`'s buffer holds this step's parameters."""
+        self._scheduler.wait_parameters(index)
+
+    def gradient_ready(self, index, gradient):
+        """Tensor `index`'s gradient: borrowed (kept alive, must not change)
+        until the next wait_parameters(index)."""
+        if not 0 <= index < len(self._sizes):
+            raise OutOfRangeError(f"tensor index {index} is not in [0, {len(self._sizes)})",
+                                  "OUT_OF_RANGE", 11)
+        grad = _readable(gradient, "gradient_ready")
+        if grad.size != self._sizes[index]:
+            raise _bad(f"gradient_ready({index}): {grad.size} elements, the tensor has "
+                       f"{self._sizes[index]}")
+        self._scheduler.gradient_ready(index, grad)
+
+    def end_backward(self):
+        """Every gradient of this step was given; the step advances."""
+        self._scheduler.end_backward()
+
+    def drain(self):
+        """Waits for every call in flight (after the last step)."""
+        self._scheduler.drain()
+
+    def refresh(self):
+        """Pulls every tensor again at the current step (after drain)."""
+        self._scheduler.refresh()
+
+    def stats(self):
+        return self._scheduler.stats()
+
+    def close(self):
+        self._scheduler.close()

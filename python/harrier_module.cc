@@ -1,0 +1,585 @@
+// _harrier: the C++ client (worker/client.h) and comm scheduler
+// (worker/comm_scheduler.h) as a Python extension. The package around it
+// (python/harrier/__init__.py) turns torch tensors into numpy views and
+// defines the exception classes this module raises; user code imports
+// `harrier`, not this module.
+//
+// Buffers: every array is taken through the buffer protocol and must be
+// float32 and C-contiguous (the package copies readable inputs that are
+// not; outputs must already be). No call copies a payload: the C++ client
+// reads gradients from, and writes pulled parameters into, the caller's
+// memory. Async calls keep a reference to their arrays until they are
+// waited on, so Python cannot free memory a shard call still uses.
+//
+// The GIL is released whenever C++ may block (connect, every RPC, Wait,
+// destruction of a client or scheduler), so other Python threads run while
+// a pull waits for the consistency model.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "worker/client.h"
+#include "worker/comm_scheduler.h"
+
+namespace py = pybind11;
+
+namespace harrier {
+namespace {
+
+// Thrown by this module only; translated into the package's exception
+// class for the status code (harrier.InvalidArgumentError, ...).
+struct StatusError {
+  absl::Status status;
+};
+
+// code -> exception class, installed by the package at import.
+py::dict& ErrorClasses() {
+  static py::dict* classes = new py::dict();
+  return *classes;
+}
+
+void ThrowIfError(const absl::Status& status) {
+  if (!status.ok()) throw StatusError{status};
+}
+
+absl::Duration SecondsToDuration(double seconds, const char* what) {
+  if (!(seconds >= 0)) {  // also NaN
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(what, " must be >= 0 seconds")));
+  }
+  return absl::Seconds(seconds);
+}
+
+// A float32 C-contiguous view of a Python buffer. `keep` holds the buffer
+// object (and its export) for as long as the view is used.
+struct FloatBuffer {
+  py::buffer_info info;
+  float* data = nullptr;
+  size_t size = 0;
+};
+
+FloatBuffer ViewOf(const py::object& object, bool writable, const std::string& what) {
+  if (!PyObject_CheckBuffer(object.ptr())) {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected a float32 array (numpy or torch), got ",
+                     std::string(py::str(py::type::handle_of(object).attr("__name__"))))));
+  }
+  FloatBuffer view;
+  view.info = py::reinterpret_borrow<py::buffer>(object).request(writable);
+  const py::buffer_info& info = view.info;
+  if (info.itemsize != 4 || (info.format != "f" && info.format != "<f" && info.format != "=f")) {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected float32 elements, got format '", info.format, "'")));
+  }
+  ssize_t expected_stride = 4;
+  for (ssize_t dim = info.ndim - 1; dim >= 0; --dim) {
+    if (info.shape[dim] != 1 && info.strides[dim] != expected_stride) {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(what, ": array is not C-contiguous")));
+    }
+    expected_stride *= info.shape[dim];
+  }
+  if (writable && info.readonly) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(what, ": array is read-only")));
+  }
+  view.data = static_cast<float*>(info.ptr);
+  view.size = static_cast<size_t>(info.size);
+  return view;
+}
+
+class PyClient;
+
+// One async push, pull or push-pull. Holds its client and its arrays until
+// waited on; dropped unwaited, it waits (bounded by the client's
+// rpc_timeout) before letting the arrays go.
+class PyHandle {
+ public:
+  PyHandle(std::shared_ptr<PyClient> client, Client::Handle handle, py::object keep_input,
+           py::object result)
+      : client_(std::move(client)),
+        handle_(std::move(handle)),
+        keep_input_(std::move(keep_input)),
+        result_(std::move(result)) {}
+  ~PyHandle();
+  PyHandle(const PyHandle&) = delete;
+  PyHandle& operator=(const PyHandle&) = delete;
+
+  // Returns the pulled array (a pull or push-pull) or None (a push).
+  py::object Wait(std::optional<double> timeout_seconds);
+  bool done() const { return done_; }
+  uint64_t id() const { return handle_.id(); }
+
+ private:
+  std::shared_ptr<PyClient> client_;
+  Client::Handle handle_;
+  py::object keep_input_;
+  py::object result_;
+  bool done_ = false;
+};
+
+class PyClient : public std::enable_shared_from_this<PyClient> {
+ public:
+  explicit PyClient(std::unique_ptr<Client> client, absl::Duration rpc_timeout)
+      : client_(std::move(client)), rpc_timeout_(rpc_timeout) {}
+  ~PyClient() { Close(); }
+
+  Client& client() {
+    if (client_ == nullptr) ThrowIfError(absl::FailedPreconditionError("the client is closed"));
+    return *client_;
+  }
+  bool closed() const { return client_ == nullptr; }
+  absl::Duration rpc_timeout() const { return rpc_timeout_; }
+
+  // Gives the session back. Called with the GIL held; releases it while
+  // the client shuts down.
+  void Close() {
+    std::unique_ptr<Client> client = std::move(client_);
+    if (client == nullptr) return;
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      client.reset();
+    } else {
+      client.reset();
+    }
+  }
+
+  void Register(const std::string& name, const std::vector<int64_t>& shape,
+                const py::object& initial) {
+    Client& c = client();
+    FloatBuffer values;
+    if (!initial.is_none()) values = ViewOf(initial, /*writable=*/false, "register '" + name + "'");
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = c.RegisterTensor(name, shape, absl::MakeConstSpan(values.data, values.size));
+    }
+    ThrowIfError(status);
+  }
+
+  void Push(const std::string& name, const py::object& gradient) {
+    Client& c = client();
+    FloatBuffer in = ViewOf(gradient, false, "push '" + name + "'");
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = c.Push(name, absl::MakeConstSpan(in.data, in.size));
+    }
+    ThrowIfError(status);
+  }
+
+  py::object Pull(const std::string& name, const py::object& out) {
+    Client& c = client();
+    FloatBuffer view = ViewOf(out, true, "pull '" + name + "' out");
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = c.Pull(name, absl::MakeSpan(view.data, view.size));
+    }
+    ThrowIfError(status);
+    return out;
+  }
+
+  py::object PushPull(const std::string& name, const py::object& gradient, const py::object& out) {
+    Client& c = client();
+    FloatBuffer in = ViewOf(gradient, false, "push_pull '" + name + "'");
+    FloatBuffer view = ViewOf(out, true, "push_pull '" + name + "' out");
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = c.PushPull(name, absl::MakeConstSpan(in.data, in.size),
+                          absl::MakeSpan(view.data, view.size));
+    }
+    ThrowIfError(status);
+    return out;
+  }
+
+  std::unique_ptr<PyHandle> PushAsync(const std::string& name, const py::object& gradient,
+                                      std::optional<int64_t> clock, uint32_t first_chunk,
+                                      uint32_t num_chunks) {
+    Client& c = client();
+    FloatBuffer in = ViewOf(gradient, false, "push_async '" + name + "'");
+    Client::Handle handle;
+    {
+      py::gil_scoped_release release;
+      const auto span = absl::MakeConstSpan(in.data, in.size);
+      handle = clock.has_value() || first_chunk != 0 || num_chunks != 0
+                   ? c.PushAsync(name, span, Scope(clock, first_chunk, num_chunks))
+                   : c.PushAsync(name, span);
+    }
+    return std::make_unique<PyHandle>(shared_from_this(), std::move(handle), gradient, py::none());
+  }
+
+  std::unique_ptr<PyHandle> PullAsync(const std::string& name, const py::object& out,
+                                      std::optional<int64_t> clock, uint32_t first_chunk,
+                                      uint32_t num_chunks) {
+    Client& c = client();
+    FloatBuffer view = ViewOf(out, true, "pull_async '" + name + "' out");
+    Client::Handle handle;
+    {
+      py::gil_scoped_release release;
+      const auto span = absl::MakeSpan(view.data, view.size);
+      handle = clock.has_value() || first_chunk != 0 || num_chunks != 0
+                   ? c.PullAsync(name, span, Scope(clock, first_chunk, num_chunks))
+                   : c.PullAsync(name, span);
+    }
+    return std::make_unique<PyHandle>(shared_from_this(), std::move(handle), py::none(), out);
+  }
+
+  std::unique_ptr<PyHandle> PushPullAsync(const std::string& name, const py::object& gradient,
+                                          const py::object& out) {
+    Client& c = client();
+    FloatBuffer in = ViewOf(gradient, false, "push_pull_async '" + name + "'");
+    FloatBuffer view = ViewOf(out, true, "push_pull_async '" + name + "' out");
+    Client::Handle handle;
+    {
+      py::gil_scoped_release release;
+      handle = c.PushPullAsync(name, absl::MakeConstSpan(in.data, in.size),
+                               absl::MakeSpan(view.data, view.size));
+    }
+    return std::make_unique<PyHandle>(shared_from_this(), std::move(handle), gradient, out);
+  }
+
+  void Barrier(const std::string& name) {
+    Client& c = client();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = c.Barrier(name);
+    }
+    ThrowIfError(status);
+  }
+
+  void Heartbeat() {
+    Client& c = client();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = c.Heartbeat();
+    }
+    ThrowIfError(status);
+  }
+
+  void Leave() {
+    Client& c = client();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = c.Leave();
+    }
+    ThrowIfError(status);
+  }
+
+  py::dict Stats() {
+    const ClientStats stats = client().stats();
+    py::dict out;
+    out["bytes_pushed"] = stats.bytes_pushed;
+    out["bytes_pulled"] = stats.bytes_pulled;
+    out["pushes"] = stats.pushes;
+    out["pulls"] = stats.pulls;
+    out["push_wait_s"] = absl::ToDoubleSeconds(stats.push_wait);
+    out["pull_wait_s"] = absl::ToDoubleSeconds(stats.pull_wait);
+    out["last_min_clock"] = stats.last_min_clock;
+    return out;
+  }
+
+  py::dict Sync() {
+    const SyncInfo& sync = client().sync();
+    py::dict out;
+    out["mode"] = sync.mode;
+    out["staleness"] = sync.staleness;
+    out["local_steps"] = sync.local_steps;
+    return out;
+  }
+
+ private:
+  static CallScope Scope(std::optional<int64_t> clock, uint32_t first_chunk, uint32_t num_chunks) {
+    CallScope scope;
+    scope.clock = clock.value_or(-1);
+    scope.first_chunk = first_chunk;
+    scope.num_chunks = num_chunks;
+    return scope;
+  }
+
+  std::unique_ptr<Client> client_;
+  absl::Duration rpc_timeout_;
+};
+
+PyHandle::~PyHandle() {
+  if (done_ || client_->closed()) return;  // a closed client touches no buffer
+  // Nobody waited: let the calls finish (or be cancelled at the bound)
+  // before the arrays they use can be freed.
+  Client* client = &client_->client();
+  const absl::Time deadline = absl::Now() + client_->rpc_timeout();
+  if (PyGILState_Check()) {
+    py::gil_scoped_release release;
+    client->Wait(handle_, deadline).IgnoreError();
+  } else {
+    client->Wait(handle_, deadline).IgnoreError();
+  }
+}
+
+py::object PyHandle::Wait(std::optional<double> timeout_seconds) {
+  if (done_) ThrowIfError(absl::NotFoundError("this handle was already waited on"));
+  Client& client = client_->client();
+  const absl::Time deadline =
+      timeout_seconds.has_value()
+          ? absl::Now() + SecondsToDuration(*timeout_seconds, "timeout")
+          : absl::InfiniteFuture();
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = client.Wait(handle_, deadline);
+  }
+  // Waited, with or without success: the operation is over (a deadline
+  // cancels it), so its buffers are free.
+  done_ = true;
+  py::object result = std::move(result_);
+  keep_input_ = py::none();
+  result_ = py::none();
+  ThrowIfError(status);
+  return result;
+}
+
+// The comm scheduler over numpy parameter buffers that outlive it.
+class PyScheduler {
+ public:
+  PyScheduler(std::shared_ptr<PyClient> client, std::unique_ptr<CommScheduler> scheduler,
+              std::vector<py::object> parameters)
+      : client_(std::move(client)),
+        scheduler_(std::move(scheduler)),
+        parameters_(std::move(parameters)),
+        gradients_(parameters_.size()) {}
+  ~PyScheduler() { Close(); }
+
+  void Close() {
+    std::unique_ptr<CommScheduler> scheduler = std::move(scheduler_);
+    if (scheduler == nullptr) return;
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      scheduler.reset();
+    } else {
+      scheduler.reset();
+    }
+  }
+
+  CommScheduler& scheduler() {
+    if (scheduler_ == nullptr) ThrowIfError(absl::FailedPreconditionError("the scheduler is closed"));
+    return *scheduler_;
+  }
+
+  void WaitParameters(int tensor) {
+    CheckIndex(tensor);
+    CommScheduler& s = scheduler();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = s.WaitParameters(tensor);
+    }
+    ThrowIfError(status);
+    // The scheduler no longer reads this tensor's gradient.
+    gradients_[tensor] = py::none();
+  }
+
+  void GradientReady(int tensor, const py::object& gradient) {
+    CheckIndex(tensor);
+    CommScheduler& s = scheduler();
+    FloatBuffer in = ViewOf(gradient, false, "gradient_ready");
+    gradients_[tensor] = gradient;  // borrowed until the next WaitParameters(tensor)
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = s.GradientReady(tensor, absl::MakeConstSpan(in.data, in.size));
+    }
+    ThrowIfError(status);
+  }
+
+  void Run(absl::Status (CommScheduler::*method)()) {
+    CommScheduler& s = scheduler();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = (s.*method)();
+    }
+    ThrowIfError(status);
+  }
+
+  py::dict Stats() {
+    const CommSchedulerStats stats = scheduler().stats();
+    py::dict out;
+    out["push_calls"] = stats.push_calls;
+    out["pull_calls"] = stats.pull_calls;
+    out["bytes_pushed"] = stats.bytes_pushed;
+    out["bytes_pulled"] = stats.bytes_pulled;
+    out["peak_inflight_push_bytes"] = stats.peak_inflight_push_bytes;
+    return out;
+  }
+
+ private:
+  void CheckIndex(int tensor) const {
+    if (tensor < 0 || static_cast<size_t>(tensor) >= parameters_.size()) {
+      ThrowIfError(absl::OutOfRangeError(absl::StrCat("tensor index ", tensor, " is not in [0, ",
+                                                      parameters_.size(), ")")));
+    }
+  }
+
+  std::shared_ptr<PyClient> client_;
+  std::unique_ptr<CommScheduler> scheduler_;
+  std::vector<py::object> parameters_;
+  std::vector<py::object> gradients_;
+};
+
+std::shared_ptr<PyClient> CreateClient(const ClientOptions& options) {
+  absl::StatusOr<std::unique_ptr<Client>> client;
+  {
+    py::gil_scoped_release release;
+    client = Client::Create(options);
+  }
+  ThrowIfError(client.status());
+  return std::make_shared<PyClient>(std::move(*client), options.rpc_timeout);
+}
+
+std::unique_ptr<PyScheduler> CreateScheduler(const std::shared_ptr<PyClient>& client,
+                                             const std::vector<std::string>& names,
+                                             const std::vector<std::vector<int64_t>>& shapes,
+                                             const std::vector<py::object>& parameters,
+                                             const std::string& techniques, size_t fusion_bytes,
+                                             size_t partition_bytes, size_t max_inflight_bytes,
+                                             double wait_timeout_seconds) {
+  if (names.size() != shapes.size() || names.size() != parameters.size()) {
+    ThrowIfError(absl::InvalidArgumentError("names, shapes and parameters differ in length"));
+  }
+  absl::StatusOr<CommSchedulerOptions> options =
+      ParseTechniques(techniques, fusion_bytes, partition_bytes, max_inflight_bytes);
+  ThrowIfError(options.status());
+  options->wait_timeout = SecondsToDuration(wait_timeout_seconds, "wait_timeout");
+  std::vector<ScheduledTensor> tensors;
+  std::vector<FloatBuffer> views;
+  for (size_t i = 0; i < names.size(); ++i) {
+    views.push_back(ViewOf(parameters[i], true, "scheduler tensor '" + names[i] + "'"));
+    tensors.push_back({names[i], shapes[i], absl::MakeSpan(views.back().data, views.back().size)});
+  }
+  Client& c = client->client();
+  absl::StatusOr<std::unique_ptr<CommScheduler>> scheduler;
+  {
+    py::gil_scoped_release release;
+    scheduler = CommScheduler::Create(c, std::move(tensors), *options);
+  }
+  ThrowIfError(scheduler.status());
+  return std::make_unique<PyScheduler>(client, std::move(*scheduler), parameters);
+}
+
+}  // namespace
+}  // namespace harrier
+
+PYBIND11_MODULE(_harrier, m) {
+  using namespace harrier;
+  m.doc() = "Harrier's C++ client; import the harrier package instead.";
+
+  m.def("_set_error_classes", [](py::dict classes) { ErrorClasses() = std::move(classes); });
+  py::register_exception_translator([](std::exception_ptr pointer) {
+    try {
+      if (pointer) std::rethrow_exception(pointer);
+    } catch (const StatusError& error) {
+      const std::string code = absl::StatusCodeToString(error.status.code());
+      const std::string message(error.status.message());
+      py::object cls = ErrorClasses().contains(code) ? ErrorClasses()[py::str(code)]
+                                                     : py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+      py::object instance = cls(message, code, static_cast<int>(error.status.code()));
+      PyErr_SetObject(cls.ptr(), instance.ptr());
+    }
+  });
+
+  py::class_<ClientOptions>(m, "ClientOptions")
+      .def(py::init<>())
+      .def_readwrite("servers", &ClientOptions::servers)
+      .def_readwrite("job", &ClientOptions::job)
+      .def_readwrite("rank", &ClientOptions::rank)
+      .def_readwrite("worker_name", &ClientOptions::worker_name)
+      .def_property(
+          "rpc_timeout", [](const ClientOptions& o) { return absl::ToDoubleSeconds(o.rpc_timeout); },
+          [](ClientOptions& o, double s) { o.rpc_timeout = SecondsToDuration(s, "rpc_timeout"); })
+      .def_property(
+          "connect_timeout",
+          [](const ClientOptions& o) { return absl::ToDoubleSeconds(o.connect_timeout); },
+          [](ClientOptions& o, double s) { o.connect_timeout = SecondsToDuration(s, "connect_timeout"); })
+      .def_property(
+          "heartbeat_interval",
+          [](const ClientOptions& o) { return absl::ToDoubleSeconds(o.heartbeat_interval); },
+          [](ClientOptions& o, double s) {
+            o.heartbeat_interval = SecondsToDuration(s, "heartbeat_interval");
+          })
+      .def_property(
+          "retry_timeout",
+          [](const ClientOptions& o) { return absl::ToDoubleSeconds(o.retry_timeout); },
+          [](ClientOptions& o, double s) { o.retry_timeout = SecondsToDuration(s, "retry_timeout"); })
+      .def_readwrite("chunk_bytes", &ClientOptions::chunk_bytes)
+      .def_readwrite("codec", &ClientOptions::codec)
+      .def_readwrite("compress_min_bytes", &ClientOptions::compress_min_bytes)
+      .def_readwrite("pull_codec", &ClientOptions::pull_codec)
+      .def_readwrite("transport", &ClientOptions::transport)
+      .def_readwrite("max_queued_calls", &ClientOptions::max_queued_calls)
+      .def_readwrite("tls_ca_file", &ClientOptions::tls_ca_file)
+      .def_readwrite("tls_cert_file", &ClientOptions::tls_cert_file)
+      .def_readwrite("tls_key_file", &ClientOptions::tls_key_file)
+      .def_readwrite("auth_token", &ClientOptions::auth_token);
+
+  py::class_<PyHandle>(m, "Handle")
+      .def("wait", &PyHandle::Wait, py::arg("timeout") = py::none())
+      .def_property_readonly("done", &PyHandle::done)
+      .def_property_readonly("id", &PyHandle::id);
+
+  py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client")
+      .def(py::init(&CreateClient), py::arg("options"))
+      .def("close", &PyClient::Close)
+      .def_property_readonly("closed", &PyClient::closed)
+      .def_property_readonly("rank", [](PyClient& c) { return c.client().rank(); })
+      .def_property_readonly("num_workers", [](PyClient& c) { return c.client().num_workers(); })
+      .def_property_readonly("num_shards", [](PyClient& c) { return c.client().num_shards(); })
+      .def_property_readonly("chunk_bytes", [](PyClient& c) { return c.client().chunk_bytes(); })
+      .def_property_readonly("session_epoch", [](PyClient& c) { return c.client().session_epoch(); })
+      .def_property_readonly("current_clock", [](PyClient& c) { return c.client().clock(); })
+      .def("sync", &PyClient::Sync)
+      .def("register", &PyClient::Register, py::arg("name"), py::arg("shape"), py::arg("initial"))
+      .def("push", &PyClient::Push)
+      .def("pull", &PyClient::Pull)
+      .def("push_pull", &PyClient::PushPull)
+      .def("push_async", &PyClient::PushAsync, py::arg("name"), py::arg("gradient"),
+           py::arg("clock") = py::none(), py::arg("first_chunk") = 0, py::arg("num_chunks") = 0)
+      .def("pull_async", &PyClient::PullAsync, py::arg("name"), py::arg("out"),
+           py::arg("clock") = py::none(), py::arg("first_chunk") = 0, py::arg("num_chunks") = 0)
+      .def("push_pull_async", &PyClient::PushPullAsync)
+      .def("barrier", &PyClient::Barrier)
+      .def("heartbeat", &PyClient::Heartbeat)
+      .def("leave", &PyClient::Leave)
+      .def("clock",
+           [](PyClient& c) {
+             c.client().Clock();
+             return c.client().clock();
+           })
+      .def("stats", &PyClient::Stats)
+      .def("live_operations", [](PyClient& c) { return c.client().live_operations_for_testing(); });
+
+  py::class_<PyScheduler>(m, "Scheduler")
+      .def(py::init(&CreateScheduler), py::arg("client"), py::arg("names"), py::arg("shapes"),
+           py::arg("parameters"), py::arg("techniques"), py::arg("fusion_bytes") = 0,
+           py::arg("partition_bytes") = 0, py::arg("max_inflight_bytes") = 0,
+           py::arg("wait_timeout") = 120.0)
+      .def("wait_parameters", &PyScheduler::WaitParameters)
+      .def("gradient_ready", &PyScheduler::GradientReady)
+      .def("end_backward", [](PyScheduler& s) { s.Run(&CommScheduler::EndBackward); })
+      .def("drain", [](PyScheduler& s) { s.Run(&CommScheduler::Drain); })
+      .def("refresh", [](PyScheduler& s) { s.Run(&CommScheduler::Refresh); })
+      .def("stats", &PyScheduler::Stats)
+      .def("close", &PyScheduler::Close);
+}

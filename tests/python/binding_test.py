@@ -1,0 +1,322 @@
+"""Every call of the harrier Python binding and its error paths, against
+real shards on 127.0.0.1 (values checked exactly: integer parameters and
+power-of-two gradients make the shards' SGD exact)."""
+
+import gc
+import threading
+import time
+import unittest
+
+import numpy as np
+import torch
+
+import harrier
+from harrier_testing import Cluster, main
+
+N = 1 << 20  # 4 MiB: four 1 MiB chunks over two shards
+LR = 0.5
+
+
+def initial():
+    return (np.arange(N, dtype=np.float32) % 1000) - 500
+
+
+def gradient(step):
+    return np.full(N, 2.0 ** -step, dtype=np.float32) * np.where(np.arange(N) % 2 == 0, 1, -1).astype(np.float32)
+
+
+class BindingTest(unittest.TestCase):
+    # A cluster per test: a rank that has left is gone for its job.
+    def setUp(self):
+        self.cluster = Cluster(shards=2, workers=1, server_args=["--optimizer=sgd", f"--lr={LR}"])
+
+    def tearDown(self):
+        self.cluster.close()
+
+    def client(self, **kwargs):
+        kwargs.setdefault("chunk_bytes", 1 << 20)
+        kwargs.setdefault("rpc_timeout", 20.0)
+        kwargs.setdefault("connect_timeout", 10.0)
+        return harrier.Client(servers=self.cluster.servers, **kwargs)
+
+    def test_identity_and_sync(self):
+        with self.assertRaisesRegex(harrier.FailedPreconditionError, "job 'other'"):
+            self.client(job="other")
+        with self.client(worker_name="python-worker") as c:
+            self.assertEqual(c.rank, 0)
+            self.assertEqual(c.num_workers, 1)
+            self.assertEqual(c.num_shards, 2)
+            self.assertEqual(c.chunk_bytes, 1 << 20)
+            self.assertEqual(c.sync, {"mode": "bsp", "staleness": 0, "local_steps": 1})
+            self.assertEqual(c.current_clock, 0)
+            self.assertEqual(c.clock(), 1)
+            self.assertEqual(c.current_clock, 1)
+            self.assertIn("rank=0/1", repr(c))
+        self.assertTrue(c.closed)
+        self.assertIn("closed", repr(c))
+
+    def test_push_pull_values_exact(self):
+        with self.client() as c:
+            w0 = initial()
+            c.register("exact", w0)
+            self.assertEqual(c.shape("exact"), (N,))
+            np.testing.assert_array_equal(c.pull("exact"), w0)
+            expected = w0.copy()
+            out = np.zeros(N, dtype=np.float32)
+            for step in range(3):
+                g = gradient(step)
+                c.push("exact", g)
+                c.clock()
+                returned = c.pull("exact", out)
+                self.assertIs(returned, out)  # written in place, no copy
+                expected -= np.float32(LR) * g
+                np.testing.assert_array_equal(out, expected)
+            stats = c.stats()
+            self.assertEqual(stats["bytes_pushed"], 3 * N * 4)
+            self.assertGreaterEqual(stats["bytes_pulled"], 4 * N * 4)
+            self.assertGreaterEqual(stats["pushes"], 3)
+            self.assertGreaterEqual(stats["pulls"], 4)
+            for key in ("push_wait_s", "pull_wait_s", "last_min_clock"):
+                self.assertIn(key, stats)
+
+    def test_torch_tensors_zero_copy(self):
+        with self.client() as c:
+            w = torch.from_numpy(initial().reshape(1024, 1024).copy())
+            c.register("torch", w)
+            self.assertEqual(c.shape("torch"), (1024, 1024))
+            out = torch.zeros(1024, 1024)
+            pointer = out.data_ptr()
+            self.assertIs(c.pull("torch", out), out)
+            self.assertEqual(out.data_ptr(), pointer)
+            self.assertTrue(torch.equal(out, w))
+            g = torch.from_numpy(gradient(1).reshape(1024, 1024).copy()).requires_grad_()
+            result = c.push_pull("torch", g, out)  # a tensor that requires grad is fine as input
+            self.assertIs(result, out)
+            self.assertTrue(torch.equal(out, w - LR * g.detach()))
+            c.clock()
+
+    def test_inputs_converted_outputs_strict(self):
+        with self.client() as c:
+            c.register("convert", (4, 8))
+            np.testing.assert_array_equal(c.pull("convert"), np.zeros((4, 8), np.float32))
+            # float64, non-contiguous and integer inputs are copied to float32.
+            g64 = np.full((8, 4), 2.0).T  # float64, Fortran order
+            c.push("convert", g64)
+            c.clock()
+            np.testing.assert_array_equal(c.pull("convert"), np.full((4, 8), -LR * 2, np.float32))
+            c.push("convert", torch.ones(4, 8, dtype=torch.float64))
+            c.clock()
+            np.testing.assert_array_equal(c.pull("convert"), np.full((4, 8), -1.5, np.float32))
+            before = c.pull("convert")
+            for bad_out in (np.zeros((4, 8), np.float64), np.zeros((8, 8), np.float32)[:, ::2],
+                            torch.zeros(8, 4).t(), torch.zeros(4, 8, dtype=torch.float16), [0.0] * 32):
+                with self.assertRaises(harrier.InvalidArgumentError) as caught:
+                    c.pull("convert", bad_out)
+                self.assertIsInstance(caught.exception, ValueError)
+                self.assertEqual(caught.exception.code, "INVALID_ARGUMENT")
+            read_only = np.zeros((4, 8), np.float32)
+            read_only.flags.writeable = False
+            with self.assertRaisesRegex(harrier.InvalidArgumentError, "read-only"):
+                c.pull("convert", read_only)
+            with self.assertRaisesRegex(harrier.InvalidArgumentError, "complex|real"):
+                c.push("convert", np.zeros(32, np.complex64))
+            np.testing.assert_array_equal(c.pull("convert"), before)
+
+    def test_bad_shape_refused_and_changes_nothing(self):
+        with self.client() as c:
+            c.register("shape", np.ones(100, np.float32))
+            with self.assertRaises(harrier.InvalidArgumentError) as caught:
+                c.push("shape", np.ones(99, np.float32))
+            self.assertIsInstance(caught.exception, ValueError)
+            self.assertIn("99 elements", caught.exception.message)
+            with self.assertRaises(ValueError):
+                c.pull("shape", np.zeros(101, np.float32))
+            with self.assertRaises(ValueError):
+                c.push_async("shape", np.ones(101, np.float32))
+            # The C++ client's own check (not only the package's).
+            with self.assertRaises(harrier.InvalidArgumentError):
+                c._client.push("shape", np.ones(99, np.float32))
+            # A second registration must agree on the shape.
+            with self.assertRaises(harrier.InvalidArgumentError):
+                c.register("shape", (10, 11))
+            np.testing.assert_array_equal(c.pull("shape"), np.ones(100, np.float32))
+            with self.assertRaises(harrier.InvalidArgumentError):
+                c.register("negative", (3, -1))
+            with self.assertRaises(harrier.InvalidArgumentError):
+                c._client.register("", [3], None)
+
+    def test_unregistered_name(self):
+        with self.client() as c:
+            with self.assertRaises(harrier.NotFoundError) as caught:
+                c.pull("nobody")
+            self.assertIsInstance(caught.exception, LookupError)
+            with self.assertRaises(harrier.Error):
+                c._client.push("nobody", np.ones(4, np.float32))
+
+    def test_async_handles(self):
+        with self.client() as c:
+            w0 = initial()
+            c.register("async", w0)
+            g = gradient(2)
+            handle = c.push_async("async", g)
+            self.assertIsInstance(handle, harrier.Handle)
+            self.assertFalse(handle.done)
+            self.assertGreater(handle.id, 0)
+            self.assertIsNone(handle.wait(timeout=20))
+            self.assertTrue(handle.done)
+            with self.assertRaises(harrier.NotFoundError):
+                handle.wait()
+            c.clock()
+            out = np.empty(N, np.float32)
+            pulled = c.pull_async("async", out).wait(timeout=20)
+            self.assertIs(pulled, out)
+            np.testing.assert_array_equal(out, w0 - np.float32(LR) * g)
+            fresh = c.pull_async("async").wait(20)
+            np.testing.assert_array_equal(fresh, out)
+            both = c.push_pull_async("async", g).wait(20)
+            np.testing.assert_array_equal(both, w0 - np.float32(2 * LR) * g)
+            c.clock()
+            # A piece at an explicit clock: chunk 1 only.
+            piece = np.zeros(N, np.float32)
+            c.pull_async("async", piece, clock=c.current_clock, first_chunk=1, num_chunks=1).wait(20)
+            q = N // 4
+            np.testing.assert_array_equal(piece[q:2 * q], both[q:2 * q])
+            self.assertFalse(piece[:q].any() or piece[2 * q:].any())
+            with self.assertRaises(harrier.InvalidArgumentError):
+                c.pull_async("async", piece, first_chunk=9).wait(20)
+            with self.assertRaises(harrier.InvalidArgumentError):
+                handle = c.pull_async("async", piece)
+                handle.wait(timeout=-1)
+            handle.wait(20)
+
+    def test_dropped_handle_waits_and_frees(self):
+        with self.client() as c:
+            c.register("dropped", initial())
+            for _ in range(8):
+                c.pull_async("dropped", np.empty(N, np.float32))  # dropped at once
+            gc.collect()
+            self.assertEqual(c._client.live_operations(), 0)
+            h = c.push_async("dropped", gradient(0))
+            del h  # the push still completes before its array is released
+            c.clock()
+            np.testing.assert_array_equal(c.pull("dropped"), initial() - np.float32(LR) * gradient(0))
+
+    def test_barrier_leave_and_closed(self):
+        c = self.client()
+        c.register("leave", (16,))
+        c.barrier("python-barrier")
+        c.heartbeat()
+        c.leave()
+        with self.assertRaises(harrier.FailedPreconditionError):
+            c.push("leave", np.ones(16, np.float32))
+        c.close()
+        c.close()  # idempotent
+        with self.assertRaisesRegex(harrier.FailedPreconditionError, "closed"):
+            c.pull("leave")
+        with self.assertRaises(harrier.FailedPreconditionError):
+            _ = c.rank
+
+    def test_bad_options(self):
+        with self.assertRaises(harrier.InvalidArgumentError):
+            harrier.Client(servers=[])
+        with self.assertRaises(harrier.InvalidArgumentError):
+            self.client(rank=-2)
+        with self.assertRaises(harrier.InvalidArgumentError):
+            self.client(rpc_timeout=0)
+        with self.assertRaisesRegex(harrier.InvalidArgumentError, "codec|bogus"):
+            self.client(codec="bogus")
+        with self.assertRaises(harrier.InvalidArgumentError):
+            self.client(transport="carrier-pigeon")
+
+    def test_unavailable(self):
+        with self.assertRaises(harrier.UnavailableError) as caught:
+            harrier.Client(servers=["127.0.0.1:1"], connect_timeout=0.5)
+        self.assertIsInstance(caught.exception, ConnectionError)
+        self.assertEqual(caught.exception.code_value, 14)
+        self.assertIn("UNAVAILABLE", str(caught.exception))
+
+    def test_scheduler(self):
+        with self.client() as c:
+            a = np.arange(1000, dtype=np.float32)
+            b = initial()
+            s = harrier.Scheduler(c, [("sched.a", a), ("sched.b", b)], techniques="all",
+                                  partition_bytes=1 << 20, wait_timeout=20)
+            expected_a, expected_b = a.copy(), b.copy()
+            for step in range(2):
+                s.wait_parameters(0)
+                s.wait_parameters(1)
+                np.testing.assert_array_equal(a, expected_a)
+                np.testing.assert_array_equal(b, expected_b)
+                ga = np.full(1000, 2.0 ** -step, np.float32)
+                gb = gradient(step)
+                s.gradient_ready(1, gb)
+                s.gradient_ready(0, ga)
+                s.end_backward()
+                expected_a -= np.float32(LR) * ga
+                expected_b -= np.float32(LR) * gb
+            s.drain()
+            np.testing.assert_array_equal(a, expected_a)
+            np.testing.assert_array_equal(b, expected_b)
+            s.refresh()
+            np.testing.assert_array_equal(b, expected_b)
+            stats = s.stats()
+            self.assertGreaterEqual(stats["push_calls"], 4)
+            self.assertEqual(stats["bytes_pushed"], 2 * (1000 + N) * 4)
+            with self.assertRaises(harrier.OutOfRangeError) as caught:
+                s.wait_parameters(2)
+            self.assertIsInstance(caught.exception, IndexError)
+            with self.assertRaises(harrier.InvalidArgumentError):
+                s.gradient_ready(0, np.ones(999, np.float32))
+            with self.assertRaisesRegex(harrier.InvalidArgumentError, "unknown|technique"):
+                harrier.Scheduler(c, [("sched.c", np.zeros(4, np.float32))], techniques="teleport")
+            with self.assertRaises(harrier.InvalidArgumentError):
+                harrier.Scheduler(c, [("sched.d", np.zeros(4, np.float64))])
+            s.close()
+            with self.assertRaises(harrier.FailedPreconditionError):
+                s.drain()
+
+
+class BlockingTest(unittest.TestCase):
+    """Two workers configured, one present: its pull of clock 1 waits (BSP)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = Cluster(shards=1, workers=2, server_args=["--optimizer=sgd", f"--lr={LR}"])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.close()
+
+    def test_deadline_and_gil_released(self):
+        with harrier.Client(servers=self.cluster.servers, rank=0, rpc_timeout=1.5) as c:
+            c.register("blocked", np.ones(1000, np.float32))
+            c.push("blocked", np.ones(1000, np.float32))
+            c.clock()
+            out = np.full(1000, 7.0, np.float32)
+            # A wait with a deadline: cancelled, the buffer untouched.
+            with self.assertRaises(harrier.DeadlineExceededError) as caught:
+                c.pull_async("blocked", out).wait(timeout=0.3)
+            self.assertIsInstance(caught.exception, TimeoutError)
+            np.testing.assert_array_equal(out, np.full(1000, 7.0, np.float32))
+            # A blocking pull releases the GIL: this thread keeps counting.
+            ticks = [0]
+            stop = threading.Event()
+
+            def count():
+                while not stop.is_set():
+                    ticks[0] += 1
+            counter = threading.Thread(target=count)
+            counter.start()
+            started = time.monotonic()
+            try:
+                with self.assertRaises(harrier.DeadlineExceededError):
+                    c.pull("blocked", out)  # bounded by rpc_timeout
+            finally:
+                stop.set()
+                counter.join(5)
+            self.assertGreater(time.monotonic() - started, 1.0)
+            self.assertGreater(ticks[0], 10000)
+
+
+if __name__ == "__main__":
+    main()
