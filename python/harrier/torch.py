@@ -48,7 +48,8 @@ class DistributedOptimizer:
 
     named_parameters: (name, parameter) pairs, front of the model first (the
     order gives the comm scheduler's priorities); names must be the same on
-    every worker. client: a harrier.Client, or None to create one from
+    every worker; every worker starts from rank 0's values (a barrier
+    at construction). client: a harrier.Client, or None to create one from
     `servers`, `rank`, `codec`, `pull_codec`, `transport` and **client_options.
     sync: None (whatever the shards run) or the mode this code expects
     ("bsp", "ssp", "asp", "local"): a mismatch is an error, not a surprise.
@@ -126,19 +127,30 @@ class DistributedOptimizer:
         self._scheduler = None
         self._hooks = []
 
+        # Every worker starts from rank 0's values: rank 0 registers first
+        # (the first registration wins), the others after a barrier.
+        round_ = getattr(client, "_optimizers", 0)
+        client._optimizers = round_ + 1
+        barrier = f"harrier.torch/{round_}/{prefix}registered"
+        if client.rank != 0:
+            client.barrier(barrier)
         if techniques is not None:
             # Pulled parameters land in staging arrays and are copied into
             # the model when needed: never behind autograd's back mid-backward.
             self._scheduler = _harrier.Scheduler(
                 client, list(zip(self._names, self._pulled_from_params())), techniques,
                 fusion_bytes, partition_bytes, max_inflight_bytes, wait_timeout)
+        else:
+            for name, param in zip(self._names, self._params):
+                client.register(name, _numpy_view(param))
+        if client.rank == 0:
+            client.barrier(barrier)
+        if techniques is not None:
             for i in range(len(self._params)):
                 self._make_current(i)
         else:
             for name, param in zip(self._names, self._params):
-                client.register(name, _numpy_view(param))
-            for name, param in zip(self._names, self._params):
-                client.pull(name, _numpy_view(param))  # the first registration's values
+                client.pull(name, _numpy_view(param))  # rank 0's values
         if update == "worker":
             self._round_start = [_numpy_view(p).copy() for p in self._params]
         else:
