@@ -10,6 +10,7 @@ PACKAGES=(
   libopenblas-dev dataset-fashion-mnist prometheus-cpp-dev
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
   libgloo-dev iproute2
+  python3-dev pybind11-dev python3-numpy python3-torch
   yamllint nodejs npm kubectl
 )
 
