@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Harrier's main job: a local cluster on 127.0.0.1 (server shards + workers)
-# training an MLP on Fashion-MNIST, ending with a line test_accuracy=0.XXXX.
+# training on Fashion-MNIST, ending with a line test_accuracy=0.XXXX.
 #
-#   ./deploy/quickstart.sh [--shards=2] [--workers=4] [--epochs=5] [--sync=bsp]
-#                          [--server_args="..."] [--straggler_delay_ms=N]
-#                          [--straggler_probability=P]
+#   ./deploy/quickstart.sh [--workload=mlp|torch-cnn] [--shards=2] [--workers=4]
+#                          [--epochs=E] [--sync=bsp] [--server_args="..."]
+#                          [--straggler_delay_ms=N] [--straggler_probability=P]
 #                          [-- extra worker flags]
+#
+# --workload=mlp (default): the C++ harrier-worker trains an MLP (5 epochs).
+# --workload=torch-cnn: examples/torch_fashion_mnist.py, a PyTorch CNN, one
+# /usr/bin/python3 process per worker through the harrier Python package
+# (its own default epochs; the servers get its --print_server_args).
 #
 # Installs what is missing (deploy/setup.sh), builds, starts everything with
 # ephemeral ports, streams the workers' progress, and stops every process it
@@ -14,16 +19,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+workload=mlp
 shards=2
 workers=4
-epochs=5
+epochs=""
 sync=bsp
-server_args="--optimizer=nesterov --lr=0.05 --momentum=0.9"
+server_args=""
 straggler_delay_ms=0
 straggler_probability=1
 worker_args=()
 while (($#)); do
   case "$1" in
+    --workload=*) workload=${1#*=} ;;
     --shards=*) shards=${1#*=} ;;
     --workers=*) workers=${1#*=} ;;
     --epochs=*) epochs=${1#*=} ;;
@@ -32,12 +39,20 @@ while (($#)); do
     --straggler_delay_ms=*) straggler_delay_ms=${1#*=} ;;
     --straggler_probability=*) straggler_probability=${1#*=} ;;
     --) shift; worker_args+=("$@"); break ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "quickstart: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
-for value in "$shards" "$workers" "$epochs"; do
+case "$workload" in
+  mlp) epochs=${epochs:-5}; server_args=${server_args:-"--optimizer=nesterov --lr=0.05 --momentum=0.9"} ;;
+  torch-cnn)
+    if [ "$straggler_delay_ms" != 0 ]; then
+      echo "quickstart: --straggler_delay_ms applies to --workload=mlp only" >&2; exit 2
+    fi ;;
+  *) echo "quickstart: unknown workload '$workload' (mlp or torch-cnn)" >&2; exit 2 ;;
+esac
+for value in "$shards" "$workers" ${epochs:+"$epochs"}; do
   [[ $value =~ ^[1-9][0-9]*$ ]] || { echo "quickstart: counts must be positive integers" >&2; exit 2; }
 done
 
@@ -46,10 +61,21 @@ if [ -n "${HARRIER_BIN_DIR:-}" ]; then
   bin=$HARRIER_BIN_DIR
 else
   ./deploy/setup.sh
-  echo "quickstart: building harrier-server and harrier-worker" >&2
-  bazel build -c opt //server:harrier-server //worker:harrier-worker >/tmp/harrier-quickstart-build.log 2>&1 ||
+  targets=(//server:harrier-server //worker:harrier-worker)
+  [ "$workload" = torch-cnn ] && targets+=(//python:package)
+  echo "quickstart: building ${targets[*]}" >&2
+  bazel build -c opt "${targets[@]}" >/tmp/harrier-quickstart-build.log 2>&1 ||
     { tail -n 30 /tmp/harrier-quickstart-build.log >&2; echo "quickstart: build failed" >&2; exit 1; }
   bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+fi
+
+example=examples/torch_fashion_mnist.py
+if [ "$workload" = torch-cnn ]; then
+  export PYTHONPATH="$bin/python/pkg${PYTHONPATH:+:$PYTHONPATH}"
+  /usr/bin/python3 -c "import harrier, torch" 2>/dev/null ||
+    { echo "quickstart: /usr/bin/python3 cannot import harrier and torch (PYTHONPATH=$PYTHONPATH)" >&2; exit 1; }
+  # The shards run the example's optimizer: its tuned hyperparameters.
+  [ -z "$server_args" ] && server_args=$(/usr/bin/python3 "$example" --print_server_args)
 fi
 
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/harrier-quickstart.XXXXXX")
@@ -83,9 +109,16 @@ for ((shard = 0; shard < shards; shard++)); do
   fi
   servers+="${servers:+,}127.0.0.1:$(cat "$run_dir/shard$shard.port")"
 done
-echo "quickstart: $shards shards at $servers; starting $workers workers ($sync, $epochs epochs)" >&2
+echo "quickstart: $shards shards at $servers; starting $workers $workload workers ($sync, ${epochs:-default} epochs)" >&2
 
 for ((rank = 0; rank < workers; rank++)); do
+  if [ "$workload" = torch-cnn ]; then
+    /usr/bin/python3 -u "$example" --mode=worker --servers="$servers" --rank="$rank" \
+      --num_workers="$workers" ${epochs:+--epochs="$epochs"} ${worker_args[@]+"${worker_args[@]}"} \
+      >"$run_dir/worker$rank.out" 2> >(sed -u "s/^/[worker $rank] /" | tee "$run_dir/worker$rank.log" >&2) &
+    pids+=($!); name_of[$!]="worker rank $rank"
+    continue
+  fi
   delay=0
   ((rank == workers - 1)) && delay=$straggler_delay_ms  # the last rank plays the straggler
   "$bin/worker/harrier-worker" --servers="$servers" --rank="$rank" --num_workers="$workers" \
