@@ -276,6 +276,20 @@ class BindingTest(unittest.TestCase):
                 s.drain()
 
 
+class UcxTest(unittest.TestCase):
+    """The same exact values over UCX (tcp here; shards with --ucx)."""
+
+    def test_push_pull_over_ucx(self):
+        with Cluster(shards=2, workers=1, server_args=["--optimizer=sgd", f"--lr={LR}", "--ucx"]) \
+                as cluster, harrier.Client(servers=cluster.servers, transport="ucx",
+                                           chunk_bytes=1 << 20, rpc_timeout=20) as c:
+            w0 = initial()
+            c.register("ucx", w0)
+            out = np.empty(N, np.float32)
+            c.push_pull_async("ucx", gradient(1), out).wait(20)
+            np.testing.assert_array_equal(out, w0 - np.float32(LR) * gradient(1))
+
+
 class BlockingTest(unittest.TestCase):
     """Two workers configured, one present: its pull of clock 1 waits (BSP)."""
 
