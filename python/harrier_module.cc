@@ -55,6 +55,18 @@ void ThrowIfError(const absl::Status& status) {
   if (!status.ok()) throw StatusError{status};
 }
 
+// Runs `call` (returning absl::Status) without the GIL, then raises its
+// error, if any, with the GIL held again.
+template <typename Call>
+void WithoutGil(Call&& call) {
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = call();
+  }
+  ThrowIfError(status);
+}
+
 absl::Duration SecondsToDuration(double seconds, const char* what) {
   if (!(seconds >= 0)) {  // also NaN
     ThrowIfError(absl::InvalidArgumentError(absl::StrCat(what, " must be >= 0 seconds")));
@@ -159,34 +171,21 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
     Client& c = client();
     FloatBuffer values;
     if (!initial.is_none()) values = ViewOf(initial, /*writable=*/false, "register '" + name + "'");
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = c.RegisterTensor(name, shape, absl::MakeConstSpan(values.data, values.size));
-    }
-    ThrowIfError(status);
+    WithoutGil([&] {
+      return c.RegisterTensor(name, shape, absl::MakeConstSpan(values.data, values.size));
+    });
   }
 
   void Push(const std::string& name, const py::object& gradient) {
     Client& c = client();
     FloatBuffer in = ViewOf(gradient, false, "push '" + name + "'");
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = c.Push(name, absl::MakeConstSpan(in.data, in.size));
-    }
-    ThrowIfError(status);
+    WithoutGil([&] { return c.Push(name, absl::MakeConstSpan(in.data, in.size)); });
   }
 
   py::object Pull(const std::string& name, const py::object& out) {
     Client& c = client();
     FloatBuffer view = ViewOf(out, true, "pull '" + name + "' out");
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = c.Pull(name, absl::MakeSpan(view.data, view.size));
-    }
-    ThrowIfError(status);
+    WithoutGil([&] { return c.Pull(name, absl::MakeSpan(view.data, view.size)); });
     return out;
   }
 
@@ -194,13 +193,10 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
     Client& c = client();
     FloatBuffer in = ViewOf(gradient, false, "push_pull '" + name + "'");
     FloatBuffer view = ViewOf(out, true, "push_pull '" + name + "' out");
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = c.PushPull(name, absl::MakeConstSpan(in.data, in.size),
-                          absl::MakeSpan(view.data, view.size));
-    }
-    ThrowIfError(status);
+    WithoutGil([&] {
+      return c.PushPull(name, absl::MakeConstSpan(in.data, in.size),
+                        absl::MakeSpan(view.data, view.size));
+    });
     return out;
   }
 
@@ -252,32 +248,17 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
 
   void Barrier(const std::string& name) {
     Client& c = client();
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = c.Barrier(name);
-    }
-    ThrowIfError(status);
+    WithoutGil([&] { return c.Barrier(name); });
   }
 
   void Heartbeat() {
     Client& c = client();
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = c.Heartbeat();
-    }
-    ThrowIfError(status);
+    WithoutGil([&] { return c.Heartbeat(); });
   }
 
   void Leave() {
     Client& c = client();
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = c.Leave();
-    }
-    ThrowIfError(status);
+    WithoutGil([&] { return c.Leave(); });
   }
 
   py::dict Stats() {
@@ -332,10 +313,9 @@ PyHandle::~PyHandle() {
 py::object PyHandle::Wait(std::optional<double> timeout_seconds) {
   if (done_) ThrowIfError(absl::NotFoundError("this handle was already waited on"));
   Client& client = client_->client();
-  const absl::Time deadline =
-      timeout_seconds.has_value()
-          ? absl::Now() + SecondsToDuration(*timeout_seconds, "timeout")
-          : absl::InfiniteFuture();
+  const absl::Time deadline = timeout_seconds.has_value()
+                                  ? absl::Now() + SecondsToDuration(*timeout_seconds, "timeout")
+                                  : absl::InfiniteFuture();
   absl::Status status;
   {
     py::gil_scoped_release release;
@@ -374,19 +354,15 @@ class PyScheduler {
   }
 
   CommScheduler& scheduler() {
-    if (scheduler_ == nullptr) ThrowIfError(absl::FailedPreconditionError("the scheduler is closed"));
+    if (scheduler_ == nullptr)
+      ThrowIfError(absl::FailedPreconditionError("the scheduler is closed"));
     return *scheduler_;
   }
 
   void WaitParameters(int tensor) {
     CheckIndex(tensor);
     CommScheduler& s = scheduler();
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = s.WaitParameters(tensor);
-    }
-    ThrowIfError(status);
+    WithoutGil([&] { return s.WaitParameters(tensor); });
     // The scheduler no longer reads this tensor's gradient.
     gradients_[tensor] = py::none();
   }
@@ -396,22 +372,12 @@ class PyScheduler {
     CommScheduler& s = scheduler();
     FloatBuffer in = ViewOf(gradient, false, "gradient_ready");
     gradients_[tensor] = gradient;  // borrowed until the next WaitParameters(tensor)
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = s.GradientReady(tensor, absl::MakeConstSpan(in.data, in.size));
-    }
-    ThrowIfError(status);
+    WithoutGil([&] { return s.GradientReady(tensor, absl::MakeConstSpan(in.data, in.size)); });
   }
 
   void Run(absl::Status (CommScheduler::*method)()) {
     CommScheduler& s = scheduler();
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = (s.*method)();
-    }
-    ThrowIfError(status);
+    WithoutGil([&] { return (s.*method)(); });
   }
 
   py::dict Stats() {
@@ -428,8 +394,8 @@ class PyScheduler {
  private:
   void CheckIndex(int tensor) const {
     if (tensor < 0 || static_cast<size_t>(tensor) >= parameters_.size()) {
-      ThrowIfError(absl::OutOfRangeError(absl::StrCat("tensor index ", tensor, " is not in [0, ",
-                                                      parameters_.size(), ")")));
+      ThrowIfError(absl::OutOfRangeError(
+          absl::StrCat("tensor index ", tensor, " is not in [0, ", parameters_.size(), ")")));
     }
   }
 
@@ -493,8 +459,9 @@ PYBIND11_MODULE(_harrier, m) {
     } catch (const StatusError& error) {
       const std::string code = absl::StatusCodeToString(error.status.code());
       const std::string message(error.status.message());
-      py::object cls = ErrorClasses().contains(code) ? ErrorClasses()[py::str(code)]
-                                                     : py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+      py::object cls = ErrorClasses().contains(code)
+                           ? ErrorClasses()[py::str(code)]
+                           : py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
       py::object instance = cls(message, code, static_cast<int>(error.status.code()));
       PyErr_SetObject(cls.ptr(), instance.ptr());
     }
@@ -507,12 +474,15 @@ PYBIND11_MODULE(_harrier, m) {
       .def_readwrite("rank", &ClientOptions::rank)
       .def_readwrite("worker_name", &ClientOptions::worker_name)
       .def_property(
-          "rpc_timeout", [](const ClientOptions& o) { return absl::ToDoubleSeconds(o.rpc_timeout); },
+          "rpc_timeout",
+          [](const ClientOptions& o) { return absl::ToDoubleSeconds(o.rpc_timeout); },
           [](ClientOptions& o, double s) { o.rpc_timeout = SecondsToDuration(s, "rpc_timeout"); })
       .def_property(
           "connect_timeout",
           [](const ClientOptions& o) { return absl::ToDoubleSeconds(o.connect_timeout); },
-          [](ClientOptions& o, double s) { o.connect_timeout = SecondsToDuration(s, "connect_timeout"); })
+          [](ClientOptions& o, double s) {
+            o.connect_timeout = SecondsToDuration(s, "connect_timeout");
+          })
       .def_property(
           "heartbeat_interval",
           [](const ClientOptions& o) { return absl::ToDoubleSeconds(o.heartbeat_interval); },
@@ -522,7 +492,9 @@ PYBIND11_MODULE(_harrier, m) {
       .def_property(
           "retry_timeout",
           [](const ClientOptions& o) { return absl::ToDoubleSeconds(o.retry_timeout); },
-          [](ClientOptions& o, double s) { o.retry_timeout = SecondsToDuration(s, "retry_timeout"); })
+          [](ClientOptions& o, double s) {
+            o.retry_timeout = SecondsToDuration(s, "retry_timeout");
+          })
       .def_readwrite("chunk_bytes", &ClientOptions::chunk_bytes)
       .def_readwrite("codec", &ClientOptions::codec)
       .def_readwrite("compress_min_bytes", &ClientOptions::compress_min_bytes)
@@ -547,7 +519,8 @@ PYBIND11_MODULE(_harrier, m) {
       .def_property_readonly("num_workers", [](PyClient& c) { return c.client().num_workers(); })
       .def_property_readonly("num_shards", [](PyClient& c) { return c.client().num_shards(); })
       .def_property_readonly("chunk_bytes", [](PyClient& c) { return c.client().chunk_bytes(); })
-      .def_property_readonly("session_epoch", [](PyClient& c) { return c.client().session_epoch(); })
+      .def_property_readonly("session_epoch",
+                             [](PyClient& c) { return c.client().session_epoch(); })
       .def_property_readonly("current_clock", [](PyClient& c) { return c.client().clock(); })
       .def("sync", &PyClient::Sync)
       .def("register", &PyClient::Register, py::arg("name"), py::arg("shape"), py::arg("initial"))

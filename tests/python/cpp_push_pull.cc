@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   }
   if (auto s = (*client)->Leave(); !s.ok()) return Fail(s.ToString());
   FILE* out = std::fopen(output.c_str(), "wb");
-  if (out == nullptr || std::fwrite(pulled.data(), sizeof(float), pulled.size(), out) != pulled.size() ||
+  if (out == nullptr ||
+      std::fwrite(pulled.data(), sizeof(float), pulled.size(), out) != pulled.size() ||
       std::fclose(out) != 0) {
     return Fail("cannot write " + output);
   }
