@@ -188,6 +188,12 @@ def parse_args(argv):
     p.add_argument("--conv1", type=int, default=16, help="channels of the first conv layer")
     p.add_argument("--conv2", type=int, default=32, help="channels of the second conv layer")
     p.add_argument("--hidden", type=int, default=128, help="width of the hidden fc layer")
+    p.add_argument("--codec", default="none",
+                   help="worker mode: push compression, e.g. topk:ratio=0.01 (harrier.Client)")
+    p.add_argument("--pull_codec", default="none", help="worker mode: pull compression")
+    p.add_argument("--techniques", default="none",
+                   help="worker mode: comm scheduler techniques (plain, wfbp, fusion, "
+                        "priority, all, a+b) or none: each gradient pushed from its hook")
     p.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--print_server_args", action="store_true",
                    help="print the Harrier server flags that match these "
@@ -242,7 +248,8 @@ def main(argv):
             log(f"torch_fashion_mnist: --mode=worker needs Harrier's Python "
                 f"package (harrier, harrier.torch) on the path: {e}")
             return 1
-        client = harrier.Client(servers=args.servers.split(","), rank=args.rank)
+        client = harrier.Client(servers=args.servers.split(","), rank=args.rank,
+                                codec=args.codec, pull_codec=args.pull_codec)
         if client.rank != args.rank or client.num_workers != args.num_workers:
             log(f"torch_fashion_mnist: the client says rank={client.rank} "
                 f"num_workers={client.num_workers}, the flags say rank={args.rank} "
@@ -250,8 +257,9 @@ def main(argv):
             client.leave()
             return 1
         # The shards run the optimizer; the local one's lr and momentum are unused.
-        opt = htorch.DistributedOptimizer(local, model.named_parameters(),
-                                          client=client, model=model)
+        opt = htorch.DistributedOptimizer(
+            local, model.named_parameters(), client=client, model=model,
+            techniques=None if args.techniques == "none" else args.techniques)
         log(f"{tag}the servers must run with {server_args(args)} to match these "
             "hyperparameters (the local optimizer's lr is unused)")
     else:
@@ -316,6 +324,8 @@ def main(argv):
               f"steps={step}",
               f"ms_per_step={1000 * train_seconds / max(step, 1):.1f}"]
     if worker:
+        stats = client.stats()
+        lines += [f"bytes_pushed={stats['bytes_pushed']}", f"bytes_pulled={stats['bytes_pulled']}"]
         client.leave()
     out = sys.stdout if rank == 0 else sys.stderr
     for line in lines:
