@@ -118,6 +118,22 @@ class ConvergenceTest(unittest.TestCase):
         self.assertLess(compressed[0]["bytes_pushed"] * 8, dense[0]["bytes_pushed"])
 
 
+class ReadmeExampleTest(unittest.TestCase):
+    def test_readme_from_pytorch_example_runs(self):
+        with open(os.path.join(ROOT, "README.md")) as f:
+            readme = f.read()
+        section = readme[readme.index("## From PyTorch"):]
+        code = section[section.index("```python\n") + 10:]
+        code = code[:code.index("```")]
+        self.assertIn("DistributedOptimizer", code)
+        self.assertLessEqual(len(code.strip().splitlines()), 12)
+        with Cluster(shards=1, workers=1, server_args=["--optimizer=sgd", "--lr=0.1"]) as cluster:
+            code = code.replace("127.0.0.1:50061", cluster.servers[0])
+            self.assertIn(cluster.servers[0], code)
+            run = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stderr.decode()[-2000:])
+
+
 class BroadcastAndErrorsTest(unittest.TestCase):
     def test_broadcast_parameters(self):
         with Cluster(shards=1, workers=2, server_args=["--optimizer=sgd", "--lr=0.1"]) as cluster:
