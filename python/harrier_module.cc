@@ -67,6 +67,18 @@ void WithoutGil(Call&& call) {
   ThrowIfError(status);
 }
 
+// Runs `work` without the GIL when this thread holds it: destructors and
+// Close() may also run where it is not held (interpreter shutdown).
+template <typename Work>
+void WithoutGilIfHeld(Work&& work) {
+  if (PyGILState_Check()) {
+    py::gil_scoped_release release;
+    work();
+  } else {
+    work();
+  }
+}
+
 absl::Duration SecondsToDuration(double seconds, const char* what) {
   if (!(seconds >= 0)) {  // also NaN
     ThrowIfError(absl::InvalidArgumentError(absl::StrCat(what, " must be >= 0 seconds")));
@@ -157,13 +169,7 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   // the client shuts down.
   void Close() {
     std::unique_ptr<Client> client = std::move(client_);
-    if (client == nullptr) return;
-    if (PyGILState_Check()) {
-      py::gil_scoped_release release;
-      client.reset();
-    } else {
-      client.reset();
-    }
+    if (client != nullptr) WithoutGilIfHeld([&] { client.reset(); });
   }
 
   void Register(const std::string& name, const std::vector<int64_t>& shape,
@@ -205,15 +211,11 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
                                       uint32_t num_chunks) {
     Client& c = client();
     FloatBuffer in = ViewOf(gradient, false, "push_async '" + name + "'");
-    Client::Handle handle;
-    {
-      py::gil_scoped_release release;
-      const auto span = absl::MakeConstSpan(in.data, in.size);
-      handle = clock.has_value() || first_chunk != 0 || num_chunks != 0
-                   ? c.PushAsync(name, span, Scope(clock, first_chunk, num_chunks))
-                   : c.PushAsync(name, span);
-    }
-    return std::make_unique<PyHandle>(shared_from_this(), std::move(handle), gradient, py::none());
+    const auto span = absl::MakeConstSpan(in.data, in.size);
+    const std::optional<CallScope> scope = Scope(clock, first_chunk, num_chunks);
+    return StartWithoutGil(
+        [&] { return scope ? c.PushAsync(name, span, *scope) : c.PushAsync(name, span); }, gradient,
+        py::none());
   }
 
   std::unique_ptr<PyHandle> PullAsync(const std::string& name, const py::object& out,
@@ -221,15 +223,11 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
                                       uint32_t num_chunks) {
     Client& c = client();
     FloatBuffer view = ViewOf(out, true, "pull_async '" + name + "' out");
-    Client::Handle handle;
-    {
-      py::gil_scoped_release release;
-      const auto span = absl::MakeSpan(view.data, view.size);
-      handle = clock.has_value() || first_chunk != 0 || num_chunks != 0
-                   ? c.PullAsync(name, span, Scope(clock, first_chunk, num_chunks))
-                   : c.PullAsync(name, span);
-    }
-    return std::make_unique<PyHandle>(shared_from_this(), std::move(handle), py::none(), out);
+    const auto span = absl::MakeSpan(view.data, view.size);
+    const std::optional<CallScope> scope = Scope(clock, first_chunk, num_chunks);
+    return StartWithoutGil(
+        [&] { return scope ? c.PullAsync(name, span, *scope) : c.PullAsync(name, span); },
+        py::none(), out);
   }
 
   std::unique_ptr<PyHandle> PushPullAsync(const std::string& name, const py::object& gradient,
@@ -237,13 +235,12 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
     Client& c = client();
     FloatBuffer in = ViewOf(gradient, false, "push_pull_async '" + name + "'");
     FloatBuffer view = ViewOf(out, true, "push_pull_async '" + name + "' out");
-    Client::Handle handle;
-    {
-      py::gil_scoped_release release;
-      handle = c.PushPullAsync(name, absl::MakeConstSpan(in.data, in.size),
-                               absl::MakeSpan(view.data, view.size));
-    }
-    return std::make_unique<PyHandle>(shared_from_this(), std::move(handle), gradient, out);
+    return StartWithoutGil(
+        [&] {
+          return c.PushPullAsync(name, absl::MakeConstSpan(in.data, in.size),
+                                 absl::MakeSpan(view.data, view.size));
+        },
+        gradient, out);
   }
 
   void Barrier(const std::string& name) {
@@ -284,12 +281,28 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   }
 
  private:
-  static CallScope Scope(std::optional<int64_t> clock, uint32_t first_chunk, uint32_t num_chunks) {
+  // The piece a call covers; none for the whole tensor at the current clock.
+  static std::optional<CallScope> Scope(std::optional<int64_t> clock, uint32_t first_chunk,
+                                        uint32_t num_chunks) {
+    if (!clock.has_value() && first_chunk == 0 && num_chunks == 0) return std::nullopt;
     CallScope scope;
     scope.clock = clock.value_or(-1);
     scope.first_chunk = first_chunk;
     scope.num_chunks = num_chunks;
     return scope;
+  }
+
+  // Starts an async call without the GIL; the handle keeps the arrays.
+  template <typename Start>
+  std::unique_ptr<PyHandle> StartWithoutGil(Start&& start, py::object keep_input,
+                                            py::object result) {
+    Client::Handle handle;
+    {
+      py::gil_scoped_release release;
+      handle = start();
+    }
+    return std::make_unique<PyHandle>(shared_from_this(), std::move(handle), std::move(keep_input),
+                                      std::move(result));
   }
 
   std::unique_ptr<Client> client_;
@@ -302,12 +315,7 @@ PyHandle::~PyHandle() {
   // before the arrays they use can be freed.
   Client* client = &client_->client();
   const absl::Time deadline = absl::Now() + client_->rpc_timeout();
-  if (PyGILState_Check()) {
-    py::gil_scoped_release release;
-    client->Wait(handle_, deadline).IgnoreError();
-  } else {
-    client->Wait(handle_, deadline).IgnoreError();
-  }
+  WithoutGilIfHeld([&] { client->Wait(handle_, deadline).IgnoreError(); });
 }
 
 py::object PyHandle::Wait(std::optional<double> timeout_seconds) {
@@ -344,13 +352,7 @@ class PyScheduler {
 
   void Close() {
     std::unique_ptr<CommScheduler> scheduler = std::move(scheduler_);
-    if (scheduler == nullptr) return;
-    if (PyGILState_Check()) {
-      py::gil_scoped_release release;
-      scheduler.reset();
-    } else {
-      scheduler.reset();
-    }
+    if (scheduler != nullptr) WithoutGilIfHeld([&] { scheduler.reset(); });
   }
 
   CommScheduler& scheduler() {
