@@ -72,6 +72,7 @@ void ApplyEnvironment() {
 // HARRIER_* variables a binary accepts without having a flag of that name.
 // Anything else named HARRIER_* that is not one of the binary's own flags is
 // a typo or a setting for a flag that does not exist, and is refused.
+// clang-format off
 constexpr absl::string_view kOtherHarrierVariables[] = {
     // Read by ParseFlags itself: the config file.
     "HARRIER_CONFIG",
@@ -107,6 +108,7 @@ constexpr absl::string_view kOtherHarrierVariables[] = {
     "HARRIER_TLS_KEY", "HARRIER_TRAIN_EXAMPLES", "HARRIER_TRANSPORT", "HARRIER_UCX",
     "HARRIER_WARMUP_STEPS", "HARRIER_WEIGHT_DECAY", "HARRIER_WORKLOAD",
 };
+// clang-format on
 
 // Refuses a HARRIER_* variable that names no flag of this binary and is not
 // in kOtherHarrierVariables.

@@ -133,8 +133,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":", options.port,
-                                               " (--port): in use, or not an address of this host"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.host, ":", options.port,
+                     " (--port): in use, or not an address of this host"));
   }
   if (options.health_port >= 0) {
     // A server with no service of its own: the default health service that

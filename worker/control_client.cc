@@ -105,17 +105,19 @@ absl::Status GrpcControlClient::CheckShardIndex(int shard) {
   proto::ShardInfoResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-  const grpc::Status status = shards_[shard]->parameters->GetShardInfo(&context, request, &response);
+  const grpc::Status status =
+      shards_[shard]->parameters->GetShardInfo(&context, request, &response);
   // A shard from before GetShardInfo cannot say: nothing to check.
   if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) return absl::OkStatus();
   if (!status.ok()) {
     const absl::Status converted = FromGrpcStatus(status);
-    return absl::Status(converted.code(), absl::StrCat(ShardName(shard), ": ", converted.message()));
+    return absl::Status(converted.code(),
+                        absl::StrCat(ShardName(shard), ": ", converted.message()));
   }
   if (static_cast<int>(response.shard()) != shard) {
     return absl::InvalidArgumentError(absl::StrCat(
-        servers_[shard], " is not shard ", shard, " (it says it is shard ", response.shard(), " of ",
-        response.num_shards(), "): list --servers in shard order"));
+        servers_[shard], " is not shard ", shard, " (it says it is shard ", response.shard(),
+        " of ", response.num_shards(), "): list --servers in shard order"));
   }
   if (static_cast<size_t>(response.num_shards()) != servers_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("--servers lists ", servers_.size(),

@@ -134,8 +134,8 @@ absl::StatusOr<CodecSpec> CodecSpec::Parse(absl::string_view text) {
   if (!found) {
     std::vector<absl::string_view> known;
     for (const NameAndId& entry : kCodecNames) known.push_back(entry.name);
-    return Bad(text, absl::StrCat("unknown codec \"", name, "\" (known: ",
-                                  absl::StrJoin(known, ", "), ")"));
+    return Bad(text, absl::StrCat("unknown codec \"", name,
+                                  "\" (known: ", absl::StrJoin(known, ", "), ")"));
   }
   // Codec-specific defaults that differ from the struct's.
   if (spec.id == CodecId::kRandomK) spec.scaled = true;
