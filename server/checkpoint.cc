@@ -557,6 +557,33 @@ absl::Status WriteCheckpoint(const std::string& dir, const ShardCheckpoint& chec
   return absl::OkStatus();
 }
 
+absl::Status PrepareCheckpointDir(const std::string& dir) {
+  const std::string flag = absl::StrCat("--checkpoint_dir=", dir);
+  std::error_code ec;
+  const fs::file_status status = fs::status(dir, ec);
+  if (fs::exists(status) && !fs::is_directory(status)) {
+    return absl::FailedPreconditionError(absl::StrCat(flag, " is not a directory"));
+  }
+  if (!fs::exists(status)) {
+    fs::create_directories(dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(flag, " does not exist and cannot be created: ", ec.message()));
+    }
+  }
+  // access(W_OK) answers for the real user id and ignores read-only mounts;
+  // a file actually created is the one test that matches what a write needs.
+  const std::string probe = absl::StrCat(dir, "/.harrier-probe-", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, " is not writable: ", std::strerror(errno)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ShardCheckpoint> LoadLatestCheckpoint(const std::string& dir, int shard,
                                                      std::vector<std::string>* warnings) {
   absl::StatusOr<std::vector<uint64_t>> versions = ListCheckpointVersions(dir, shard);

@@ -101,6 +101,12 @@ absl::Status WriteCheckpoint(const std::string& dir, const ShardCheckpoint& chec
 // ignored), ascending. Empty when the directory does not exist.
 absl::StatusOr<std::vector<uint64_t>> ListCheckpointVersions(const std::string& dir, int shard);
 
+// Checks at start-up that `dir` can take checkpoints: creates it (and its
+// parents) when missing, then creates and removes a probe file in it.
+// FAILED_PRECONDITION with one line naming --checkpoint_dir when it exists
+// and is not a directory, cannot be created, or is not writable.
+absl::Status PrepareCheckpointDir(const std::string& dir);
+
 // Loads the newest checkpoint of `shard` that verifies. Each newer file that
 // does not (truncated, CRC mismatch, bad magic or format version, internal
 // inconsistency, a version or shard other than its name says) is skipped and

@@ -463,6 +463,15 @@ grpc::Status ParameterServiceImpl::GetTransportAddress(
   return grpc::Status::OK;
 }
 
+grpc::Status ParameterServiceImpl::GetShardInfo(grpc::ServerContext* context,
+                                                const proto::ShardInfoRequest*,
+                                                proto::ShardInfoResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
+  response->set_shard(static_cast<uint32_t>(store_->options().shard));
+  response->set_num_shards(static_cast<uint32_t>(store_->options().num_shards));
+  return grpc::Status::OK;
+}
+
 grpc::Status ParameterServiceImpl::Leave(grpc::ServerContext* context,
                                          const proto::LeaveRequest* request,
                                          proto::LeaveResponse*) {

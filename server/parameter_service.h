@@ -44,6 +44,8 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
                          proto::HeartbeatResponse* response) override;
   grpc::Status Leave(grpc::ServerContext* context, const proto::LeaveRequest* request,
                      proto::LeaveResponse* response) override;
+  grpc::Status GetShardInfo(grpc::ServerContext* context, const proto::ShardInfoRequest* request,
+                            proto::ShardInfoResponse* response) override;
   grpc::Status GetTransportAddress(grpc::ServerContext* context,
                                    const proto::TransportAddressRequest* request,
                                    proto::TransportAddressResponse* response) override;

@@ -49,6 +49,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   store_options.max_chunk_bytes = options.max_chunk_bytes;
   server->store_ = std::make_unique<ShardStore>(store_options, std::move(*optimizer));
   if (!options.checkpoint_dir.empty()) {
+    if (auto status = PrepareCheckpointDir(options.checkpoint_dir); !status.ok()) return status;
     std::vector<std::string> warnings;
     auto checkpoint = LoadLatestCheckpoint(options.checkpoint_dir, options.shard, &warnings);
     for (const auto& warning : warnings) spdlog::warn("{}", warning);
@@ -110,6 +111,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), *credentials,
                            &server->port_);
+  // gRPC sets SO_REUSEPORT by default: a second server on a fixed port would
+  // then bind too, say "serving" and take half the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
   builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes);
   ApplyServerTuning(builder);
@@ -130,7 +134,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.host, ":", options.port));
+        absl::StrCat("cannot listen on ", options.host, ":", options.port,
+                     " (--port): in use, or not an address of this host"));
   }
   if (options.health_port >= 0) {
     // A server with no service of its own: the default health service that
@@ -138,6 +143,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     grpc::ServerBuilder health_builder;
     health_builder.AddListeningPort(absl::StrCat(options.host, ":", options.health_port),
                                     grpc::InsecureServerCredentials(), &server->health_port_);
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     server->health_server_ = health_builder.BuildAndStart();
     if (server->health_server_ == nullptr || server->health_port_ == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":",

@@ -95,8 +95,36 @@ absl::StatusOr<std::unique_ptr<GrpcControlClient>> GrpcControlClient::Connect(
     shard->parameters = proto::ParameterService::NewStub(shard->channel);
     if (i == 0) shard->control = proto::ControlService::NewStub(shard->channel);
     client->shards_.push_back(std::move(shard));
+    if (auto status = client->CheckShardIndex(static_cast<int>(i)); !status.ok()) return status;
   }
   return client;
+}
+
+absl::Status GrpcControlClient::CheckShardIndex(int shard) {
+  proto::ShardInfoRequest request;
+  proto::ShardInfoResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  const grpc::Status status =
+      shards_[shard]->parameters->GetShardInfo(&context, request, &response);
+  // A shard from before GetShardInfo cannot say: nothing to check.
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) return absl::OkStatus();
+  if (!status.ok()) {
+    const absl::Status converted = FromGrpcStatus(status);
+    return absl::Status(converted.code(),
+                        absl::StrCat(ShardName(shard), ": ", converted.message()));
+  }
+  if (static_cast<int>(response.shard()) != shard) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        servers_[shard], " is not shard ", shard, " (it says it is shard ", response.shard(),
+        " of ", response.num_shards(), "): list --servers in shard order"));
+  }
+  if (static_cast<size_t>(response.num_shards()) != servers_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("--servers lists ", servers_.size(),
+                                                   " shards but ", servers_[shard],
+                                                   " says there are ", response.num_shards()));
+  }
+  return absl::OkStatus();
 }
 
 std::shared_ptr<grpc::Channel> GrpcControlClient::channel(int shard) const {

@@ -82,7 +82,9 @@ class GrpcControlClient : public ControlClient {
  public:
   // Opens a channel to every server (shard 0 first) and waits until each
   // has connected; UNAVAILABLE naming the shard if one does not within
-  // connect_timeout.
+  // connect_timeout. INVALID_ARGUMENT ("127.0.0.1:50062 is not shard 0 (it
+  // says it is shard 1 of 2): list --servers in shard order") when a
+  // server's own --shard or --num_shards disagrees with the list.
   static absl::StatusOr<std::unique_ptr<GrpcControlClient>> Connect(
       const std::vector<std::string>& servers, absl::Duration connect_timeout,
       absl::Duration rpc_timeout, const ChannelSecurity& security = {});
@@ -110,6 +112,9 @@ class GrpcControlClient : public ControlClient {
  private:
   struct Shard;
   GrpcControlClient(std::vector<std::string> servers, absl::Duration rpc_timeout);
+  // INVALID_ARGUMENT unless servers_[shard] says it is shard `shard` of
+  // servers_.size(). OK from a shard that predates GetShardInfo.
+  absl::Status CheckShardIndex(int shard);
 
   const std::vector<std::string> servers_;
   const absl::Duration rpc_timeout_;

@@ -131,7 +131,12 @@ absl::StatusOr<CodecSpec> CodecSpec::Parse(absl::string_view text) {
       found = true;
     }
   }
-  if (!found) return Bad(text, absl::StrCat("unknown codec \"", name, "\""));
+  if (!found) {
+    std::vector<absl::string_view> known;
+    for (const NameAndId& entry : kCodecNames) known.push_back(entry.name);
+    return Bad(text, absl::StrCat("unknown codec \"", name,
+                                  "\" (known: ", absl::StrJoin(known, ", "), ")"));
+  }
   // Codec-specific defaults that differ from the struct's.
   if (spec.id == CodecId::kRandomK) spec.scaled = true;
 

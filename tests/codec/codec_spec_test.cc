@@ -51,6 +51,8 @@ TEST_CASE("spec errors name the problem", "[spec]") {
     const char* mention;
   } cases[] = {
       {"zip", "unknown codec \"zip\""},
+      {"zip", "(known: none, fp16, bf16, topk, randomk, threshold, qsgd, terngrad, sign, efsign, "
+              "signum, onebit, powersgd)"},
       {"topk:k=5", "unknown parameter \"k\""},
       {"topk:ratio=0", "ratio=0 out of range"},
       {"topk:ratio=1.5", "out of range"},
