@@ -272,6 +272,12 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
       interval_loss = 0;
       interval_steps = 0;
     }
+    if (!last && options.stop_requested != nullptr && options.stop_requested->load()) {
+      result.stopped = true;
+      // The scheduler drains after the last step only: this one is now the last.
+      if (scheduler != nullptr) status = scheduler->Drain();
+      break;
+    }
   }
   if (metrics != nullptr) std::fclose(metrics);
   if (!status.ok()) return status;
@@ -280,6 +286,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
       result.seconds > 0 ? result.steps * options.batch_size / result.seconds : 0;
 
   if (auto left = client.Leave(); !left.ok()) return left;
+  if (result.stopped) return result;  // the others finish without this worker
   // Everyone has pushed its last clock once all reach the barrier; the final
   // pull then sees every update under any consistency model.
   if (auto barrier = client.Barrier("train-done"); !barrier.ok()) return barrier;

@@ -1,6 +1,7 @@
 #ifndef HARRIER_WORKER_TRAINER_H_
 #define HARRIER_WORKER_TRAINER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -42,6 +43,11 @@ struct TrainerOptions {
   // SGD (--sync=local): Train then fails with INVALID_ARGUMENT. nullopt:
   // one PushPull per tensor and step, no scheduler.
   std::optional<CommSchedulerOptions> scheduler;
+  // Set (harrier-worker: on SIGTERM or SIGINT): the step in progress is
+  // finished, what it pushed is drained, the worker leaves the job and
+  // Train returns with TrainResult::stopped, without the final barrier or
+  // evaluation (the other workers go on without it). Null: never.
+  const std::atomic<bool>* stop_requested = nullptr;
 };
 
 struct TrainResult {
@@ -58,6 +64,8 @@ struct TrainResult {
   double time_to_target_s = -1;
   // Seconds rank 0 spent in periodic evaluations (included in `seconds`).
   double eval_seconds = 0;
+  // Stopped early through TrainerOptions::stop_requested, after `steps`.
+  bool stopped = false;
 };
 
 // Runs data-parallel training of `model` on this worker's shard of `train`

@@ -3,7 +3,12 @@
 // model's communication (--workload=replay:NAME) with modelled compute.
 #include <cblas.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -118,9 +123,46 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+// SIGTERM or SIGINT (a pod being stopped, Ctrl-C): the MLP trainer finishes
+// its step, leaves the job and exits 0, so the other workers go on without
+// it. A second signal, or one before training can stop cleanly (start-up,
+// the replay workload), exits at once with 128 + the signal. A handler, not
+// sigwait: OpenBLAS starts its threads before main, with the signals
+// unblocked, so a blocked mask in main would not keep the default action
+// away.
+std::atomic<bool> stop_requested{false};
+std::atomic<bool> can_stop_cleanly{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "used from a signal handler");
+
+extern "C" void OnStopSignal(int signal_number) {
+  if (stop_requested.exchange(true) || !can_stop_cleanly.load()) {
+    static const char kNow[] = "harrier-worker: signal received: exiting now\n";
+    (void)!write(STDERR_FILENO, kNow, sizeof(kNow) - 1);
+    _exit(128 + signal_number);
+  }
+  static const char kLater[] =
+      "harrier-worker: signal received: finishing this step, then leaving the job (a second "
+      "signal exits at once)\n";
+  (void)!write(STDERR_FILENO, kLater, sizeof(kLater) - 1);
+}
+
+void HandleStopSignals() {
+  struct sigaction action {};
+  action.sa_handler = OnStopSignal;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  // A SIGINT the parent made us ignore (a background job of a script) stays
+  // ignored.
+  struct sigaction previous {};
+  sigaction(SIGINT, nullptr, &previous);
+  if (previous.sa_handler != SIG_IGN) sigaction(SIGINT, &action, nullptr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  HandleStopSignals();
   harrier::ParseFlags(argc, argv,
                       "The Harrier worker agent: trains a workload through the parameter servers.\n"
                       "Usage: harrier-worker --servers=HOST:PORT,... [--epochs=N] [flags]\n"
@@ -359,8 +401,15 @@ int main(int argc, char** argv) {
     return Fail("--target_accuracy must be in [0, 1]");
   }
   options.scheduler = scheduler;
+  options.stop_requested = &stop_requested;
+  can_stop_cleanly = true;
   auto result = harrier::Train(**client, *model, train, rank == 0 ? &test : nullptr, options);
   if (!result.ok()) return Fail(std::string(result.status().message()));
+  if (result->stopped) {
+    std::fprintf(stderr, "[worker %d] stopped by signal after %lld steps; left the job\n", rank,
+                 static_cast<long long>(result->steps));
+    return 0;
+  }
 
   std::fprintf(stderr,
                "[worker %d] done: %lld steps in %.1f s, %.0f samples/s, loss %.4f -> %.4f, max "
