@@ -35,10 +35,13 @@ done
 }
 
 mkdir -p "$prefix/lib/pkgconfig" "$prefix/lib/cmake/harrier" "$prefix/include/harrier/worker"
-install -m 0755 "$runfiles/worker/libharrier.so" "$prefix/lib/libharrier.so.0"
+# cp, not install(1): in a test's runfiles, `install` is this script.
+cp -f "$runfiles/worker/libharrier.so" "$prefix/lib/libharrier.so.0"
+chmod 0755 "$prefix/lib/libharrier.so.0"
 ln -sfn libharrier.so.0 "$prefix/lib/libharrier.so"
-install -m 0644 "$runfiles/worker/client.h" "$runfiles/worker/operation_handle.h" \
-  "$prefix/include/harrier/worker/"
+# The headers are //worker:client_headers, the one list of them.
+cp -f "$runfiles/worker/"*.h "$prefix/include/harrier/worker/"
+chmod 0644 "$prefix/include/harrier/worker/"*.h
 
 # Requires: what the installed headers include (Abseil). gRPC, protobuf,
 # UCX and spdlog are libharrier.so's own business: its DT_NEEDED entries name
