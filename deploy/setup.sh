@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  bazel-bootstrap build-essential pkg-config
+  bazel-bootstrap build-essential pkg-config cmake
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils libabsl-dev libspdlog-dev libfmt-dev catch2 zlib1g-dev
   libopenblas-dev dataset-fashion-mnist prometheus-cpp-dev

@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
     }
     (*client)->Clock();
   }
+  if (auto status = (*client)->Leave(); !status.ok()) {
+    std::fprintf(stderr, "train_loop: %s\n", status.ToString().c_str());
+    return 1;
+  }
   std::printf("final_loss=%.6f\n", loss);
   return loss < 1e-3f ? 0 : 1;
 }
