@@ -80,7 +80,7 @@ class Membership {
   mutable absl::Mutex mutex_;
   absl::Status failure_ ABSL_GUARDED_BY(mutex_);
   std::vector<Clock::time_point> last_seen_ ABSL_GUARDED_BY(mutex_);
-  std::vector<bool> seen_ ABSL_GUARDED_BY(mutex_);  // heard from since last reported lost
+  std::vector<bool> seen_ ABSL_GUARDED_BY(mutex_);    // heard from since last reported lost
   std::vector<bool> joined_ ABSL_GUARDED_BY(mutex_);  // counted in present_
 
   void JoinLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

@@ -634,10 +634,11 @@ void ShardStore::CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPoli
   const bool carry_on = policy == WorkerLossPolicy::kContinue;
   for (const Membership::Lost& worker : lost) {
     if (carry_on) Depart(worker.rank);
-    spdlog::warn("event=worker_lost shard={} rank={} last_heartbeat_ms={} timeout_ms={} policy={} "
-                 "present={}",
-                 options_.shard, worker.rank, worker.silent.count(), timeout.count(),
-                 carry_on ? "continue" : "fail", membership_.present());
+    spdlog::warn(
+        "event=worker_lost shard={} rank={} last_heartbeat_ms={} timeout_ms={} policy={} "
+        "present={}",
+        options_.shard, worker.rank, worker.silent.count(), timeout.count(),
+        carry_on ? "continue" : "fail", membership_.present());
   }
   if (!carry_on) ForEachSlotLocked([](Slot&) {});  // blocked pulls wake and fail
 }

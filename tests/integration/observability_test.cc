@@ -3,10 +3,9 @@
 // metrics that count them (harrier_server_active_workers, the push latency
 // of PushPull, harrier_server_checkpoint_age_seconds after a restore).
 // Each wait has a deadline.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -104,14 +103,15 @@ Shard StartShard(const std::string& log_name, std::vector<std::string> extra) {
   shard.metrics_port = testing::FreePort();
   shard.log = absl::StrCat(testing::TempDir(), "/", log_name);
   std::filesystem::remove(shard.log);
-  std::vector<std::string> flags = {"--shard=0", "--num_shards=1", "--num_workers=2",
-                                    "--sync=asp", "--lr=1",
-                                    absl::StrCat("--metrics_port=", shard.metrics_port)};
+  std::vector<std::string> flags = {
+      "--shard=0",  "--num_shards=1", "--num_workers=2",
+      "--sync=asp", "--lr=1",         absl::StrCat("--metrics_port=", shard.metrics_port)};
   flags.insert(flags.end(), extra.begin(), extra.end());
   auto server = testing::ServerProcess::Start(flags, shard.log);
   REQUIRE(server.ok());
   shard.server = std::move(*server);
-  REQUIRE(WaitFor([&] { return MetricValue(shard.metrics_port, "harrier_server_active_workers") >= 0; }));
+  REQUIRE(WaitFor(
+      [&] { return MetricValue(shard.metrics_port, "harrier_server_active_workers") >= 0; }));
   return shard;
 }
 
@@ -123,9 +123,9 @@ void Stop(Shard& shard) {
 TEST_CASE("observability: registrations, a PushPull, a leave and checkpoints, then a restore") {
   const std::string dir = absl::StrCat(testing::TempDir(), "/observability-checkpoints");
   std::filesystem::remove_all(dir);
-  Shard shard = StartShard("observability-first.log",
-                           {"--checkpoint_dir=" + dir, "--checkpoint_every_s=1",
-                            "--heartbeat_timeout_ms=60000"});
+  Shard shard = StartShard(
+      "observability-first.log",
+      {"--checkpoint_dir=" + dir, "--checkpoint_every_s=1", "--heartbeat_timeout_ms=60000"});
   const int metrics = shard.metrics_port;
   // Configured for two workers, none registered yet.
   REQUIRE(MetricValue(metrics, "harrier_server_active_workers") == 0);
@@ -135,9 +135,9 @@ TEST_CASE("observability: registrations, a PushPull, a leave and checkpoints, th
   REQUIRE(MetricValue(metrics, "harrier_server_active_workers") == 2);
   for (int rank = 0; rank < 2; ++rank) {
     Client& client = rank == 0 ? *first : *second;
-    const std::string line = LogLine(shard.log, absl::StrCat("event=register shard=0 rank=", rank,
-                                                             " epoch=", client.session_epoch(),
-                                                             " worker=observer-", rank));
+    const std::string line = LogLine(
+        shard.log, absl::StrCat("event=register shard=0 rank=", rank,
+                                " epoch=", client.session_epoch(), " worker=observer-", rank));
     INFO(ReadAll(shard.log));
     REQUIRE_FALSE(line.empty());
   }
@@ -196,8 +196,8 @@ TEST_CASE("observability: registrations, a PushPull, a leave and checkpoints, th
     REQUIRE_FALSE(restore.empty());
   }
   REQUIRE(Field(restore, "age_seconds") >= 1.5);
-  const double restored_age = MetricValue(restarted.metrics_port,
-                                          "harrier_server_checkpoint_age_seconds");
+  const double restored_age =
+      MetricValue(restarted.metrics_port, "harrier_server_checkpoint_age_seconds");
   REQUIRE(restored_age >= 1.5);
   REQUIRE(restored_age < 60);
   REQUIRE(MetricValue(restarted.metrics_port, "harrier_server_active_workers") == 0);
@@ -230,8 +230,7 @@ TEST_CASE("observability: a silent worker is logged lost, and its re-registratio
   {
     INFO(ReadAll(shard.log));
     REQUIRE(Logged(shard.log, absl::StrCat("event=rejoin shard=0 rank=1 epoch=", epoch,
-                                           " previous_epoch=", first_epoch,
-                                           " worker=observer-1")));
+                                           " previous_epoch=", first_epoch, " worker=observer-1")));
   }
   again->reset();
   Stop(shard);

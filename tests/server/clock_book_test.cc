@@ -353,7 +353,7 @@ TEST_CASE("membership: present counts ranks that joined and neither left nor wer
   Membership membership(3);
   REQUIRE(membership.present() == 0);  // none joined yet, whatever --num_workers says
   membership.Join(0);
-  membership.Join(0);  // idempotent
+  membership.Join(0);   // idempotent
   membership.Heard(2);  // a heartbeat or push joins too
   REQUIRE(membership.present() == 2);
   REQUIRE(membership.active() == 3);
