@@ -163,7 +163,8 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
                                        request->previous_session().epoch(),
                                        " is not the rank's current one"));
     }
-    spdlog::info("release rank={} epoch={}", rank, request->previous_session().epoch());
+    spdlog::info("event=release shard=0 rank={} epoch={}", rank,
+                 request->previous_session().epoch());
     response->set_rank(static_cast<uint32_t>(rank));
     response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
     return grpc::Status::OK;
@@ -199,8 +200,18 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
           .count());
   const uint64_t epoch = std::max({last_epoch_ + 1, now_ms, sessions_->max_epoch() + 1});
   last_epoch_ = epoch;
+  // A rank that held a session before (a worker restarted, or one taking
+  // over a silent rank) rejoins under the new epoch.
+  const uint64_t previous_epoch = sessions_->state(static_cast<uint32_t>(rank)).epoch;
   *response->mutable_session() = sessions_->Issue(static_cast<uint32_t>(rank), epoch);
-  spdlog::info("register rank={} epoch={} worker={}", rank, epoch, request->worker_name());
+  if (options_.membership != nullptr) options_.membership->Join(static_cast<uint32_t>(rank));
+  if (previous_epoch == 0) {
+    spdlog::info("event=register shard=0 rank={} epoch={} worker={}", rank, epoch,
+                 request->worker_name());
+  } else {
+    spdlog::info("event=rejoin shard=0 rank={} epoch={} previous_epoch={} worker={}", rank, epoch,
+                 previous_epoch, request->worker_name());
+  }
   response->set_rank(static_cast<uint32_t>(rank));
   response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
   for (const auto& address : options_.shard_addresses) response->add_shard_addresses(address);

@@ -36,9 +36,10 @@ struct ControlOptions {
   // table of its own, keyed from `job` and `job_token` (tests).
   SessionTable* sessions = nullptr;
   // Shard 0's membership: a rank that left (Leave, or lost under
-  // --on_worker_loss=continue) no longer holds up a barrier. Not owned;
-  // must outlive the service. Null: nobody ever leaves.
-  const Membership* membership = nullptr;
+  // --on_worker_loss=continue) no longer holds up a barrier; a rank that
+  // registers joins it (Membership::Join). Not owned; must outlive the
+  // service. Null: nobody ever leaves.
+  Membership* membership = nullptr;
   // A session handed out by Register but not heard from within this is
   // reclaimed (its rank may be handed out again); a heard session silent
   // this long may be replaced by a Register for its rank.

@@ -9,7 +9,8 @@ Membership::Membership(int num_workers)
       departed_(new std::atomic<bool>[num_workers]),
       active_(num_workers),
       last_seen_(num_workers),
-      seen_(num_workers, false) {
+      seen_(num_workers, false),
+      joined_(num_workers, false) {
   for (int r = 0; r < num_workers; ++r) departed_[r] = false;
 }
 
@@ -22,31 +23,54 @@ absl::Status Membership::CheckRank(uint32_t rank, absl::string_view what) const 
 bool Membership::Depart(uint32_t rank) {
   if (departed_[rank].exchange(true)) return false;
   active_--;
+  // After the exchange: a Join racing with this sees departed_ under the
+  // lock, or joined before it and is undone here.
+  absl::MutexLock lock(&mutex_);
+  UnjoinLocked(rank);
   return true;
+}
+
+void Membership::JoinLocked(uint32_t rank) {
+  if (joined_[rank] || departed_[rank]) return;
+  joined_[rank] = true;
+  present_++;
+}
+
+void Membership::UnjoinLocked(uint32_t rank) {
+  if (!joined_[rank]) return;
+  joined_[rank] = false;
+  present_--;
+}
+
+void Membership::Join(uint32_t rank) {
+  absl::MutexLock lock(&mutex_);
+  JoinLocked(rank);
 }
 
 void Membership::Heard(uint32_t rank) {
   absl::MutexLock lock(&mutex_);
   last_seen_[rank] = Clock::now();
   seen_[rank] = true;
+  JoinLocked(rank);
 }
 
 std::vector<uint32_t> Membership::FindLost(std::chrono::milliseconds timeout,
-                                           WorkerLossPolicy policy) {
+                                           WorkerLossPolicy policy, std::vector<Lost>* details) {
   std::vector<uint32_t> lost;
   absl::MutexLock lock(&mutex_);
   const auto now = Clock::now();
   for (int r = 0; r < num_workers_; ++r) {
     if (!seen_[r] || departed_[r] || now - last_seen_[r] <= timeout) continue;
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_seen_[r]);
     lost.push_back(static_cast<uint32_t>(r));
+    if (details != nullptr) details->push_back({static_cast<uint32_t>(r), silent});
     if (policy == WorkerLossPolicy::kFail && !failed_) {
-      failure_ = absl::AbortedError(absl::StrCat(
-          "worker rank ", r, " lost: no heartbeat for ",
-          std::chrono::duration_cast<std::chrono::milliseconds>(now - last_seen_[r]).count(),
-          " ms (--on_worker_loss=fail)"));
+      failure_ = absl::AbortedError(absl::StrCat("worker rank ", r, " lost: no heartbeat for ",
+                                                 silent.count(), " ms (--on_worker_loss=fail)"));
       failed_ = true;
     }
     seen_[r] = false;  // reported once
+    UnjoinLocked(static_cast<uint32_t>(r));
   }
   return lost;
 }

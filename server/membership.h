@@ -21,10 +21,11 @@ enum class WorkerLossPolicy {
 };
 
 // Which ranks of a job are still in it, as one shard sees them: ranks that
-// left (Leave, or lost under kContinue), when each was last heard from, and
-// the job's failure once a lost worker failed it. The consistency rule
-// (server/consistency.h) reads it; it knows nothing of clocks. Thread-safe;
-// departed() and active() are lock-free, for the hot path.
+// left (Leave, or lost under kContinue), when each was last heard from, which
+// are present (joined and neither left nor lost), and the job's failure once
+// a lost worker failed it. The consistency rule (server/consistency.h) reads
+// it; it knows nothing of clocks. Thread-safe; departed(), active() and
+// present() are lock-free, for the hot path and the metrics.
 class Membership {
  public:
   using Clock = std::chrono::steady_clock;
@@ -38,19 +39,34 @@ class Membership {
   absl::Status CheckRank(uint32_t rank, absl::string_view what) const;
 
   bool departed(uint32_t rank) const { return departed_[rank].load(); }
-  // Ranks that have not left.
+  // Ranks that have not left, joined or not: what averages divide by.
   int active() const { return active_.load(); }
+  // Ranks that joined (Join, or heard from) and have neither left nor been
+  // lost since: the workers actually in the job now.
+  int present() const { return present_.load(); }
 
   // The rank leaves for good; false if it already had (idempotent).
   bool Depart(uint32_t rank);
 
-  // The rank is alive now (a heartbeat or a push).
+  // The rank joined the job (shard 0: it registered). Counts in present()
+  // unless it departed. Idempotent.
+  void Join(uint32_t rank);
+
+  // The rank is alive now (a heartbeat or a push); it joins if it had not.
   void Heard(uint32_t rank);
 
+  // A rank FindLost reported, and how long it had been silent.
+  struct Lost {
+    uint32_t rank = 0;
+    std::chrono::milliseconds silent{0};
+  };
+
   // Ranks heard from once, not departed, and silent for more than `timeout`,
-  // each reported once. Under kFail the first one fails the job (failure()
-  // turns ABORTED, naming it); under kContinue the caller makes them leave.
-  std::vector<uint32_t> FindLost(std::chrono::milliseconds timeout, WorkerLossPolicy policy);
+  // each reported once (and no longer present() until heard again). Under
+  // kFail the first one fails the job (failure() turns ABORTED, naming it);
+  // under kContinue the caller makes them leave.
+  std::vector<uint32_t> FindLost(std::chrono::milliseconds timeout, WorkerLossPolicy policy,
+                                 std::vector<Lost>* details = nullptr);
 
   // OK, or the status every call gets once a lost worker failed the job.
   absl::Status failure() const;
@@ -59,11 +75,16 @@ class Membership {
   const int num_workers_;
   const std::unique_ptr<std::atomic<bool>[]> departed_;
   std::atomic<int> active_;
+  std::atomic<int> present_{0};
   std::atomic<bool> failed_{false};
   mutable absl::Mutex mutex_;
   absl::Status failure_ ABSL_GUARDED_BY(mutex_);
   std::vector<Clock::time_point> last_seen_ ABSL_GUARDED_BY(mutex_);
-  std::vector<bool> seen_ ABSL_GUARDED_BY(mutex_);  // heard from since last reported lost
+  std::vector<bool> seen_ ABSL_GUARDED_BY(mutex_);    // heard from since last reported lost
+  std::vector<bool> joined_ ABSL_GUARDED_BY(mutex_);  // counted in present_
+
+  void JoinLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void UnjoinLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 };
 
 }  // namespace harrier

@@ -3,6 +3,9 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
+#include <algorithm>
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
@@ -60,10 +63,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                                          options.checkpoint_dir, ": ", status.message()));
       }
       server->restored_version_ = checkpoint->version;
+      // The age gauge then shows the restored checkpoint's age: the state
+      // served is that old, whatever the restart took.
+      server->last_checkpoint_unix_ms_ = checkpoint->created_unix_ms;
       absl::MutexLock lock(&server->checkpoint_mutex_);
       server->next_checkpoint_version_ = checkpoint->version + 1;
-      spdlog::info("restored shard {} from checkpoint version {} ({} chunks)", options.shard,
-                   checkpoint->version, checkpoint->slots.size());
+      spdlog::info("event=restore shard={} version={} chunks={} age_seconds={:.3f} dir={}",
+                   options.shard, checkpoint->version, checkpoint->slots.size(),
+                   (absl::ToUnixMillis(absl::Now()) - checkpoint->created_unix_ms) / 1000.0,
+                   options.checkpoint_dir);
     } else if (!absl::IsNotFound(checkpoint.status())) {
       return absl::DataLossError(absl::StrCat("cannot restore shard ", options.shard, " from ",
                                               options.checkpoint_dir, ": ",
@@ -228,15 +236,21 @@ void ShardServer::Wait() { server_->Wait(); }
 absl::Status ShardServer::WriteCheckpointNow() {
   if (options_.checkpoint_dir.empty()) return absl::OkStatus();
   absl::MutexLock lock(&checkpoint_mutex_);
+  const auto started = std::chrono::steady_clock::now();
   ShardCheckpoint checkpoint = store_->Export();
   checkpoint.version = next_checkpoint_version_;
   checkpoint.created_unix_ms = absl::ToUnixMillis(absl::Now());
   auto status = WriteCheckpoint(options_.checkpoint_dir, checkpoint, options_.checkpoint_keep);
   if (!status.ok()) return status;
   ++next_checkpoint_version_;
-  last_checkpoint_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
+  last_checkpoint_unix_ms_ = checkpoint.created_unix_ms;
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(
+      CheckpointPath(options_.checkpoint_dir, options_.shard, checkpoint.version), ec);
+  spdlog::info("event=checkpoint shard={} version={} chunks={} bytes={} seconds={:.3f}",
+               options_.shard, checkpoint.version, checkpoint.slots.size(),
+               ec ? -1 : static_cast<int64_t>(bytes),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   return absl::OkStatus();
 }
 
@@ -269,27 +283,28 @@ void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
   metrics_->AddCallbackGauge("harrier_server_blocked_pulls",
                              "Pulls waiting for the consistency model (queue depth).",
                              [store] { return store->blocked_pulls(); }, shard);
-  metrics_->AddCallbackGauge("harrier_server_active_workers", "Workers that have not left.",
-                             [store] { return store->active_workers(); }, shard);
+  metrics_->AddCallbackGauge(
+      "harrier_server_active_workers",
+      "Workers in the job now: registered (shard 0) or heard from, and neither left nor lost.",
+      [store] { return store->present_workers(); }, shard);
   metrics_->AddCallbackGauge(
       "harrier_server_max_staleness", "Largest pull clock minus min clock answered.",
       [store] { return static_cast<double>(store->counters().max_staleness.load()); }, shard);
   metrics_->AddCallbackGauge(
       "harrier_server_checkpoint_age_seconds",
-      "Seconds since the last checkpoint was written (-1: none yet).",
+      "Seconds since the last checkpoint was written, or since the restored one was "
+      "(-1: none yet).",
       [this] {
-        const int64_t last = last_checkpoint_ms_;
+        const int64_t last = last_checkpoint_unix_ms_;
         if (last == 0) return -1.0;
-        const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                std::chrono::steady_clock::now().time_since_epoch())
-                                .count();
-        return (now - last) / 1000.0;
+        return std::max<int64_t>(0, absl::ToUnixMillis(absl::Now()) - last) / 1000.0;
       },
       shard);
   // One series per shard whichever transport carried the call: both
   // transports answer through the ShardService, which observes these.
   service_options->push_seconds =
-      &metrics_->AddHistogram("harrier_server_push_seconds", "Push call latency.",
+      &metrics_->AddHistogram("harrier_server_push_seconds",
+                              "Push call latency, and the push half of each PushPull.",
                               ExponentialBuckets(1e-5, 4, 10), shard);
   service_options->pull_seconds =
       &metrics_->AddHistogram("harrier_server_pull_seconds",

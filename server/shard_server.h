@@ -120,7 +120,9 @@ class ShardServer {
   absl::Mutex checkpoint_mutex_;  // serialises checkpoint writes
   uint64_t next_checkpoint_version_ ABSL_GUARDED_BY(checkpoint_mutex_) = 1;
   uint64_t restored_version_ = 0;
-  std::atomic<int64_t> last_checkpoint_ms_{0};  // steady clock, 0: none yet
+  // When the last checkpoint written (or the one restored) was made, Unix
+  // milliseconds; 0: none yet.
+  std::atomic<int64_t> last_checkpoint_unix_ms_{0};
   std::unique_ptr<ShardService> shard_service_;
   std::unique_ptr<ParameterServiceImpl> parameter_service_;
   std::unique_ptr<UcxServer> ucx_server_;  // null without options.ucx

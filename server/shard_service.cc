@@ -303,7 +303,14 @@ void ShardService::PushPull(const Call& call, std::vector<ShardStore::PushChunkV
     }
   }
   auto status = RunPush(*work, [this, work, sink, chunks = std::move(chunks)] {
-    if (auto status = ApplyPush(*work, chunks); !status.ok()) {
+    auto pushed = ApplyPush(*work, chunks);
+    // The push half counts as a push: training loops that only PushPull
+    // would otherwise leave the push latency empty.
+    if (options_.push_seconds != nullptr) {
+      options_.push_seconds->Observe(
+          std::chrono::duration<double>(Clock::now() - work->received).count());
+    }
+    if (auto status = std::move(pushed); !status.ok()) {
       work->Finish(status);
       return;
     }

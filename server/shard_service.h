@@ -58,7 +58,7 @@ struct ShardServiceOptions {
   uint64_t max_buffered_bytes = uint64_t{4} << 30;
   // Call latencies (seconds) are observed into these for every transport;
   // null: not measured. Not owned; must outlive the service.
-  Histogram* push_seconds = nullptr;  // Push
+  Histogram* push_seconds = nullptr;  // Push, and PushPull up to its push applied
   Histogram* pull_seconds = nullptr;  // Pull and PushPull, consistency waits included
 };
 

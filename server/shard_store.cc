@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/crc32c.h"
+#include "spdlog/spdlog.h"
 
 namespace harrier {
 namespace {
@@ -588,15 +589,22 @@ void ShardStore::ForEachSlotLocked(const std::function<void(Slot&)>& visit) {
 
 absl::Status ShardStore::Leave(uint32_t rank, int64_t clock) {
   if (auto status = membership_.CheckRank(rank, "leave"); !status.ok()) return status;
-  (void)clock;
-  if (!membership_.Depart(rank)) return absl::OkStatus();
+  if (Depart(rank)) {
+    spdlog::info("event=leave shard={} rank={} clock={} present={}", options_.shard, rank, clock,
+                 membership_.present());
+  }
+  return absl::OkStatus();
+}
+
+bool ShardStore::Depart(uint32_t rank) {
+  if (!membership_.Depart(rank)) return false;
   // Slot by slot, under each slot's lock, the rank stops counting and the
   // rounds that waited only for it are applied in the same step: a pull
   // never sees the rank gone from a slot whose rounds still lack it.
   ForEachSlotLocked([this, rank](Slot& slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     FinishRoundsLocked(slot, slot.book.Depart(rank));
   });
-  return absl::OkStatus();
+  return true;
 }
 
 void ShardStore::RebaseFromWorker(
@@ -620,13 +628,19 @@ absl::Status ShardStore::Heartbeat(uint32_t rank) {
 }
 
 void ShardStore::CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPolicy policy) {
-  const std::vector<uint32_t> lost = membership_.FindLost(timeout, policy);
+  std::vector<Membership::Lost> lost;
+  membership_.FindLost(timeout, policy, &lost);
   if (lost.empty()) return;
-  if (policy == WorkerLossPolicy::kContinue) {
-    for (uint32_t rank : lost) Leave(rank, -1).IgnoreError();
-  } else {
-    ForEachSlotLocked([](Slot&) {});  // blocked pulls wake and fail
+  const bool carry_on = policy == WorkerLossPolicy::kContinue;
+  for (const Membership::Lost& worker : lost) {
+    if (carry_on) Depart(worker.rank);
+    spdlog::warn(
+        "event=worker_lost shard={} rank={} last_heartbeat_ms={} timeout_ms={} policy={} "
+        "present={}",
+        options_.shard, worker.rank, worker.silent.count(), timeout.count(),
+        carry_on ? "continue" : "fail", membership_.present());
   }
+  if (!carry_on) ForEachSlotLocked([](Slot&) {});  // blocked pulls wake and fail
 }
 
 void ShardStore::Close() {

@@ -152,7 +152,8 @@ class ShardStore {
                     proto::TensorChunk* out, const PayloadAllocator& allocate);
 
   // The rank pushed its last clock (its total is `clock`): pulls and BSP
-  // rounds stop waiting for it. Idempotent.
+  // rounds stop waiting for it. Idempotent; the first call logs
+  // `event=leave`.
   absl::Status Leave(uint32_t rank, int64_t clock);
 
   // Records that the rank is alive. Pushes count as heartbeats too.
@@ -164,13 +165,19 @@ class ShardStore {
                         const google::protobuf::RepeatedPtrField<proto::ChunkClock>& pushed);
 
   // Applies `policy` to every rank that heartbeated once but not within
-  // `timeout`. Called periodically by the server's liveness monitor.
+  // `timeout`, logging `event=worker_lost` for each. Called periodically by
+  // the server's liveness monitor.
   void CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPolicy policy);
 
-  // Number of ranks that have not left.
+  // Number of ranks that have not left (joined or not: what averages use).
   int active_workers() const { return membership_.active(); }
-  // Who is still in the job (shard 0's control plane reads it for barriers).
+  // Number of ranks in the job now: registered (shard 0) or heard from
+  // here, and neither left nor lost (Membership::present).
+  int present_workers() const { return membership_.present(); }
+  // Who is still in the job (shard 0's control plane reads it for barriers
+  // and records registrations in it).
   const Membership& membership() const { return membership_; }
+  Membership& membership() { return membership_; }
 
   // Wakes every waiting pull, which then fails with UNAVAILABLE; later calls
   // fail the same way.
@@ -300,6 +307,9 @@ class ShardStore {
   // waiters (under the lock, so a pull between its check and its wait
   // cannot miss the wake-up).
   void ForEachSlotLocked(const std::function<void(Slot&)>& visit);
+  // The rank departs (Leave, or lost under kContinue): false if it already
+  // had; else every slot stops waiting for it.
+  bool Depart(uint32_t rank);
 
   const ShardStoreOptions options_;
   const ConsistencyController controller_;

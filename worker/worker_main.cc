@@ -76,7 +76,8 @@ ABSL_FLAG(int64_t, max_steps, -1,
           "Stop after this many steps (-1: run all epochs). Replay: the timed steps (-1: 5).");
 ABSL_FLAG(int, train_examples, 0, "Use only the first N training examples (0: all).");
 ABSL_FLAG(std::string, device, "cpu", "Where the workload runs: cpu|cuda.");
-ABSL_FLAG(std::string, metrics_out, "", "Write one JSON line per progress interval here.");
+ABSL_FLAG(std::string, metrics_out, "",
+          "Write one JSON line per training step here (the mlp workload; docs/deploy.md).");
 ABSL_FLAG(int, log_every, 100, "Steps between progress lines on stderr.");
 ABSL_FLAG(int, eval_every, 0,
           "Rank 0 evaluates the test set every N steps: 'eval step=N accuracy=A wall_s=W' on "

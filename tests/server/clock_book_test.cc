@@ -349,5 +349,31 @@ TEST_CASE("membership: departures, liveness and the failure of a job") {
   REQUIRE(membership.FindLost(std::chrono::milliseconds(4), WorkerLossPolicy::kFail).size() <= 1);
 }
 
+TEST_CASE("membership: present counts ranks that joined and neither left nor were lost") {
+  Membership membership(3);
+  REQUIRE(membership.present() == 0);  // none joined yet, whatever --num_workers says
+  membership.Join(0);
+  membership.Join(0);   // idempotent
+  membership.Heard(2);  // a heartbeat or push joins too
+  REQUIRE(membership.present() == 2);
+  REQUIRE(membership.active() == 3);
+  REQUIRE(membership.Depart(0));
+  REQUIRE(membership.present() == 1);
+  membership.Join(0);  // a departed rank does not come back
+  REQUIRE(membership.present() == 1);
+  membership.Depart(1);  // never joined: present unchanged
+  REQUIRE(membership.present() == 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::vector<Membership::Lost> lost;
+  REQUIRE(membership.FindLost(std::chrono::milliseconds(2), WorkerLossPolicy::kFail, &lost) ==
+          std::vector<uint32_t>{2});
+  REQUIRE(lost.size() == 1);
+  REQUIRE(lost[0].rank == 2);
+  REQUIRE(lost[0].silent >= std::chrono::milliseconds(5));
+  REQUIRE(membership.present() == 0);
+  membership.Heard(2);  // heard again: present again
+  REQUIRE(membership.present() == 1);
+}
+
 }  // namespace
 }  // namespace harrier
