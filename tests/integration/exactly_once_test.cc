@@ -65,18 +65,6 @@ std::vector<float> Gradient(int rank, size_t elements = kElements) {
   return g;
 }
 
-// The value of a series in the shard's /metrics exposition (-1: absent).
-double MetricValue(int metrics_port, const std::string& name) {
-  std::istringstream body(testing::HttpGet(metrics_port, "/metrics"));
-  std::string line;
-  while (std::getline(body, line)) {
-    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
-    if (line[name.size()] != '{' && line[name.size()] != ' ') continue;
-    return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
-}
-
 struct Shard {
   std::unique_ptr<testing::ServerProcess> server;
   std::unique_ptr<testing::FaultProxy> proxy;
@@ -156,8 +144,8 @@ TEST_CASE("exactly once, ASP: 1000 pushes through lost replies and cut connectio
     REQUIRE(w[i] == -1500.0f * Unit(i));
   }
   // The lost replies were answered as duplicates on retry, and counted.
-  REQUIRE(MetricValue(shard.metrics_port, "harrier_server_duplicate_pushes_total") >= 1);
-  REQUIRE(MetricValue(shard.metrics_port, "harrier_server_pushes_total") == kChunks * 2 * kSteps);
+  REQUIRE(testing::MetricValue(shard.metrics_port, "harrier_server_duplicate_pushes_total") >= 1);
+  REQUIRE(testing::MetricValue(shard.metrics_port, "harrier_server_pushes_total") == kChunks * 2 * kSteps);
 }
 
 TEST_CASE("exactly once, BSP: 1000 pushes and push-pulls through lost replies sum exactly, "
@@ -209,7 +197,7 @@ TEST_CASE("exactly once, BSP: 1000 pushes and push-pulls through lost replies su
                      << shard.proxy->request_cuts() << ", connections "
                      << shard.proxy->connections());
   REQUIRE(shard.proxy->reply_cuts() >= 10);
-  REQUIRE(MetricValue(shard.metrics_port, "harrier_server_duplicate_pushes_total") >= 1);
+  REQUIRE(testing::MetricValue(shard.metrics_port, "harrier_server_duplicate_pushes_total") >= 1);
 }
 
 TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGKILL and "
@@ -234,11 +222,11 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
                                             "--checkpoint_every_s=1"};
     auto await_metric = [&](const std::string& name, double value) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (MetricValue(metrics_port, name) != value &&
+      while (testing::MetricValue(metrics_port, name) != value &&
              std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
-      return MetricValue(metrics_port, name) == value;
+      return testing::MetricValue(metrics_port, name) == value;
     };
     auto server = testing::ServerProcess::Start(flags);
     REQUIRE(server.ok());
@@ -305,9 +293,9 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
     REQUIRE(pushed.ok());
     // The restarted shard acknowledged the retry as a duplicate (the
     // checkpoint held clock 1) or applied it (it did not): once either way.
-    REQUIRE(MetricValue(metrics_port, "harrier_server_duplicate_pushes_total") ==
+    REQUIRE(testing::MetricValue(metrics_port, "harrier_server_duplicate_pushes_total") ==
             (in_checkpoint ? 1 : 0));
-    REQUIRE(MetricValue(metrics_port, "harrier_server_pushes_total") == (in_checkpoint ? 0 : 1));
+    REQUIRE(testing::MetricValue(metrics_port, "harrier_server_pushes_total") == (in_checkpoint ? 0 : 1));
     client->Clock();
     std::vector<float> w(kRestartElements);
     REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());
@@ -359,7 +347,7 @@ TEST_CASE("idempotent compressed pulls: with replies lost, the view still conver
     INFO("element " << i);
     REQUIRE(w[i] == expected[i]);
   }
-  REQUIRE(MetricValue(shard.metrics_port, "harrier_server_pull_view_remakes_total") >= 1);
+  REQUIRE(testing::MetricValue(shard.metrics_port, "harrier_server_pull_view_remakes_total") >= 1);
 }
 
 TEST_CASE("a checkpoint of another optimizer kind stops harrier-server with one clear line") {

@@ -22,18 +22,6 @@ namespace {
 
 constexpr size_t kElements = 1024;
 
-// The value of a series in the shard's /metrics exposition (-1: absent).
-double MetricValue(int metrics_port, const std::string& name) {
-  std::istringstream body(testing::HttpGet(metrics_port, "/metrics"));
-  std::string line;
-  while (std::getline(body, line)) {
-    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
-    if (line[name.size()] != '{' && line[name.size()] != ' ') continue;
-    return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
-}
-
 // Polls `condition` every 20 ms for at most `timeout`; its last answer.
 bool WaitFor(const std::function<bool()>& condition,
              std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
@@ -111,7 +99,7 @@ Shard StartShard(const std::string& log_name, std::vector<std::string> extra) {
   REQUIRE(server.ok());
   shard.server = std::move(*server);
   REQUIRE(WaitFor(
-      [&] { return MetricValue(shard.metrics_port, "harrier_server_active_workers") >= 0; }));
+      [&] { return testing::MetricValue(shard.metrics_port, "harrier_server_active_workers") >= 0; }));
   return shard;
 }
 
@@ -128,11 +116,11 @@ TEST_CASE("observability: registrations, a PushPull, a leave and checkpoints, th
       {"--checkpoint_dir=" + dir, "--checkpoint_every_s=1", "--heartbeat_timeout_ms=60000"});
   const int metrics = shard.metrics_port;
   // Configured for two workers, none registered yet.
-  REQUIRE(MetricValue(metrics, "harrier_server_active_workers") == 0);
+  REQUIRE(testing::MetricValue(metrics, "harrier_server_active_workers") == 0);
 
   std::unique_ptr<Client> first = Connect(shard.server->address(), 0);
   std::unique_ptr<Client> second = Connect(shard.server->address(), 1);
-  REQUIRE(MetricValue(metrics, "harrier_server_active_workers") == 2);
+  REQUIRE(testing::MetricValue(metrics, "harrier_server_active_workers") == 2);
   for (int rank = 0; rank < 2; ++rank) {
     Client& client = rank == 0 ? *first : *second;
     const std::string line = LogLine(
@@ -143,20 +131,20 @@ TEST_CASE("observability: registrations, a PushPull, a leave and checkpoints, th
   }
 
   // A PushPull is a push as far as the push metrics go.
-  REQUIRE(MetricValue(metrics, "harrier_server_push_seconds_count") == 0);
+  REQUIRE(testing::MetricValue(metrics, "harrier_server_push_seconds_count") == 0);
   const std::vector<float> gradient(kElements, 2.0f);
   std::vector<float> w(kElements);
   REQUIRE(first->PushPull("w", gradient, absl::MakeSpan(w)).ok());
   REQUIRE(w[0] == -1.0f);  // ASP, lr 1, scaled 1/2
-  REQUIRE(MetricValue(metrics, "harrier_server_pushes_total") == 1);
-  REQUIRE(MetricValue(metrics, "harrier_server_push_seconds_count") == 1);
-  REQUIRE(MetricValue(metrics, "harrier_server_push_seconds_sum") > 0);
-  REQUIRE(MetricValue(metrics, "harrier_server_pull_seconds_count") == 1);
+  REQUIRE(testing::MetricValue(metrics, "harrier_server_pushes_total") == 1);
+  REQUIRE(testing::MetricValue(metrics, "harrier_server_push_seconds_count") == 1);
+  REQUIRE(testing::MetricValue(metrics, "harrier_server_push_seconds_sum") > 0);
+  REQUIRE(testing::MetricValue(metrics, "harrier_server_pull_seconds_count") == 1);
 
   second->Clock();
   second->Clock();
   REQUIRE(second->Leave().ok());
-  REQUIRE(MetricValue(metrics, "harrier_server_active_workers") == 1);
+  REQUIRE(testing::MetricValue(metrics, "harrier_server_active_workers") == 1);
   {
     INFO(ReadAll(shard.log));
     REQUIRE(Logged(shard.log, "event=leave shard=0 rank=1 clock=2 present=1"));
@@ -171,7 +159,7 @@ TEST_CASE("observability: registrations, a PushPull, a leave and checkpoints, th
   REQUIRE(Field(checkpoint, "version") >= 1);
   REQUIRE(Field(checkpoint, "bytes") > kElements * sizeof(float));
   REQUIRE(Field(checkpoint, "seconds") >= 0);
-  const double age = MetricValue(metrics, "harrier_server_checkpoint_age_seconds");
+  const double age = testing::MetricValue(metrics, "harrier_server_checkpoint_age_seconds");
   REQUIRE(age >= 0);
   REQUIRE(age < 5);
 
@@ -197,10 +185,10 @@ TEST_CASE("observability: registrations, a PushPull, a leave and checkpoints, th
   }
   REQUIRE(Field(restore, "age_seconds") >= 1.5);
   const double restored_age =
-      MetricValue(restarted.metrics_port, "harrier_server_checkpoint_age_seconds");
+      testing::MetricValue(restarted.metrics_port, "harrier_server_checkpoint_age_seconds");
   REQUIRE(restored_age >= 1.5);
   REQUIRE(restored_age < 60);
-  REQUIRE(MetricValue(restarted.metrics_port, "harrier_server_active_workers") == 0);
+  REQUIRE(testing::MetricValue(restarted.metrics_port, "harrier_server_active_workers") == 0);
   Stop(restarted);
 }
 
@@ -213,14 +201,14 @@ TEST_CASE("observability: a silent worker is logged lost, and its re-registratio
     std::unique_ptr<Client> client = Connect(shard.server->address(), 1);
     first_epoch = client->session_epoch();
     REQUIRE(client->Heartbeat().ok());
-    REQUIRE(MetricValue(metrics, "harrier_server_active_workers") == 1);
+    REQUIRE(testing::MetricValue(metrics, "harrier_server_active_workers") == 1);
   }  // gone without Leave: the shard only stops hearing from it
   REQUIRE(WaitFor([&] { return Logged(shard.log, "event=worker_lost shard=0 rank=1 "); }));
   const std::string lost = LogLine(shard.log, "event=worker_lost shard=0 rank=1 ");
   INFO(lost);
   REQUIRE(Field(lost, "last_heartbeat_ms") > 600);
   REQUIRE(lost.find(" timeout_ms=600 policy=continue present=0") != std::string::npos);
-  REQUIRE(MetricValue(metrics, "harrier_server_active_workers") == 0);
+  REQUIRE(testing::MetricValue(metrics, "harrier_server_active_workers") == 0);
 
   // The same rank registers again: a rejoin under a new epoch.
   auto again = Client::Create(Options(shard.server->address(), 1));

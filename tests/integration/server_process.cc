@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -150,6 +151,17 @@ std::string HttpGet(int port, const std::string& path) {
   }
   close(fd);
   return response;
+}
+
+double MetricValue(int metrics_port, const std::string& name) {
+  std::istringstream body(HttpGet(metrics_port, "/metrics"));
+  std::string line;
+  while (std::getline(body, line)) {
+    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    if (line[name.size()] != '{' && line[name.size()] != ' ') continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
 }
 
 std::string ServerProcess::address() const { return absl::StrCat("127.0.0.1:", port_); }

@@ -67,6 +67,10 @@ int FreePort();
 // The whole HTTP/1.1 response to GET `path` on 127.0.0.1:`port` ("" if none).
 std::string HttpGet(int port, const std::string& path);
 
+// The value of a series in the /metrics exposition on `metrics_port`
+// (-1: absent).
+double MetricValue(int metrics_port, const std::string& name);
+
 std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProcess>>& servers);
 
 }  // namespace harrier::testing
