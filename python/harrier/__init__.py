@@ -89,7 +89,7 @@ def _readable(x, what):
         t = x.detach()
         if t.device.type != "cpu":
             raise _bad(f"{what}: the tensor is on {t.device}; the Python client takes CPU tensors")
-        x = t.numpy() if t.dtype.is_floating_point or t.dtype.is_complex is False else t
+        x = t.numpy()  # complex dtypes are refused below
     array = _np.asarray(x)
     if array.dtype != _np.float32 or not array.flags.c_contiguous:
         if array.dtype.kind not in "fiub":
@@ -103,7 +103,7 @@ def _writable(x, what):
     would drop the result)."""
     if _is_torch_tensor(x):
         t = x.detach()
-        if t.device.type != "cpu" or t.dtype.__str__() != "torch.float32" or not t.is_contiguous():
+        if t.device.type != "cpu" or str(t.dtype) != "torch.float32" or not t.is_contiguous():
             raise _bad(f"{what}: expected a contiguous float32 CPU tensor, got {t.dtype} on "
                        f"{t.device}{'' if t.is_contiguous() else ' (not contiguous)'}")
         return t.numpy()

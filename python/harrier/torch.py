@@ -126,6 +126,9 @@ class DistributedOptimizer:
         self._steps = 0
         self._scheduler = None
         self._hooks = []
+        # With a scheduler and a model, parameters are made current layer by
+        # layer in forward pre-hooks instead of at the end of step().
+        self._forward_hooked = model is not None and techniques is not None
 
         # Every worker starts from rank 0's values: rank 0 registers first
         # (the first registration wins), the others after a barrier.
@@ -237,7 +240,7 @@ class DistributedOptimizer:
             self._scheduler.end_backward()
             self._current = [False] * len(self._params)
             self._steps += 1
-            if not self._lazy_forward():
+            if not self._forward_hooked:
                 self.synchronize()
         else:
             self._wait_all()
@@ -249,9 +252,6 @@ class DistributedOptimizer:
         self._handed = [False] * len(self._params)
         self._passes = [0] * len(self._params)
         return loss
-
-    def _lazy_forward(self):
-        return any(isinstance(owner, _torch.nn.Module) for owner, _ in self._hooks)
 
     def _wait_all(self):
         error = None
@@ -300,13 +300,10 @@ class DistributedOptimizer:
         """Pulls every parameter again at the current clock (after a final
         barrier: every worker's last update included)."""
         if self._scheduler is not None:
-            self._scheduler.refresh()
-            self._current = [False] * len(self._params)
-            # refresh() leaves the values in the staging arrays.
+            self._scheduler.refresh()  # into the staging arrays
             with _torch.no_grad():
                 for param, pulled in zip(self._params, self._pulled):
                     _numpy_view(param)[...] = pulled
-            self._current = [True] * len(self._params)
             return
         with _torch.no_grad():
             for name, param in zip(self._names, self._params):
