@@ -98,6 +98,20 @@ ABSL_FLAG(int, health_port, -1,
           "Also serve grpc.health.v1 alone on this port, plaintext and without a token, for "
           "probes that cannot do TLS (-1: off, 0: ephemeral).");
 
+ABSL_FLAG(bool, resume, false,
+          "Continue the newest run checkpointed in --checkpoint_dir (its job id; workers learn "
+          "their clocks from the shards). Without it every start is a fresh run with a new job "
+          "id: older runs' checkpoints are kept aside in their own folders, never applied. "
+          "Nothing to resume: a warning, then a fresh run.");
+ABSL_FLAG(bool, exit_when_done, true,
+          "Once every worker has finished (exited, or lost), write a final checkpoint and exit "
+          "(0; 1 when a lost worker failed the job), so the shards end with their job. false: "
+          "keep serving; the next worker to register starts a new run.");
+ABSL_FLAG(int, rejoin_after_ms, 3000,
+          "A worker registering for a rank whose session has been silent this long takes it "
+          "over (a restarted worker rejoins, learning its clock from the shards); at most "
+          "--heartbeat_timeout_ms.");
+
 namespace {
 
 int Fail(const std::string& message) {
@@ -191,6 +205,13 @@ int main(int argc, char** argv) {
     options.job_token = *token;
   }
   options.health_port = absl::GetFlag(FLAGS_health_port);
+  options.resume = absl::GetFlag(FLAGS_resume);
+  options.exit_when_done = absl::GetFlag(FLAGS_exit_when_done);
+  if (absl::GetFlag(FLAGS_rejoin_after_ms) < 0 ||
+      absl::GetFlag(FLAGS_rejoin_after_ms) > absl::GetFlag(FLAGS_heartbeat_timeout_ms)) {
+    return Fail("--rejoin_after_ms must be in [0, --heartbeat_timeout_ms]");
+  }
+  options.rejoin_after = std::chrono::milliseconds(absl::GetFlag(FLAGS_rejoin_after_ms));
   options.job = absl::GetFlag(FLAGS_job);
   if (options.job.empty()) return Fail("--job must not be empty");
   const std::string servers = absl::GetFlag(FLAGS_servers);
@@ -213,14 +234,27 @@ int main(int argc, char** argv) {
     if (!written.ok()) return Fail(std::string(written.message()));
   }
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  spdlog::info("signal {} received: shutting down", signal_number);
+  // Runs until a signal or a shutdown request (--exit_when_done, or
+  // AdminService.Shutdown), whichever comes first.
+  int exit_code = 0;
+  for (;;) {
+    const timespec poll = {0, 200 * 1000 * 1000};
+    const int signal_number = sigtimedwait(&signals, nullptr, &poll);
+    if (signal_number > 0) {
+      spdlog::info("signal {} received: shutting down", signal_number);
+      break;
+    }
+    if (auto request = (*server)->shutdown_request(); request.has_value()) {
+      spdlog::info("shutting down: {}", request->reason);
+      exit_code = request->exit_code;
+      break;
+    }
+  }
   (*server)->Shutdown(std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   (*server)->Wait();
   const auto& counters = (*server)->store().counters();
   spdlog::info("stopped pushes={} pulls={} bytes_in={} bytes_out={} rejected={}",
                counters.pushes.load(), counters.pulls.load(), counters.bytes_in.load(),
                counters.bytes_out.load(), counters.rejected.load());
-  return 0;
+  return exit_code;
 }

@@ -233,6 +233,21 @@ void ShardServer::Shutdown(std::chrono::milliseconds grace) {
 
 void ShardServer::Wait() { server_->Wait(); }
 
+void ShardServer::RequestShutdown(std::string reason, int exit_code) {
+  absl::MutexLock lock(&stop_mutex_);
+  if (stop_request_.has_value()) return;
+  spdlog::info("event=shutdown_requested shard={} exit_code={} reason=\"{}\"", options_.shard,
+               exit_code, reason);
+  stop_request_ = StopRequest{std::move(reason), exit_code};
+}
+
+std::optional<ShardServer::StopRequest> ShardServer::shutdown_request() const {
+  absl::MutexLock lock(&stop_mutex_);
+  return stop_request_;
+}
+
+uint64_t ShardServer::job_id() const { return 0; }
+
 absl::Status ShardServer::WriteCheckpointNow() {
   if (options_.checkpoint_dir.empty()) return absl::OkStatus();
   absl::MutexLock lock(&checkpoint_mutex_);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,6 +75,18 @@ struct ShardServerOptions {
   // grpc.health.v1 alone, plaintext and without a token, on this port too
   // (-1 off, 0 ephemeral): for probes that cannot do TLS or send a token.
   int health_port = -1;
+  // Job lifecycle (server/README.md, "Job lifecycle"). resume: continue the
+  // newest run checkpointed in checkpoint_dir (its job id, its clocks);
+  // false: a fresh run, older runs' checkpoints kept aside, never applied.
+  bool resume = false;
+  // Once every rank is done (its worker exited, or was lost), the shard
+  // writes a final checkpoint and requests shutdown (RequestShutdown, exit
+  // code 0, or 1 when a lost worker failed the job). false: the next
+  // Register starts a new run.
+  bool exit_when_done = false;
+  // A Register for a rank whose session has been silent this long replaces
+  // that session (a restarted worker rejoins); at most heartbeat_timeout.
+  std::chrono::milliseconds rejoin_after{3000};
 };
 
 // One shard: a ShardStore behind one ShardService, framed by the gRPC
@@ -104,6 +117,22 @@ class ShardServer {
   // Blocks until the server has shut down.
   void Wait();
 
+  // Asks the process that runs the shard to stop: harrier-server polls
+  // shutdown_request(), then calls Shutdown and Wait and exits with
+  // `exit_code`. The first request wins; later ones are ignored. Made by
+  // --exit_when_done and AdminService.Shutdown; a server in a test process
+  // only records it.
+  struct StopRequest {
+    std::string reason;
+    int exit_code = 0;
+  };
+  void RequestShutdown(std::string reason, int exit_code);
+  std::optional<StopRequest> shutdown_request() const;
+
+  // The run this shard serves (server/README.md, "Job lifecycle"); 0: none
+  // yet (a shard other than 0 before the first call of a run).
+  uint64_t job_id() const;
+
  private:
   ShardServer() = default;
 
@@ -133,6 +162,8 @@ class ShardServer {
   int health_port_ = 0;
   bool shut_down_ = false;
   // Liveness monitor: applies the worker-loss policy.
+  mutable absl::Mutex stop_mutex_;
+  std::optional<StopRequest> stop_request_ ABSL_GUARDED_BY(stop_mutex_);
   absl::Mutex monitor_mutex_;
   bool monitor_stop_ ABSL_GUARDED_BY(monitor_mutex_) = false;
   std::thread monitor_;

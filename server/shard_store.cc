@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -667,6 +668,31 @@ proto::ChunkRef ShardStore::PushPullRef(const proto::TensorChunk& pushed, int64_
   ref.set_view_version(pushed.pull_view_version());
   *clock = pushed.clock() + 1;
   return ref;
+}
+
+std::vector<int64_t> ShardStore::NextClocks() const {
+  std::vector<int64_t> next(options_.num_workers, -1);
+  absl::ReaderMutexLock map_lock(&slots_mutex_);
+  for (const auto& entry : slots_) {
+    Slot& slot = *entry.second;
+    absl::MutexLock lock(&slot.mutex);
+    for (int rank = 0; rank < options_.num_workers; ++rank) {
+      const int64_t pushed = slot.book.pushed(static_cast<uint32_t>(rank));
+      next[rank] = next[rank] < 0 ? pushed : std::min(next[rank], pushed);
+    }
+  }
+  return next;
+}
+
+ShardStore::Holdings ShardStore::holdings() const {
+  Holdings holdings;
+  absl::ReaderMutexLock map_lock(&slots_mutex_);
+  absl::flat_hash_set<std::string> keys;
+  for (const auto& entry : slots_) keys.insert(entry.first.first);
+  holdings.keys = keys.size();
+  holdings.chunks = slots_.size();
+  holdings.param_bytes = bytes_;
+  return holdings;
 }
 
 ShardCheckpoint ShardStore::Export() const {

@@ -195,6 +195,20 @@ class ShardStore {
   // rank's clock once instead of refusing the push.
   absl::Status Import(const ShardCheckpoint& checkpoint);
 
+  // Per rank, its next push clock here: the lowest over the slots of one
+  // past the last clock applied or held for it (ClockBook::pushed); -1 for
+  // every rank when the shard holds no slot. What a restarted worker
+  // resumes from (HeartbeatResponse.next_clock) and harrier-ctl shows.
+  std::vector<int64_t> NextClocks() const;
+
+  // What the shard holds: distinct keys, chunks and parameter bytes.
+  struct Holdings {
+    uint64_t keys = 0;
+    uint64_t chunks = 0;
+    uint64_t param_bytes = 0;
+  };
+  Holdings holdings() const;
+
   // Pulls currently waiting for the consistency model (a queue depth).
   int blocked_pulls() const { return blocked_pulls_; }
 
