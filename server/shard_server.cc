@@ -66,6 +66,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       // The age gauge then shows the restored checkpoint's age: the state
       // served is that old, whatever the restart took.
       server->last_checkpoint_unix_ms_ = checkpoint->created_unix_ms;
+      server->last_checkpoint_version_ = checkpoint->version;
       absl::MutexLock lock(&server->checkpoint_mutex_);
       server->next_checkpoint_version_ = checkpoint->version + 1;
       spdlog::info("event=restore shard={} version={} chunks={} age_seconds={:.3f} dir={}",
@@ -138,6 +139,31 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     control.heartbeat_timeout = options.heartbeat_timeout;
     server->control_service_ = std::make_unique<ControlServiceImpl>(control);
     builder.RegisterService(server->control_service_.get());
+  }
+  {
+    ShardServer* raw = server.get();
+    AdminHooks admin;
+    admin.status = [raw] { return raw->FillStatus(); };
+    admin.checkpoint = [raw]() -> absl::StatusOr<proto::CheckpointResponse> {
+      if (raw->options_.checkpoint_dir.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("shard ", raw->options_.shard,
+                         " has no --checkpoint_dir: there is nowhere to write a checkpoint"));
+      }
+      CheckpointWritten written;
+      if (auto status = raw->WriteCheckpointNow(&written); !status.ok()) return status;
+      proto::CheckpointResponse response;
+      response.set_version(written.version);
+      response.set_path(written.path);
+      return response;
+    };
+    // Only recorded here: harrier-server's main loop stops the shard, after
+    // this call has been answered.
+    admin.shutdown = [raw](const std::string& reason) {
+      raw->RequestShutdown(absl::StrCat("AdminService.Shutdown: ", reason), 0);
+    };
+    server->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(admin), options.job_token);
+    builder.RegisterService(server->admin_service_.get());
   }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
@@ -248,7 +274,9 @@ std::optional<ShardServer::StopRequest> ShardServer::shutdown_request() const {
 
 uint64_t ShardServer::job_id() const { return 0; }
 
-absl::Status ShardServer::WriteCheckpointNow() {
+absl::Status ShardServer::WriteCheckpointNow() { return WriteCheckpointNow(nullptr); }
+
+absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
   if (options_.checkpoint_dir.empty()) return absl::OkStatus();
   absl::MutexLock lock(&checkpoint_mutex_);
   const auto started = std::chrono::steady_clock::now();
@@ -259,14 +287,95 @@ absl::Status ShardServer::WriteCheckpointNow() {
   if (!status.ok()) return status;
   ++next_checkpoint_version_;
   last_checkpoint_unix_ms_ = checkpoint.created_unix_ms;
+  last_checkpoint_version_ = checkpoint.version;
+  const std::string path = CheckpointPath(options_.checkpoint_dir, options_.shard, checkpoint.version);
+  if (written != nullptr) {
+    written->version = checkpoint.version;
+    written->path = path;
+  }
   std::error_code ec;
-  const auto bytes = std::filesystem::file_size(
-      CheckpointPath(options_.checkpoint_dir, options_.shard, checkpoint.version), ec);
+  const auto bytes = std::filesystem::file_size(path, ec);
   spdlog::info("event=checkpoint shard={} version={} chunks={} bytes={} seconds={:.3f}",
                options_.shard, checkpoint.version, checkpoint.slots.size(),
                ec ? -1 : static_cast<int64_t>(bytes),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   return absl::OkStatus();
+}
+
+proto::StatusResponse ShardServer::FillStatus() const {
+  proto::StatusResponse status;
+  status.set_job(options_.job);
+  status.set_job_id(job_id());
+  status.set_shard(static_cast<uint32_t>(options_.shard));
+  status.set_num_shards(static_cast<uint32_t>(options_.num_shards));
+  status.set_num_workers(static_cast<uint32_t>(options_.num_workers));
+  switch (options_.sync.mode) {
+    case SyncMode::kBsp: status.mutable_sync()->set_mode(proto::SYNC_BSP); break;
+    case SyncMode::kSsp: status.mutable_sync()->set_mode(proto::SYNC_SSP); break;
+    case SyncMode::kAsp: status.mutable_sync()->set_mode(proto::SYNC_ASP); break;
+    case SyncMode::kLocal: status.mutable_sync()->set_mode(proto::SYNC_LOCAL); break;
+  }
+  status.mutable_sync()->set_staleness(options_.sync.staleness);
+  status.mutable_sync()->set_local_steps(options_.sync.local_steps);
+
+  const Membership& membership = store_->membership();
+  const SessionTable& sessions = shard_service_->sessions();
+  const std::vector<int64_t> next_clocks = store_->NextClocks();
+  const auto now = std::chrono::steady_clock::now();
+  int known = 0;     // ranks with a session (registered or heard from)
+  int finished = 0;  // ranks departed (left, done)
+  for (int r = 0; r < options_.num_workers; ++r) {
+    const uint32_t rank = static_cast<uint32_t>(r);
+    const SessionTable::RankState session = sessions.state(rank);
+    proto::RankStatus* out = status.add_ranks();
+    out->set_rank(rank);
+    out->set_epoch(session.epoch);
+    out->set_next_clock(r < static_cast<int>(next_clocks.size()) ? next_clocks[r] : -1);
+    const int64_t silent_ms =
+        session.heard
+            ? std::chrono::duration_cast<std::chrono::milliseconds>(now - session.last_heard).count()
+            : -1;
+    out->set_last_heard_ms_ago(silent_ms);
+    if (session.epoch != 0) ++known;
+    // lost/done as far as this shard can tell them from its sessions; the
+    // job lifecycle work refines both (a done rank, a lost one).
+    if (membership.departed(rank)) {
+      out->set_state(session.released ? "done" : "left");
+      ++finished;
+    } else if (session.released) {
+      out->set_state("done");
+      ++finished;
+    } else if (session.heard && silent_ms > options_.heartbeat_timeout.count()) {
+      out->set_state("lost");
+    } else if (session.heard || session.issued) {
+      out->set_state("present");
+    } else {
+      out->set_state("absent");
+    }
+  }
+  if (const absl::Status failure = membership.failure(); !failure.ok()) {
+    status.set_job_state("failed");
+    status.set_failure(std::string(failure.message()));
+  } else if (finished == options_.num_workers) {
+    status.set_job_state("done");
+  } else if (known == 0) {
+    status.set_job_state("waiting");
+  } else {
+    status.set_job_state("running");
+  }
+
+  const ShardStore::Holdings holdings = store_->holdings();
+  status.set_keys(holdings.keys);
+  status.set_chunks(holdings.chunks);
+  status.set_param_bytes(holdings.param_bytes);
+  status.set_bytes_in(store_->counters().bytes_in.load());
+  status.set_bytes_out(store_->counters().bytes_out.load());
+  const int64_t last = last_checkpoint_unix_ms_;
+  status.set_checkpoint_age_seconds(
+      last == 0 ? -1.0 : std::max<int64_t>(0, absl::ToUnixMillis(absl::Now()) - last) / 1000.0);
+  status.set_checkpoint_version(last_checkpoint_version_.load());
+  status.set_uptime_seconds(std::chrono::duration<double>(now - started_).count());
+  return status;
 }
 
 void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {

@@ -17,6 +17,7 @@
 #include "common/grpc_security.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http_server.h"
+#include "server/admin_service.h"
 #include "server/checkpoint.h"
 #include "server/consistency.h"
 #include "server/control_service.h"
@@ -114,6 +115,13 @@ class ShardServer {
 
   // Writes a checkpoint now (no-op without a checkpoint dir).
   absl::Status WriteCheckpointNow();
+  // The same, saying which it wrote (AdminService.Checkpoint); `written`
+  // is left alone without a checkpoint dir. May be null.
+  struct CheckpointWritten {
+    uint64_t version = 0;
+    std::string path;
+  };
+  absl::Status WriteCheckpointNow(CheckpointWritten* written);
   // Blocks until the server has shut down.
   void Wait();
 
@@ -141,6 +149,8 @@ class ShardServer {
   // anything serves: no histogram is set on a running service).
   void RegisterMetrics(ShardServiceOptions* service_options);
   void MonitorLoop();
+  // AdminService.GetStatus: what this shard holds and how it sees the job.
+  proto::StatusResponse FillStatus() const;
 
   ShardServerOptions options_;
   std::unique_ptr<ShardStore> store_;
@@ -152,6 +162,11 @@ class ShardServer {
   // When the last checkpoint written (or the one restored) was made, Unix
   // milliseconds; 0: none yet.
   std::atomic<int64_t> last_checkpoint_unix_ms_{0};
+  // The version of that checkpoint (0: none); read without
+  // checkpoint_mutex_ so a status call never waits for a write.
+  std::atomic<uint64_t> last_checkpoint_version_{0};
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<ShardService> shard_service_;
   std::unique_ptr<ParameterServiceImpl> parameter_service_;
   std::unique_ptr<UcxServer> ucx_server_;  // null without options.ucx

@@ -1,0 +1,47 @@
+#include "server/admin_service.h"
+
+#include <utility>
+
+#include "common/grpc_status.h"
+
+namespace harrier {
+
+AdminServiceImpl::AdminServiceImpl(AdminHooks hooks, std::string job_token)
+    : hooks_(std::move(hooks)), token_check_(std::move(job_token)) {}
+
+grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* context, const proto::StatusRequest*,
+                                         proto::StatusResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
+  if (!hooks_.status) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard reports no status");
+  }
+  *response = hooks_.status();
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Checkpoint(grpc::ServerContext* context,
+                                          const proto::CheckpointRequest*,
+                                          proto::CheckpointResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
+  if (!hooks_.checkpoint) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this shard writes no checkpoints (no --checkpoint_dir)");
+  }
+  auto written = hooks_.checkpoint();
+  if (!written.ok()) return ToGrpcStatus(written.status());
+  *response = *std::move(written);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Shutdown(grpc::ServerContext* context,
+                                        const proto::ShutdownRequest* request,
+                                        proto::ShutdownResponse*) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
+  if (!hooks_.shutdown) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard cannot be shut down remotely");
+  }
+  hooks_.shutdown(request->reason());
+  return grpc::Status::OK;
+}
+
+}  // namespace harrier
