@@ -107,6 +107,9 @@ constexpr absl::string_view kOtherHarrierVariables[] = {
     "HARRIER_TARGET_ACCURACY", "HARRIER_TECHNIQUES", "HARRIER_TLS_CA", "HARRIER_TLS_CERT",
     "HARRIER_TLS_KEY", "HARRIER_TRAIN_EXAMPLES", "HARRIER_TRANSPORT", "HARRIER_UCX",
     "HARRIER_WARMUP_STEPS", "HARRIER_WEIGHT_DECAY", "HARRIER_WORKLOAD",
+    // harrier-ctl's own flags (its others are in the list above): the
+    // Kubernetes probes run it inside the server pods, in their environment.
+    "HARRIER_JSON", "HARRIER_TIMEOUT_MS",
 };
 // clang-format on
 
