@@ -309,9 +309,9 @@ int Status(Ctl& ctl, bool json) {
               first != nullptr ? SyncName(first->sync()).c_str() : "?",
               first != nullptr ? first->num_workers() : 0);
   if (!failure.empty()) std::printf("failure: %s\n", failure.c_str());
-  std::printf("%-6s %-8s %12s %16s %8s\n", "RANK", "STATE", "NEXT_CLOCK", "LAST_HEARD_MS", "EPOCH");
+  std::printf("%-6s %-8s %12s %16s %14s\n", "RANK", "STATE", "NEXT_CLOCK", "LAST_HEARD_MS", "EPOCH");
   for (const auto& [index, rank] : ranks) {
-    std::printf("%-6u %-8s %12lld %16s %8llu\n", index, rank.state.c_str(),
+    std::printf("%-6u %-8s %12lld %16s %14llu\n", index, rank.state.c_str(),
                 static_cast<long long>(rank.next_clock),
                 rank.last_heard_ms_ago < 0 ? "never"
                                            : std::to_string(rank.last_heard_ms_ago).c_str(),

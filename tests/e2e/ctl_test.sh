@@ -129,6 +129,37 @@ check "the worker finishes (exit $rc)" "[ $rc -eq 0 ]"
 state=$(json_get "$tmp/done.json" 's["ranks"][0]["state"] + " " + s["job_state"]')
 check "after the worker exits: rank 0 left or done, the job done ($state)" "[ '$state' = 'left done' ] || [ '$state' = 'done done' ]"
 
+# A TLS shard: health (the probes' command) and status over TLS with
+# --tls_ca; without it the TLS port does not answer.
+(
+  cd "$tmp" || exit 1
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:prime256v1 -out ca.key &&
+    openssl req -x509 -new -key ca.key -out ca.pem -days 2 -subj /CN=ctl-test-ca \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign &&
+    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:prime256v1 -out server.key &&
+    openssl req -new -key server.key -out server.csr -subj /CN=localhost &&
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >server.ext &&
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem \
+      -days 2 -extfile server.ext
+) >"$tmp/openssl.log" 2>&1
+check "openssl made the test certificates" "[ -s '$tmp/server.pem' ]"
+"$server" --host=127.0.0.1 --port=0 --port_file="$tmp/port_tls" --num_workers=1 \
+  --exit_when_done=false --tls_cert="$tmp/server.pem" --tls_key="$tmp/server.key" 2>"$tmp/tls.log" &
+tls=$!
+pids+=("$tls")
+for _ in $(seq 100); do [ -s "$tmp/port_tls" ] && break; sleep 0.1; done
+tls_address="127.0.0.1:$(cat "$tmp/port_tls")"
+"$ctl" --servers="$tls_address" --tls_ca="$tmp/ca.pem" --timeout_ms=3000 health >"$tmp/tls_health.out" 2>&1
+check "health over TLS with --tls_ca: SERVING" "[ $? -eq 0 ] && grep -qx '$tls_address SERVING' '$tmp/tls_health.out'"
+"$ctl" --servers="$tls_address" --timeout_ms=1000 health >"$tmp/tls_plain.out" 2>&1
+check "health in plaintext at the TLS port: exit 1, UNREACHABLE" "[ $? -eq 1 ] && grep -q '^$tls_address UNREACHABLE (' '$tmp/tls_plain.out'"
+"$ctl" --servers="$tls_address" --tls_ca="$tmp/ca.pem" --json status >"$tmp/tls.json" 2>&1
+check "status over TLS: the shard's view (waiting, no keys)" "[ \"\$(json_get '$tmp/tls.json' 's[\"job_state\"] == \"waiting\" and s[\"shards\"][0][\"keys\"] == 0 and s[\"ranks\"][0][\"state\"] == \"absent\" and s[\"ranks\"][0][\"last_heard_ms_ago\"] == -1')\" = True ]"
+"$ctl" --servers="$tls_address" --tls_ca="$tmp/ca.pem" shutdown >/dev/null 2>&1
+wait_for "$tls" 15
+rc=$?
+check "shutdown over TLS stops that shard (exit $rc)" "[ $rc -eq 0 ]"
+
 # A shard without --checkpoint_dir: checkpoint is FAILED_PRECONDITION.
 "$server" --host=127.0.0.1 --port=0 --port_file="$tmp/port_plain" --num_workers=1 \
   --exit_when_done=false 2>"$tmp/plain.log" &
