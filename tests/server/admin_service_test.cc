@@ -1,0 +1,184 @@
+// AdminService in process: the token check comes before any hook; hooks'
+// results and errors pass through; and ShardServer's hooks (FillStatus of an
+// empty shard, Checkpoint's version and path, Shutdown's request).
+#include <catch2/catch.hpp>
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/grpc_security.h"
+#include "proto/harrier.grpc.pb.h"
+#include "server/admin_service.h"
+#include "server/shard_server.h"
+
+namespace harrier {
+namespace {
+
+std::unique_ptr<grpc::ClientContext> Context(const std::string& token) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) context->AddMetadata(std::string(kJobTokenMetadataKey), token);
+  return context;
+}
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+struct Served {
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<proto::AdminService::Stub> stub;
+};
+
+Served Serve(grpc::Service* service) {
+  Served served;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  served.server = builder.BuildAndStart();
+  REQUIRE(served.server != nullptr);
+  served.stub = proto::AdminService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  return served;
+}
+
+TEST_CASE("AdminService: the token first, then the hooks' answers") {
+  int calls = 0;
+  std::string shutdown_reason;
+  AdminHooks hooks;
+  hooks.status = [&calls] {
+    ++calls;
+    proto::StatusResponse status;
+    status.set_job("j");
+    status.set_keys(7);
+    return status;
+  };
+  hooks.checkpoint = [&calls]() -> absl::StatusOr<proto::CheckpointResponse> {
+    ++calls;
+    return absl::DataLossError("disk full");
+  };
+  hooks.shutdown = [&calls, &shutdown_reason](const std::string& reason) {
+    ++calls;
+    shutdown_reason = reason;
+  };
+  AdminServiceImpl service(hooks, "secret");
+  Served served = Serve(&service);
+
+  for (const std::string token : {"", "wrong"}) {
+    proto::StatusResponse status;
+    grpc::Status s = served.stub->GetStatus(Context(token).get(), {}, &status);
+    CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    proto::CheckpointResponse checkpoint;
+    s = served.stub->Checkpoint(Context(token).get(), {}, &checkpoint);
+    CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    proto::ShutdownResponse shutdown;
+    s = served.stub->Shutdown(Context(token).get(), {}, &shutdown);
+    CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
+  CHECK(calls == 0);
+
+  proto::StatusResponse status;
+  REQUIRE(served.stub->GetStatus(Context("secret").get(), {}, &status).ok());
+  CHECK(status.job() == "j");
+  CHECK(status.keys() == 7);
+  proto::CheckpointResponse checkpoint;
+  const grpc::Status failed = served.stub->Checkpoint(Context("secret").get(), {}, &checkpoint);
+  CHECK(failed.error_code() == grpc::StatusCode::DATA_LOSS);
+  CHECK(failed.error_message() == "disk full");
+  proto::ShutdownRequest request;
+  request.set_reason("maintenance");
+  proto::ShutdownResponse shutdown;
+  REQUIRE(served.stub->Shutdown(Context("secret").get(), request, &shutdown).ok());
+  CHECK(shutdown_reason == "maintenance");
+  CHECK(calls == 3);
+}
+
+TEST_CASE("AdminService: no checkpoint hook is FAILED_PRECONDITION") {
+  AdminServiceImpl service(AdminHooks{}, "");
+  Served served = Serve(&service);
+  proto::CheckpointResponse checkpoint;
+  const grpc::Status s = served.stub->Checkpoint(Context("").get(), {}, &checkpoint);
+  CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(s.error_message().find("--checkpoint_dir") != std::string::npos);
+}
+
+std::unique_ptr<proto::AdminService::Stub> StubFor(const ShardServer& server) {
+  return proto::AdminService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server.port()), grpc::InsecureChannelCredentials()));
+}
+
+TEST_CASE("ShardServer: status of an empty shard, a checkpoint, a shutdown request") {
+  ShardServerOptions options;
+  options.host = "127.0.0.1";
+  options.shard = 1;
+  options.num_shards = 2;
+  options.num_workers = 2;
+  options.checkpoint_dir = TempDir() + "/admin_ckpt";
+  auto server = ShardServer::Start(options);
+  REQUIRE(server.ok());
+  auto stub = StubFor(**server);
+
+  proto::StatusResponse status;
+  REQUIRE(stub->GetStatus(Context("").get(), {}, &status).ok());
+  CHECK(status.job() == "harrier");
+  CHECK(status.shard() == 1);
+  CHECK(status.num_shards() == 2);
+  CHECK(status.num_workers() == 2);
+  CHECK(status.sync().mode() == proto::SYNC_BSP);
+  CHECK(status.job_state() == "waiting");
+  REQUIRE(status.ranks_size() == 2);
+  for (const auto& rank : status.ranks()) {
+    CHECK(rank.state() == "absent");
+    CHECK(rank.next_clock() == -1);
+    CHECK(rank.last_heard_ms_ago() == -1);
+    CHECK(rank.epoch() == 0);
+  }
+  CHECK(status.keys() == 0);
+  CHECK(status.param_bytes() == 0);
+  CHECK(status.checkpoint_age_seconds() == -1);
+  CHECK(status.checkpoint_version() == 0);
+  CHECK(status.uptime_seconds() >= 0);
+
+  proto::CheckpointResponse checkpoint;
+  REQUIRE(stub->Checkpoint(Context("").get(), {}, &checkpoint).ok());
+  CHECK(checkpoint.version() == 1);
+  CHECK(std::filesystem::file_size(checkpoint.path()) > 0);
+  REQUIRE(stub->GetStatus(Context("").get(), {}, &status).ok());
+  CHECK(status.checkpoint_version() == 1);
+  CHECK(status.checkpoint_age_seconds() >= 0);
+  CHECK(status.checkpoint_age_seconds() < 60);
+
+  CHECK_FALSE((*server)->shutdown_request().has_value());
+  proto::ShutdownRequest request;
+  request.set_reason("test");
+  proto::ShutdownResponse shutdown;
+  REQUIRE(stub->Shutdown(Context("").get(), request, &shutdown).ok());
+  auto stop = (*server)->shutdown_request();
+  REQUIRE(stop.has_value());
+  CHECK(stop->reason == "AdminService.Shutdown: test");
+  CHECK(stop->exit_code == 0);
+}
+
+TEST_CASE("ShardServer without --checkpoint_dir: Checkpoint is FAILED_PRECONDITION") {
+  ShardServerOptions options;
+  options.host = "127.0.0.1";
+  auto server = ShardServer::Start(options);
+  REQUIRE(server.ok());
+  auto stub = StubFor(**server);
+  proto::CheckpointResponse checkpoint;
+  const grpc::Status s = stub->Checkpoint(Context("").get(), {}, &checkpoint);
+  CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(s.error_message() ==
+        "shard 0 has no --checkpoint_dir: there is nowhere to write a checkpoint");
+}
+
+}  // namespace
+}  // namespace harrier
