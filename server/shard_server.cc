@@ -347,7 +347,10 @@ proto::StatusResponse ShardServer::FillStatus() const {
       ++finished;
     } else if (session.heard && silent_ms > options_.heartbeat_timeout.count()) {
       out->set_state("lost");
-    } else if (session.heard || session.issued) {
+    } else if (session.heard ||
+               (session.issued && now - session.issued_at <= options_.heartbeat_timeout)) {
+      // A session handed out and never used within the timeout may be
+      // handed out again (control_service.h): not in the job.
       out->set_state("present");
     } else {
       out->set_state("absent");
