@@ -88,9 +88,10 @@ Output: each line of each process's stdout (to stdout) and stderr (to stderr), p
 
 Failure: when any process exits non-zero, or on SIGINT/SIGTERM, the launcher prints
   [launch] worker-3@host exited with status 1: tearing down
-(or "signal 2 received: tearing down"), sends SIGTERM to every remaining process (remote
-ones through a small sh wrapper that also kills the process when its ssh session closes),
-waits up to --grace_ms, then SIGKILLs what is left. A second signal skips the grace time.
+(or "signal 2 received: tearing down"), sends SIGTERM to every remaining process on its
+host (remote ones through a small sh wrapper that also kills the process when its ssh
+session closes): the workers first, the shards once the workers are gone or half of
+--grace_ms has passed; at --grace_ms it SIGKILLs what is left. A second signal skips the grace time.
 Exit status: 0 when every worker exited 0 (then the shards get --grace_ms to exit by
 themselves, then SIGTERM), otherwise 1; 2 for bad arguments.
 )";
@@ -498,17 +499,40 @@ class Launcher {
     TerminateAll();
   }
 
-  // SIGTERM to each process that still runs, on its own host.
+  // SIGTERM to each process that still runs, on its own host: the workers
+  // first, the shards once no worker is left (or half the grace time has
+  // passed). A worker stopped by SIGTERM finishes its step and leaves the
+  // job, which needs its shards; stopped together, the workers would wait on
+  // dead shards until SIGKILL.
   void TerminateAll() {
     term_sent_at_ = Clock::now();
+    shards_term_pending_ = true;
     for (auto& p : procs_) {
-      if (p.pid < 0 || p.exited) continue;
-      p.signalled_by_us = true;
-      if (p.remote) {
-        SendRemote(p, "TERM\n");
-      } else {
-        kill(p.pid, SIGTERM);
-      }
+      if (!p.is_shard) Terminate(p);
+    }
+    MaybeTerminateShards();
+  }
+
+  void MaybeTerminateShards() {
+    if (!shards_term_pending_) return;
+    bool workers_left = false;
+    for (const auto& p : procs_) {
+      if (!p.is_shard && p.pid >= 0 && !p.exited) workers_left = true;
+    }
+    if (workers_left && MsSince(term_sent_at_) < opt_.grace_ms / 2) return;
+    shards_term_pending_ = false;
+    for (auto& p : procs_) {
+      if (p.is_shard) Terminate(p);
+    }
+  }
+
+  static void Terminate(Proc& p) {
+    if (p.pid < 0 || p.exited) return;
+    p.signalled_by_us = true;
+    if (p.remote) {
+      SendRemote(p, "TERM\n");
+    } else {
+      kill(p.pid, SIGTERM);
     }
   }
 
@@ -633,6 +657,7 @@ class Launcher {
           }
         }
         PollOnce(100);
+        MaybeTerminateShards();
       }
     }
     // Output after exit (pipes held by nobody else) is already drained.
@@ -655,6 +680,7 @@ class Launcher {
   std::map<pid_t, Proc*> by_pid_;
   bool tearing_down_ = false;
   bool stopping_shards_ = false;
+  bool shards_term_pending_ = false;
   bool failed_ = false;
   Clock::time_point term_sent_at_;
   std::optional<Clock::time_point> kill_sent_at_;
