@@ -112,6 +112,13 @@ check "dry run: shard-1 on host 2, port 50052" \
 check "dry run: worker-1 gets every shard and its rank" \
   "grep '^\[worker-1@${addrs[1]}\]' '$tmp/dry.out' | grep -q 'worker/harrier-worker --servers=${addrs[0]}:50051,${addrs[1]}:50052 --num_workers=2 --rank=1 --max_steps=1'"
 
+printf '# two hosts\n%s slots=2\n%s:1  # the small one\n' "${addrs[0]}" "${addrs[1]}" >"$tmp/hostfile"
+inbr "$launch" --hostfile="$tmp/hostfile" --ssh_args="$ssh_args" --dry_run >"$tmp/dryhf.out" 2>&1
+check "hostfile: 2 shards and 3 workers, worker-2 on host 2" \
+  "[ \$(grep -c ' -- ' '$tmp/dryhf.out') -eq 5 ] && grep -q '^\[worker-2@${addrs[1]}\] .*--num_workers=3 --rank=2' '$tmp/dryhf.out'"
+"$launch" --help >"$tmp/help.out" 2>&1
+check "--help exits 0 and describes the teardown" "[ $? -eq 0 ] && grep -q 'tearing down' '$tmp/help.out'"
+
 # A 2-host job: 2 shards, 2 workers, one epoch over 12000 examples.
 start=$(date +%s.%N)
 inbr timeout 180 "$launch" -H "$two_hosts" --num_servers=2 --grace_ms=3000 --ssh_args="$ssh_args" \
