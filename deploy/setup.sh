@@ -9,7 +9,7 @@ PACKAGES=(
   libucx-dev ucx-utils libabsl-dev libspdlog-dev libfmt-dev catch2 zlib1g-dev
   libopenblas-dev dataset-fashion-mnist prometheus-cpp-dev
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
-  libgloo-dev iproute2
+  libgloo-dev iproute2 openssh-server openssh-client
   python3-dev pybind11-dev python3-numpy python3-torch
   yamllint nodejs npm kubectl
 )

@@ -1,0 +1,362 @@
+#include "deploy/launch/launch_lib.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace harrier::launch {
+namespace {
+
+absl::StatusOr<int> ParseSlots(const std::string& where, const std::string& host,
+                               absl::string_view text) {
+  int slots = 0;
+  if (!absl::SimpleAtoi(text, &slots) || slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": slots of ", host, " must be a positive integer, got '", text, "'"));
+  }
+  return slots;
+}
+
+absl::StatusOr<HostSlots> ParseHostColonSlots(const std::string& where, absl::string_view entry) {
+  const size_t colon = entry.rfind(':');
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": '", entry, "' has no slots (want host:slots, e.g. ", entry, ":1)"));
+  }
+  HostSlots h;
+  h.host = std::string(entry.substr(0, colon));
+  if (h.host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": '", entry, "' has no host name"));
+  }
+  absl::StatusOr<int> slots = ParseSlots(where, h.host, entry.substr(colon + 1));
+  if (!slots.ok()) return slots.status();
+  h.slots = *slots;
+  return h;
+}
+
+bool ParseIntFlag(const std::string& value, int min, int* out) {
+  return absl::SimpleAtoi(value, out) && *out >= min;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<HostSlots>> ParseHostList(const std::string& list) {
+  if (absl::StripAsciiWhitespace(list).empty()) {
+    return absl::InvalidArgumentError("-H is empty (want host1:slots,host2:slots)");
+  }
+  std::vector<HostSlots> hosts;
+  for (absl::string_view entry : absl::StrSplit(list, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("-H ", list, ": empty entry"));
+    }
+    absl::StatusOr<HostSlots> h = ParseHostColonSlots(absl::StrCat("-H ", list), entry);
+    if (!h.ok()) return h.status();
+    hosts.push_back(*h);
+  }
+  return hosts;
+}
+
+absl::StatusOr<std::vector<HostSlots>> ParseHostfile(const std::string& text,
+                                                     const std::string& path) {
+  std::vector<HostSlots> hosts;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    const size_t hash = line.find('#');
+    if (hash != absl::string_view::npos) line = line.substr(0, hash);
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    const std::string where = absl::StrCat(path, ":", line_no);
+    std::vector<absl::string_view> words = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (words.size() == 1) {
+      absl::StatusOr<HostSlots> h = ParseHostColonSlots(where, words[0]);
+      if (!h.ok()) {
+        if (!absl::StrContains(words[0], ':')) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": '", words[0], "' has no slots (want 'host slots=N' or 'host:N')"));
+        }
+        return h.status();
+      }
+      hosts.push_back(*h);
+    } else if (words.size() == 2 && absl::StartsWith(words[1], "slots=")) {
+      absl::StatusOr<int> slots = ParseSlots(where, std::string(words[0]), words[1].substr(6));
+      if (!slots.ok()) return slots.status();
+      hosts.push_back({std::string(words[0]), *slots});
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": cannot read '", line, "' (want 'host slots=N' or 'host:N')"));
+    }
+  }
+  if (hosts.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("hostfile ", path, " lists no hosts"));
+  }
+  return hosts;
+}
+
+absl::StatusOr<Options> ParseArgs(const std::vector<std::string>& args) {
+  Options o;
+  std::string hosts_flag, hostfile;
+  bool have_hosts = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      o.worker_args.assign(args.begin() + i + 1, args.end());
+      break;
+    }
+    if (a == "--help" || a == "-h" || a == "-help") {
+      o.help = true;
+      return o;
+    }
+    if (a == "-H" || a == "--hosts") {
+      if (i + 1 >= args.size()) return absl::InvalidArgumentError("-H needs a value (host1:slots,host2:slots)");
+      hosts_flag = args[++i];
+      have_hosts = true;
+      continue;
+    }
+    if (absl::StartsWith(a, "-H") && !absl::StartsWith(a, "--")) {
+      hosts_flag = std::string(absl::StripPrefix(a.substr(2), "="));
+      have_hosts = true;
+      continue;
+    }
+    if (!absl::StartsWith(a, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "' (worker flags go after --; see --help)"));
+    }
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const bool has_value = eq != std::string::npos;
+    const std::string value = has_value ? a.substr(eq + 1) : "";
+    auto need_value = [&]() -> absl::Status {
+      if (!has_value) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value (--", name, "=...)"));
+      return absl::OkStatus();
+    };
+    auto bad = [&](const std::string& want) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, ": want ", want));
+    };
+    if (name == "dry_run") {
+      o.dry_run = !has_value || value == "true" || value == "1";
+      continue;
+    }
+    if (absl::Status st = need_value(); !st.ok()) {
+      if (name != "hosts" && name != "hostfile" && name != "num_servers" && name != "base_port" &&
+          name != "bin_dir" && name != "server_bin" && name != "worker_bin" && name != "ssh" &&
+          name != "ssh_args" && name != "server_args" && name != "grace_ms" &&
+          name != "start_timeout_ms") {
+        return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+      }
+      return st;
+    }
+    if (name == "hosts") {
+      hosts_flag = value;
+      have_hosts = true;
+    } else if (name == "hostfile") {
+      hostfile = value;
+    } else if (name == "num_servers") {
+      if (!ParseIntFlag(value, 1, &o.num_servers)) return bad("a positive integer");
+    } else if (name == "base_port") {
+      if (!ParseIntFlag(value, 1, &o.base_port) || o.base_port > 65535) return bad("a port in [1, 65535]");
+    } else if (name == "bin_dir") {
+      o.bin_dir = value;
+    } else if (name == "server_bin") {
+      o.server_bin = value;
+    } else if (name == "worker_bin") {
+      o.worker_bin = value;
+    } else if (name == "ssh") {
+      if (value.empty()) return bad("an ssh program");
+      o.ssh = value;
+    } else if (name == "ssh_args" || name == "server_args") {
+      absl::StatusOr<std::vector<std::string>> words = ShellSplit(value);
+      if (!words.ok()) return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", words.status().message()));
+      (name == "ssh_args" ? o.ssh_args : o.server_args) = *words;
+    } else if (name == "grace_ms") {
+      if (!ParseIntFlag(value, 0, &o.grace_ms)) return bad("milliseconds >= 0");
+    } else if (name == "start_timeout_ms") {
+      if (!ParseIntFlag(value, 1, &o.start_timeout_ms)) return bad("milliseconds >= 1");
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+  }
+  if (have_hosts && !hostfile.empty()) {
+    return absl::InvalidArgumentError("give -H or --hostfile, not both");
+  }
+  if (have_hosts) {
+    absl::StatusOr<std::vector<HostSlots>> hosts = ParseHostList(hosts_flag);
+    if (!hosts.ok()) return hosts.status();
+    o.hosts = *hosts;
+  } else if (!hostfile.empty()) {
+    std::ifstream in(hostfile);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read --hostfile=", hostfile));
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<std::vector<HostSlots>> hosts = ParseHostfile(text.str(), hostfile);
+    if (!hosts.ok()) return hosts.status();
+    o.hosts = *hosts;
+  } else {
+    return absl::InvalidArgumentError("no hosts: give -H host1:slots,... or --hostfile=FILE (see --help)");
+  }
+  // The launcher owns the job's shape; a second value would silently win or lose.
+  for (const std::string& a : o.worker_args) {
+    for (const char* owned : {"--servers", "--num_workers", "--rank"}) {
+      if (a == owned || absl::StartsWith(a, absl::StrCat(owned, "="))) {
+        return absl::InvalidArgumentError(absl::StrCat(owned, " is set by harrier-launch; drop it from the worker flags"));
+      }
+    }
+  }
+  for (const std::string& a : o.server_args) {
+    for (const char* owned : {"--shard", "--num_shards", "--num_workers", "--port", "--host"}) {
+      if (a == owned || absl::StartsWith(a, absl::StrCat(owned, "="))) {
+        return absl::InvalidArgumentError(absl::StrCat(owned, " is set by harrier-launch; drop it from --server_args"));
+      }
+    }
+  }
+  if (o.num_servers == 0) o.num_servers = static_cast<int>(o.hosts.size());
+  if (o.base_port + o.num_servers - 1 > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--base_port=", o.base_port, " + ", o.num_servers, " shards runs past port 65535"));
+  }
+  return o;
+}
+
+absl::StatusOr<std::vector<std::string>> ShellSplit(const std::string& text) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) words.push_back(word);
+      word.clear();
+      in_word = false;
+    } else if (c == '\'') {
+      const size_t end = text.find('\'', i + 1);
+      if (end == std::string::npos) return absl::InvalidArgumentError("unterminated ' quote");
+      word += text.substr(i + 1, end - i - 1);
+      i = end;
+      in_word = true;
+    } else if (c == '"') {
+      size_t j = i + 1;
+      for (; j < text.size() && text[j] != '"'; ++j) {
+        if (text[j] == '\\' && j + 1 < text.size() &&
+            (text[j + 1] == '"' || text[j + 1] == '\\' || text[j + 1] == '$' || text[j + 1] == '`')) {
+          ++j;
+        }
+        word += text[j];
+      }
+      if (j >= text.size()) return absl::InvalidArgumentError("unterminated \" quote");
+      i = j;
+      in_word = true;
+    } else if (c == '\\' && i + 1 < text.size()) {
+      word += text[++i];
+      in_word = true;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (in_word) words.push_back(word);
+  return words;
+}
+
+std::string ShellQuote(const std::string& arg) {
+  bool safe = !arg.empty();
+  for (const char c : arg) {
+    if (!absl::ascii_isalnum(c) && std::string("-_=./:,@%+").find(c) == std::string::npos) {
+      safe = false;
+      break;
+    }
+  }
+  if (safe) return arg;
+  std::string quoted = "'";
+  for (const char c : arg) {
+    if (c == '\'') {
+      quoted += "'\\''";
+    } else {
+      quoted += c;
+    }
+  }
+  return quoted + "'";
+}
+
+std::string ShellJoin(const std::vector<std::string>& args) {
+  std::vector<std::string> quoted;
+  for (const auto& a : args) quoted.push_back(ShellQuote(a));
+  return absl::StrJoin(quoted, " ");
+}
+
+bool IsLocalHost(const std::string& host) { return host == "localhost" || host == "127.0.0.1"; }
+
+absl::Status ResolveBinaries(Options& o, const std::string& self_dir) {
+  const bool explicit_dir = !o.bin_dir.empty();
+  const std::string dir = explicit_dir ? o.bin_dir : self_dir;
+  auto find = [&](const std::string& name, const std::string& package,
+                  std::string* out) -> absl::Status {
+    if (!out->empty()) return absl::OkStatus();
+    const std::vector<std::string> candidates = {
+        absl::StrCat(dir, "/", name), absl::StrCat(dir, "/", package, "/", name),
+        absl::StrCat(dir, "/../../", package, "/", name)};
+    for (const auto& c : candidates) {
+      if (access(c.c_str(), X_OK) == 0) {
+        char resolved[4096];
+        *out = realpath(c.c_str(), resolved) != nullptr ? std::string(resolved) : c;
+        return absl::OkStatus();
+      }
+    }
+    // Remote-only hosts may have binaries this machine lacks: with an
+    // explicit --bin_dir trust it (the ssh check looks on each host).
+    if (explicit_dir) {
+      *out = candidates[0];
+      return absl::OkStatus();
+    }
+    return absl::NotFoundError(absl::StrCat("no ", name, " in ", dir, " (nor ", dir, "/", package,
+                                            ", ", dir, "/../../", package,
+                                            "): give --bin_dir or --", package, "_bin"));
+  };
+  if (absl::Status st = find("harrier-server", "server", &o.server_bin); !st.ok()) return st;
+  return find("harrier-worker", "worker", &o.worker_bin);
+}
+
+JobPlan MakePlan(const Options& o) {
+  JobPlan plan;
+  int total = 0;
+  for (const auto& h : o.hosts) total += h.slots;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < o.num_servers; ++i) {
+    PlannedProcess s;
+    s.index = i;
+    s.host = i % o.hosts.size();
+    s.port = o.base_port + i;
+    const std::string& host = o.hosts[s.host].host;
+    addresses.push_back(absl::StrCat(IsLocalHost(host) ? "127.0.0.1" : host, ":", s.port));
+    s.command = {o.server_bin,
+                 absl::StrCat("--shard=", i),
+                 absl::StrCat("--num_shards=", o.num_servers),
+                 absl::StrCat("--num_workers=", total),
+                 absl::StrCat("--port=", s.port),
+                 "--host=0.0.0.0"};
+    for (const auto& a : o.server_args) s.command.push_back(a);
+    plan.shards.push_back(s);
+  }
+  const std::string servers = absl::StrJoin(addresses, ",");
+  int rank = 0;
+  for (size_t h = 0; h < o.hosts.size(); ++h) {
+    for (int slot = 0; slot < o.hosts[h].slots; ++slot, ++rank) {
+      PlannedProcess w;
+      w.index = rank;
+      w.host = h;
+      w.command = {o.worker_bin, absl::StrCat("--servers=", servers),
+                   absl::StrCat("--num_workers=", total), absl::StrCat("--rank=", rank)};
+      for (const auto& a : o.worker_args) w.command.push_back(a);
+      plan.workers.push_back(w);
+    }
+  }
+  return plan;
+}
+
+}  // namespace harrier::launch

@@ -1,0 +1,736 @@
+// harrier-launch: starts a job's shards and workers on many hosts over ssh,
+// streams their output with a per-process prefix and tears everything down
+// when one fails or the launcher is interrupted. See deploy/launch/README.md.
+//
+// One thread, one poll() loop: every child's stdout and stderr pipe plus a
+// self-pipe the signal handlers write to. Nothing here blocks without a
+// deadline, so a hung host or process cannot hang the launcher.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "deploy/launch/launch_lib.h"
+
+namespace harrier::launch {
+namespace {
+
+constexpr char kUsage[] = R"(harrier-launch: run a Harrier job on many hosts over ssh.
+
+Usage:
+  harrier-launch (-H host1:slots,host2:slots | --hostfile=FILE) [options] -- [harrier-worker flags...]
+
+Hosts:
+  -H host:slots,...     Hosts in order; slots = workers on that host (>= 1).
+  --hostfile=FILE       One host per line, "host slots=N" or "host:N"; '#' starts a comment.
+                        A host named localhost or 127.0.0.1 runs its processes locally, without
+                        ssh (then every process must be local: workers reach shards by host name).
+
+Processes:
+  Workers: one per slot, ranks 0.. in host order, each started with
+    --servers=<every shard's host:port> --num_workers=<total slots> --rank=R
+    followed by the flags after "--".
+  Shards: --num_servers of them (default: one per host), shard i on host i mod (number of
+    hosts), port base_port+i, started with
+    --shard=i --num_shards=N --num_workers=<total slots> --port=P --host=0.0.0.0 <--server_args>.
+  Every shard is started first; the workers start once each shard accepts a TCP connection
+  (deadline --start_timeout_ms).
+
+Options:
+  --num_servers=N       Number of shards (default: number of hosts).
+  --base_port=P         Port of shard 0; shard i listens on P+i (default 50051).
+  --bin_dir=DIR         Where harrier-server and harrier-worker are, the same path on every host
+                        (default: next to harrier-launch, or DIR/../../server and
+                        DIR/../../worker as in bazel-bin).
+  --server_bin=PATH     harrier-server explicitly (overrides --bin_dir).
+  --worker_bin=PATH     harrier-worker explicitly (overrides --bin_dir).
+  --ssh=PROGRAM         ssh client (default ssh). Remote commands run as
+                        PROGRAM [ssh_args] -o BatchMode=yes -o ConnectTimeout=10 host -- <command>.
+  --ssh_args="..."      Extra ssh arguments (e.g. "-i key -p 2222"); split like a shell would.
+  --server_args="..."   Extra harrier-server flags, e.g. "--optimizer=nesterov --lr=0.05".
+  --grace_ms=MS         On teardown, how long processes get after SIGTERM before SIGKILL; also
+                        how long shards get to exit by themselves after the workers finish
+                        (default 10000).
+  --start_timeout_ms=MS Deadline for the ssh check of each host and for each shard to accept
+                        connections (default 60000).
+  --dry_run             Print the commands it would run and exit.
+  --help                This text.
+
+Output: each line of each process's stdout (to stdout) and stderr (to stderr), prefixed
+"[shard-0@host] " or "[worker-3@host] "; the launcher's own lines start with "[launch] ".
+
+Failure: when any process exits non-zero, or on SIGINT/SIGTERM, the launcher prints
+  [launch] worker-3@host exited with status 1: tearing down
+(or "signal 2 received: tearing down"), sends SIGTERM to every remaining process on its
+host (remote ones through a small sh wrapper that also kills the process when its ssh
+session closes): the workers first, the shards once the workers are gone or half of
+--grace_ms has passed; at --grace_ms it SIGKILLs what is left. A second signal skips the grace time.
+Exit status: 0 when every worker exited 0 (then the shards get --grace_ms to exit by
+themselves, then SIGTERM), otherwise 1; 2 for bad arguments.
+)";
+
+// The sh wrapper a remote command runs under. Without a pty, closing the ssh
+// session does not signal the remote process, so the wrapper keeps the
+// process's pid and acts on what the launcher writes to ssh's stdin: "TERM"
+// or "KILL" lines, or end of file (the launcher or its ssh died), which
+// means SIGTERM, then SIGKILL after the grace time. $1 is that grace time in
+// seconds; the rest is the command. The watcher's output goes to /dev/null so
+// that only the process itself holds the session's stdout and stderr open.
+constexpr char kRemoteWrapper[] =
+    "g=$1; shift; exec 3<&0; \"$@\" </dev/null 3<&- & c=$!; "
+    "{ while read -r m; do "
+    "if [ \"$m\" = KILL ]; then kill -KILL $c; else kill -TERM $c; fi; done; "
+    "kill -TERM $c; sleep $g; kill -KILL $c; } <&3 >/dev/null 2>&1 & w=$!; "
+    "exec 3<&-; wait $c; r=$?; kill $w 2>/dev/null; exit $r";
+
+int signal_pipe[2] = {-1, -1};
+
+void OnSignal(int signo) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(signo);
+  (void)!write(signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+using Clock = std::chrono::steady_clock;
+
+int64_t MsSince(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+}
+
+void LaunchLine(const std::string& text) {
+  const std::string line = absl::StrCat("[launch] ", text, "\n");
+  (void)!write(STDERR_FILENO, line.data(), line.size());
+}
+
+// One child of the launcher: a local harrier-* process or the ssh client
+// that runs one remotely.
+struct Proc {
+  std::string name;  // "worker-3@host"
+  std::string host;
+  bool is_shard = false;
+  bool remote = false;
+  std::vector<std::string> argv;  // what is exec'd here
+  pid_t pid = -1;
+  int out_fd = -1, err_fd = -1, in_fd = -1;  // in_fd: ssh's stdin (remote only)
+  std::string out_buf, err_buf;
+  bool exited = false;
+  int status = 0;            // raw waitpid status
+  bool signalled_by_us = false;
+};
+
+std::string DescribeStatus(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
+  return "ended";
+}
+bool Succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+absl::Status Spawn(Proc& p) {
+  int out[2], err[2], in[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(in, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  std::vector<char*> args;
+  for (auto& a : p.argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    // Its own process group: a Ctrl-C at the terminal reaches only the
+    // launcher, which then tears down in order.
+    setpgid(0, 0);
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (p.remote) {
+      dup2(in[0], STDIN_FILENO);
+    } else {
+      const int devnull = open("/dev/null", O_RDONLY);
+      dup2(devnull, STDIN_FILENO);
+    }
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    execvp(args[0], args.data());
+    const std::string msg = absl::StrCat("cannot run ", p.argv[0], ": ", strerror(errno), "\n");
+    (void)!write(STDERR_FILENO, msg.data(), msg.size());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  close(in[0]);
+  p.pid = pid;
+  p.out_fd = out[0];
+  p.err_fd = err[0];
+  SetNonBlocking(p.out_fd);
+  SetNonBlocking(p.err_fd);
+  if (p.remote) {
+    p.in_fd = in[1];
+  } else {
+    close(in[1]);
+  }
+  return absl::OkStatus();
+}
+
+// Writes every complete line in `buf` to `fd` with the prefix, one write()
+// per line so lines from different processes never mix.
+void EmitLines(std::string& buf, const std::string& prefix, int fd, bool flush_partial) {
+  size_t start = 0;
+  for (;;) {
+    const size_t nl = buf.find('\n', start);
+    if (nl == std::string::npos) break;
+    const std::string line = absl::StrCat(prefix, buf.substr(start, nl - start + 1));
+    (void)!write(fd, line.data(), line.size());
+    start = nl + 1;
+  }
+  buf.erase(0, start);
+  if (flush_partial && !buf.empty()) {
+    const std::string line = absl::StrCat(prefix, buf, "\n");
+    (void)!write(fd, line.data(), line.size());
+    buf.clear();
+  }
+}
+
+// Reads what is available on *fd; closes it at end of file.
+void Drain(int* fd, std::string& buf, const std::string& prefix, int out) {
+  if (*fd < 0) return;
+  char chunk[65536];
+  for (;;) {
+    const ssize_t n = read(*fd, chunk, sizeof(chunk));
+    if (n > 0) {
+      buf.append(chunk, n);
+      EmitLines(buf, prefix, out, false);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    EmitLines(buf, prefix, out, true);
+    close(*fd);
+    *fd = -1;
+    return;
+  }
+}
+
+// One TCP connect attempt with a deadline: true once something listens.
+bool CanConnect(const std::string& host, int port, int timeout_ms) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool ok = false;
+  for (addrinfo* ai = res; ai != nullptr && !ok; ai = ai->ai_next) {
+    const int s = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0) continue;
+    if (connect(s, ai->ai_addr, ai->ai_addrlen) == 0) {
+      ok = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd pfd{s, POLLOUT, 0};
+      if (poll(&pfd, 1, timeout_ms) == 1) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len);
+        ok = err == 0;
+      }
+    }
+    close(s);
+  }
+  freeaddrinfo(res);
+  return ok;
+}
+
+class Launcher {
+ public:
+  explicit Launcher(const Options& options) : opt_(options) {}
+
+  std::vector<std::string> Wrap(const HostSlots& host, const std::vector<std::string>& cmd) const {
+    if (IsLocalHost(host.host)) return cmd;
+    std::vector<std::string> argv = {opt_.ssh};
+    for (const auto& a : opt_.ssh_args) argv.push_back(a);
+    // Options the user gave come first: for -o, ssh keeps the first value.
+    for (const char* a : {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10"}) argv.push_back(a);
+    argv.push_back(host.host);
+    argv.push_back("--");
+    std::vector<std::string> remote = {"sh", "-c", kRemoteWrapper, "harrier-launch-wrapper",
+                                       absl::StrCat(opt_.grace_ms / 1000.0)};
+    for (const auto& a : cmd) remote.push_back(a);
+    argv.push_back(ShellJoin(remote));
+    return argv;
+  }
+
+  void Plan() {
+    const JobPlan plan = MakePlan(opt_);
+    for (const auto& s : plan.shards) {
+      Proc p;
+      p.name = absl::StrCat("shard-", s.index, "@", opt_.hosts[s.host].host);
+      p.host = opt_.hosts[s.host].host;
+      p.is_shard = true;
+      p.remote = !IsLocalHost(p.host);
+      p.argv = Wrap(opt_.hosts[s.host], s.command);
+      shard_ports_.push_back(s.port);
+      procs_.push_back(std::move(p));
+    }
+    for (const auto& w : plan.workers) {
+      Proc p;
+      p.name = absl::StrCat("worker-", w.index, "@", opt_.hosts[w.host].host);
+      p.host = opt_.hosts[w.host].host;
+      p.remote = !IsLocalHost(p.host);
+      p.argv = Wrap(opt_.hosts[w.host], w.command);
+      procs_.push_back(std::move(p));
+    }
+  }
+
+  void DryRun() const {
+    for (const auto& p : procs_) {
+      const std::string line = absl::StrCat("[", p.name, "] ", ShellJoin(p.argv), "\n");
+      (void)!write(STDOUT_FILENO, line.data(), line.size());
+    }
+  }
+
+  // Before anything starts: every host answers over ssh and has both
+  // binaries, so a typo in a host name fails in one line, not mid-start.
+  absl::Status CheckHosts() {
+    std::set<std::string> seen;
+    for (const auto& h : opt_.hosts) {
+      if (!seen.insert(h.host).second) continue;
+      for (const std::string& bin : {opt_.server_bin, opt_.worker_bin}) {
+        if (IsLocalHost(h.host) && access(bin.c_str(), X_OK) != 0) {
+          return absl::NotFoundError(absl::StrCat(h.host, ": no executable ", bin,
+                                                  " (see --bin_dir, --server_bin, --worker_bin)"));
+        }
+      }
+      if (IsLocalHost(h.host)) continue;
+      std::vector<std::string> check = {"sh", "-c",
+                                        "for b; do [ -x \"$b\" ] || { echo \"no executable $b\"; "
+                                        "exit 3; }; done",
+                                        "check", opt_.server_bin, opt_.worker_bin};
+      std::vector<std::string> argv = {opt_.ssh};
+      for (const auto& a : opt_.ssh_args) argv.push_back(a);
+      for (const char* a : {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10"}) argv.push_back(a);
+      argv.push_back(h.host);
+      argv.push_back("--");
+      argv.push_back(ShellJoin(check));
+      Proc p;
+      p.argv = argv;
+      p.remote = false;
+      absl::Status st = Spawn(p);
+      if (!st.ok()) return st;
+      std::string out, err;
+      const auto start = Clock::now();
+      int status = 0;
+      bool done = false;
+      while (!done) {
+        if (MsSince(start) > opt_.start_timeout_ms) {
+          kill(p.pid, SIGKILL);
+          waitpid(p.pid, &status, 0);
+          return absl::DeadlineExceededError(absl::StrCat(
+              "cannot reach host ", h.host, " over ssh: no answer in ", opt_.start_timeout_ms,
+              " ms (--start_timeout_ms)"));
+        }
+        pollfd fds[2] = {{p.out_fd, POLLIN, 0}, {p.err_fd, POLLIN, 0}};
+        poll(fds, 2, 100);
+        ReadAll(&p.out_fd, out);
+        ReadAll(&p.err_fd, err);
+        if (p.out_fd < 0 && p.err_fd < 0) {
+          waitpid(p.pid, &status, 0);
+          done = true;
+        }
+      }
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+        return absl::NotFoundError(absl::StrCat(h.host, ": ", LastLine(out),
+                                                " (see --bin_dir, --server_bin, --worker_bin)"));
+      }
+      if (!Succeeded(status)) {
+        const std::string why = LastLine(err).empty() ? DescribeStatus(status) : LastLine(err);
+        return absl::UnavailableError(
+            absl::StrCat("cannot reach host ", h.host, " over ssh: ", why));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  int Run() {
+    if (absl::Status st = CheckHosts(); !st.ok()) {
+      LaunchLine(std::string(st.message()));
+      return 1;
+    }
+    const size_t num_shards = shard_ports_.size();
+    LaunchLine(absl::StrCat("starting ", num_shards, " shards and ", procs_.size() - num_shards,
+                            " workers on ", opt_.hosts.size(), " hosts"));
+    for (size_t i = 0; i < num_shards; ++i) {
+      if (!StartProc(procs_[i])) return Finish();
+    }
+    // Shards first; the workers only once every shard accepts connections.
+    std::vector<bool> ready(num_shards, false);
+    size_t num_ready = 0;
+    const auto start = Clock::now();
+    while (num_ready < num_shards && !tearing_down_) {
+      for (size_t i = 0; i < num_shards && !tearing_down_; ++i) {
+        if (ready[i]) continue;
+        const std::string& host = procs_[i].host;
+        if (CanConnect(IsLocalHost(host) ? "127.0.0.1" : host, shard_ports_[i], 200)) {
+          ready[i] = true;
+          ++num_ready;
+          LaunchLine(absl::StrCat(procs_[i].name, " is up on port ", shard_ports_[i]));
+        }
+      }
+      if (num_ready == num_shards) break;
+      if (MsSince(start) > opt_.start_timeout_ms) {
+        for (size_t i = 0; i < num_shards; ++i) {
+          if (!ready[i]) {
+            Fail(absl::StrCat(procs_[i].name, " does not accept connections on port ",
+                              shard_ports_[i], " after ", opt_.start_timeout_ms,
+                              " ms (--start_timeout_ms): tearing down"));
+            break;
+          }
+        }
+        break;
+      }
+      PollOnce(100);
+    }
+    if (!tearing_down_) {
+      for (size_t i = num_shards; i < procs_.size(); ++i) {
+        if (!StartProc(procs_[i])) break;
+      }
+    }
+    // Until every worker is done (or a failure).
+    while (!tearing_down_ && !AllWorkersExited()) PollOnce(1000);
+    if (!tearing_down_) {
+      LaunchLine(absl::StrCat("all ", procs_.size() - num_shards,
+                              " workers finished; waiting for the shards to exit"));
+      const auto done_at = Clock::now();
+      while (!tearing_down_ && !AllExited() && MsSince(done_at) < opt_.grace_ms) PollOnce(100);
+      if (!tearing_down_ && !AllExited()) {
+        // Servers without --exit_when_done (or an older harrier-server) stay.
+        LaunchLine(absl::StrCat("shards still running after ", opt_.grace_ms,
+                                " ms (--grace_ms): stopping them"));
+        stopping_shards_ = true;
+        TerminateAll();
+      }
+    }
+    return Finish();
+  }
+
+ private:
+  static void ReadAll(int* fd, std::string& into) {
+    if (*fd < 0) return;
+    char chunk[4096];
+    for (;;) {
+      const ssize_t n = read(*fd, chunk, sizeof(chunk));
+      if (n > 0) {
+        into.append(chunk, n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      close(*fd);
+      *fd = -1;
+      return;
+    }
+  }
+
+  static std::string LastLine(const std::string& text) {
+    std::vector<std::string> lines =
+        absl::StrSplit(text, absl::ByAnyChar("\r\n"), absl::SkipWhitespace());
+    return lines.empty() ? "" : std::string(absl::StripAsciiWhitespace(lines.back()));
+  }
+
+  bool StartProc(Proc& p) {
+    absl::Status st = Spawn(p);
+    if (!st.ok()) {
+      Fail(absl::StrCat("cannot start ", p.name, ": ", st.message(), ": tearing down"));
+      return false;
+    }
+    by_pid_[p.pid] = &p;
+    return true;
+  }
+
+  bool AllWorkersExited() const {
+    for (const auto& p : procs_) {
+      if (!p.is_shard && (p.pid < 0 || !p.exited)) return false;
+    }
+    return true;
+  }
+  bool AllExited() const {
+    for (const auto& p : procs_) {
+      if (p.pid >= 0 && !p.exited) return false;
+    }
+    return true;
+  }
+
+  void Fail(const std::string& message) {
+    if (tearing_down_) return;
+    tearing_down_ = true;
+    failed_ = true;
+    LaunchLine(message);
+    TerminateAll();
+  }
+
+  // SIGTERM to each process that still runs, on its own host: the workers
+  // first, the shards once no worker is left (or half the grace time has
+  // passed). A worker stopped by SIGTERM finishes its step and leaves the
+  // job, which needs its shards; stopped together, the workers would wait on
+  // dead shards until SIGKILL.
+  void TerminateAll() {
+    term_sent_at_ = Clock::now();
+    shards_term_pending_ = true;
+    for (auto& p : procs_) {
+      if (!p.is_shard) Terminate(p);
+    }
+    MaybeTerminateShards();
+  }
+
+  void MaybeTerminateShards() {
+    if (!shards_term_pending_) return;
+    bool workers_left = false;
+    for (const auto& p : procs_) {
+      if (!p.is_shard && p.pid >= 0 && !p.exited) workers_left = true;
+    }
+    if (workers_left && MsSince(term_sent_at_) < opt_.grace_ms / 2) return;
+    shards_term_pending_ = false;
+    for (auto& p : procs_) {
+      if (p.is_shard) Terminate(p);
+    }
+  }
+
+  static void Terminate(Proc& p) {
+    if (p.pid < 0 || p.exited) return;
+    p.signalled_by_us = true;
+    if (p.remote) {
+      SendRemote(p, "TERM\n");
+    } else {
+      kill(p.pid, SIGTERM);
+    }
+  }
+
+  void KillAll() {
+    for (auto& p : procs_) {
+      if (p.pid < 0 || p.exited) continue;
+      p.signalled_by_us = true;
+      if (p.remote) {
+        SendRemote(p, "KILL\n");
+        if (p.in_fd >= 0) close(p.in_fd);
+        p.in_fd = -1;
+      } else {
+        kill(p.pid, SIGKILL);
+      }
+    }
+    kill_sent_at_ = Clock::now();
+  }
+
+  static void SendRemote(Proc& p, const char* line) {
+    if (p.in_fd >= 0) (void)!write(p.in_fd, line, strlen(line));
+  }
+
+  // Waits up to timeout_ms for output, exits and signals, and handles them.
+  void PollOnce(int timeout_ms) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Proc*, bool>> owners;  // (proc, is stdout)
+    fds.push_back({signal_pipe[0], POLLIN, 0});
+    owners.push_back({nullptr, false});
+    for (auto& p : procs_) {
+      if (p.out_fd >= 0) {
+        fds.push_back({p.out_fd, POLLIN, 0});
+        owners.push_back({&p, true});
+      }
+      if (p.err_fd >= 0) {
+        fds.push_back({p.err_fd, POLLIN, 0});
+        owners.push_back({&p, false});
+      }
+    }
+    const int n = poll(fds.data(), fds.size(), timeout_ms);
+    if (n > 0) {
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        Proc* p = owners[i].first;
+        const std::string prefix = absl::StrCat("[", p->name, "] ");
+        if (owners[i].second) {
+          Drain(&p->out_fd, p->out_buf, prefix, STDOUT_FILENO);
+        } else {
+          Drain(&p->err_fd, p->err_buf, prefix, STDERR_FILENO);
+        }
+      }
+    }
+    unsigned char sigs[64];
+    ssize_t got;
+    while ((got = read(signal_pipe[0], sigs, sizeof(sigs))) > 0) {
+      for (ssize_t i = 0; i < got; ++i) {
+        if (sigs[i] == SIGCHLD) continue;
+        if (!tearing_down_) {
+          tearing_down_ = true;
+          failed_ = true;
+          LaunchLine(absl::StrCat("signal ", static_cast<int>(sigs[i]),
+                                  " received: tearing down"));
+          TerminateAll();
+        } else if (!kill_sent_at_) {
+          LaunchLine(absl::StrCat("signal ", static_cast<int>(sigs[i]),
+                                  " received again: killing everything now"));
+          KillAll();
+        }
+      }
+    }
+    Reap();
+  }
+
+  void Reap() {
+    for (;;) {
+      int status = 0;
+      const pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      auto it = by_pid_.find(pid);
+      if (it == by_pid_.end()) continue;
+      Proc& p = *it->second;
+      p.exited = true;
+      p.status = status;
+      // Its last lines before the verdict on it.
+      const std::string prefix = absl::StrCat("[", p.name, "] ");
+      Drain(&p.out_fd, p.out_buf, prefix, STDOUT_FILENO);
+      Drain(&p.err_fd, p.err_buf, prefix, STDERR_FILENO);
+      if (p.in_fd >= 0) close(p.in_fd);
+      p.in_fd = -1;
+      if (p.signalled_by_us) continue;
+      if (!Succeeded(status)) {
+        std::string what = DescribeStatus(status);
+        if (p.remote && WIFEXITED(status) && WEXITSTATUS(status) == 255) {
+          what += " (ssh failed: see its last lines above)";
+        }
+        Fail(absl::StrCat(p.name, " ", what, ": tearing down"));
+      } else if (p.is_shard && !AllWorkersExited() && !tearing_down_) {
+        // A shard that leaves while workers still need it fails the job.
+        Fail(absl::StrCat(p.name, " exited before the workers finished: tearing down"));
+      }
+    }
+  }
+
+  // Teardown (if started) runs to its end under deadlines; then the verdict.
+  int Finish() {
+    if (tearing_down_ || stopping_shards_) {
+      while (!AllExited()) {
+        if (!kill_sent_at_ && MsSince(term_sent_at_) >= opt_.grace_ms) {
+          std::vector<std::string> left;
+          for (const auto& p : procs_) {
+            if (p.pid >= 0 && !p.exited) left.push_back(p.name);
+          }
+          LaunchLine(absl::StrCat("still running after ", opt_.grace_ms,
+                                  " ms (--grace_ms): ", absl::StrJoin(left, ", "),
+                                  "; sending SIGKILL"));
+          KillAll();
+        }
+        // The remote wrapper got KILL; if its ssh still has not exited, end
+        // the ssh client itself.
+        if (kill_sent_at_ && MsSince(*kill_sent_at_) > 3000) {
+          for (auto& p : procs_) {
+            if (p.pid >= 0 && !p.exited) kill(p.pid, SIGKILL);
+          }
+        }
+        PollOnce(100);
+        MaybeTerminateShards();
+      }
+    }
+    // Output after exit (pipes held by nobody else) is already drained.
+    for (auto& p : procs_) {
+      const std::string prefix = absl::StrCat("[", p.name, "] ");
+      EmitLines(p.out_buf, prefix, STDOUT_FILENO, true);
+      EmitLines(p.err_buf, prefix, STDERR_FILENO, true);
+    }
+    if (failed_) {
+      LaunchLine("job failed");
+      return 1;
+    }
+    LaunchLine("job finished: every worker exited 0");
+    return 0;
+  }
+
+  const Options& opt_;
+  std::vector<Proc> procs_;  // shards first, then workers; never resized after Plan()
+  std::vector<int> shard_ports_;
+  std::map<pid_t, Proc*> by_pid_;
+  bool tearing_down_ = false;
+  bool stopping_shards_ = false;
+  bool shards_term_pending_ = false;
+  bool failed_ = false;
+  Clock::time_point term_sent_at_;
+  std::optional<Clock::time_point> kill_sent_at_;
+};
+
+std::string SelfDir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, n);
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<Options> parsed = ParseArgs(args);
+  if (!parsed.ok()) {
+    fprintf(stderr, "harrier-launch: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  Options& opt = *parsed;
+  if (opt.help) {
+    fputs(kUsage, stdout);
+    return 0;
+  }
+  if (absl::Status st = ResolveBinaries(opt, SelfDir()); !st.ok()) {
+    fprintf(stderr, "harrier-launch: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  Launcher launcher(opt);
+  launcher.Plan();
+  if (opt.dry_run) {
+    launcher.DryRun();
+    return 0;
+  }
+  if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    perror("harrier-launch: pipe");
+    return 1;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaction(s, &sa, nullptr);
+  return launcher.Run();
+}
+
+}  // namespace
+}  // namespace harrier::launch
+
+int main(int argc, char** argv) { return harrier::launch::Main(argc, argv); }
