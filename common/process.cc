@@ -1,6 +1,9 @@
 #include "common/process.h"
 
+#include <arpa/inet.h>
 #include <malloc.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,6 +46,28 @@ void InitLogging(const std::string& program) {
   auto logger = spdlog::stderr_logger_mt(program);
   logger->set_pattern("[%H:%M:%S.%e] [%n] %l %v");
   spdlog::set_default_logger(logger);
+}
+
+absl::Status CheckTcpPortFree(const std::string& host, int port) {
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("'", host, "' is not an IPv4 address"));
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  // As a listener would bind it: a port in TIME_WAIT is free.
+  const int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  const int bound = bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  const int error = errno;
+  close(fd);
+  if (bound != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", host, ":", port, ": ", std::strerror(error)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace harrier

@@ -17,6 +17,13 @@ void TuneMallocForLargeBuffers();
 // reader polling for the file never sees it half-written.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
 
+// OK when a TCP listener could bind `host`:`port` now (it binds and closes
+// a socket); UNAVAILABLE naming the reason (in use, not an address of this
+// host) otherwise. For start-up checks that must fail before a process
+// takes resources elsewhere (a worker's rank): the port may still be taken
+// between the check and the real bind.
+absl::Status CheckTcpPortFree(const std::string& host, int port);
+
 // Sets up the process-wide spdlog default logger: stderr, one line per event,
 // "[program] level message". Call once from main(), never from a library.
 void InitLogging(const std::string& program);

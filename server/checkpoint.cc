@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -375,6 +376,25 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 }
 
 }  // namespace
+
+std::string CheckpointJobDir(const std::string& dir, uint64_t job_id) {
+  return absl::StrCat(dir, "/job-", job_id);
+}
+
+std::vector<uint64_t> ListCheckpointJobs(const std::string& dir) {
+  std::vector<uint64_t> jobs;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    uint64_t id = 0;
+    if (absl::StartsWith(name, "job-") && absl::SimpleAtoi(name.substr(4), &id) && id > 0 &&
+        entry.is_directory(ec)) {
+      jobs.push_back(id);
+    }
+  }
+  std::sort(jobs.begin(), jobs.end());
+  return jobs;
+}
 
 std::string CheckpointShardDir(const std::string& dir, int shard) {
   return absl::StrCat(dir, "/shard-", shard);

@@ -68,6 +68,13 @@ inline constexpr uint32_t kCheckpointFormatVersion = 2;
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 inline constexpr int kDefaultCheckpointsKept = 3;
 
+// `<dir>/job-<job_id>`: the checkpoints of one run (server/README.md, "Job
+// lifecycle"); a shard passes it as `dir` to the functions below.
+std::string CheckpointJobDir(const std::string& dir, uint64_t job_id);
+// The job ids with a `job-<id>` folder in `dir`, ascending (empty when
+// `dir` does not exist).
+std::vector<uint64_t> ListCheckpointJobs(const std::string& dir);
+
 // `<dir>/shard-<shard>`.
 std::string CheckpointShardDir(const std::string& dir, int shard);
 // `<dir>/shard-<shard>/ckpt-<version zero-padded to 20 digits>.hck`.

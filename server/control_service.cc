@@ -87,9 +87,9 @@ absl::Status ControlServiceImpl::CheckRankFree(uint32_t rank, bool by_number,
     // Handed out, and no call ever carried it: reclaimed, so a Register
     // flood cannot hold ranks for the workers still to come.
     if (state.issued && now - state.issued_at > timeout) return absl::OkStatus();
-  } else if (by_number && now - state.last_heard > timeout) {
+  } else if (by_number && now - state.last_heard > options_.rejoin_after) {
     // A rank asked for by number whose worker has gone silent: taken over
-    // (a restarted worker that lost its session).
+    // (a restarted worker that lost its session rejoins).
     return absl::OkStatus();
   }
   // The worker holding the rank re-registers: it proves it with the
@@ -106,8 +106,8 @@ absl::Status ControlServiceImpl::CheckRankFree(uint32_t rank, bool by_number,
       "rank ", rank, " is held by a live session (epoch ", state.epoch,
       state.heard ? ", last heard " : ", handed out ", since,
       " ms ago): a worker re-registering for it must present that session, or wait until it "
-      "has been silent for --heartbeat_timeout_ms=",
-      timeout.count()));
+      "has been silent for --rejoin_after_ms=",
+      options_.rejoin_after.count()));
 }
 
 ControlServiceImpl::Clock::time_point ControlServiceImpl::BarrierExpiry(
@@ -165,6 +165,7 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
     }
     spdlog::info("event=release shard=0 rank={} epoch={}", rank,
                  request->previous_session().epoch());
+    if (options_.membership != nullptr) options_.membership->Release(static_cast<uint32_t>(rank));
     response->set_rank(static_cast<uint32_t>(rank));
     response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
     return grpc::Status::OK;
@@ -206,14 +207,15 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
   *response->mutable_session() = sessions_->Issue(static_cast<uint32_t>(rank), epoch);
   if (options_.membership != nullptr) options_.membership->Join(static_cast<uint32_t>(rank));
   if (previous_epoch == 0) {
-    spdlog::info("event=register shard=0 rank={} epoch={} worker={}", rank, epoch,
-                 request->worker_name());
+    spdlog::info("event=register shard=0 rank={} epoch={} job_id={} worker={}", rank, epoch,
+                 sessions_->job_id(), request->worker_name());
   } else {
-    spdlog::info("event=rejoin shard=0 rank={} epoch={} previous_epoch={} worker={}", rank, epoch,
-                 previous_epoch, request->worker_name());
+    spdlog::info("event=rejoin shard=0 rank={} epoch={} previous_epoch={} job_id={} worker={}",
+                 rank, epoch, previous_epoch, sessions_->job_id(), request->worker_name());
   }
   response->set_rank(static_cast<uint32_t>(rank));
   response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
+  response->set_job_id(response->session().job_id());
   for (const auto& address : options_.shard_addresses) response->add_shard_addresses(address);
   FillSync(response->mutable_sync());
   return grpc::Status::OK;
@@ -348,6 +350,21 @@ grpc::Status ControlServiceImpl::GetShardMap(grpc::ServerContext* context,
   response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
   FillSync(response->mutable_sync());
   return grpc::Status::OK;
+}
+
+void ControlServiceImpl::StartRun() {
+  std::vector<Wait*> waiting;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (auto& entry : barriers_) {
+      waiting.insert(waiting.end(), entry.second.waiting.begin(), entry.second.waiting.end());
+    }
+    barriers_.clear();
+  }
+  for (Wait* wait : waiting) {
+    wait->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              "barrier: the run ended and a new one started"));
+  }
 }
 
 void ControlServiceImpl::Close() {

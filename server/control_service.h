@@ -44,6 +44,9 @@ struct ControlOptions {
   // reclaimed (its rank may be handed out again); a heard session silent
   // this long may be replaced by a Register for its rank.
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // A Register for a rank by number replaces a session silent this long (a
+  // restarted worker rejoins before --on_worker_loss acts on its silence).
+  std::chrono::milliseconds rejoin_after{3000};
 };
 
 // The control plane, served by shard 0: ranks and their sessions, barriers,
@@ -84,6 +87,11 @@ class ControlServiceImpl final
 
   // Answers every waiting barrier UNAVAILABLE; later barriers fail alike.
   void Close();
+
+  // A new run: barriers start over (waiters of the old run are answered
+  // FAILED_PRECONDITION). The sessions and membership are reset by their
+  // owner.
+  void StartRun();
 
  private:
   class Wait;

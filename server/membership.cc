@@ -10,7 +10,10 @@ Membership::Membership(int num_workers)
       active_(num_workers),
       last_seen_(num_workers),
       seen_(num_workers, false),
-      joined_(num_workers, false) {
+      joined_(num_workers, false),
+      ever_seen_(num_workers, false),
+      released_(num_workers, false),
+      lost_(num_workers, false) {
   for (int r = 0; r < num_workers; ++r) departed_[r] = false;
 }
 
@@ -51,7 +54,52 @@ void Membership::Heard(uint32_t rank) {
   absl::MutexLock lock(&mutex_);
   last_seen_[rank] = Clock::now();
   seen_[rank] = true;
+  ever_seen_[rank] = true;
+  released_[rank] = false;
+  lost_[rank] = false;
   JoinLocked(rank);
+}
+
+void Membership::Release(uint32_t rank) {
+  absl::MutexLock lock(&mutex_);
+  released_[rank] = true;
+  UnjoinLocked(rank);
+}
+
+bool Membership::RunDone(std::chrono::milliseconds timeout) const {
+  absl::MutexLock lock(&mutex_);
+  const auto now = Clock::now();
+  for (int r = 0; r < num_workers_; ++r) {
+    if (lost_[r]) continue;
+    if (departed_[r] && (released_[r] || now - last_seen_[r] > timeout)) continue;
+    return false;
+  }
+  return true;
+}
+
+void Membership::Reset() {
+  absl::MutexLock lock(&mutex_);
+  for (int r = 0; r < num_workers_; ++r) {
+    departed_[r] = false;
+    last_seen_[r] = Clock::time_point();
+    seen_[r] = ever_seen_[r] = joined_[r] = released_[r] = lost_[r] = false;
+  }
+  active_ = num_workers_;
+  present_ = 0;
+  failure_ = absl::OkStatus();
+  failed_ = false;
+}
+
+Membership::RankView Membership::view(uint32_t rank) const {
+  absl::MutexLock lock(&mutex_);
+  RankView view;
+  view.joined = joined_[rank];
+  view.departed = departed_[rank];
+  view.released = released_[rank];
+  view.lost = lost_[rank];
+  view.heard = ever_seen_[rank];
+  view.last_heard = last_seen_[rank];
+  return view;
 }
 
 std::vector<uint32_t> Membership::FindLost(std::chrono::milliseconds timeout,
@@ -70,6 +118,7 @@ std::vector<uint32_t> Membership::FindLost(std::chrono::milliseconds timeout,
       failed_ = true;
     }
     seen_[r] = false;  // reported once
+    lost_[r] = true;
     UnjoinLocked(static_cast<uint32_t>(r));
   }
   return lost;

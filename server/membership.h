@@ -71,6 +71,32 @@ class Membership {
   // OK, or the status every call gets once a lost worker failed the job.
   absl::Status failure() const;
 
+  // The rank's worker exited (it gave its session back: LeaveRequest.release
+  // or, on shard 0, Register with release). It is not departed by this: a
+  // worker that exits without Leave may be restarted and rejoin, and until
+  // then rounds wait for it as for any silent rank. Heard() undoes it.
+  void Release(uint32_t rank);
+
+  // Whether the run is over on this shard: every rank is done, that is
+  // reported lost (either policy), or departed and either released or
+  // silent for more than `timeout` (a worker that left and then died).
+  bool RunDone(std::chrono::milliseconds timeout) const;
+
+  // A new run: every rank as at construction (nobody joined, departed,
+  // released or lost; no failure).
+  void Reset();
+
+  // One rank as this shard sees it (harrier-ctl status).
+  struct RankView {
+    bool joined = false;    // counted in present()
+    bool departed = false;
+    bool released = false;
+    bool lost = false;      // reported by FindLost and not heard since
+    bool heard = false;     // ever heard from (this run)
+    Clock::time_point last_heard;
+  };
+  RankView view(uint32_t rank) const;
+
  private:
   const int num_workers_;
   const std::unique_ptr<std::atomic<bool>[]> departed_;
@@ -82,6 +108,9 @@ class Membership {
   std::vector<Clock::time_point> last_seen_ ABSL_GUARDED_BY(mutex_);
   std::vector<bool> seen_ ABSL_GUARDED_BY(mutex_);    // heard from since last reported lost
   std::vector<bool> joined_ ABSL_GUARDED_BY(mutex_);  // counted in present_
+  std::vector<bool> ever_seen_ ABSL_GUARDED_BY(mutex_);
+  std::vector<bool> released_ ABSL_GUARDED_BY(mutex_);
+  std::vector<bool> lost_ ABSL_GUARDED_BY(mutex_);
 
   void JoinLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void UnjoinLocked(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

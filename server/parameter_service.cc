@@ -419,6 +419,7 @@ grpc::Status ParameterServiceImpl::Init(grpc::ServerContext* context,
                                         const proto::InitRequest* request,
                                         proto::InitResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
+  if (auto status = service_->CheckInit(*request); !status.ok()) return ToGrpcStatus(status);
   auto created = store_->Init(*request);
   if (!created.ok()) return ToGrpcStatus(created.status());
   response->set_created(*created);
@@ -429,7 +430,9 @@ grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext* context,
                                              const proto::HeartbeatRequest* request,
                                              proto::HeartbeatResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  if (auto status = service_->Heartbeat(*request); !status.ok()) return ToGrpcStatus(status);
+  if (auto status = service_->Heartbeat(*request, response); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
   response->set_server_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());

@@ -36,9 +36,27 @@ std::string DeriveSessionKey(absl::string_view job_token, absl::string_view job)
 }
 
 std::string MintCredential(absl::string_view key, absl::string_view job, uint32_t rank,
-                           uint64_t epoch) {
+                           uint64_t epoch, uint64_t job_id) {
+  // Digits end at '|': "epoch|job_id" never reads as another epoch.
   return HmacSha256(key, absl::StrCat("harrier session v1|", job.size(), ":", job, "|", rank, "|",
-                                      epoch));
+                                      epoch, job_id == 0 ? "" : absl::StrCat("|", job_id)));
+}
+
+void SessionTable::StartRun(uint64_t job_id) {
+  epoch_floor_ = std::max(epoch_floor_.load(), max_epoch());
+  for (int r = 0; r < num_workers_; ++r) {
+    Rank& entry = ranks_[r];
+    absl::MutexLock lock(&entry.mutex);
+    entry.state = RankState();
+    entry.credential.clear();
+  }
+  job_id_ = job_id;
+}
+
+bool SessionTable::CredentialValid(uint32_t rank, const proto::Session& session) const {
+  const std::string expected = MintCredential(key_, job_, rank, session.epoch(), session.job_id());
+  return !expected.empty() && expected.size() == session.credential().size() &&
+         CRYPTO_memcmp(expected.data(), session.credential().data(), expected.size()) == 0;
 }
 
 SessionTable::SessionTable(std::string job, std::string key, int num_workers)
@@ -65,6 +83,29 @@ absl::Status SessionTable::Verify(absl::string_view job, uint32_t rank,
     return absl::PermissionDeniedError(
         absl::StrCat(what, ": rank ", rank, ": no session credential (register first)"));
   }
+  if (const uint64_t current = job_id_; session.job_id() != current) {
+    if (session.job_id() < current) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": rank ", rank, ": session of job id ", session.job_id(),
+          ", a run that has ended: the shards now run job id ", current,
+          " (start the worker again to join it)"));
+    }
+    if (!CredentialValid(rank, session)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(what, ": rank ", rank, ": bad session credential"));
+    }
+    if (!newer_run_handler_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": rank ", rank, ": session of job id ", session.job_id(),
+                       ", which this shard did not start (it runs job id ", current, ")"));
+    }
+    newer_run_handler_(session.job_id());
+    if (job_id_ != session.job_id()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": rank ", rank, ": session of job id ", session.job_id(),
+          " not adopted: the shard runs job id ", job_id_.load()));
+    }
+  }
   Rank& entry = ranks_[rank];
   absl::MutexLock lock(&entry.mutex);
   RankState& state = entry.state;
@@ -81,9 +122,7 @@ absl::Status SessionTable::Verify(absl::string_view job, uint32_t rank,
                      CRYPTO_memcmp(session.credential().data(), entry.credential.data(),
                                    entry.credential.size()) == 0;
   if (!known) {
-    const std::string expected = MintCredential(key_, job_, rank, session.epoch());
-    if (expected.empty() || expected.size() != session.credential().size() ||
-        CRYPTO_memcmp(expected.data(), session.credential().data(), expected.size()) != 0) {
+    if (!CredentialValid(rank, session)) {
       return absl::PermissionDeniedError(
           absl::StrCat(what, ": rank ", rank, ": bad session credential"));
     }
@@ -105,7 +144,8 @@ absl::Status SessionTable::Verify(absl::string_view job, uint32_t rank,
 proto::Session SessionTable::Issue(uint32_t rank, uint64_t epoch) {
   proto::Session session;
   session.set_epoch(epoch);
-  session.set_credential(MintCredential(key_, job_, rank, epoch));
+  session.set_job_id(job_id_);
+  session.set_credential(MintCredential(key_, job_, rank, epoch, job_id_));
   Rank& entry = ranks_[rank];
   absl::MutexLock lock(&entry.mutex);
   entry.state.epoch = epoch;
@@ -132,7 +172,7 @@ SessionTable::RankState SessionTable::state(uint32_t rank) const {
 }
 
 uint64_t SessionTable::max_epoch() const {
-  uint64_t highest = 0;
+  uint64_t highest = epoch_floor_;
   for (int r = 0; r < num_workers_; ++r) highest = std::max(highest, state(r).epoch);
   return highest;
 }

@@ -16,7 +16,9 @@
 // client.
 
 #include <chrono>
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,10 +37,11 @@ inline constexpr char kDefaultJob[] = "harrier";
 // configured (non-empty), else from the job name alone. 32 bytes.
 std::string DeriveSessionKey(absl::string_view job_token, absl::string_view job);
 
-// HMAC-SHA256(key, job | rank | epoch), 32 bytes. The fields are framed
-// (the job's length first), so no two (job, rank, epoch) share a message.
+// HMAC-SHA256(key, job | rank | epoch [| job_id]), 32 bytes. The fields are
+// framed (the job's length first; job_id only when not 0), so no two (job,
+// rank, epoch, job_id) share a message.
 std::string MintCredential(absl::string_view key, absl::string_view job, uint32_t rank,
-                           uint64_t epoch);
+                           uint64_t epoch, uint64_t job_id = 0);
 
 // One shard's view of every rank's session: the highest epoch it has seen
 // for the rank, the credential it verified for that epoch (so the hot path
@@ -55,13 +58,32 @@ class SessionTable {
   const std::string& job() const { return job_; }
   int num_workers() const { return num_workers_; }
 
+  // The run sessions belong to (server/README.md, "Job lifecycle"); 0: none
+  // yet. Issue() stamps it into every session; Verify() refuses a session
+  // of an earlier run, and one of a later run unless a newer-run handler
+  // adopts it.
+  uint64_t job_id() const { return job_id_.load(); }
+  // Starts run `job_id`: every rank's session is forgotten (epochs keep
+  // growing: max_epoch() remembers the highest seen before).
+  void StartRun(uint64_t job_id);
+  // Shards other than 0 learn each run from the first verified call that
+  // carries it: `handler` is called (outside every lock here) with a newer
+  // job id than job_id(), after the credential verified, and is expected to
+  // StartRun it. Unset (shard 0, which issues the runs): a newer job id is
+  // refused. Set before serving.
+  void SetNewerRunHandler(std::function<void(uint64_t job_id)> handler) {
+    newer_run_handler_ = std::move(handler);
+  }
+
   // OK when `job` is this shard's job, else FAILED_PRECONDITION naming both.
   // `what` names the call in the message ("push 'w' chunk 0").
   absl::Status CheckJob(absl::string_view job, absl::string_view what) const;
 
   // OK when `session` speaks for `rank` of `job` (CheckJob first), and then
   // the rank counts as heard from now. Else, naming `what` and the rank:
-  // INVALID_ARGUMENT for a rank out of range; PERMISSION_DENIED for no
+  // INVALID_ARGUMENT for a rank out of range; FAILED_PRECONDITION for a
+  // session of another run (an earlier one, or, without a newer-run
+  // handler, a later one); PERMISSION_DENIED for no
   // credential ("register first"), an epoch below the highest seen ("was
   // replaced by epoch N (the worker re-registered)") or a credential that
   // does not verify ("bad session credential"). A refused call records
@@ -98,10 +120,16 @@ class SessionTable {
     std::string credential ABSL_GUARDED_BY(mutex);  // verified (or issued) for state.epoch
   };
 
+  // Whether `credential` is the credential of (rank, epoch, job_id).
+  bool CredentialValid(uint32_t rank, const proto::Session& session) const;
+
   const std::string job_;
   const std::string key_;
   const int num_workers_;
   const std::unique_ptr<Rank[]> ranks_;
+  std::atomic<uint64_t> job_id_{0};
+  std::atomic<uint64_t> epoch_floor_{0};  // the highest epoch before the last StartRun
+  std::function<void(uint64_t)> newer_run_handler_;
 };
 
 }  // namespace harrier

@@ -51,34 +51,65 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   store_options.max_param_bytes = options.max_param_bytes;
   store_options.max_chunk_bytes = options.max_chunk_bytes;
   server->store_ = std::make_unique<ShardStore>(store_options, std::move(*optimizer));
+  // The run this shard starts with: a resumed one (its job id), a new one
+  // (shard 0 of a fresh run), or none yet (other shards of a fresh run learn
+  // it from the first call that carries it).
+  uint64_t job_id = 0;
+  uint64_t newest_job = 0;
   if (!options.checkpoint_dir.empty()) {
     if (auto status = PrepareCheckpointDir(options.checkpoint_dir); !status.ok()) return status;
-    std::vector<std::string> warnings;
-    auto checkpoint = LoadLatestCheckpoint(options.checkpoint_dir, options.shard, &warnings);
-    for (const auto& warning : warnings) spdlog::warn("{}", warning);
-    if (checkpoint.ok()) {
-      if (auto status = server->store_->Import(*checkpoint); !status.ok()) {
-        return absl::Status(status.code(),
-                            absl::StrCat("cannot restore shard ", options.shard, " from ",
-                                         options.checkpoint_dir, ": ", status.message()));
+    if (auto legacy = ListCheckpointVersions(options.checkpoint_dir, options.shard);
+        legacy.ok() && !legacy->empty()) {
+      spdlog::warn(
+          "{} holds checkpoints from before job ids; they are not restored (to resume them, "
+          "move {} to {}/shard-{} and start with --resume)",
+          CheckpointShardDir(options.checkpoint_dir, options.shard),
+          CheckpointShardDir(options.checkpoint_dir, options.shard),
+          CheckpointJobDir(options.checkpoint_dir, 1), options.shard);
+    }
+    const std::vector<uint64_t> jobs = ListCheckpointJobs(options.checkpoint_dir);
+    if (!jobs.empty()) newest_job = jobs.back();
+    if (options.resume) {
+      for (auto it = jobs.rbegin(); it != jobs.rend() && job_id == 0; ++it) {
+        const std::string job_dir = CheckpointJobDir(options.checkpoint_dir, *it);
+        std::vector<std::string> warnings;
+        auto checkpoint = LoadLatestCheckpoint(job_dir, options.shard, &warnings);
+        for (const auto& warning : warnings) spdlog::warn("{}", warning);
+        if (absl::IsNotFound(checkpoint.status())) continue;
+        if (!checkpoint.ok()) {
+          return absl::DataLossError(absl::StrCat("cannot restore shard ", options.shard, " from ",
+                                                  job_dir, ": ", checkpoint.status().message()));
+        }
+        if (auto status = server->store_->Import(*checkpoint); !status.ok()) {
+          return absl::Status(status.code(),
+                              absl::StrCat("cannot restore shard ", options.shard, " from ",
+                                           job_dir, ": ", status.message()));
+        }
+        job_id = *it;
+        server->restored_version_ = checkpoint->version;
+        // The age gauge then shows the restored checkpoint's age: the state
+        // served is that old, whatever the restart took.
+        server->last_checkpoint_unix_ms_ = checkpoint->created_unix_ms;
+        server->last_checkpoint_version_ = checkpoint->version;
+        absl::MutexLock lock(&server->checkpoint_mutex_);
+        server->next_checkpoint_version_ = checkpoint->version + 1;
+        spdlog::info(
+            "event=restore shard={} job_id={} version={} chunks={} age_seconds={:.3f} dir={}",
+            options.shard, job_id, checkpoint->version, checkpoint->slots.size(),
+            (absl::ToUnixMillis(absl::Now()) - checkpoint->created_unix_ms) / 1000.0, job_dir);
       }
-      server->restored_version_ = checkpoint->version;
-      // The age gauge then shows the restored checkpoint's age: the state
-      // served is that old, whatever the restart took.
-      server->last_checkpoint_unix_ms_ = checkpoint->created_unix_ms;
-      server->last_checkpoint_version_ = checkpoint->version;
-      absl::MutexLock lock(&server->checkpoint_mutex_);
-      server->next_checkpoint_version_ = checkpoint->version + 1;
-      spdlog::info("event=restore shard={} version={} chunks={} age_seconds={:.3f} dir={}",
-                   options.shard, checkpoint->version, checkpoint->slots.size(),
-                   (absl::ToUnixMillis(absl::Now()) - checkpoint->created_unix_ms) / 1000.0,
-                   options.checkpoint_dir);
-    } else if (!absl::IsNotFound(checkpoint.status())) {
-      return absl::DataLossError(absl::StrCat("cannot restore shard ", options.shard, " from ",
-                                              options.checkpoint_dir, ": ",
-                                              checkpoint.status().message()));
+      if (job_id == 0) {
+        spdlog::warn("--resume: no checkpoint of shard {} in {}: starting a fresh run",
+                     options.shard, options.checkpoint_dir);
+      }
+    } else if (!jobs.empty()) {
+      spdlog::info(
+          "event=fresh_run shard={} kept_aside={} (earlier runs' checkpoints, not restored; "
+          "--resume continues the newest)",
+          options.shard, jobs.size());
     }
   }
+  if (job_id == 0 && options.shard == 0) job_id = NewJobId(newest_job);
   ShardServiceOptions service_options;
   service_options.push_threads = options.push_threads;
   service_options.pull_threads = options.pull_threads;
@@ -96,6 +127,23 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   server->RegisterMetrics(&service_options);
   server->shard_service_ = std::make_unique<ShardService>(server->store_.get(), service_options);
+  if (job_id != 0) {
+    absl::MutexLock lock(&server->run_mutex_);
+    server->BeginRunLocked(job_id, options.resume && server->restored_version_ > 0
+                                       ? "resumed from its checkpoint"
+                                       : "a fresh run");
+    if (server->restored_version_ > 0) {
+      // BeginRunLocked starts a run's versions at 1; a resumed run goes on.
+      server->last_checkpoint_version_ = server->restored_version_;
+      absl::MutexLock checkpoint_lock(&server->checkpoint_mutex_);
+      server->next_checkpoint_version_ = server->restored_version_ + 1;
+    }
+  }
+  if (options.shard != 0) {
+    ShardServer* raw = server.get();
+    server->shard_service_->sessions().SetNewerRunHandler(
+        [raw](uint64_t newer) { raw->AdoptRun(newer); });
+  }
   server->parameter_service_ = std::make_unique<ParameterServiceImpl>(
       server->store_.get(), server->shard_service_.get(), options.job_token);
   if (options.ucx) {
@@ -137,6 +185,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     control.sessions = &server->shard_service_->sessions();
     control.membership = &server->store_->membership();
     control.heartbeat_timeout = options.heartbeat_timeout;
+    control.rejoin_after = std::min(options.rejoin_after, options.heartbeat_timeout);
     server->control_service_ = std::make_unique<ControlServiceImpl>(control);
     builder.RegisterService(server->control_service_.get());
   }
@@ -209,6 +258,7 @@ void ShardServer::MonitorLoop() {
     }
     store_->CheckLiveness(options_.heartbeat_timeout, options_.on_worker_loss);
     if (control_service_) control_service_->ExpireBarriers();
+    CheckRunDone();
     if (options_.checkpoint_every.count() > 0 &&
         std::chrono::steady_clock::now() >= next_checkpoint) {
       if (auto status = WriteCheckpointNow(); !status.ok()) {
@@ -272,31 +322,98 @@ std::optional<ShardServer::StopRequest> ShardServer::shutdown_request() const {
   return stop_request_;
 }
 
-uint64_t ShardServer::job_id() const { return 0; }
+uint64_t ShardServer::job_id() const { return shard_service_->sessions().job_id(); }
+
+uint64_t ShardServer::NewJobId(uint64_t previous) {
+  const uint64_t now_ms = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
+  return std::max(now_ms, previous + 1);
+}
+
+void ShardServer::BeginRunLocked(uint64_t job_id, absl::string_view why) {
+  shard_service_->sessions().StartRun(job_id);
+  run_done_ = false;
+  last_checkpoint_unix_ms_ = 0;
+  last_checkpoint_version_ = 0;
+  {
+    absl::MutexLock lock(&checkpoint_mutex_);
+    next_checkpoint_version_ = 1;
+  }
+  spdlog::info("event=job_start shard={} job={} job_id={} reason=\"{}\"", options_.shard,
+               options_.job, job_id, std::string(why));
+}
+
+void ShardServer::AdoptRun(uint64_t job_id) {
+  absl::MutexLock lock(&run_mutex_);
+  const uint64_t current = this->job_id();
+  if (job_id <= current) return;
+  if (current != 0) {
+    // Shard 0 started a newer run: whatever this shard held belongs to the
+    // old one (its checkpoints stay in their job folder).
+    store_->StartRun();
+    BeginRunLocked(job_id, absl::StrCat("a newer run than job id ", current, " reached the shard"));
+  } else {
+    BeginRunLocked(job_id, "the run's first call reached the shard");
+  }
+}
+
+void ShardServer::CheckRunDone() {
+  absl::MutexLock lock(&run_mutex_);
+  const uint64_t id = job_id();
+  if (run_done_ || id == 0) return;
+  if (!store_->membership().RunDone(options_.heartbeat_timeout)) return;
+  run_done_ = true;
+  const absl::Status failure = store_->membership().failure();
+  spdlog::info("event=job_done shard={} job_id={} status={}{}", options_.shard, id,
+               failure.ok() ? "ok" : "failed",
+               failure.ok() ? "" : absl::StrCat(" failure=\"", failure.message(), "\""));
+  // Under run_mutex_: a newer run reaching this shard meanwhile waits until
+  // this run's final state is on disk.
+  if (auto status = WriteCheckpointNow(); !status.ok()) {
+    spdlog::error("final checkpoint of job id {} failed: {}", id, status.ToString());
+  }
+  if (options_.exit_when_done) {
+    RequestShutdown(failure.ok() ? absl::StrCat("job id ", id, " is done: every worker finished")
+                                 : absl::StrCat("job id ", id, " failed: ", failure.message()),
+                    failure.ok() ? 0 : 1);
+    return;
+  }
+  if (options_.shard != 0) return;  // the next run's first call resets this shard
+  store_->StartRun();
+  if (control_service_) control_service_->StartRun();
+  BeginRunLocked(NewJobId(id), absl::StrCat("job id ", id, " is done; the next worker starts it"));
+}
 
 absl::Status ShardServer::WriteCheckpointNow() { return WriteCheckpointNow(nullptr); }
 
 absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
   if (options_.checkpoint_dir.empty()) return absl::OkStatus();
+  const uint64_t id = job_id();
+  if (id == 0) {
+    // A shard other than 0 that no run has reached holds nothing of one.
+    if (written == nullptr) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard, " has no run yet (no worker has reached it): nothing to write"));
+  }
+  const std::string dir = CheckpointJobDir(options_.checkpoint_dir, id);
   absl::MutexLock lock(&checkpoint_mutex_);
   const auto started = std::chrono::steady_clock::now();
   ShardCheckpoint checkpoint = store_->Export();
   checkpoint.version = next_checkpoint_version_;
   checkpoint.created_unix_ms = absl::ToUnixMillis(absl::Now());
-  auto status = WriteCheckpoint(options_.checkpoint_dir, checkpoint, options_.checkpoint_keep);
+  auto status = WriteCheckpoint(dir, checkpoint, options_.checkpoint_keep);
   if (!status.ok()) return status;
   ++next_checkpoint_version_;
   last_checkpoint_unix_ms_ = checkpoint.created_unix_ms;
   last_checkpoint_version_ = checkpoint.version;
-  const std::string path = CheckpointPath(options_.checkpoint_dir, options_.shard, checkpoint.version);
+  const std::string path = CheckpointPath(dir, options_.shard, checkpoint.version);
   if (written != nullptr) {
     written->version = checkpoint.version;
     written->path = path;
   }
   std::error_code ec;
   const auto bytes = std::filesystem::file_size(path, ec);
-  spdlog::info("event=checkpoint shard={} version={} chunks={} bytes={} seconds={:.3f}",
-               options_.shard, checkpoint.version, checkpoint.slots.size(),
+  spdlog::info("event=checkpoint shard={} job_id={} version={} chunks={} bytes={} seconds={:.3f}",
+               options_.shard, id, checkpoint.version, checkpoint.slots.size(),
                ec ? -1 : static_cast<int64_t>(bytes),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   return absl::OkStatus();
@@ -323,7 +440,6 @@ proto::StatusResponse ShardServer::FillStatus() const {
   const std::vector<int64_t> next_clocks = store_->NextClocks();
   const auto now = std::chrono::steady_clock::now();
   int known = 0;     // ranks with a session (registered or heard from)
-  int finished = 0;  // ranks departed (left, done)
   for (int r = 0; r < options_.num_workers; ++r) {
     const uint32_t rank = static_cast<uint32_t>(r);
     const SessionTable::RankState session = sessions.state(rank);
@@ -336,18 +452,15 @@ proto::StatusResponse ShardServer::FillStatus() const {
             ? std::chrono::duration_cast<std::chrono::milliseconds>(now - session.last_heard).count()
             : -1;
     out->set_last_heard_ms_ago(silent_ms);
-    if (session.epoch != 0) ++known;
-    // lost/done as far as this shard can tell them from its sessions; the
-    // job lifecycle work refines both (a done rank, a lost one).
-    if (membership.departed(rank)) {
-      out->set_state(session.released ? "done" : "left");
-      ++finished;
-    } else if (session.released) {
-      out->set_state("done");
-      ++finished;
-    } else if (session.heard && silent_ms > options_.heartbeat_timeout.count()) {
+    const Membership::RankView member = membership.view(rank);
+    if (session.epoch != 0 || member.heard) ++known;
+    if (member.lost) {
       out->set_state("lost");
-    } else if (session.heard ||
+    } else if (member.released) {
+      out->set_state("done");
+    } else if (member.departed) {
+      out->set_state("left");
+    } else if (member.joined ||
                (session.issued && now - session.issued_at <= options_.heartbeat_timeout)) {
       // A session handed out and never used within the timeout may be
       // handed out again (control_service.h): not in the job.
@@ -356,10 +469,15 @@ proto::StatusResponse ShardServer::FillStatus() const {
       out->set_state("absent");
     }
   }
+  bool done = false;
+  {
+    absl::MutexLock lock(&run_mutex_);
+    done = run_done_;
+  }
   if (const absl::Status failure = membership.failure(); !failure.ok()) {
     status.set_job_state("failed");
     status.set_failure(std::string(failure.message()));
-  } else if (finished == options_.num_workers) {
+  } else if (done) {
     status.set_job_state("done");
   } else if (known == 0) {
     status.set_job_state("waiting");

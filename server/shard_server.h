@@ -149,6 +149,20 @@ class ShardServer {
   // anything serves: no histogram is set on a running service).
   void RegisterMetrics(ShardServiceOptions* service_options);
   void MonitorLoop();
+  // A job id above every one before it: wall-clock milliseconds, and above
+  // `previous`.
+  static uint64_t NewJobId(uint64_t previous);
+  // Starts run `job_id` in the sessions (Issue stamps it, Verify checks it)
+  // and the run's bookkeeping; the caller reset the store if need be.
+  void BeginRunLocked(uint64_t job_id, absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mutex_);
+  // Shards other than 0: a verified call carries a newer run than this
+  // shard's (SessionTable's newer-run handler).
+  void AdoptRun(uint64_t job_id);
+  // The monitor's check: once every rank is done (Membership::RunDone),
+  // the final checkpoint, then shutdown (--exit_when_done) or, on shard 0,
+  // a new run.
+  void CheckRunDone();
   // AdminService.GetStatus: what this shard holds and how it sees the job.
   proto::StatusResponse FillStatus() const;
 
@@ -177,6 +191,10 @@ class ShardServer {
   int health_port_ = 0;
   bool shut_down_ = false;
   // Liveness monitor: applies the worker-loss policy.
+  // Serialises the run changes (start, adopt, done) with the final
+  // checkpoint; taken before checkpoint_mutex_.
+  mutable absl::Mutex run_mutex_;
+  bool run_done_ ABSL_GUARDED_BY(run_mutex_) = false;
   mutable absl::Mutex stop_mutex_;
   std::optional<StopRequest> stop_request_ ABSL_GUARDED_BY(stop_mutex_);
   absl::Mutex monitor_mutex_;

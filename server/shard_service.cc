@@ -156,20 +156,36 @@ absl::Status ShardService::CheckSessions(const std::vector<ShardStore::PushChunk
   return absl::OkStatus();
 }
 
-absl::Status ShardService::Heartbeat(const proto::HeartbeatRequest& request) {
+absl::Status ShardService::Heartbeat(const proto::HeartbeatRequest& request,
+                                     proto::HeartbeatResponse* response) {
   if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(), "heartbeat");
       !status.ok()) {
     return status;
   }
   if (auto status = store_->Heartbeat(request.rank()); !status.ok()) return status;
   store_->RebaseFromWorker(request.rank(), request.pushed());
+  if (response != nullptr) response->set_next_clock(store_->NextClock(request.rank()));
   return absl::OkStatus();
 }
 
+absl::Status ShardService::CheckInit(const proto::InitRequest& request) {
+  if (auto status = sessions_.CheckJob(request.job(), "init"); !status.ok()) return status;
+  // Clients from before sessions in Init send none; a session that is sent
+  // must verify (and a newer run's starts that run here first).
+  if (!request.has_session()) return absl::OkStatus();
+  return sessions_.Verify(request.job(), request.rank(), request.session(),
+                          absl::StrCat("init '", request.key(), "'"));
+}
+
 absl::Status ShardService::Leave(const proto::LeaveRequest& request) {
-  if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(), "leave");
+  if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(),
+                                     request.release() ? "release" : "leave");
       !status.ok()) {
     return status;
+  }
+  if (request.release()) {
+    store_->Release(request.rank());
+    return absl::OkStatus();
   }
   return store_->Leave(request.rank(), request.clock());
 }

@@ -176,7 +176,12 @@ class ShardService {
                 Done done);
 
   // The worker is alive (ShardStore::Heartbeat), once its session verifies.
-  absl::Status Heartbeat(const proto::HeartbeatRequest& request);
+  // `response` (may be null) gets the rank's next clock here.
+  absl::Status Heartbeat(const proto::HeartbeatRequest& request,
+                         proto::HeartbeatResponse* response = nullptr);
+  // Init's job, and its session when it carries one (a newer run's starts
+  // that run on this shard before anything is created).
+  absl::Status CheckInit(const proto::InitRequest& request);
   // The worker leaves for good (ShardStore::Leave), once its session
   // verifies: nobody else can make a rank leave.
   absl::Status Leave(const proto::LeaveRequest& request);

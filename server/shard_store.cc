@@ -65,10 +65,11 @@ ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> opt
 
 ShardStore::~ShardStore() { Close(); }
 
-ShardStore::Slot* ShardStore::FindSlot(const std::string& key, uint32_t chunk) const {
+std::shared_ptr<ShardStore::Slot> ShardStore::FindSlot(const std::string& key,
+                                                       uint32_t chunk) const {
   absl::ReaderMutexLock lock(&slots_mutex_);
   auto it = slots_.find(SlotKey(key, chunk));
-  return it == slots_.end() ? nullptr : it->second.get();
+  return it == slots_.end() ? nullptr : it->second;
 }
 
 absl::Status ShardStore::CheckOwnership(const std::string& key, uint32_t chunk) const {
@@ -165,7 +166,7 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   for (int r = 0; r < options_.num_workers; ++r) {
     if (membership_.departed(static_cast<uint32_t>(r))) book.Depart(static_cast<uint32_t>(r));
   }
-  entry = std::make_unique<Slot>(key, request.chunk(), shape, n, std::move(book));
+  entry = std::make_shared<Slot>(key, request.chunk(), shape, n, std::move(book));
   bytes_ += n * sizeof(float);
   absl::MutexLock slot_lock(&entry->mutex);
   entry->values.assign(values, values + n);
@@ -184,7 +185,8 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
     return absl::InvalidArgumentError(
         absl::StrCat(Where(key, chunk.chunk()), ": unsupported dtype ", chunk.dtype()));
   }
-  Slot* slot = FindSlot(key, chunk.chunk());
+  std::shared_ptr<Slot> held = FindSlot(key, chunk.chunk());
+  Slot* slot = held.get();
   if (slot == nullptr) {
     return absl::NotFoundError(absl::StrCat(Where(key, chunk.chunk()),
                                             " is not registered on shard ", options_.shard));
@@ -253,6 +255,7 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
     }
   }
   out->slot = slot;
+  out->held = std::move(held);
   return absl::OkStatus();
 }
 
@@ -428,7 +431,9 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
     return absl::InvalidArgumentError(
         absl::StrCat(Where(ref.key(), ref.chunk()), ": negative clock ", clock));
   }
-  Slot* slot = FindSlot(ref.key(), ref.chunk());
+  // Held for the call: a new run (StartRun) may drop the slot meanwhile.
+  const std::shared_ptr<Slot> held = FindSlot(ref.key(), ref.chunk());
+  Slot* slot = held.get();
   if (slot == nullptr) {
     return absl::NotFoundError(absl::StrCat(Where(ref.key(), ref.chunk()),
                                             " is not registered on shard ", options_.shard));
@@ -460,6 +465,10 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
       blocked_pulls_++;
     }
     if (closed_) return absl::UnavailableError("shard is shutting down");
+    if (slot->retired) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pull of ", Where(ref.key(), ref.chunk()), ": the run ended and a new one started"));
+    }
     if (auto failure = membership_.failure(); !failure.ok()) return failure;
     if (cancellation != nullptr && cancellation->cancelled()) {
       return absl::CancelledError(absl::StrCat("pull of ", Where(ref.key(), ref.chunk()),
@@ -612,7 +621,8 @@ void ShardStore::RebaseFromWorker(
     uint32_t rank, const google::protobuf::RepeatedPtrField<proto::ChunkClock>& pushed) {
   if (rank >= static_cast<uint32_t>(options_.num_workers)) return;
   for (const proto::ChunkClock& chunk : pushed) {
-    Slot* slot = FindSlot(chunk.key(), chunk.chunk());
+    const std::shared_ptr<Slot> held = FindSlot(chunk.key(), chunk.chunk());
+    Slot* slot = held.get();
     if (slot == nullptr) continue;
     absl::MutexLock lock(&slot->mutex);
     std::vector<PushDecision::CompletedRound> completed;
@@ -668,6 +678,45 @@ proto::ChunkRef ShardStore::PushPullRef(const proto::TensorChunk& pushed, int64_
   ref.set_view_version(pushed.pull_view_version());
   *clock = pushed.clock() + 1;
   return ref;
+}
+
+void ShardStore::StartRun() {
+  absl::flat_hash_map<SlotKey, std::shared_ptr<Slot>> ended;
+  {
+    absl::MutexLock lock(&slots_mutex_);
+    ended.swap(slots_);
+    bytes_ = 0;
+    restored_ = false;
+  }
+  membership_.Reset();
+  // Calls still holding an old slot finish on it (it is freed with the last
+  // of them); pulls waiting on one are woken and refused.
+  for (auto& entry : ended) {
+    Slot& slot = *entry.second;
+    absl::MutexLock lock(&slot.mutex);
+    slot.retired = true;
+    slot.changed.SignalAll();
+  }
+}
+
+void ShardStore::Release(uint32_t rank) {
+  if (rank >= static_cast<uint32_t>(options_.num_workers)) return;
+  membership_.Release(rank);
+  spdlog::info("event=worker_done shard={} rank={} present={}", options_.shard, rank,
+               membership_.present());
+}
+
+int64_t ShardStore::NextClock(uint32_t rank) const {
+  if (rank >= static_cast<uint32_t>(options_.num_workers)) return -1;
+  int64_t next = -1;
+  absl::ReaderMutexLock map_lock(&slots_mutex_);
+  for (const auto& entry : slots_) {
+    Slot& slot = *entry.second;
+    absl::MutexLock lock(&slot.mutex);
+    const int64_t pushed = slot.book.pushed(rank);
+    next = next < 0 ? pushed : std::min(next, pushed);
+  }
+  return next;
 }
 
 std::vector<int64_t> ShardStore::NextClocks() const {
@@ -745,7 +794,7 @@ absl::Status ShardStore::Import(const ShardCheckpoint& checkpoint) {
   for (const SlotCheckpoint& saved : checkpoint.slots) {
     ClockBook book = controller_.NewClockBook();
     book.Restore(saved.pushed);
-    auto slot = std::make_unique<Slot>(saved.key, saved.chunk, saved.shape, saved.values.size(),
+    auto slot = std::make_shared<Slot>(saved.key, saved.chunk, saved.shape, saved.values.size(),
                                        std::move(book));
     {
       absl::MutexLock slot_lock(&slot->mutex);
@@ -763,7 +812,8 @@ absl::Status ShardStore::Import(const ShardCheckpoint& checkpoint) {
 
 absl::StatusOr<std::vector<float>> ShardStore::Snapshot(const std::string& key,
                                                         uint32_t chunk) const {
-  Slot* slot = FindSlot(key, chunk);
+  const std::shared_ptr<Slot> held = FindSlot(key, chunk);
+  Slot* slot = held.get();
   if (slot == nullptr) return absl::NotFoundError(absl::StrCat(Where(key, chunk), " not found"));
   absl::MutexLock lock(&slot->mutex);
   return slot->values;

@@ -200,6 +200,18 @@ class ShardStore {
   // every rank when the shard holds no slot. What a restarted worker
   // resumes from (HeartbeatResponse.next_clock) and harrier-ctl shows.
   std::vector<int64_t> NextClocks() const;
+  // NextClocks()[rank], without the others (every heartbeat asks).
+  int64_t NextClock(uint32_t rank) const;
+
+  // A new run (server/README.md, "Job lifecycle"): every slot is dropped
+  // and membership starts over. Calls holding an old slot finish on it
+  // harmlessly; pulls waiting on one fail FAILED_PRECONDITION. Counters
+  // keep counting.
+  void StartRun();
+
+  // The rank's worker exited (Membership::Release), logged as
+  // `event=worker_done`.
+  void Release(uint32_t rank);
 
   // What the shard holds: distinct keys, chunks and parameter bytes.
   struct Holdings {
@@ -262,19 +274,22 @@ class ShardStore {
     // A finished round's vote aggregator, reset, for the next round.
     std::unique_ptr<Aggregator> spare_vote ABSL_GUARDED_BY(mutex);
     std::string spare_vote_params ABSL_GUARDED_BY(mutex);
+    // Dropped by StartRun: a pull still waiting here is refused.
+    bool retired ABSL_GUARDED_BY(mutex) = false;
   };
   using SlotKey = std::pair<std::string, uint32_t>;
 
   // A push chunk that passed validation, ready to apply.
   struct ValidatedChunk {
     Slot* slot = nullptr;
+    std::shared_ptr<Slot> held;  // keeps `slot` alive across a StartRun
     const float* gradient = nullptr;  // dense: into the payload or `decoded`
     std::vector<float> decoded;       // compressed pushes, decoded
     std::shared_ptr<const CodecCache::Entry> codec;  // compressed pushes
     bool duplicate = false;  // classified under the call's locks
   };
 
-  Slot* FindSlot(const std::string& key, uint32_t chunk) const;
+  std::shared_ptr<Slot> FindSlot(const std::string& key, uint32_t chunk) const;
   absl::Status CheckOwnership(const std::string& key, uint32_t chunk) const;
   absl::Status ValidateChunk(const proto::TensorChunk& chunk, absl::string_view payload,
                              ValidatedChunk* out);
@@ -341,7 +356,7 @@ class ShardStore {
   std::atomic<int> blocked_pulls_{0};
 
   mutable absl::Mutex slots_mutex_;
-  absl::flat_hash_map<SlotKey, std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(slots_mutex_);
+  absl::flat_hash_map<SlotKey, std::shared_ptr<Slot>> slots_ ABSL_GUARDED_BY(slots_mutex_);
   // Set by Import(): slots created later start re-basable too.
   bool restored_ ABSL_GUARDED_BY(slots_mutex_) = false;
   uint64_t bytes_ ABSL_GUARDED_BY(slots_mutex_) = 0;  // parameter bytes of every slot

@@ -182,6 +182,15 @@ absl::Status Client::Impl::Register() {
   request.set_requested_rank(options_.rank);
   request.set_worker_name(options_.worker_name);
   auto response = control_->Register(request);
+  // A worker restarted for its rank (a pod restart, a crash) finds its old
+  // session still live until it has been silent for the shards'
+  // --rejoin_after_ms: it keeps asking, within the connect timeout.
+  const absl::Time give_up = absl::Now() + options_.connect_timeout;
+  while (options_.rank >= 0 && absl::IsAlreadyExists(response.status()) &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(250));
+    response = control_->Register(request);
+  }
   if (!response.ok()) return response.status();
   rank_ = static_cast<int>(response->rank());
   session_ = response->session();
@@ -196,6 +205,27 @@ absl::Status Client::Impl::Register() {
   std::vector<ShardTransport*> transports;
   for (const auto& transport : transports_) transports.push_back(transport.get());
   calls_ = std::make_unique<ShardCalls>(std::move(config), std::move(transports), *codec_, engine_);
+  // One heartbeat round now: the shards learn the run (a shard other than 0
+  // starts it from this call) and say where this rank is, so that a worker
+  // restarted mid-job, or one of a resumed run, goes on from its clock.
+  int64_t resume_clock = -1;
+  for (int shard = 0; shard < control_->num_shards(); ++shard) {
+    proto::HeartbeatRequest heartbeat;
+    heartbeat.set_job(options_.job);
+    heartbeat.set_rank(static_cast<uint32_t>(rank_));
+    *heartbeat.mutable_session() = session_;
+    proto::HeartbeatResponse answer;
+    absl::Status status = control_->ShardHeartbeat(shard, heartbeat,
+                                                   absl::Now() + options_.rpc_timeout, &answer);
+    // A session the shards refuse (another run) is an error now rather than
+    // at the first push; anything else is retried by the calls that follow.
+    if (absl::IsFailedPrecondition(status) || absl::IsPermissionDenied(status)) return status;
+    if (status.ok() && answer.next_clock() >= 0) {
+      resume_clock =
+          resume_clock < 0 ? answer.next_clock() : std::min(resume_clock, answer.next_clock());
+    }
+  }
+  clock_ = std::max<int64_t>(0, resume_clock);
   if (options_.heartbeat_interval > absl::ZeroDuration()) {
     heartbeat_ = std::make_unique<HeartbeatLoop>(
         *control_, options_.heartbeat_interval, [this](int shard) {
@@ -279,6 +309,17 @@ Client::~Client() {
   *release.mutable_previous_session() = impl_->session_;
   release.set_release(true);
   impl_->control_->ReleaseSession(release, absl::Now() + absl::Milliseconds(500)).IgnoreError();
+  // Every shard learns the worker is done with the job: once every rank is,
+  // the run is over there (--exit_when_done).
+  for (int shard = 0; shard < impl_->control_->num_shards(); ++shard) {
+    proto::LeaveRequest done;
+    done.set_job(impl_->options_.job);
+    done.set_rank(static_cast<uint32_t>(impl_->rank_));
+    *done.mutable_session() = impl_->session_;
+    done.set_clock(impl_->clock_);
+    done.set_release(true);
+    impl_->control_->ReleaseShard(shard, done, absl::Now() + absl::Milliseconds(500)).IgnoreError();
+  }
 }
 
 namespace {
@@ -391,6 +432,7 @@ absl::Status Client::RegisterTensor(const std::string& name, const std::vector<i
     proto::InitRequest request;
     request.set_job(impl_->options_.job);
     request.set_rank(static_cast<uint32_t>(impl_->rank_));
+    *request.mutable_session() = impl_->session_;
     request.set_key(name);
     request.set_chunk(span.chunk);
     for (int64_t dim : shape) request.add_shape(static_cast<uint64_t>(dim));

@@ -201,10 +201,20 @@ absl::Status GrpcControlClient::Leave(int shard, const proto::LeaveRequest& requ
 }
 
 absl::Status GrpcControlClient::ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
-                                               absl::Time deadline) {
-  proto::HeartbeatResponse response;
+                                               absl::Time deadline,
+                                               proto::HeartbeatResponse* response) {
+  proto::HeartbeatResponse ignored;
+  if (response == nullptr) response = &ignored;
   return Call(*this, shard, deadline, [&](grpc::ClientContext* c) {
-    return shards_[shard]->parameters->Heartbeat(c, request, &response);
+    return shards_[shard]->parameters->Heartbeat(c, request, response);
+  });
+}
+
+absl::Status GrpcControlClient::ReleaseShard(int shard, const proto::LeaveRequest& request,
+                                             absl::Time deadline) {
+  proto::LeaveResponse response;
+  return Call(*this, shard, deadline, [&](grpc::ClientContext* c) {
+    return shards_[shard]->parameters->Leave(c, request, &response);
   });
 }
 

@@ -55,8 +55,16 @@ class ControlClient {
   virtual absl::Status Init(int shard, const proto::InitRequest& request) = 0;
   virtual absl::Status Leave(int shard, const proto::LeaveRequest& request) = 0;
   // The liveness heartbeat every shard gets from the background loop.
+  // `response` (may be null) gets the shard's answer (the rank's next clock
+  // there).
   virtual absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
-                                      absl::Time deadline) = 0;
+                                      absl::Time deadline,
+                                      proto::HeartbeatResponse* response = nullptr) = 0;
+  // A LeaveRequest with `release` (the worker exits), by `deadline`.
+  virtual absl::Status ReleaseShard(int shard, const proto::LeaveRequest& request,
+                                    absl::Time /*deadline*/) {
+    return Leave(shard, request);
+  }
   // The shard's address for a data-path backend ("ucx"), with the secret
   // its hello must carry, by `deadline`.
   virtual absl::StatusOr<transport::PeerAddress> GetTransportAddress(
@@ -103,7 +111,10 @@ class GrpcControlClient : public ControlClient {
   absl::Status Init(int shard, const proto::InitRequest& request) override;
   absl::Status Leave(int shard, const proto::LeaveRequest& request) override;
   absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
-                              absl::Time deadline) override;
+                              absl::Time deadline,
+                              proto::HeartbeatResponse* response = nullptr) override;
+  absl::Status ReleaseShard(int shard, const proto::LeaveRequest& request,
+                            absl::Time deadline) override;
   absl::StatusOr<transport::PeerAddress> GetTransportAddress(int shard,
                                                              const std::string& transport,
                                                              absl::Time deadline) override;

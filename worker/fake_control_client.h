@@ -90,8 +90,8 @@ class FakeControlClient : public ControlClient {
     requests_.leaves.emplace_back(shard, request);
     return absl::OkStatus();
   }
-  absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request,
-                              absl::Time) override {
+  absl::Status ShardHeartbeat(int shard, const proto::HeartbeatRequest& request, absl::Time,
+                              proto::HeartbeatResponse* = nullptr) override {
     absl::MutexLock lock(&mutex_);
     requests_.shard_heartbeats.emplace_back(shard, request);
     return absl::OkStatus();

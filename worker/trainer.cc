@@ -144,7 +144,14 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   absl::Status status = scheduler != nullptr ? absl::OkStatus() : PullAll(client, model);
   const int num_params = static_cast<int>(model.params().size());
   bool eval_due = false;  // scheduler: evaluate once the next step's waits returned
-  for (int64_t step = 0; status.ok() && step < total_steps; ++step) {
+  // A worker that rejoined (restarted mid-job) or joined a resumed run goes
+  // on from the clock the shards hold for its rank (Client::Create).
+  const int64_t first_step = std::min(total_steps, client.clock() * local_steps);
+  if (first_step > 0) {
+    std::fprintf(stderr, "rank %d resumes at step %lld (clock %lld, from the shards)\n", rank,
+                 static_cast<long long>(first_step), static_cast<long long>(client.clock()));
+  }
+  for (int64_t step = first_step; status.ok() && step < total_steps; ++step) {
     const int64_t in_epoch = step % steps_per_epoch;
     const int epoch = static_cast<int>(step / steps_per_epoch);
     const int64_t pull_clock = client.clock();
@@ -176,7 +183,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
       status = loss.status();
       break;
     }
-    if (step == 0) result.first_loss = *loss;
+    if (step == first_step) result.first_loss = *loss;
     interval_loss += *loss;
     ++interval_steps;
     if (options.step_delay_ms > 0 && straggle(delay_rng) < options.step_delay_probability) {

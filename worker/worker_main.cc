@@ -299,6 +299,25 @@ int main(int argc, char** argv) {
     }
   }
 
+  // The worker's own checks come before it takes a rank, so a mistake here
+  // never holds one (a failure after Create still gives the rank back as
+  // the client is destroyed).
+  if (absl::GetFlag(FLAGS_batch_size) < 1) return Fail("--batch_size must be >= 1");
+  if (absl::GetFlag(FLAGS_epochs) < 1) return Fail("--epochs must be >= 1");
+  if (!(absl::GetFlag(FLAGS_step_delay_probability) >= 0 &&
+        absl::GetFlag(FLAGS_step_delay_probability) <= 1)) {
+    return Fail("--step_delay_probability must be in [0, 1]");
+  }
+  if (absl::GetFlag(FLAGS_eval_every) < 0) return Fail("--eval_every must be >= 0");
+  if (!(absl::GetFlag(FLAGS_target_accuracy) >= 0 && absl::GetFlag(FLAGS_target_accuracy) <= 1)) {
+    return Fail("--target_accuracy must be in [0, 1]");
+  }
+  if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
+    if (auto free = harrier::CheckTcpPortFree("0.0.0.0", port); !free.ok()) {
+      return Fail(absl::StrCat("--metrics_port=", port, ": ", free.message()));
+    }
+  }
+
   auto client = harrier::Client::Create(client_options);
   if (!client.ok()) return Fail(std::string(client.status().message()));
   const int rank = (*client)->rank();
