@@ -139,6 +139,14 @@ while ((remaining > 0)); do
   set -e
   [ -z "$finished" ] && continue
   name=${name_of[$finished]}
+  kept=()
+  for pid in "${pids[@]}"; do [ "$pid" != "$finished" ] && kept+=("$pid"); done
+  # A shard ends with its job (--exit_when_done): once every worker has
+  # given its rank back, which a worker may do before its last output.
+  if [[ $name == server* ]] && [ "$code" -eq 0 ]; then
+    pids=("${kept[@]}")
+    continue
+  fi
   if [ "$code" -ne 0 ] || [[ $name == server* ]]; then
     echo "quickstart: $name (pid $finished) failed with exit code $code:" >&2
     if [[ $name == server* ]]; then tail -n 5 "$run_dir/shard${name##* }.log" >&2
@@ -146,8 +154,6 @@ while ((remaining > 0)); do
     echo "quickstart: logs in $run_dir" >&2
     exit 1
   fi
-  kept=()
-  for pid in "${pids[@]}"; do [ "$pid" != "$finished" ] && kept+=("$pid"); done
   pids=("${kept[@]}")
   remaining=$((remaining - 1))
 done

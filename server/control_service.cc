@@ -87,7 +87,8 @@ absl::Status ControlServiceImpl::CheckRankFree(uint32_t rank, bool by_number,
     // Handed out, and no call ever carried it: reclaimed, so a Register
     // flood cannot hold ranks for the workers still to come.
     if (state.issued && now - state.issued_at > timeout) return absl::OkStatus();
-  } else if (by_number && now - state.last_heard > options_.rejoin_after) {
+  } else if (by_number &&
+             now - state.last_heard > std::min(options_.rejoin_after, options_.heartbeat_timeout)) {
     // A rank asked for by number whose worker has gone silent: taken over
     // (a restarted worker that lost its session rejoins).
     return absl::OkStatus();
@@ -107,7 +108,7 @@ absl::Status ControlServiceImpl::CheckRankFree(uint32_t rank, bool by_number,
       state.heard ? ", last heard " : ", handed out ", since,
       " ms ago): a worker re-registering for it must present that session, or wait until it "
       "has been silent for --rejoin_after_ms=",
-      options_.rejoin_after.count()));
+      std::min(options_.rejoin_after, options_.heartbeat_timeout).count()));
 }
 
 ControlServiceImpl::Clock::time_point ControlServiceImpl::BarrierExpiry(
@@ -170,6 +171,7 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
     response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
     return grpc::Status::OK;
   }
+  if (options_.before_register) options_.before_register();
   if (rank == -1) {
     for (int r = 0; r < options_.num_workers; ++r) {
       if (CheckRankFree(static_cast<uint32_t>(r), /*by_number=*/false, nullptr).ok()) {
@@ -207,11 +209,11 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
   *response->mutable_session() = sessions_->Issue(static_cast<uint32_t>(rank), epoch);
   if (options_.membership != nullptr) options_.membership->Join(static_cast<uint32_t>(rank));
   if (previous_epoch == 0) {
-    spdlog::info("event=register shard=0 rank={} epoch={} job_id={} worker={}", rank, epoch,
-                 sessions_->job_id(), request->worker_name());
+    spdlog::info("event=register shard=0 rank={} epoch={} worker={} job_id={}", rank, epoch,
+                 request->worker_name(), sessions_->job_id());
   } else {
-    spdlog::info("event=rejoin shard=0 rank={} epoch={} previous_epoch={} job_id={} worker={}",
-                 rank, epoch, previous_epoch, sessions_->job_id(), request->worker_name());
+    spdlog::info("event=rejoin shard=0 rank={} epoch={} previous_epoch={} worker={} job_id={}",
+                 rank, epoch, previous_epoch, request->worker_name(), sessions_->job_id());
   }
   response->set_rank(static_cast<uint32_t>(rank));
   response->set_num_workers(static_cast<uint32_t>(options_.num_workers));

@@ -2,6 +2,7 @@
 #define HARRIER_SERVER_CONTROL_SERVICE_H_
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,6 +48,10 @@ struct ControlOptions {
   // A Register for a rank by number replaces a session silent this long (a
   // restarted worker rejoins before --on_worker_loss acts on its silence).
   std::chrono::milliseconds rejoin_after{3000};
+  // Called at the start of every Register (not a release), under the
+  // Register lock: the shard starts its next run there once the last one is
+  // done (--exit_when_done=false). Null: nothing.
+  std::function<void()> before_register;
 };
 
 // The control plane, served by shard 0: ranks and their sessions, barriers,

@@ -84,15 +84,16 @@ absl::Status SessionTable::Verify(absl::string_view job, uint32_t rank,
         absl::StrCat(what, ": rank ", rank, ": no session credential (register first)"));
   }
   if (const uint64_t current = job_id_; session.job_id() != current) {
+    // A forged session learns nothing of the runs.
+    if (!CredentialValid(rank, session)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(what, ": rank ", rank, ": bad session credential"));
+    }
     if (session.job_id() < current) {
       return absl::FailedPreconditionError(absl::StrCat(
           what, ": rank ", rank, ": session of job id ", session.job_id(),
           ", a run that has ended: the shards now run job id ", current,
           " (start the worker again to join it)"));
-    }
-    if (!CredentialValid(rank, session)) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(what, ": rank ", rank, ": bad session credential"));
     }
     if (!newer_run_handler_) {
       return absl::FailedPreconditionError(

@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   // it from the first call that carries it).
   uint64_t job_id = 0;
   uint64_t newest_job = 0;
+  int64_t restored_unix_ms = 0;
   if (!options.checkpoint_dir.empty()) {
     if (auto status = PrepareCheckpointDir(options.checkpoint_dir); !status.ok()) return status;
     if (auto legacy = ListCheckpointVersions(options.checkpoint_dir, options.shard);
@@ -89,14 +90,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         server->restored_version_ = checkpoint->version;
         // The age gauge then shows the restored checkpoint's age: the state
         // served is that old, whatever the restart took.
-        server->last_checkpoint_unix_ms_ = checkpoint->created_unix_ms;
-        server->last_checkpoint_version_ = checkpoint->version;
+        restored_unix_ms = checkpoint->created_unix_ms;
         absl::MutexLock lock(&server->checkpoint_mutex_);
         server->next_checkpoint_version_ = checkpoint->version + 1;
         spdlog::info(
-            "event=restore shard={} job_id={} version={} chunks={} age_seconds={:.3f} dir={}",
-            options.shard, job_id, checkpoint->version, checkpoint->slots.size(),
-            (absl::ToUnixMillis(absl::Now()) - checkpoint->created_unix_ms) / 1000.0, job_dir);
+            "event=restore shard={} version={} chunks={} age_seconds={:.3f} dir={} job_id={}",
+            options.shard, checkpoint->version, checkpoint->slots.size(),
+            (absl::ToUnixMillis(absl::Now()) - checkpoint->created_unix_ms) / 1000.0, job_dir,
+            *it);
       }
       if (job_id == 0) {
         spdlog::warn("--resume: no checkpoint of shard {} in {}: starting a fresh run",
@@ -135,6 +136,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     if (server->restored_version_ > 0) {
       // BeginRunLocked starts a run's versions at 1; a resumed run goes on.
       server->last_checkpoint_version_ = server->restored_version_;
+      server->last_checkpoint_unix_ms_ = restored_unix_ms;
       absl::MutexLock checkpoint_lock(&server->checkpoint_mutex_);
       server->next_checkpoint_version_ = server->restored_version_ + 1;
     }
@@ -186,6 +188,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     control.membership = &server->store_->membership();
     control.heartbeat_timeout = options.heartbeat_timeout;
     control.rejoin_after = std::min(options.rejoin_after, options.heartbeat_timeout);
+    ShardServer* raw = server.get();
+    control.before_register = [raw] { raw->StartNextRunIfDone(); };
     server->control_service_ = std::make_unique<ControlServiceImpl>(control);
     builder.RegisterService(server->control_service_.get());
   }
@@ -377,10 +381,18 @@ void ShardServer::CheckRunDone() {
                     failure.ok() ? 0 : 1);
     return;
   }
-  if (options_.shard != 0) return;  // the next run's first call resets this shard
+  // Otherwise the shards keep the finished run (status, checkpoints) until
+  // the next run: shard 0 starts it at the next Register, the others at its
+  // first call.
+}
+
+void ShardServer::StartNextRunIfDone() {
+  absl::MutexLock lock(&run_mutex_);
+  if (!run_done_) return;
+  const uint64_t id = job_id();
   store_->StartRun();
   if (control_service_) control_service_->StartRun();
-  BeginRunLocked(NewJobId(id), absl::StrCat("job id ", id, " is done; the next worker starts it"));
+  BeginRunLocked(NewJobId(id), absl::StrCat("job id ", id, " is done; a worker registered"));
 }
 
 absl::Status ShardServer::WriteCheckpointNow() { return WriteCheckpointNow(nullptr); }
@@ -412,10 +424,11 @@ absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
   }
   std::error_code ec;
   const auto bytes = std::filesystem::file_size(path, ec);
-  spdlog::info("event=checkpoint shard={} job_id={} version={} chunks={} bytes={} seconds={:.3f}",
-               options_.shard, id, checkpoint.version, checkpoint.slots.size(),
+  spdlog::info("event=checkpoint shard={} version={} chunks={} bytes={} seconds={:.3f} job_id={}",
+               options_.shard, checkpoint.version, checkpoint.slots.size(),
                ec ? -1 : static_cast<int64_t>(bytes),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+               id);
   return absl::OkStatus();
 }
 

@@ -163,6 +163,8 @@ class ShardServer {
   // the final checkpoint, then shutdown (--exit_when_done) or, on shard 0,
   // a new run.
   void CheckRunDone();
+  // Shard 0, before each Register: the next run starts once the last is done.
+  void StartNextRunIfDone();
   // AdminService.GetStatus: what this shard holds and how it sees the job.
   proto::StatusResponse FillStatus() const;
 

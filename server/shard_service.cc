@@ -169,7 +169,6 @@ absl::Status ShardService::Heartbeat(const proto::HeartbeatRequest& request,
 }
 
 absl::Status ShardService::CheckInit(const proto::InitRequest& request) {
-  if (auto status = sessions_.CheckJob(request.job(), "init"); !status.ok()) return status;
   // Clients from before sessions in Init send none; a session that is sent
   // must verify (and a newer run's starts that run here first).
   if (!request.has_session()) return absl::OkStatus();

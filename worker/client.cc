@@ -209,7 +209,7 @@ absl::Status Client::Impl::Register() {
   // starts it from this call) and say where this rank is, so that a worker
   // restarted mid-job, or one of a resumed run, goes on from its clock.
   int64_t resume_clock = -1;
-  for (int shard = 0; shard < control_->num_shards(); ++shard) {
+  for (int shard = 0; options_.resume_clock && shard < control_->num_shards(); ++shard) {
     proto::HeartbeatRequest heartbeat;
     heartbeat.set_job(options_.job);
     heartbeat.set_rank(static_cast<uint32_t>(rank_));

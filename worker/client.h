@@ -48,6 +48,12 @@ struct ClientOptions {
   // zero disables it (the shards' --heartbeat_timeout_ms must then not be
   // reached between pushes).
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Start the clock where the shards have this rank (the lowest over the
+  // shards of HeartbeatResponse.next_clock, asked right after Register):
+  // a worker restarted mid-run, or one of a resumed run, goes on from its
+  // clock. harrier-worker sets it; false starts at 0 (a program that keeps
+  // its own clocks).
+  bool resume_clock = false;
   // Gradient compression of pushes, a codec spec such as "topk:ratio=0.01",
   // "qsgd:levels=16,bucket=512", "efsign" or "powersgd:rank=2" (see
   // common/codec/README.md). Error feedback is kept per tensor chunk for the

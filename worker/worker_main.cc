@@ -318,6 +318,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  client_options.resume_clock = true;  // a restarted worker goes on from its clock
   auto client = harrier::Client::Create(client_options);
   if (!client.ok()) return Fail(std::string(client.status().message()));
   const int rank = (*client)->rank();

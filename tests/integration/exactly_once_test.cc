@@ -218,7 +218,7 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
                                             "--lr=1",
                                             absl::StrCat("--port=", port),
                                             absl::StrCat("--metrics_port=", metrics_port),
-                                            "--checkpoint_dir=" + dir,
+                                            "--checkpoint_dir=" + dir, "--resume",
                                             "--checkpoint_every_s=1"};
     auto await_metric = [&](const std::string& name, double value) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -362,7 +362,7 @@ TEST_CASE("a checkpoint of another optimizer kind stops harrier-server with one 
                                     "--num_workers=1",
                                     "--sync=asp",
                                     absl::StrCat("--port=", port),
-                                    "--checkpoint_dir=" + dir,
+                                    "--checkpoint_dir=" + dir, "--resume",
                                     "--checkpoint_every_s=1",
                                     "--optimizer=" + optimizer};
   };

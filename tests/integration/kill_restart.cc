@@ -36,7 +36,7 @@ KillRestartResult RunKillAndRestart(const std::string& transport,
   const std::string dir = absl::StrCat(TempDir(), "/checkpoints-", transport, "-", run++);
   std::vector<std::string> flags = {
       "--shard=0", "--num_shards=1", "--num_workers=2", "--lr=1", "--sync=bsp",
-      absl::StrCat("--port=", FreePort()), "--checkpoint_dir=" + dir, "--checkpoint_every_s=1"};
+      absl::StrCat("--port=", FreePort()), "--checkpoint_dir=" + dir, "--resume", "--checkpoint_every_s=1"};
   flags.insert(flags.end(), extra_server_flags.begin(), extra_server_flags.end());
   auto server = ServerProcess::Start(flags);
   if (!server.ok()) {

@@ -176,7 +176,7 @@ TEST_CASE("observability: registrations, a PushPull, a leave and checkpoints, th
   // old, and says so.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   Shard restarted = StartShard("observability-restarted.log",
-                               {"--checkpoint_dir=" + dir, "--heartbeat_timeout_ms=60000"});
+                               {"--checkpoint_dir=" + dir, "--resume", "--heartbeat_timeout_ms=60000"});
   const std::string restore =
       LogLine(restarted.log, absl::StrCat("event=restore shard=0 version=", version, " chunks=1 "));
   {

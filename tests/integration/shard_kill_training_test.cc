@@ -145,7 +145,7 @@ struct Job {
                                       "--optimizer=nesterov",
                                       "--lr=0.05",
                                       "--momentum=0.9",
-                                      "--checkpoint_dir=" + dir,
+                                      "--checkpoint_dir=" + dir, "--resume",
                                       "--checkpoint_every_s=1"};
     if (Transport() == "ucx") flags.push_back("--ucx");
     return flags;

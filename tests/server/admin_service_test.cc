@@ -15,6 +15,7 @@
 #include "common/grpc_security.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/admin_service.h"
+#include "server/session.h"
 #include "server/shard_server.h"
 
 namespace harrier {
@@ -148,8 +149,30 @@ TEST_CASE("ShardServer: status of an empty shard, a checkpoint, a shutdown reque
   CHECK(status.uptime_seconds() >= 0);
 
   proto::CheckpointResponse checkpoint;
+  // Shard 1 holds no run until a worker's call reaches it: nothing to write.
+  const grpc::Status no_run = stub->Checkpoint(Context("").get(), {}, &checkpoint);
+  CHECK(no_run.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(no_run.error_message().find("no run yet") != std::string::npos);
+  CHECK(status.job_id() == 0);
+  // The run's first call (a heartbeat with a session of shard 0's run) starts it here.
+  {
+    const std::string key = DeriveSessionKey("", "harrier");
+    proto::HeartbeatRequest heartbeat;
+    heartbeat.set_job("harrier");
+    heartbeat.set_rank(0);
+    heartbeat.mutable_session()->set_epoch(5);
+    heartbeat.mutable_session()->set_job_id(1234);
+    heartbeat.mutable_session()->set_credential(MintCredential(key, "harrier", 0, 5, 1234));
+    auto parameters = proto::ParameterService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string((*server)->port()), grpc::InsecureChannelCredentials()));
+    proto::HeartbeatResponse answer;
+    REQUIRE(parameters->Heartbeat(Context("").get(), heartbeat, &answer).ok());
+    CHECK(answer.next_clock() == -1);  // no chunk here
+    CHECK((*server)->job_id() == 1234);
+  }
   REQUIRE(stub->Checkpoint(Context("").get(), {}, &checkpoint).ok());
   CHECK(checkpoint.version() == 1);
+  CHECK(checkpoint.path().find("/admin_ckpt/job-1234/shard-1/") != std::string::npos);
   CHECK(std::filesystem::file_size(checkpoint.path()) > 0);
   REQUIRE(stub->GetStatus(Context("").get(), {}, &status).ok());
   CHECK(status.checkpoint_version() == 1);
