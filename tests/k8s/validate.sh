@@ -212,6 +212,9 @@ reject_fixture configmap-key refs "" \
   "key HARRIER_LEARNING_RATE is no flag of harrier-server or harrier-worker (no --learning_rate)"
 reject_fixture bad-argument refs "" \
   "JobSet/harrier replicatedJob worker container worker args: --epoch is no flag of harrier-worker"
+reject_fixture ctl-argument refs "" \
+  "readinessProbe: --timeout is no flag of harrier-ctl" \
+  "readinessProbe: 'healthz' is no harrier-ctl command"
 # Pod Security: IPC_LOCK (what gpu-rdma once added) fails baseline.
 reject_fixture ipc-lock pss "" \
   "JobSet/harrier replicatedJob server: Pod Security baseline: container server: adds capability IPC_LOCK"
