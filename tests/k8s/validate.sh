@@ -319,11 +319,11 @@ wait_for() {
 # with the same RUN_ID resumes (--resume on the command line), a new
 # RUN_ID starts fresh; a small memlock limit warns, or stops with
 # MEMLOCK_CHECK=error.
-entry="live: entrypoints server.sh/worker.sh with the real binaries (server list, run ends, --resume per RUN_ID, memlock)"
+live="live: entrypoints with the real binaries:"
 if [ "${have_bins}" -eq 0 ]; then
-  report 1 "${entry}" "${tmp}/nobin"
+  report 1 "${live} server.sh/worker.sh" "${tmp}/nobin"
 elif [ ! -d "${data_dir}" ]; then
-  echo "SKIP ${entry} (dataset-fashion-mnist not installed)"
+  echo "SKIP ${live} server.sh/worker.sh (dataset-fashion-mnist not installed)"
 else
   ckpt="${tmp}/ckpt"
   mkdir -p "${ckpt}"
@@ -338,10 +338,9 @@ else
     pids+=("${shard_pid}")
   }
   cmdline() { tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null; }
+  # The shard runs on (in the background) into the next check.
+  start_shard run-a "${tmp}/shard1.log"
   (
-    shard_pid=""
-    trap '[ -z "${shard_pid}" ] || kill "${shard_pid}" 2>/dev/null' EXIT
-    start_shard run-a "${tmp}/shard1.log"
     sleep 0.5
     case "$(cmdline "${shard_pid}")" in
       *harrier-server*) ;;
@@ -355,32 +354,49 @@ else
       --metrics_port=0 --connect_timeout_s=20 > "${tmp}/worker1.log" 2>&1 ||
       { echo "worker.sh failed:"; tail -n 20 "${tmp}/worker1.log"; exit 1; }
     grep -q '^test_accuracy=' "${tmp}/worker1.log" || { echo "no test_accuracy= line"; tail -n 20 "${tmp}/worker1.log"; exit 1; }
-    # The shard ends with its only worker: exit 0 within 30 s.
+  ) > "${tmp}/err" 2>&1
+  report $? "${live} worker.sh builds the server list and trains against a shard started by server.sh" "${tmp}/err"
+  # The shard ends with its only worker: exit 0 within 30 s.
+  (
     for _ in $(seq 1 300); do kill -0 "${shard_pid}" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "${shard_pid}" 2>/dev/null; then
-      kill "${shard_pid}"
-      echo "the shard still runs 30 s after its only worker finished (--exit_when_done):"; tail -n 5 "${tmp}/shard1.log"; exit 1
+      echo "the shard still runs 30 s after its only worker finished (harrier-server --exit_when_done):"
+      tail -n 3 "${tmp}/shard1.log"; exit 1
     fi
+  ) > "${tmp}/err" 2>&1
+  ended=$?
+  if [ "${ended}" -eq 0 ]; then
     wait "${shard_pid}"; rc=$?
-    [ "${rc}" -eq 0 ] || { echo "the shard exited ${rc}, not 0:"; tail -n 5 "${tmp}/shard1.log"; exit 1; }
-    # Same RUN_ID: a retry of this run, which resumes it.
+    [ "${rc}" -eq 0 ] || { echo "the shard exited ${rc}, not 0:"; tail -n 5 "${tmp}/shard1.log"; } > "${tmp}/err" 2>&1
+    [ "${rc}" -eq 0 ]; ended=$?
+  else
+    kill "${shard_pid}" 2>/dev/null; wait "${shard_pid}" 2>/dev/null
+  fi
+  report "${ended}" "${live} the shard exits 0 once its worker finished (the run ends)" "${tmp}/err"
+  # Same RUN_ID: a retry of this run, which resumes it; a new RUN_ID is
+  # a fresh run.
+  (
     start_shard run-a "${tmp}/shard2.log"
     sleep 0.5
-    case "$(cmdline "${shard_pid}")" in
-      *--resume*) ;;
-      *) echo "a retry with the same RUN_ID did not pass --resume: $(cmdline "${shard_pid}")"; cat "${tmp}/shard2.log"; exit 1 ;;
+    got="$(cmdline "${shard_pid}")"
+    kill "${shard_pid}" 2>/dev/null; wait "${shard_pid}" 2>/dev/null
+    case "${got}" in
+      *harrier-server*--resume*) ;;
+      *) echo "a retry with the same RUN_ID did not pass --resume: ${got}"; cat "${tmp}/shard2.log"; exit 1 ;;
     esac
-    kill "${shard_pid}"; wait "${shard_pid}" 2>/dev/null
-    # A new RUN_ID: a fresh run.
     start_shard run-b "${tmp}/shard3.log"
     sleep 0.5
-    case "$(cmdline "${shard_pid}")" in
-      *harrier-server*--resume*) echo "a new RUN_ID resumed: $(cmdline "${shard_pid}")"; exit 1 ;;
+    got="$(cmdline "${shard_pid}")"
+    kill "${shard_pid}" 2>/dev/null; wait "${shard_pid}" 2>/dev/null
+    case "${got}" in
+      *harrier-server*--resume*) echo "a new RUN_ID resumed: ${got}"; exit 1 ;;
       *harrier-server*) ;;
       *) echo "server.sh did not exec harrier-server:"; cat "${tmp}/shard3.log"; exit 1 ;;
     esac
-    kill "${shard_pid}"; wait "${shard_pid}" 2>/dev/null
-    # memlock: 64 KiB warns by default and stops with MEMLOCK_CHECK=error.
+  ) > "${tmp}/err" 2>&1
+  report $? "${live} server.sh passes --resume for the same RUN_ID only" "${tmp}/err"
+  # memlock: 64 KiB warns by default and stops with MEMLOCK_CHECK=error.
+  (
     small() { (ulimit -l 64 && env -i PATH="${PATH}" SHARD_INDEX=0 MEMLOCK_CHECK="$1" \
       BIN_DIR="${bin_dir}/server" sh "${scripts}/server.sh" --help); }
     out="$(small error 2>&1)"; rc=$?
@@ -391,7 +407,7 @@ else
       printf '%s' "${out}" | grep -q "^Usage: harrier-server" ||
       { echo "MEMLOCK_CHECK=warn with 64 KiB did not warn and start: ${out}" | head -n 5; exit 1; }
   ) > "${tmp}/err" 2>&1
-  report $? "${entry}" "${tmp}/err"
+  report $? "${live} a small memlock limit warns, or stops with MEMLOCK_CHECK=error" "${tmp}/err"
 fi
 
 # The same files with the real binaries, configured the way the pods are:
