@@ -338,6 +338,26 @@ function helpFlags(text) {
   return flags;
 }
 
+// Commands a --help text lists: "a|b|c" in a usage line, or the names
+// of an indented "Commands:" block ("  name   what it does").
+function helpCommands(text) {
+  const commands = new Set();
+  let inBlock = false;
+  for (const line of text.split("\n")) {
+    if (/^\s*usage:/i.test(line)) {
+      for (const m of line.matchAll(/(?:^|\s)([a-z][a-z-]*(?:\|[a-z][a-z-]*)+)(?=\s|$)/g)) m[1].split("|").forEach((c) => commands.add(c));
+    }
+    if (/^\s*commands:\s*$/i.test(line)) {
+      inBlock = true;
+      continue;
+    }
+    const m = /^\s+([a-z][a-z-]*)\s{2,}\S/.exec(line);
+    if (inBlock && m) commands.add(m[1]);
+    else inBlock = false;
+  }
+  return commands;
+}
+
 // The help texts validate.sh wrote; {binary: {flags, text} | null}.
 function loadHelp() {
   const help = {};
@@ -498,10 +518,9 @@ function checkRefs(docs) {
             problems.push(`${at}: ${probe}: harrier-ctl not built: no --help text to check '${words.join(" ")}' against`);
           } else {
             problems.push(...checkArgs(`${at} ${probe}`, "harrier-ctl", words.filter((w) => w.startsWith("-")), help));
+            const commands = helpCommands(h.text);
             for (const s of sub) {
-              if (!new RegExp(`(^|[\\s|\\[])${s}([\\s|\\]]|$)`, "m").test(h.text.split("\n").filter((l) => /usage|command/i.test(l)).join("\n"))) {
-                problems.push(`${at}: ${probe}: '${s}' is no harrier-ctl command (its --help usage lists none of that name)`);
-              }
+              if (!commands.has(s)) problems.push(`${at}: ${probe}: '${s}' is no harrier-ctl command (its --help lists ${[...commands].join(", ") || "none"})`);
             }
           }
         }
