@@ -315,6 +315,7 @@ wait_for() {
 # started by server.sh, a worker by worker.sh that builds its server list
 # from SERVER_PREFIX<i>SERVER_SUFFIX (the shard's port is chosen to end
 # in "00" so that the list is 127.0.0.1:<Q>00 for shard 0). Then: the
+# servers' readiness probe (harrier-ctl health) passes against it; the
 # shard ends by itself once the worker is done (--exit_when_done); a pod
 # with the same RUN_ID resumes (--resume on the command line), a new
 # RUN_ID starts fresh; a small memlock limit warns, or stops with
@@ -356,6 +357,34 @@ else
     grep -q '^test_accuracy=' "${tmp}/worker1.log" || { echo "no test_accuracy= line"; tail -n 20 "${tmp}/worker1.log"; exit 1; }
   ) > "${tmp}/err" 2>&1
   report $? "${live} worker.sh builds the server list and trains against a shard started by server.sh" "${tmp}/err"
+  # The server pods' readiness probe, word for word from the rendered base
+  # (its port moved to this shard's --health_port), passes against it.
+  probe_name="${live} the servers' readiness probe (harrier-ctl health) passes against the shard"
+  ctl_bin="${bin_dir}/server/harrier-ctl"
+  if [ ! -x "${ctl_bin}" ]; then
+    echo "harrier-ctl not built (${ctl_bin}; bazel build //server:harrier-ctl)" > "${tmp}/err"
+    report 1 "${probe_name}: harrier-ctl not built" "${tmp}/err"
+  else
+    (
+      health="$(sed -n 's/.* health_port=\([0-9][0-9]*\).*/\1/p' "${tmp}/shard1.log" | head -n 1)"
+      [ -n "${health}" ] || { echo "no health_port in the shard's log:"; cat "${tmp}/shard1.log"; exit 1; }
+      mapfile -t probe < <(node -e '
+        const YAML = require(process.argv[1]);
+        const docs = YAML.parseAllDocuments(require("fs").readFileSync(process.argv[2], "utf8")).map((d) => d.toJS());
+        const js = docs.find((d) => d && d.kind === "JobSet");
+        const c = js.spec.replicatedJobs.find((r) => r.name === "server").template.spec.template.spec.containers[0];
+        for (const w of c.readinessProbe.exec.command) console.log(w);' "${here}/node_modules/yaml" "${tmp}/base.yaml")
+      [ "${#probe[@]}" -gt 1 ] || { echo "no readiness probe command in the rendered base"; exit 1; }
+      probe[0]="${ctl_bin}"
+      probe=("${probe[@]/#--servers=127.0.0.1:8081/--servers=127.0.0.1:${health}}")
+      timeout 10 "${probe[@]}" || { echo "probe failed (rc=$?): ${probe[*]}"; exit 1; }
+      # And it fails where nothing serves.
+      if timeout 10 "${probe[@]/#--servers=*/--servers=127.0.0.1:9}" > /dev/null 2>&1; then
+        echo "the probe passed against a closed port"; exit 1
+      fi
+    ) > "${tmp}/err" 2>&1
+    report $? "${probe_name}" "${tmp}/err"
+  fi
   # The shard ends with its only worker: exit 0 within 30 s.
   (
     for _ in $(seq 1 300); do kill -0 "${shard_pid}" 2>/dev/null || break; sleep 0.1; done
