@@ -74,7 +74,9 @@ else
 fi
 
 echo "== Kubernetes manifests (offline validation)"
-if tests/k8s/install.sh && tests/k8s/validate.sh > "$logs/k8s.log" 2>&1; then :; fi
+# The cross-reference checks read the --help of the binaries built above.
+k8s_bin=$(bazel info bazel-bin 2>/dev/null)
+if tests/k8s/install.sh && tests/k8s/validate.sh ${k8s_bin:+--bin_dir "$k8s_bin"} > "$logs/k8s.log" 2>&1; then :; fi
 cat "$logs/k8s.log"
 k8s_line=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$logs/k8s.log" | tail -n 1)
 if [[ $k8s_line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then

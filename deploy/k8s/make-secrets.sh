@@ -9,11 +9,12 @@
 #   deploy/k8s/make-secrets.sh [--shards N] [--namespace NS] [--dir DIR] \
 #     [--san DNS]... | kubectl apply -n NS -f -
 #
-# The certificate names every shard: harrier-server-<i>.harrier-server for
-# i < N (the headless Service's per-pod names, what workers dial; N from
-# --shards, default HARRIER_NUM_SHARDS of base/harrier.env: pass your
-# overlay's count), and *.harrier-server.<NS>.svc[.cluster.local] when
-# --namespace is given. One-label wildcards (*.harrier-server) are not
+# The certificate names every shard, in both forms, for i < N (what workers
+# dial; N from --shards, default HARRIER_NUM_SHARDS of base/harrier.env:
+# pass your overlay's count): harrier-server-<i>-0.harrier (the JobSet's
+# pod names, base) and harrier-server-<i>.harrier-server (the headless
+# Service of overlays/no-jobset), and *.harrier.<NS>.svc[.cluster.local],
+# *.harrier-server.<NS>.svc[.cluster.local] when --namespace is given. One-label wildcards (*.harrier-server) are not
 # used: gRPC and OpenSSL refuse to match them. --san adds names. --dir keeps the files (ca.key too, to sign more later); without it
 # they go into a temporary directory removed on exit. Needs openssl.
 set -euo pipefail
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
     --san=*) sans+=("${1#*=}"); shift ;;
     --days) days="$2"; shift 2 ;;
     --days=*) days="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,22s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "make-secrets.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -51,9 +52,13 @@ fi
 umask 077
 
 names=("harrier-server")
-for ((i = 0; i < shards; i++)); do names+=("harrier-server-${i}.harrier-server"); done
+for ((i = 0; i < shards; i++)); do
+  names+=("harrier-server-${i}-0.harrier" "harrier-server-${i}.harrier-server")
+done
 if [ -n "${namespace}" ]; then
-  names+=("*.harrier-server.${namespace}.svc" "*.harrier-server.${namespace}.svc.cluster.local")
+  for sub in harrier harrier-server; do
+    names+=("*.${sub}.${namespace}.svc" "*.${sub}.${namespace}.svc.cluster.local")
+  done
 fi
 names+=("${sans[@]+"${sans[@]}"}")
 san_line=""
