@@ -396,6 +396,11 @@ std::vector<uint64_t> ListCheckpointJobs(const std::string& dir) {
   return jobs;
 }
 
+std::string NewestCheckpointJobDir(const std::string& dir) {
+  const std::vector<uint64_t> jobs = ListCheckpointJobs(dir);
+  return jobs.empty() ? std::string() : CheckpointJobDir(dir, jobs.back());
+}
+
 std::string CheckpointShardDir(const std::string& dir, int shard) {
   return absl::StrCat(dir, "/shard-", shard);
 }

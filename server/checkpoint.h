@@ -74,6 +74,9 @@ std::string CheckpointJobDir(const std::string& dir, uint64_t job_id);
 // The job ids with a `job-<id>` folder in `dir`, ascending (empty when
 // `dir` does not exist).
 std::vector<uint64_t> ListCheckpointJobs(const std::string& dir);
+// The folder of the newest run in `dir` (CheckpointJobDir of the highest
+// job id), or "" when there is none.
+std::string NewestCheckpointJobDir(const std::string& dir);
 
 // `<dir>/shard-<shard>`.
 std::string CheckpointShardDir(const std::string& dir, int shard);

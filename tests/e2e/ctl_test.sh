@@ -125,8 +125,14 @@ check "status with a dead shard: exit 1, it is shown unreachable" "[ $? -eq 1 ] 
 wait_for "$w0" 120
 rc=$?
 check "the worker finishes (exit $rc)" "[ $rc -eq 0 ]"
-"$ctl" "${auth[@]}" --json status >"$tmp/done.json" 2>/dev/null
-state=$(json_get "$tmp/done.json" 's["ranks"][0]["state"] + " " + s["job_state"]')
+# Each shard sees the run done at its monitor's next tick (200 ms) after the
+# worker gave its rank back: poll, within 10 s.
+for _ in $(seq 50); do
+  "$ctl" "${auth[@]}" --json status >"$tmp/done.json" 2>/dev/null
+  state=$(json_get "$tmp/done.json" 's["ranks"][0]["state"] + " " + s["job_state"]')
+  [ "$state" = 'done done' ] && break
+  sleep 0.2
+done
 check "after the worker exits: rank 0 left or done, the job done ($state)" "[ '$state' = 'left done' ] || [ '$state' = 'done done' ]"
 
 # A TLS shard: health (the probes' command) and status over TLS with

@@ -250,7 +250,9 @@ TEST_CASE("Train: evaluation time is not counted in time_to_target_s") {
   double eval_seconds = 0;
   for (const auto& evaluation : evaluations) eval_seconds += evaluation.seconds;
   CHECK(result->eval_seconds >= 10 * 0.4);
-  CHECK(result->eval_seconds == Approx(eval_seconds).margin(0.01));
+  // Two clocks around the same ten evaluations: a few ms apart each on a
+  // loaded machine.
+  CHECK(result->eval_seconds == Approx(eval_seconds).margin(0.1));
 
   size_t reached = 0;
   while (reached < evaluations.size() && evaluations[reached].accuracy < kTarget) ++reached;

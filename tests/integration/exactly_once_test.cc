@@ -238,7 +238,7 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
     REQUIRE(client->Push("w", g).ok());        // clock 0, applied and acknowledged
     client->Clock();
     auto newest = [&] {
-      auto versions = ListCheckpointVersions(dir, 0);
+      auto versions = ListCheckpointVersions(NewestCheckpointJobDir(dir), 0);
       return versions.ok() && !versions->empty() ? versions->back() : uint64_t{0};
     };
     auto await_checkpoint_after = [&](uint64_t version) {
@@ -265,7 +265,7 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       bool held = false;
       while (!held && std::chrono::steady_clock::now() < deadline) {
-        auto latest = LoadLatestCheckpoint(dir, 0, nullptr);
+        auto latest = LoadLatestCheckpoint(NewestCheckpointJobDir(dir), 0, nullptr);
         held = latest.ok() && !latest->slots.empty() && latest->slots[0].pushed[0] == 2;
         if (!held) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
@@ -277,7 +277,7 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
     if (!in_checkpoint) {
       // Restart from the checkpoint from before the push: drop any written
       // since (they may hold it).
-      while (newest() > before_push) std::remove(CheckpointPath(dir, 0, newest()).c_str());
+      while (newest() > before_push) std::remove(CheckpointPath(NewestCheckpointJobDir(dir), 0, newest()).c_str());
     }
     (*proxy)->SetDropReplies(false);
     auto restarted = testing::ServerProcess::Start(flags);
@@ -373,7 +373,7 @@ TEST_CASE("a checkpoint of another optimizer kind stops harrier-server with one 
     REQUIRE(client->Push("w", Gradient(0)).ok());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (std::chrono::steady_clock::now() < deadline) {
-      auto versions = ListCheckpointVersions(dir, 0);
+      auto versions = ListCheckpointVersions(NewestCheckpointJobDir(dir), 0);
       if (versions.ok() && !versions->empty()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

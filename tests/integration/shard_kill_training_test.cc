@@ -210,7 +210,7 @@ JobResult RunJob(const std::string& name, bool kill, double deadline_s) {
     bool armed = false;
     Clock::time_point written;
     while (Clock::now() < deadline && workers[0]->WaitForExit(0) < 0) {
-      const auto versions = ListCheckpointVersions(job.dir, kKilledShard);
+      const auto versions = ListCheckpointVersions(NewestCheckpointJobDir(job.dir), kKilledShard);
       const uint64_t version = versions.ok() && !versions->empty() ? versions->back() : 0;
       if (version > newest) {
         newest = version;
@@ -224,7 +224,7 @@ JobResult RunJob(const std::string& name, bool kill, double deadline_s) {
     servers[kKilledShard]->process().Signal(SIGKILL);
     servers[kKilledShard]->process().WaitForExit(5000);
     result.step_at_kill = LastStep(ReadFile(rank0_log));
-    auto checkpoint = LoadLatestCheckpoint(job.dir, kKilledShard, nullptr);
+    auto checkpoint = LoadLatestCheckpoint(NewestCheckpointJobDir(job.dir), kKilledShard, nullptr);
     if (checkpoint.ok()) {
       for (const SlotCheckpoint& slot : checkpoint->slots) {
         const int64_t clock = slot.pushed.empty() ? -1 : slot.pushed[0];
