@@ -398,7 +398,10 @@ absl::StatusOr<std::vector<Summary>> RunPs(const Options& options, const Emulate
                                      absl::StrCat("--num_shards=", S),
                                      absl::StrCat("--num_workers=", W),
                                      "--sync=bsp",
-                                     "--optimizer=sgd"};
+                                     "--optimizer=sgd",
+                                     // The bench stops the shards itself, after every
+                                     // configuration it runs against them.
+                                     "--exit_when_done=false"};
     args.insert(args.end(), options.server_flags.begin(), options.server_flags.end());
     auto server = HostProcess::Start(
         absl::StrCat("harrier-server shard ", shard), network.host_namespace_path(host), args,

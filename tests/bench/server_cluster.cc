@@ -122,7 +122,10 @@ absl::Status ServerCluster::StartShard(const std::string& binary, int shard, int
                                    absl::StrCat("--port_file=", port_file),
                                    absl::StrCat("--shard=", shard),
                                    absl::StrCat("--num_shards=", num_shards),
-                                   absl::StrCat("--num_workers=", num_workers)};
+                                   absl::StrCat("--num_workers=", num_workers),
+                                   // The cluster is stopped by its owner, not by the
+                                   // end of a client's run.
+                                   "--exit_when_done=false"};
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());

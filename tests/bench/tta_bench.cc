@@ -336,7 +336,9 @@ class TtaRunner {
                                        absl::StrCat("--shard=", shard),
                                        absl::StrCat("--num_shards=", options_.shards),
                                        absl::StrCat("--num_workers=", options_.workers),
-                                       "--sync=bsp"};
+                                       "--sync=bsp",
+                                       // Stopped by the bench once its run is measured.
+                                       "--exit_when_done=false"};
       args.insert(args.end(), codec.server_flags.begin(), codec.server_flags.end());
       const std::string log = absl::StrCat(tag, "_shard", shard, ".log");
       auto process = HostProcess::Start(absl::StrCat("harrier-server shard ", shard),
