@@ -341,22 +341,8 @@ else
   cmdline() { tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null; }
   # The shard runs on (in the background) into the next check.
   start_shard run-a "${tmp}/shard1.log"
-  (
-    sleep 0.5
-    case "$(cmdline "${shard_pid}")" in
-      *harrier-server*) ;;
-      *) echo "server.sh did not exec harrier-server:"; cat "${tmp}/shard1.log"; exit 1 ;;
-    esac
-    case "$(cmdline "${shard_pid}")" in *--resume*) echo "a first start resumed: $(cmdline "${shard_pid}")"; exit 1 ;; esac
-    [ "$(cat "${ckpt}/.harrier-run-id" 2>/dev/null)" = run-a ] || { echo "server.sh did not record RUN_ID run-a"; exit 1; }
-    env -i PATH="${PATH}" JOB_COMPLETION_INDEX=0 HARRIER_NUM_SHARDS=1 SERVER_PREFIX="127.0.0.1:${q}" \
-      SERVER_SUFFIX=0 HARRIER_DATA_DIR="${data_dir}" MEMLOCK_CHECK=off BIN_DIR="${bin_dir}/worker" \
-      timeout 90 sh "${scripts}/worker.sh" --max_steps=20 --train_examples=1024 --log_every=10 \
-      --metrics_port=0 --connect_timeout_s=20 > "${tmp}/worker1.log" 2>&1 ||
-      { echo "worker.sh failed:"; tail -n 20 "${tmp}/worker1.log"; exit 1; }
-    grep -q '^test_accuracy=' "${tmp}/worker1.log" || { echo "no test_accuracy= line"; tail -n 20 "${tmp}/worker1.log"; exit 1; }
-  ) > "${tmp}/err" 2>&1
-  report $? "${live} worker.sh builds the server list and trains against a shard started by server.sh" "${tmp}/err"
+  # Before the worker runs: the shard ends with its job, so afterwards
+  # nothing would answer the probe.
   # The server pods' readiness probe, word for word from the rendered base
   # (its port moved to this shard's --health_port), passes against it.
   probe_name="${live} the servers' readiness probe (harrier-ctl health) passes against the shard"
@@ -366,7 +352,12 @@ else
     report 1 "${probe_name}: harrier-ctl not built" "${tmp}/err"
   else
     (
-      health="$(sed -n 's/.* health_port=\([0-9][0-9]*\).*/\1/p' "${tmp}/shard1.log" | head -n 1)"
+      health=""
+      for _ in $(seq 1 100); do
+        health="$(sed -n 's/.* health_port=\([0-9][0-9]*\).*/\1/p' "${tmp}/shard1.log" | head -n 1)"
+        [ -n "${health}" ] && break
+        sleep 0.1
+      done
       [ -n "${health}" ] || { echo "no health_port in the shard's log:"; cat "${tmp}/shard1.log"; exit 1; }
       mapfile -t probe < <(node -e '
         const YAML = require(process.argv[1]);
@@ -385,6 +376,22 @@ else
     ) > "${tmp}/err" 2>&1
     report $? "${probe_name}" "${tmp}/err"
   fi
+  (
+    sleep 0.5
+    case "$(cmdline "${shard_pid}")" in
+      *harrier-server*) ;;
+      *) echo "server.sh did not exec harrier-server:"; cat "${tmp}/shard1.log"; exit 1 ;;
+    esac
+    case "$(cmdline "${shard_pid}")" in *--resume*) echo "a first start resumed: $(cmdline "${shard_pid}")"; exit 1 ;; esac
+    [ "$(cat "${ckpt}/.harrier-run-id" 2>/dev/null)" = run-a ] || { echo "server.sh did not record RUN_ID run-a"; exit 1; }
+    env -i PATH="${PATH}" JOB_COMPLETION_INDEX=0 HARRIER_NUM_SHARDS=1 SERVER_PREFIX="127.0.0.1:${q}" \
+      SERVER_SUFFIX=0 HARRIER_DATA_DIR="${data_dir}" MEMLOCK_CHECK=off BIN_DIR="${bin_dir}/worker" \
+      timeout 90 sh "${scripts}/worker.sh" --max_steps=20 --train_examples=1024 --log_every=10 \
+      --metrics_port=-1 --connect_timeout_s=20 > "${tmp}/worker1.log" 2>&1 ||
+      { echo "worker.sh failed:"; tail -n 20 "${tmp}/worker1.log"; exit 1; }
+    grep -q '^test_accuracy=' "${tmp}/worker1.log" || { echo "no test_accuracy= line"; tail -n 20 "${tmp}/worker1.log"; exit 1; }
+  ) > "${tmp}/err" 2>&1
+  report $? "${live} worker.sh builds the server list and trains against a shard started by server.sh" "${tmp}/err"
   # The shard ends with its only worker: exit 0 within 30 s.
   (
     for _ in $(seq 1 300); do kill -0 "${shard_pid}" 2>/dev/null || break; sleep 0.1; done
