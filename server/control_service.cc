@@ -122,15 +122,15 @@ ControlServiceImpl::Clock::time_point ControlServiceImpl::BarrierExpiry(
   return now + std::chrono::duration_cast<Clock::duration>(remaining);
 }
 
-void ControlServiceImpl::FillSync(proto::SyncConfig* sync) const {
-  switch (options_.sync.mode) {
+void FillSyncConfig(const SyncPolicy& policy, proto::SyncConfig* sync) {
+  switch (policy.mode) {
     case SyncMode::kBsp: sync->set_mode(proto::SYNC_BSP); break;
     case SyncMode::kSsp: sync->set_mode(proto::SYNC_SSP); break;
     case SyncMode::kAsp: sync->set_mode(proto::SYNC_ASP); break;
     case SyncMode::kLocal: sync->set_mode(proto::SYNC_LOCAL); break;
   }
-  sync->set_staleness(options_.sync.staleness);
-  sync->set_local_steps(options_.sync.local_steps);
+  sync->set_staleness(policy.staleness);
+  sync->set_local_steps(policy.local_steps);
 }
 
 grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
@@ -219,7 +219,7 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
   response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
   response->set_job_id(response->session().job_id());
   for (const auto& address : options_.shard_addresses) response->add_shard_addresses(address);
-  FillSync(response->mutable_sync());
+  FillSyncConfig(options_.sync, response->mutable_sync());
   return grpc::Status::OK;
 }
 
@@ -350,7 +350,7 @@ grpc::Status ControlServiceImpl::GetShardMap(grpc::ServerContext* context,
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
   for (const auto& address : options_.shard_addresses) response->add_shard_addresses(address);
   response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
-  FillSync(response->mutable_sync());
+  FillSyncConfig(options_.sync, response->mutable_sync());
   return grpc::Status::OK;
 }
 

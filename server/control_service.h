@@ -18,6 +18,10 @@
 
 namespace harrier {
 
+// The sync policy as workers and operators are told it (RegisterResponse,
+// GetShardMap, AdminService.GetStatus).
+void FillSyncConfig(const SyncPolicy& policy, proto::SyncConfig* sync);
+
 struct ControlOptions {
   int num_workers = 1;
   SyncPolicy sync;
@@ -108,7 +112,6 @@ class ControlServiceImpl final
     std::vector<Wait*> waiting;  // not owned: each finishes itself
   };
 
-  void FillSync(proto::SyncConfig* sync) const;
   // Why `rank` may not be handed to a new session now (OK: it may). A
   // Register asking for the rank `by_number` may also take it over from a
   // silent session, or renew it with `previous` (may be null), the rank's

@@ -439,14 +439,7 @@ proto::StatusResponse ShardServer::FillStatus() const {
   status.set_shard(static_cast<uint32_t>(options_.shard));
   status.set_num_shards(static_cast<uint32_t>(options_.num_shards));
   status.set_num_workers(static_cast<uint32_t>(options_.num_workers));
-  switch (options_.sync.mode) {
-    case SyncMode::kBsp: status.mutable_sync()->set_mode(proto::SYNC_BSP); break;
-    case SyncMode::kSsp: status.mutable_sync()->set_mode(proto::SYNC_SSP); break;
-    case SyncMode::kAsp: status.mutable_sync()->set_mode(proto::SYNC_ASP); break;
-    case SyncMode::kLocal: status.mutable_sync()->set_mode(proto::SYNC_LOCAL); break;
-  }
-  status.mutable_sync()->set_staleness(options_.sync.staleness);
-  status.mutable_sync()->set_local_steps(options_.sync.local_steps);
+  FillSyncConfig(options_.sync, status.mutable_sync());
 
   const Membership& membership = store_->membership();
   const SessionTable& sessions = shard_service_->sessions();

@@ -164,7 +164,9 @@ absl::Status ShardService::Heartbeat(const proto::HeartbeatRequest& request,
   }
   if (auto status = store_->Heartbeat(request.rank()); !status.ok()) return status;
   store_->RebaseFromWorker(request.rank(), request.pushed());
-  if (response != nullptr) response->set_next_clock(store_->NextClock(request.rank()));
+  if (response != nullptr && request.report_next_clock()) {
+    response->set_next_clock(store_->NextClock(request.rank()));
+  }
   return absl::OkStatus();
 }
 

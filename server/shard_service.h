@@ -176,7 +176,8 @@ class ShardService {
                 Done done);
 
   // The worker is alive (ShardStore::Heartbeat), once its session verifies.
-  // `response` (may be null) gets the rank's next clock here.
+  // `response` (may be null) gets the rank's next clock here when the
+  // request asks for it.
   absl::Status Heartbeat(const proto::HeartbeatRequest& request,
                          proto::HeartbeatResponse* response = nullptr);
   // Init's job, and its session when it carries one (a newer run's starts

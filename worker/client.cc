@@ -214,6 +214,7 @@ absl::Status Client::Impl::Register() {
     heartbeat.set_job(options_.job);
     heartbeat.set_rank(static_cast<uint32_t>(rank_));
     *heartbeat.mutable_session() = session_;
+    heartbeat.set_report_next_clock(true);
     proto::HeartbeatResponse answer;
     absl::Status status = control_->ShardHeartbeat(shard, heartbeat,
                                                    absl::Now() + options_.rpc_timeout, &answer);

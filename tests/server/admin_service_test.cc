@@ -160,6 +160,7 @@ TEST_CASE("ShardServer: status of an empty shard, a checkpoint, a shutdown reque
     proto::HeartbeatRequest heartbeat;
     heartbeat.set_job("harrier");
     heartbeat.set_rank(0);
+    heartbeat.set_report_next_clock(true);
     heartbeat.mutable_session()->set_epoch(5);
     heartbeat.mutable_session()->set_job_id(1234);
     heartbeat.mutable_session()->set_credential(MintCredential(key, "harrier", 0, 5, 1234));
