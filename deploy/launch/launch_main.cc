@@ -93,7 +93,8 @@ host (remote ones through a small sh wrapper that also kills the process when it
 session closes): the workers first, the shards once the workers are gone or half of
 --grace_ms has passed; at --grace_ms it SIGKILLs what is left. A second signal skips the grace time.
 Exit status: 0 when every worker exited 0 (then the shards get --grace_ms to exit by
-themselves, then SIGTERM), otherwise 1; 2 for bad arguments.
+themselves, then SIGTERM), otherwise 1; 2 for bad arguments. A shard that exits 0 before
+the last worker is a failure only if a worker still runs --grace_ms later.
 )";
 
 // The sh wrapper a remote command runs under. Without a pty, closing the ssh
@@ -427,7 +428,10 @@ class Launcher {
       }
     }
     // Until every worker is done (or a failure).
-    while (!tearing_down_ && !AllWorkersExited()) PollOnce(1000);
+    while (!tearing_down_ && !AllWorkersExited()) {
+      PollOnce(early_shard_exit_ ? 100 : 1000);
+      CheckEarlyShardExit();
+    }
     if (!tearing_down_) {
       LaunchLine(absl::StrCat("all ", procs_.size() - num_shards,
                               " workers finished; waiting for the shards to exit"));
@@ -489,6 +493,13 @@ class Launcher {
       if (p.pid >= 0 && !p.exited) return false;
     }
     return true;
+  }
+
+  void CheckEarlyShardExit() {
+    if (!early_shard_exit_ || tearing_down_ || AllWorkersExited()) return;
+    if (MsSince(early_shard_exit_->at) < opt_.grace_ms) return;
+    Fail(absl::StrCat(early_shard_exit_->name,
+                      " exited before the workers finished: tearing down"));
   }
 
   void Fail(const std::string& message) {
@@ -628,9 +639,12 @@ class Launcher {
           what += " (ssh failed: see its last lines above)";
         }
         Fail(absl::StrCat(p.name, " ", what, ": tearing down"));
-      } else if (p.is_shard && !AllWorkersExited() && !tearing_down_) {
-        // A shard that leaves while workers still need it fails the job.
-        Fail(absl::StrCat(p.name, " exited before the workers finished: tearing down"));
+      } else if (p.is_shard && !AllWorkersExited() && !tearing_down_ && !early_shard_exit_) {
+        // A shard exits 0 once every rank has released its slot, which can
+        // be seen here before the last worker's ssh session has closed. The
+        // workers get --grace_ms to follow; after that the shard left while
+        // workers still needed it, which fails the job (CheckEarlyShardExit).
+        early_shard_exit_ = EarlyShardExit{p.name, Clock::now()};
       }
     }
   }
@@ -679,6 +693,11 @@ class Launcher {
   std::vector<int> shard_ports_;
   std::map<pid_t, Proc*> by_pid_;
   bool tearing_down_ = false;
+  struct EarlyShardExit {
+    std::string name;
+    Clock::time_point at;
+  };
+  std::optional<EarlyShardExit> early_shard_exit_;  // first shard that exited 0 before the workers
   bool stopping_shards_ = false;
   bool shards_term_pending_ = false;
   bool failed_ = false;
