@@ -65,6 +65,12 @@ class DeviceCodec {
   // decoder does, and a refused payload leaves device_out untouched.
   absl::Status Decode(absl::string_view payload, float* device_out, size_t n);
 
+  // device_accum[0, n) += scale * D(payload), as Codec::DecodeAdd (sparse
+  // payloads scatter-add without densifying); validated on the host first,
+  // a refused payload leaves device_accum untouched. Bit-exact with the CPU.
+  absl::Status DecodeAdd(absl::string_view payload, float scale, float* device_accum,
+                         size_t n);
+
  private:
   struct Impl;
   explicit DeviceCodec(std::unique_ptr<Impl> impl);
@@ -92,6 +98,22 @@ absl::Status ErrorFeedbackOnDevice(DeviceCodec& codec, const float* device_grad,
                                    float* device_residual, size_t n,
                                    const CodecContext& ctx,
                                    std::string* payload);
+// DGC momentum correction (common/codec/error_feedback.h,
+// DgcMomentumCorrection) with u and v in device memory (n floats each,
+// owned by the caller, zero at the start of a stream):
+//   u = momentum u + g;  v = v + u;  p = C(v);  v = v - D(p);
+//   u_i = 0 where D(p)_i != 0
+// in the CPU's fp32 operations, so u and v equal the CPU's bitwise for the
+// same payload. On error u, v are unchanged and *payload is empty.
+absl::Status DgcMomentumOnDevice(DeviceCodec& codec, float momentum,
+                                 const float* device_grad, float* device_u,
+                                 float* device_v, size_t n,
+                                 const CodecContext& ctx, std::string* payload);
+
+// CRC32C (common/crc32c.h) of `bytes` bytes of device memory, computed on
+// the device; equal to the host's Crc32c of the same bytes.
+absl::StatusOr<uint32_t> DeviceCrc32c(const void* device_data, size_t bytes);
+
 absl::Status ErrorFeedbackOnDevice(const CodecSpec& spec,
                                    const float* device_grad,
                                    float* device_residual, size_t n,

@@ -8,25 +8,6 @@
 #include "common/crc32c.h"
 
 namespace harrier {
-namespace {
-
-// The biased codecs: without feeding back what they drop, SGD drifts.
-bool NeedsErrorFeedback(const CodecSpec& spec) {
-  switch (spec.id) {
-    case CodecId::kTopK:
-    case CodecId::kThreshold:
-    case CodecId::kEfSign:
-    case CodecId::kOneBit:
-    case CodecId::kPowerSgd:
-      return true;
-    case CodecId::kRandomK:
-      return !spec.scaled;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
 
 // Compression state of one chunk: its codec (PowerSGD keeps a warm start in
 // it) and at most one of a residual or DGC's u/v.

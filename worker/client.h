@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/codec/codec_backend.h"
 #include "worker/operation_handle.h"
 
 namespace harrier {
@@ -87,6 +88,14 @@ struct ClientOptions {
   // The job token (the contents of --auth_token_file), sent on every call;
   // empty: none.
   std::string auth_token;
+  // Compression of tensors registered with MemoryKind::kDevice: encode,
+  // error feedback and pull mirrors on the device (cuda::NewCudaCodecBackend
+  // in --config=cuda builds). Null: registering a device tensor fails with
+  // FAILED_PRECONDITION.
+  std::shared_ptr<CodecBackend> device_backend;
+  // Compression of host tensors; null: the CPU codecs
+  // (NewHostCodecBackend). Tests put a counting one here.
+  std::shared_ptr<CodecBackend> host_backend;
 };
 
 // Which part of a tensor a call covers, and at which clock (the comm
@@ -159,6 +168,14 @@ class Client {
   // and keep the existing values: Pull to read them.
   absl::Status RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,
                               absl::Span<const float> initial_values = {});
+  // The same for a tensor whose push and pull buffers live in `memory`
+  // (initial_values are always host memory). With kDevice every buffer
+  // later handed to Push/Pull for this name is a device pointer; the
+  // tensor is compressed by options.device_backend (FAILED_PRECONDITION
+  // without one), and dense chunks are staged through host memory unless
+  // the transport sends from device memory.
+  absl::Status RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,
+                              absl::Span<const float> initial_values, MemoryKind memory);
 
   // Sends `gradient` for the current clock. Pushes of one clock may be in
   // flight for many tensors at once.

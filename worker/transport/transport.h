@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/codec/codec_backend.h"
 #include "common/payload_view.h"
 #include "proto/harrier.pb.h"
 
@@ -67,6 +68,9 @@ struct OutgoingChunk {
   absl::string_view borrowed;
   std::string owned;
   bool is_borrowed = false;
+  // Where `borrowed` lives. kDevice only when the transport said
+  // SendsFromDeviceMemory(); owned payloads are always host memory.
+  MemoryKind borrowed_memory = MemoryKind::kHost;
 
   absl::string_view payload() const { return is_borrowed ? borrowed : absl::string_view(owned); }
 };
@@ -79,6 +83,11 @@ class ShardTransport {
   virtual ~ShardTransport() = default;
 
   virtual std::string name() const = 0;  // "grpc", "ucx" or "fake"
+
+  // True if Push and PushPull accept borrowed payloads in device memory
+  // (OutgoingChunk::borrowed_memory == kDevice): UCX built with CUDA
+  // support. Otherwise the client stages device chunks through host memory.
+  virtual bool SendsFromDeviceMemory() const { return false; }
 
   // Payloads go out from the chunks' bytes and replies reach the sink as
   // views of the received buffers, so a backend can avoid copying both.

@@ -32,9 +32,17 @@ using Gradients = std::vector<std::vector<float>>;
 // Not thread-safe as an interface: callers use a model from one thread at a
 // time (an implementation may document more). Errors are InvalidArgument for
 // bad arguments; a device model may also return Internal for device errors.
+class DeviceResidentModel;
+
 class Model {
  public:
   virtual ~Model() = default;
+
+  // Non-null for a model whose parameters and gradients live in device
+  // memory (cuda::DeviceMlpModel): the trainer then pulls into and pushes
+  // from device memory through that interface, and the client compresses
+  // on the device. Null (the default): the host interface below.
+  virtual DeviceResidentModel* device() { return nullptr; }
 
   // The parameters, in a fixed order. Callers may overwrite `values` (e.g.
   // after a pull) but must keep the names, shapes and sizes; the next
@@ -65,6 +73,36 @@ class Model {
   // params -= lr * grads; InvalidArgument (params intact) unless `grads`
   // has the params() layout.
   virtual absl::Status SgdStep(const Gradients& grads, float lr) = 0;
+};
+
+// Training with parameters and gradients kept in device memory. Tensors are
+// those of Model::params() (names, shapes, order); their values there are
+// the initial values, read once when the trainer registers the tensors.
+// Pointers stay valid for the model's life. Same threading as Model.
+class DeviceResidentModel {
+ public:
+  virtual ~DeviceResidentModel() = default;
+
+  // The buffers of tensor k (params() order), each params()[k] size floats
+  // of device memory. kParams and kGrads exist from the start; the trainer
+  // asks for kMomentum (signum's gradient momentum) and kScratch (local
+  // SGD's round start) only when it needs them, allocated zeroed on first
+  // use (INTERNAL on a device error).
+  enum class Buffer { kParams, kGrads, kMomentum, kScratch };
+  virtual absl::StatusOr<float*> buffer(size_t tensor, Buffer which) = 0;
+
+  // Forward and backward with the device parameters over a host batch (as
+  // Model::ComputeGradients); the gradients are left in the kGrads
+  // buffers. Returns the mean loss.
+  virtual absl::StatusOr<float> ComputeGradients(const float* images, const uint8_t* labels,
+                                                 int batch_size) = 0;
+  // y = a x + b y over n device floats (y = a x when b is 0, whatever y
+  // held): the trainer's gradient momentum and local-SGD deltas.
+  virtual absl::Status Axpby(float a, const float* x, float b, float* y, size_t n) = 0;
+  // kParams -= lr * kGrads for every tensor (a local SGD step).
+  virtual absl::Status SgdStep(float lr) = 0;
+  // Fraction of `data` classified correctly with the device parameters.
+  virtual absl::StatusOr<double> Evaluate(const Dataset& data) = 0;
 };
 
 }  // namespace harrier::workload
