@@ -137,4 +137,14 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
 
 uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, data, size); }
 
+uint32_t Crc32cShiftOperator(uint64_t len_b) { return ZeroBytesOperator(len_b); }
+
+uint32_t Crc32cCombineWithOperator(uint32_t crc_a, uint32_t crc_b, uint32_t shift_b) {
+  return Combine(crc_a, crc_b, shift_b);
+}
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  return Combine(crc_a, crc_b, ZeroBytesOperator(len_b));
+}
+
 }  // namespace harrier

@@ -14,6 +14,17 @@ uint32_t Crc32c(const void* data, size_t size);
 // Continues a CRC over more bytes: Crc32c(a+b) == Crc32cExtend(Crc32c(a), b).
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
 
+// CRC32C of the concatenation A || B from crc_a = Crc32c(A),
+// crc_b = Crc32c(B) and len_b = |B|, without the bytes: what lets CRCs of
+// segments computed in parallel (e.g. on a GPU) be joined. O(log len_b).
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
+// The same in two steps, for joining many segments of one length: the
+// operator for len_b bytes is computed once (O(log len_b)), each combine
+// is then a 32-step GF(2) multiply.
+uint32_t Crc32cShiftOperator(uint64_t len_b);
+uint32_t Crc32cCombineWithOperator(uint32_t crc_a, uint32_t crc_b, uint32_t shift_b);
+
 // The portable implementation, exposed so tests can compare both paths.
 uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t size);
 

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/codec/internal.h"
+#include "common/crc32c.h"
 #include "cuda/host_twin.h"
 #include "cuda/kernels.h"
 
@@ -99,7 +100,9 @@ struct DeviceCodec::Impl {
   DeviceBuffer indices;  // u32, up to n
   DeviceBuffer values;   // fp32, up to n
   DeviceBuffer ef_c;     // error feedback: g + e
-  DeviceBuffer ef_d;     // error feedback: D(p)
+  DeviceBuffer ef_d;     // error feedback: D(p); DGC: D(p)
+  DeviceBuffer dgc_u;    // DGC: momentum u + g
+  DeviceBuffer add;      // DecodeAdd: D(p) of a dense codec
   std::vector<uint32_t> host_indices;
   std::vector<uint64_t> host_bitmap;  // random-k draw scratch
   std::vector<float> host_values;
@@ -117,8 +120,13 @@ struct DeviceCodec::Impl {
   absl::Status Encode(const float* x, size_t d, const CodecContext& ctx,
                       std::string* payload);
   absl::Status Decode(absl::string_view payload, float* out, size_t d);
+  absl::Status DecodeAdd(absl::string_view payload, float scale, float* accum,
+                         size_t d);
 
  private:
+  // out = D(payload) for a payload CheckPayload accepted.
+  absl::Status DecodeChecked(const host::CheckedPayload& c, float* out,
+                             size_t d);
   absl::Status EncodeDense(const float* x, size_t d, std::string* payload);
   absl::Status EncodeTopK(const float* x, size_t d, std::string* payload);
   absl::Status EncodeRandomK(const float* x, size_t d, const CodecContext& ctx,
@@ -488,7 +496,12 @@ absl::Status DeviceCodec::Impl::Decode(absl::string_view payload, float* out,
   if (!checked.ok()) return checked.status();
   absl::Status st = CheckDevicePointer(out, d, "device_out");
   if (!st.ok()) return st;
-  const host::CheckedPayload& c = *checked;
+  return DecodeChecked(*checked, out, d);
+}
+
+absl::Status DeviceCodec::Impl::DecodeChecked(const host::CheckedPayload& c,
+                                              float* out, size_t d) {
+  absl::Status st;
   const absl::string_view b = c.body;
   const CodecId id = spec.id;
   if (id == CodecId::kNone ||
@@ -566,6 +579,63 @@ absl::Status DeviceCodec::Impl::Decode(absl::string_view payload, float* out,
   return absl::OkStatus();
 }
 
+absl::Status DeviceCodec::Impl::DecodeAdd(absl::string_view payload,
+                                          float scale, float* accum,
+                                          size_t d) {
+  // The CPU's order of refusals: the scale, then the payload.
+  if (!std::isfinite(scale)) {
+    return Invalid(spec.id,
+                   absl::StrCat("DecodeAdd scale ", scale, " is not finite"));
+  }
+  absl::StatusOr<host::CheckedPayload> checked =
+      host::CheckPayload(payload, spec.id, /*expected_any=*/false, d);
+  if (!checked.ok()) return checked.status();
+  absl::Status st = CheckDevicePointer(accum, d, "device_accum");
+  if (!st.ok()) return st;
+  const host::CheckedPayload& c = *checked;
+  if (d == 0) return absl::OkStatus();
+  const CodecId id = spec.id;
+  if (id == CodecId::kTopK || id == CodecId::kThreshold ||
+      id == CodecId::kRandomK) {
+    // Scatter-add the k entries only: the CPU never touches the others, so
+    // densifying would turn an accumulator's -0.0 into +0.0.
+    const uint32_t* d_idx = nullptr;
+    const float* d_val = nullptr;
+    if (id == CodecId::kRandomK) {
+      RandomKIndices(c.seed, d, c.k, &host_bitmap, &host_indices);
+      st = indices.Reserve(4 * c.k);
+      if (st.ok()) st = body.Reserve(4 * c.k);
+      if (!st.ok()) return st;
+      RETURN_IF_CUDA(k::ToDevice(indices.get(), host_indices.data(), 4 * c.k),
+                     "copy to device");
+      RETURN_IF_CUDA(k::ToDevice(body.get(), c.body.data() + 8, 4 * c.k),
+                     "copy to device");
+      d_idx = indices.get<uint32_t>();
+      d_val = body.get<float>();
+    } else {
+      st = body.Reserve(c.body.size());
+      if (!st.ok()) return st;
+      RETURN_IF_CUDA(k::ToDevice(body.get(), c.body.data(), c.body.size()),
+                     "copy to device");
+      d_idx = body.get<uint32_t>();
+      d_val = reinterpret_cast<const float*>(body.get<char>() + 4 * c.k);
+    }
+    RETURN_IF_CUDA(k::ScatterAdd(d_idx, d_val, c.k, scale, accum),
+                   "scatter-add");
+    RETURN_IF_CUDA(k::Synchronize(), "decode-add");
+    return absl::OkStatus();
+  }
+  // Dense codecs: the CPU adds scale * D(p)_i to every element, and D(p)
+  // is what Decode writes bit for bit, so decode then add in fp32.
+  st = add.Reserve(4 * d);
+  if (!st.ok()) return st;
+  st = DecodeChecked(c, add.get<float>(), d);
+  if (!st.ok()) return st;
+  RETURN_IF_CUDA(k::Axpy(add.get<float>(), scale, accum, d), "accumulate");
+  RETURN_IF_CUDA(k::Synchronize(), "decode-add");
+  return absl::OkStatus();
+}
+
 bool DeviceAvailable() {
   int count = 0;
   return k::DeviceCount(&count) == 0 && count > 0;
@@ -599,6 +669,11 @@ absl::Status DeviceCodec::Encode(const float* device_input, size_t n,
 absl::Status DeviceCodec::Decode(absl::string_view payload, float* device_out,
                                  size_t n) {
   return impl_->Decode(payload, device_out, n);
+}
+
+absl::Status DeviceCodec::DecodeAdd(absl::string_view payload, float scale,
+                                    float* device_accum, size_t n) {
+  return impl_->DecodeAdd(payload, scale, device_accum, n);
 }
 
 absl::Status EncodeOnDevice(const CodecSpec& spec, const float* device_input,
@@ -644,6 +719,76 @@ absl::Status ErrorFeedbackOnDevice(DeviceCodec& codec, const float* device_grad,
   RETURN_IF_CUDA(k::Subtract(c, dec, device_residual, n), "c - D(p)");
   RETURN_IF_CUDA(k::Synchronize(), "error feedback");
   return absl::OkStatus();
+}
+
+absl::Status DgcMomentumOnDevice(DeviceCodec& codec, float momentum,
+                                 const float* device_grad, float* device_u,
+                                 float* device_v, size_t n,
+                                 const CodecContext& ctx,
+                                 std::string* payload) {
+  payload->clear();
+  if (!std::isfinite(momentum)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DGC momentum ", momentum, " is not finite"));
+  }
+  absl::Status st = CheckDevicePointer(device_grad, n, "device_grad");
+  if (st.ok()) st = CheckDevicePointer(device_u, n, "device_u");
+  if (st.ok()) st = CheckDevicePointer(device_v, n, "device_v");
+  DeviceCodec::Impl& impl = *codec.impl_;
+  // Work on copies (next_u, next_v) so that a refused encode leaves u and v
+  // as they were, as the CPU does.
+  if (st.ok()) st = impl.dgc_u.Reserve(4 * n);
+  if (st.ok()) st = impl.ef_c.Reserve(4 * n);
+  if (st.ok()) st = impl.ef_d.Reserve(4 * n);
+  if (!st.ok()) return st;
+  float* next_u = impl.dgc_u.get<float>();
+  float* next_v = impl.ef_c.get<float>();
+  float* dec = impl.ef_d.get<float>();
+  RETURN_IF_CUDA(k::DgcPrepare(device_grad, device_u, device_v, momentum,
+                               next_u, next_v, n),
+                 "u = m u + g; v = v + u");
+  st = impl.Encode(next_v, n, ctx, payload);
+  if (st.ok()) st = impl.Decode(*payload, dec, n);
+  if (!st.ok()) {
+    payload->clear();
+    return st;
+  }
+  RETURN_IF_CUDA(k::DgcCommit(next_u, next_v, dec, device_u, device_v, n),
+                 "v = v - D(p); u = 0 where sent");
+  RETURN_IF_CUDA(k::Synchronize(), "DGC momentum correction");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> DeviceCrc32c(const void* device_data, size_t bytes) {
+  if (bytes == 0) return 0u;
+  absl::Status st = CheckDevicePointer(device_data, bytes, "device_data");
+  if (!st.ok()) return st;
+  // Segments of at least 1 KiB, at most 16384 of them: enough threads to
+  // fill the device for multi-MiB chunks, few enough that joining them on
+  // the host (one 32-step multiply each) stays well under a millisecond.
+  constexpr size_t kMinSegment = 1024, kMaxSegments = 16384;
+  size_t segment = (bytes + kMaxSegments - 1) / kMaxSegments;
+  if (segment < kMinSegment) segment = kMinSegment;
+  const size_t segments = (bytes + segment - 1) / segment;
+  // Per-thread scratch: the free function may be called from many threads.
+  thread_local DeviceBuffer crcs;
+  thread_local std::vector<uint32_t> host_crcs;
+  st = crcs.Reserve(4 * segments);
+  if (!st.ok()) return st;
+  RETURN_IF_CUDA(k::Crc32cSegments(device_data, bytes, segment,
+                                   crcs.get<uint32_t>()),
+                 "CRC32C segments");
+  host_crcs.resize(segments);
+  RETURN_IF_CUDA(k::ToHost(host_crcs.data(), crcs.get(), 4 * segments),
+                 "copy to host");
+  const uint32_t shift = Crc32cShiftOperator(segment);
+  uint32_t crc = host_crcs[0];
+  for (size_t s = 1; s < segments; ++s) {
+    const size_t len = std::min(segment, bytes - s * segment);
+    crc = len == segment ? Crc32cCombineWithOperator(crc, host_crcs[s], shift)
+                         : Crc32cCombine(crc, host_crcs[s], len);
+  }
+  return crc;
 }
 
 absl::Status ErrorFeedbackOnDevice(const CodecSpec& spec,

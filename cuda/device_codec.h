@@ -78,6 +78,9 @@ class DeviceCodec {
   friend absl::Status ErrorFeedbackOnDevice(DeviceCodec&, const float*, float*,
                                             size_t, const CodecContext&,
                                             std::string*);
+  friend absl::Status DgcMomentumOnDevice(DeviceCodec&, float, const float*,
+                                          float*, float*, size_t,
+                                          const CodecContext&, std::string*);
 };
 
 // One-shot forms (a fresh DeviceCodec per call; PowerSGD then starts from

@@ -110,6 +110,24 @@ int MatMulTP(const float* d_a, size_t m, size_t n, size_t r, const float* d_p,
 int LowRankDecode(const float* d_p, const float* d_q, size_t m, size_t n,
                   size_t r, float* d_out);
 
+// ---- Accumulation, DGC and CRC (backend_kernels.cu) ----
+// d_y += scale * d_x element-wise in fp32 (the CPU's DecodeAdd of a dense
+// decode).
+int Axpy(const float* d_x, float scale, float* d_y, size_t n);
+// d_out[d_idx[j]] += scale * d_val[j]; indices distinct.
+int ScatterAdd(const uint32_t* d_idx, const float* d_val, size_t k, float scale,
+               float* d_out);
+// DGC: next_u = momentum u + g, next_v = v + next_u.
+int DgcPrepare(const float* d_g, const float* d_u, const float* d_v,
+               float momentum, float* d_next_u, float* d_next_v, size_t n);
+// DGC: v = next_v - decoded, u = (decoded != 0 ? 0 : next_u).
+int DgcCommit(const float* d_next_u, const float* d_next_v,
+              const float* d_decoded, float* d_u, float* d_v, size_t n);
+// d_crcs[s] = CRC32C of bytes [s * segment, min((s + 1) * segment, bytes)),
+// ceil(bytes / segment) entries.
+int Crc32cSegments(const void* d_data, size_t bytes, size_t segment,
+                   uint32_t* d_crcs);
+
 }  // namespace kernels
 }  // namespace cuda
 }  // namespace harrier

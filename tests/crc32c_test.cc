@@ -1,5 +1,6 @@
 #include "common/crc32c.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -60,4 +61,47 @@ TEST_CASE("crc32c three-stream path agrees with the portable one around stripe b
     copy[flip] ^= 0x10;
     REQUIRE(harrier::Crc32c(copy.data(), copy.size()) != before);
   }
+}
+
+TEST_CASE("crc32c combine equals the CRC of the concatenation") {
+  std::vector<unsigned char> bytes(70000);
+  uint32_t state = 987654321u;
+  for (auto& b : bytes) {
+    state = state * 1103515245u + 12345u;
+    b = static_cast<unsigned char>(state >> 16);
+  }
+  const size_t lengths[] = {0, 1, 2, 3, 7, 8, 63, 255, 4096, 4097, 24577, 33333};
+  for (size_t len_a : lengths) {
+    for (size_t len_b : lengths) {
+      INFO("len_a " << len_a << " len_b " << len_b);
+      const unsigned char* a = bytes.data() + 5;  // odd offsets: no alignment assumed
+      const unsigned char* b = a + len_a;
+      const uint32_t crc_a = harrier::Crc32c(a, len_a);
+      const uint32_t crc_b = harrier::Crc32c(b, len_b);
+      const uint32_t whole = harrier::Crc32c(a, len_a + len_b);
+      REQUIRE(harrier::Crc32cCombine(crc_a, crc_b, len_b) == whole);
+      REQUIRE(harrier::Crc32cCombineWithOperator(crc_a, crc_b,
+                                                 harrier::Crc32cShiftOperator(len_b)) == whole);
+    }
+  }
+  // Many equal segments and a short tail, joined left to right with one
+  // operator, as the device CRC does.
+  for (size_t segment : {size_t{1}, size_t{16}, size_t{1000}, size_t{4099}}) {
+    for (size_t total : {size_t{0}, size_t{1}, segment, 3 * segment + 1, size_t{69999}}) {
+      INFO("segment " << segment << " total " << total);
+      const uint32_t shift = harrier::Crc32cShiftOperator(segment);
+      uint32_t crc = 0;
+      for (size_t start = 0; start < total; start += segment) {
+        const size_t len = std::min(segment, total - start);
+        const uint32_t part = harrier::Crc32c(bytes.data() + start, len);
+        crc = len == segment ? harrier::Crc32cCombineWithOperator(crc, part, shift)
+                             : harrier::Crc32cCombine(crc, part, len);
+      }
+      REQUIRE(crc == harrier::Crc32c(bytes.data(), total));
+    }
+  }
+  // A wrong length gives a wrong CRC (the combine really shifts).
+  const uint32_t crc_a = harrier::Crc32c(bytes.data(), 100);
+  const uint32_t crc_b = harrier::Crc32c(bytes.data() + 100, 50);
+  REQUIRE(harrier::Crc32cCombine(crc_a, crc_b, 49) != harrier::Crc32c(bytes.data(), 150));
 }

@@ -329,6 +329,33 @@ absl::Status DeviceMlp::SgdStep(float lr) {
   return Check(k::Synchronize(), "SGD step");
 }
 
+size_t DeviceMlp::num_tensors() const { return impl_->tensor_sizes.size(); }
+size_t DeviceMlp::tensor_size(size_t t) const { return impl_->tensor_sizes[t]; }
+float* DeviceMlp::device_params(size_t t) const { return impl_->params[t].f(); }
+float* DeviceMlp::device_grads(size_t t) const { return impl_->grads[t].f(); }
+
+absl::Status DeviceMlp::ZeroGradients() {
+  for (size_t t = 0; t < impl_->tensor_sizes.size(); ++t) {
+    absl::Status status = Check(
+        k::Memset(impl_->grads[t].data(), 0, 4 * impl_->tensor_sizes[t]), "cudaMemset");
+    if (!status.ok()) return status;
+  }
+  impl_->grads_computed = true;
+  return Check(k::Synchronize(), "zero gradients");
+}
+
+absl::Status DeviceMlp::Axpby(float a, const float* x, float b, float* y,
+                              size_t n) {
+  if (n == 0) return absl::OkStatus();
+  if (x == nullptr || y == nullptr) {
+    return absl::InvalidArgumentError("Axpby: null device pointer");
+  }
+  absl::Status status = Check(
+      mk::Axpby(a, x, b, y, static_cast<int64_t>(n)), "axpby kernel");
+  if (!status.ok()) return status;
+  return Check(k::Synchronize(), "axpby");
+}
+
 absl::StatusOr<double> DeviceMlp::Evaluate(const Dataset& data) {
   Impl& m = *impl_;
   absl::Status status = CheckMlpEvalData(data, input_size());

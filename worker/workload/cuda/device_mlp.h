@@ -21,6 +21,7 @@
 #ifndef HARRIER_WORKER_WORKLOAD_CUDA_DEVICE_MLP_H_
 #define HARRIER_WORKER_WORKLOAD_CUDA_DEVICE_MLP_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -72,6 +73,26 @@ class DeviceMlp {
   // Device parameters -= lr * the gradients of the last ComputeGradients.
   // FailedPrecondition when no gradients have been computed.
   absl::Status SgdStep(float lr);
+
+  // The device buffers, for callers that keep training state on the device
+  // (DeviceMlpModel::device()): tensor t in Mlp's params() order,
+  // tensor_size(t) floats each, valid for this object's life. Writing the
+  // parameters directly is allowed once UploadParams has run (they then
+  // are what the next computation uses); the gradients are those of the
+  // last ComputeGradients.
+  size_t num_tensors() const;
+  size_t tensor_size(size_t t) const;
+  float* device_params(size_t t) const;
+  float* device_grads(size_t t) const;
+
+  // Sets every gradient to 0 on the device; SgdStep is then a no-op step
+  // rather than FailedPrecondition (gradient buffers hold defined values
+  // from the start).
+  absl::Status ZeroGradients();
+
+  // y = a x + b y over n device floats, as fl(fl(a x) + fl(b y)) (no FMA);
+  // y = fl(a x) when b is 0, whatever y held.
+  absl::Status Axpby(float a, const float* x, float b, float* y, size_t n);
 
   // Fraction of `data` classified correctly (ties: the lowest class wins, as
   // on the CPU), in device batches of 512. Same InvalidArgument checks as

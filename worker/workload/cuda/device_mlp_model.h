@@ -1,8 +1,18 @@
-// Model on a CUDA device: the trainer's view of DeviceMlp.
-// params() are host mirrors (the trainer pulls into and pushes from them);
-// ComputeGradients and Evaluate upload them first, so the device always
-// computes with what the host holds. Gradients come back to host memory.
-// SgdStep (local SGD) updates the host mirrors with the CPU Mlp's SgdStep.
+// Model on a CUDA device: the trainer's view of DeviceMlp, in two forms.
+//
+// Host interface (Model): params() are host mirrors (the trainer pulls into
+// and pushes from them); ComputeGradients and Evaluate upload them first,
+// so the device computes with what the host holds, and gradients come back
+// to host memory. SgdStep (local SGD) updates the host mirrors with the CPU
+// Mlp's SgdStep.
+//
+// Device-resident interface (device(), workload::DeviceResidentModel):
+// kParams and kGrads are DeviceMlp's own buffers, so the trainer pulls into
+// and pushes from device memory and nothing but the batch and the loss
+// crosses PCIe per step. The device parameters start as params()'s initial
+// values (uploaded by Create). Use one interface per training run: the
+// host ComputeGradients / Evaluate overwrite the device parameters with
+// params(), and the device interface never updates params().
 //
 // Plain C++ (no CUDA types); links only with --config=cuda
 // (//worker/workload/cuda:device_mlp_model). Used by one thread at a time,
@@ -27,6 +37,7 @@ namespace workload {
 
 class DeviceMlpModel : public Model {
  public:
+  ~DeviceMlpModel() override;
   // The initial parameters are Mlp::Create(options)'s, so a CPU
   // and a CUDA worker with the same seed start from the same values.
   // Errors: those of Mlp::Create and DeviceMlp::Create (FailedPrecondition
@@ -40,6 +51,8 @@ class DeviceMlpModel : public Model {
   const std::vector<ParamTensor>& params() const override {
     return host_.params();
   }
+  DeviceResidentModel* device() override { return resident_.get(); }
+
   int input_size() const override { return host_.input_size(); }
   int num_classes() const override { return host_.num_classes(); }
   int64_t num_parameters() const override { return host_.num_parameters(); }
@@ -54,11 +67,13 @@ class DeviceMlpModel : public Model {
   absl::Status SgdStep(const Gradients& grads, float lr) override;
 
  private:
+  class Resident;
   DeviceMlpModel(Mlp host, std::unique_ptr<DeviceMlp> device);
 
   // Holds the host parameters; its own CPU compute is not used.
   Mlp host_;
   std::unique_ptr<DeviceMlp> device_;
+  std::unique_ptr<DeviceResidentModel> resident_;
 };
 
 }  // namespace workload

@@ -96,6 +96,15 @@ __global__ void SgdStepKernel(float* param, const float* grad, int64_t n,
   }
 }
 
+__global__ void AxpbyKernel(float a, const float* x, float b, float* y,
+                            int64_t n) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       k < n; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float ax = __fmul_rn(a, x[k]);
+    y[k] = b == 0.0f ? ax : __fadd_rn(ax, __fmul_rn(b, y[k]));
+  }
+}
+
 }  // namespace
 
 const char* BlasStatusString(int status) {
@@ -181,6 +190,11 @@ int ColumnSums(const float* d_x, int rows, int cols, float* d_sums) {
 
 int ArgMax(const float* d_logits, int rows, int classes, int32_t* d_argmax) {
   ArgMaxKernel<<<Blocks(rows), kThreads>>>(d_logits, rows, classes, d_argmax);
+  return LaunchStatus();
+}
+
+int Axpby(float a, const float* d_x, float b, float* d_y, int64_t n) {
+  AxpbyKernel<<<Blocks(n), kThreads>>>(a, d_x, b, d_y, n);
   return LaunchStatus();
 }
 

@@ -51,6 +51,9 @@ int ColumnSums(const float* d_x, int rows, int cols, float* d_sums);
 int ArgMax(const float* d_logits, int rows, int classes, int32_t* d_argmax);
 // d_param[i] -= lr * d_grad[i], n values.
 int SgdStep(float* d_param, const float* d_grad, int64_t n, float lr);
+// d_y[i] = a * d_x[i] + b * d_y[i] (two roundings, then the sum; no FMA);
+// d_y[i] = a * d_x[i] when b == 0, so a NaN in d_y does not survive.
+int Axpby(float a, const float* d_x, float b, float* d_y, int64_t n);
 
 }  // namespace mlp_kernels
 }  // namespace workload
