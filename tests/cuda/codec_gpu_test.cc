@@ -10,6 +10,13 @@
 //                     mean close to g)
 //   decode            GPU decode of the CPU payload == CPU decode, bitwise
 //   error feedback    GPU residual == fl(g + e - D_cpu(p_gpu)), bitwise
+//   decode-add        GPU DecodeAdd of the CPU payload == CPU DecodeAdd,
+//                     bitwise, every codec (sparse ones keep -0.0 intact)
+//   DGC momentum      GPU u, v and payloads == DgcMomentumCorrection's over
+//                     several steps
+//   CRC32C            DeviceCrc32c == Crc32c at many sizes and offsets
+//   backend           the CUDA CodecBackend's push streams and pull mirrors
+//                     == the host backend's over 5 steps
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +29,12 @@
 #include <catch2/catch.hpp>
 
 #include "common/codec/codec.h"
+#include "common/codec/codec_backend.h"
 #include "common/codec/error_feedback.h"
+#include "common/codec/host_codec_backend.h"
+#include "common/crc32c.h"
+#include "common/payload_view.h"
+#include "cuda/cuda_codec_backend.h"
 #include "cuda/device_codec.h"
 #include "cuda/device_memory.h"
 
@@ -347,6 +359,285 @@ TEST_CASE("refusals match the CPU codec") {
   // Host memory is refused rather than faulting.
   CHECK(GpuCodec("none")->Encode(big.data(), 10, CodecContext{1}, &p).code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+
+// An accumulator with exact zeros of both signs and ordinary values.
+std::vector<float> Accumulator(size_t d, uint64_t seed) {
+  std::vector<float> a = RandomGradient(d, seed);
+  for (size_t i = 0; i < d; i += 3) a[i] = (i % 2) ? -0.0f : 0.0f;
+  return a;
+}
+
+TEST_CASE("GPU DecodeAdd equals CPU DecodeAdd bitwise") {
+  REQUIRE(cuda::DeviceAvailable());
+  std::vector<std::string> all = kExact;
+  all.insert(all.end(), kScaleUlp.begin(), kScaleUlp.end());
+  all.insert(all.end(), kRandom.begin(), kRandom.end());
+  for (const std::string& text : all) {
+    auto cpu = CpuCodec(text);
+    auto gpu = GpuCodec(text);
+    for (size_t d : kSizes) {
+      for (float scale : {1.0f, 0.37f, -2.5f}) {
+        INFO(text << " d=" << d << " scale=" << scale);
+        std::vector<float> g = RandomGradient(d, d + 17, true);
+        std::string p;
+        REQUIRE(cpu->Encode(g, CodecContext{11}, &p).ok());
+        std::vector<float> want = Accumulator(d, d + 3);
+        DeviceArray acc = Upload(want);
+        REQUIRE(cpu->DecodeAdd(p, scale, absl::MakeSpan(want)).ok());
+        absl::Status st = gpu->DecodeAdd(p, scale, acc.data(), d);
+        INFO(st.ToString());
+        REQUIRE(st.ok());
+        CHECK(FirstDiff(Download(acc), want) == -1);
+        // Refusals leave the accumulator untouched: a truncated payload,
+        // a non-finite scale (the CPU's message), a wrong element count.
+        const std::vector<float> before = Download(acc);
+        CHECK_FALSE(gpu->DecodeAdd(p.substr(0, p.size() - 1), scale, acc.data(), d).ok());
+        absl::Status bad_scale = gpu->DecodeAdd(p, std::nanf(""), acc.data(), d);
+        absl::Status cpu_bad_scale =
+            cpu->DecodeAdd(p, std::nanf(""), absl::MakeSpan(want));
+        CHECK(bad_scale.code() == cpu_bad_scale.code());
+        CHECK(bad_scale.message() == cpu_bad_scale.message());
+        CHECK_FALSE(gpu->DecodeAdd(p, scale, acc.data(), d + 1).ok());
+        CHECK(FirstDiff(Download(acc), before) == -1);
+      }
+    }
+  }
+}
+
+TEST_CASE("DGC momentum correction on the device equals the CPU's") {
+  REQUIRE(cuda::DeviceAvailable());
+  for (const std::string text :
+       {"threshold:sample=0.5,ratio=0.1", "threshold:sample=0.01,ratio=0.01",
+        "topk:ratio=0.01", "threshold:tau=0.5"}) {
+    for (size_t d : {size_t{7}, size_t{4099}, size_t{(1u << 20) + 3}}) {
+      INFO(text << " d=" << d);
+      auto cpu_codec = CpuCodec(text);
+      auto gpu = GpuCodec(text);
+      DgcMomentumCorrection cpu(d, 0.9f);
+      DeviceArray du = Upload(std::vector<float>(d, 0.0f));
+      DeviceArray dv = Upload(std::vector<float>(d, 0.0f));
+      for (int step = 0; step < 5; ++step) {
+        INFO("step " << step);
+        std::vector<float> g = RandomGradient(d, 7 * d + step);
+        DeviceArray dg = Upload(g);
+        CodecContext ctx{DeriveSeed("dgc", 0, step, 0, 0)};
+        std::string want, got;
+        REQUIRE(cpu.Compress(*cpu_codec, g, ctx, &want).ok());
+        absl::Status st = cuda::DgcMomentumOnDevice(*gpu, 0.9f, dg.data(), du.data(),
+                                                    dv.data(), d, ctx, &got);
+        INFO(st.ToString());
+        REQUIRE(st.ok());
+        CHECK(FirstByteDiff(got, want) == -1);
+        CHECK(FirstDiff(Download(du), std::vector<float>(cpu.velocity().begin(),
+                                                         cpu.velocity().end())) == -1);
+        CHECK(FirstDiff(Download(dv), std::vector<float>(cpu.accumulation().begin(),
+                                                         cpu.accumulation().end())) == -1);
+      }
+      // A refused encode (NaN gradient) leaves u and v as they were.
+      const std::vector<float> u = Download(du), v = Download(dv);
+      std::vector<float> g = RandomGradient(d, 5);
+      g[d / 2] = std::nanf("");
+      DeviceArray dg = Upload(g);
+      std::string p = "junk";
+      CHECK_FALSE(cuda::DgcMomentumOnDevice(*gpu, 0.9f, dg.data(), du.data(), dv.data(), d,
+                                            CodecContext{1}, &p)
+                      .ok());
+      CHECK(p.empty());
+      CHECK(FirstDiff(Download(du), u) == -1);
+      CHECK(FirstDiff(Download(dv), v) == -1);
+    }
+  }
+}
+
+TEST_CASE("DeviceCrc32c equals Crc32c") {
+  REQUIRE(cuda::DeviceAvailable());
+  const size_t kMax = (40u << 20) + 64;
+  std::vector<unsigned char> bytes(kMax);
+  uint64_t state = 88172645463325252ull;
+  for (auto& b : bytes) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    b = static_cast<unsigned char>(state);
+  }
+  void* dev = nullptr;
+  absl::StatusOr<DeviceArray> buf = DeviceArray::Create(kMax / 4);
+  REQUIRE(buf.ok());
+  REQUIRE(buf->CopyFromHost(reinterpret_cast<const float*>(bytes.data()), kMax / 4).ok());
+  dev = buf->data();
+  const size_t sizes[] = {0,     1,     3,          4,          7,           1023,
+                          1024,  1025,  4096 * 3 + 7, 65536,    (1u << 20) + 5,
+                          16u << 20, (16u << 20) + 1, (40u << 20) + 3};
+  for (size_t size : sizes) {
+    for (size_t offset : {size_t{0}, size_t{1}, size_t{4}}) {
+      if (offset + size > kMax) continue;
+      INFO("size " << size << " offset " << offset);
+      absl::StatusOr<uint32_t> got =
+          cuda::DeviceCrc32c(static_cast<const char*>(dev) + offset, size);
+      INFO(got.status().ToString());
+      REQUIRE(got.ok());
+      CHECK(*got == Crc32c(bytes.data() + offset, size));
+    }
+  }
+  // Host memory is refused rather than faulting.
+  CHECK(cuda::DeviceCrc32c(bytes.data(), 100).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+std::shared_ptr<CodecBackend> CudaBackend() {
+  absl::StatusOr<std::shared_ptr<CodecBackend>> b = cuda::NewCudaCodecBackend();
+  INFO(b.status().ToString());
+  REQUIRE(b.ok());
+  return *b;
+}
+
+// The tensor a layer of the quickstart MLP pushes: 784 x 256.
+constexpr size_t kLayer = 784 * 256;
+
+TEST_CASE("CUDA backend push streams equal the host backend's") {
+  REQUIRE(cuda::DeviceAvailable());
+  auto host = NewHostCodecBackend();
+  auto gpu = CudaBackend();
+  REQUIRE(gpu->memory() == MemoryKind::kDevice);
+  REQUIRE(gpu->name() == "cuda");
+  // Deterministic codecs, with error feedback (topk, threshold, unscaled
+  // randomk, powersgd), DGC (momentum) and none (fp16, signum).
+  for (const std::string text :
+       {"topk:ratio=0.01", "fp16", "signum", "threshold:tau=0.5",
+        "randomk:ratio=0.1,scale=0", "powersgd:rank=2,cols=256", "powersgd:rank=2",
+        "threshold:sample=0.5,ratio=0.1,momentum=0.9"}) {
+    for (size_t d : {size_t{4099}, kLayer}) {
+      INFO(text << " d=" << d);
+      const CodecSpec spec = Spec(text);
+      auto hs = host->NewPushStream(spec, d);
+      auto gs = gpu->NewPushStream(spec, d);
+      REQUIRE(hs.ok());
+      INFO(gs.status().ToString());
+      REQUIRE(gs.ok());
+      for (int step = 0; step < 5; ++step) {
+        INFO("step " << step);
+        std::vector<float> g = RandomGradient(d, 3 * d + step);
+        DeviceArray dg = Upload(g);
+        CodecContext ctx{DeriveSeed("backend", 0, step, 0, 0)};
+        std::string want, got;
+        REQUIRE((*hs)->Encode(g.data(), d, ctx, &want).ok());
+        absl::Status st = (*gs)->Encode(dg.data(), d, ctx, &got);
+        INFO(st.ToString());
+        REQUIRE(st.ok());
+        REQUIRE(FirstByteDiff(got, want) == -1);
+        if (spec.id == CodecId::kPowerSgd && spec.cols > 0 && d == kLayer) {
+          absl::StatusOr<PayloadHeader> h = PeekPayloadHeader(got);
+          REQUIRE(h.ok());
+          CHECK(h->param1 == 784);  // m = d / cols: the layer's own shape
+        }
+      }
+      std::string p;
+      CHECK((*gs)->Encode(nullptr, d + 1, CodecContext{1}, &p).code() ==
+            absl::StatusCode::kInvalidArgument);
+    }
+  }
+  // efsign's scale is a parallel double sum (within an ulp of the CPU's), so
+  // with error feedback the streams drift apart by roundings: the first
+  // payload's mask is exact, the decodes stay close.
+  for (size_t d : {size_t{4099}, kLayer}) {
+    INFO("efsign d=" << d);
+    auto hs = host->NewPushStream(Spec("efsign"), d);
+    auto gs = gpu->NewPushStream(Spec("efsign"), d);
+    REQUIRE(hs.ok());
+    REQUIRE(gs.ok());
+    auto cpu = CpuCodec("efsign");
+    for (int step = 0; step < 5; ++step) {
+      std::vector<float> g = RandomGradient(d, 5 * d + step);
+      DeviceArray dg = Upload(g);
+      std::string want, got;
+      REQUIRE((*hs)->Encode(g.data(), d, CodecContext{1}, &want).ok());
+      REQUIRE((*gs)->Encode(dg.data(), d, CodecContext{1}, &got).ok());
+      REQUIRE(got.size() == want.size());
+      if (step == 0) CHECK(got.compare(28, std::string::npos, want, 28, std::string::npos) == 0);
+      std::vector<float> a = CpuDecode(*cpu, got, d), b = CpuDecode(*cpu, want, d);
+      size_t differ = 0;
+      for (size_t i = 0; i < d; ++i) differ += a[i] != b[i] && std::fabs(a[i] - b[i]) > 1e-5f * std::fabs(b[i]);
+      CHECK(differ <= d / 1000);
+    }
+  }
+}
+
+TEST_CASE("CUDA backend pull mirror equals the host mirror") {
+  REQUIRE(cuda::DeviceAvailable());
+  auto host = NewHostCodecBackend();
+  auto gpu = CudaBackend();
+  for (const std::string text : {"topk:ratio=0.01", "fp16", "powersgd:rank=2,cols=256",
+                                 "randomk:ratio=0.1", "qsgd:levels=16,bucket=512"}) {
+    const size_t d = kLayer;
+    INFO(text);
+    const CodecSpec spec = Spec(text);
+    auto hm = host->NewPullMirror(spec, d);
+    auto gm = gpu->NewPullMirror(spec, d);
+    REQUIRE(hm.ok());
+    REQUIRE(gm.ok());
+    REQUIRE((*gm)->empty());
+    std::vector<float> host_out(d);
+    DeviceArray out = Upload(std::vector<float>(d, -3.0f));
+    std::string p;
+    auto cpu = CpuCodec(text);
+    REQUIRE(cpu->Encode(RandomGradient(d, 1), CodecContext{1}, &p).ok());
+    CHECK((*gm)->AddCompressed(p, out.data()).code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(FirstDiff(Download(out), std::vector<float>(d, -3.0f)) == -1);
+    // The dense reply in two pieces, as gRPC slices arrive.
+    std::vector<float> initial = RandomGradient(d, 2);
+    absl::string_view bytes(reinterpret_cast<const char*>(initial.data()), 4 * d);
+    PayloadView dense;
+    dense.Append(bytes.substr(0, 1001));
+    dense.Append(bytes.substr(1001));
+    PayloadView short_reply(bytes.substr(0, 4 * d - 4));
+    CHECK((*gm)->SetDense(short_reply, out.data()).code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE((*hm)->SetDense(dense, host_out.data()).ok());
+    REQUIRE((*gm)->SetDense(dense, out.data()).ok());
+    REQUIRE_FALSE((*gm)->empty());
+    CHECK(FirstDiff(Download(out), initial) == -1);
+    for (int step = 0; step < 5; ++step) {
+      INFO("step " << step);
+      REQUIRE(cpu->Encode(RandomGradient(d, 10 + step), CodecContext{uint64_t(step)}, &p).ok());
+      REQUIRE((*hm)->AddCompressed(p, host_out.data()).ok());
+      absl::Status st = (*gm)->AddCompressed(p, out.data());
+      INFO(st.ToString());
+      REQUIRE(st.ok());
+      CHECK(FirstDiff(Download(out), host_out) == -1);
+    }
+    // A refused reply writes neither the mirror nor out.
+    DeviceArray sentinel = Upload(std::vector<float>(d, 9.0f));
+    CHECK_FALSE((*gm)->AddCompressed(p.substr(0, p.size() - 1), sentinel.data()).ok());
+    CHECK(FirstDiff(Download(sentinel), std::vector<float>(d, 9.0f)) == -1);
+    REQUIRE(cpu->Encode(RandomGradient(d, 99), CodecContext{99}, &p).ok());
+    REQUIRE((*hm)->AddCompressed(p, host_out.data()).ok());
+    REQUIRE((*gm)->AddCompressed(p, out.data()).ok());
+    CHECK(FirstDiff(Download(out), host_out) == -1);
+  }
+}
+
+TEST_CASE("CUDA backend staging copies and CRC") {
+  REQUIRE(cuda::DeviceAvailable());
+  auto gpu = CudaBackend();
+  const size_t d = 100003;
+  std::vector<float> v = RandomGradient(d, 4);
+  DeviceArray dv = Upload(std::vector<float>(d, 0.0f));
+  absl::string_view bytes(reinterpret_cast<const char*>(v.data()), 4 * d);
+  PayloadView pieces;
+  pieces.Append(bytes.substr(0, 6));
+  pieces.Append(bytes.substr(6, 4000));
+  pieces.Append(bytes.substr(4006));
+  REQUIRE(gpu->CopyFromHost(pieces, dv.data()).ok());
+  std::vector<float> back(d, 0.0f);
+  REQUIRE(gpu->CopyToHost(dv.data(), d, back.data()).ok());
+  CHECK(FirstDiff(back, v) == -1);
+  absl::StatusOr<uint32_t> crc = gpu->Crc32c(dv.data(), 4 * d);
+  REQUIRE(crc.ok());
+  CHECK(*crc == Crc32c(v.data(), 4 * d));
+  absl::StatusOr<uint32_t> host_crc = NewHostCodecBackend()->Crc32c(v.data(), 4 * d);
+  REQUIRE(host_crc.ok());
+  CHECK(*crc == *host_crc);
 }
 
 }  // namespace

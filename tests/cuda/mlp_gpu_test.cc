@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "cuda/device_codec.h"
+#include "cuda/device_memory.h"
 #include "worker/workload/cuda/device_mlp.h"
 #include "worker/workload/cuda/device_mlp_model.h"
 #include "worker/workload/fashion_mnist.h"
@@ -331,6 +332,146 @@ TEST_CASE("device MLP refusals") {
           absl::StatusCode::kInvalidArgument);
   REQUIRE(device.Evaluate(Dataset{}).status().code() ==
           absl::StatusCode::kInvalidArgument);
+}
+
+std::vector<float> DownloadFloats(const float* device, size_t n) {
+  std::vector<float> host(n);
+  absl::StatusOr<cuda::DeviceArray> staging = cuda::DeviceArray::Create(n);
+  REQUIRE(staging.ok());
+  REQUIRE(cuda::CopyDeviceToDevice(staging->data(), device, 4 * n).ok());
+  REQUIRE(staging->CopyToHost(host.data(), n).ok());
+  return host;
+}
+
+void UploadFloats(const std::vector<float>& host, float* device) {
+  absl::StatusOr<cuda::DeviceArray> staging = cuda::DeviceArray::Create(host.size());
+  REQUIRE(staging.ok());
+  REQUIRE(staging->CopyFromHost(host.data(), host.size()).ok());
+  REQUIRE(cuda::CopyDeviceToDevice(device, staging->data(), 4 * host.size()).ok());
+}
+
+TEST_CASE("DeviceMlpModel's device-resident interface matches its host interface") {
+  REQUIRE(cuda::DeviceAvailable());
+  MlpOptions options;
+  options.seed = 5;
+  auto host_or = DeviceMlpModel::Create(options);
+  auto resident_or = DeviceMlpModel::Create(options);
+  auto cpu_or = Mlp::Create(options);
+  REQUIRE(host_or.ok());
+  REQUIRE(resident_or.ok());
+  REQUIRE(cpu_or.ok());
+  workload::Model& host = **host_or;
+  workload::Model& cpu = *cpu_or;
+  REQUIRE(host.device() != nullptr);
+  workload::DeviceResidentModel& dev = *(*resident_or)->device();
+  using Buffer = workload::DeviceResidentModel::Buffer;
+  const size_t tensors = cpu.params().size();
+
+  // kParams starts as the initial parameters; kGrads is defined (zero).
+  for (size_t t = 0; t < tensors; ++t) {
+    INFO("tensor " << t);
+    auto params = dev.buffer(t, Buffer::kParams);
+    auto grads = dev.buffer(t, Buffer::kGrads);
+    REQUIRE(params.ok());
+    REQUIRE(grads.ok());
+    const size_t n = cpu.params()[t].values.size();
+    REQUIRE(DownloadFloats(*params, n) == cpu.params()[t].values);
+    REQUIRE(DownloadFloats(*grads, n) == std::vector<float>(n, 0.0f));
+    // The same buffer every time (the trainer registers these pointers).
+    REQUIRE(*dev.buffer(t, Buffer::kParams) == *params);
+  }
+  REQUIRE(dev.buffer(tensors, Buffer::kParams).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+
+  const Dataset data = MakeData(700, 784, 10, 23);
+  Gradients host_grads = host.ZeroGradients(), cpu_grads = cpu.ZeroGradients();
+  for (int step = 0; step < 4; ++step) {
+    INFO("step " << step);
+    const int offset = step * 100;
+    auto host_loss = host.ComputeGradients(data.image(offset), data.labels.data() + offset,
+                                           100, &host_grads);
+    auto dev_loss = dev.ComputeGradients(data.image(offset), data.labels.data() + offset, 100);
+    auto cpu_loss = cpu.ComputeGradients(data.image(offset), data.labels.data() + offset,
+                                         100, &cpu_grads);
+    REQUIRE(host_loss.ok());
+    INFO(dev_loss.status().ToString());
+    REQUIRE(dev_loss.ok());
+    REQUIRE(cpu_loss.ok());
+    // Step 0: same device, same parameters, same kernels, so the two
+    // interfaces agree exactly. Later the host interface's parameters come
+    // from the CPU's SGD (OpenBLAS saxpy, maybe FMA), the device's from the
+    // SGD kernel, so they agree within rounding. Both stay within kRel of
+    // the CPU.
+    const bool exact = step == 0;
+    if (exact) REQUIRE(*dev_loss == *host_loss);
+    RequireLossClose(*dev_loss, *host_loss);
+    RequireLossClose(*dev_loss, *cpu_loss);
+    Gradients dev_grads(tensors);
+    for (size_t t = 0; t < tensors; ++t) {
+      dev_grads[t] = DownloadFloats(*dev.buffer(t, Buffer::kGrads), host_grads[t].size());
+      INFO("tensor " << t);
+      if (exact) REQUIRE(dev_grads[t] == host_grads[t]);
+      REQUIRE(MaxRelDiff(dev_grads[t], host_grads[t]) <= kRel);
+    }
+    RequireClose(dev_grads, cpu_grads, cpu.params(), "device-resident gradients");
+    // Local SGD on the device; the host interface and the CPU step on the host.
+    REQUIRE(dev.SgdStep(0.1f).ok());
+    REQUIRE(host.SgdStep(host_grads, 0.1f).ok());
+    REQUIRE(cpu.SgdStep(cpu_grads, 0.1f).ok());
+  }
+  std::vector<ParamTensor> dev_params = cpu.params();
+  for (size_t t = 0; t < tensors; ++t) {
+    dev_params[t].values =
+        DownloadFloats(*dev.buffer(t, Buffer::kParams), dev_params[t].values.size());
+    INFO("tensor " << t);
+    REQUIRE(MaxRelDiff(dev_params[t].values, host.params()[t].values) <= 1e-6);
+  }
+  RequireParamsClose(dev_params, cpu.params(), "after 4 device-resident SGD steps");
+
+  // Evaluate with the device parameters equals the host interface's.
+  auto dev_acc = dev.Evaluate(data);
+  auto host_acc = host.Evaluate(data);
+  REQUIRE(dev_acc.ok());
+  REQUIRE(host_acc.ok());
+  REQUIRE(std::fabs(*dev_acc - *host_acc) <= 3.0 / data.num_examples);
+
+  // A pull written straight into kParams is what the next step uses.
+  for (size_t t = 0; t < tensors; ++t) {
+    UploadFloats(cpu.params()[t].values, *dev.buffer(t, Buffer::kParams));
+    host.params()[t].values = cpu.params()[t].values;
+  }
+  auto host_loss = host.ComputeGradients(data.image(500), data.labels.data() + 500, 50,
+                                         &host_grads);
+  auto dev_loss = dev.ComputeGradients(data.image(500), data.labels.data() + 500, 50);
+  REQUIRE(host_loss.ok());
+  REQUIRE(dev_loss.ok());
+  REQUIRE(*dev_loss == *host_loss);
+
+  // kMomentum and kScratch: zeroed on first use, stable afterwards; Axpby
+  // is fl(fl(a x) + fl(b y)), and y = a x when b = 0 even over NaN.
+  const size_t n = cpu.params()[0].values.size();
+  auto mom = dev.buffer(0, Buffer::kMomentum);
+  auto scratch = dev.buffer(0, Buffer::kScratch);
+  REQUIRE(mom.ok());
+  REQUIRE(scratch.ok());
+  REQUIRE(*mom != *scratch);
+  REQUIRE(DownloadFloats(*mom, n) == std::vector<float>(n, 0.0f));
+  REQUIRE(*dev.buffer(0, Buffer::kMomentum) == *mom);
+  std::vector<float> x = cpu.params()[0].values, y(n);
+  for (size_t i = 0; i < n; ++i) y[i] = 0.001f * static_cast<float>(i % 97) - 0.03f;
+  UploadFloats(x, *scratch);
+  UploadFloats(y, *mom);
+  REQUIRE(dev.Axpby(0.5f, *scratch, 0.9f, *mom, n).ok());
+  std::vector<float> want(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float ax = 0.5f * x[i], by = 0.9f * y[i];
+    want[i] = ax + by;
+  }
+  REQUIRE(DownloadFloats(*mom, n) == want);
+  UploadFloats(std::vector<float>(n, std::nanf("")), *mom);
+  REQUIRE(dev.Axpby(2.0f, *scratch, 0.0f, *mom, n).ok());
+  for (size_t i = 0; i < n; ++i) want[i] = 2.0f * x[i];
+  REQUIRE(DownloadFloats(*mom, n) == want);
 }
 
 }  // namespace
