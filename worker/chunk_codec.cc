@@ -1,50 +1,68 @@
 #include "worker/chunk_codec.h"
 
-#include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/codec/error_feedback.h"
+#include "common/codec/host_codec_backend.h"
 #include "common/crc32c.h"
 
 namespace harrier {
 
-// Compression state of one chunk: its codec (PowerSGD keeps a warm start in
-// it) and at most one of a residual or DGC's u/v.
+// Where a tensor's buffers live, and the backend that compresses them.
+struct ChunkCodec::TensorState {
+  MemoryKind memory = MemoryKind::kHost;
+  std::shared_ptr<CodecBackend> backend;
+};
+
+// Compression state of one chunk: its push stream (codec, residual or DGC's
+// u/v, in the backend's memory) and the spec it was made with.
 struct ChunkCodec::PushState {
   absl::Mutex mutex;
-  std::unique_ptr<Codec> codec ABSL_GUARDED_BY(mutex);
-  std::unique_ptr<ErrorFeedback> error_feedback ABSL_GUARDED_BY(mutex);
-  std::unique_ptr<DgcMomentumCorrection> momentum ABSL_GUARDED_BY(mutex);
+  std::unique_ptr<PushStream> stream ABSL_GUARDED_BY(mutex);
 };
 
 // The parameters of one chunk as rebuilt from compressed pull replies.
 struct ChunkCodec::Mirror {
   absl::Mutex mutex;
-  std::vector<float> values ABSL_GUARDED_BY(mutex);  // empty until the first (dense) reply
-  uint64_t version ABSL_GUARDED_BY(mutex) = 0;       // the shard's view version of `values`
+  std::unique_ptr<PullMirror> mirror ABSL_GUARDED_BY(mutex);  // empty until a dense reply
+  uint64_t version ABSL_GUARDED_BY(mutex) = 0;  // the shard's view version of the mirror
 };
 
-absl::StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const std::string& push_codec,
-                                                               const std::string& pull_codec,
-                                                               size_t compress_min_bytes) {
+absl::StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(
+    const std::string& push_codec, const std::string& pull_codec, size_t compress_min_bytes,
+    std::shared_ptr<CodecBackend> host_backend, std::shared_ptr<CodecBackend> device_backend) {
   auto push_spec = CodecSpec::Parse(push_codec);
   if (!push_spec.ok()) return push_spec.status();
   auto pull_spec = CodecSpec::Parse(pull_codec);
   if (!pull_spec.ok()) return pull_spec.status();
-  auto pull_decoder = CreateCodec(*pull_spec);
-  if (!pull_decoder.ok()) return pull_decoder.status();
-  return std::unique_ptr<ChunkCodec>(
-      new ChunkCodec(*push_spec, *pull_spec, std::move(*pull_decoder), compress_min_bytes));
+  // Refused specs fail here, not at the first registration.
+  if (auto codec = CreateCodec(*push_spec); !codec.ok()) return codec.status();
+  if (auto codec = CreateCodec(*pull_spec); !codec.ok()) return codec.status();
+  if (host_backend == nullptr) host_backend = NewHostCodecBackend();
+  if (host_backend->memory() != MemoryKind::kHost) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host codec backend '", host_backend->name(), "' works on device memory"));
+  }
+  if (device_backend != nullptr && device_backend->memory() != MemoryKind::kDevice) {
+    return absl::InvalidArgumentError(absl::StrCat("device codec backend '",
+                                                   device_backend->name(),
+                                                   "' works on host memory"));
+  }
+  return std::unique_ptr<ChunkCodec>(new ChunkCodec(*push_spec, *pull_spec, compress_min_bytes,
+                                                    std::move(host_backend),
+                                                    std::move(device_backend)));
 }
 
-ChunkCodec::ChunkCodec(CodecSpec push_spec, CodecSpec pull_spec,
-                       std::unique_ptr<Codec> pull_decoder, size_t compress_min_bytes)
+ChunkCodec::ChunkCodec(CodecSpec push_spec, CodecSpec pull_spec, size_t compress_min_bytes,
+                       std::shared_ptr<CodecBackend> host_backend,
+                       std::shared_ptr<CodecBackend> device_backend)
     : push_spec_(push_spec),
       pull_spec_(pull_spec),
       pull_params_(pull_spec.ToString()),
-      pull_decoder_(std::move(pull_decoder)),
-      compress_min_bytes_(compress_min_bytes) {
+      compress_min_bytes_(compress_min_bytes),
+      host_backend_(std::move(host_backend)),
+      device_backend_(std::move(device_backend)) {
   // Momentum correction happens on the worker only; the payload is a plain
   // threshold payload, so the shard (and a BSP round, which needs one codec
   // from every worker) is told the spec without it.
@@ -55,33 +73,83 @@ ChunkCodec::ChunkCodec(CodecSpec push_spec, CodecSpec pull_spec,
 
 ChunkCodec::~ChunkCodec() = default;
 
+bool ChunkCodec::Supports(MemoryKind memory) const {
+  return memory == MemoryKind::kHost || device_backend_ != nullptr;
+}
+
+bool ChunkCodec::ChunkPushSpec(const TensorInfo& info, const ChunkSpan& span,
+                               CodecSpec* spec) const {
+  if (push_spec_.id == CodecId::kNone) return false;
+  *spec = push_spec_;
+  if (push_spec_.id != CodecId::kPowerSgd || push_spec_.cols != 0) return true;
+  // PowerSGD on the layer's matrix: rows of d1*d2*... elements.
+  if (info.shape.size() <= 1) return false;  // a bias, say: no matrix to factor
+  uint64_t row = 1;
+  for (size_t i = 1; i < info.shape.size(); ++i) row *= static_cast<uint64_t>(info.shape[i]);
+  if (row == 0) return false;
+  if (span.offset % row == 0 && span.num_elements % row == 0) {
+    spec->cols = row;
+  } else {
+    // The chunk cuts a row: its matrix would not be the layer's. A column
+    // count that does not divide the chunk makes the codec send its
+    // uncompressed form (powersgd_codec.cc).
+    spec->cols = static_cast<uint64_t>(span.num_elements) + 1;
+  }
+  return true;
+}
+
 absl::Status ChunkCodec::AddTensor(const TensorInfo& info) {
+  std::shared_ptr<CodecBackend> backend =
+      info.memory == MemoryKind::kDevice ? device_backend_ : host_backend_;
+  if (backend == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", info.name,
+                     "' lives in device memory but the client has no device codec backend "
+                     "(ClientOptions::device_backend)"));
+  }
+  auto tensor = std::make_shared<TensorState>();
+  tensor->memory = info.memory;
+  tensor->backend = backend;
   std::vector<std::pair<ChunkKey, std::shared_ptr<PushState>>> push;
-  std::vector<ChunkKey> mirrored;
+  std::vector<std::pair<ChunkKey, std::shared_ptr<Mirror>>> mirrored;
   for (const ShardGroup& group : info.groups) {
     for (const ChunkSpan& span : group.spans) {
       if (span.num_elements * sizeof(float) < compress_min_bytes_) continue;
       ChunkKey key{info.name, span.chunk};
-      if (pull_spec_.id != CodecId::kNone) mirrored.push_back(key);
-      if (push_spec_.id == CodecId::kNone) continue;
-      auto codec = CreateCodec(push_spec_);
-      if (!codec.ok()) return codec.status();
+      if (pull_spec_.id != CodecId::kNone) {
+        auto mirror = backend->NewPullMirror(pull_spec_, span.num_elements);
+        if (!mirror.ok()) return mirror.status();
+        auto state = std::make_shared<Mirror>();
+        absl::MutexLock lock(&state->mutex);
+        state->mirror = std::move(*mirror);
+        mirrored.emplace_back(key, std::move(state));
+      }
+      CodecSpec spec;
+      if (!ChunkPushSpec(info, span, &spec)) continue;
+      auto stream = backend->NewPushStream(spec, span.num_elements);
+      if (!stream.ok()) return stream.status();
       auto state = std::make_shared<PushState>();
       absl::MutexLock lock(&state->mutex);
-      state->codec = std::move(*codec);
-      if (push_spec_.momentum > 0.0) {
-        state->momentum = std::make_unique<DgcMomentumCorrection>(
-            span.num_elements, static_cast<float>(push_spec_.momentum));
-      } else if (NeedsErrorFeedback(push_spec_)) {
-        state->error_feedback = std::make_unique<ErrorFeedback>(span.num_elements);
-      }
+      state->stream = std::move(*stream);
       push.emplace_back(std::move(key), std::move(state));
     }
   }
   absl::MutexLock lock(&mutex_);
+  // A re-registration starts over: chunks that now travel dense (another
+  // shape) must not keep an old stream.
+  absl::erase_if(push_, [&](const auto& entry) { return entry.first.name == info.name; });
+  absl::erase_if(mirrors_, [&](const auto& entry) { return entry.first.name == info.name; });
   for (auto& entry : push) push_[entry.first] = std::move(entry.second);
-  for (ChunkKey& key : mirrored) mirrors_[std::move(key)] = std::make_shared<Mirror>();
+  for (auto& entry : mirrored) mirrors_[entry.first] = std::move(entry.second);
+  tensors_[info.name] = std::move(tensor);
   return absl::OkStatus();
+}
+
+std::shared_ptr<const ChunkCodec::TensorState> ChunkCodec::TensorStateFor(
+    const std::string& name) const {
+  absl::ReaderMutexLock lock(&mutex_);
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<ChunkCodec::PushState> ChunkCodec::PushStateFor(const ChunkKey& key) const {
@@ -105,39 +173,60 @@ uint64_t ChunkCodec::ViewVersion(const ChunkKey& key) const {
   std::shared_ptr<Mirror> mirror = MirrorFor(key);
   if (mirror == nullptr) return 0;
   absl::MutexLock lock(&mirror->mutex);
-  return mirror->values.empty() ? 0 : mirror->version;
+  return mirror->mirror->empty() ? 0 : mirror->version;
 }
 
 absl::Status ChunkCodec::EncodePush(const ChunkKey& key, absl::Span<const float> values,
-                                    int64_t clock, uint32_t rank, OutgoingChunk* out) {
+                                    int64_t clock, uint32_t rank, OutgoingChunk* out,
+                                    bool transport_sends_from_device) {
   proto::TensorChunk& header = out->header;
+  std::shared_ptr<const TensorState> tensor = TensorStateFor(key.name);
+  if (tensor == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tensor '", key.name, "' is not registered"));
+  }
+  auto fail = [&](const absl::Status& status) {
+    return absl::Status(status.code(), absl::StrCat("tensor '", key.name, "' chunk ", key.chunk,
+                                                    ": ", status.message()));
+  };
   const std::string& pull_params = PullParams(key);
   if (!pull_params.empty()) header.set_pull_codec_params(pull_params);
   std::shared_ptr<PushState> state = PushStateFor(key);
+  const size_t bytes = values.size() * sizeof(float);
+  out->borrowed_memory = MemoryKind::kHost;
   if (state == nullptr) {
     header.set_codec(0);
     header.clear_codec_params();
-    // Not copied: the transport sends straight from the caller's gradient.
-    out->borrowed = absl::string_view(reinterpret_cast<const char*>(values.data()),
-                                      values.size() * sizeof(float));
-    out->is_borrowed = true;
+    if (tensor->memory == MemoryKind::kHost ||
+        (tensor->memory == MemoryKind::kDevice && transport_sends_from_device)) {
+      // Not copied: the transport sends straight from the caller's gradient.
+      out->borrowed = absl::string_view(reinterpret_cast<const char*>(values.data()), bytes);
+      out->is_borrowed = true;
+      out->borrowed_memory = tensor->memory;
+      if (tensor->memory == MemoryKind::kDevice) {
+        auto crc = tensor->backend->Crc32c(values.data(), bytes);
+        if (!crc.ok()) return fail(crc.status());
+        header.set_checksum(*crc);
+        return absl::OkStatus();
+      }
+    } else {
+      // Staged: the transport reads host memory only.
+      out->is_borrowed = false;
+      out->owned.resize(bytes);
+      if (auto status = tensor->backend->CopyToHost(values.data(), values.size(),
+                                                    reinterpret_cast<float*>(out->owned.data()));
+          !status.ok()) {
+        out->owned.clear();
+        return fail(status);
+      }
+      staged_bytes_ += bytes;
+    }
   } else {
     absl::MutexLock lock(&state->mutex);
     CodecContext context;
     context.seed = DeriveSeed(key.name, key.chunk, clock, rank, push_spec_.seed);
-    absl::Status status;
-    if (state->momentum != nullptr) {
-      status = state->momentum->Compress(*state->codec, values, context, &out->owned);
-    } else if (state->error_feedback != nullptr) {
-      status = state->error_feedback->Compress(*state->codec, values, context, &out->owned);
-    } else {
-      status = state->codec->Encode(values, context, &out->owned);
-    }
+    absl::Status status = state->stream->Encode(values.data(), values.size(), context, &out->owned);
     out->is_borrowed = false;
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("tensor '", key.name, "' chunk ", key.chunk,
-                                                      ": ", status.message()));
-    }
+    if (!status.ok()) return fail(status);
     header.set_codec(static_cast<uint32_t>(push_spec_.id));
     header.set_codec_params(push_params_);
   }
@@ -159,6 +248,10 @@ absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const Ch
     return absl::DataLossError(absl::StrCat("reply for '", reply.key(), "' chunk ", reply.chunk(),
                                             " does not match the request for '", name, "'"));
   }
+  std::shared_ptr<const TensorState> state = TensorStateFor(name);
+  if (state == nullptr) {
+    return absl::DataLossError(absl::StrCat("reply for '", name, "', which is not registered"));
+  }
   // Checked before anything is written, so a corrupt reply leaves the
   // tensor as it was; then one copy, straight from the received slices.
   uint32_t crc = 0;
@@ -172,11 +265,19 @@ absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const Ch
   std::shared_ptr<Mirror> mirror = MirrorFor(ChunkKey{name, span->chunk});
   float* out = tensor + span->offset;
   if (!compressed) {
-    payload.CopyTo(out);
+    absl::Status status;
     if (mirror != nullptr) {
       absl::MutexLock lock(&mirror->mutex);
-      mirror->values.assign(out, out + span->num_elements);
-      mirror->version = reply.view_version();
+      status = mirror->mirror->SetDense(payload, out);
+      if (status.ok()) mirror->version = reply.view_version();
+    } else if (state->memory == MemoryKind::kHost) {
+      payload.CopyTo(out);
+    } else {
+      status = state->backend->CopyFromHost(payload, out);
+    }
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("'", name, "' chunk ", reply.chunk(), ": ",
+                                                      status.message()));
     }
     return absl::OkStatus();
   }
@@ -207,7 +308,7 @@ absl::Status ChunkCodec::DecodeIntoMirror(const std::string& name, const ChunkSp
     bytes = joined;
   }
   absl::MutexLock lock(&mirror.mutex);
-  if (mirror.values.size() != span.num_elements) {
+  if (mirror.mirror->empty()) {
     return absl::DataLossError(absl::StrCat("compressed reply for '", name, "' chunk ",
                                             reply.chunk(), " before its first dense one"));
   }
@@ -221,13 +322,12 @@ absl::Status ChunkCodec::DecodeIntoMirror(const std::string& name, const ChunkSp
         reply.pull_view_version(), ", this client holds ", mirror.version,
         " (one chunk pulled twice at once?)"));
   }
-  if (auto status = pull_decoder_->DecodeAdd(bytes, 1.0f, absl::MakeSpan(mirror.values));
-      !status.ok()) {
+  if (auto status = mirror.mirror->AddCompressed(bytes, out); !status.ok()) {
     return absl::DataLossError(
         absl::StrCat("'", name, "' chunk ", reply.chunk(), ": ", status.message()));
   }
   mirror.version = reply.view_version();
-  std::memcpy(out, mirror.values.data(), span.num_elements * sizeof(float));
+  (void)span;
   return absl::OkStatus();
 }
 

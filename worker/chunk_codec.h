@@ -2,11 +2,25 @@
 #define HARRIER_WORKER_CHUNK_CODEC_H_
 
 // What the client does to the bytes of each tensor chunk: the push side
-// encodes gradients with the push codec, keeping per-chunk error feedback
-// (or DGC momentum correction) between pushes; the pull side checks every
-// reply chunk and rebuilds compressed pull replies in a per-chunk mirror of
-// the parameters. Chunks below compress_min_bytes travel dense.
+// encodes gradients with the push codec through a per-chunk PushStream
+// (which keeps error feedback or DGC momentum correction between pushes);
+// the pull side checks every reply chunk and rebuilds compressed pull
+// replies in a per-chunk PullMirror. Both come from the codec backend of
+// the tensor's memory (common/codec/codec_backend.h): the host backend for
+// host tensors, the device backend for device tensors, so a device
+// tensor's values are compressed where they live and only payloads cross
+// to the host. Chunks below compress_min_bytes travel dense.
+//
+// PowerSGD factors each chunk as a matrix of the layer's own shape: with
+// the user's cols = 0, a chunk of a tensor of shape [d0, d1, ...] is a
+// (rows x d1*d2*...) matrix. A 1-D tensor has no such matrix and travels
+// dense. A chunk that does not hold whole rows (the chunk boundary cuts a
+// row: chunk_bytes not a multiple of the row's bytes) is sent in the
+// codec's uncompressed form; chunk_bytes a multiple of 4 * d1*d2*... avoids
+// it. The wire codec_params stay the user's spec (the shard reads the
+// matrix shape from each payload's header).
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/codec/codec.h"
+#include "common/codec/codec_backend.h"
 #include "common/payload_view.h"
 #include "proto/harrier.pb.h"
 #include "worker/tensor_table.h"
@@ -30,15 +45,22 @@ namespace harrier {
 class ChunkCodec {
  public:
   // `push_codec` and `pull_codec` are codec specs (common/codec/README.md);
-  // INVALID_ARGUMENT if either does not parse.
-  static absl::StatusOr<std::unique_ptr<ChunkCodec>> Create(const std::string& push_codec,
-                                                            const std::string& pull_codec,
-                                                            size_t compress_min_bytes);
+  // INVALID_ARGUMENT if either does not parse. `host_backend` compresses
+  // host tensors (null: NewHostCodecBackend()); `device_backend` device
+  // tensors (null: AddTensor of a device tensor is FAILED_PRECONDITION).
+  static absl::StatusOr<std::unique_ptr<ChunkCodec>> Create(
+      const std::string& push_codec, const std::string& pull_codec, size_t compress_min_bytes,
+      std::shared_ptr<CodecBackend> host_backend = nullptr,
+      std::shared_ptr<CodecBackend> device_backend = nullptr);
   ~ChunkCodec();
 
-  // (Re)creates the state of every chunk of `info`: fresh residuals and
-  // empty mirrors.
+  // (Re)creates the state of every chunk of `info` in the backend of
+  // info.memory: fresh push streams and empty mirrors. On error nothing
+  // changes.
   absl::Status AddTensor(const TensorInfo& info);
+
+  // Whether tensors in `memory` can be added (a backend for it exists).
+  bool Supports(MemoryKind memory) const;
 
   // The pull-codec parameters a pull of this chunk asks for; empty when the
   // chunk is pulled dense.
@@ -52,30 +74,45 @@ class ChunkCodec {
   uint64_t ViewVersion(const ChunkKey& key) const;
 
   // Fills the codec fields, payload and checksum of `out` for the chunk's
-  // `values` (its identity fields are the caller's). A dense payload
-  // borrows `values`, which must outlive the send. `clock` and `rank` seed
-  // random codecs (DeriveSeed), as the shard derives them.
+  // `values` (in the tensor's memory; its identity fields are the
+  // caller's). A dense chunk of a host tensor borrows `values`, which must
+  // outlive the send; one of a device tensor borrows them too when
+  // `transport_sends_from_device` (ShardTransport::SendsFromDeviceMemory),
+  // else it is staged into host memory. `clock` and `rank` seed random
+  // codecs (DeriveSeed), as the shard derives them.
   absl::Status EncodePush(const ChunkKey& key, absl::Span<const float> values, int64_t clock,
-                          uint32_t rank, OutgoingChunk* out);
+                          uint32_t rank, OutgoingChunk* out,
+                          bool transport_sends_from_device = false);
 
   // Checks one reply chunk (it must be one of `spans`, of the tensor
   // `name`, with a matching checksum) and writes its parameters to
-  // `tensor` (the whole tensor's buffer) at the chunk's offset; nothing is
-  // written on error (DATA_LOSS, without the shard's name).
+  // `tensor` (the whole tensor's buffer, in the tensor's memory) at the
+  // chunk's offset; nothing is written on error (DATA_LOSS, without the
+  // shard's name).
   absl::Status DecodePull(const std::string& name, absl::Span<const ChunkSpan> spans,
                           const proto::TensorChunk& reply, const PayloadView& payload,
                           float* tensor);
 
+  // Bytes of dense device chunks copied to host memory for a transport
+  // that cannot send from device memory.
+  uint64_t staged_bytes() const { return staged_bytes_; }
+
  private:
+  struct TensorState;
   struct PushState;
   struct Mirror;
 
-  ChunkCodec(CodecSpec push_spec, CodecSpec pull_spec, std::unique_ptr<Codec> pull_decoder,
-             size_t compress_min_bytes);
+  ChunkCodec(CodecSpec push_spec, CodecSpec pull_spec, size_t compress_min_bytes,
+             std::shared_ptr<CodecBackend> host_backend,
+             std::shared_ptr<CodecBackend> device_backend);
   // Shared, so a re-registration replacing an entry never frees state that
   // a push or pull in flight still uses.
+  std::shared_ptr<const TensorState> TensorStateFor(const std::string& name) const;
   std::shared_ptr<PushState> PushStateFor(const ChunkKey& key) const;
   std::shared_ptr<Mirror> MirrorFor(const ChunkKey& key) const;
+  // The push spec of one chunk of `info` (PowerSGD gets the layer's row
+  // length); nullopt-like false: the chunk is pushed dense.
+  bool ChunkPushSpec(const TensorInfo& info, const ChunkSpan& span, CodecSpec* spec) const;
   absl::Status DecodeIntoMirror(const std::string& name, const ChunkSpan& span,
                                 const proto::TensorChunk& reply, const PayloadView& payload,
                                 Mirror& mirror, float* tensor) const;
@@ -84,10 +121,14 @@ class ChunkCodec {
   std::string push_params_;  // as sent: push_spec_ without worker-only fields
   const CodecSpec pull_spec_;
   const std::string pull_params_;
-  const std::unique_ptr<Codec> pull_decoder_;  // Decode is const: shared by all chunks
   const size_t compress_min_bytes_;
+  const std::shared_ptr<CodecBackend> host_backend_;
+  const std::shared_ptr<CodecBackend> device_backend_;
+  std::atomic<uint64_t> staged_bytes_{0};
 
   mutable absl::Mutex mutex_;  // guards the maps; each entry has its own lock
+  absl::flat_hash_map<std::string, std::shared_ptr<const TensorState>> tensors_
+      ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<ChunkKey, std::shared_ptr<PushState>, absl::Hash<ChunkKey>> push_
       ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<ChunkKey, std::shared_ptr<Mirror>, absl::Hash<ChunkKey>> mirrors_

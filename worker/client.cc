@@ -339,7 +339,8 @@ absl::Status ExplainPlaintextFailure(const absl::Status& status, const ClientOpt
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   if (auto status = CheckOptions(options, true); !status.ok()) return status;
-  auto codec = ChunkCodec::Create(options.codec, options.pull_codec, options.compress_min_bytes);
+  auto codec = ChunkCodec::Create(options.codec, options.pull_codec, options.compress_min_bytes,
+                                 options.host_backend, options.device_backend);
   if (!codec.ok()) return codec.status();
   ChannelSecurity security;
   TlsFiles tls{options.tls_cert_file, options.tls_key_file, options.tls_ca_file};
@@ -386,7 +387,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
     return absl::InvalidArgumentError(
         "need a control client and one transport per server, for every server");
   }
-  auto codec = ChunkCodec::Create(options.codec, options.pull_codec, options.compress_min_bytes);
+  auto codec = ChunkCodec::Create(options.codec, options.pull_codec, options.compress_min_bytes,
+                                 options.host_backend, options.device_backend);
   if (!codec.ok()) return codec.status();
   auto impl =
       std::make_unique<Impl>(options, std::move(control), std::move(transports), std::move(*codec));
@@ -406,13 +408,27 @@ int64_t Client::clock() const { return impl_->clock_; }
 
 absl::Status Client::RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,
                                     absl::Span<const float> initial_values) {
+  return RegisterTensor(name, shape, initial_values, MemoryKind::kHost);
+}
+
+absl::Status Client::RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,
+                                    absl::Span<const float> initial_values, MemoryKind memory) {
   if (name.empty()) return absl::InvalidArgumentError("tensor name is empty");
+  // Before anything reaches the shards: a tensor the client cannot
+  // compress is not registered anywhere.
+  if (!impl_->codec_->Supports(memory)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", name, "' is registered in ", MemoryKindName(memory),
+                     " memory but ClientOptions.device_backend is not set (a --config=cuda "
+                     "build's cuda::NewCudaCodecBackend)"));
+  }
   for (int64_t dim : shape) {
     if (dim < 0) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': negative dimension"));
     }
   }
   TensorInfo info = impl_->tensors_.Plan(name, shape);
+  info.memory = memory;
   if (!initial_values.empty() && initial_values.size() != info.num_elements) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", initial_values.size(),
                                                    " initial values for ", info.num_elements,
@@ -547,6 +563,7 @@ ClientStats Client::stats() const {
   ClientStats stats;
   stats.bytes_pushed = impl_->calls_->bytes_pushed();
   stats.bytes_pulled = impl_->calls_->bytes_pulled();
+  stats.bytes_staged = impl_->calls_->bytes_staged();
   stats.pushes = impl_->pushes_;
   stats.pulls = impl_->pulls_;
   stats.push_wait = impl_->engine_.push_wait();

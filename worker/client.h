@@ -121,6 +121,9 @@ struct SyncInfo {
 struct ClientStats {
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
+  // Dense chunks of device tensors copied to host memory before a send (a
+  // transport that cannot send from device memory).
+  uint64_t bytes_staged = 0;
   uint64_t pushes = 0;
   uint64_t pulls = 0;
   absl::Duration push_wait;  // time spent in Wait() on push handles

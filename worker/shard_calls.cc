@@ -19,6 +19,9 @@ absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::st
                                                                    const float* gradient,
                                                                    int64_t clock) {
   std::vector<OutgoingChunk> chunks(group.spans.size());
+  // Device tensors' dense chunks go out from device memory where the
+  // transport can; ChunkCodec stages them otherwise.
+  const bool sends_from_device = transports_[group.shard]->SendsFromDeviceMemory();
   for (size_t i = 0; i < group.spans.size(); ++i) {
     const ChunkSpan& span = group.spans[i];
     proto::TensorChunk& header = chunks[i].header;
@@ -33,7 +36,7 @@ absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::st
     if (auto status =
             codec_.EncodePush(ChunkKey{name, span.chunk},
                               absl::MakeConstSpan(gradient + span.offset, span.num_elements), clock,
-                              config_.rank, &chunks[i]);
+                              config_.rank, &chunks[i], sends_from_device);
         !status.ok()) {
       return status;
     }

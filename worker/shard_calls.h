@@ -55,6 +55,8 @@ class ShardCalls {
   // carried.
   uint64_t bytes_pushed() const { return bytes_pushed_; }
   uint64_t bytes_pulled() const { return bytes_pulled_; }
+  // Dense device chunks copied to host memory before a send.
+  uint64_t bytes_staged() const { return codec_.staged_bytes(); }
   int64_t last_min_clock() const { return last_min_clock_; }
 
   // One past the last clock `shard` acknowledged for each chunk pushed
@@ -62,7 +64,8 @@ class ShardCalls {
   void AddAcknowledgedClocks(int shard, proto::HeartbeatRequest* request) const;
 
  private:
-  // Dense chunks borrow `gradient`: it must outlive the transport call.
+  // Dense chunks borrow `gradient` (a device tensor's only when the
+  // transport sends from device memory): it must outlive the transport call.
   absl::StatusOr<std::vector<OutgoingChunk>> BuildChunks(const std::string& name,
                                                          const ShardGroup& group,
                                                          const float* gradient, int64_t clock);

@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/codec/codec_backend.h"
 #include "common/partitioner.h"
 
 namespace harrier {
@@ -46,6 +47,9 @@ struct TensorInfo {
   std::vector<int64_t> shape;
   size_t num_elements = 0;
   std::vector<ShardGroup> groups;  // by shard index
+  // Where the caller's push and pull buffers of this tensor live
+  // (Client::RegisterTensor): picks the codec backend of its chunks.
+  MemoryKind memory = MemoryKind::kHost;
 };
 
 // Thread-safe. Entries are immutable once added: lookups share them, so an

@@ -23,24 +23,78 @@ absl::Status WaitAll(Client& client, const std::vector<Client::Handle>& handles)
   return first;
 }
 
-absl::Status PullAll(Client& client, workload::Model& model) {
-  std::vector<Client::Handle> handles;
+// Where the client reads and writes each tensor: the model's host
+// parameters, or, for a device-resident model, its device buffers (the
+// client then compresses on the device).
+struct TensorBuffers {
+  std::vector<std::string> names;
+  std::vector<absl::Span<float>> params;
+  std::vector<absl::Span<float>> grads;     // device models only
+  std::vector<absl::Span<float>> momentum;  // device models, signum only
+  std::vector<absl::Span<float>> scratch;   // device models, local SGD only
+};
+
+TensorBuffers HostBuffers(workload::Model& model) {
+  TensorBuffers buffers;
   for (auto& param : model.params()) {
-    handles.push_back(client.PullAsync(param.name, absl::MakeSpan(param.values)));
+    buffers.names.push_back(param.name);
+    buffers.params.push_back(absl::MakeSpan(param.values));
+  }
+  return buffers;
+}
+
+// The device buffers `which` of every tensor (sized as params()).
+absl::Status DeviceBuffers(workload::Model& model, workload::DeviceResidentModel::Buffer which,
+                           std::vector<absl::Span<float>>* out) {
+  out->clear();
+  auto& params = model.params();
+  for (size_t k = 0; k < params.size(); ++k) {
+    auto buffer = model.device()->buffer(k, which);
+    if (!buffer.ok()) return buffer.status();
+    if (*buffer == nullptr) {
+      return absl::InternalError(absl::StrCat("device model: no buffer for '", params[k].name, "'"));
+    }
+    out->push_back(absl::MakeSpan(*buffer, params[k].values.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PullAll(Client& client, const TensorBuffers& buffers) {
+  std::vector<Client::Handle> handles;
+  for (size_t k = 0; k < buffers.params.size(); ++k) {
+    handles.push_back(client.PullAsync(buffers.names[k], buffers.params[k]));
   }
   return WaitAll(client, handles);
 }
 
 // Pushes `grads` for the current clock and receives the parameters of the
 // next clock, one round trip per tensor and shard.
-absl::Status PushPullAll(Client& client, workload::Model& model, const workload::Gradients& grads) {
+absl::Status PushPullAll(Client& client, const TensorBuffers& buffers,
+                         const std::vector<absl::Span<const float>>& grads) {
   std::vector<Client::Handle> handles;
-  auto& params = model.params();
-  for (size_t k = 0; k < params.size(); ++k) {
-    handles.push_back(
-        client.PushPullAsync(params[k].name, grads[k], absl::MakeSpan(params[k].values)));
+  for (size_t k = 0; k < buffers.params.size(); ++k) {
+    handles.push_back(client.PushPullAsync(buffers.names[k], grads[k], buffers.params[k]));
   }
   return WaitAll(client, handles);
+}
+
+std::vector<absl::Span<const float>> ConstSpans(const workload::Gradients& grads) {
+  std::vector<absl::Span<const float>> spans;
+  for (const auto& g : grads) spans.push_back(absl::MakeConstSpan(g));
+  return spans;
+}
+
+std::vector<absl::Span<const float>> ConstSpans(const std::vector<absl::Span<float>>& buffers) {
+  std::vector<absl::Span<const float>> spans;
+  for (const auto& b : buffers) spans.push_back(absl::MakeConstSpan(b.data(), b.size()));
+  return spans;
+}
+
+// The model's accuracy with its current parameters: a device model's are
+// its device buffers.
+absl::StatusOr<double> EvaluateModel(workload::Model& model, const workload::Dataset& data) {
+  if (model.device() != nullptr) return model.device()->Evaluate(data);
+  return model.Evaluate(data);
 }
 
 // Rank 0's periodic evaluation after `steps_done` steps. Under BSP the other
@@ -58,7 +112,7 @@ absl::Status EvaluatePeriodically(workload::Model& model, const workload::Datase
   const absl::Time eval_start = absl::Now();
   const double train_wall_s =
       absl::ToDoubleSeconds(eval_start - train_start) - result->eval_seconds;
-  auto accuracy = model.Evaluate(test);
+  auto accuracy = EvaluateModel(model, test);
   result->eval_seconds += absl::ToDoubleSeconds(absl::Now() - eval_start);
   if (!accuracy.ok()) return accuracy.status();
   std::fprintf(stderr, "eval step=%lld accuracy=%.4f wall_s=%.3f\n",
@@ -101,6 +155,36 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
         "the comm scheduler (--techniques) needs --sync=bsp, ssp or asp: local SGD pushes one "
         "model delta per round, not per-layer gradients as backward produces them");
   }
+  // A device-resident model: parameters and gradients stay in device
+  // memory, the client pulls into and pushes from there and compresses on
+  // the device.
+  workload::DeviceResidentModel* const device = model.device();
+  if (device != nullptr && options.scheduler.has_value()) {
+    // CommScheduler registers host tensors and fuses through host buckets.
+    return absl::InvalidArgumentError(
+        "the comm scheduler (--techniques) does not take device-resident models yet: drop "
+        "--techniques, or train with --device=cpu");
+  }
+  using Buffer = workload::DeviceResidentModel::Buffer;
+  TensorBuffers buffers = HostBuffers(model);
+  if (device != nullptr) {
+    if (auto status = DeviceBuffers(model, Buffer::kParams, &buffers.params); !status.ok()) {
+      return status;
+    }
+    if (auto status = DeviceBuffers(model, Buffer::kGrads, &buffers.grads); !status.ok()) {
+      return status;
+    }
+    if (options.gradient_momentum > 0) {
+      if (auto status = DeviceBuffers(model, Buffer::kMomentum, &buffers.momentum); !status.ok()) {
+        return status;
+      }
+    }
+    if (local_sgd) {
+      if (auto status = DeviceBuffers(model, Buffer::kScratch, &buffers.scratch); !status.ok()) {
+        return status;
+      }
+    }
+  }
   // With a scheduler the scheduler registers the wire tensors (fused
   // buckets in place of their members).
   std::unique_ptr<CommScheduler> scheduler;
@@ -113,8 +197,10 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     if (!created.ok()) return created.status();
     scheduler = std::move(*created);
   } else {
+    // A device model's params() hold the initial values, in host memory.
+    const MemoryKind memory = device != nullptr ? MemoryKind::kDevice : MemoryKind::kHost;
     for (auto& param : model.params()) {
-      if (auto status = client.RegisterTensor(param.name, param.shape, param.values);
+      if (auto status = client.RegisterTensor(param.name, param.shape, param.values, memory);
           !status.ok()) {
         return status;
       }
@@ -131,9 +217,11 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   const int64_t local_steps = local_sgd ? std::max<int64_t>(1, client.sync().local_steps) : 1;
 
   TrainResult result;
-  workload::Gradients grads = model.ZeroGradients();
+  workload::Gradients grads = device != nullptr ? workload::Gradients() : model.ZeroGradients();
   std::vector<std::vector<float>> round_start;  // local SGD: parameters at the round's start
   workload::Gradients momentum;                 // signum: the worker's momentum
+  bool device_momentum_started = false;         // the same, on the device
+  bool device_round_started = false;            // local SGD's round start, on the device
   std::mt19937_64 delay_rng(1234 + static_cast<uint64_t>(rank));
   std::uniform_real_distribution<double> straggle(0.0, 1.0);
   const absl::Time start = absl::Now();
@@ -141,7 +229,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   double interval_loss = 0;
   int64_t interval_steps = 0;
   // The scheduler pulls step 0's parameters itself.
-  absl::Status status = scheduler != nullptr ? absl::OkStatus() : PullAll(client, model);
+  absl::Status status = scheduler != nullptr ? absl::OkStatus() : PullAll(client, buffers);
   const int num_params = static_cast<int>(model.params().size());
   bool eval_due = false;  // scheduler: evaluate once the next step's waits returned
   // A worker that rejoined (restarted mid-job) or joined a resumed run goes
@@ -177,8 +265,12 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
       }
     }
     const size_t offset = static_cast<size_t>(in_epoch * options.batch_size);
-    auto loss = model.ComputeGradients(shard.image(static_cast<int>(offset)),
-                                       shard.labels.data() + offset, options.batch_size, &grads);
+    auto loss = device != nullptr
+                    ? device->ComputeGradients(shard.image(static_cast<int>(offset)),
+                                               shard.labels.data() + offset, options.batch_size)
+                    : model.ComputeGradients(shard.image(static_cast<int>(offset)),
+                                             shard.labels.data() + offset, options.batch_size,
+                                             &grads);
     if (!loss.ok()) {
       status = loss.status();
       break;
@@ -190,7 +282,22 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
       std::this_thread::sleep_for(std::chrono::milliseconds(options.step_delay_ms));
     }
 
-    if (options.gradient_momentum > 0) {
+    if (options.gradient_momentum > 0 && device != nullptr) {
+      const float beta = options.gradient_momentum;
+      for (size_t k = 0; status.ok() && k < buffers.grads.size(); ++k) {
+        const size_t n = buffers.grads[k].size();
+        // As on the host: the first step's momentum starts from g.
+        if (!device_momentum_started) {
+          status = device->Axpby(1.0f, buffers.grads[k].data(), 0.0f, buffers.momentum[k].data(), n);
+        }
+        if (status.ok()) {
+          status = device->Axpby(1 - beta, buffers.grads[k].data(), beta,
+                                 buffers.momentum[k].data(), n);
+        }
+      }
+      device_momentum_started = true;
+      if (!status.ok()) break;
+    } else if (options.gradient_momentum > 0) {
       if (momentum.empty()) momentum = grads;
       const float beta = options.gradient_momentum;
       for (size_t k = 0; k < grads.size(); ++k) {
@@ -199,7 +306,10 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
         }
       }
     }
-    const workload::Gradients& to_push = options.gradient_momentum > 0 ? momentum : grads;
+    const std::vector<absl::Span<const float>> to_push =
+        device != nullptr
+            ? ConstSpans(options.gradient_momentum > 0 ? buffers.momentum : buffers.grads)
+            : ConstSpans(options.gradient_momentum > 0 ? momentum : grads);
 
     const absl::Time comm_start = absl::Now();
     if (scheduler != nullptr) {
@@ -211,8 +321,31 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
       if (status.ok()) status = scheduler->EndBackward();  // advances the clock
       if (status.ok() && step + 1 == total_steps) status = scheduler->Drain();
     } else if (!local_sgd) {
-      status = PushPullAll(client, model, to_push);
+      status = PushPullAll(client, buffers, to_push);
       client.Clock();
+    } else if (device != nullptr) {
+      const size_t tensors = buffers.params.size();
+      if (!device_round_started || step % local_steps == 0) {
+        for (size_t k = 0; status.ok() && k < tensors; ++k) {
+          status = device->Axpby(1.0f, buffers.params[k].data(), 0.0f, buffers.scratch[k].data(),
+                                 buffers.params[k].size());
+        }
+        device_round_started = true;
+      }
+      if (status.ok()) status = device->SgdStep(options.local_lr);
+      if (status.ok() && (step % local_steps == local_steps - 1 || step + 1 == total_steps)) {
+        // The round's model delta, round start - params, into the gradient
+        // buffers (free until the next ComputeGradients).
+        for (size_t k = 0; status.ok() && k < tensors; ++k) {
+          const size_t n = buffers.params[k].size();
+          status = device->Axpby(1.0f, buffers.scratch[k].data(), 0.0f, buffers.grads[k].data(), n);
+          if (status.ok()) {
+            status = device->Axpby(-1.0f, buffers.params[k].data(), 1.0f, buffers.grads[k].data(), n);
+          }
+        }
+        if (status.ok()) status = PushPullAll(client, buffers, ConstSpans(buffers.grads));
+        client.Clock();
+      }
     } else {
       if (round_start.empty() || step % local_steps == 0) {
         round_start.clear();
@@ -227,7 +360,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
             grads[k][i] = round_start[k][i] - params[k].values[i];
           }
         }
-        status = PushPullAll(client, model, grads);
+        status = PushPullAll(client, buffers, ConstSpans(grads));
         client.Clock();
       }
     }
@@ -298,11 +431,11 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   // pull then sees every update under any consistency model.
   if (auto barrier = client.Barrier("train-done"); !barrier.ok()) return barrier;
   if (options.evaluate && rank == 0 && test != nullptr) {
-    if (auto pulled = scheduler != nullptr ? scheduler->Refresh() : PullAll(client, model);
+    if (auto pulled = scheduler != nullptr ? scheduler->Refresh() : PullAll(client, buffers);
         !pulled.ok()) {
       return pulled;
     }
-    auto accuracy = model.Evaluate(*test);
+    auto accuracy = EvaluateModel(model, *test);
     if (!accuracy.ok()) return accuracy.status();
     result.test_accuracy = *accuracy;
   }

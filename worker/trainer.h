@@ -72,6 +72,12 @@ struct TrainResult {
 // through `client`: pull parameters, compute gradients, push them, advance
 // the clock, as the consistency model the control plane announced says.
 // Registers the model's tensors first (the first worker's values win).
+// A model with device() != nullptr trains in device memory: its tensors are
+// registered as MemoryKind::kDevice (the client needs
+// ClientOptions::device_backend), pulls and pushes use its kParams and
+// kGrads buffers, signum's momentum and local SGD's round start its
+// kMomentum and kScratch buffers, and evaluation its Evaluate; not with
+// options.scheduler (INVALID_ARGUMENT).
 // Progress goes to stderr every log_every steps and to metrics_out.
 absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
                                   const workload::Dataset& train, const workload::Dataset* test,

@@ -35,6 +35,7 @@
 #include "worker/workload/replay.h"
 #include "worker/workload/replay_models.h"
 #if HARRIER_WITH_CUDA
+#include "cuda/cuda_codec_backend.h"
 #include "cuda/device_codec.h"
 #include "worker/workload/cuda/device_mlp_model.h"
 #endif
@@ -318,6 +319,28 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Where the tensors' compression runs: a model with device buffers has
+  // its tensors registered in device memory, compressed by the CUDA codec
+  // backend; every other model's by the CPU codecs.
+  const bool device_tensors = model != nullptr && model->device() != nullptr;
+  if (device_tensors && scheduler.has_value()) {
+    return Fail("--techniques does not take --device=cuda yet (the comm scheduler fuses and "
+                "registers host tensors): drop --techniques");
+  }
+#if HARRIER_WITH_CUDA
+  if (device_tensors) {
+    auto backend = harrier::cuda::NewCudaCodecBackend();
+    if (!backend.ok()) return Fail(absl::StrCat("--device=cuda: ", backend.status().message()));
+    client_options.device_backend = std::move(*backend);
+  }
+#endif
+  std::string compression_line = "compression on host (cpu backend)";
+  if (device_tensors && client_options.device_backend != nullptr) {
+    compression_line =
+        absl::StrCat("compression on device (", client_options.device_backend->name(), " backend)");
+  } else if (use_cuda) {
+    compression_line = "compression on host (cpu backend: the model has no device buffers)";
+  }
   client_options.resume_clock = true;  // a restarted worker goes on from its clock
   auto client = harrier::Client::Create(client_options);
   if (!client.ok()) return Fail(std::string(client.status().message()));
@@ -332,6 +355,7 @@ int main(int argc, char** argv) {
                (*client)->sync().mode.c_str(),
                static_cast<long long>(replay.has_value() ? replay->num_parameters()
                                                          : model->num_parameters()));
+  std::fprintf(stderr, "[worker %d] %s\n", rank, compression_line.c_str());
 
   if (scheduler.has_value()) {
     std::fprintf(stderr,
