@@ -519,6 +519,23 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   return absl::OkStatus();
 }
 
+// PowerSGD factors the layer's own matrix, as the client does for pushes
+// (worker/chunk_codec.cc): rows of shape[1] * shape[2] * ... elements. A
+// 1-D tensor, or a chunk that is not whole rows, gets PowerSGD's
+// uncompressed form (a column count that does not divide the chunk). The
+// reply's codec_params stay the requested spec; the client decodes the
+// shape from the payload header.
+static CodecSpec PullEncoderSpec(const CodecSpec& spec, const std::vector<uint64_t>& shape,
+                                 size_t num_elements) {
+  if (spec.id != CodecId::kPowerSgd || spec.cols != 0) return spec;
+  CodecSpec chunk_spec = spec;
+  uint64_t row = 1;
+  for (size_t i = 1; i < shape.size(); ++i) row *= shape[i];
+  const bool whole_rows = shape.size() >= 2 && row > 0 && num_elements % row == 0;
+  chunk_spec.cols = whole_rows ? row : static_cast<uint64_t>(num_elements) + 1;
+  return chunk_spec;
+}
+
 absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
                                             const std::string& codec_params,
                                             uint64_t held_version, proto::TensorChunk* out,
@@ -548,7 +565,7 @@ absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
     return absl::OkStatus();
   }
   if (!view.encoder || view.encoder_params != codec_params) {
-    auto encoder = CreateCodec(spec);
+    auto encoder = CreateCodec(PullEncoderSpec(spec, slot.shape, slot.num_elements));
     if (!encoder.ok()) return absl::InvalidArgumentError(encoder.status().message());
     view.encoder = std::move(*encoder);
     view.encoder_params = codec_params;

@@ -101,6 +101,47 @@ proto::ChunkRef Ref(const std::string& key, size_t n) {
   return ref;
 }
 
+// The shape of a compressed PowerSGD pull reply: the layer's own matrix
+// (rows of shape[1] elements), not the chunk folded near-square; a 1-D
+// tensor gets PowerSGD's uncompressed form.
+PayloadHeader PowerSgdPullHeader(const std::vector<uint64_t>& shape) {
+  size_t n = 1;
+  for (uint64_t dim : shape) n *= dim;
+  auto store = MakeStore("asp", 1);
+  proto::InitRequest init = Init("w", n);
+  init.clear_shape();
+  for (uint64_t dim : shape) init.add_shape(dim);
+  REQUIRE(store->Init(init).ok());
+  std::vector<float> gradient(n);
+  for (size_t i = 0; i < n; ++i) gradient[i] = static_cast<float>((i * 7919) % 101) - 50.0f;
+  proto::ChunkRef ref = Ref("w", n);
+  ref.set_codec_params("powersgd:rank=2");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  proto::TensorChunk first;  // a rank's first compressed pull is dense
+  REQUIRE(store->Pull(0, 0, ref, deadline, nullptr, &first).ok());
+  REQUIRE(first.codec() == 0);
+  REQUIRE(store->Push({Gradient("w", 0, 0, gradient)}).ok());
+  ref.set_view_version(first.view_version());
+  proto::TensorChunk second;
+  REQUIRE(store->Pull(0, 1, ref, deadline, nullptr, &second).ok());
+  REQUIRE(second.codec() == static_cast<uint32_t>(CodecId::kPowerSgd));
+  // As asked (canonical, cols=0): the client checks it.
+  REQUIRE(second.codec_params() == CodecSpec::Parse("powersgd:rank=2")->ToString());
+  auto header = PeekPayloadHeader(second.payload());
+  REQUIRE(header.ok());
+  return *header;
+}
+
+TEST_CASE("shard store: compressed PowerSGD pulls factor the layer's matrix") {
+  const PayloadHeader matrix = PowerSgdPullHeader({256, 784});
+  CHECK(matrix.param0 == 2);    // rank
+  CHECK(matrix.param1 == 256);  // m: the layer's rows (near-square would be 448)
+  const PayloadHeader conv = PowerSgdPullHeader({32, 16, 3, 3});
+  CHECK(conv.param1 == 32);     // rows of 16*3*3
+  const PayloadHeader bias = PowerSgdPullHeader({8192});
+  CHECK(bias.param0 == 0);      // 1-D: PowerSGD's uncompressed form
+}
+
 TEST_CASE("shard store: a cancelled blocked pull wakes at once") {
   auto store = MakeStore("bsp", 2);
   REQUIRE(store->Init(Init("w", 4)).ok());
