@@ -227,6 +227,12 @@ absl::Status CommScheduler::Impl::Plan() {
           absl::StrCat("comm scheduler: tensor '", tensor.name, "' has ", elements,
                        " elements, its parameter buffer ", tensor.parameters.size()));
     }
+    if (tensor.memory == MemoryKind::kDevice && !tensor.initial_values.empty() &&
+        tensor.initial_values.size() != elements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("comm scheduler: tensor '", tensor.name, "' has ", elements, " elements, ",
+                       tensor.initial_values.size(), " initial values"));
+    }
     members_[i].elements = elements;
     members_[i].parameters = tensor.parameters;
   }
@@ -252,7 +258,8 @@ absl::Status CommScheduler::Impl::Plan() {
   };
   for (int i = static_cast<int>(n) - 1; i >= 0; --i) {
     const size_t bytes = members_[i].elements * sizeof(float);
-    if (options_.fusion_bytes == 0 || bytes > options_.fusion_bytes) {
+    if (options_.fusion_bytes == 0 || bytes > options_.fusion_bytes ||
+        tensors_[i].memory == MemoryKind::kDevice) {
       groups.push_back({i});
       group_shard.push_back(-1);
       continue;
@@ -324,7 +331,11 @@ absl::Status CommScheduler::Impl::Plan() {
     } else {
       const ScheduledTensor& tensor = tensors_[group[0]];
       wire.parameters = tensor.parameters.data();
-      if (auto status = client_.RegisterTensor(tensor.name, tensor.shape, tensor.parameters);
+      const bool on_device = tensor.memory == MemoryKind::kDevice;
+      if (auto status = client_.RegisterTensor(
+              tensor.name, tensor.shape,
+              on_device ? tensor.initial_values : absl::Span<const float>(tensor.parameters),
+              tensor.memory);
           !status.ok()) {
         return status;
       }

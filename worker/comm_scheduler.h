@@ -91,6 +91,14 @@ struct ScheduledTensor {
   // values (the first worker's win on the shards); pulled parameters are
   // written here. Must outlive the scheduler.
   absl::Span<float> parameters;
+  // kDevice: `parameters` and the gradients given to GradientReady are
+  // device memory (Client::RegisterTensor with kDevice: compressed on the
+  // device), and the initial values come from `initial_values`, in host
+  // memory (empty: zeros). Device tensors are never fused: a bucket is
+  // filled by copies through host memory. Partitioning, priority, credits
+  // and wait-free backprop apply as to host tensors.
+  MemoryKind memory = MemoryKind::kHost;
+  absl::Span<const float> initial_values;
 };
 
 struct CommSchedulerStats {

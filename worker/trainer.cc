@@ -159,12 +159,6 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   // memory, the client pulls into and pushes from there and compresses on
   // the device.
   workload::DeviceResidentModel* const device = model.device();
-  if (device != nullptr && options.scheduler.has_value()) {
-    // CommScheduler registers host tensors and fuses through host buckets.
-    return absl::InvalidArgumentError(
-        "the comm scheduler (--techniques) does not take device-resident models yet: drop "
-        "--techniques, or train with --device=cpu");
-  }
   using Buffer = workload::DeviceResidentModel::Buffer;
   TensorBuffers buffers = HostBuffers(model);
   if (device != nullptr) {
@@ -190,8 +184,16 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   std::unique_ptr<CommScheduler> scheduler;
   if (options.scheduler.has_value()) {
     std::vector<ScheduledTensor> tensors;
-    for (auto& param : model.params()) {
-      tensors.push_back({param.name, param.shape, absl::MakeSpan(param.values)});
+    auto& params = model.params();
+    for (size_t k = 0; k < params.size(); ++k) {
+      ScheduledTensor tensor{params[k].name, params[k].shape, absl::MakeSpan(params[k].values)};
+      if (device != nullptr) {
+        // Device buffers; params() hold the initial values, in host memory.
+        tensor.parameters = buffers.params[k];
+        tensor.memory = MemoryKind::kDevice;
+        tensor.initial_values = params[k].values;
+      }
+      tensors.push_back(std::move(tensor));
     }
     auto created = CommScheduler::Create(client, std::move(tensors), *options.scheduler);
     if (!created.ok()) return created.status();

@@ -323,10 +323,6 @@ int main(int argc, char** argv) {
   // its tensors registered in device memory, compressed by the CUDA codec
   // backend; every other model's by the CPU codecs.
   const bool device_tensors = model != nullptr && model->device() != nullptr;
-  if (device_tensors && scheduler.has_value()) {
-    return Fail("--techniques does not take --device=cuda yet (the comm scheduler fuses and "
-                "registers host tensors): drop --techniques");
-  }
 #if HARRIER_WITH_CUDA
   if (device_tensors) {
     auto backend = harrier::cuda::NewCudaCodecBackend();
