@@ -75,6 +75,13 @@ struct OutgoingChunk {
   absl::string_view payload() const { return is_borrowed ? borrowed : absl::string_view(owned); }
 };
 
+// For transports that send host memory only: FAILED_PRECONDITION naming
+// `transport` and the first chunk whose borrowed payload is in device
+// memory, before anything is sent (the bytes are never read: on the host a
+// device pointer is not readable). OK if every chunk is in host memory.
+absl::Status RefuseDeviceChunks(absl::string_view transport,
+                                const std::vector<OutgoingChunk>& chunks);
+
 // One shard's data path. Calls are synchronous and thread-safe: several
 // run at once on the client's pools. Every call ends by `deadline`.
 // Errors carry the shard's status code and message.

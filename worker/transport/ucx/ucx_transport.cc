@@ -1,6 +1,7 @@
 #include "worker/transport/ucx/ucx_transport.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -90,13 +91,39 @@ void Deliver(UcxCall& call, uint32_t index, proto::TensorChunk header,
 
 }  // namespace
 
+absl::StatusOr<UcxDeviceMemory> ParseUcxDeviceMemory(absl::string_view value) {
+  if (value.empty() || value == "auto") return UcxDeviceMemory::kAuto;
+  if (value == "off") return UcxDeviceMemory::kOff;
+  if (value == "on") return UcxDeviceMemory::kOn;
+  return absl::InvalidArgumentError(absl::StrCat(
+      kUcxDeviceMemoryEnv, "='", value, "' is not one of auto, off, on"));
+}
+
 absl::StatusOr<std::shared_ptr<UcxClientContext>> UcxClientContext::Create(
     const std::string& name) {
+  const char* value = std::getenv(kUcxDeviceMemoryEnv);
+  auto mode = ParseUcxDeviceMemory(value == nullptr ? "" : value);
+  if (!mode.ok()) return mode.status();
+  return Create(name, *mode);
+}
+
+absl::StatusOr<std::shared_ptr<UcxClientContext>> UcxClientContext::Create(
+    const std::string& name, UcxDeviceMemory device_memory) {
   std::shared_ptr<UcxClientContext> context(new UcxClientContext());
   auto worker = transport::UcxWorker::Start(
       name, {{transport::kReplyAmId, &UcxClientContext::OnReply, context.get()}});
   if (!worker.ok()) return worker.status();
   context->worker_ = std::move(*worker);
+  const bool cuda = context->worker_->SupportsMemoryType(UCS_MEMORY_TYPE_CUDA);
+  if (device_memory == UcxDeviceMemory::kOn && !cuda) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kUcxDeviceMemoryEnv, "=on, but this UCX cannot send from CUDA memory (ucx_info -d lists "
+        "no cuda_copy/cuda_ipc; UCX must be built with CUDA)"));
+  }
+  context->sends_from_device_memory_ = cuda && device_memory != UcxDeviceMemory::kOff;
+  if (cuda && device_memory == UcxDeviceMemory::kOff) {
+    spdlog::info("ucx: {}=off, device memory is staged through the host", kUcxDeviceMemoryEnv);
+  }
   return context;
 }
 
@@ -220,15 +247,18 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
         }
         continue;
       }
-      worker_->SendAm(peer->ep, transport::kRequestAmId, std::move(message.header), message.data,
-                      message.bytes, [call](ucs_status_t status) {
-                        absl::MutexLock lock(&call->mutex);
-                        --call->sends_in_flight;
-                        if (status != UCS_OK && call->failure.ok()) {
-                          call->failure = absl::UnavailableError(
-                              absl::StrCat("UCX send failed: ", ucs_status_string(status)));
-                        }
-                      });
+      worker_->SendAm(
+          peer->ep, transport::kRequestAmId, std::move(message.header), message.data,
+          message.bytes,
+          [call](ucs_status_t status) {
+            absl::MutexLock lock(&call->mutex);
+            --call->sends_in_flight;
+            if (status != UCS_OK && call->failure.ok()) {
+              call->failure = absl::UnavailableError(
+                  absl::StrCat("UCX send failed: ", ucs_status_string(status)));
+            }
+          },
+          message.data_memory);
     }
   });
 
@@ -464,9 +494,17 @@ absl::StatusOr<std::shared_ptr<UcxPeer>> UcxShardTransport::CurrentPeer(absl::Ti
 
 UcxShardTransport::~UcxShardTransport() = default;  // the context closes the endpoint
 
+bool UcxShardTransport::SendsFromDeviceMemory() const {
+  return context_->sends_from_device_memory();
+}
+
 absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks,
                                            bool then_pull, const ChunkViewSink* sink,
                                            absl::Time deadline, CallCanceller& canceller) {
+  // Before the peer too: a refused call must not even reconnect.
+  if (!SendsFromDeviceMemory()) {
+    if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+  }
   auto peer = CurrentPeer(deadline);
   if (!peer.ok()) return peer.status();
   Frame frame;
@@ -483,8 +521,13 @@ absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chu
     frame.payload_bytes = payload.size();
     // The header's payload field is empty (OutgoingChunk's contract), so it
     // serializes as the chunk's fields alone.
+    // Owned payloads (the codec's output) are host memory whatever
+    // borrowed_memory says.
+    const bool device =
+        chunks[i].is_borrowed && chunks[i].borrowed_memory == MemoryKind::kDevice;
     messages.push_back({transport::EncodeHeader(frame, chunks[i].header.SerializeAsString()),
-                        payload.data(), payload.size()});
+                        payload.data(), payload.size(),
+                        device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST});
   }
   return context_->Execute(*peer, frame.request_id, std::move(messages), sink, deadline,
                            canceller);
