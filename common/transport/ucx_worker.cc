@@ -60,8 +60,9 @@ void LogMemoryTypesOnce(uint64_t types) {
   std::call_once(once, [types] {
     const bool cuda = (types & (uint64_t{1} << UCS_MEMORY_TYPE_CUDA)) != 0;
     spdlog::info("ucx memory types: {} ({})", MemoryTypeNames(types),
-                 cuda ? "CUDA memory is sent directly"
-                      : "no CUDA support in this UCX: device memory is staged through the host");
+                 cuda ? "UCS_MEMORY_TYPE_CUDA supported: device memory can be sent directly"
+                      : "no UCS_MEMORY_TYPE_CUDA in this UCX: device memory must be staged "
+                        "through host memory");
   });
 }
 
