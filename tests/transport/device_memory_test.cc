@@ -14,11 +14,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/crc32c.h"
+#include "common/grpc_limits.h"
 #include "common/transport/ucx_worker.h"
 #include "proto/harrier.grpc.pb.h"
 #include "tests/integration/server_process.h"
@@ -217,6 +220,151 @@ TEST_CASE("the fake transport refuses a device-memory chunk without recording it
                     canceller)
               .ok());
   REQUIRE(fake.num_calls() == 1);
+}
+
+}  // namespace
+}  // namespace harrier
+
+namespace harrier {
+namespace {
+
+struct Landed {
+  std::string key;
+  uint32_t chunk = 0;
+  const char* at = nullptr;
+  size_t bytes = 0;
+  MemoryKind memory = MemoryKind::kHost;
+  std::vector<float> values;  // read from the view (host memory here)
+};
+
+TEST_CASE("PullInto lands replies in the caller's buffers where the transport can") {
+  auto server = testing::ServerProcess::Start({"--num_workers=2", "--sync=asp", "--ucx"});
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  const std::string address = (*server)->address();
+  ClientOptions options;
+  options.servers = {address};
+  options.rpc_timeout = absl::Seconds(30);
+  options.heartbeat_interval = absl::ZeroDuration();
+  auto client = Client::Create(options);
+  REQUIRE(client.ok());
+  // "big": chunks of 4 MiB and 1.7 MiB (rendezvous over UCX); "small": 4 KB (eager).
+  constexpr size_t kChunk = (size_t{4} << 20) / sizeof(float);
+  const std::vector<std::pair<std::string, size_t>> tensors = {{"big", 1500000}, {"small", 1000}};
+  std::map<std::string, std::vector<float>> init;
+  for (const auto& [key, n] : tensors) {
+    auto& values = init[key];
+    values.resize(n);
+    for (size_t i = 0; i < n; ++i) values[i] = static_cast<float>((i * 7 + key.size()) % 1009);
+    REQUIRE((*client)->RegisterTensor(key, {static_cast<int64_t>(n)}, values).ok());
+  }
+  testing::Sessions sessions(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  proto::PullRequest request;
+  request.set_rank(1);
+  sessions.Attach(&request);
+  for (const auto& [key, n] : tensors) {
+    for (size_t begin = 0, chunk = 0; begin < n; begin += kChunk, ++chunk) {
+      proto::ChunkRef* ref = request.add_chunks();
+      ref->set_key(key);
+      ref->set_chunk(static_cast<uint32_t>(chunk));
+      ref->set_num_elements(std::min(kChunk, n - begin));
+    }
+  }
+  const float kSentinel = -12345.0f;
+
+  // Pulls through `transport` with every reply landing in `dest`
+  // (`memory`), except chunk `too_small` (given one byte too few).
+  auto pull = [&](ShardTransport& transport, MemoryKind memory, const std::string& too_small_key,
+                  std::map<std::string, std::vector<float>>& dest, std::vector<Landed>& landed) {
+    for (const auto& [key, n] : tensors) dest[key].assign(n, kSentinel);
+    const ReplyLandingChooser choose = [&](const proto::TensorChunk& header, size_t bytes) {
+      ReplyLanding landing;
+      auto found = dest.find(header.key());
+      if (found == dest.end()) return landing;
+      const size_t begin = header.chunk() * kChunk;
+      landing.data = found->second.data() + begin;
+      landing.capacity = (found->second.size() - begin) * sizeof(float);
+      if (header.key() == too_small_key) landing.capacity = bytes - 1;
+      landing.memory = memory;
+      return landing;
+    };
+    const LandedChunkSink sink = [&](const proto::TensorChunk& header, const PayloadView& payload,
+                                     MemoryKind where) {
+      Landed entry{header.key(), header.chunk(), payload.first().data(), payload.size(), where};
+      entry.values.resize(payload.size() / sizeof(float));
+      payload.CopyTo(entry.values.data());
+      landed.push_back(std::move(entry));
+      return absl::OkStatus();
+    };
+    CallCanceller canceller;
+    return transport.PullInto(request, choose, sink, absl::Now() + absl::Seconds(10), canceller);
+  };
+  auto check_values = [&](const std::vector<Landed>& landed) {
+    REQUIRE(landed.size() == 3);
+    for (const Landed& entry : landed) {
+      INFO(entry.key << " chunk " << entry.chunk);
+      const auto& expected = init.at(entry.key);
+      const size_t begin = entry.chunk * kChunk;
+      REQUIRE(entry.values.size() == std::min(kChunk, expected.size() - begin));
+      REQUIRE(std::equal(entry.values.begin(), entry.values.end(), expected.begin() + begin));
+    }
+  };
+  auto in_place = [](const Landed& entry, std::map<std::string, std::vector<float>>& dest) {
+    return entry.at == reinterpret_cast<const char*>(dest[entry.key].data() +
+                                                     entry.chunk * kChunk);
+  };
+
+  auto context = UcxClientContext::Create("pull-into-test", UcxDeviceMemory::kAuto);
+  REQUIRE(context.ok());
+  auto ucx = UcxTransport(address, *context);
+  REQUIRE_FALSE(ucx->ReceivesIntoDeviceMemory());
+
+  SECTION("UCX: host landings are used, rendezvous and eager alike") {
+    std::map<std::string, std::vector<float>> dest;
+    std::vector<Landed> landed;
+    const absl::Status status = pull(*ucx, MemoryKind::kHost, "", dest, landed);
+    INFO(status.ToString());
+    REQUIRE(status.ok());
+    check_values(landed);
+    for (const Landed& entry : landed) {
+      INFO(entry.key << " chunk " << entry.chunk);
+      CHECK(entry.memory == MemoryKind::kHost);
+      CHECK(in_place(entry, dest));
+    }
+    REQUIRE(dest["big"] == init["big"]);  // the payloads themselves are in the tensor
+    REQUIRE(dest["small"] == init["small"]);
+  }
+  SECTION("UCX: a landing too small is not used") {
+    std::map<std::string, std::vector<float>> dest;
+    std::vector<Landed> landed;
+    REQUIRE(pull(*ucx, MemoryKind::kHost, "big", dest, landed).ok());
+    check_values(landed);
+    for (const Landed& entry : landed) {
+      INFO(entry.key << " chunk " << entry.chunk);
+      CHECK(in_place(entry, dest) == (entry.key == "small"));
+    }
+    REQUIRE(dest["big"] == std::vector<float>(init["big"].size(), kSentinel));
+  }
+  SECTION("UCX without CUDA and gRPC: device landings are never written, views are host") {
+    auto grpc_transport = std::make_unique<GrpcShardTransport>(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), MakeChannelArguments()));
+    for (ShardTransport* transport : {static_cast<ShardTransport*>(ucx.get()),
+                                      static_cast<ShardTransport*>(grpc_transport.get())}) {
+      INFO("transport " << transport->name());
+      REQUIRE_FALSE(transport->ReceivesIntoDeviceMemory());
+      std::map<std::string, std::vector<float>> dest;
+      std::vector<Landed> landed;
+      const absl::Status status = pull(*transport, MemoryKind::kDevice, "", dest, landed);
+      INFO(status.ToString());
+      REQUIRE(status.ok());
+      check_values(landed);
+      for (const Landed& entry : landed) {
+        CHECK(entry.memory == MemoryKind::kHost);
+        CHECK_FALSE(in_place(entry, dest));
+      }
+      for (const auto& [key, n] : tensors) REQUIRE(dest[key] == std::vector<float>(n, kSentinel));
+    }
+  }
 }
 
 }  // namespace

@@ -19,6 +19,18 @@ absl::Status RefuseDeviceChunks(absl::string_view transport,
   return absl::OkStatus();
 }
 
+absl::Status ShardTransport::PullInto(const proto::PullRequest& request,
+                                      const ReplyLandingChooser& /*choose*/,
+                                      const LandedChunkSink& sink, absl::Time deadline,
+                                      CallCanceller& canceller) {
+  return Pull(
+      request,
+      [&sink](const proto::TensorChunk& header, const PayloadView& payload) {
+        return sink(header, payload, MemoryKind::kHost);
+      },
+      deadline, canceller);
+}
+
 bool CallCanceller::Register(const void* call, std::function<void()> abort) {
   absl::MutexLock lock(&mutex_);
   if (cancelled_) return false;

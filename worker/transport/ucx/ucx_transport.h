@@ -98,12 +98,19 @@ class UcxClientContext {
   // order. Never returns while UCX still reads the messages' data: sends
   // still in flight a grace after the call ended force-close the peer's
   // endpoint, which completes them (see ucx_transport.cc).
+  // With `landing` (PullInto), reply payloads land where its chooser says
+  // and go to its sink instead of `sink`.
+  struct Landing {
+    const ReplyLandingChooser* choose;
+    const LandedChunkSink* sink;
+  };
   absl::Status Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t request_id,
                        std::vector<Message> messages, const ChunkViewSink* sink,
-                       absl::Time deadline, CallCanceller& canceller);
+                       absl::Time deadline, CallCanceller& canceller,
+                       const Landing* landing = nullptr);
   uint64_t NextRequestId() { return next_request_id_++; }
-  // Waits (bounded) until UCX no longer reads the call's payloads; see
-  // kSendDrainGrace in ucx_transport.cc.
+  // Waits (bounded) until UCX no longer reads the call's payloads nor
+  // writes into its landing buffers; see kSendDrainGrace in ucx_transport.cc.
   absl::Status WaitSendsDone(const std::shared_ptr<UcxCall>& call,
                              const std::shared_ptr<UcxPeer>& peer);
 
@@ -159,8 +166,19 @@ class UcxShardTransport : public ShardTransport {
                     absl::Time deadline, CallCanceller& canceller) override;
   absl::Status PushPull(const std::vector<OutgoingChunk>& chunks, const ChunkViewSink& sink,
                         absl::Time deadline, CallCanceller& canceller) override;
+  // Same as SendsFromDeviceMemory(): the same UCX support and mode.
+  bool ReceivesIntoDeviceMemory() const override { return SendsFromDeviceMemory(); }
+  // Rendezvous replies are received (ucp_am_recv_data_nbx) straight into
+  // their landing, with UCS_MEMORY_TYPE_CUDA for a device one; eager ones
+  // are copied into a host landing (a device landing gets a host view).
+  absl::Status PullInto(const proto::PullRequest& request, const ReplyLandingChooser& choose,
+                        const LandedChunkSink& sink, absl::Time deadline,
+                        CallCanceller& canceller) override;
 
  private:
+  absl::Status StartPull(const proto::PullRequest& request, const ChunkViewSink* sink,
+                         const UcxClientContext::Landing* landing, absl::Time deadline,
+                         CallCanceller& canceller);
   absl::Status SendChunks(const std::vector<OutgoingChunk>& chunks, bool then_pull,
                           const ChunkViewSink* sink, absl::Time deadline,
                           CallCanceller& canceller);
