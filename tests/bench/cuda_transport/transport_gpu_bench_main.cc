@@ -1,10 +1,12 @@
 // transport_gpu_bench: pushes of a dense tensor that lives in device memory
-// to one harrier-server shard over UCX, two ways:
-//   direct: UCX reads the device buffer itself (UCS_MEMORY_TYPE_CUDA), only
-//           when the UCX in use supports CUDA memory (SendsFromDeviceMemory);
-//   staged: cudaMemcpy device-to-host into a host buffer, then a host push;
-// each next to a host push of the same bytes measured in the same run
-// (ratio_of_host = host seconds / path seconds, 1.0 = as fast as from host).
+// to one harrier-server shard over UCX, and pulls of it back, two ways:
+//   direct: UCX reads (push) or writes (pull, PullInto with a device
+//           landing) the device buffer itself (UCS_MEMORY_TYPE_CUDA), only
+//           when the UCX in use supports CUDA memory;
+//   staged: push: cudaMemcpy device-to-host into a host buffer, then a host
+//           push; pull: a host pull, then cudaMemcpy host-to-device;
+// each next to the host push or pull of the same bytes measured in the same
+// run (ratio_of_host = host seconds / path seconds, 1.0 = as fast as host).
 // One JSON line per point on stdout. Needs --config=cuda to build and a GPU
 // to run; see tests/bench/cuda_transport/BUILD.
 #include <cstdio>
@@ -30,11 +32,12 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: transport_gpu_bench [flags]\n"
-    "Push goodput of a dense fp32 tensor in device memory to one harrier-server\n"
-    "shard over UCX (started here, --ucx, on 127.0.0.1): direct from device memory\n"
-    "(if this UCX supports CUDA memory) and staged through a host buffer, each\n"
-    "with a host push of the same bytes as the reference. JSON lines on stdout:\n"
-    "  {bench, path: direct|staged, bytes, seconds (per push), gbps (GB/s),\n"
+    "Push and pull goodput of a dense fp32 tensor in device memory with one\n"
+    "harrier-server shard over UCX (started here, --ucx, on 127.0.0.1): direct\n"
+    "from/into device memory (if this UCX supports CUDA memory) and staged through\n"
+    "a host buffer, each with a host push/pull of the same bytes as the reference.\n"
+    "JSON lines on stdout:\n"
+    "  {bench, op: push|pull, path: direct|staged, bytes, seconds (per op), gbps (GB/s),\n"
     "   host_seconds, host_gbps, ratio_of_host, ucx_cuda, device_memory, ucx_tls}\n"
     "UCX_TLS etc. configure UCX here and in the shard; HARRIER_UCX_DEVICE_MEMORY\n"
     "is the default of --device_memory.\n"
@@ -127,6 +130,7 @@ int Run(const Options& options) {
   auto target = UcxPushTarget::Start(*mode, options.chunk_bytes);
   if (!target.ok()) return Fail(target.status());
   const bool direct = (*target)->sends_from_device_memory();
+  const bool direct_pulls = (*target)->receives_into_device_memory();
   const char* tls = std::getenv("UCX_TLS");
   const std::string common = absl::StrCat(
       "\"ucx_cuda\":", direct ? "true" : "false", ",\"device_memory\":\"", options.device_memory,
@@ -134,12 +138,12 @@ int Run(const Options& options) {
   if (!direct) {
     std::fprintf(stderr,
                  "transport_gpu_bench: this UCX does not send from device memory (no CUDA "
-                 "support, or --device_memory=off): staged path only\n");
+                 "support, or --device_memory=off): staged paths only\n");
   }
   for (int mib : options.sizes_mib) {
     const size_t bytes = static_cast<size_t>(mib) << 20;
     const size_t n = bytes / sizeof(float);
-    std::vector<float> values(n), staging(n);
+    std::vector<float> values(n), staging(n), pulled(n);
     for (size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i % 97) * 0.25f;
     auto device = cuda::DeviceArray::Create(n);
     if (!device.ok()) return Fail(device.status());
@@ -154,26 +158,49 @@ int Run(const Options& options) {
     };
     auto direct_push = [&] { return (*target)->Push(key, device->data(), MemoryKind::kDevice); };
 
-    if (absl::Status s = host_push(); !s.ok()) return Fail(s);  // warm-up: connection, pages
-    auto host = Time(options.iterations, host_push);
-    if (!host.ok()) return Fail(host.status());
+    auto host_pull = [&] {
+      return (*target)->Pull(key, pulled.data(), MemoryKind::kHost).status();
+    };
+    auto staged_pull = [&]() -> absl::Status {
+      if (absl::Status s = (*target)->Pull(key, staging.data(), MemoryKind::kHost).status();
+          !s.ok()) {
+        return s;
+      }
+      return device->CopyFromHost(staging.data(), n);
+    };
+    auto direct_pull = [&] {
+      return (*target)->Pull(key, device->data(), MemoryKind::kDevice).status();
+    };
+
     struct Path {
       const char* name;
-      std::function<absl::Status()> push;
+      std::function<absl::Status()> run;
     };
-    std::vector<Path> paths = {{"staged", staged_push}};
-    if (direct) paths.push_back({"direct", direct_push});
-    for (const Path& path : paths) {
-      if (absl::Status s = path.push(); !s.ok()) return Fail(s);  // warm-up
-      auto seconds = Time(options.iterations, path.push);
-      if (!seconds.ok()) return Fail(seconds.status());
-      std::printf(
-          "{\"bench\":\"transport_gpu\",\"path\":\"%s\",\"bytes\":%zu,\"seconds\":%.6g,"
-          "\"gbps\":%.4g,\"host_seconds\":%.6g,\"host_gbps\":%.4g,\"ratio_of_host\":%.4g,"
-          "\"iterations\":%d,%s}\n",
-          path.name, bytes, *seconds, bytes / *seconds / 1e9, *host, bytes / *host / 1e9,
-          *host / *seconds, options.iterations, common.c_str());
-      std::fflush(stdout);
+    struct Op {
+      const char* name;
+      std::function<absl::Status()> host;
+      std::vector<Path> paths;
+    };
+    std::vector<Op> ops = {{"push", host_push, {{"staged", staged_push}}},
+                           {"pull", host_pull, {{"staged", staged_pull}}}};
+    if (direct) ops[0].paths.push_back({"direct", direct_push});
+    if (direct_pulls) ops[1].paths.push_back({"direct", direct_pull});
+    for (const Op& op : ops) {
+      if (absl::Status s = op.host(); !s.ok()) return Fail(s);  // warm-up: connection, pages
+      auto host = Time(options.iterations, op.host);
+      if (!host.ok()) return Fail(host.status());
+      for (const Path& path : op.paths) {
+        if (absl::Status s = path.run(); !s.ok()) return Fail(s);  // warm-up
+        auto seconds = Time(options.iterations, path.run);
+        if (!seconds.ok()) return Fail(seconds.status());
+        std::printf(
+            "{\"bench\":\"transport_gpu\",\"op\":\"%s\",\"path\":\"%s\",\"bytes\":%zu,"
+            "\"seconds\":%.6g,\"gbps\":%.4g,\"host_seconds\":%.6g,\"host_gbps\":%.4g,"
+            "\"ratio_of_host\":%.4g,\"iterations\":%d,%s}\n",
+            op.name, path.name, bytes, *seconds, bytes / *seconds / 1e9, *host,
+            bytes / *host / 1e9, *host / *seconds, options.iterations, common.c_str());
+        std::fflush(stdout);
+      }
     }
   }
   return 0;

@@ -119,4 +119,59 @@ absl::Status UcxPushTarget::Push(const std::string& key, const void* data, Memor
   return status;
 }
 
+absl::StatusOr<size_t> UcxPushTarget::Pull(const std::string& key, void* dest,
+                                           MemoryKind memory, absl::Duration timeout) {
+  auto found = tensors_.find(key);
+  if (found == tensors_.end()) return absl::NotFoundError(absl::StrCat("no tensor '", key, "'"));
+  const Tensor& tensor = found->second;
+  proto::PullRequest request;
+  request.set_rank(0);
+  sessions_->Attach(&request);
+  request.set_clock(tensor.next_clock);
+  for (size_t begin = 0, chunk = 0; begin < tensor.elements; begin += chunk_elements_, ++chunk) {
+    proto::ChunkRef* ref = request.add_chunks();
+    ref->set_key(key);
+    ref->set_chunk(static_cast<uint32_t>(chunk));
+    ref->set_num_elements(std::min(chunk_elements_, tensor.elements - begin));
+  }
+  char* base = static_cast<char*>(dest);
+  const size_t total = tensor.elements * sizeof(float);
+  auto where = [&](const proto::TensorChunk& header) -> std::pair<char*, size_t> {
+    const size_t offset = static_cast<size_t>(header.chunk()) * chunk_elements_ * sizeof(float);
+    if (header.key() != key || offset >= total) return {nullptr, 0};
+    return {base + offset, total - offset};
+  };
+  // The chooser runs on the UCX progress thread; it only reads `where`'s
+  // captures, which outlive the call.
+  const ReplyLandingChooser choose = [&](const proto::TensorChunk& header, size_t) {
+    const auto [at, capacity] = where(header);
+    return ReplyLanding{at, capacity, memory};
+  };
+  size_t landed = 0;
+  const LandedChunkSink sink = [&](const proto::TensorChunk& header, const PayloadView& payload,
+                                   MemoryKind payload_memory) -> absl::Status {
+    const auto [at, capacity] = where(header);
+    if (at == nullptr || payload.size() > capacity) {
+      return absl::DataLossError(absl::StrCat("unexpected reply chunk ", header.chunk(), " of '",
+                                              header.key(), "'"));
+    }
+    if (payload_memory == memory && payload.first().data() == at) {
+      landed += payload.size();
+      return absl::OkStatus();
+    }
+    if (memory == MemoryKind::kDevice) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "reply chunk ", header.chunk(), " of '", key, "' (", payload.size(),
+          " bytes) did not land in device memory"));
+    }
+    payload.CopyTo(at);
+    return absl::OkStatus();
+  };
+  CallCanceller canceller;
+  absl::Status status =
+      transport_->PullInto(request, choose, sink, absl::Now() + timeout, canceller);
+  if (!status.ok()) return status;
+  return landed;
+}
+
 }  // namespace harrier::bench

@@ -1,7 +1,8 @@
 // One harrier-server shard over UCX for the transport GPU bench: starts
 // the shard (a real process, --ucx, one worker, ASP), registers rank 0,
-// creates dense tensors chunk by chunk over gRPC and pushes them over a
-// UcxShardTransport from host or device memory. No CUDA here: the caller
+// creates dense tensors chunk by chunk over gRPC, pushes them over a
+// UcxShardTransport from host or device memory and pulls them back into it
+// (PullInto). No CUDA here: the caller
 // owns the memory, so this builds and is tested on any machine.
 
 #ifndef HARRIER_TESTS_BENCH_CUDA_TRANSPORT_UCX_PUSH_TARGET_H_
@@ -42,6 +43,18 @@ class UcxPushTarget {
   // bytes as AddTensor's values) in `memory`, each chunk borrowed in place.
   absl::Status Push(const std::string& key, const void* data, MemoryKind memory,
                     absl::Duration timeout = absl::Seconds(60));
+
+  // True if pulls can land in device memory (ReceivesIntoDeviceMemory).
+  bool receives_into_device_memory() const { return transport_->ReceivesIntoDeviceMemory(); }
+
+  // One pull of the whole tensor into `dest` (as many bytes as AddTensor's
+  // values, in `memory`) with PullInto, each reply landing in place where
+  // the transport can. A host reply that did not land is copied in; a reply
+  // meant for device memory that did not land is an error (FAILED_PRECONDITION:
+  // there is no CUDA here to copy it). Returns the bytes that landed in
+  // place. The payload checksums are not checked (a bench of the transport).
+  absl::StatusOr<size_t> Pull(const std::string& key, void* dest, MemoryKind memory,
+                              absl::Duration timeout = absl::Seconds(60));
 
  private:
   struct Tensor {

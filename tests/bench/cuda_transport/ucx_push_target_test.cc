@@ -3,6 +3,7 @@
 // this UCX (no CUDA) without using up its clock.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <vector>
 
 #include "tests/bench/cuda_transport/ucx_push_target.h"
@@ -31,6 +32,21 @@ TEST_CASE("host pushes over UCX succeed; a device push is refused on this UCX") 
   REQUIRE((*target)->Push("t", values.data(), MemoryKind::kHost).ok());
   REQUIRE((*target)->Push("nope", values.data(), MemoryKind::kHost).code() ==
           absl::StatusCode::kNotFound);
+
+  // Pulls land in place: the 1 MiB chunks go by rendezvous. lr is tiny, so
+  // the five pushes of these small values left them as they were.
+  REQUIRE_FALSE((*target)->receives_into_device_memory());
+  std::vector<float> pulled(values.size(), -1.0f);
+  auto landed = (*target)->Pull("t", pulled.data(), MemoryKind::kHost);
+  INFO(landed.status().ToString());
+  REQUIRE(landed.ok());
+  REQUIRE(*landed == values.size() * sizeof(float));
+  for (size_t i = 0; i < values.size(); ++i) REQUIRE(std::abs(pulled[i] - values[i]) < 1e-3f);
+  // Device memory cannot be landed in on this UCX: refused, not written.
+  std::vector<float> untouched(values.size(), -1.0f);
+  auto device_pull = (*target)->Pull("t", untouched.data(), MemoryKind::kDevice);
+  REQUIRE(device_pull.status().code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(untouched == std::vector<float>(values.size(), -1.0f));
 }
 
 }  // namespace
