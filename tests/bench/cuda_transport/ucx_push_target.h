@@ -2,8 +2,8 @@
 // the shard (a real process, --ucx, one worker, ASP), registers rank 0,
 // creates dense tensors chunk by chunk over gRPC, pushes them over a
 // UcxShardTransport from host or device memory and pulls them back into it
-// (PullInto). No CUDA here: the caller
-// owns the memory, so this builds and is tested on any machine.
+// (PullInto). No CUDA here: the caller owns the memory, so this builds and
+// is tested on any machine.
 
 #ifndef HARRIER_TESTS_BENCH_CUDA_TRANSPORT_UCX_PUSH_TARGET_H_
 #define HARRIER_TESTS_BENCH_CUDA_TRANSPORT_UCX_PUSH_TARGET_H_
@@ -25,6 +25,7 @@
 
 namespace harrier::bench {
 
+// Not thread-safe: one push or pull at a time.
 class UcxPushTarget {
  public:
   // `device_memory` as for UcxClientContext::Create; `chunk_bytes` is how
