@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,29 @@ bool OnlySharedMemory() {
     }
   }
   return true;
+}
+
+std::string MemoryTypeNames(uint64_t types) {
+  std::string names;
+  for (int type = 0; type < UCS_MEMORY_TYPE_LAST; ++type) {
+    if ((types & (uint64_t{1} << type)) == 0) continue;
+    if (!names.empty()) names += ",";
+    names += ucs_memory_type_names[type];
+  }
+  return names;
+}
+
+// Once per process: every client and server makes a worker, and the answer
+// is the same for all of them (it depends on the UCX build and the host).
+void LogMemoryTypesOnce(uint64_t types) {
+  static std::once_flag once;
+  std::call_once(once, [types] {
+    const bool cuda = (types & (uint64_t{1} << UCS_MEMORY_TYPE_CUDA)) != 0;
+    spdlog::info("ucx memory types: {} ({})", MemoryTypeNames(types),
+                 cuda ? "UCS_MEMORY_TYPE_CUDA supported: device memory can be sent directly"
+                      : "no UCS_MEMORY_TYPE_CUDA in this UCX: device memory must be staged "
+                        "through host memory");
+  });
 }
 
 struct Completion {
@@ -92,6 +116,13 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(
   ucs_status_t status = ucp_init(&params, config, &self->context_);
   ucp_config_release(config);
   if (status != UCS_OK) return UcsError("ucp_init", status);
+  ucp_context_attr_t context_attr{};
+  context_attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (status = ucp_context_query(self->context_, &context_attr); status != UCS_OK) {
+    return UcsError("ucp_context_query", status);
+  }
+  self->memory_types_ = context_attr.memory_types;
+  LogMemoryTypesOnce(self->memory_types_);
 
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -267,11 +298,23 @@ void UcxWorker::CloseEndpoint(ucp_ep_h ep) {
 }
 
 void UcxWorker::SendAm(ucp_ep_h ep, unsigned id, std::string header, const void* data,
-                       size_t bytes, std::function<void(ucs_status_t)> done) {
+                       size_t bytes, std::function<void(ucs_status_t)> done,
+                       ucs_memory_type_t data_memory) {
   auto* completion = new Completion{this, &outstanding_, std::move(header), std::move(done)};
   outstanding_++;
+  if (data_memory != UCS_MEMORY_TYPE_UNKNOWN && !SupportsMemoryType(data_memory)) {
+    // UCX without that transport would treat the pointer as host memory.
+    Complete(completion, UCS_ERR_UNSUPPORTED);
+    return;
+  }
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  // The memory type covers the data only; UCX always reads the header as
+  // host memory. Saying it spares UCX its pointer lookup.
+  if (data_memory != UCS_MEMORY_TYPE_UNKNOWN) {
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    param.memory_type = data_memory;
+  }
   param.cb.send = OnSend;
   param.user_data = completion;
   Settle(ucp_am_send_nbx(ep, id, completion->header.data(), completion->header.size(), data,
@@ -280,11 +323,21 @@ void UcxWorker::SendAm(ucp_ep_h ep, unsigned id, std::string header, const void*
 }
 
 void UcxWorker::ReceiveData(void* descriptor, void* buffer, size_t bytes,
-                            std::function<void(ucs_status_t)> done) {
+                            std::function<void(ucs_status_t)> done,
+                            ucs_memory_type_t buffer_memory) {
   auto* completion = new Completion{this, &outstanding_, {}, std::move(done)};
   outstanding_++;
+  if (buffer_memory != UCS_MEMORY_TYPE_UNKNOWN && !SupportsMemoryType(buffer_memory)) {
+    ucp_am_data_release(worker_, descriptor);  // the sender's request ends too
+    Complete(completion, UCS_ERR_UNSUPPORTED);
+    return;
+  }
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  if (buffer_memory != UCS_MEMORY_TYPE_UNKNOWN) {
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    param.memory_type = buffer_memory;
+  }
   param.cb.recv_am = OnReceive;
   param.user_data = completion;
   Settle(ucp_am_recv_data_nbx(worker_, descriptor, buffer, bytes, &param), completion);

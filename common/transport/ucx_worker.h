@@ -54,6 +54,16 @@ class UcxWorker {
   // This worker's address (ucp_worker_get_address), for peers' endpoints.
   const std::string& address() const { return address_; }
 
+  // The memory types this UCX build can send from and receive into
+  // (ucp_context_query, UCP_ATTR_FIELD_MEMORY_TYPES), queried once at
+  // Start(): bit UCS_BIT(type) per ucs_memory_type_t. Host memory is always
+  // there; UCS_MEMORY_TYPE_CUDA only when UCX was built with CUDA and found
+  // a device (Debian's 1.13.1 package has no CUDA transports).
+  uint64_t memory_types() const { return memory_types_; }
+  bool SupportsMemoryType(ucs_memory_type_t type) const {
+    return (memory_types_ & (uint64_t{1} << type)) != 0;
+  }
+
   // Runs `task` on the progress thread. Thread-safe; tasks run in order.
   void Post(std::function<void()> task);
 
@@ -77,12 +87,19 @@ class UcxWorker {
   void CloseEndpoint(ucp_ep_h ep);
   // Sends an AM; `header` and `data` (not copied) must stay valid until
   // `done` runs, which it always does exactly once on the progress thread
-  // (possibly before SendAm returns). The header is kept by this call.
+  // (possibly before SendAm returns). The header is kept by this call and
+  // always sent from host memory; `data_memory` says where `data` lives
+  // (UNKNOWN: UCX detects it, which costs a lookup per send; the callers
+  // know, so they say). A type this worker does not support completes
+  // `done` with UCS_ERR_UNSUPPORTED without sending anything.
   void SendAm(ucp_ep_h ep, unsigned id, std::string header, const void* data, size_t bytes,
-              std::function<void(ucs_status_t)> done);
-  // Receives rendezvous data into `buffer`; `done` runs exactly once.
+              std::function<void(ucs_status_t)> done,
+              ucs_memory_type_t data_memory = UCS_MEMORY_TYPE_HOST);
+  // Receives rendezvous data into `buffer` (of memory type `buffer_memory`,
+  // with the same rule as SendAm's); `done` runs exactly once.
   void ReceiveData(void* descriptor, void* buffer, size_t bytes,
-                   std::function<void(ucs_status_t)> done);
+                   std::function<void(ucs_status_t)> done,
+                   ucs_memory_type_t buffer_memory = UCS_MEMORY_TYPE_HOST);
 
  private:
   UcxWorker() = default;
@@ -94,6 +111,7 @@ class UcxWorker {
   ucp_worker_h worker_ = nullptr;
   std::string name_;
   std::string address_;
+  uint64_t memory_types_ = 0;
   int event_fd_ = -1;   // the worker's (ucp_worker_get_efd)
   int wake_fd_ = -1;    // eventfd: Post() wakes the thread
   int epoll_fd_ = -1;

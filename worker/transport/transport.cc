@@ -3,7 +3,33 @@
 #include <algorithm>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace harrier {
+
+absl::Status RefuseDeviceChunks(absl::string_view transport,
+                                const std::vector<OutgoingChunk>& chunks) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].borrowed_memory != MemoryKind::kDevice) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ", transport, " transport cannot send from device memory (chunk ", i, " of '",
+        chunks[i].header.key(), "'): stage it through host memory (SendsFromDeviceMemory() is "
+        "false)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardTransport::PullInto(const proto::PullRequest& request,
+                                      const ReplyLandingChooser& /*choose*/,
+                                      const LandedChunkSink& sink, absl::Time deadline,
+                                      CallCanceller& canceller) {
+  return Pull(
+      request,
+      [&sink](const proto::TensorChunk& header, const PayloadView& payload) {
+        return sink(header, payload, MemoryKind::kHost);
+      },
+      deadline, canceller);
+}
 
 bool CallCanceller::Register(const void* call, std::function<void()> abort) {
   absl::MutexLock lock(&mutex_);

@@ -51,6 +51,28 @@ class CallCanceller {
 using ChunkViewSink =
     std::function<absl::Status(const proto::TensorChunk& header, const PayloadView& payload)>;
 
+// Where one reply chunk's payload should land, chosen by the receiver
+// before its data arrives (PullInto). `data == nullptr`: nowhere, the
+// payload arrives in a transport buffer as with Pull.
+struct ReplyLanding {
+  void* data = nullptr;
+  size_t capacity = 0;  // bytes at `data`; a larger payload does not land
+  MemoryKind memory = MemoryKind::kHost;
+};
+// Picks the landing of a reply chunk from its header (ignore its payload
+// field) and payload size. Runs on a transport thread while the call is in
+// flight (UCX: the progress thread, under the call's lock), possibly
+// concurrently with other calls' choosers: quick, thread-safe, and never
+// calling into the transport.
+using ReplyLandingChooser =
+    std::function<ReplyLanding(const proto::TensorChunk& header, size_t bytes)>;
+// As ChunkViewSink, plus where `payload` is: in the landing buffer that was
+// chosen for it (in that landing's memory, kDevice included: then the view's
+// bytes are a device address, not readable on the host), or, when it did
+// not land, a host view of a transport buffer (kHost).
+using LandedChunkSink = std::function<absl::Status(
+    const proto::TensorChunk& header, const PayloadView& payload, MemoryKind memory)>;
+
 // One chunk to push: header fields plus a payload that is either borrowed
 // (dense gradients: a view into the caller's tensor, not copied) or owned
 // (compressed payloads, produced by the codec).
@@ -75,6 +97,13 @@ struct OutgoingChunk {
   absl::string_view payload() const { return is_borrowed ? borrowed : absl::string_view(owned); }
 };
 
+// For transports that send host memory only: FAILED_PRECONDITION naming
+// `transport` and the first chunk whose borrowed payload is in device
+// memory, before anything is sent (the bytes are never read: on the host a
+// device pointer is not readable). OK if every chunk is in host memory.
+absl::Status RefuseDeviceChunks(absl::string_view transport,
+                                const std::vector<OutgoingChunk>& chunks);
+
 // One shard's data path. Calls are synchronous and thread-safe: several
 // run at once on the client's pools. Every call ends by `deadline`.
 // Errors carry the shard's status code and message.
@@ -95,6 +124,21 @@ class ShardTransport {
                             CallCanceller& canceller) = 0;
   virtual absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
                             absl::Time deadline, CallCanceller& canceller) = 0;
+  // True if PullInto lands payloads in device memory (UCX built with CUDA,
+  // rendezvous-sized replies); otherwise a kDevice landing is not used and
+  // the sink gets a host view.
+  virtual bool ReceivesIntoDeviceMemory() const { return false; }
+  // Pull, with each reply's payload received straight into the buffer
+  // `choose` names for it where the backend can (UCX: rendezvous replies
+  // into host or, with ReceivesIntoDeviceMemory(), device memory; small
+  // eager replies are copied into a host landing, and stay host views for a
+  // device one). The landing buffers must stay valid and untouched by the
+  // caller until the call returns; the call does not return while the
+  // transport may still write into them. Checksums are the sink's to check,
+  // as with Pull. The default is Pull with nothing landed.
+  virtual absl::Status PullInto(const proto::PullRequest& request,
+                                const ReplyLandingChooser& choose, const LandedChunkSink& sink,
+                                absl::Time deadline, CallCanceller& canceller);
   // Push, then receive each pushed chunk's parameters at clock + 1.
   virtual absl::Status PushPull(const std::vector<OutgoingChunk>& chunks,
                                 const ChunkViewSink& sink, absl::Time deadline,

@@ -26,6 +26,8 @@ FakeShardTransport::Call Recorded(FakeShardTransport::CallKind kind,
 
 absl::Status FakeShardTransport::Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
                                       CallCanceller& canceller) {
+  // Refused before recording: recording copies the payload.
+  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
   return Handle(Recorded(CallKind::kPush, chunks, deadline), nullptr, canceller);
 }
 
@@ -39,6 +41,7 @@ absl::Status FakeShardTransport::Pull(const proto::PullRequest& request, const C
 absl::Status FakeShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
                                           const ChunkViewSink& sink, absl::Time deadline,
                                           CallCanceller& canceller) {
+  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
   return Handle(Recorded(CallKind::kPushPull, chunks, deadline), &sink, canceller);
 }
 

@@ -42,6 +42,8 @@ class FakeShardTransport : public ShardTransport {
   FakeShardTransport();
 
   std::string name() const override { return "fake"; }
+  // Host memory only, like gRPC: a chunk in device memory is refused with
+  // FAILED_PRECONDITION and not recorded (RefuseDeviceChunks).
   absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
                     CallCanceller& canceller) override;
   absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,

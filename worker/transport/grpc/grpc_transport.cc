@@ -165,6 +165,7 @@ GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
 
 absl::Status GrpcShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
                                       absl::Time deadline, CallCanceller& canceller) {
+  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
   BorrowedSlices borrowed;  // declared first: outlives the call's objects
   absl::Status status;
   {
@@ -206,6 +207,7 @@ absl::Status GrpcShardTransport::Pull(const proto::PullRequest& request,
 absl::Status GrpcShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
                                           const ChunkViewSink& sink, absl::Time deadline,
                                           CallCanceller& canceller) {
+  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
   BorrowedSlices borrowed;  // declared first: outlives the call's objects
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));

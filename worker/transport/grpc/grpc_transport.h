@@ -23,6 +23,8 @@ class GrpcShardTransport : public ShardTransport {
   explicit GrpcShardTransport(std::shared_ptr<grpc::Channel> channel);
 
   std::string name() const override { return "grpc"; }
+  // Host memory only: a chunk in device memory is refused with
+  // FAILED_PRECONDITION before anything is sent (RefuseDeviceChunks).
 
   // Returns once gRPC has released every borrowed payload, so the caller
   // may reuse its buffers as soon as the call returns; the wait for the

@@ -1,6 +1,7 @@
 #include "worker/transport/ucx/ucx_transport.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -38,8 +39,18 @@ struct UcxCall {
   struct Reply {
     proto::TensorChunk header;
     transport::PayloadBuffer payload;
+    // PullInto: the payload is at `landed` instead (in `landed_memory`).
+    const char* landed = nullptr;
+    size_t landed_bytes = 0;
+    MemoryKind landed_memory = MemoryKind::kHost;
   };
   std::vector<Reply> replies ABSL_GUARDED_BY(mutex);  // by index
+  // PullInto: picks each reply's landing; cleared when the call ends, so a
+  // reply that comes later never touches the caller's buffers (or chooser).
+  const ReplyLandingChooser* choose ABSL_GUARDED_BY(mutex) = nullptr;
+  // Rendezvous receives into landing buffers not yet complete: the call
+  // does not return while UCX may still write into them.
+  int landings_in_flight ABSL_GUARDED_BY(mutex) = 0;
   // Transport-level: peer lost, send failed.
   absl::Status failure ABSL_GUARDED_BY(mutex);
   bool cancelled ABSL_GUARDED_BY(mutex) = false;
@@ -51,7 +62,10 @@ struct UcxCall {
   bool Ended() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
     return Complete() || cancelled || !failure.ok();
   }
-  bool SendsDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) { return sends_in_flight == 0; }
+  // UCX no longer reads the payloads nor writes into the landing buffers.
+  bool SendsDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
+    return sends_in_flight == 0 && landings_in_flight == 0;
+  }
 };
 
 namespace {
@@ -88,15 +102,53 @@ void Deliver(UcxCall& call, uint32_t index, proto::TensorChunk header,
   ++call.received;
 }
 
+void DeliverLandedLocked(UcxCall& call, uint32_t index, proto::TensorChunk header,
+                         const ReplyLanding& landing, size_t bytes)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(call.mutex) {
+  if (index >= call.replies.size()) call.replies.resize(index + 1);
+  UcxCall::Reply& reply = call.replies[index];
+  reply.header = std::move(header);
+  reply.landed = static_cast<const char*>(landing.data);
+  reply.landed_bytes = bytes;
+  reply.landed_memory = landing.memory;
+  ++call.received;
+}
+
 }  // namespace
+
+absl::StatusOr<UcxDeviceMemory> ParseUcxDeviceMemory(absl::string_view value) {
+  if (value.empty() || value == "auto") return UcxDeviceMemory::kAuto;
+  if (value == "off") return UcxDeviceMemory::kOff;
+  if (value == "on") return UcxDeviceMemory::kOn;
+  return absl::InvalidArgumentError(absl::StrCat(
+      kUcxDeviceMemoryEnv, "='", value, "' is not one of auto, off, on"));
+}
 
 absl::StatusOr<std::shared_ptr<UcxClientContext>> UcxClientContext::Create(
     const std::string& name) {
+  const char* value = std::getenv(kUcxDeviceMemoryEnv);
+  auto mode = ParseUcxDeviceMemory(value == nullptr ? "" : value);
+  if (!mode.ok()) return mode.status();
+  return Create(name, *mode);
+}
+
+absl::StatusOr<std::shared_ptr<UcxClientContext>> UcxClientContext::Create(
+    const std::string& name, UcxDeviceMemory device_memory) {
   std::shared_ptr<UcxClientContext> context(new UcxClientContext());
   auto worker = transport::UcxWorker::Start(
       name, {{transport::kReplyAmId, &UcxClientContext::OnReply, context.get()}});
   if (!worker.ok()) return worker.status();
   context->worker_ = std::move(*worker);
+  const bool cuda = context->worker_->SupportsMemoryType(UCS_MEMORY_TYPE_CUDA);
+  if (device_memory == UcxDeviceMemory::kOn && !cuda) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kUcxDeviceMemoryEnv, "=on, but this UCX cannot send from CUDA memory (ucx_info -d lists "
+        "no cuda_copy/cuda_ipc; UCX must be built with CUDA)"));
+  }
+  context->sends_from_device_memory_ = cuda && device_memory != UcxDeviceMemory::kOff;
+  if (cuda && device_memory == UcxDeviceMemory::kOff) {
+    spdlog::info("ucx: {}=off, device memory is staged through the host", kUcxDeviceMemoryEnv);
+  }
   return context;
 }
 
@@ -185,7 +237,7 @@ std::shared_ptr<UcxCall> UcxClientContext::FindCall(uint64_t request_id) {
 absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t request_id,
                                        std::vector<Message> messages,
                                        const ChunkViewSink* sink, absl::Time deadline,
-                                       CallCanceller& canceller) {
+                                       CallCanceller& canceller, const Landing* landing) {
   if (peer->failed) {
     absl::MutexLock lock(&peer->mutex);
     return peer->failure;
@@ -195,6 +247,7 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
   {
     absl::MutexLock lock(&call->mutex);
     call->sends_in_flight = static_cast<int>(messages.size());
+    if (landing != nullptr) call->choose = landing->choose;
   }
   if (!canceller.Register(call.get(), [call] {
         absl::MutexLock lock(&call->mutex);
@@ -220,15 +273,18 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
         }
         continue;
       }
-      worker_->SendAm(peer->ep, transport::kRequestAmId, std::move(message.header), message.data,
-                      message.bytes, [call](ucs_status_t status) {
-                        absl::MutexLock lock(&call->mutex);
-                        --call->sends_in_flight;
-                        if (status != UCS_OK && call->failure.ok()) {
-                          call->failure = absl::UnavailableError(
-                              absl::StrCat("UCX send failed: ", ucs_status_string(status)));
-                        }
-                      });
+      worker_->SendAm(
+          peer->ep, transport::kRequestAmId, std::move(message.header), message.data,
+          message.bytes,
+          [call](ucs_status_t status) {
+            absl::MutexLock lock(&call->mutex);
+            --call->sends_in_flight;
+            if (status != UCS_OK && call->failure.ok()) {
+              call->failure = absl::UnavailableError(
+                  absl::StrCat("UCX send failed: ", ucs_status_string(status)));
+            }
+          },
+          message.data_memory);
     }
   });
 
@@ -263,6 +319,7 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
       }
     }
     absl::MutexLock lock(&call->mutex);
+    call->choose = nullptr;  // from now on replies land nowhere
     answered = finished && call->Complete();
     if (answered) {
       result = call->status;
@@ -297,7 +354,21 @@ absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uin
   // The payloads belong to the caller: wait until UCX is done reading them.
   if (absl::Status drained = WaitSendsDone(call, peer); !drained.ok()) result = drained;
   canceller.Unregister(call.get());
-  if (!result.ok() || sink == nullptr) return result;
+  if (!result.ok()) return result;
+  if (landing != nullptr) {
+    for (const UcxCall::Reply& reply : replies) {
+      const bool landed = reply.landed != nullptr;
+      const PayloadView view(landed ? absl::string_view(reply.landed, reply.landed_bytes)
+                                    : reply.payload.view());
+      if (auto status = (*landing->sink)(reply.header, view,
+                                         landed ? reply.landed_memory : MemoryKind::kHost);
+          !status.ok()) {
+        return status;
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (sink == nullptr) return result;
   for (const UcxCall::Reply& reply : replies) {
     if (auto status = (*sink)(reply.header, PayloadView(reply.payload.view())); !status.ok()) {
       return status;
@@ -355,7 +426,51 @@ ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t hea
     Fail(*call, absl::InternalError("malformed UCX reply"));
     return UCS_OK;
   }
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  ReplyLanding landing;
+  bool receive_into_landing = false;
+  {
+    // PullInto: land the payload where the caller chose, if it fits and
+    // this UCX can write that memory (device: rendezvous only, no copy
+    // here). Decided under the call's lock, so the call cannot end (and its
+    // buffers go away) meanwhile: an eager copy happens under it, and a
+    // rendezvous receive is counted before the lock is released.
+    absl::MutexLock lock(&call->mutex);
+    if (call->choose != nullptr) landing = (*call->choose)(chunk, length);
+    const bool fits = landing.data != nullptr && landing.capacity >= length;
+    const bool device = landing.memory == MemoryKind::kDevice;
+    if (fits && !device && !rendezvous) {
+      if (length > 0) std::memcpy(landing.data, data, length);
+      DeliverLandedLocked(*call, frame.index, std::move(chunk), landing, length);
+      return UCS_OK;
+    }
+    if (fits && rendezvous && (!device || self->sends_from_device_memory_)) {
+      ++call->landings_in_flight;
+      receive_into_landing = true;
+    }
+  }
+  if (receive_into_landing) {
+    // Not under the lock: the completion may run inside ReceiveData.
+    const uint32_t index = frame.index;
+    auto header = std::make_shared<proto::TensorChunk>(std::move(chunk));
+    self->worker_->ReceiveData(
+        data, landing.data, length,
+        [call, header, landing, length, index](ucs_status_t status) {
+          absl::MutexLock lock(&call->mutex);
+          --call->landings_in_flight;
+          if (status != UCS_OK) {
+            if (call->failure.ok()) {
+              call->failure = absl::UnavailableError(
+                  absl::StrCat("UCX receive failed: ", ucs_status_string(status)));
+            }
+            return;
+          }
+          DeliverLandedLocked(*call, index, std::move(*header), landing, length);
+        },
+        landing.memory == MemoryKind::kDevice ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
+    return UCS_OK;
+  }
+  if (!rendezvous) {
     auto payload = transport::PayloadBuffer::Allocate(length);
     if (length > 0) std::memcpy(payload.data(), data, length);
     Deliver(*call, frame.index, std::move(chunk), std::move(payload));
@@ -464,9 +579,17 @@ absl::StatusOr<std::shared_ptr<UcxPeer>> UcxShardTransport::CurrentPeer(absl::Ti
 
 UcxShardTransport::~UcxShardTransport() = default;  // the context closes the endpoint
 
+bool UcxShardTransport::SendsFromDeviceMemory() const {
+  return context_->sends_from_device_memory();
+}
+
 absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks,
                                            bool then_pull, const ChunkViewSink* sink,
                                            absl::Time deadline, CallCanceller& canceller) {
+  // Before the peer too: a refused call must not even reconnect.
+  if (!SendsFromDeviceMemory()) {
+    if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+  }
   auto peer = CurrentPeer(deadline);
   if (!peer.ok()) return peer.status();
   Frame frame;
@@ -483,8 +606,13 @@ absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chu
     frame.payload_bytes = payload.size();
     // The header's payload field is empty (OutgoingChunk's contract), so it
     // serializes as the chunk's fields alone.
+    // Owned payloads (the codec's output) are host memory whatever
+    // borrowed_memory says.
+    const bool device =
+        chunks[i].is_borrowed && chunks[i].borrowed_memory == MemoryKind::kDevice;
     messages.push_back({transport::EncodeHeader(frame, chunks[i].header.SerializeAsString()),
-                        payload.data(), payload.size()});
+                        payload.data(), payload.size(),
+                        device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST});
   }
   return context_->Execute(*peer, frame.request_id, std::move(messages), sink, deadline,
                            canceller);
@@ -503,6 +631,21 @@ absl::Status UcxShardTransport::PushPull(const std::vector<OutgoingChunk>& chunk
 
 absl::Status UcxShardTransport::Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
                                      absl::Time deadline, CallCanceller& canceller) {
+  return StartPull(request, &sink, nullptr, deadline, canceller);
+}
+
+absl::Status UcxShardTransport::PullInto(const proto::PullRequest& request,
+                                         const ReplyLandingChooser& choose,
+                                         const LandedChunkSink& sink, absl::Time deadline,
+                                         CallCanceller& canceller) {
+  const UcxClientContext::Landing landing{&choose, &sink};
+  return StartPull(request, nullptr, &landing, deadline, canceller);
+}
+
+absl::Status UcxShardTransport::StartPull(const proto::PullRequest& request,
+                                          const ChunkViewSink* sink,
+                                          const UcxClientContext::Landing* landing,
+                                          absl::Time deadline, CallCanceller& canceller) {
   auto peer = CurrentPeer(deadline);
   if (!peer.ok()) return peer.status();
   Frame frame;
@@ -512,8 +655,8 @@ absl::Status UcxShardTransport::Pull(const proto::PullRequest& request, const Ch
   frame.arg = TimeoutMs(deadline);
   std::vector<UcxClientContext::Message> messages;
   messages.push_back({transport::EncodeHeader(frame, request.SerializeAsString()), nullptr, 0});
-  return context_->Execute(*peer, frame.request_id, std::move(messages), &sink, deadline,
-                           canceller);
+  return context_->Execute(*peer, frame.request_id, std::move(messages), sink, deadline,
+                           canceller, landing);
 }
 
 }  // namespace harrier

@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/transport/framing.h"
 #include "common/transport/ucx_worker.h"
@@ -29,14 +30,36 @@ struct UcxCall;
 using UcxAddressProvider =
     std::function<absl::StatusOr<transport::PeerAddress>(absl::Time deadline)>;
 
+// Whether UCX sends device-memory chunks itself. Read from the environment
+// variable HARRIER_UCX_DEVICE_MEMORY by UcxClientContext::Create(name):
+//   auto (or unset): directly when this UCX supports UCS_MEMORY_TYPE_CUDA,
+//                    else the client stages them through host memory;
+//   off:             always staged (to compare both paths on a CUDA UCX);
+//   on:              directly, and Create fails FAILED_PRECONDITION when
+//                    this UCX has no CUDA support.
+enum class UcxDeviceMemory { kAuto, kOff, kOn };
+// INVALID_ARGUMENT naming the choices for anything but auto/off/on (and "").
+absl::StatusOr<UcxDeviceMemory> ParseUcxDeviceMemory(absl::string_view value);
+inline constexpr char kUcxDeviceMemoryEnv[] = "HARRIER_UCX_DEVICE_MEMORY";
+
 // One UCP worker and progress thread shared by a Client's shard transports.
 // The progress thread runs the reply handler and completions; calling
 // threads post sends to it and wait on their call. Thread-safe. Lives as
 // long as the longest-lived transport made from it (they share ownership).
 class UcxClientContext {
  public:
+  // The device-memory mode comes from HARRIER_UCX_DEVICE_MEMORY (above);
+  // a bad value fails with INVALID_ARGUMENT.
   static absl::StatusOr<std::shared_ptr<UcxClientContext>> Create(const std::string& name);
+  static absl::StatusOr<std::shared_ptr<UcxClientContext>> Create(const std::string& name,
+                                                                  UcxDeviceMemory device_memory);
   ~UcxClientContext();
+
+  // The memory types this UCX supports (UcxWorker::memory_types()).
+  uint64_t memory_types() const { return worker_->memory_types(); }
+  // True when chunks in device memory go out from device memory: this UCX
+  // supports UCS_MEMORY_TYPE_CUDA and the mode is not kOff.
+  bool sends_from_device_memory() const { return sends_from_device_memory_; }
 
   // Connects to a shard's UCX worker address (from GetTransportAddress) with
   // error mode PEER, and waits for its hello reply until `deadline`.
@@ -57,6 +80,7 @@ class UcxClientContext {
     std::string header;
     const void* data = nullptr;
     size_t bytes = 0;
+    ucs_memory_type_t data_memory = UCS_MEMORY_TYPE_HOST;  // the header is always host
   };
 
   UcxClientContext() = default;
@@ -74,12 +98,19 @@ class UcxClientContext {
   // order. Never returns while UCX still reads the messages' data: sends
   // still in flight a grace after the call ended force-close the peer's
   // endpoint, which completes them (see ucx_transport.cc).
+  // With `landing` (PullInto), reply payloads land where its chooser says
+  // and go to its sink instead of `sink`.
+  struct Landing {
+    const ReplyLandingChooser* choose;
+    const LandedChunkSink* sink;
+  };
   absl::Status Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t request_id,
                        std::vector<Message> messages, const ChunkViewSink* sink,
-                       absl::Time deadline, CallCanceller& canceller);
+                       absl::Time deadline, CallCanceller& canceller,
+                       const Landing* landing = nullptr);
   uint64_t NextRequestId() { return next_request_id_++; }
-  // Waits (bounded) until UCX no longer reads the call's payloads; see
-  // kSendDrainGrace in ucx_transport.cc.
+  // Waits (bounded) until UCX no longer reads the call's payloads nor
+  // writes into its landing buffers; see kSendDrainGrace in ucx_transport.cc.
   absl::Status WaitSendsDone(const std::shared_ptr<UcxCall>& call,
                              const std::shared_ptr<UcxPeer>& peer);
 
@@ -97,12 +128,16 @@ class UcxClientContext {
   std::map<uint64_t, std::shared_ptr<UcxCall>> calls_ ABSL_GUARDED_BY(mutex_);
   std::vector<std::shared_ptr<UcxPeer>> peers_ ABSL_GUARDED_BY(mutex_);
   std::unique_ptr<transport::UcxWorker> worker_;
+  bool sends_from_device_memory_ = false;
 };
 
-// A shard's data path over UCX active messages. Host memory only (no
-// UCS_MEMORY_TYPE_CUDA sends yet). Payloads are sent
-// from the chunks' own bytes (no copy); replies are received into the reply
-// chunks and handed to the sink on the calling thread. A shard that dies
+// A shard's data path over UCX active messages. Payloads are sent from the
+// chunks' own bytes (no copy): from device memory too, with
+// UCP_OP_ATTR_FIELD_MEMORY_TYPE = UCS_MEMORY_TYPE_CUDA, when
+// SendsFromDeviceMemory(); otherwise a chunk in device memory is refused
+// with FAILED_PRECONDITION before anything is sent. Replies are received
+// into host buffers (PullInto: into the caller's landings) and handed to
+// the sink on the calling thread. A shard that dies
 // fails calls with UNAVAILABLE (error mode PEER), never a hang.
 //
 // Reconnecting: with an address provider, the first call after the peer
@@ -120,6 +155,9 @@ class UcxShardTransport : public ShardTransport {
   ~UcxShardTransport() override;
 
   std::string name() const override { return "ucx"; }
+  // The context's sends_from_device_memory(): false with Debian's UCX
+  // (no CUDA transports) and with HARRIER_UCX_DEVICE_MEMORY=off.
+  bool SendsFromDeviceMemory() const override;
 
   // Payloads go out from the caller's bytes; replies reach the sink as
   // views of the received buffers.
@@ -129,8 +167,19 @@ class UcxShardTransport : public ShardTransport {
                     absl::Time deadline, CallCanceller& canceller) override;
   absl::Status PushPull(const std::vector<OutgoingChunk>& chunks, const ChunkViewSink& sink,
                         absl::Time deadline, CallCanceller& canceller) override;
+  // Same as SendsFromDeviceMemory(): the same UCX support and mode.
+  bool ReceivesIntoDeviceMemory() const override { return SendsFromDeviceMemory(); }
+  // Rendezvous replies are received (ucp_am_recv_data_nbx) straight into
+  // their landing, with UCS_MEMORY_TYPE_CUDA for a device one; eager ones
+  // are copied into a host landing (a device landing gets a host view).
+  absl::Status PullInto(const proto::PullRequest& request, const ReplyLandingChooser& choose,
+                        const LandedChunkSink& sink, absl::Time deadline,
+                        CallCanceller& canceller) override;
 
  private:
+  absl::Status StartPull(const proto::PullRequest& request, const ChunkViewSink* sink,
+                         const UcxClientContext::Landing* landing, absl::Time deadline,
+                         CallCanceller& canceller);
   absl::Status SendChunks(const std::vector<OutgoingChunk>& chunks, bool then_pull,
                           const ChunkViewSink* sink, absl::Time deadline,
                           CallCanceller& canceller);
