@@ -107,6 +107,21 @@ class CudaPullMirror : public PullMirror {
     return absl::OkStatus();
   }
 
+  absl::Status SetDenseFrom(const float* values, float* out) override {
+    const size_t n = mirror_.size();
+    filled_ = false;
+    absl::Status st = absl::OkStatus();
+    if (n > 0) {
+      st = Check(kernels::DeviceToDevice(mirror_.data(), values, 4 * n), "copy device to device");
+    }
+    if (st.ok() && n > 0 && out != values) {
+      st = Check(kernels::DeviceToDevice(out, values, 4 * n), "copy device to device");
+    }
+    if (!st.ok()) return st;
+    filled_ = true;
+    return absl::OkStatus();
+  }
+
   absl::Status AddCompressed(absl::string_view payload, float* out) override {
     if (!filled_) {
       return absl::FailedPreconditionError("compressed reply before the first dense one");
@@ -124,6 +139,16 @@ class CudaPullMirror : public PullMirror {
   const std::unique_ptr<DeviceCodec> decoder_;
   DeviceArray mirror_;
   bool filled_ = false;
+};
+
+class CudaBuffer : public BackendBuffer {
+ public:
+  explicit CudaBuffer(DeviceArray array) : array_(std::move(array)) {}
+  float* data() override { return array_.data(); }
+  size_t size() const override { return array_.size(); }
+
+ private:
+  DeviceArray array_;
 };
 
 class CudaCodecBackend : public CodecBackend {
@@ -178,6 +203,17 @@ class CudaCodecBackend : public CodecBackend {
 
   absl::StatusOr<uint32_t> Crc32c(const void* data, size_t bytes) override {
     return DeviceCrc32c(data, bytes);
+  }
+
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(size_t n) override {
+    absl::StatusOr<DeviceArray> array = DeviceArray::Create(n);
+    if (!array.ok()) return array.status();
+    return std::unique_ptr<BackendBuffer>(new CudaBuffer(std::move(*array)));
+  }
+
+  absl::Status CopyWithin(const float* from, size_t n, float* to) override {
+    if (n == 0 || from == to) return absl::OkStatus();
+    return Check(kernels::DeviceToDevice(to, from, 4 * n), "copy device to device");
   }
 };
 

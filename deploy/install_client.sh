@@ -3,7 +3,7 @@
 #   bazel run //:install                  # under /usr/local
 #   bazel run //:install -- --prefix=DIR  # under DIR
 # Writes DIR/lib/libharrier.so.0 (and the libharrier.so link),
-# DIR/include/harrier/worker/{client,operation_handle}.h (-IDIR/include/harrier,
+# DIR/include/harrier/{worker/client.h, worker/operation_handle.h, common/...} (-IDIR/include/harrier,
 # so programs include "worker/client.h" as in the repository),
 # DIR/lib/pkgconfig/harrier.pc and DIR/lib/cmake/harrier/harrierConfig.cmake
 # (imported target harrier::harrier). Abseil, gRPC, protobuf, UCX and spdlog
@@ -39,9 +39,15 @@ mkdir -p "$prefix/lib/pkgconfig" "$prefix/lib/cmake/harrier" "$prefix/include/ha
 cp -f "$runfiles/worker/libharrier.so" "$prefix/lib/libharrier.so.0"
 chmod 0755 "$prefix/lib/libharrier.so.0"
 ln -sfn libharrier.so.0 "$prefix/lib/libharrier.so"
-# The headers are //worker:client_headers, the one list of them.
-cp -f "$runfiles/worker/"*.h "$prefix/include/harrier/worker/"
-chmod 0644 "$prefix/include/harrier/worker/"*.h
+# The headers are //worker:client_headers, the one list of them: client.h
+# and what it includes, at their repository paths.
+for header in worker/client.h worker/operation_handle.h common/payload_view.h \
+              common/codec/codec.h common/codec/codec_backend.h; do
+  [ -f "$runfiles/$header" ] || { echo "install: $header is missing from the build" >&2; exit 1; }
+  mkdir -p "$prefix/include/harrier/$(dirname "$header")"
+  cp -f "$runfiles/$header" "$prefix/include/harrier/$header"
+  chmod 0644 "$prefix/include/harrier/$header"
+done
 
 # Requires: what the installed headers include (Abseil). gRPC, protobuf,
 # UCX and spdlog are libharrier.so's own business: its DT_NEEDED entries name

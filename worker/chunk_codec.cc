@@ -13,7 +13,24 @@ namespace harrier {
 struct ChunkCodec::TensorState {
   MemoryKind memory = MemoryKind::kHost;
   std::shared_ptr<CodecBackend> backend;
+  // Device tensors: a landing buffer per chunk for dense pull replies,
+  // made on first use, taken by one transport call at a time.
+  mutable absl::Mutex landing_mutex;
+  mutable absl::flat_hash_map<uint32_t, std::shared_ptr<LandingSlot>> landings
+      ABSL_GUARDED_BY(landing_mutex);
+  // The backend has no buffers (NewBuffer failed once): never land.
+  mutable bool landing_unsupported ABSL_GUARDED_BY(landing_mutex) = false;
 };
+
+struct ChunkCodec::LandingSlot {
+  std::unique_ptr<BackendBuffer> buffer;  // immutable once the slot is in the map
+  std::atomic<bool> taken{false};
+};
+
+ChunkCodec::Landings::~Landings() {
+  absl::MutexLock lock(&mutex_);
+  for (auto& slot : taken_) slot->taken.store(false, std::memory_order_release);
+}
 
 // Compression state of one chunk: its push stream (codec, residual or DGC's
 // u/v, in the backend's memory) and the spec it was made with.
@@ -235,9 +252,93 @@ absl::Status ChunkCodec::EncodePush(const ChunkKey& key, absl::Span<const float>
   return absl::OkStatus();
 }
 
+bool ChunkCodec::LandsInDeviceMemory(const std::string& name) const {
+  std::shared_ptr<const TensorState> state = TensorStateFor(name);
+  if (state == nullptr || state->memory != MemoryKind::kDevice) return false;
+  absl::MutexLock lock(&state->landing_mutex);
+  return !state->landing_unsupported;
+}
+
+ReplyLanding ChunkCodec::Land(const std::string& name, absl::Span<const ChunkSpan> spans,
+                              const proto::TensorChunk& header, size_t bytes,
+                              Landings* landings) const {
+  if (header.codec() != 0 || header.key() != name) return {};  // only dense replies land
+  const ChunkSpan* span = nullptr;
+  for (const ChunkSpan& candidate : spans) {
+    if (candidate.chunk == header.chunk()) span = &candidate;
+  }
+  if (span == nullptr || bytes != span->num_elements * sizeof(float)) return {};
+  std::shared_ptr<const TensorState> state = TensorStateFor(name);
+  if (state == nullptr || state->memory != MemoryKind::kDevice) return {};
+  std::shared_ptr<LandingSlot> slot;
+  {
+    absl::MutexLock lock(&state->landing_mutex);
+    if (state->landing_unsupported) return {};
+    auto it = state->landings.find(span->chunk);
+    if (it == state->landings.end()) {
+      auto buffer = state->backend->NewBuffer(span->num_elements);
+      if (!buffer.ok()) {
+        state->landing_unsupported = true;
+        return {};
+      }
+      auto made = std::make_shared<LandingSlot>();
+      made->buffer = std::move(*buffer);
+      it = state->landings.emplace(span->chunk, std::move(made)).first;
+    }
+    slot = it->second;
+  }
+  // One call at a time: two pulls of one chunk at once, the second stages.
+  if (slot->taken.exchange(true, std::memory_order_acq_rel)) return {};
+  {
+    absl::MutexLock lock(&landings->mutex_);
+    landings->taken_.push_back(slot);
+  }
+  ReplyLanding landing;
+  landing.data = slot->buffer->data();
+  landing.capacity = slot->buffer->size() * sizeof(float);
+  landing.memory = MemoryKind::kDevice;
+  return landing;
+}
+
+absl::Status ChunkCodec::DecodeLandedPull(const std::string& name, const ChunkSpan& span,
+                                          const TensorState& state,
+                                          const proto::TensorChunk& reply,
+                                          const PayloadView& payload, float* out) {
+  // The reply is in a landing buffer of the device backend: checked there,
+  // then copied within device memory.
+  if (reply.codec() != 0 || !payload.contiguous()) {
+    return absl::DataLossError(absl::StrCat("reply for '", name, "' chunk ", reply.chunk(),
+                                            " landed in device memory but is not dense"));
+  }
+  const float* landed = reinterpret_cast<const float*>(payload.first().data());
+  auto crc = state.backend->Crc32c(landed, payload.size());
+  if (!crc.ok()) {
+    return absl::Status(crc.status().code(), absl::StrCat("'", name, "' chunk ", reply.chunk(),
+                                                          ": ", crc.status().message()));
+  }
+  if (*crc != reply.checksum()) {
+    return absl::DataLossError(
+        absl::StrCat("checksum mismatch in '", name, "' chunk ", reply.chunk()));
+  }
+  absl::Status status;
+  if (std::shared_ptr<Mirror> mirror = MirrorFor(ChunkKey{name, span.chunk}); mirror != nullptr) {
+    absl::MutexLock lock(&mirror->mutex);
+    status = mirror->mirror->SetDenseFrom(landed, out);
+    if (status.ok()) mirror->version = reply.view_version();
+  } else {
+    status = state.backend->CopyWithin(landed, span.num_elements, out);
+  }
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("'", name, "' chunk ", reply.chunk(), ": ",
+                                                    status.message()));
+  }
+  landed_bytes_ += payload.size();
+  return absl::OkStatus();
+}
+
 absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const ChunkSpan> spans,
                                     const proto::TensorChunk& reply, const PayloadView& payload,
-                                    float* tensor) {
+                                    float* tensor, MemoryKind payload_memory) {
   const ChunkSpan* span = nullptr;
   for (const ChunkSpan& candidate : spans) {
     if (candidate.chunk == reply.chunk()) span = &candidate;
@@ -251,6 +352,13 @@ absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const Ch
   std::shared_ptr<const TensorState> state = TensorStateFor(name);
   if (state == nullptr) {
     return absl::DataLossError(absl::StrCat("reply for '", name, "', which is not registered"));
+  }
+  if (payload_memory == MemoryKind::kDevice) {
+    if (state->memory != MemoryKind::kDevice) {
+      return absl::DataLossError(absl::StrCat("reply for host tensor '", name,
+                                              "' landed in device memory"));
+    }
+    return DecodeLandedPull(name, *span, *state, reply, payload, tensor + span->offset);
   }
   // Checked before anything is written, so a corrupt reply leaves the
   // tensor as it was; then one copy, straight from the received slices.

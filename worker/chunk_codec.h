@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -89,9 +90,42 @@ class ChunkCodec {
   // `tensor` (the whole tensor's buffer, in the tensor's memory) at the
   // chunk's offset; nothing is written on error (DATA_LOSS, without the
   // shard's name).
+  // `payload_memory` kDevice: the payload is in a landing buffer Land()
+  // gave (device memory), checked and copied there.
   absl::Status DecodePull(const std::string& name, absl::Span<const ChunkSpan> spans,
                           const proto::TensorChunk& reply, const PayloadView& payload,
-                          float* tensor);
+                          float* tensor, MemoryKind payload_memory = MemoryKind::kHost);
+
+  // Dense pull replies of device tensors received in device memory
+  // (ShardTransport::PullInto, PushPullInto where the transport
+  // ReceivesIntoDeviceMemory): each chunk has a landing buffer of the device
+  // backend, so a reply goes from the network to the tensor without
+  // crossing the host; it is checked (CRC on the device) before the tensor
+  // is written. A transport call holds a Landings for the buffers it took;
+  // they are given back when it is destroyed, after the call returned.
+  struct LandingSlot;
+  class Landings {
+   public:
+    Landings() = default;
+    ~Landings();
+    Landings(const Landings&) = delete;
+    Landings& operator=(const Landings&) = delete;
+
+   private:
+    friend class ChunkCodec;
+    absl::Mutex mutex_;
+    std::vector<std::shared_ptr<LandingSlot>> taken_ ABSL_GUARDED_BY(mutex_);
+  };
+  // True for a device tensor whose backend may have landing buffers.
+  bool LandsInDeviceMemory(const std::string& name) const;
+  // Where the reply chunk `header` of `bytes` bytes lands: the chunk's
+  // buffer (taken into `landings`), or nowhere (a compressed or unexpected
+  // reply, a host tensor, a backend without buffers, the buffer taken by
+  // another call).
+  ReplyLanding Land(const std::string& name, absl::Span<const ChunkSpan> spans,
+                    const proto::TensorChunk& header, size_t bytes, Landings* landings) const;
+  // Bytes of pull replies that reached device tensors through a landing.
+  uint64_t landed_bytes() const { return landed_bytes_; }
 
   // Bytes of dense device chunks copied to host memory for a transport
   // that cannot send from device memory.
@@ -113,6 +147,9 @@ class ChunkCodec {
   // The push spec of one chunk of `info` (PowerSGD gets the layer's row
   // length); nullopt-like false: the chunk is pushed dense.
   bool ChunkPushSpec(const TensorInfo& info, const ChunkSpan& span, CodecSpec* spec) const;
+  absl::Status DecodeLandedPull(const std::string& name, const ChunkSpan& span,
+                                const TensorState& state, const proto::TensorChunk& reply,
+                                const PayloadView& payload, float* out);
   absl::Status DecodeIntoMirror(const std::string& name, const ChunkSpan& span,
                                 const proto::TensorChunk& reply, const PayloadView& payload,
                                 Mirror& mirror, float* tensor) const;
@@ -125,6 +162,7 @@ class ChunkCodec {
   const std::shared_ptr<CodecBackend> host_backend_;
   const std::shared_ptr<CodecBackend> device_backend_;
   std::atomic<uint64_t> staged_bytes_{0};
+  std::atomic<uint64_t> landed_bytes_{0};
 
   mutable absl::Mutex mutex_;  // guards the maps; each entry has its own lock
   absl::flat_hash_map<std::string, std::shared_ptr<const TensorState>> tensors_

@@ -564,6 +564,7 @@ ClientStats Client::stats() const {
   stats.bytes_pushed = impl_->calls_->bytes_pushed();
   stats.bytes_pulled = impl_->calls_->bytes_pulled();
   stats.bytes_staged = impl_->calls_->bytes_staged();
+  stats.bytes_landed = impl_->calls_->bytes_landed();
   stats.pushes = impl_->pushes_;
   stats.pulls = impl_->pulls_;
   stats.push_wait = impl_->engine_.push_wait();

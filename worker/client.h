@@ -124,6 +124,9 @@ struct ClientStats {
   // Dense chunks of device tensors copied to host memory before a send (a
   // transport that cannot send from device memory).
   uint64_t bytes_staged = 0;
+  // Pull reply bytes received straight into device tensors' memory (a
+  // transport that ReceivesIntoDeviceMemory), not staged through the host.
+  uint64_t bytes_landed = 0;
   uint64_t pushes = 0;
   uint64_t pulls = 0;
   absl::Duration push_wait;  // time spent in Wait() on push handles

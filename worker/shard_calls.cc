@@ -5,6 +5,16 @@
 #include "absl/strings/str_cat.h"
 
 namespace harrier {
+namespace {
+
+// Replies that did not land anywhere: host views of transport buffers.
+ChunkViewSink HostSink(const LandedChunkSink& sink) {
+  return [&sink](const proto::TensorChunk& header, const PayloadView& payload) {
+    return sink(header, payload, MemoryKind::kHost);
+  };
+}
+
+}  // namespace
 
 ShardCalls::ShardCalls(ShardCallsConfig config, std::vector<ShardTransport*> transports,
                        ChunkCodec& codec, const OperationEngine& engine)
@@ -53,22 +63,32 @@ absl::Status ShardCalls::OnShard(Operation& op, int shard,
                       absl::StrCat(config_.shard_name(shard), ": ", status.message()));
 }
 
-absl::Status ShardCalls::ReceiveInto(
-    Operation& op, const std::string& name, const ShardGroup& group, float* out,
-    const std::function<absl::Status(const ChunkViewSink&)>& call) {
+absl::Status ShardCalls::ReceiveInto(Operation& op, const std::string& name,
+                                     const ShardGroup& group, float* out,
+                                     const ReceivingCall& call) {
   size_t received = 0;
-  const ChunkViewSink sink = [&](const proto::TensorChunk& reply, const PayloadView& payload) {
+  const LandedChunkSink sink = [&](const proto::TensorChunk& reply, const PayloadView& payload,
+                                   MemoryKind memory) {
     ++received;
-    if (auto status = codec_.DecodePull(name, group.spans, reply, payload, out); !status.ok()) {
+    if (auto status = codec_.DecodePull(name, group.spans, reply, payload, out, memory);
+        !status.ok()) {
       return status;
     }
     bytes_pulled_ += payload.size();
     last_min_clock_ = reply.min_clock();
     return absl::OkStatus();
   };
+  const bool land = transports_[group.shard]->ReceivesIntoDeviceMemory() &&
+                    codec_.LandsInDeviceMemory(name);
   absl::Status status = OnShard(op, group.shard, [&] {
     received = 0;  // a retried call starts over
-    return call(sink);
+    if (!land) return call(nullptr, sink);
+    // Per attempt: the buffers go back once the transport call returned.
+    ChunkCodec::Landings landings;
+    const ReplyLandingChooser choose = [&](const proto::TensorChunk& header, size_t bytes) {
+      return codec_.Land(name, group.spans, header, bytes, &landings);
+    };
+    return call(&choose, sink);
   });
   if (!status.ok() || received == group.spans.size()) return status;
   return absl::DataLossError(absl::StrCat(config_.shard_name(group.shard), ": ", received, " of ",
@@ -121,12 +141,17 @@ absl::Status ShardCalls::Pull(Operation& op, const std::string& name, const Shar
     const std::string& pull_params = codec_.PullParams(ChunkKey{name, span.chunk});
     if (!pull_params.empty()) ref->set_codec_params(pull_params);
   }
-  return ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
+  return ReceiveInto(op, name, group, out,
+                     [&](const ReplyLandingChooser* choose, const LandedChunkSink& sink) {
     // Each attempt says which pull views it holds now (ChunkCodec::ViewVersion).
     for (proto::ChunkRef& ref : *request.mutable_chunks()) {
       ref.set_view_version(codec_.ViewVersion(ChunkKey{name, ref.chunk()}));
     }
-    return transports_[group.shard]->Pull(request, sink, Deadline(), op.canceller());
+    ShardTransport& transport = *transports_[group.shard];
+    if (choose != nullptr) {
+      return transport.PullInto(request, *choose, sink, Deadline(), op.canceller());
+    }
+    return transport.Pull(request, HostSink(sink), Deadline(), op.canceller());
   });
 }
 
@@ -134,13 +159,18 @@ absl::Status ShardCalls::PushPull(Operation& op, const std::string& name, const 
                                   const float* gradient, float* out, int64_t clock) {
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
-  absl::Status status = ReceiveInto(op, name, group, out, [&](const ChunkViewSink& sink) {
-    for (OutgoingChunk& chunk : *chunks) {  // as in Pull
-      chunk.header.set_pull_view_version(
-          codec_.ViewVersion(ChunkKey{name, chunk.header.chunk()}));
-    }
-    return transports_[group.shard]->PushPull(*chunks, sink, Deadline(), op.canceller());
-  });
+  absl::Status status = ReceiveInto(
+      op, name, group, out, [&](const ReplyLandingChooser* choose, const LandedChunkSink& sink) {
+        for (OutgoingChunk& chunk : *chunks) {  // as in Pull
+          chunk.header.set_pull_view_version(
+              codec_.ViewVersion(ChunkKey{name, chunk.header.chunk()}));
+        }
+        ShardTransport& transport = *transports_[group.shard];
+        if (choose != nullptr) {
+          return transport.PushPullInto(*chunks, *choose, sink, Deadline(), op.canceller());
+        }
+        return transport.PushPull(*chunks, HostSink(sink), Deadline(), op.canceller());
+      });
   if (status.ok()) Acknowledged(name, group, clock);
   return status;
 }

@@ -57,6 +57,8 @@ class ShardCalls {
   uint64_t bytes_pulled() const { return bytes_pulled_; }
   // Dense device chunks copied to host memory before a send.
   uint64_t bytes_staged() const { return codec_.staged_bytes(); }
+  // Pull replies received straight into device memory (landings).
+  uint64_t bytes_landed() const { return codec_.landed_bytes(); }
   int64_t last_min_clock() const { return last_min_clock_; }
 
   // One past the last clock `shard` acknowledged for each chunk pushed
@@ -72,10 +74,13 @@ class ShardCalls {
   // Retries, then the shard's name in front of any error.
   absl::Status OnShard(Operation& op, int shard, const std::function<absl::Status()>& attempt);
   // Runs a pull-like call with retries, reading every reply chunk into
-  // `out`; DATA_LOSS if a chunk did not arrive.
+  // `out`; DATA_LOSS if a chunk did not arrive. `call` gets a landing
+  // chooser (device tensors over a transport that receives into device
+  // memory: use PullInto / PushPullInto) or null (Pull / PushPull).
+  using ReceivingCall = std::function<absl::Status(const ReplyLandingChooser* choose,
+                                                   const LandedChunkSink& sink)>;
   absl::Status ReceiveInto(Operation& op, const std::string& name, const ShardGroup& group,
-                           float* out,
-                           const std::function<absl::Status(const ChunkViewSink&)>& call);
+                           float* out, const ReceivingCall& call);
   absl::Time Deadline() const { return absl::Now() + config_.rpc_timeout; }
   // The group's push of `clock` was acknowledged.
   void Acknowledged(const std::string& name, const ShardGroup& group, int64_t clock);

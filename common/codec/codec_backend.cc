@@ -1,5 +1,7 @@
 #include "common/codec/codec_backend.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace harrier {
 
 absl::string_view MemoryKindName(MemoryKind kind) {
@@ -19,6 +21,18 @@ bool NeedsErrorFeedback(const CodecSpec& spec) {
     default:
       return false;
   }
+}
+
+absl::Status PullMirror::SetDenseFrom(const float* /*values*/, float* /*out*/) {
+  return absl::UnimplementedError("this pull mirror takes dense replies from host memory only");
+}
+
+absl::StatusOr<std::unique_ptr<BackendBuffer>> CodecBackend::NewBuffer(size_t /*n*/) {
+  return absl::UnimplementedError(absl::StrCat("the ", name(), " codec backend has no buffers"));
+}
+
+absl::Status CodecBackend::CopyWithin(const float* /*from*/, size_t /*n*/, float* /*to*/) {
+  return absl::UnimplementedError(absl::StrCat("the ", name(), " codec backend has no buffers"));
 }
 
 }  // namespace harrier

@@ -64,6 +64,20 @@ class PullMirror {
   // out = mirror. FAILED_PRECONDITION while empty; on any error neither
   // the mirror nor out is written.
   virtual absl::Status AddCompressed(absl::string_view payload, float* out) = 0;
+  // As SetDense, from n floats already in the backend's memory (a dense
+  // reply the transport received there: CodecBackend::NewBuffer). The
+  // default is UNIMPLEMENTED (then nothing lands there).
+  virtual absl::Status SetDenseFrom(const float* values, float* out);
+};
+
+// n floats of a backend's memory: where the transport receives a dense pull
+// reply of a device tensor (ShardTransport::PullInto), so it reaches the
+// tensor without crossing the host.
+class BackendBuffer {
+ public:
+  virtual ~BackendBuffer() = default;
+  virtual float* data() = 0;
+  virtual size_t size() const = 0;
 };
 
 // Thread-safe: streams and mirrors are made and used concurrently (each by
@@ -92,6 +106,12 @@ class CodecBackend {
   // CRC32C (common/crc32c.h) of `bytes` bytes at `data` in this backend's
   // memory: the checksum of a dense chunk sent straight from it.
   virtual absl::StatusOr<uint32_t> Crc32c(const void* data, size_t bytes) = 0;
+
+  // Receiving pull replies in place (optional; the defaults are
+  // UNIMPLEMENTED, and then replies are staged through host memory):
+  // a buffer of n floats in this backend's memory, and a copy within it.
+  virtual absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(size_t n);
+  virtual absl::Status CopyWithin(const float* from, size_t n, float* to);
 };
 
 }  // namespace harrier

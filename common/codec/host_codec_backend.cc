@@ -58,6 +58,12 @@ class HostPullMirror : public PullMirror {
     return absl::OkStatus();
   }
 
+  absl::Status SetDenseFrom(const float* values, float* out) override {
+    values_.assign(values, values + n_);
+    if (out != values && n_ > 0) std::memcpy(out, values, n_ * sizeof(float));
+    return absl::OkStatus();
+  }
+
   absl::Status AddCompressed(absl::string_view payload, float* out) override {
     if (values_.empty()) {
       return absl::FailedPreconditionError("compressed reply before the first dense one");
@@ -72,6 +78,16 @@ class HostPullMirror : public PullMirror {
  private:
   const std::unique_ptr<Codec> decoder_;
   const size_t n_;
+  std::vector<float> values_;
+};
+
+class HostBuffer : public BackendBuffer {
+ public:
+  explicit HostBuffer(size_t n) : values_(n) {}
+  float* data() override { return values_.data(); }
+  size_t size() const override { return values_.size(); }
+
+ private:
   std::vector<float> values_;
 };
 
@@ -106,6 +122,15 @@ class HostCodecBackend : public CodecBackend {
 
   absl::StatusOr<uint32_t> Crc32c(const void* data, size_t bytes) override {
     return ::harrier::Crc32c(data, bytes);
+  }
+
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(size_t n) override {
+    return std::unique_ptr<BackendBuffer>(new HostBuffer(n));
+  }
+
+  absl::Status CopyWithin(const float* from, size_t n, float* to) override {
+    if (n > 0 && from != to) std::memmove(to, from, n * sizeof(float));
+    return absl::OkStatus();
   }
 };
 

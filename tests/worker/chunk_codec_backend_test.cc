@@ -279,5 +279,107 @@ TEST_CASE("a Client pushes device tensors through the device backend (fake trans
   CHECK(host->counts().total() == 0);
 }
 
+// A fake shard whose transport also receives into device memory (UCX with
+// CUDA): PullInto and PushPullInto land replies where the client says.
+class DeviceLandingTransport : public DeviceSendingTransport {
+ public:
+  bool ReceivesIntoDeviceMemory() const override { return true; }
+};
+
+std::unique_ptr<Client> LandingClient(const std::string& pull_codec,
+                                      std::shared_ptr<CountingBackend> device,
+                                      std::shared_ptr<CountingBackend> host,
+                                      std::unique_ptr<ShardTransport> transport) {
+  ClientOptions options;
+  options.servers = {"fake:0"};
+  options.heartbeat_interval = absl::ZeroDuration();
+  options.pull_codec = pull_codec;
+  options.device_backend = device;
+  options.host_backend = host;
+  auto control = std::make_unique<FakeControlClient>(1, 1);
+  std::vector<std::unique_ptr<ShardTransport>> transports;
+  transports.push_back(std::move(transport));
+  auto client = Client::Create(options, std::move(control), std::move(transports));
+  REQUIRE(client.ok());
+  return std::move(*client);
+}
+
+TEST_CASE("dense pull replies land in device memory and reach device tensors there") {
+  for (const std::string pull_codec : {"none", "topk:ratio=0.01"}) {
+    INFO("pull codec " << pull_codec);
+    auto device = std::make_shared<CountingBackend>(MemoryKind::kDevice);
+    auto host = std::make_shared<CountingBackend>(MemoryKind::kHost);
+    auto owned = std::make_unique<DeviceLandingTransport>();
+    DeviceLandingTransport* shard = owned.get();
+    auto client = LandingClient(pull_codec, device, host, std::move(owned));
+    // 2 chunks of 1 Mi floats (the default 4 MiB chunks) and a small tensor.
+    std::vector<float> w(2 << 20, -1.0f), g(w.size(), 0.5f), b(100, -1.0f);
+    device->AddDeviceRange(w.data(), w.size());
+    device->AddDeviceRange(g.data(), g.size());
+    device->AddDeviceRange(b.data(), b.size());
+    REQUIRE(client->RegisterTensor("w", {2048, 1024}, {}, MemoryKind::kDevice).ok());
+    REQUIRE(client->RegisterTensor("b", {100}, {}, MemoryKind::kDevice).ok());
+    // The fake answers element i of chunk c with c * 1000 + i.
+    REQUIRE(client->PushPull("w", g, absl::MakeSpan(w)).ok());
+    REQUIRE(client->Pull("b", absl::MakeSpan(b)).ok());
+    for (size_t i : {size_t{0}, size_t{12345}, (size_t{1} << 20) + 7}) {
+      const size_t chunk = i >> 20, within = i & ((1 << 20) - 1);
+      CHECK(w[i] == static_cast<float>(chunk * 1000 + within));
+    }
+    CHECK(b[99] == 99.0f);
+    // Every reply landed: nothing staged from the host, checked on the device.
+    CHECK(device->counts().copy_from_host == 0);
+    CHECK(device->counts().set_dense == 0);
+    CHECK(device->counts().new_buffers == 3);  // one per chunk, made once
+    CHECK(device->counts().crc32c == 3 + 2);   // 3 landed replies + 2 pushed dense chunks
+    CHECK(client->stats().bytes_landed == (w.size() + b.size()) * sizeof(float));
+    if (pull_codec == "none") {
+      CHECK(device->counts().copy_within == 3);
+    } else {
+      CHECK(device->counts().set_dense_from == 2);  // the big chunks have mirrors
+      CHECK(device->counts().copy_within == 1);     // the small tensor has none
+    }
+    // Again: the buffers were given back and are reused.
+    REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());
+    CHECK(device->counts().new_buffers == 3);
+    CHECK(host->counts().total() == 0);
+
+    // A landed reply whose checksum is wrong is refused and writes nothing.
+    shard->SetResponder([](const FakeShardTransport::Call& call, const ChunkViewSink* sink) {
+      for (const proto::ChunkRef& ref : call.pull.chunks()) {
+        std::vector<float> values(ref.num_elements(), 7.0f);
+        proto::TensorChunk reply;
+        reply.set_key(ref.key());
+        reply.set_chunk(ref.chunk());
+        reply.set_num_elements(values.size());
+        reply.set_dtype(proto::DTYPE_FLOAT32);
+        reply.set_checksum(12345);
+        const std::string bytes(reinterpret_cast<const char*>(values.data()),
+                                values.size() * sizeof(float));
+        if (auto status = (*sink)(reply, PayloadView(bytes)); !status.ok()) return status;
+      }
+      return absl::OkStatus();
+    });
+    const std::vector<float> before = b;
+    const absl::Status corrupt = client->Pull("b", absl::MakeSpan(b));
+    CHECK(absl::IsDataLoss(corrupt));
+    CHECK(b == before);
+  }
+}
+
+TEST_CASE("without a landing transport, device pull replies are staged from host memory") {
+  auto device = std::make_shared<CountingBackend>(MemoryKind::kDevice);
+  auto host = std::make_shared<CountingBackend>(MemoryKind::kHost);
+  auto client = LandingClient("none", device, host, std::make_unique<DeviceSendingTransport>());
+  std::vector<float> b(100, -1.0f);
+  device->AddDeviceRange(b.data(), b.size());
+  REQUIRE(client->RegisterTensor("b", {100}, {}, MemoryKind::kDevice).ok());
+  REQUIRE(client->Pull("b", absl::MakeSpan(b)).ok());
+  CHECK(b[99] == 99.0f);
+  CHECK(device->counts().copy_from_host == 1);
+  CHECK(device->counts().new_buffers == 0);
+  CHECK(client->stats().bytes_landed == 0);
+}
+
 }  // namespace
 }  // namespace harrier

@@ -37,17 +37,21 @@ struct BackendCounts {
   std::atomic<int64_t> copy_to_host{0};
   std::atomic<int64_t> copy_from_host{0};
   std::atomic<int64_t> crc32c{0};
+  std::atomic<int64_t> new_buffers{0};
+  std::atomic<int64_t> copy_within{0};
+  std::atomic<int64_t> set_dense_from{0};
 
   int64_t total() const {
     return new_push_streams + encodes + new_pull_mirrors + set_dense + add_compressed +
-           copy_to_host + copy_from_host + crc32c;
+           copy_to_host + copy_from_host + crc32c + new_buffers + copy_within + set_dense_from;
   }
   std::string ToString() const {
     return absl::StrCat("streams=", new_push_streams.load(), " encodes=", encodes.load(),
                         " mirrors=", new_pull_mirrors.load(), " set_dense=", set_dense.load(),
                         " add_compressed=", add_compressed.load(),
                         " to_host=", copy_to_host.load(), " from_host=", copy_from_host.load(),
-                        " crc=", crc32c.load());
+                        " crc=", crc32c.load(), " buffers=", new_buffers.load(),
+                        " within=", copy_within.load(), " dense_from=", set_dense_from.load());
   }
 };
 
@@ -108,6 +112,22 @@ class CountingBackend : public CodecBackend {
     return inner_->Crc32c(data, bytes);
   }
 
+  // Buffers of the fake device are host buffers it registers as its own.
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(size_t n) override {
+    counts_->new_buffers++;
+    auto inner = inner_->NewBuffer(n);
+    if (!inner.ok()) return inner.status();
+    if (memory_ == MemoryKind::kDevice) AddDeviceRange((*inner)->data(), n);
+    return inner;
+  }
+
+  absl::Status CopyWithin(const float* from, size_t n, float* to) override {
+    counts_->copy_within++;
+    if (auto status = Check(from, n, "CopyWithin"); !status.ok()) return status;
+    if (auto status = Check(to, n, "CopyWithin"); !status.ok()) return status;
+    return inner_->CopyWithin(from, n, to);
+  }
+
  private:
   class Stream : public PushStream {
    public:
@@ -137,6 +157,12 @@ class CountingBackend : public CodecBackend {
       backend_->counts_->set_dense++;
       if (auto status = backend_->Check(out, n_, "SetDense"); !status.ok()) return status;
       return inner_->SetDense(payload, out);
+    }
+    absl::Status SetDenseFrom(const float* values, float* out) override {
+      backend_->counts_->set_dense_from++;
+      if (auto status = backend_->Check(values, n_, "SetDenseFrom"); !status.ok()) return status;
+      if (auto status = backend_->Check(out, n_, "SetDenseFrom"); !status.ok()) return status;
+      return inner_->SetDenseFrom(values, out);
     }
     absl::Status AddCompressed(absl::string_view payload, float* out) override {
       backend_->counts_->add_compressed++;

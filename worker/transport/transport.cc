@@ -31,6 +31,18 @@ absl::Status ShardTransport::PullInto(const proto::PullRequest& request,
       deadline, canceller);
 }
 
+absl::Status ShardTransport::PushPullInto(const std::vector<OutgoingChunk>& chunks,
+                                          const ReplyLandingChooser& /*choose*/,
+                                          const LandedChunkSink& sink, absl::Time deadline,
+                                          CallCanceller& canceller) {
+  return PushPull(
+      chunks,
+      [&sink](const proto::TensorChunk& header, const PayloadView& payload) {
+        return sink(header, payload, MemoryKind::kHost);
+      },
+      deadline, canceller);
+}
+
 bool CallCanceller::Register(const void* call, std::function<void()> abort) {
   absl::MutexLock lock(&mutex_);
   if (cancelled_) return false;

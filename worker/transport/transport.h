@@ -143,6 +143,12 @@ class ShardTransport {
   virtual absl::Status PushPull(const std::vector<OutgoingChunk>& chunks,
                                 const ChunkViewSink& sink, absl::Time deadline,
                                 CallCanceller& canceller) = 0;
+  // PushPull with the replies landed as PullInto lands them. The default is
+  // PushPull with nothing landed.
+  virtual absl::Status PushPullInto(const std::vector<OutgoingChunk>& chunks,
+                                    const ReplyLandingChooser& choose,
+                                    const LandedChunkSink& sink, absl::Time deadline,
+                                    CallCanceller& canceller);
 };
 
 }  // namespace harrier

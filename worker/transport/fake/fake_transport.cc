@@ -26,8 +26,11 @@ FakeShardTransport::Call Recorded(FakeShardTransport::CallKind kind,
 
 absl::Status FakeShardTransport::Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
                                       CallCanceller& canceller) {
-  // Refused before recording: recording copies the payload.
-  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+  // Refused before recording: recording copies the payload. A subclass
+  // that says it sends from device memory fakes the device with host memory.
+  if (!SendsFromDeviceMemory()) {
+    if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+  }
   return Handle(Recorded(CallKind::kPush, chunks, deadline), nullptr, canceller);
 }
 
@@ -41,8 +44,40 @@ absl::Status FakeShardTransport::Pull(const proto::PullRequest& request, const C
 absl::Status FakeShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
                                           const ChunkViewSink& sink, absl::Time deadline,
                                           CallCanceller& canceller) {
-  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+  if (!SendsFromDeviceMemory()) {
+    if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+  }
   return Handle(Recorded(CallKind::kPushPull, chunks, deadline), &sink, canceller);
+}
+
+ChunkViewSink FakeShardTransport::Landing(const ReplyLandingChooser& choose,
+                                          const LandedChunkSink& sink) const {
+  const bool device = ReceivesIntoDeviceMemory();
+  return [&choose, &sink, device](const proto::TensorChunk& header, const PayloadView& payload) {
+    const ReplyLanding landing = choose(header, payload.size());
+    const bool lands = landing.data != nullptr && landing.capacity >= payload.size() &&
+                       (landing.memory == MemoryKind::kHost || device);
+    if (!lands) return sink(header, payload, MemoryKind::kHost);
+    payload.CopyTo(landing.data);
+    return sink(header,
+                PayloadView(absl::string_view(static_cast<const char*>(landing.data),
+                                              payload.size())),
+                landing.memory);
+  };
+}
+
+absl::Status FakeShardTransport::PullInto(const proto::PullRequest& request,
+                                          const ReplyLandingChooser& choose,
+                                          const LandedChunkSink& sink, absl::Time deadline,
+                                          CallCanceller& canceller) {
+  return Pull(request, Landing(choose, sink), deadline, canceller);
+}
+
+absl::Status FakeShardTransport::PushPullInto(const std::vector<OutgoingChunk>& chunks,
+                                              const ReplyLandingChooser& choose,
+                                              const LandedChunkSink& sink, absl::Time deadline,
+                                              CallCanceller& canceller) {
+  return PushPull(chunks, Landing(choose, sink), deadline, canceller);
 }
 
 absl::Status FakeShardTransport::Handle(Call call, const ChunkViewSink* sink,

@@ -43,13 +43,23 @@ class FakeShardTransport : public ShardTransport {
 
   std::string name() const override { return "fake"; }
   // Host memory only, like gRPC: a chunk in device memory is refused with
-  // FAILED_PRECONDITION and not recorded (RefuseDeviceChunks).
+  // FAILED_PRECONDITION and not recorded (RefuseDeviceChunks), unless a
+  // subclass overrides SendsFromDeviceMemory() to fake a device.
   absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
                     CallCanceller& canceller) override;
   absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
                     absl::Time deadline, CallCanceller& canceller) override;
   absl::Status PushPull(const std::vector<OutgoingChunk>& chunks, const ChunkViewSink& sink,
                         absl::Time deadline, CallCanceller& canceller) override;
+  // Each reply is copied into the landing the chooser names when it fits
+  // (a device landing only if ReceivesIntoDeviceMemory(): a subclass saying
+  // so fakes device memory with host memory) and the sink sees it there.
+  absl::Status PullInto(const proto::PullRequest& request, const ReplyLandingChooser& choose,
+                        const LandedChunkSink& sink, absl::Time deadline,
+                        CallCanceller& canceller) override;
+  absl::Status PushPullInto(const std::vector<OutgoingChunk>& chunks,
+                            const ReplyLandingChooser& choose, const LandedChunkSink& sink,
+                            absl::Time deadline, CallCanceller& canceller) override;
 
   void SetResponder(Responder responder);
   // The next `n` calls fail with `status` (after being recorded).
@@ -77,6 +87,8 @@ class FakeShardTransport : public ShardTransport {
 
  private:
   absl::Status Handle(Call call, const ChunkViewSink* sink, CallCanceller& canceller);
+  // A sink that lands each reply as PullInto says, then calls `sink`.
+  ChunkViewSink Landing(const ReplyLandingChooser& choose, const LandedChunkSink& sink) const;
   // Waits while held; the status a held call ends with (OK once released).
   absl::Status Hold(absl::Time deadline, CallCanceller& canceller);
 

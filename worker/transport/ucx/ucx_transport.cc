@@ -585,7 +585,8 @@ bool UcxShardTransport::SendsFromDeviceMemory() const {
 
 absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks,
                                            bool then_pull, const ChunkViewSink* sink,
-                                           absl::Time deadline, CallCanceller& canceller) {
+                                           absl::Time deadline, CallCanceller& canceller,
+                                           const UcxClientContext::Landing* landing) {
   // Before the peer too: a refused call must not even reconnect.
   if (!SendsFromDeviceMemory()) {
     if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
@@ -615,7 +616,7 @@ absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chu
                         device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST});
   }
   return context_->Execute(*peer, frame.request_id, std::move(messages), sink, deadline,
-                           canceller);
+                           canceller, landing);
 }
 
 absl::Status UcxShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
@@ -627,6 +628,14 @@ absl::Status UcxShardTransport::PushPull(const std::vector<OutgoingChunk>& chunk
                                          const ChunkViewSink& sink, absl::Time deadline,
                                          CallCanceller& canceller) {
   return SendChunks(chunks, true, &sink, deadline, canceller);
+}
+
+absl::Status UcxShardTransport::PushPullInto(const std::vector<OutgoingChunk>& chunks,
+                                             const ReplyLandingChooser& choose,
+                                             const LandedChunkSink& sink, absl::Time deadline,
+                                             CallCanceller& canceller) {
+  const UcxClientContext::Landing landing{&choose, &sink};
+  return SendChunks(chunks, true, nullptr, deadline, canceller, &landing);
 }
 
 absl::Status UcxShardTransport::Pull(const proto::PullRequest& request, const ChunkViewSink& sink,

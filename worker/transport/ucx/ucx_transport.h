@@ -175,6 +175,10 @@ class UcxShardTransport : public ShardTransport {
   absl::Status PullInto(const proto::PullRequest& request, const ReplyLandingChooser& choose,
                         const LandedChunkSink& sink, absl::Time deadline,
                         CallCanceller& canceller) override;
+  // The same landing for the pull half of a push-pull.
+  absl::Status PushPullInto(const std::vector<OutgoingChunk>& chunks,
+                            const ReplyLandingChooser& choose, const LandedChunkSink& sink,
+                            absl::Time deadline, CallCanceller& canceller) override;
 
  private:
   absl::Status StartPull(const proto::PullRequest& request, const ChunkViewSink* sink,
@@ -182,7 +186,8 @@ class UcxShardTransport : public ShardTransport {
                          CallCanceller& canceller);
   absl::Status SendChunks(const std::vector<OutgoingChunk>& chunks, bool then_pull,
                           const ChunkViewSink* sink, absl::Time deadline,
-                          CallCanceller& canceller);
+                          CallCanceller& canceller,
+                          const UcxClientContext::Landing* landing = nullptr);
   // The peer to use now: the current one if it has not failed (or cannot be
   // replaced), else a freshly connected one; UNAVAILABLE if reconnecting
   // failed.
