@@ -10,10 +10,12 @@
 # 3. the device codec bench (short): one PASS/FAIL line per encoder, PASS
 #    when its encode runs at >= 0.5 of a device-to-device memcpy of the same
 #    bytes (ratio_of_memcpy, largest size), plus DGC lines;
-# 4. end to end: 1 harrier-server shard + 2 harrier-worker processes on
+# 4. the UCX device-memory bench (transport_gpu_bench, direct and staged);
+# 5. end to end: 1 harrier-server shard + 2 harrier-worker processes on
 #    this GPU (deploy/quickstart.sh) with --device=cuda and
 #    --codec=topk:ratio=0.01, then --codec=powersgd:rank=2; each PASS when
-#    test_accuracy >= 0.85.
+#    test_accuracy >= 0.85, and both workers saying their compression runs
+#    on the device.
 #
 # (Its own settings are not named HARRIER_*: the binaries read HARRIER_*
 # variables as flags and refuse unknown ones.)
@@ -53,7 +55,7 @@ finish() {
 timeout 10 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 
 targets=(//tests/cuda:codec_gpu_test //tests/cuda:mlp_gpu_test //tests/bench/cuda:codec_gpu_bench
-  //server:harrier-server //worker:harrier-worker)
+  //tests/bench/cuda_transport:transport_gpu_bench //server:harrier-server //worker:harrier-worker)
 if [ "${GPU_CHECKS_SKIP_BUILD:-0}" != 1 ]; then
   timeout 1500 bazel build --config=cuda "${targets[@]}" > "$out/build.log" 2>&1
   rc=$?
@@ -94,6 +96,16 @@ while IFS= read -r line; do
   result "$bench $codec encode >= 0.5 x device memcpy" $? "ratio_of_memcpy=$ratio"
 done < "$out/codec_gpu_bench.jsonl"
 
+# UCX and device memory: pushes from and pulls into device memory, direct
+# where this UCX supports CUDA memory (cuda_copy; Debian's UCX does not) and
+# staged through the host, against the host path (no target: reported).
+timeout 120 env UCX_TLS="${GPU_CHECKS_UCX_TLS:-tcp,cuda_copy}" \
+  "$bin/tests/bench/cuda_transport/transport_gpu_bench" --iterations=5 \
+  > "$out/transport_gpu_bench.jsonl" 2> "$out/transport_gpu_bench.err"
+rc=$?
+result "transport_gpu_bench runs" $rc \
+  "$(grep -c '"path":"direct"' "$out/transport_gpu_bench.jsonl") direct and $(grep -c '"path":"staged"' "$out/transport_gpu_bench.jsonl") staged lines"
+
 # End to end on this GPU: deploy/quickstart.sh starts the shard and both
 # workers on 127.0.0.1 and stops them all when training ends or fails.
 for codec in topk:ratio=0.01 powersgd:rank=2; do
@@ -109,5 +121,11 @@ for codec in topk:ratio=0.01 powersgd:rank=2; do
   [ $rc -eq 0 ] && [ -n "$accuracy" ] && awk -v a="$accuracy" 'BEGIN { exit !(a >= 0.85) }' && ok=0
   result "1 shard + 2 workers --device=$device --codec=$codec: test_accuracy >= 0.85" $ok \
     "exit $rc, test_accuracy=${accuracy:-none}, log: $name.err"
+  if [ "$device" = cuda ]; then
+    # Each worker says where its compression runs; both must say the device.
+    on_device=$(grep -c 'compression on device (cuda backend)' "$out/$name.err")
+    [ "$on_device" -eq 2 ]
+    result "both workers compress on the device ($codec)" $? "$on_device of 2 say so"
+  fi
 done
 finish
