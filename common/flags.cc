@@ -83,6 +83,8 @@ constexpr absl::string_view kOtherHarrierVariables[] = {
     "HARRIER_BIN", "HARRIER_BIN_DIR", "HARRIER_SERVER", "HARRIER_PY_TEST_TIMEOUT",
     "HARRIER_TEST_TRANSPORT", "HARRIER_TEST_SLOWDOWN", "HARRIER_FUZZ_TRACE",
     "HARRIER_FUZZ_SECONDS", "HARRIER_CLANG_OUT", "HARRIER_CLANG_BAZEL_FLAGS",
+    // Read by the UCX transport (worker/transport/ucx/ucx_transport.h).
+    "HARRIER_UCX_DEVICE_MEMORY",
     // The flags of harrier-server and harrier-worker: deploy/k8s gives every
     // server and worker pod one environment (base/harrier.env), so each
     // binary sees the other's settings. tests/e2e/clear_errors_test.sh checks
