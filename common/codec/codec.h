@@ -225,6 +225,19 @@ class Aggregator {
   double scale_sum_ = 0.0;       // majority-vote codecs
 };
 
+// ---- Threads of the CPU codecs ----
+//
+// Encode and decode of a tensor of at least kCodecParallelMinElements split
+// the work over min(hardware_concurrency, 8) threads started for the call
+// (below that, thread start-up costs more than it saves). Payloads and
+// decoded values are the same for every thread count.
+inline constexpr size_t kCodecParallelMinElements = 1000000;
+
+// Tests only: n >= 1 uses exactly n threads above the threshold (1 = the
+// single-threaded path), 0 restores the default. Process-wide; set it
+// before encoding, not while other threads encode.
+void SetCodecThreadsForTesting(int threads);
+
 }  // namespace harrier
 
 #endif  // HARRIER_COMMON_CODEC_CODEC_H_

@@ -8,11 +8,14 @@
 #ifndef HARRIER_COMMON_CODEC_INTERNAL_H_
 #define HARRIER_COMMON_CODEC_INTERNAL_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -94,7 +97,23 @@ inline void Emit(float* out, size_t i, float value, float scale,
 // platform and easy to twin in CUDA. absl/std distributions are not used
 // because their output may change between library versions.
 uint64_t SplitMix64(uint64_t* state);
-uint64_t Mix64(uint64_t a, uint64_t b);
+
+// A 64-bit hash of (a, b): splitmix64's finaliser of a ^ (b * golden ratio)
+// after two increments (the first output is discarded). Inline: QSGD and
+// TernGrad call it once per element.
+inline uint64_t Mix64(uint64_t a, uint64_t b) {
+  uint64_t z = (a ^ (b * 0x9e3779b97f4a7c15ULL)) + 2 * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// QSGD's and TernGrad's uniform for element i: counter-based, so any
+// element range can be drawn on its own (threads, the CUDA twins' one
+// thread per element) and the result is the same bits everywhere.
+inline float CounterUniform(uint64_t seed, uint64_t i) {
+  return static_cast<float>(Mix64(seed, i) >> 40) * 0x1p-24f;
+}
 
 class Rng {
  public:
@@ -110,6 +129,45 @@ class Rng {
  private:
   uint64_t s_[4];
 };
+
+// ---- Threads ----
+
+constexpr int kMaxCodecThreads = 8;
+
+// Threads for a call over n elements: 1 below kCodecParallelMinElements,
+// else min(hardware_concurrency, 8) or SetCodecThreadsForTesting's count.
+int CodecThreads(size_t n);
+
+// Calls fn(part, begin, end) for contiguous ranges covering [0, n), part =
+// 0, 1, ... < kMaxCodecThreads in order; every boundary but n is a multiple
+// of align. work_elements (default n) is the tensor size the thread count
+// is chosen for, when the n items are buckets or bytes of it. Part 0 runs on the caller, the others on threads started for
+// the call (a thread that cannot start runs its part on the caller: no
+// exception leaves). fn must only write what its range owns.
+template <typename Fn>
+void ParallelFor(size_t n, size_t align, Fn&& fn, size_t work_elements = 0) {
+  const size_t threads = std::min(
+      n, static_cast<size_t>(CodecThreads(work_elements ? work_elements : n)));
+  if (threads <= 1 || n == 0) {
+    fn(size_t{0}, size_t{0}, n);
+    return;
+  }
+  size_t step = (n + threads - 1) / threads;
+  step = (step + align - 1) / align * align;
+  std::vector<std::thread> started;
+  started.reserve(threads);
+  size_t part = 1;
+  for (size_t b = step; b < n; b += step, ++part) {
+    const size_t e = std::min(n, b + step);
+    try {
+      started.emplace_back([&fn, part, b, e] { fn(part, b, e); });
+    } catch (const std::system_error&) {
+      fn(part, b, e);
+    }
+  }
+  fn(size_t{0}, size_t{0}, std::min(n, step));
+  for (std::thread& t : started) t.join();
+}
 
 // ---- Per-codec rules shared with the CUDA twins ----
 

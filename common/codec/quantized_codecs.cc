@@ -1,6 +1,8 @@
 // Stochastic quantizers: QSGD and TernGrad. Both are unbiased (TernGrad
 // only without clipping) and draw fresh random numbers from
-// CodecContext::seed on every call.
+// CodecContext::seed on every call: element i's uniform is
+// CounterUniform(seed, i), as on the CUDA twins, so payloads are the same
+// bits on CPU and GPU and for any number of threads.
 //
 // QSGD body (header param0 = levels s, param1 = bucket B):
 //   ceil(d / B) fp32 bucket norms, then d codes of b = 1 + bit_width(s) bits
@@ -12,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -21,20 +24,26 @@ namespace harrier {
 namespace codec_internal {
 namespace {
 
+// Appends codes of up to 17 bits LSB-first into whole 32-bit words; Flush
+// writes the last partial word's bytes. Starts on a byte boundary.
 class BitWriter {
  public:
   explicit BitWriter(char* out) : out_(out) {}
   void Put(uint32_t value, int bits) {
     acc_ |= static_cast<uint64_t>(value) << n_;
     n_ += bits;
-    while (n_ >= 8) {
-      *out_++ = static_cast<char>(acc_ & 0xff);
-      acc_ >>= 8;
-      n_ -= 8;
+    if (n_ >= 32) {
+      Store<uint32_t>(out_, static_cast<uint32_t>(acc_));
+      out_ += 4;
+      acc_ >>= 32;
+      n_ -= 32;
     }
   }
   void Flush() {
-    if (n_ > 0) *out_++ = static_cast<char>(acc_ & 0xff);
+    for (; n_ > 0; n_ -= 8) {
+      *out_++ = static_cast<char>(acc_ & 0xff);
+      acc_ >>= 8;
+    }
     acc_ = 0;
     n_ = 0;
   }
@@ -45,29 +54,44 @@ class BitWriter {
   int n_ = 0;
 };
 
-// Reads only the bytes it needs, so reading exactly the declared number of
-// codes never runs past a correctly sized body.
-class BitReader {
- public:
-  explicit BitReader(const char* in) : in_(in) {}
-  uint32_t Get(int bits) {
-    while (n_ < bits) {
-      acc_ |= static_cast<uint64_t>(static_cast<uint8_t>(*in_++)) << n_;
-      n_ += 8;
+// Code i (bits <= 17 wide) of a packed body of `bytes` bytes: one unaligned
+// 8-byte load where it fits, else the remaining bytes one by one, so
+// reading exactly the declared codes never runs past a correctly sized body.
+inline uint32_t GetCode(const char* packed, size_t bytes, size_t i, int bits) {
+  const uint64_t off = static_cast<uint64_t>(i) * bits;
+  const size_t byte = off / 8;
+  uint64_t window;
+  if (byte + 8 <= bytes) {
+    window = Load<uint64_t>(packed + byte);
+  } else {
+    window = 0;
+    for (size_t t = 0; byte + t < bytes && t < 8; ++t) {
+      window |= static_cast<uint64_t>(static_cast<uint8_t>(packed[byte + t]))
+                << (8 * t);
     }
-    uint32_t v = static_cast<uint32_t>(acc_ & ((uint64_t{1} << bits) - 1));
-    acc_ >>= bits;
-    n_ -= bits;
-    return v;
   }
-  // The unread bits of the last byte consumed.
-  uint64_t Leftover() const { return acc_; }
+  return static_cast<uint32_t>(window >> (off % 8)) & ((1u << bits) - 1);
+}
 
- private:
-  const char* in_;
-  uint64_t acc_ = 0;
-  int n_ = 0;
-};
+// The bits of the last byte past `used_bits` (padding), which must be zero.
+inline bool PaddingIsZero(const char* packed, size_t bytes, uint64_t used_bits) {
+  if (used_bits % 8 == 0 || bytes == 0) return true;
+  return (static_cast<uint8_t>(packed[bytes - 1]) >> (used_bits % 8)) == 0;
+}
+
+// QSGD code of x against unit > 0 with uniform u: the CUDA twin's
+// arithmetic (QsgdEncodeKernel), with floor by truncation (r >= 0 and r is
+// at most about 2 s, so the int64 conversion is exact and needs no libm
+// call). E[level] = r because P(level = floor r + 1) = r - floor r.
+inline uint32_t QsgdCode(float x, float unit, uint32_t s, double sd, float u) {
+  const double r = std::fabs(static_cast<double>(x)) / static_cast<double>(unit);
+  const double rc = r < sd ? r : sd;
+  uint32_t level = static_cast<uint32_t>(static_cast<int64_t>(rc));
+  const double frac = r - static_cast<double>(level);
+  level += (level < s) & (static_cast<double>(u) < frac);
+  const uint32_t negative = (level > 0) & (x < 0.0f);
+  return (level << 1) | negative;
+}
 
 class QsgdCodec : public Codec {
  public:
@@ -82,32 +106,46 @@ class QsgdCodec : public Codec {
     const size_t buckets = (d + bucket - 1) / bucket;
     char* body = StartPayload(id(), d, s, static_cast<uint32_t>(bucket),
                               4 * buckets + PackedBytes(d, bits), payload);
-    BitWriter writer(body + 4 * buckets);
-    Rng rng(ctx.seed);
-    for (size_t b = 0; b < buckets; ++b) {
-      const size_t begin = b * bucket, end = std::min(d, begin + bucket);
-      double sq = 0.0;
-      for (size_t i = begin; i < end; ++i) {
-        sq += static_cast<double>(input[i]) * input[i];
-      }
-      const float norm = static_cast<float>(std::sqrt(sq));
-      Store<float>(body + 4 * b, norm);
-      // The decoder multiplies by unit = norm / s in fp32; rounding against
-      // the same unit keeps E[decode] = abs(g_i).
-      const float unit = norm / static_cast<float>(s);
-      for (size_t i = begin; i < end; ++i) {
-        uint32_t level = 0;
-        if (unit > 0.0f) {
-          double r = std::fabs(static_cast<double>(input[i])) / unit;
-          double floor_r = std::floor(r);
-          level = static_cast<uint32_t>(std::min<double>(floor_r, s));
-          if (level < s && rng.Uniform() < r - floor_r) ++level;
+    const float* x = input.data();
+    units_.resize(buckets);
+    // Norms: each bucket's sum of squares in index order (the CUDA twin's
+    // order, so the norms are bit-exact); buckets split over threads.
+    ParallelFor(buckets, 1, [&](size_t, size_t b0, size_t b1) {
+      for (size_t b = b0; b < b1; ++b) {
+        const size_t begin = b * bucket, end = std::min(d, begin + bucket);
+        double sq = 0.0;
+        for (size_t i = begin; i < end; ++i) {
+          sq += static_cast<double>(x[i]) * x[i];
         }
-        uint32_t negative = (level > 0 && input[i] < 0.0f) ? 1 : 0;
-        writer.Put((level << 1) | negative, bits);
+        const float norm = static_cast<float>(std::sqrt(sq));
+        Store<float>(body + 4 * b, norm);
+        // The decoder multiplies by unit = norm / s in fp32; rounding
+        // against the same unit keeps E[decode] = abs(g_i).
+        units_[b] = norm / static_cast<float>(s);
       }
-    }
-    writer.Flush();
+    }, d);
+    // Codes: element ranges starting at multiples of 8 start on a byte.
+    char* packed = body + 4 * buckets;
+    const uint64_t seed = ctx.seed;
+    const double sd = static_cast<double>(s);
+    ParallelFor(d, 64, [&](size_t, size_t begin, size_t end) {
+      BitWriter writer(packed + static_cast<uint64_t>(begin) * bits / 8);
+      size_t i = begin;
+      while (i < end) {
+        const size_t b = i / bucket;
+        const size_t stop = std::min(end, (b + 1) * bucket);
+        const float unit = units_[b];
+        if (unit > 0.0f) {
+          for (; i < stop; ++i) {
+            writer.Put(QsgdCode(x[i], unit, s, sd, CounterUniform(seed, i)),
+                       bits);
+          }
+        } else {
+          for (; i < stop; ++i) writer.Put(0, bits);
+        }
+      }
+      writer.Flush();
+    });
     return absl::OkStatus();
   }
 
@@ -127,8 +165,8 @@ class QsgdCodec : public Codec {
     const int bits = 1 + BitWidth(s);
     const size_t buckets = (d + bucket - 1) / bucket;
     absl::string_view body = payload.substr(kCodecHeaderBytes);
-    absl::Status st =
-        CheckBodySize(id(), body.size(), 4 * buckets + PackedBytes(d, bits));
+    const size_t packed_bytes = PackedBytes(d, bits);
+    absl::Status st = CheckBodySize(id(), body.size(), 4 * buckets + packed_bytes);
     if (!st.ok()) return st;
     for (size_t b = 0; b < buckets; ++b) {
       float norm = Load<float>(body.data() + 4 * b);
@@ -136,32 +174,56 @@ class QsgdCodec : public Codec {
         return Invalid(id(), absl::StrCat("bucket ", b, " norm is ", norm));
       }
     }
-    {
-      BitReader reader(body.data() + 4 * buckets);
-      for (size_t i = 0; i < d; ++i) {
-        uint32_t code = reader.Get(bits);
-        uint32_t level = code >> 1;
+    const char* packed = body.data() + 4 * buckets;
+    // Validate every code before writing anything; the first bad element
+    // (lowest index over all ranges) is the one reported.
+    size_t first_bad[kMaxCodecThreads];
+    std::fill(first_bad, first_bad + kMaxCodecThreads, d);
+    ParallelFor(d, 64, [&](size_t part, size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        const uint32_t code = GetCode(packed, packed_bytes, i, bits);
+        const uint32_t level = code >> 1;
         if (level > s || (level == 0 && (code & 1))) {
-          return Invalid(id(), absl::StrCat("element ", i, " has code ", code,
-                                            ", not valid for ", s, " levels"));
+          first_bad[part] = i;
+          return;
         }
       }
-      if (reader.Leftover() != 0) return Invalid(id(), "padding bits not zero");
+    });
+    const size_t bad = *std::min_element(first_bad, first_bad + kMaxCodecThreads);
+    if (bad < d) {
+      const uint32_t code = GetCode(packed, packed_bytes, bad, bits);
+      return Invalid(id(), absl::StrCat("element ", bad, " has code ", code,
+                                        ", not valid for ", s, " levels"));
     }
-    BitReader reader(body.data() + 4 * buckets);
-    for (size_t b = 0; b < buckets; ++b) {
-      const float unit =
-          Load<float>(body.data() + 4 * b) / static_cast<float>(s);
-      const size_t begin = b * bucket, end = std::min(d, begin + bucket);
-      for (size_t i = begin; i < end; ++i) {
-        uint32_t code = reader.Get(bits);
-        float v = unit * static_cast<float>(code >> 1);
-        Emit(out.data(), i, (code & 1) ? -v : v, scale, accumulate);
+    if (!PaddingIsZero(packed, packed_bytes, static_cast<uint64_t>(d) * bits)) {
+      return Invalid(id(), "padding bits not zero");
+    }
+    const float fs = static_cast<float>(s);
+    ParallelFor(d, 64, [&](size_t, size_t begin, size_t end) {
+      size_t i = begin;
+      while (i < end) {
+        const size_t b = i / bucket;
+        const size_t stop = std::min(end, (b + 1) * bucket);
+        const float unit = Load<float>(body.data() + 4 * b) / fs;
+        for (; i < stop; ++i) {
+          const uint32_t code = GetCode(packed, packed_bytes, i, bits);
+          const float v = unit * static_cast<float>(code >> 1);
+          Emit(out.data(), i, (code & 1) ? -v : v, scale, accumulate);
+        }
       }
-    }
+    });
     return absl::OkStatus();
   }
+
+ private:
+  std::vector<float> units_;  // per-bucket norm / s, scratch of Encode
 };
+
+// TernGrad's 2-bit codes, four per byte.
+inline uint32_t TernCode(float x, float limit, float max_abs, float u) {
+  const float p = std::min(std::fabs(x), limit) / max_abs;
+  return u < p ? (x < 0.0f ? 2u : 1u) : 0u;
+}
 
 class TernGradCodec : public Codec {
  public:
@@ -170,6 +232,7 @@ class TernGradCodec : public Codec {
   absl::Status EncodeImpl(absl::Span<const float> input, const CodecContext& ctx,
                       std::string* payload) override {
     const size_t d = input.size();
+    const float* x = input.data();
     // Optional clipping to clip * sigma (TernGrad's 2.5 sigma) trades a
     // small bias for a smaller scale, hence lower variance.
     float limit = std::numeric_limits<float>::infinity();
@@ -183,21 +246,47 @@ class TernGradCodec : public Codec {
       double var = std::max(0.0, sq / d - mean * mean);
       limit = static_cast<float>(spec().clip * std::sqrt(var));
     }
-    float max_abs = 0.0f;
-    for (float v : input) max_abs = std::max(max_abs, std::min(std::fabs(v), limit));
+    // max is exact in any order: per-range, per-lane maxima.
+    float part_max[kMaxCodecThreads] = {};
+    ParallelFor(d, 16, [&](size_t part, size_t begin, size_t end) {
+      float lane[16] = {};
+      size_t i = begin;
+      for (; i + 16 <= end; i += 16) {
+        for (int j = 0; j < 16; ++j) {
+          lane[j] = std::max(lane[j], std::min(std::fabs(x[i + j]), limit));
+        }
+      }
+      for (; i < end; ++i) lane[0] = std::max(lane[0], std::min(std::fabs(x[i]), limit));
+      part_max[part] = *std::max_element(lane, lane + 16);
+    });
+    const float max_abs = *std::max_element(part_max, part_max + kMaxCodecThreads);
     char* body = StartPayload(id(), d, 0, 0, 4 + (d + 3) / 4, payload);
     Store<float>(body, max_abs);
-    BitWriter writer(body + 4);
-    Rng rng(ctx.seed);
-    for (size_t i = 0; i < d; ++i) {
-      uint32_t code = 0;
-      if (max_abs > 0.0f) {
-        float p = std::min(std::fabs(input[i]), limit) / max_abs;
-        if (rng.Uniform() < p) code = input[i] < 0.0f ? 2 : 1;
-      }
-      writer.Put(code, 2);
+    uint8_t* codes = reinterpret_cast<uint8_t*>(body + 4);
+    const uint64_t seed = ctx.seed;
+    if (max_abs > 0.0f) {
+      ParallelFor(d, 64, [&](size_t, size_t begin, size_t end) {
+        size_t i = begin;
+        for (; i + 4 <= end; i += 4) {
+          uint32_t byte = 0;
+          for (int t = 0; t < 4; ++t) {
+            byte |= TernCode(x[i + t], limit, max_abs, CounterUniform(seed, i + t))
+                    << (2 * t);
+          }
+          codes[i / 4] = static_cast<uint8_t>(byte);
+        }
+        if (i < end) {
+          uint32_t byte = 0;
+          for (int t = 0; i + t < end; ++t) {
+            byte |= TernCode(x[i + t], limit, max_abs, CounterUniform(seed, i + t))
+                    << (2 * t);
+          }
+          codes[i / 4] = static_cast<uint8_t>(byte);
+        }
+      });
+    } else if (d > 0) {
+      std::memset(codes, 0, (d + 3) / 4);
     }
-    writer.Flush();
     return absl::OkStatus();
   }
 
@@ -212,26 +301,47 @@ class TernGradCodec : public Codec {
     }
     const size_t d = out.size();
     absl::string_view body = payload.substr(kCodecHeaderBytes);
-    absl::Status st = CheckBodySize(id(), body.size(), 4 + (d + 3) / 4);
+    const size_t bytes = (d + 3) / 4;
+    absl::Status st = CheckBodySize(id(), body.size(), 4 + bytes);
     if (!st.ok()) return st;
     const float s = Load<float>(body.data());
     if (!std::isfinite(s) || s < 0.0f) {
       return Invalid(id(), absl::StrCat("scale is ", s));
     }
-    {
-      BitReader reader(body.data() + 4);
-      for (size_t i = 0; i < d; ++i) {
-        if (reader.Get(2) == 3) {
-          return Invalid(id(), absl::StrCat("element ", i, " has invalid code 3"));
+    const uint8_t* codes = reinterpret_cast<const uint8_t*>(body.data() + 4);
+    // Code 3 is both bits of a pair set: any (c & c >> 1 & 0x55) flags the
+    // byte; 8 bytes at a time, then the exact element.
+    size_t first_bad[kMaxCodecThreads];
+    std::fill(first_bad, first_bad + kMaxCodecThreads, bytes);
+    ParallelFor(bytes, 64, [&](size_t part, size_t begin, size_t end) {
+      size_t j = begin;
+      for (; j + 8 <= end; j += 8) {
+        const uint64_t w = Load<uint64_t>(reinterpret_cast<const char*>(codes + j));
+        if ((w & (w >> 1) & 0x5555555555555555ULL) != 0) break;
+      }
+      for (; j < end; ++j) {
+        if ((codes[j] & (codes[j] >> 1) & 0x55) != 0) {
+          first_bad[part] = j;
+          return;
         }
       }
-      if (reader.Leftover() != 0) return Invalid(id(), "padding bits not zero");
+    }, d);
+    const size_t bad = *std::min_element(first_bad, first_bad + kMaxCodecThreads);
+    if (bad < bytes) {
+      size_t t = 0;
+      while (((codes[bad] >> (2 * t)) & 3) != 3) ++t;
+      return Invalid(id(), absl::StrCat("element ", 4 * bad + t, " has invalid code 3"));
     }
-    BitReader reader(body.data() + 4);
-    const float values[3] = {0.0f, s, -s};
-    for (size_t i = 0; i < d; ++i) {
-      Emit(out.data(), i, values[reader.Get(2)], scale, accumulate);
+    if (!PaddingIsZero(body.data() + 4, bytes, 2 * static_cast<uint64_t>(d))) {
+      return Invalid(id(), "padding bits not zero");
     }
+    const float values[4] = {0.0f, s, -s, 0.0f};
+    ParallelFor(d, 64, [&](size_t, size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        Emit(out.data(), i, values[(codes[i / 4] >> (2 * (i % 4))) & 3], scale,
+             accumulate);
+      }
+    });
     return absl::OkStatus();
   }
 };

@@ -17,22 +17,27 @@ namespace harrier {
 namespace codec_internal {
 namespace {
 
-void WriteMask(absl::Span<const float> g, char* mask) {
-  const size_t d = g.size();
-  const size_t full = d / 8;
-  for (size_t b = 0; b < full; ++b) {
-    const float* p = g.data() + 8 * b;
+void WriteMaskRange(const float* g, size_t begin, size_t end, char* mask) {
+  size_t i = begin;
+  for (; i + 8 <= end; i += 8) {
     uint32_t byte = 0;
-    for (int j = 0; j < 8; ++j) byte |= static_cast<uint32_t>(p[j] >= 0.0f) << j;
-    mask[b] = static_cast<char>(byte);
+    for (int j = 0; j < 8; ++j) byte |= static_cast<uint32_t>(g[i + j] >= 0.0f) << j;
+    mask[i / 8] = static_cast<char>(byte);
   }
-  if (d % 8 != 0) {
+  if (i < end) {
     uint32_t byte = 0;
-    for (size_t i = 8 * full; i < d; ++i) {
-      byte |= static_cast<uint32_t>(g[i] >= 0.0f) << (i % 8);
+    for (size_t t = i; t < end; ++t) {
+      byte |= static_cast<uint32_t>(g[t] >= 0.0f) << (t % 8);
     }
-    mask[full] = static_cast<char>(byte);
+    mask[i / 8] = static_cast<char>(byte);
   }
+}
+
+// Ranges start at multiples of 8 elements, so each writes whole bytes.
+void WriteMask(absl::Span<const float> g, char* mask) {
+  ParallelFor(g.size(), 64, [&](size_t, size_t begin, size_t end) {
+    WriteMaskRange(g.data(), begin, end, mask);
+  });
 }
 
 inline bool Bit(const char* mask, size_t i) {
@@ -63,15 +68,16 @@ class SignFamilyCodec : public VoteCodec {
     if (id() == CodecId::kOneBit) {
       // Means of each side are what 1-bit SGD reconstructs to, which
       // minimises the squared error for a given mask.
+      // Two running double sums in index order (the payload's bits depend
+      // on the order), branch-free: adding +0.0 leaves a sum unchanged, and
+      // a random sign is a branch mispredicted half the time.
       double neg_sum = 0.0, pos_sum = 0.0;
       size_t neg_count = 0;
       for (float v : input) {
-        if (v < 0.0f) {
-          neg_sum += v;
-          ++neg_count;
-        } else {
-          pos_sum += v;
-        }
+        const bool neg = v < 0.0f;
+        neg_sum += neg ? static_cast<double>(v) : 0.0;
+        pos_sum += neg ? 0.0 : static_cast<double>(v);
+        neg_count += neg;
       }
       size_t pos_count = d - neg_count;
       Store<float>(body, neg_count ? static_cast<float>(neg_sum / neg_count) : 0.0f);
@@ -89,9 +95,12 @@ class SignFamilyCodec : public VoteCodec {
                         float* scale) const override {
     absl::StatusOr<SignBody> body = Parse(payload, votes.size());
     if (!body.ok()) return body.status();
-    for (size_t i = 0; i < votes.size(); ++i) {
-      votes[i] += Bit(body->mask, i) ? 1 : -1;
-    }
+    const char* mask = body->mask;
+    ParallelFor(votes.size(), 64, [&](size_t, size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        votes[i] += 2 * static_cast<int32_t>(Bit(mask, i)) - 1;
+      }
+    });
     *scale = body->positive;
     return absl::OkStatus();
   }
@@ -103,9 +112,12 @@ class SignFamilyCodec : public VoteCodec {
     absl::StatusOr<SignBody> body = Parse(payload, out.size());
     if (!body.ok()) return body.status();
     const float values[2] = {body->negative, body->positive};
-    for (size_t i = 0; i < out.size(); ++i) {
-      Emit(out.data(), i, values[Bit(body->mask, i)], scale, accumulate);
-    }
+    const char* mask = body->mask;
+    ParallelFor(out.size(), 64, [&](size_t, size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        Emit(out.data(), i, values[Bit(mask, i)], scale, accumulate);
+      }
+    });
     return absl::OkStatus();
   }
 

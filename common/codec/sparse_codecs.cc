@@ -185,23 +185,62 @@ class TopKCodec : public Codec {
     std::nth_element(sample_.begin(), sample_.begin() + rank, sample_.end(),
                      std::greater<float>());
     const float t = sample_[rank];
-    for (size_t i = 0; i < d; ++i) {
-      if (std::fabs(g[i]) >= t) indices_.push_back(static_cast<uint32_t>(i));
+    // Candidates abs(g) >= t in index order; per-thread lists, joined in
+    // range order. Blocks of 16 are tested first with a branch-free OR
+    // (vectorised); only blocks holding a candidate are walked.
+    std::vector<uint32_t> parts[kMaxCodecThreads];
+    ParallelFor(d, 16, [&](size_t part, size_t begin, size_t end) {
+      std::vector<uint32_t>& out = part == 0 ? indices_ : parts[part];
+      size_t i = begin;
+      for (; i + 16 <= end; i += 16) {
+        bool any = false;
+        for (int j = 0; j < 16; ++j) any |= std::fabs(g[i + j]) >= t;
+        if (!any) continue;
+        for (size_t j = i; j < i + 16; ++j) {
+          if (std::fabs(g[j]) >= t) out.push_back(static_cast<uint32_t>(j));
+        }
+      }
+      for (; i < end; ++i) {
+        if (std::fabs(g[i]) >= t) out.push_back(static_cast<uint32_t>(i));
+      }
+    });
+    for (size_t p = 1; p < kMaxCodecThreads; ++p) {
+      indices_.insert(indices_.end(), parts[p].begin(), parts[p].end());
     }
     if (indices_.size() < k) {
       indices_.resize(d);
       for (size_t i = 0; i < d; ++i) indices_[i] = static_cast<uint32_t>(i);
     }
-    auto better = [&g](uint32_t a, uint32_t b) {
-      float fa = std::fabs(g[a]), fb = std::fabs(g[b]);
-      return fa > fb || (fa == fb && a < b);
-    };
-    std::nth_element(indices_.begin(), indices_.begin() + (k - 1),
-                     indices_.end(), better);
-    indices_.resize(k);
-    std::sort(indices_.begin(), indices_.end());
+    // One integer key per candidate orders by abs value, then lower index:
+    // abs(g)'s bits (finite, non-negative: ordered as integers) above the
+    // complemented index. Keys are distinct, so the k-th largest key K
+    // selects exactly the k best (ties to the lower index, as a stable sort
+    // by descending abs value), and keeping key >= K in candidate order
+    // leaves them sorted by index without sorting.
+    keys_.resize(indices_.size());
+    for (size_t c = 0; c < indices_.size(); ++c) {
+      keys_[c] = Key(g, indices_[c]);
+    }
+    std::nth_element(keys_.begin(), keys_.begin() + (k - 1), keys_.end(),
+                     std::greater<uint64_t>());
+    const uint64_t kth = keys_[k - 1];
+    size_t kept = 0;
+    for (size_t c = 0; c < indices_.size(); ++c) {
+      const uint32_t i = indices_[c];
+      indices_[kept] = i;
+      kept += Key(g, i) >= kth;
+    }
+    indices_.resize(kept);
   }
 
+  static uint64_t Key(absl::Span<const float> g, uint32_t i) {
+    const float a = std::fabs(g[i]);
+    uint32_t bits;
+    std::memcpy(&bits, &a, sizeof(bits));
+    return (static_cast<uint64_t>(bits) << 32) | (0xffffffffu - i);
+  }
+
+  std::vector<uint64_t> keys_;
   std::vector<uint32_t> indices_;
   std::vector<float> sample_;
 };

@@ -3,8 +3,11 @@
 // them (golden hashes), payloads and decodes do not depend on the thread
 // count, and QSGD/TernGrad draw the CUDA twins' counter-based uniforms.
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -143,6 +146,140 @@ TEST_CASE("deterministic payloads are the reference bytes") {
     }
   }
   CHECK_FALSE(missing);
+}
+
+// Restores the default thread count when a test section ends.
+struct ThreadsGuard {
+  explicit ThreadsGuard(int n) { SetCodecThreadsForTesting(n); }
+  ~ThreadsGuard() { SetCodecThreadsForTesting(0); }
+};
+
+TEST_CASE("payloads and decodes do not depend on the thread count") {
+  std::vector<std::string> specs = AllSpecs();
+  specs.push_back("qsgd:levels=16,bucket=512");
+  specs.push_back("qsgd:levels=65535,bucket=1000");
+  specs.push_back("topk:ratio=0.01");
+  specs.push_back("powersgd:rank=3,cols=1009");
+  const std::vector<float> g = TiedGradient(2018060, 21);
+  const std::vector<float> base = RandomGradient(g.size(), 22);
+  for (const std::string& text : specs) {
+    INFO(text);
+    std::string reference;
+    std::vector<float> decoded, added;
+    for (int threads : {1, 2, 3, 8}) {
+      ThreadsGuard guard(threads);
+      std::unique_ptr<Codec> codec = MakeCodec(text);
+      std::string payload;
+      REQUIRE(codec->Encode(g, CodecContext{5}, &payload).ok());
+      std::vector<float> out(g.size(), 0.0f), acc = base;
+      REQUIRE(codec->Decode(payload, absl::MakeSpan(out)).ok());
+      REQUIRE(codec->DecodeAdd(payload, 0.5f, absl::MakeSpan(acc)).ok());
+      INFO("threads " << threads);
+      if (threads == 1) {
+        reference = payload;
+        decoded = out;
+        added = acc;
+        continue;
+      }
+      CHECK(payload == reference);
+      CHECK(std::memcmp(out.data(), decoded.data(), 4 * out.size()) == 0);
+      CHECK(std::memcmp(acc.data(), added.data(), 4 * acc.size()) == 0);
+    }
+  }
+}
+
+// The CUDA twins' uniforms (cuda/README.md, "CPU equality"), written out
+// here from the formula rather than taken from the codec.
+uint64_t RefMix64(uint64_t a, uint64_t b) {
+  uint64_t state = a ^ (b * 0x9e3779b97f4a7c15ULL);
+  auto split = [&state] {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  split();
+  return split();
+}
+float RefUniform(uint64_t seed, uint64_t i) {
+  return static_cast<float>(RefMix64(seed, i) >> 40) * 0x1p-24f;
+}
+
+void PutBits(std::string* out, uint64_t* bitpos, uint32_t v, int bits) {
+  for (int b = 0; b < bits; ++b, ++*bitpos) {
+    if ((v >> b) & 1) (*out)[*bitpos / 8] |= static_cast<char>(1 << (*bitpos % 8));
+  }
+}
+
+// QSGD body as QsgdEncodeKernel writes it (scalar, element by element).
+std::string RefQsgdBody(const std::vector<float>& x, uint32_t s, size_t bucket,
+                        uint64_t seed) {
+  const size_t d = x.size(), buckets = (d + bucket - 1) / bucket;
+  const int bits = 1 + (32 - __builtin_clz(s));
+  std::string body(4 * buckets + (d * bits + 7) / 8, '\0');
+  std::vector<float> norms(buckets);
+  for (size_t b = 0; b < buckets; ++b) {
+    double sq = 0.0;
+    for (size_t i = b * bucket; i < std::min(d, (b + 1) * bucket); ++i) {
+      sq += static_cast<double>(x[i]) * x[i];
+    }
+    norms[b] = static_cast<float>(std::sqrt(sq));
+    std::memcpy(&body[4 * b], &norms[b], 4);
+  }
+  uint64_t pos = 8 * 4 * buckets;
+  for (size_t i = 0; i < d; ++i) {
+    const float unit = norms[i / bucket] / static_cast<float>(s);
+    uint32_t level = 0;
+    if (unit > 0.0f) {
+      double r = std::fabs(static_cast<double>(x[i])) / static_cast<double>(unit);
+      double floor_r = std::floor(r);
+      level = static_cast<uint32_t>(floor_r < s ? floor_r : s);
+      if (level < s && static_cast<double>(RefUniform(seed, i)) < r - floor_r) {
+        ++level;
+      }
+    }
+    uint32_t negative = (level > 0 && x[i] < 0.0f) ? 1 : 0;
+    PutBits(&body, &pos, (level << 1) | negative, bits);
+  }
+  return body;
+}
+
+// TernGrad body (no clipping) as TernEncodeKernel writes it.
+std::string RefTernBody(const std::vector<float>& x, uint64_t seed) {
+  const size_t d = x.size();
+  float max_abs = 0.0f;
+  for (float v : x) max_abs = std::max(max_abs, std::fabs(v));
+  std::string body(4 + (d + 3) / 4, '\0');
+  std::memcpy(&body[0], &max_abs, 4);
+  uint64_t pos = 32;
+  for (size_t i = 0; i < d; ++i) {
+    uint32_t code = 0;
+    if (max_abs > 0.0f && RefUniform(seed, i) < std::fabs(x[i]) / max_abs) {
+      code = x[i] < 0.0f ? 2 : 1;
+    }
+    PutBits(&body, &pos, code, 2);
+  }
+  return body;
+}
+
+TEST_CASE("qsgd and terngrad draw the CUDA twins' counter-based uniforms") {
+  for (size_t d : {size_t{1}, size_t{77}, size_t{4099}, kLarge}) {
+    INFO("d = " << d);
+    std::vector<float> g = TiedGradient(d, 31 + d);
+    if (d > 100) std::fill(g.begin() + 64, g.begin() + 1100, 0.0f);  // zero buckets
+    for (uint64_t seed : {uint64_t{1}, uint64_t{0x123456789abcdefULL}}) {
+      std::unique_ptr<Codec> q = MakeCodec("qsgd:levels=16,bucket=512");
+      std::string payload;
+      REQUIRE(q->Encode(g, CodecContext{seed}, &payload).ok());
+      CHECK(payload.substr(kCodecHeaderBytes) == RefQsgdBody(g, 16, 512, seed));
+      std::unique_ptr<Codec> q3 = MakeCodec("qsgd:levels=3,bucket=64");
+      REQUIRE(q3->Encode(g, CodecContext{seed}, &payload).ok());
+      CHECK(payload.substr(kCodecHeaderBytes) == RefQsgdBody(g, 3, 64, seed));
+      std::unique_ptr<Codec> t = MakeCodec("terngrad");
+      REQUIRE(t->Encode(g, CodecContext{seed}, &payload).ok());
+      CHECK(payload.substr(kCodecHeaderBytes) == RefTernBody(g, seed));
+    }
+  }
 }
 
 }  // namespace
