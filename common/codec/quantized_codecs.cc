@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common/codec/internal.h"
@@ -79,6 +80,48 @@ inline bool PaddingIsZero(const char* packed, size_t bytes, uint64_t used_bits) 
   return (static_cast<uint8_t>(packed[bytes - 1]) >> (used_bits % 8)) == 0;
 }
 
+// Groups of 8 codes of BITS bits are exactly BITS bytes: packed and
+// unpacked with constant shifts and one fixed-size copy (BITS <= 16, so a
+// group fits 128 bits). Group g starts at byte BITS * g.
+template <int BITS>
+using GroupWord = std::conditional_t<(BITS <= 8), uint64_t, unsigned __int128>;
+
+template <int BITS>
+inline void PackGroup(const uint32_t* codes, char* out) {
+  GroupWord<BITS> w = 0;
+  for (int t = 0; t < 8; ++t) w |= static_cast<GroupWord<BITS>>(codes[t]) << (BITS * t);
+  std::memcpy(out, &w, BITS);
+}
+
+template <int BITS>
+inline void UnpackGroup(const char* in, uint32_t* codes) {
+  GroupWord<BITS> w = 0;
+  std::memcpy(&w, in, BITS);
+  for (int t = 0; t < 8; ++t) {
+    codes[t] = static_cast<uint32_t>(w >> (BITS * t)) & ((1u << BITS) - 1);
+  }
+}
+
+// Calls f(std::integral_constant<int, BITS>) for BITS in [2, 16], else
+// f(std::integral_constant<int, 0>) (the generic bit-by-bit path).
+template <typename F>
+void WithBits(int bits, F&& f) {
+  switch (bits) {
+#define HARRIER_BITS_CASE(B) \
+  case B:                    \
+    f(std::integral_constant<int, B>());  \
+    return;
+    HARRIER_BITS_CASE(2) HARRIER_BITS_CASE(3) HARRIER_BITS_CASE(4)
+    HARRIER_BITS_CASE(5) HARRIER_BITS_CASE(6) HARRIER_BITS_CASE(7)
+    HARRIER_BITS_CASE(8) HARRIER_BITS_CASE(9) HARRIER_BITS_CASE(10)
+    HARRIER_BITS_CASE(11) HARRIER_BITS_CASE(12) HARRIER_BITS_CASE(13)
+    HARRIER_BITS_CASE(14) HARRIER_BITS_CASE(15) HARRIER_BITS_CASE(16)
+#undef HARRIER_BITS_CASE
+    default:
+      f(std::integral_constant<int, 0>());
+  }
+}
+
 // QSGD code of x against unit > 0 with uniform u: the CUDA twin's
 // arithmetic (QsgdEncodeKernel), with floor by truncation (r >= 0 and r is
 // at most about 2 s, so the int64 conversion is exact and needs no libm
@@ -128,23 +171,43 @@ class QsgdCodec : public Codec {
     char* packed = body + 4 * buckets;
     const uint64_t seed = ctx.seed;
     const double sd = static_cast<double>(s);
-    ParallelFor(d, 64, [&](size_t, size_t begin, size_t end) {
-      BitWriter writer(packed + static_cast<uint64_t>(begin) * bits / 8);
-      size_t i = begin;
-      while (i < end) {
-        const size_t b = i / bucket;
-        const size_t stop = std::min(end, (b + 1) * bucket);
-        const float unit = units_[b];
-        if (unit > 0.0f) {
-          for (; i < stop; ++i) {
-            writer.Put(QsgdCode(x[i], unit, s, sd, CounterUniform(seed, i)),
-                       bits);
+    // Blocks of 256: codes first (a branch-free loop per bucket piece),
+    // then whole groups of 8 packed at once; only the tensor's last
+    // d % 8 codes go bit by bit.
+    ParallelFor(d, 256, [&](size_t, size_t begin, size_t end) {
+      uint32_t codes[256];
+      WithBits(bits, [&](auto bits_constant) {
+        constexpr int kBits = decltype(bits_constant)::value;
+        for (size_t block = begin; block < end; block += 256) {
+          const size_t block_end = std::min(end, block + 256);
+          size_t i = block;
+          while (i < block_end) {
+            const size_t b = i / bucket;
+            const size_t stop = std::min(block_end, (b + 1) * bucket);
+            const float unit = units_[b];
+            uint32_t* c = codes + (i - block);
+            if (unit > 0.0f) {
+              for (size_t t = i; t < stop; ++t) {
+                c[t - i] = QsgdCode(x[t], unit, s, sd, CounterUniform(seed, t));
+              }
+            } else {
+              std::fill(c, c + (stop - i), 0u);
+            }
+            i = stop;
           }
-        } else {
-          for (; i < stop; ++i) writer.Put(0, bits);
+          const size_t count = block_end - block;
+          char* out = packed + static_cast<uint64_t>(block) * bits / 8;
+          size_t g = 0;
+          if constexpr (kBits != 0) {
+            for (; g + 8 <= count; g += 8) {
+              PackGroup<kBits>(codes + g, out + kBits * (g / 8));
+            }
+          }
+          BitWriter writer(out + static_cast<uint64_t>(g) * bits / 8);
+          for (; g < count; ++g) writer.Put(codes[g], bits);
+          writer.Flush();
         }
-      }
-      writer.Flush();
+      });
     });
     return absl::OkStatus();
   }
@@ -179,16 +242,41 @@ class QsgdCodec : public Codec {
     // (lowest index over all ranges) is the one reported.
     size_t first_bad[kMaxCodecThreads];
     std::fill(first_bad, first_bad + kMaxCodecThreads, d);
-    ParallelFor(d, 64, [&](size_t part, size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i) {
-        const uint32_t code = GetCode(packed, packed_bytes, i, bits);
-        const uint32_t level = code >> 1;
-        if (level > s || (level == 0 && (code & 1))) {
-          first_bad[part] = i;
-          return;
+    // Codes are read in blocks of 256 (groups of 8 unpacked at once where
+    // the width allows); the tail past the last whole group bit by bit.
+    auto read_block = [&](size_t block, size_t count, uint32_t* codes) {
+      size_t g = 0;
+      WithBits(bits, [&](auto bits_constant) {
+        constexpr int kBits = decltype(bits_constant)::value;
+        if constexpr (kBits != 0) {
+          const char* in = packed + static_cast<uint64_t>(block) * kBits / 8;
+          for (; g + 8 <= count; g += 8) {
+            UnpackGroup<kBits>(in + kBits * (g / 8), codes + g);
+          }
+        }
+      });
+      for (; g < count; ++g) codes[g] = GetCode(packed, packed_bytes, block + g, bits);
+    };
+    ParallelFor(d, 256, [&](size_t part, size_t begin, size_t end) {
+      uint32_t codes[256];
+      for (size_t block = begin; block < end; block += 256) {
+        const size_t count = std::min(end - block, size_t{256});
+        read_block(block, count, codes);
+        bool bad = false;
+        for (size_t t = 0; t < count; ++t) {
+          const uint32_t level = codes[t] >> 1;
+          bad |= (level > s) | ((level == 0) & (codes[t] & 1));
+        }
+        if (!bad) continue;
+        for (size_t t = 0;; ++t) {
+          const uint32_t level = codes[t] >> 1;
+          if (level > s || (level == 0 && (codes[t] & 1))) {
+            first_bad[part] = block + t;
+            return;
+          }
         }
       }
-    });
+    }, d);
     const size_t bad = *std::min_element(first_bad, first_bad + kMaxCodecThreads);
     if (bad < d) {
       const uint32_t code = GetCode(packed, packed_bytes, bad, bits);
@@ -199,19 +287,26 @@ class QsgdCodec : public Codec {
       return Invalid(id(), "padding bits not zero");
     }
     const float fs = static_cast<float>(s);
-    ParallelFor(d, 64, [&](size_t, size_t begin, size_t end) {
-      size_t i = begin;
-      while (i < end) {
-        const size_t b = i / bucket;
-        const size_t stop = std::min(end, (b + 1) * bucket);
-        const float unit = Load<float>(body.data() + 4 * b) / fs;
-        for (; i < stop; ++i) {
-          const uint32_t code = GetCode(packed, packed_bytes, i, bits);
-          const float v = unit * static_cast<float>(code >> 1);
-          Emit(out.data(), i, (code & 1) ? -v : v, scale, accumulate);
+    ParallelFor(d, 256, [&](size_t, size_t begin, size_t end) {
+      uint32_t codes[256];
+      for (size_t block = begin; block < end; block += 256) {
+        const size_t count = std::min(end - block, size_t{256});
+        read_block(block, count, codes);
+        size_t i = block;
+        const size_t block_end = block + count;
+        while (i < block_end) {
+          const size_t b = i / bucket;
+          const size_t stop = std::min(block_end, (b + 1) * bucket);
+          const float unit = Load<float>(body.data() + 4 * b) / fs;
+          for (size_t t = i; t < stop; ++t) {
+            const uint32_t code = codes[t - block];
+            const float v = unit * static_cast<float>(code >> 1);
+            Emit(out.data(), t, (code & 1) ? -v : v, scale, accumulate);
+          }
+          i = stop;
         }
       }
-    });
+    }, d);
     return absl::OkStatus();
   }
 

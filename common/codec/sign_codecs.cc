@@ -9,6 +9,7 @@
 //   onebit    fp32 mean of negatives, fp32 mean of non-negatives, mask
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common/codec/internal.h"
@@ -73,10 +74,19 @@ class SignFamilyCodec : public VoteCodec {
       // a random sign is a branch mispredicted half the time.
       double neg_sum = 0.0, pos_sum = 0.0;
       size_t neg_count = 0;
+      // (GCC turns a ?: select back into that branch, hence bit masks.)
       for (float v : input) {
-        const bool neg = v < 0.0f;
-        neg_sum += neg ? static_cast<double>(v) : 0.0;
-        pos_sum += neg ? 0.0 : static_cast<double>(v);
+        const uint64_t neg = v < 0.0f;
+        uint64_t bits;
+        const double dv = v;
+        std::memcpy(&bits, &dv, sizeof(bits));
+        const uint64_t m = 0 - neg;  // all ones for a negative v
+        const uint64_t nbits = bits & m, pbits = bits & ~m;
+        double nv, pv;  // v or +0.0
+        std::memcpy(&nv, &nbits, sizeof(nv));
+        std::memcpy(&pv, &pbits, sizeof(pv));
+        neg_sum += nv;
+        pos_sum += pv;
         neg_count += neg;
       }
       size_t pos_count = d - neg_count;

@@ -133,7 +133,9 @@ else
   fail "codec exits 0 (exit $rc): $(tail -n 5 "$tmp/codec.err")"
 fi
 if json_lines_ok "$tmp/codec.jsonl" &&
-   fields_ok "$tmp/codec.jsonl" bench codec elements encode_gbps decode_gbps memcpy_gbps &&
+   fields_ok "$tmp/codec.jsonl" bench codec elements encode_gbps decode_gbps memcpy_gbps \
+     encode_ratio decode_ratio compression_ratio breakeven_gbps wire_bytes &&
+   positive_ok "$tmp/codec.jsonl" breakeven_gbps &&
    grep -q '"bench":"codec"' "$tmp/codec.jsonl" && grep -q '"elements":100000' "$tmp/codec.jsonl"; then
   pass "codec prints JSON lines with its fields"
 else

@@ -275,6 +275,13 @@ TEST_CASE("qsgd and terngrad draw the CUDA twins' counter-based uniforms") {
       std::unique_ptr<Codec> q3 = MakeCodec("qsgd:levels=3,bucket=64");
       REQUIRE(q3->Encode(g, CodecContext{seed}, &payload).ok());
       CHECK(payload.substr(kCodecHeaderBytes) == RefQsgdBody(g, 3, 64, seed));
+      // 11- and 17-bit codes: the 128-bit group and the bit-by-bit paths.
+      std::unique_ptr<Codec> q11 = MakeCodec("qsgd:levels=1000,bucket=100");
+      REQUIRE(q11->Encode(g, CodecContext{seed}, &payload).ok());
+      CHECK(payload.substr(kCodecHeaderBytes) == RefQsgdBody(g, 1000, 100, seed));
+      std::unique_ptr<Codec> q17 = MakeCodec("qsgd:levels=65535,bucket=512");
+      REQUIRE(q17->Encode(g, CodecContext{seed}, &payload).ok());
+      CHECK(payload.substr(kCodecHeaderBytes) == RefQsgdBody(g, 65535, 512, seed));
       std::unique_ptr<Codec> t = MakeCodec("terngrad");
       REQUIRE(t->Encode(g, CodecContext{seed}, &payload).ok());
       CHECK(payload.substr(kCodecHeaderBytes) == RefTernBody(g, seed));

@@ -101,7 +101,14 @@ void PrintCodecBenchLine(const CodecBenchResult& r) {
     std::printf("\"compression_ratio\":%.3f,",
                 bytes / static_cast<double>(r.wire_bytes));
   }
-  std::printf("\"wire_bytes\":%zu}\n", r.wire_bytes);
+  // The link rate (Gbit/s) below which compressing this tensor pays: the
+  // bytes saved take longer to send than encode + decode take. 0 when the
+  // payload is not smaller than the fp32 tensor (compression never pays).
+  const double saved = bytes - static_cast<double>(r.wire_bytes);
+  const double breakeven_gbps =
+      saved > 0 ? saved * 8.0 / (r.encode_s + r.decode_s) / 1e9 : 0.0;
+  std::printf("\"breakeven_gbps\":%.3f,\"wire_bytes\":%zu}\n", breakeven_gbps,
+              r.wire_bytes);
   std::fflush(stdout);
 }
 

@@ -64,7 +64,9 @@ struct CodecBenchResult {
 };
 
 // Prints the result as one JSON line on stdout (throughput in GB/s of fp32
-// input, and ratios to memcpy) and flushes.
+// input, and ratios to memcpy; breakeven_gbps, the link rate in Gbit/s
+// below which compressing pays: (4 d - wire bytes) * 8 / (encode + decode
+// seconds) / 1e9, 0 when nothing is saved) and flushes.
 void PrintCodecBenchLine(const CodecBenchResult& r);
 
 }  // namespace harrier::bench
