@@ -121,7 +121,13 @@ uint64_t SplitMix64(uint64_t* state) {
 
 namespace {
 std::atomic<int> g_test_threads{0};
+std::atomic<bool> g_force_scalar{false};
 }  // namespace
+
+bool UseAvx2() {
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  return has_avx2 && !g_force_scalar.load(std::memory_order_relaxed);
+}
 
 int CodecThreads(size_t n) {
   if (n < kCodecParallelMinElements) return 1;
@@ -223,6 +229,10 @@ uint16_t FloatToBf16(float f) {
 }
 
 }  // namespace codec_internal
+
+void SetCodecScalarForTesting(bool scalar) {
+  codec_internal::g_force_scalar.store(scalar, std::memory_order_relaxed);
+}
 
 void SetCodecThreadsForTesting(int threads) {
   codec_internal::g_test_threads.store(std::max(0, threads),

@@ -238,6 +238,11 @@ inline constexpr size_t kCodecParallelMinElements = 1000000;
 // before encoding, not while other threads encode.
 void SetCodecThreadsForTesting(int threads);
 
+// Tests only: true makes the CPU codecs take their baseline (SSE2) loops
+// even where the CPU has AVX2; false restores the runtime choice. Both
+// produce the same bytes.
+void SetCodecScalarForTesting(bool scalar);
+
 }  // namespace harrier
 
 #endif  // HARRIER_COMMON_CODEC_CODEC_H_

@@ -134,6 +134,12 @@ class Rng {
 
 constexpr int kMaxCodecThreads = 8;
 
+// True where the CPU has AVX2 (__builtin_cpu_supports) and
+// SetCodecScalarForTesting has not forced the baseline loops. The AVX2
+// variants are the same source compiled with target("avx2") (no FMA, so
+// the same roundings): GCC vectorises their 64-bit multiplies only there.
+bool UseAvx2();
+
 // Threads for a call over n elements: 1 below kCodecParallelMinElements,
 // else min(hardware_concurrency, 8) or SetCodecThreadsForTesting's count.
 int CodecThreads(size_t n);

@@ -122,19 +122,81 @@ void WithBits(int bits, F&& f) {
   }
 }
 
-// QSGD code of x against unit > 0 with uniform u: the CUDA twin's
-// arithmetic (QsgdEncodeKernel), with floor by truncation (r >= 0 and r is
-// at most about 2 s, so the int64 conversion is exact and needs no libm
-// call). E[level] = r because P(level = floor r + 1) = r - floor r.
-inline uint32_t QsgdCode(float x, float unit, uint32_t s, double sd, float u) {
-  const double r = std::fabs(static_cast<double>(x)) / static_cast<double>(unit);
-  const double rc = r < sd ? r : sd;
-  uint32_t level = static_cast<uint32_t>(static_cast<int64_t>(rc));
-  const double frac = r - static_cast<double>(level);
-  level += (level < s) & (static_cast<double>(u) < frac);
-  const uint32_t negative = (level > 0) & (x < 0.0f);
-  return (level << 1) | negative;
+// u[t] = CounterUniform(seed, first + t). The loop vectorises only with
+// AVX2 (64-bit multiplies), hence two compilations of the same body; the
+// 24-bit value goes to float through int32 (same value; AVX2 has no
+// uint64 -> float conversion).
+#define HARRIER_UNIFORMS_BODY                                   \
+  for (size_t t = 0; t < n; ++t) {                              \
+    u[t] = static_cast<float>(static_cast<int32_t>(             \
+               Mix64(seed, first + t) >> 40)) * 0x1p-24f;       \
+  }
+void UniformsBaseline(uint64_t seed, uint64_t first, size_t n,
+                      float* __restrict u) {
+  HARRIER_UNIFORMS_BODY
 }
+__attribute__((target("avx2"))) void UniformsAvx2(uint64_t seed, uint64_t first,
+                                                  size_t n, float* __restrict u) {
+  HARRIER_UNIFORMS_BODY
+}
+#undef HARRIER_UNIFORMS_BODY
+inline void Uniforms(bool avx2, uint64_t seed, uint64_t first, size_t n,
+                     float* u) {
+  if (avx2) {
+    UniformsAvx2(seed, first, n, u);
+  } else {
+    UniformsBaseline(seed, first, n, u);
+  }
+}
+
+// QSGD codes of n elements of one bucket (unit > 0) from their uniforms:
+// the CUDA twin's arithmetic (QsgdEncodeKernel), r = abs(x) / unit in
+// double, level = min(floor r, s), +1 with probability r - floor r, so
+// E[level] = r. floor is an int32 truncation (r >= 0 and r is at most about
+// 2 s < 2^31: exact, no libm call, and it vectorises).
+#define HARRIER_QSGD_CODES_BODY                                            \
+  const double sd = s, du = unit;                                          \
+  for (size_t t = 0; t < n; ++t) {                                         \
+    const double r = std::fabs(static_cast<double>(x[t])) / du;            \
+    const double rc = r < sd ? r : sd;                                     \
+    const int32_t floor_r = static_cast<int32_t>(rc);                      \
+    const double frac = r - static_cast<double>(floor_r);                  \
+    const int32_t level =                                                  \
+        floor_r + ((floor_r < static_cast<int32_t>(s)) &                   \
+                   (static_cast<double>(u[t]) < frac));                    \
+    const int32_t negative = (level > 0) & (x[t] < 0.0f);                  \
+    codes[t] = static_cast<uint32_t>((level << 1) | negative);             \
+  }
+void QsgdCodesBaseline(const float* __restrict x, const float* __restrict u,
+                       size_t n, float unit, uint32_t s,
+                       uint32_t* __restrict codes) {
+  HARRIER_QSGD_CODES_BODY
+}
+__attribute__((target("avx2"))) void QsgdCodesAvx2(
+    const float* __restrict x, const float* __restrict u, size_t n, float unit,
+    uint32_t s, uint32_t* __restrict codes) {
+  HARRIER_QSGD_CODES_BODY
+}
+#undef HARRIER_QSGD_CODES_BODY
+
+// TernGrad codes of n elements from their uniforms.
+#define HARRIER_TERN_CODES_BODY                                   \
+  for (size_t t = 0; t < n; ++t) {                                \
+    const float p = std::min(std::fabs(x[t]), limit) / max_abs;   \
+    const uint32_t sent = u[t] < p;                               \
+    codes[t] = sent << (x[t] < 0.0f);                             \
+  }
+void TernCodesBaseline(const float* __restrict x, const float* __restrict u,
+                       size_t n, float limit, float max_abs,
+                       uint8_t* __restrict codes) {
+  HARRIER_TERN_CODES_BODY
+}
+__attribute__((target("avx2"))) void TernCodesAvx2(
+    const float* __restrict x, const float* __restrict u, size_t n,
+    float limit, float max_abs, uint8_t* __restrict codes) {
+  HARRIER_TERN_CODES_BODY
+}
+#undef HARRIER_TERN_CODES_BODY
 
 class QsgdCodec : public Codec {
  public:
@@ -153,8 +215,26 @@ class QsgdCodec : public Codec {
     units_.resize(buckets);
     // Norms: each bucket's sum of squares in index order (the CUDA twin's
     // order, so the norms are bit-exact); buckets split over threads.
-    ParallelFor(buckets, 1, [&](size_t, size_t b0, size_t b1) {
-      for (size_t b = b0; b < b1; ++b) {
+    // One bucket's sum is a chain of dependent adds (3 to 4 cycles per
+    // element); eight full buckets side by side make eight chains.
+    ParallelFor(buckets, 8, [&](size_t, size_t b0, size_t b1) {
+      size_t b = b0;
+      for (; b + 8 <= b1 && (b + 8) * bucket <= d; b += 8) {
+        double sq[8] = {};
+        const float* base = x + b * bucket;
+        for (size_t i = 0; i < bucket; ++i) {
+          for (int l = 0; l < 8; ++l) {
+            const double v = base[l * bucket + i];
+            sq[l] += v * v;
+          }
+        }
+        for (int l = 0; l < 8; ++l) {
+          const float norm = static_cast<float>(std::sqrt(sq[l]));
+          Store<float>(body + 4 * (b + l), norm);
+          units_[b + l] = norm / static_cast<float>(s);
+        }
+      }
+      for (; b < b1; ++b) {
         const size_t begin = b * bucket, end = std::min(d, begin + bucket);
         double sq = 0.0;
         for (size_t i = begin; i < end; ++i) {
@@ -170,12 +250,13 @@ class QsgdCodec : public Codec {
     // Codes: element ranges starting at multiples of 8 start on a byte.
     char* packed = body + 4 * buckets;
     const uint64_t seed = ctx.seed;
-    const double sd = static_cast<double>(s);
     // Blocks of 256: codes first (a branch-free loop per bucket piece),
     // then whole groups of 8 packed at once; only the tensor's last
     // d % 8 codes go bit by bit.
+    const bool avx2 = UseAvx2();
     ParallelFor(d, 256, [&](size_t, size_t begin, size_t end) {
       uint32_t codes[256];
+      float u[256];
       WithBits(bits, [&](auto bits_constant) {
         constexpr int kBits = decltype(bits_constant)::value;
         for (size_t block = begin; block < end; block += 256) {
@@ -187,8 +268,11 @@ class QsgdCodec : public Codec {
             const float unit = units_[b];
             uint32_t* c = codes + (i - block);
             if (unit > 0.0f) {
-              for (size_t t = i; t < stop; ++t) {
-                c[t - i] = QsgdCode(x[t], unit, s, sd, CounterUniform(seed, t));
+              Uniforms(avx2, seed, i, stop - i, u);
+              if (avx2) {
+                QsgdCodesAvx2(x + i, u, stop - i, unit, s, c);
+              } else {
+                QsgdCodesBaseline(x + i, u, stop - i, unit, s, c);
               }
             } else {
               std::fill(c, c + (stop - i), 0u);
@@ -314,12 +398,6 @@ class QsgdCodec : public Codec {
   std::vector<float> units_;  // per-bucket norm / s, scratch of Encode
 };
 
-// TernGrad's 2-bit codes, four per byte.
-inline uint32_t TernCode(float x, float limit, float max_abs, float u) {
-  const float p = std::min(std::fabs(x), limit) / max_abs;
-  return u < p ? (x < 0.0f ? 2u : 1u) : 0u;
-}
-
 class TernGradCodec : public Codec {
  public:
   explicit TernGradCodec(const CodecSpec& spec) : Codec(spec) {}
@@ -360,23 +438,23 @@ class TernGradCodec : public Codec {
     uint8_t* codes = reinterpret_cast<uint8_t*>(body + 4);
     const uint64_t seed = ctx.seed;
     if (max_abs > 0.0f) {
-      ParallelFor(d, 64, [&](size_t, size_t begin, size_t end) {
-        size_t i = begin;
-        for (; i + 4 <= end; i += 4) {
-          uint32_t byte = 0;
-          for (int t = 0; t < 4; ++t) {
-            byte |= TernCode(x[i + t], limit, max_abs, CounterUniform(seed, i + t))
-                    << (2 * t);
+      const bool avx2 = UseAvx2();
+      ParallelFor(d, 256, [&](size_t, size_t begin, size_t end) {
+        float u[256];
+        uint8_t c[256];
+        for (size_t block = begin; block < end; block += 256) {
+          const size_t n = std::min(end - block, size_t{256});
+          Uniforms(avx2, seed, block, n, u);
+          if (avx2) {
+            TernCodesAvx2(x + block, u, n, limit, max_abs, c);
+          } else {
+            TernCodesBaseline(x + block, u, n, limit, max_abs, c);
           }
-          codes[i / 4] = static_cast<uint8_t>(byte);
-        }
-        if (i < end) {
-          uint32_t byte = 0;
-          for (int t = 0; i + t < end; ++t) {
-            byte |= TernCode(x[i + t], limit, max_abs, CounterUniform(seed, i + t))
-                    << (2 * t);
+          std::fill(c + n, c + ((n + 3) & ~size_t{3}), uint8_t{0});
+          for (size_t t = 0; t < n; t += 4) {
+            codes[(block + t) / 4] = static_cast<uint8_t>(
+                c[t] | (c[t + 1] << 2) | (c[t + 2] << 4) | (c[t + 3] << 6));
           }
-          codes[i / 4] = static_cast<uint8_t>(byte);
         }
       });
     } else if (d > 0) {
@@ -406,9 +484,13 @@ class TernGradCodec : public Codec {
     const uint8_t* codes = reinterpret_cast<const uint8_t*>(body.data() + 4);
     // Code 3 is both bits of a pair set: any (c & c >> 1 & 0x55) flags the
     // byte; 8 bytes at a time, then the exact element.
+    // Only the d codes count: the last byte's padding pairs are checked as
+    // padding (their own message), so the whole bytes are scanned here and
+    // the partial last byte below.
+    const size_t full = d / 4;
     size_t first_bad[kMaxCodecThreads];
-    std::fill(first_bad, first_bad + kMaxCodecThreads, bytes);
-    ParallelFor(bytes, 64, [&](size_t part, size_t begin, size_t end) {
+    std::fill(first_bad, first_bad + kMaxCodecThreads, full);
+    ParallelFor(full, 64, [&](size_t part, size_t begin, size_t end) {
       size_t j = begin;
       for (; j + 8 <= end; j += 8) {
         const uint64_t w = Load<uint64_t>(reinterpret_cast<const char*>(codes + j));
@@ -421,10 +503,17 @@ class TernGradCodec : public Codec {
         }
       }
     }, d);
-    const size_t bad = *std::min_element(first_bad, first_bad + kMaxCodecThreads);
+    size_t bad = *std::min_element(first_bad, first_bad + kMaxCodecThreads);
+    uint32_t bad_byte = bad < full ? codes[bad] : 0;
+    if (bad == full && d % 4 != 0) {
+      bad_byte = codes[full] & ((1u << (2 * (d % 4))) - 1);
+      if ((bad_byte & (bad_byte >> 1) & 0x55) == 0) bad = bytes;
+    } else if (bad == full) {
+      bad = bytes;
+    }
     if (bad < bytes) {
       size_t t = 0;
-      while (((codes[bad] >> (2 * t)) & 3) != 3) ++t;
+      while (((bad_byte >> (2 * t)) & 3) != 3) ++t;
       return Invalid(id(), absl::StrCat("element ", 4 * bad + t, " has invalid code 3"));
     }
     if (!PaddingIsZero(body.data() + 4, bytes, 2 * static_cast<uint64_t>(d))) {

@@ -148,13 +148,21 @@ TEST_CASE("deterministic payloads are the reference bytes") {
   CHECK_FALSE(missing);
 }
 
-// Restores the default thread count when a test section ends.
+// Restores the default thread count and SIMD choice when a test ends.
 struct ThreadsGuard {
-  explicit ThreadsGuard(int n) { SetCodecThreadsForTesting(n); }
-  ~ThreadsGuard() { SetCodecThreadsForTesting(0); }
+  explicit ThreadsGuard(int n, bool scalar = false) {
+    SetCodecThreadsForTesting(n);
+    SetCodecScalarForTesting(scalar);
+  }
+  ~ThreadsGuard() {
+    SetCodecThreadsForTesting(0);
+    SetCodecScalarForTesting(false);
+  }
 };
 
-TEST_CASE("payloads and decodes do not depend on the thread count") {
+// Threads 1 with the baseline loops is the reference; the AVX2 loops (where
+// the CPU has them) and 2, 3 and 8 threads must give the same bytes.
+TEST_CASE("payloads and decodes do not depend on the thread count or SIMD") {
   std::vector<std::string> specs = AllSpecs();
   specs.push_back("qsgd:levels=16,bucket=512");
   specs.push_back("qsgd:levels=65535,bucket=1000");
@@ -166,16 +174,18 @@ TEST_CASE("payloads and decodes do not depend on the thread count") {
     INFO(text);
     std::string reference;
     std::vector<float> decoded, added;
-    for (int threads : {1, 2, 3, 8}) {
-      ThreadsGuard guard(threads);
+    for (int variant = 0; variant < 5; ++variant) {
+      const int threads = variant == 0 ? 1 : variant == 1 ? 1 : variant == 2 ? 2
+                          : variant == 3 ? 3 : 8;
+      ThreadsGuard guard(threads, /*scalar=*/variant == 0 || variant == 3);
       std::unique_ptr<Codec> codec = MakeCodec(text);
       std::string payload;
       REQUIRE(codec->Encode(g, CodecContext{5}, &payload).ok());
       std::vector<float> out(g.size(), 0.0f), acc = base;
       REQUIRE(codec->Decode(payload, absl::MakeSpan(out)).ok());
       REQUIRE(codec->DecodeAdd(payload, 0.5f, absl::MakeSpan(acc)).ok());
-      INFO("threads " << threads);
-      if (threads == 1) {
+      INFO("threads " << threads << (variant == 0 || variant == 3 ? " baseline" : ""));
+      if (variant == 0) {
         reference = payload;
         decoded = out;
         added = acc;
@@ -263,6 +273,8 @@ std::string RefTernBody(const std::vector<float>& x, uint64_t seed) {
 }
 
 TEST_CASE("qsgd and terngrad draw the CUDA twins' counter-based uniforms") {
+  for (bool scalar : {false, true}) {
+  ThreadsGuard guard(0, scalar);
   for (size_t d : {size_t{1}, size_t{77}, size_t{4099}, kLarge}) {
     INFO("d = " << d);
     std::vector<float> g = TiedGradient(d, 31 + d);
@@ -286,6 +298,7 @@ TEST_CASE("qsgd and terngrad draw the CUDA twins' counter-based uniforms") {
       REQUIRE(t->Encode(g, CodecContext{seed}, &payload).ok());
       CHECK(payload.substr(kCodecHeaderBytes) == RefTernBody(g, seed));
     }
+  }
   }
 }
 
