@@ -150,7 +150,13 @@ class TopKCodec : public Codec {
     const size_t d = input.size();
     const size_t k = KFromRatio(spec().ratio, d);
     SelectTopK(input, k);
-    WriteIndexValueBody(id(), input, indices_, payload);
+    // values_ holds input[indices_[j]], gathered during the scan: reading
+    // them back here would be k cache misses on a large tensor.
+    char* body = StartPayload(id(), d, static_cast<uint32_t>(k), 0, 8 * k, payload);
+    if (k != 0) {
+      std::memcpy(body, indices_.data(), 4 * k);
+      std::memcpy(body + 4 * k, values_.data(), 4 * k);
+    }
     return absl::OkStatus();
   }
 
@@ -162,15 +168,18 @@ class TopKCodec : public Codec {
   }
 
  private:
-  // Leaves the k best indices, sorted ascending, in indices_. "Best" is
-  // larger abs value, ties broken by the lower index, so the result equals
-  // the first k of a full stable sort by descending abs value.
+  // Leaves the k best indices, sorted ascending, in indices_ and their
+  // values in values_. "Best" is larger abs value, ties broken by the lower
+  // index, so the result equals the first k of a full stable sort by
+  // descending abs value.
   void SelectTopK(absl::Span<const float> g, size_t k) {
     const size_t d = g.size();
     indices_.clear();
+    values_.clear();
     if (k == d) {
       indices_.resize(d);
       for (size_t i = 0; i < d; ++i) indices_[i] = static_cast<uint32_t>(i);
+      values_.assign(g.begin(), g.end());
       return;
     }
     // A strided sample gives a threshold t that about 2k elements pass;
@@ -185,61 +194,74 @@ class TopKCodec : public Codec {
     std::nth_element(sample_.begin(), sample_.begin() + rank, sample_.end(),
                      std::greater<float>());
     const float t = sample_[rank];
-    // Candidates abs(g) >= t in index order; per-thread lists, joined in
-    // range order. Blocks of 16 are tested first with a branch-free OR
-    // (vectorised); only blocks holding a candidate are walked.
-    std::vector<uint32_t> parts[kMaxCodecThreads];
+    // Candidates abs(g) >= t in index order, as (key, value); per-thread
+    // lists, joined in range order. Blocks of 16 are tested first with a
+    // branch-free OR (vectorised); only blocks holding a candidate are
+    // walked. The key is made here, while g[i] is in cache: building it
+    // later from an index is a cache miss per candidate.
+    std::vector<uint64_t> part_keys[kMaxCodecThreads];
+    std::vector<float> part_values[kMaxCodecThreads];
+    keys_.clear();
+    candidate_values_.clear();
     ParallelFor(d, 16, [&](size_t part, size_t begin, size_t end) {
-      std::vector<uint32_t>& out = part == 0 ? indices_ : parts[part];
+      std::vector<uint64_t>& keys = part == 0 ? keys_ : part_keys[part];
+      std::vector<float>& values = part == 0 ? candidate_values_ : part_values[part];
+      auto take = [&](size_t j) {
+        keys.push_back(Key(g[j], static_cast<uint32_t>(j)));
+        values.push_back(g[j]);
+      };
       size_t i = begin;
       for (; i + 16 <= end; i += 16) {
         bool any = false;
         for (int j = 0; j < 16; ++j) any |= std::fabs(g[i + j]) >= t;
         if (!any) continue;
         for (size_t j = i; j < i + 16; ++j) {
-          if (std::fabs(g[j]) >= t) out.push_back(static_cast<uint32_t>(j));
+          if (std::fabs(g[j]) >= t) take(j);
         }
       }
       for (; i < end; ++i) {
-        if (std::fabs(g[i]) >= t) out.push_back(static_cast<uint32_t>(i));
+        if (std::fabs(g[i]) >= t) take(i);
       }
     });
     for (size_t p = 1; p < kMaxCodecThreads; ++p) {
-      indices_.insert(indices_.end(), parts[p].begin(), parts[p].end());
+      keys_.insert(keys_.end(), part_keys[p].begin(), part_keys[p].end());
+      candidate_values_.insert(candidate_values_.end(), part_values[p].begin(),
+                               part_values[p].end());
     }
-    if (indices_.size() < k) {
-      indices_.resize(d);
-      for (size_t i = 0; i < d; ++i) indices_[i] = static_cast<uint32_t>(i);
+    if (keys_.size() < k) {
+      keys_.resize(d);
+      for (size_t i = 0; i < d; ++i) keys_[i] = Key(g[i], static_cast<uint32_t>(i));
+      candidate_values_.assign(g.begin(), g.end());
     }
-    // One integer key per candidate orders by abs value, then lower index:
-    // abs(g)'s bits (finite, non-negative: ordered as integers) above the
-    // complemented index. Keys are distinct, so the k-th largest key K
-    // selects exactly the k best (ties to the lower index, as a stable sort
-    // by descending abs value), and keeping key >= K in candidate order
-    // leaves them sorted by index without sorting.
-    keys_.resize(indices_.size());
-    for (size_t c = 0; c < indices_.size(); ++c) {
-      keys_[c] = Key(g, indices_[c]);
+    // Keys order by abs value, then lower index: abs(g)'s bits (finite,
+    // non-negative: ordered as integers) above the complemented index. Keys
+    // are distinct, so the k-th largest key K selects exactly the k best
+    // (ties to the lower index, as a stable sort by descending abs value),
+    // and keeping key >= K in candidate order leaves them sorted by index
+    // without sorting.
+    selection_.assign(keys_.begin(), keys_.end());
+    std::nth_element(selection_.begin(), selection_.begin() + (k - 1),
+                     selection_.end(), std::greater<uint64_t>());
+    const uint64_t kth = selection_[k - 1];
+    indices_.reserve(k);
+    values_.reserve(k);
+    for (size_t c = 0; c < keys_.size(); ++c) {
+      if (keys_[c] >= kth) {
+        indices_.push_back(0xffffffffu - static_cast<uint32_t>(keys_[c]));
+        values_.push_back(candidate_values_[c]);
+      }
     }
-    std::nth_element(keys_.begin(), keys_.begin() + (k - 1), keys_.end(),
-                     std::greater<uint64_t>());
-    const uint64_t kth = keys_[k - 1];
-    size_t kept = 0;
-    for (size_t c = 0; c < indices_.size(); ++c) {
-      const uint32_t i = indices_[c];
-      indices_[kept] = i;
-      kept += Key(g, i) >= kth;
-    }
-    indices_.resize(kept);
   }
 
-  static uint64_t Key(absl::Span<const float> g, uint32_t i) {
-    const float a = std::fabs(g[i]);
+  static uint64_t Key(float v, uint32_t i) {
+    const float a = std::fabs(v);
     uint32_t bits;
     std::memcpy(&bits, &a, sizeof(bits));
     return (static_cast<uint64_t>(bits) << 32) | (0xffffffffu - i);
   }
 
+  std::vector<uint64_t> selection_;
+  std::vector<float> values_, candidate_values_;
   std::vector<uint64_t> keys_;
   std::vector<uint32_t> indices_;
   std::vector<float> sample_;
