@@ -14,6 +14,8 @@
 #include <limits>
 #include <vector>
 
+#include <emmintrin.h>
+
 #include "common/codec/internal.h"
 
 namespace harrier {
@@ -195,9 +197,7 @@ class TopKCodec : public Codec {
                      std::greater<float>());
     const float t = sample_[rank];
     // Candidates abs(g) >= t in index order, as (key, value); per-thread
-    // lists, joined in range order. Blocks of 16 are tested first with a
-    // branch-free OR (vectorised); only blocks holding a candidate are
-    // walked. The key is made here, while g[i] is in cache: building it
+    // lists, joined in range order. The key is made here, while g[i] is in cache: building it
     // later from an index is a cache miss per candidate.
     std::vector<uint64_t> part_keys[kMaxCodecThreads];
     std::vector<float> part_values[kMaxCodecThreads];
@@ -210,13 +210,21 @@ class TopKCodec : public Codec {
         keys.push_back(Key(g[j], static_cast<uint32_t>(j)));
         values.push_back(g[j]);
       };
+      // SSE2 (part of x86-64, so no runtime check): a 16-bit mask of
+      // abs(g) >= t per block, then only its set bits.
+      const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+      const __m128 tv = _mm_set1_ps(t);
+      const float* data = g.data();
       size_t i = begin;
       for (; i + 16 <= end; i += 16) {
-        bool any = false;
-        for (int j = 0; j < 16; ++j) any |= std::fabs(g[i + j]) >= t;
-        if (!any) continue;
-        for (size_t j = i; j < i + 16; ++j) {
-          if (std::fabs(g[j]) >= t) take(j);
+        unsigned mask = 0;
+        for (int q = 0; q < 4; ++q) {
+          const __m128 v = _mm_and_ps(_mm_loadu_ps(data + i + 4 * q), abs_mask);
+          mask |= static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(v, tv))) << (4 * q);
+        }
+        while (mask != 0) {
+          take(i + static_cast<size_t>(__builtin_ctz(mask)));
+          mask &= mask - 1;
         }
       }
       for (; i < end; ++i) {
