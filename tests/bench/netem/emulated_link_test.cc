@@ -26,6 +26,11 @@ namespace harrier::bench {
 namespace {
 
 constexpr int64_t kBytesAt1Gbit = 25'000'000;  // 0.2 s at 1 Gbit/s
+// How far below the set rate a stream may come out. A shaper that does not
+// shape is 8x off here, so the checks still fail it; a loaded 2-core CI
+// machine measured 0.84-0.89 of 1 Gbit/s (every attempt of a run, with the
+// unshaped rate down from 9.4 to 7.4 Gbit/s), so 10 % was a flake.
+constexpr double kRateTolerance = 0.15;
 
 // Makes a network, or returns nullptr after printing why it was skipped.
 std::unique_ptr<EmulatedNetwork> MakeOrSkip(const EmulatedNetworkOptions& options) {
@@ -59,7 +64,7 @@ double Measure(const EmulatedNetwork& network, int from, int to, int64_t bytes) 
     INFO(one.status().ToString());
     REQUIRE(one.ok());
     gbps = std::max(*gbps, *one);
-    if (target > 0 && std::abs(*gbps - target) <= 0.1 * target) break;
+    if (target > 0 && std::abs(*gbps - target) <= 0.1 * target) break;  // good enough: stop
     if (target == 0 && attempt == 2) break;
   }
   std::printf("%s %d -> %d, set %g Gbit/s: measured %.3f Gbit/s\n",
@@ -72,15 +77,15 @@ TEST_CASE("per-host links at 1 Gbit/s hold their rate both ways") {
   auto network = MakeOrSkip(Options(LinkModel::kPerHost, 2, 1));
   if (network == nullptr) return;
   const double up = Measure(*network, 0, 1, kBytesAt1Gbit);
-  CHECK(up == Approx(1.0).epsilon(0.10));
+  CHECK(up == Approx(1.0).epsilon(kRateTolerance));
   const double down = Measure(*network, 1, 0, kBytesAt1Gbit);
-  CHECK(down == Approx(1.0).epsilon(0.10));
+  CHECK(down == Approx(1.0).epsilon(kRateTolerance));
 }
 
 TEST_CASE("a shared link at 1 Gbit/s holds its rate") {
   auto network = MakeOrSkip(Options(LinkModel::kSharedLink, 2, 1));
   if (network == nullptr) return;
-  CHECK(Measure(*network, 0, 1, kBytesAt1Gbit) == Approx(1.0).epsilon(0.10));
+  CHECK(Measure(*network, 0, 1, kBytesAt1Gbit) == Approx(1.0).epsilon(kRateTolerance));
 }
 
 TEST_CASE("an unshaped link is much faster than a shaped one") {
@@ -153,8 +158,8 @@ TEST_CASE("per-host links are independent, a shared link is shared") {
       }
     }
     if (model == LinkModel::kPerHost) {
-      CHECK(first == Approx(1.0).epsilon(0.10));
-      CHECK(second == Approx(1.0).epsilon(0.10));
+      CHECK(first == Approx(1.0).epsilon(kRateTolerance));
+      CHECK(second == Approx(1.0).epsilon(kRateTolerance));
     } else {
       // The two streams overlap for most of their time; together they get
       // about the link, each alone well under it.
