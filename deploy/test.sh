@@ -43,6 +43,10 @@ testlogs=$(bazel info bazel-testlogs 2>/dev/null)
 while read -r target verdict; do
   log="$testlogs/${target#//}"; log="${log/://}/test.log"
   if [ -f "$log" ]; then count_log "$log" "$verdict"; else failed=$((failed + 1)); fi
+  # CI keeps only this output: a failure's own log is what makes it diagnosable.
+  if [ "$verdict" != PASSED ] && [ -f "$log" ]; then
+    echo "---- the last 60 lines of $target's log"; tail -n 60 "$log" | sed 's/^/    /'
+  fi
 done < <(grep -E "^//[^ ]+ +(PASSED|FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)" "$logs/bazel-test.log" |
          awk '{v=$2; if (v=="FAILED" && $3=="TO") v="FAILED_TO_BUILD"; print $1, v}')
 if [ "$build_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then

@@ -45,6 +45,10 @@ KillRestartResult RunKillAndRestart(const std::string& transport,
   }
   const std::string address = (*server)->address();
 
+  const auto start = std::chrono::steady_clock::now();
+  const auto seconds_since_start = [&start] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   std::atomic<int> progress{0};
   std::vector<std::thread> workers;
   for (int rank = 0; rank < 2; ++rank) {
@@ -60,20 +64,29 @@ KillRestartResult RunKillAndRestart(const std::string& transport,
         if (rank == 0 && status.ok()) progress = t + 1;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
-      if (!status.ok()) result.worker_errors[rank] = status.ToString();
+      if (!status.ok()) {
+        result.worker_errors[rank] = absl::StrCat(status.ToString(), " (at ",
+                                                  seconds_since_start(), " s)");
+      }
     });
   }
-  // Let a checkpoint or two be written, then kill the shard hard.
-  while (progress < kill_at && result.worker_errors[0].empty()) {
+  // Let a checkpoint or two be written, then kill the shard hard (bounded:
+  // 30 iterations take about 2 s; a stuck worker must not hang the test).
+  while (progress < kill_at && result.worker_errors[0].empty() && seconds_since_start() < 60) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   result.killed_at = progress;
   (*server)->process().Signal(SIGKILL);
   (*server)->process().WaitForExit(5000);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double killed_s = seconds_since_start();
   auto restarted = ServerProcess::Start(flags);
+  const double restarted_s = seconds_since_start();
   for (auto& worker : workers) worker.join();
   result.completed = progress;
+  result.timeline = absl::StrCat("killed at ", killed_s, " s, restarted by ", restarted_s,
+                                 " s (", restarted.ok() ? "ok" : restarted.status().ToString(),
+                                 "), workers done at ", seconds_since_start(), " s");
   if (!restarted.ok()) return result;
 
   // Every applied round subtracts exactly 1 from the parameter.

@@ -14,6 +14,7 @@ struct KillRestartResult {
   int completed = 0;                       // rank 0's iterations done
   int rounds_applied = -1;                 // read back after training (-1: read failed)
   bool final_value_exact = false;          // the parameter is exactly -rounds_applied
+  std::string timeline;                    // when the kill, the restart and the end happened
 };
 
 // One shard with checkpoints every second on a fixed port, two BSP workers

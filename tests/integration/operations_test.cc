@@ -48,6 +48,7 @@ TEST_CASE("the metrics endpoint serves Prometheus text with the shard's counters
 TEST_CASE("a shard killed mid-training restarts from its checkpoint and training finishes") {
   const testing::KillRestartResult result = testing::RunKillAndRestart("grpc", {});
   INFO(result.worker_errors[0] << " / " << result.worker_errors[1]);
+  INFO(result.timeline);
   REQUIRE(result.worker_errors == std::vector<std::string>{"", ""});
   REQUIRE(result.completed == result.iterations);
   // Rounds since the last checkpoint before the kill are lost: at most one

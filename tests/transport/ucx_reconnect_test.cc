@@ -13,6 +13,7 @@ namespace {
 TEST_CASE("over UCX, a shard killed mid-training restarts and the transports reconnect") {
   const testing::KillRestartResult result = testing::RunKillAndRestart("ucx", {"--ucx"});
   INFO(result.worker_errors[0] << " / " << result.worker_errors[1]);
+  INFO(result.timeline);
   REQUIRE(result.worker_errors == std::vector<std::string>{"", ""});
   REQUIRE(result.completed == result.iterations);
   INFO("killed at iteration " << result.killed_at << ", rounds applied "
