@@ -42,9 +42,7 @@ absl::Status PayloadToDevice(const PayloadView& host, void* device) {
 
 class CudaPushStream : public PushStream {
  public:
-  enum class Mode { kPlain, kErrorFeedback, kMomentum };
-
-  CudaPushStream(std::unique_ptr<DeviceCodec> codec, size_t n, Mode mode,
+  CudaPushStream(std::unique_ptr<DeviceCodec> codec, size_t n, PushState mode,
                  float momentum, DeviceArray a, DeviceArray b)
       : codec_(std::move(codec)),
         n_(n),
@@ -61,14 +59,14 @@ class CudaPushStream : public PushStream {
           absl::StrCat("push stream of ", n_, " elements given ", n));
     }
     switch (mode_) {
-      case Mode::kMomentum:
+      case PushState::kMomentum:
         return DgcMomentumOnDevice(*codec_, momentum_, values,
                                    residual_or_u_.data(), v_.data(), n, ctx,
                                    payload);
-      case Mode::kErrorFeedback:
+      case PushState::kErrorFeedback:
         return ErrorFeedbackOnDevice(*codec_, values, residual_or_u_.data(), n,
                                      ctx, payload);
-      case Mode::kPlain:
+      case PushState::kNone:
         break;
     }
     return codec_->Encode(values, n, ctx, payload);
@@ -77,7 +75,7 @@ class CudaPushStream : public PushStream {
  private:
   const std::unique_ptr<DeviceCodec> codec_;
   const size_t n_;
-  const Mode mode_;
+  const PushState mode_;
   const float momentum_;
   DeviceArray residual_or_u_;  // the residual e, or DGC's u
   DeviceArray v_;              // DGC's v
@@ -160,21 +158,14 @@ class CudaCodecBackend : public CodecBackend {
                                                             size_t n) override {
     absl::StatusOr<std::unique_ptr<DeviceCodec>> codec = DeviceCodec::Create(spec);
     if (!codec.ok()) return codec.status();
-    // The same rule as the host backend: DGC's momentum correction when
-    // the spec asks for momentum, else error feedback for biased codecs.
-    CudaPushStream::Mode mode = CudaPushStream::Mode::kPlain;
-    if (spec.momentum > 0.0) {
-      mode = CudaPushStream::Mode::kMomentum;
-    } else if (NeedsErrorFeedback(spec)) {
-      mode = CudaPushStream::Mode::kErrorFeedback;
-    }
+    const PushState mode = PushStateFor(spec);
     DeviceArray a, b;
-    if (mode != CudaPushStream::Mode::kPlain) {
+    if (mode != PushState::kNone) {
       absl::StatusOr<DeviceArray> z = Zeros(n);
       if (!z.ok()) return z.status();
       a = std::move(*z);
     }
-    if (mode == CudaPushStream::Mode::kMomentum) {
+    if (mode == PushState::kMomentum) {
       absl::StatusOr<DeviceArray> z = Zeros(n);
       if (!z.ok()) return z.status();
       b = std::move(*z);

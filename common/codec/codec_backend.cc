@@ -23,6 +23,11 @@ bool NeedsErrorFeedback(const CodecSpec& spec) {
   }
 }
 
+PushState PushStateFor(const CodecSpec& spec) {
+  if (spec.momentum > 0.0) return PushState::kMomentum;
+  return NeedsErrorFeedback(spec) ? PushState::kErrorFeedback : PushState::kNone;
+}
+
 absl::Status PullMirror::SetDenseFrom(const float* /*values*/, float* /*out*/) {
   return absl::UnimplementedError("this pull mirror takes dense replies from host memory only");
 }

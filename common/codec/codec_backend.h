@@ -37,6 +37,12 @@ absl::string_view MemoryKindName(MemoryKind kind);  // "host" or "device"
 // correction instead. One rule for every backend.
 bool NeedsErrorFeedback(const CodecSpec& spec);
 
+// What a push stream keeps besides its codec, by that rule: DGC's u and v
+// (momentum > 0), an error-feedback residual, or nothing. Every backend
+// asks this one function, so CPU and GPU streams never disagree.
+enum class PushState { kNone, kErrorFeedback, kMomentum };
+PushState PushStateFor(const CodecSpec& spec);
+
 // One chunk's push stream: the codec (PowerSGD keeps its warm start in it)
 // and at most one of an error-feedback residual or DGC's u and v, all in
 // the backend's memory. Used by one thread at a time.

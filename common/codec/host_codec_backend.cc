@@ -15,10 +15,15 @@ class HostPushStream : public PushStream {
  public:
   HostPushStream(std::unique_ptr<Codec> codec, const CodecSpec& spec, size_t n)
       : codec_(std::move(codec)), n_(n) {
-    if (spec.momentum > 0.0) {
-      momentum_ = std::make_unique<DgcMomentumCorrection>(n, static_cast<float>(spec.momentum));
-    } else if (NeedsErrorFeedback(spec)) {
-      error_feedback_ = std::make_unique<ErrorFeedback>(n);
+    switch (PushStateFor(spec)) {
+      case PushState::kMomentum:
+        momentum_ = std::make_unique<DgcMomentumCorrection>(n, static_cast<float>(spec.momentum));
+        break;
+      case PushState::kErrorFeedback:
+        error_feedback_ = std::make_unique<ErrorFeedback>(n);
+        break;
+      case PushState::kNone:
+        break;
     }
   }
 
