@@ -170,7 +170,11 @@ int main(int argc, char** argv) {
                       "Usage: harrier-worker --servers=HOST:PORT,... [--epochs=N] [flags]\n"
                       "       harrier-worker --servers=... --workload=replay:resnet50 "
                       "[--compute_scale=X] [--techniques=all] [--max_steps=N]\n"
-                      "Replay prints one line on stdout: replay_summary {json}.");
+                      "Replay prints one line on stdout: replay_summary {json}.\n"
+                      "Environment: HARRIER_<FLAG> sets --<flag> (e.g. HARRIER_SERVERS); with "
+                      "--transport=ucx, UCX_TLS picks UCX's transports and "
+                      "HARRIER_UCX_DEVICE_MEMORY=auto|off|on whether device tensors go over UCX "
+                      "from device memory (auto: when UCX reports CUDA memory support).");
   harrier::TuneMallocForLargeBuffers();
   // Library logs go to stderr: stdout carries only the test_accuracy= line.
   harrier::InitLogging("worker");
