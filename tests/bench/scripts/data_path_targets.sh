@@ -2,6 +2,7 @@
 # Issue 16's targets, each a ratio measured in one run of this script:
 #
 #   tests/bench/scripts/data_path_targets.sh [OUT_DIR] [--quick]
+#       [--bench_binary=PATH --server_binary=PATH]   (e.g. an older build's)
 #
 # Runs harrier-bench transport over gRPC, UCX tcp and UCX shared memory
 # (1 shard, 1 worker, 4 KiB-64 MiB) and harrier-bench codec at d = 25 M,
@@ -13,16 +14,20 @@
 set -euo pipefail
 out=""
 quick=0
+bench=""
+server=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    --help|-h) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --bench_binary=*) bench="${arg#*=}" ;;
+    --server_binary=*) server=("$arg") ;;
+    --help|-h) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "unknown flag $arg (see --help)" >&2; exit 2 ;;
     *) out="$arg" ;;
   esac
 done
 root=$(cd "$(dirname "$0")/../../.." && pwd)
-bench="$root/bazel-bin/tests/bench/harrier-bench"
+[ -n "$bench" ] || bench="$root/bazel-bin/tests/bench/harrier-bench"
 [ -x "$bench" ] || { echo "build first: bazel build -c opt //tests/bench:harrier-bench" >&2; exit 2; }
 [ -n "$out" ] || out=$(mktemp -d)
 mkdir -p "$out"
@@ -30,7 +35,7 @@ sizes=4K,1M,16M,64M
 points=(--bytes_per_point=256M)
 codec_time=0.3
 if [ "$quick" = 1 ]; then sizes=4K,1M,16M; points=(--bytes_per_point=64M); codec_time=0.05; fi
-common=(transport --shards=1 --workers=1 --sizes="$sizes" "${points[@]}")
+common=(transport --shards=1 --workers=1 --sizes="$sizes" "${points[@]}" "${server[@]}")
 
 echo "== gRPC" >&2
 "$bench" "${common[@]}" >"$out/grpc.jsonl" 2>"$out/grpc.err"

@@ -2,7 +2,8 @@
 # Where a shard's time per byte goes: receive, check, step, reply.
 #
 #   tests/bench/scripts/shard_time_split.sh [--transport=grpc|ucx] [--size=16M]
-#                                           [--server_binary=PATH] [--seconds=4]
+#                                           [--server_binary=PATH] [--bench_binary=PATH]
+#                                           [--seconds=4]
 #
 # Runs `harrier-bench transport` push-pulls (1 shard, 1 worker), samples
 # the shard process with `perf record --call-graph dwarf` for --seconds in
@@ -22,19 +23,21 @@ transport=grpc
 size=16M
 seconds=4
 server_binary=""
+bench=""
 for arg in "$@"; do
   case "$arg" in
     --transport=*) transport="${arg#*=}" ;;
     --size=*) size="${arg#*=}" ;;
     --seconds=*) seconds="${arg#*=}" ;;
     --server_binary=*) server_binary="${arg#*=}" ;;
-    --help|-h) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --bench_binary=*) bench="${arg#*=}" ;;
+    --help|-h) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown flag $arg (see --help)" >&2; exit 2 ;;
   esac
 done
 
 root=$(cd "$(dirname "$0")/../../.." && pwd)
-bench="$root/bazel-bin/tests/bench/harrier-bench"
+[ -n "$bench" ] || bench="$root/bazel-bin/tests/bench/harrier-bench"
 [ -x "$bench" ] || { echo "build first: bazel build -c opt //tests/bench:harrier-bench" >&2; exit 2; }
 command -v perf >/dev/null || { echo "perf is not installed (apt-get install linux-perf)" >&2; exit 2; }
 work=$(mktemp -d)
