@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "absl/strings/match.h"
@@ -39,6 +41,59 @@ bool OnlySharedMemory() {
     }
   }
   return true;
+}
+
+// Worker addresses as this class hands them out carry a trailer naming the
+// host: [UCP address][16-byte host id][kHostTrailerMagic]. Connect strips
+// it, so a peer on this host can be reached over shared memory (see
+// Connect). An address without the trailer is used as it is.
+constexpr char kHostTrailerMagic[8] = {'H', 'R', 'X', 'H', 'O', 'S', 'T', '1'};
+constexpr size_t kHostIdBytes = 16;
+constexpr size_t kHostTrailerBytes = kHostIdBytes + sizeof(kHostTrailerMagic);
+
+// This boot of this machine: the kernel's boot id (a fresh UUID per boot,
+// shared by every process and container on the host), hashed with the host
+// name for machines where /proc is not the host's.
+std::string HostId() {
+  static const std::string id = [] {
+    std::string boot;
+    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+      char buffer[64] = {};
+      if (std::fgets(buffer, sizeof(buffer), f) != nullptr) boot = buffer;
+      std::fclose(f);
+    }
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    const std::string text = absl::StrCat(boot, "/", host);
+    std::string out(kHostIdBytes, '\0');
+    // FNV-1a over two seeds: collisions between hosts are what matters.
+    for (int half = 0; half < 2; ++half) {
+      uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(half);
+      for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+      std::memcpy(&out[half * 8], &h, 8);
+    }
+    return out;
+  }();
+  return id;
+}
+
+// Splits `address` into the UCP address and whether it names this host.
+absl::string_view SplitHost(const std::string& address, bool* same_host) {
+  *same_host = false;
+  if (address.size() <= kHostTrailerBytes ||
+      std::memcmp(address.data() + address.size() - sizeof(kHostTrailerMagic), kHostTrailerMagic,
+                  sizeof(kHostTrailerMagic)) != 0) {
+    return address;
+  }
+  const size_t ucp_bytes = address.size() - kHostTrailerBytes;
+  *same_host = std::memcmp(address.data() + ucp_bytes, HostId().data(), kHostIdBytes) == 0;
+  return absl::string_view(address.data(), ucp_bytes);
+}
+
+// The user chose UCX's transports: their choice wins over ours.
+bool UserChoseTransports() {
+  const char* value = std::getenv("UCX_TLS");
+  return value != nullptr && value[0] != '\0';
 }
 
 std::string MemoryTypeNames(uint64_t types) {
@@ -140,6 +195,8 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(
     return UcsError("ucp_worker_get_address", status);
   }
   self->address_.assign(reinterpret_cast<const char*>(address), address_length);
+  self->address_ += HostId();
+  self->address_.append(kHostTrailerMagic, sizeof(kHostTrailerMagic));
   ucp_worker_release_address(self->worker_, address);
 
   for (const AmHandler& handler : handlers) {
@@ -327,15 +384,22 @@ absl::StatusOr<ucp_ep_h> UcxWorker::Connect(const std::string& address,
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  bool same_host = false;
+  const absl::string_view ucp_address = SplitHost(address, &same_host);
+  params.address = reinterpret_cast<const ucp_address_t*>(ucp_address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = on_error;
   params.err_handler.arg = arg;
   ucp_ep_h ep = nullptr;
   // Skip the PEER attempt (and the error UCX logs when it fails) when
-  // UCX_TLS names only shared-memory transports.
-  ucs_status_t status = OnlySharedMemory() ? UCS_ERR_UNREACHABLE
-                                           : ucp_ep_create(worker_, &params, &ep);
+  // UCX_TLS names only shared-memory transports. A peer on this host, when
+  // the user chose no transports: shared memory, which UCX 1.13 offers only
+  // without PEER error handling (the measured default, README "Choosing":
+  // posix/sysv for messages and cma for rendezvous beat tcp over loopback).
+  const bool shared_memory =
+      OnlySharedMemory() || (same_host && !UserChoseTransports());
+  ucs_status_t status = shared_memory ? UCS_ERR_UNREACHABLE
+                                      : ucp_ep_create(worker_, &params, &ep);
   *detects_failure = status == UCS_OK;
   if (status == UCS_ERR_UNREACHABLE) {
     params.err_mode = UCP_ERR_HANDLING_MODE_NONE;

@@ -58,7 +58,8 @@ class UcxWorker {
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
 
-  // This worker's address (ucp_worker_get_address), for peers' endpoints.
+  // This worker's address (ucp_worker_get_address) followed by a trailer
+  // naming this host, for peers' Connect (which strips it).
   const std::string& address() const { return address_; }
 
   // The memory types this UCX build can send from and receive into
@@ -104,7 +105,9 @@ class UcxWorker {
   // UCX 1.13's shared-memory transports cannot detect peer failure, so
   // where only they reach the peer (UCX_TLS=sm,self) the endpoint falls
   // back to error mode NONE and `*detects_failure` says false: the owner
-  // must then notice a dead peer some other way.
+  // must then notice a dead peer some other way. Without UCX_TLS in the
+  // environment, a peer whose address names this host gets error mode NONE
+  // at once, so UCX picks shared memory for it (tcp otherwise).
   absl::StatusOr<ucp_ep_h> Connect(const std::string& address, ucp_err_handler_cb_t on_error,
                                    void* arg, bool* detects_failure);
   // Force-closes `ep` (outstanding sends complete with an error); the close
