@@ -74,10 +74,14 @@ struct Frame {
 };
 
 // A payload buffer left uninitialised (new char[]): multi-MiB payloads are
-// not zero-filled before UCX overwrites them. Aligned for float.
+// not zero-filled before UCX overwrites them. Aligned for float (16 bytes).
+// Or, made by Borrow, someone else's bytes: a UCX receive buffer kept past
+// its callback, given back when the last copy of `keeper` goes.
 struct PayloadBuffer {
   std::unique_ptr<char[]> bytes;
   size_t size = 0;
+  char* borrowed = nullptr;  // used instead of `bytes` when set
+  std::shared_ptr<void> keeper;
 
   static PayloadBuffer Allocate(size_t size) {
     PayloadBuffer buffer;
@@ -85,8 +89,18 @@ struct PayloadBuffer {
     buffer.size = size;
     return buffer;
   }
-  char* data() { return bytes.get(); }
-  absl::string_view view() const { return absl::string_view(bytes.get(), size); }
+  // `size` bytes at `data`, valid while `keeper` lives.
+  static PayloadBuffer Borrow(char* data, size_t size, std::shared_ptr<void> keeper) {
+    PayloadBuffer buffer;
+    buffer.borrowed = data;
+    buffer.size = size;
+    buffer.keeper = std::move(keeper);
+    return buffer;
+  }
+  char* data() { return borrowed != nullptr ? borrowed : bytes.get(); }
+  absl::string_view view() const {
+    return absl::string_view(borrowed != nullptr ? borrowed : bytes.get(), size);
+  }
 };
 
 // Header bytes: the frame, then `body`.

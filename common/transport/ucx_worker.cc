@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "absl/strings/match.h"
@@ -21,8 +23,6 @@ absl::Status UcsError(const std::string& what, ucs_status_t status) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(status)));
 }
 
-// Idle spin before sleeping: long enough to catch the next message of a
-// burst (a round trip is ~5 us over tcp), short enough not to burn a core.
 // Idle spin before sleeping: long enough to catch the next message of a
 // burst (a round trip is ~5-15 us), short enough not to burn a core. While
 // a reply is expected (ExpectReplies) the spin is longer. Spinning yields
@@ -41,6 +41,59 @@ bool OnlySharedMemory() {
     }
   }
   return true;
+}
+
+// Worker addresses as this class hands them out carry a trailer naming the
+// host: [UCP address][16-byte host id][kHostTrailerMagic]. Connect strips
+// it, so a peer on this host can be reached over shared memory (see
+// Connect). An address without the trailer is used as it is.
+constexpr char kHostTrailerMagic[8] = {'H', 'R', 'X', 'H', 'O', 'S', 'T', '1'};
+constexpr size_t kHostIdBytes = 16;
+constexpr size_t kHostTrailerBytes = kHostIdBytes + sizeof(kHostTrailerMagic);
+
+// This boot of this machine: the kernel's boot id (a fresh UUID per boot,
+// shared by every process and container on the host), hashed with the host
+// name for machines where /proc is not the host's.
+std::string HostId() {
+  static const std::string id = [] {
+    std::string boot;
+    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+      char buffer[64] = {};
+      if (std::fgets(buffer, sizeof(buffer), f) != nullptr) boot = buffer;
+      std::fclose(f);
+    }
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    const std::string text = absl::StrCat(boot, "/", host);
+    std::string out(kHostIdBytes, '\0');
+    // FNV-1a over two seeds: collisions between hosts are what matters.
+    for (int half = 0; half < 2; ++half) {
+      uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(half);
+      for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+      std::memcpy(&out[half * 8], &h, 8);
+    }
+    return out;
+  }();
+  return id;
+}
+
+// Splits `address` into the UCP address and whether it names this host.
+absl::string_view SplitHost(const std::string& address, bool* same_host) {
+  *same_host = false;
+  if (address.size() <= kHostTrailerBytes ||
+      std::memcmp(address.data() + address.size() - sizeof(kHostTrailerMagic), kHostTrailerMagic,
+                  sizeof(kHostTrailerMagic)) != 0) {
+    return address;
+  }
+  const size_t ucp_bytes = address.size() - kHostTrailerBytes;
+  *same_host = std::memcmp(address.data() + ucp_bytes, HostId().data(), kHostIdBytes) == 0;
+  return absl::string_view(address.data(), ucp_bytes);
+}
+
+// The user chose UCX's transports: their choice wins over ours.
+bool UserChoseTransports() {
+  const char* value = std::getenv("UCX_TLS");
+  return value != nullptr && value[0] != '\0';
 }
 
 std::string MemoryTypeNames(uint64_t types) {
@@ -65,6 +118,9 @@ void LogMemoryTypesOnce(uint64_t types) {
                         "through host memory");
   });
 }
+
+// The worker whose ucp_mutex_ this thread holds, if any.
+thread_local const UcxWorker* held_worker = nullptr;
 
 struct Completion {
   UcxWorker* owner;
@@ -126,7 +182,8 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(
 
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // Serialised by ucp_mutex_: the progress thread and posting threads.
+  worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   if (status = ucp_worker_create(self->context_, &worker_params, &self->worker_);
       status != UCS_OK) {
     return UcsError("ucp_worker_create", status);
@@ -138,6 +195,8 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(
     return UcsError("ucp_worker_get_address", status);
   }
   self->address_.assign(reinterpret_cast<const char*>(address), address_length);
+  self->address_ += HostId();
+  self->address_.append(kHostTrailerMagic, sizeof(kHostTrailerMagic));
   ucp_worker_release_address(self->worker_, address);
 
   for (const AmHandler& handler : handlers) {
@@ -145,7 +204,7 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Start(
     am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                     UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
     am.id = handler.id;
-    am.flags = UCP_AM_FLAG_WHOLE_MSG;
+    am.flags = UCP_AM_FLAG_WHOLE_MSG | (handler.persistent_data ? UCP_AM_FLAG_PERSISTENT_DATA : 0);
     am.cb = handler.callback;
     am.arg = handler.arg;
     if (status = ucp_worker_set_am_recv_handler(self->worker_, &am); status != UCS_OK) {
@@ -190,12 +249,52 @@ UcxWorker::~UcxWorker() {
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
+bool UcxWorker::HeldByThisThread() const { return held_worker == this; }
+
 void UcxWorker::Post(std::function<void()> task) {
+  if (!HeldByThisThread() && ucp_mutex_.TryLock()) {
+    // The progress thread is not progressing (asleep, or between rounds):
+    // run the task here rather than paying its wake-up.
+    held_worker = this;
+    bool wake = false;
+    if (!stopped_) {
+      RunTasks();  // earlier hand-overs first: tasks stay in order
+      task();
+      // A request left in progress needs the loop, which may be asleep.
+      wake = sleeping_ && outstanding_ > 0;
+    }
+    held_worker = nullptr;
+    ucp_mutex_.Unlock();
+    if (wake) Wake();
+    return;
+  }
   {
     absl::MutexLock lock(&mutex_);
     tasks_.push_back(std::move(task));
   }
-  Wake();
+  if (!HeldByThisThread()) Wake();
+}
+
+bool UcxWorker::TryProgress() {
+  if (HeldByThisThread() || !ucp_mutex_.TryLock()) return false;
+  held_worker = this;
+  bool worked = false;
+  if (!stopped_) {
+    worked = RunTasks();
+    while (ucp_worker_progress(worker_) != 0) worked = true;
+  }
+  held_worker = nullptr;
+  ucp_mutex_.Unlock();
+  return worked;
+}
+
+void UcxWorker::EndDriving() {
+  // The progress thread slept while this thread drove; what is still in
+  // flight (another call's reply, a rendezvous send) needs it spinning.
+  if (drivers_.fetch_sub(1, std::memory_order_relaxed) == 1 &&
+      (outstanding_.load() > 0 || expecting_.load(std::memory_order_relaxed) > 0)) {
+    Wake();
+  }
 }
 
 void UcxWorker::Wake() {
@@ -218,20 +317,35 @@ void UcxWorker::Loop() {
   using Clock = std::chrono::steady_clock;
   auto last_work = Clock::now();
   while (!stop_) {
-    bool worked = RunTasks();
-    while (ucp_worker_progress(worker_) != 0) worked = true;
+    bool worked = false;
+    {
+      // Released between rounds, so a posting thread can take the worker.
+      absl::MutexLock lock(&ucp_mutex_);
+      held_worker = this;
+      worked = RunTasks();
+      while (ucp_worker_progress(worker_) != 0) worked = true;
+      held_worker = nullptr;
+    }
     if (worked) {
       last_work = Clock::now();
       continue;
     }
     const auto idle = Clock::now() - last_work;
-    if (idle < kSpin) continue;
-    if (idle < kSpinExpecting && expecting_.load(std::memory_order_relaxed) > 0) {
+    // A waiting caller progresses the worker itself (BeginDriving): spinning
+    // here too would only take the lock and the CPU from it.
+    const bool driven = drivers_.load(std::memory_order_relaxed) > 0;
+    if (idle < kSpin && !driven) continue;
+    if (!driven && idle < kSpinExpecting && expecting_.load(std::memory_order_relaxed) > 0) {
       sched_yield();
       continue;
     }
-    // Arm, then sleep; BUSY means events arrived meanwhile: progress again.
-    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    {
+      // Arm, then sleep; BUSY means events arrived meanwhile: progress
+      // again. A task queued meanwhile has written wake_fd_.
+      absl::MutexLock lock(&ucp_mutex_);
+      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+      sleeping_ = true;
+    }
     epoll_event events[2];
     const int n = epoll_wait(epoll_fd_, events, 2, 100);
     for (int i = 0; i < n; ++i) {
@@ -240,16 +354,24 @@ void UcxWorker::Loop() {
         [[maybe_unused]] ssize_t r = read(wake_fd_, &value, sizeof(value));
       }
     }
+    {
+      absl::MutexLock lock(&ucp_mutex_);
+      sleeping_ = false;
+    }
     last_work = Clock::now();
   }
   // Finish what was handed over, then give in-flight requests a moment.
   const auto until = Clock::now() + std::chrono::seconds(1);
   bool ran = false;
+  absl::MutexLock lock(&ucp_mutex_);
+  held_worker = this;
   do {
     ran = RunTasks();
     while (ucp_worker_progress(worker_) != 0) {
     }
   } while ((outstanding_ > 0 || ran) && Clock::now() < until);
+  stopped_ = true;
+  held_worker = nullptr;
   if (outstanding_ > 0) {
     spdlog::warn("ucx worker={} stopping with {} requests outstanding", name_,
                  outstanding_.load());
@@ -262,15 +384,22 @@ absl::StatusOr<ucp_ep_h> UcxWorker::Connect(const std::string& address,
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  bool same_host = false;
+  const absl::string_view ucp_address = SplitHost(address, &same_host);
+  params.address = reinterpret_cast<const ucp_address_t*>(ucp_address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = on_error;
   params.err_handler.arg = arg;
   ucp_ep_h ep = nullptr;
   // Skip the PEER attempt (and the error UCX logs when it fails) when
-  // UCX_TLS names only shared-memory transports.
-  ucs_status_t status = OnlySharedMemory() ? UCS_ERR_UNREACHABLE
-                                           : ucp_ep_create(worker_, &params, &ep);
+  // UCX_TLS names only shared-memory transports. A peer on this host, when
+  // the user chose no transports: shared memory, which UCX 1.13 offers only
+  // without PEER error handling (the measured default, README "Choosing":
+  // posix/sysv for messages and cma for rendezvous beat tcp over loopback).
+  const bool shared_memory =
+      OnlySharedMemory() || (same_host && !UserChoseTransports());
+  ucs_status_t status = shared_memory ? UCS_ERR_UNREACHABLE
+                                      : ucp_ep_create(worker_, &params, &ep);
   *detects_failure = status == UCS_OK;
   if (status == UCS_ERR_UNREACHABLE) {
     params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
@@ -320,6 +449,10 @@ void UcxWorker::SendAm(ucp_ep_h ep, unsigned id, std::string header, const void*
   Settle(ucp_am_send_nbx(ep, id, completion->header.data(), completion->header.size(), data,
                          bytes, &param),
          completion);
+}
+
+void UcxWorker::ReleaseData(void* data) {
+  Post([this, data] { ucp_am_data_release(worker_, data); });
 }
 
 void UcxWorker::ReceiveData(void* descriptor, void* buffer, size_t bytes,

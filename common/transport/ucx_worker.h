@@ -17,13 +17,16 @@
 
 namespace harrier::transport {
 
-// One UCP context and worker driven by one progress thread. The worker is
-// created with UCS_THREAD_MODE_SINGLE and every UCP call is made on the
-// progress thread; other threads hand work over with Post(). Why not
-// UCS_THREAD_MODE_MULTI: it takes a worker-wide lock on every call (the
-// progress thread would hold it while polling), and an endpoint that an
-// error handler closes could still be in use by another thread. With one
-// owning thread, endpoint lifetime and request completion are serialised.
+// One UCP context and worker driven by one progress thread. Every UCP call
+// on the worker is made with `ucp_mutex_` held (the worker is created with
+// UCS_THREAD_MODE_SERIALIZED): by the progress thread while it progresses,
+// and by a thread that Post()s while the progress thread does not hold it,
+// which then runs its task (a send) itself instead of handing it over and
+// waking the progress thread. Why not UCS_THREAD_MODE_MULTI: it takes a
+// worker-wide lock inside every call and gives no way to keep an endpoint
+// that an error handler closes from being used by another thread meanwhile;
+// with one lock the callers own, endpoint lifetime and request completion
+// stay serialised as with a single owning thread.
 //
 // Features requested: UCP_FEATURE_AM and UCP_FEATURE_WAKEUP only (the
 // thread sleeps in epoll on the worker's event fd when idle, after a short
@@ -35,6 +38,10 @@ class UcxWorker {
     unsigned id;
     ucp_am_recv_callback_t callback;  // runs on the progress thread
     void* arg;
+    // UCP_AM_FLAG_PERSISTENT_DATA: the callback may keep an eager message's
+    // data (recv_attr has UCP_AM_RECV_ATTR_FLAG_DATA) by returning
+    // UCS_INPROGRESS, and must then give it back with ReleaseData.
+    bool persistent_data = false;
   };
 
   // Creates the context and worker, registers `handlers` (with
@@ -51,7 +58,8 @@ class UcxWorker {
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
 
-  // This worker's address (ucp_worker_get_address), for peers' endpoints.
+  // This worker's address (ucp_worker_get_address) followed by a trailer
+  // naming this host, for peers' Connect (which strips it).
   const std::string& address() const { return address_; }
 
   // The memory types this UCX build can send from and receive into
@@ -64,22 +72,42 @@ class UcxWorker {
     return (memory_types_ & (uint64_t{1} << type)) != 0;
   }
 
-  // Runs `task` on the progress thread. Thread-safe; tasks run in order.
+  // Runs `task` with the worker held, in order with the other tasks posted
+  // (tasks handed over earlier run first). A thread that finds the worker
+  // free runs it itself, before Post returns; otherwise (the progress
+  // thread is progressing) it is handed to the progress thread, which runs
+  // it within microseconds. On the progress thread itself (in a callback or
+  // a task) it is queued and runs in the loop's next round: UCP calls are
+  // not made from inside UCP callbacks. Thread-safe. After Stop() tasks are
+  // dropped.
   void Post(std::function<void()> task);
+
+  // A thread waiting for a reply may progress the worker itself instead of
+  // sleeping until the progress thread hands the reply over (one wake-up
+  // less per call). Between BeginDriving and EndDriving the progress thread
+  // does not spin (it sleeps armed, so events it must see still wake it),
+  // and TryProgress progresses the worker on the calling thread when no
+  // other thread holds it: UCP callbacks then run on this thread. Returns
+  // whether anything progressed. Thread-safe; not from a UCP callback.
+  void BeginDriving() { drivers_.fetch_add(1, std::memory_order_relaxed); }
+  void EndDriving();
+  bool TryProgress();
 
   // Owners count replies they expect soon (+1 when a request starts, -1
   // when it ends). While any is expected the progress thread spins longer
   // before sleeping, so the reply does not pay an epoll wake-up. Thread-safe.
   void ExpectReplies(int delta) { expecting_.fetch_add(delta, std::memory_order_relaxed); }
 
-  // --- Progress thread only. ---
+  // --- With the worker held: in tasks (Post) and UCP callbacks only. ---
   ucp_worker_h worker() const { return worker_; }
   // Endpoint to a worker address with error mode PEER: `on_error` runs on
   // the progress thread when the peer fails (it should call CloseEndpoint).
   // UCX 1.13's shared-memory transports cannot detect peer failure, so
   // where only they reach the peer (UCX_TLS=sm,self) the endpoint falls
   // back to error mode NONE and `*detects_failure` says false: the owner
-  // must then notice a dead peer some other way.
+  // must then notice a dead peer some other way. Without UCX_TLS in the
+  // environment, a peer whose address names this host gets error mode NONE
+  // at once, so UCX picks shared memory for it (tcp otherwise).
   absl::StatusOr<ucp_ep_h> Connect(const std::string& address, ucp_err_handler_cb_t on_error,
                                    void* arg, bool* detects_failure);
   // Force-closes `ep` (outstanding sends complete with an error); the close
@@ -95,6 +123,9 @@ class UcxWorker {
   void SendAm(ucp_ep_h ep, unsigned id, std::string header, const void* data, size_t bytes,
               std::function<void(ucs_status_t)> done,
               ucs_memory_type_t data_memory = UCS_MEMORY_TYPE_HOST);
+  // Gives back an eager message's data kept by an AM callback
+  // (persistent_data). Any thread (through Post).
+  void ReleaseData(void* data);
   // Receives rendezvous data into `buffer` (of memory type `buffer_memory`,
   // with the same rule as SendAm's); `done` runs exactly once.
   void ReceiveData(void* descriptor, void* buffer, size_t bytes,
@@ -104,8 +135,11 @@ class UcxWorker {
  private:
   UcxWorker() = default;
   void Loop();
-  bool RunTasks();
+  bool RunTasks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ucp_mutex_);
   void Wake();
+  // True when this thread holds ucp_mutex_ (the progress thread's loop, or a
+  // caller running its task).
+  bool HeldByThisThread() const;
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -118,8 +152,18 @@ class UcxWorker {
   std::atomic<bool> stop_{false};
   std::atomic<int> outstanding_{0};  // requests not yet completed
   std::atomic<int> expecting_{0};    // see ExpectReplies
+  std::atomic<int> drivers_{0};      // see BeginDriving
+  // Held around every UCP call on worker_ (see the class comment). Taken
+  // before mutex_, never the other way round.
+  absl::Mutex ucp_mutex_;
+  // Set while the progress thread sleeps in epoll (armed): a caller that
+  // leaves a request in progress must wake it. Set and cleared with
+  // ucp_mutex_ held; read by callers with it held.
+  bool sleeping_ ABSL_GUARDED_BY(ucp_mutex_) = false;
+  // The progress thread ended: later tasks are dropped.
+  bool stopped_ ABSL_GUARDED_BY(ucp_mutex_) = false;
   // Guards only the hand-over queue: the counters above are atomics and the
-  // rest is set before the progress thread starts or used only on it.
+  // rest is set before the progress thread starts or used with ucp_mutex_.
   absl::Mutex mutex_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
   std::thread thread_;

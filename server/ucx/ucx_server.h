@@ -35,9 +35,11 @@ struct UcxServerOptions {
 
 // UCP active-message framing of a shard (common/transport/framing.h has the
 // protocol). Clients fetch address() over gRPC (GetTransportAddress) and
-// connect to it. The progress thread only parses frames and moves bytes;
-// every request goes to the ShardService, which runs the store work on its
-// pools and answers exactly as it answers gRPC. A kCancel frame or a failed
+// connect to it. The progress thread parses frames and moves bytes; every
+// request goes to the ShardService, which answers exactly as it answers
+// gRPC. Small calls (kInlineWorkBytes in ucx_server.cc) let the service run
+// the store work that does not wait on the progress thread itself
+// (work_on_caller_thread); the rest runs on the service's pools. A kCancel frame or a failed
 // peer cancels the request's Cancellation, which wakes a blocked pull at
 // once. A malformed request gets an error reply and changes nothing.
 // Thread-safe.

@@ -43,8 +43,11 @@ absl::StatusOr<UcxDeviceMemory> ParseUcxDeviceMemory(absl::string_view value);
 inline constexpr char kUcxDeviceMemoryEnv[] = "HARRIER_UCX_DEVICE_MEMORY";
 
 // One UCP worker and progress thread shared by a Client's shard transports.
-// The progress thread runs the reply handler and completions; calling
-// threads post sends to it and wait on their call. Thread-safe. Lives as
+// The reply handler and completions run on whichever thread progresses the
+// worker: the progress thread, or a calling thread that sends its own
+// messages and progresses the worker itself for a short while as it waits
+// for its reply (UcxWorker::Post, BeginDriving); then it sleeps on its
+// call. Thread-safe. Lives as
 // long as the longest-lived transport made from it (they share ownership).
 class UcxClientContext {
  public:
