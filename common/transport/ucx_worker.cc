@@ -303,6 +303,13 @@ void UcxWorker::Wake() {
   [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
 }
 
+void UcxWorker::SetPeriodicTask(std::chrono::milliseconds interval, std::function<void()> task) {
+  absl::MutexLock lock(&ucp_mutex_);  // the loop reads them with it held
+  periodic_interval_ = interval;
+  next_periodic_ = std::chrono::steady_clock::now() + interval;
+  periodic_task_ = std::move(task);
+}
+
 bool UcxWorker::RunTasks() {
   std::deque<std::function<void()>> tasks;
   {
@@ -324,6 +331,10 @@ void UcxWorker::Loop() {
       held_worker = this;
       worked = RunTasks();
       while (ucp_worker_progress(worker_) != 0) worked = true;
+      if (periodic_task_ && Clock::now() >= next_periodic_) {
+        next_periodic_ = Clock::now() + periodic_interval_;
+        periodic_task_();
+      }
       held_worker = nullptr;
     }
     if (worked) {

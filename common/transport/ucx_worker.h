@@ -4,6 +4,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -82,6 +83,13 @@ class UcxWorker {
   // dropped.
   void Post(std::function<void()> task);
 
+  // Runs `task` on the progress thread, with the worker held, about every
+  // `interval` (the thread wakes at least every 100 ms), for housekeeping
+  // that must happen without any traffic: the shard's sweep of calls whose
+  // frames never all arrived. Set once, before traffic; not thread-safe
+  // against itself.
+  void SetPeriodicTask(std::chrono::milliseconds interval, std::function<void()> task);
+
   // A thread waiting for a reply may progress the worker itself instead of
   // sleeping until the progress thread hands the reply over (one wake-up
   // less per call). Between BeginDriving and EndDriving the progress thread
@@ -150,6 +158,10 @@ class UcxWorker {
   int wake_fd_ = -1;    // eventfd: Post() wakes the thread
   int epoll_fd_ = -1;
   std::atomic<bool> stop_{false};
+  // SetPeriodicTask's.
+  std::function<void()> periodic_task_ ABSL_GUARDED_BY(ucp_mutex_);
+  std::chrono::milliseconds periodic_interval_ ABSL_GUARDED_BY(ucp_mutex_){0};
+  std::chrono::steady_clock::time_point next_periodic_ ABSL_GUARDED_BY(ucp_mutex_);
   std::atomic<int> outstanding_{0};  // requests not yet completed
   std::atomic<int> expecting_{0};    // see ExpectReplies
   std::atomic<int> drivers_{0};      // see BeginDriving

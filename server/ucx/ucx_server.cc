@@ -66,6 +66,15 @@ transport::PayloadBuffer Copy(const void* data, size_t length) {
 // as the service's own for inline pulls.
 constexpr uint64_t kInlineWorkBytes = 256u << 10;
 
+// How long a push or push-pull may take to deliver all its frames when the
+// client gave no timeout; one with a timeout gets it plus kSweepGrace.
+// Past that the call is refused and its reserved bytes are given back:
+// a client that dies over shared memory (no failure detection) or stalls
+// part-way must not hold them until the shard stops.
+constexpr std::chrono::seconds kIncompleteCallLimit{120};
+constexpr std::chrono::seconds kSweepGrace{1};
+constexpr std::chrono::milliseconds kSweepInterval{1000};
+
 // A UCX connection's name in the service's BufferBudget (gRPC's are peer
 // addresses, so the two never collide).
 std::string BudgetKey(uint64_t connection_id) { return absl::StrCat("ucx:", connection_id); }
@@ -128,6 +137,8 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(ShardService* servic
         /*persistent_data=*/true}});
   if (!worker.ok()) return worker.status();
   server->worker_ = std::move(*worker);
+  UcxServer* raw = server.get();
+  server->worker_->SetPeriodicTask(kSweepInterval, [raw] { raw->SweepIncompleteCalls(); });
   server->address_ = server->worker_->address();
   return server;
 }
@@ -253,8 +264,16 @@ ucs_status_t UcxServer::OnRequest(void* arg, const void* header, size_t header_l
   arrival->frame = frame;
   arrival->body = std::string(body);
   arrival->data = transport::PayloadBuffer::Allocate(length);
+  const RequestKey key{frame.connection_id, frame.request_id};
+  if (auto it = self->request_bytes_.find(key); it != self->request_bytes_.end()) {
+    ++it->second.receiving;  // the sweep leaves the call alone meanwhile
+  }
   self->worker_->ReceiveData(
-      data, arrival->data.data(), length, [self, arrival, length](ucs_status_t status) {
+      data, arrival->data.data(), length, [self, arrival, length, key](ucs_status_t status) {
+        if (auto it = self->request_bytes_.find(key);
+            it != self->request_bytes_.end() && it->second.receiving > 0) {
+          --it->second.receiving;
+        }
         if (status != UCS_OK) {
           arrival->data = {};
           self->OnFrame(arrival->frame, std::move(arrival->body), {},
@@ -349,7 +368,8 @@ void UcxServer::OnHello(const Frame& frame, const std::string& secret,
   peer->ep = *ep;
   peers_[frame.connection_id] = std::move(peer);
   // Without failure detection (shared memory) a dead client's endpoint
-  // stays until shutdown; its blocked pulls end at their deadline.
+  // stays until shutdown; its blocked pulls end at their deadline and its
+  // half-sent pushes at the sweep (SweepIncompleteCalls).
   spdlog::info("ucx connection={} opened detects_failure={}", frame.connection_id,
                detects_failure);
   SendStatus(frame.connection_id, frame.request_id, 0, absl::OkStatus());
@@ -376,6 +396,34 @@ void UcxServer::ForgetRequestBytes(std::map<RequestKey, RequestBytes>::iterator 
     service_->buffer_budget().Release(BudgetKey(it->first.first), it->second.reserved);
   }
   request_bytes_.erase(first, last);
+}
+
+void UcxServer::SweepIncompleteCalls() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<RequestKey> expired;
+  for (const auto& [key, bytes] : request_bytes_) {
+    if (bytes.receiving > 0) continue;
+    auto pending = pending_.find(key);
+    const int64_t timeout_ms = pending == pending_.end() ? -1 : pending->second->timeout_ms;
+    const auto limit = timeout_ms >= 0 ? std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::milliseconds(timeout_ms) + kSweepGrace)
+                                       : std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             kIncompleteCallLimit);
+    if (now - bytes.started > limit) expired.push_back(key);
+  }
+  for (const RequestKey& key : expired) {
+    auto pending = pending_.find(key);
+    if (pending != pending_.end()) {
+      spdlog::warn("ucx connection={} request={}: {} of {} chunks arrived in time; refused",
+                   key.first, key.second, pending->second->arrived, pending->second->count);
+      SendStatus(key.first, key.second, 0,
+                 absl::DeadlineExceededError(absl::StrCat(
+                     "only ", pending->second->arrived, " of the call's ", pending->second->count,
+                     " chunks arrived before its deadline; nothing was applied")));
+      pending_.erase(pending);
+    }
+    ForgetRequestBytes(key);
+  }
 }
 
 void UcxServer::ForgetRequestBytes(const RequestKey& key) {

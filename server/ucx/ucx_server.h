@@ -4,6 +4,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <map>
 #include <memory>
@@ -117,7 +118,17 @@ class UcxServer {
   struct RequestBytes {
     uint64_t sent = 0;
     uint64_t reserved = 0;
+    // The first frame's arrival, and rendezvous receives still running:
+    // SweepIncompleteCalls ends a call whose frames stopped coming (a
+    // client that died over shared memory, which reports no failure, or
+    // one that sends part of a call and stalls), once none is receiving.
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+    int receiving = 0;
   };
+  // Progress thread (the worker's periodic task): refuses, forgets and
+  // un-reserves calls older than their timeout (kIncompleteCallLimit when
+  // the client gave none).
+  void SweepIncompleteCalls();
   std::map<RequestKey, RequestBytes> request_bytes_;
   // Forgets the requests in [first, last) of request_bytes_, giving their
   // reservations back.

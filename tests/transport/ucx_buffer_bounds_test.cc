@@ -114,5 +114,61 @@ TEST_CASE("--max_connection_bytes bounds the unfinished UCX requests of one conn
   REQUIRE(b_values == std::vector<float>(n, -1.0f));
 }
 
+TEST_CASE("a UCX call whose frames stop coming is refused at its deadline and gives its bytes back") {
+  // The connection may hold 4 MiB; a call sends 2 of its 3 MiB and stalls
+  // (a client that died over shared memory looks the same to the shard).
+  auto servers = testing::StartCluster(
+      1, 2, {"--ucx", "--sync=asp", "--lr=1", "--max_request_bytes=3145728",
+             "--max_connection_bytes=4194304"});
+  REQUIRE(servers.ok());
+  const std::string address = (*servers)[0]->address();
+  ClientOptions options;
+  options.servers = {address};
+  options.rank = 0;
+  options.chunk_bytes = kChunkElements * sizeof(float);
+  options.rpc_timeout = absl::Seconds(20);
+  auto client = Client::Create(options);
+  REQUIRE(client.ok());
+  const int64_t n = kChunks * kChunkElements;
+  REQUIRE((*client)->RegisterTensor("a", {n}).ok());
+
+  testing::Sessions sessions(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto raw = testing::RawUcxClient::Connect(address);
+  REQUIRE(raw.ok());
+  std::vector<Frame> stalled;
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    stalled.push_back(PushFrame(sessions, "a", i, 2.0f));
+    stalled.back().frame.request_id = 2001;
+    stalled.back().frame.arg = 300;  // the call's timeout, ms
+  }
+  const absl::Time sent = absl::Now();
+  (*raw)->Send(stalled[0].frame, stalled[0].header, stalled[0].payload);
+  (*raw)->Send(stalled[1].frame, stalled[1].header, stalled[1].payload);
+  const absl::Status refused = (*raw)->Await(2001, absl::Seconds(15));
+  const absl::Duration took = absl::Now() - sent;
+  INFO(refused.ToString() << " after " << took);
+  REQUIRE(absl::IsDeadlineExceeded(refused));
+  // The shard's answer, not the local wait's: it says what arrived.
+  REQUIRE(refused.message().find("only 2 of the call's 3 chunks") != absl::string_view::npos);
+  REQUIRE(took < absl::Seconds(5));
+
+  // Nothing applied, and the 2 MiB are free again: a whole 3 MiB call on
+  // the same connection fits the 4 MiB bound and is applied.
+  std::vector<float> values(n);
+  REQUIRE((*client)->Pull("a", absl::MakeSpan(values)).ok());
+  REQUIRE(values == std::vector<float>(n, 0.0f));
+  std::vector<Frame> whole;
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    whole.push_back(PushFrame(sessions, "a", i, 2.0f));
+    whole.back().frame.request_id = 2002;
+  }
+  for (Frame& f : whole) (*raw)->Send(f.frame, f.header, f.payload);
+  const absl::Status applied = (*raw)->Await(2002, absl::Seconds(20));
+  INFO(applied.ToString());
+  REQUIRE(applied.ok());
+  REQUIRE((*client)->Pull("a", absl::MakeSpan(values)).ok());
+  REQUIRE(values == std::vector<float>(n, -1.0f));
+}
+
 }  // namespace
 }  // namespace harrier
