@@ -324,6 +324,12 @@ void ShardService::Park(const std::shared_ptr<Work>& work, std::shared_ptr<const
         work->Finish(absl::UnavailableError("shard is shutting down"));
         return;
       }
+      if (parked_.size() >= options_.max_parked_pulls) {
+        work->Finish(absl::ResourceExhaustedError(absl::StrCat(
+            "more than ", options_.max_parked_pulls,
+            " pulls already wait on the consistency model on this shard")));
+        return;
+      }
       parked_.emplace(std::make_pair(work->deadline, parked.get()), parked);
       parking_changed_.Signal();
     }

@@ -50,6 +50,9 @@ struct ShardServiceOptions {
   // Calls waiting for a thread, per pool; one more is refused with
   // RESOURCE_EXHAUSTED instead of queueing without limit.
   size_t max_queued_calls = 1024;
+  // Pulls parked on the consistency model at once (they hold no thread,
+  // only their call's memory); one more is refused with RESOURCE_EXHAUSTED.
+  size_t max_parked_pulls = 65536;
   // Payload bytes one call may have the transport buffer before the shard
   // validates anything (--max_request_bytes): a call that would hold more is
   // refused with RESOURCE_EXHAUSTED as the excess arrives.

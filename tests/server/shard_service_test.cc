@@ -545,6 +545,28 @@ TEST_CASE("shard service: blocked pulls hold no thread; a ready pull passes them
   REQUIRE(store->blocked_pulls() == 0);
 }
 
+TEST_CASE("shard service: parked pulls are bounded: one more is refused RESOURCE_EXHAUSTED") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  ShardServiceOptions options;
+  options.max_parked_pulls = 2;
+  ShardService service(store.get(), options);
+  ShardService::Call call;
+  call.client_deadline = Clock::now() + milliseconds(10000);
+  Sink sinks[3];
+  Outcome outcomes[3];
+  for (int i = 0; i < 2; ++i) {
+    service.Pull(call, PullOf("w", 0, 1, 2), &sinks[i], outcomes[i].Callback());
+  }
+  REQUIRE(AwaitBlocked(*store, 2));
+  service.Pull(call, PullOf("w", 0, 1, 2), &sinks[2], outcomes[2].Callback());
+  REQUIRE(outcomes[2].Wait(milliseconds(1000)));
+  INFO(outcomes[2].status.ToString());
+  REQUIRE(absl::IsResourceExhausted(outcomes[2].status));
+  store->Close();
+  for (int i = 0; i < 2; ++i) REQUIRE(outcomes[i].Wait(milliseconds(1000)));
+}
+
 TEST_CASE("shard service: a parked pull ends at its deadline, not before, naming the slowest "
           "worker") {
   auto store = MakeStore("bsp", 2);
