@@ -1,10 +1,12 @@
 #include "server/shard_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace harrier {
 
@@ -40,6 +42,28 @@ struct ShardService::PullPlan {
   bool after_push = false;     // the pull half of a push-pull
 };
 
+struct ShardService::Parked : ShardStore::PullWaiter {
+  Parked(ShardService* service, std::shared_ptr<Work> work, std::shared_ptr<const PullPlan> plan,
+         ReplySink* sink, size_t next)
+      : service(service), work(std::move(work)), plan(std::move(plan)), sink(sink), next(next) {}
+
+  void Wake() override { service->Fire(self.lock(), ShardService::Wake::kSlot); }
+  const proto::ChunkRef& ref() const { return plan->items[next].ref; }
+
+  ShardService* const service;
+  const std::shared_ptr<Work> work;
+  const std::shared_ptr<const PullPlan> plan;
+  ReplySink* const sink;
+  const size_t next;  // the chunk it waits for
+  std::weak_ptr<Parked> self;
+  std::atomic<bool> fired{false};
+  // Held while Park registers the call, so Resume never runs before the
+  // cancellation id it must unregister is known.
+  absl::Mutex registering;
+  Cancellation::WakeId cancel_id ABSL_GUARDED_BY(registering) = 0;
+  bool cancel_registered ABSL_GUARDED_BY(registering) = false;
+};
+
 namespace {
 
 absl::Status ClientWentAway() { return absl::CancelledError("the client cancelled the call"); }
@@ -57,6 +81,7 @@ ShardService::ShardService(ShardStore* store, const ShardServiceOptions& options
                                             "the shard's push pool");
   pull_pool_ = std::make_unique<ThreadPool>(options.pull_threads, options.max_queued_calls,
                                             "the shard's pull pool");
+  timer_ = std::thread([this] { RunTimer(); });
 }
 
 ShardService::~ShardService() { Shutdown(); }
@@ -68,10 +93,25 @@ void ShardService::Shutdown() {
     push_pool = std::move(push_pool_);
     pull_pool = std::move(pull_pool_);
   }
+  // Parked calls end UNAVAILABLE: with the pools gone, Fire hands them to
+  // the timer thread, where Resume finds parking closed.
+  std::map<std::pair<Clock::time_point, const Parked*>, std::shared_ptr<Parked>> parked;
+  {
+    absl::MutexLock lock(&parking_mutex_);
+    parking_closed_ = true;
+    parked.swap(parked_);
+  }
+  for (auto& entry : parked) Fire(entry.second, Wake::kShutdown);
   // Outside the lock: draining tasks submit their pull halves, which are
   // then refused. Pushes first, since a push's task may feed the pull pool.
   push_pool.reset();
   pull_pool.reset();
+  {
+    absl::MutexLock lock(&parking_mutex_);
+    timer_stop_ = true;
+    parking_changed_.Signal();
+  }
+  if (timer_.joinable()) timer_.join();
 }
 
 ShardService::Clock::time_point ShardService::ServerDeadline(Clock::time_point client_deadline,
@@ -191,23 +231,22 @@ absl::Status ShardService::Leave(const proto::LeaveRequest& request) {
   return store_->Leave(request.rank(), request.clock());
 }
 
-absl::Status ShardService::PullInto(const Work& work, const PullPlan& plan, bool only_if_ready,
+absl::Status ShardService::PullInto(const Work& work, const PullPlan& plan, bool on_pool,
                                     size_t* next, ReplySink* sink, bool* would_wait) {
   *would_wait = false;
   for (; *next < plan.items.size(); ++*next) {
     const size_t index = *next;
     const PullPlan::Item& item = plan.items[index];
     if (work.cancelled()) return ClientWentAway();
-    if (!only_if_ready && index > 0) {
+    if (on_pool && index > 0) {
       if (auto status = sink->AwaitSent(work.deadline); !status.ok()) return status;
     }
-    // A deadline already reached: the store answers if the consistency
-    // model lets the pull through now, and otherwise returns at once.
-    const Clock::time_point deadline = only_if_ready ? Clock::now() : work.deadline;
+    // A deadline of now: the store answers if the consistency model lets
+    // the pull through, and otherwise returns at once; the wait is a Park.
     proto::TensorChunk header;
-    auto status = store_->Pull(item.rank, item.clock, item.ref, deadline, work.cancellation,
+    auto status = store_->Pull(item.rank, item.clock, item.ref, Clock::now(), work.cancellation,
                                &header, [sink](size_t bytes) { return sink->Allocate(bytes); });
-    if (only_if_ready && absl::IsDeadlineExceeded(status)) {
+    if (absl::IsDeadlineExceeded(status) && Clock::now() < work.deadline) {
       *would_wait = true;
       return absl::OkStatus();
     }
@@ -236,23 +275,16 @@ constexpr uint64_t kInlinePullBytes = 256u << 10;
 
 void ShardService::AnswerPulls(const std::shared_ptr<Work>& work,
                                std::shared_ptr<const PullPlan> plan, ReplySink* sink) {
-  size_t next = 0;
   uint64_t plan_bytes = 0;
   for (const auto& item : plan->items) plan_bytes += item.ref.num_elements() * sizeof(float);
   if (work->on_caller_thread && plan_bytes <= kInlinePullBytes) {
-    // What can be answered now is, without a hand-off; the first chunk that
-    // has to wait and the rest go to the pull pool.
-    bool would_wait = false;
-    auto status = PullInto(*work, *plan, /*only_if_ready=*/true, &next, sink, &would_wait);
-    if (!would_wait) {
-      work->Finish(status);
-      return;
-    }
+    // What can be answered now is, without a hand-off; at the first chunk
+    // that has to wait the call parks, still without one.
+    Continue(work, std::move(plan), sink, 0, /*on_pool=*/false);
+    return;
   }
-  auto queued = Submit(Pool::kPull, [this, work, plan, next, sink] {
-    size_t from = next;
-    bool would_wait = false;
-    work->Finish(PullInto(*work, *plan, /*only_if_ready=*/false, &from, sink, &would_wait));
+  auto queued = Submit(Pool::kPull, [this, work, plan, sink] {
+    Continue(work, plan, sink, 0, /*on_pool=*/true);
   });
   if (queued.ok()) return;
   if (plan->after_push) {
@@ -263,6 +295,118 @@ void ShardService::AnswerPulls(const std::shared_ptr<Work>& work,
                                        queued.message()));
   }
   work->Finish(queued);
+}
+
+void ShardService::Continue(const std::shared_ptr<Work>& work,
+                            std::shared_ptr<const PullPlan> plan, ReplySink* sink, size_t next,
+                            bool on_pool) {
+  bool would_wait = false;
+  auto status = PullInto(*work, *plan, on_pool, &next, sink, &would_wait);
+  if (!would_wait) {
+    work->Finish(status);
+    return;
+  }
+  Park(work, std::move(plan), sink, next);
+}
+
+void ShardService::Park(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
+                        ReplySink* sink, size_t next) {
+  auto parked = std::make_shared<Parked>(this, work, std::move(plan), sink, next);
+  parked->self = parked;
+  const PullPlan::Item& item = parked->plan->items[next];
+  {
+    absl::MutexLock hold(&parked->registering);
+    {
+      // In the registry first: from here on the deadline (or Shutdown)
+      // ends the wait whatever else happens.
+      absl::MutexLock lock(&parking_mutex_);
+      if (parking_closed_) {
+        work->Finish(absl::UnavailableError("shard is shutting down"));
+        return;
+      }
+      if (parked_.size() >= options_.max_parked_pulls) {
+        work->Finish(absl::ResourceExhaustedError(absl::StrCat(
+            "more than ", options_.max_parked_pulls,
+            " pulls already wait on the consistency model on this shard")));
+        return;
+      }
+      parked_.emplace(std::make_pair(work->deadline, parked.get()), parked);
+      parking_changed_.Signal();
+    }
+    if (!store_->Park(item.clock, item.ref, parked)) {
+      Fire(parked, Wake::kRetry);
+    } else if (work->cancellation != nullptr) {
+      // Runs the wake-up at once if the client has cancelled already.
+      std::weak_ptr<Parked> weak = parked;
+      parked->cancel_id = work->cancellation->Register([weak] {
+        if (auto woken = weak.lock()) woken->service->Fire(woken, Wake::kCancel);
+      });
+      parked->cancel_registered = true;
+    }
+  }
+  // Fired while registering: what was registered after the firing's
+  // clean-up is taken off again (both are idempotent).
+  if (parked->fired) {
+    store_->Unpark(item.ref, parked.get());
+    absl::MutexLock lock(&parking_mutex_);
+    parked_.erase(std::make_pair(work->deadline, parked.get()));
+  }
+}
+
+void ShardService::Fire(const std::shared_ptr<Parked>& parked, Wake why) {
+  if (parked == nullptr || parked->fired.exchange(true)) return;
+  if (why != Wake::kSlot) store_->Unpark(parked->ref(), parked.get());
+  {
+    absl::MutexLock lock(&parking_mutex_);
+    parked_.erase(std::make_pair(parked->work->deadline, parked.get()));
+  }
+  auto queued = Submit(Pool::kPull, [this, parked] { Resume(parked); });
+  if (queued.ok()) return;
+  // A full or retired pool: the timer thread answers it (the call still
+  // ends, with its answer or the error a retry of the store gives).
+  absl::MutexLock lock(&parking_mutex_);
+  run_now_.push_back(parked);
+  parking_changed_.Signal();
+}
+
+void ShardService::Resume(const std::shared_ptr<Parked>& parked) {
+  {
+    absl::MutexLock hold(&parked->registering);
+    // Not from inside the wake-up (Unregister waits for it): Resume runs on
+    // the pull pool or the timer thread.
+    if (parked->cancel_registered) parked->work->cancellation->Unregister(parked->cancel_id);
+    parked->cancel_registered = false;
+  }
+  Continue(parked->work, parked->plan, parked->sink, parked->next, /*on_pool=*/true);
+}
+
+// The lock is dropped around each firing (Fire and Resume take it, and
+// may finish a call), which the analysis cannot follow.
+void ShardService::RunTimer() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  absl::MutexLock lock(&parking_mutex_);
+  while (!timer_stop_ || !run_now_.empty()) {
+    if (!run_now_.empty()) {
+      std::vector<std::shared_ptr<Parked>> ready;
+      ready.swap(run_now_);
+      parking_mutex_.Unlock();
+      for (auto& parked : ready) Resume(parked);
+      parking_mutex_.Lock();
+      continue;
+    }
+    const Clock::time_point now = Clock::now();
+    if (!parked_.empty() && parked_.begin()->first.first <= now) {
+      std::shared_ptr<Parked> expired = parked_.begin()->second;
+      parked_.erase(parked_.begin());
+      parking_mutex_.Unlock();
+      Fire(expired, Wake::kDeadline);
+      parking_mutex_.Lock();
+      continue;
+    }
+    // Every wait has a deadline: the earliest parked one, or a second.
+    Clock::time_point until = now + std::chrono::seconds(1);
+    if (!parked_.empty()) until = std::min(until, parked_.begin()->first.first);
+    parking_changed_.WaitWithTimeout(&parking_mutex_, absl::FromChrono(until - now));
+  }
 }
 
 void ShardService::Push(const Call& call, std::vector<ShardStore::PushChunkView> chunks,

@@ -13,7 +13,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -39,14 +42,17 @@ struct ShardServiceOptions {
   // blocked on the consistency model. Used by callers that may not apply a
   // push themselves (Call::work_on_caller_thread false: UCX).
   int push_threads = 2;
-  // A pull blocked on the consistency model holds one of these until it is
-  // answered, cancelled or expires. A pull that could be answered at once
-  // still queues behind blocked ones, so this is sized for every tensor of
-  // every worker waiting at once.
+  // Threads that answer pulls. A pull blocked on the consistency model
+  // holds none while it waits (it is parked on its slot and handed back to
+  // this pool when the slot changes, its deadline passes or it is
+  // cancelled), so these only copy and send replies.
   int pull_threads = 64;
   // Calls waiting for a thread, per pool; one more is refused with
   // RESOURCE_EXHAUSTED instead of queueing without limit.
   size_t max_queued_calls = 1024;
+  // Pulls parked on the consistency model at once (they hold no thread,
+  // only their call's memory); one more is refused with RESOURCE_EXHAUSTED.
+  size_t max_parked_pulls = 65536;
   // Payload bytes one call may have the transport buffer before the shard
   // validates anything (--max_request_bytes): a call that would hold more is
   // refused with RESOURCE_EXHAUSTED as the excess arrives.
@@ -201,7 +207,11 @@ class ShardService {
   struct Work;
   // One request's chunks to pull, in reply order.
   struct PullPlan;
+  // A pull waiting on its slot without a thread.
+  struct Parked;
   enum class Pool { kPush, kPull };
+  // What ended a parked pull's wait.
+  enum class Wake { kSlot, kCancel, kDeadline, kRetry, kShutdown };
 
   std::shared_ptr<Work> Begin(const Call& call, Histogram* latency, Done done) const;
   // Runs a push's `task` where the call allows (work_on_caller_thread).
@@ -212,12 +222,30 @@ class ShardService {
   // Answers the plan's chunks from `*next` on into `sink`, advancing
   // `*next`. With `only_if_ready` it stops at the first chunk that would
   // wait, sets `*would_wait` and returns OK.
-  absl::Status PullInto(const Work& work, const PullPlan& plan, bool only_if_ready, size_t* next,
+  // Never waits on the store: the first chunk the consistency model holds
+  // back (before the call's deadline) sets `*would_wait` and returns OK.
+  // `on_pool`: may wait for the sink (AwaitSent) between chunks.
+  absl::Status PullInto(const Work& work, const PullPlan& plan, bool on_pool, size_t* next,
                         ReplySink* sink, bool* would_wait);
   // The pull part of Pull and PushPull: where the call allows, what is
   // ready now on this thread; the rest on the pull pool.
   void AnswerPulls(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
                    ReplySink* sink);
+  // Answers from chunk `next` on; parks the call at the first that waits.
+  void Continue(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
+                ReplySink* sink, size_t next, bool on_pool);
+  // Registers the call on its slot, its cancellation and the deadline
+  // timer; whichever fires first hands it to the pull pool (Fire).
+  void Park(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
+            ReplySink* sink, size_t next);
+  // Once per Park: takes the call off what else it is registered with and
+  // resumes it on the pull pool (or, if the pool refuses, on the timer
+  // thread). Runs on whatever thread woke it; never under a store lock.
+  void Fire(const std::shared_ptr<Parked>& parked, Wake why);
+  void Resume(const std::shared_ptr<Parked>& parked);
+  // The deadline timer: fires parked calls whose deadline passed, and runs
+  // those the pull pool refused.
+  void RunTimer();
   absl::Status ApplyPush(const Work& work, const std::vector<ShardStore::PushChunkView>& chunks);
   // Verifies the job and session of every chunk (runs of chunks with the
   // same identity are verified once).
@@ -233,6 +261,16 @@ class ShardService {
   absl::Mutex mutex_;
   std::unique_ptr<ThreadPool> push_pool_ ABSL_GUARDED_BY(mutex_);
   std::unique_ptr<ThreadPool> pull_pool_ ABSL_GUARDED_BY(mutex_);
+
+  // Every parked call, by deadline (the registry Shutdown ends them from).
+  absl::Mutex parking_mutex_;
+  absl::CondVar parking_changed_;
+  std::map<std::pair<Clock::time_point, const Parked*>, std::shared_ptr<Parked>> parked_
+      ABSL_GUARDED_BY(parking_mutex_);
+  std::vector<std::shared_ptr<Parked>> run_now_ ABSL_GUARDED_BY(parking_mutex_);
+  bool parking_closed_ ABSL_GUARDED_BY(parking_mutex_) = false;  // Park refuses
+  bool timer_stop_ ABSL_GUARDED_BY(parking_mutex_) = false;
+  std::thread timer_;
 };
 
 }  // namespace harrier

@@ -292,6 +292,7 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views, PushResul
   order.reserve(valid.size());
   for (const ValidatedChunk& chunk : valid) order.push_back(chunk.slot);
   std::sort(order.begin(), order.end());
+  Wakeups wakeups(blocked_pulls_);  // after the locks are released
   SlotLocks locks(order);
   for (size_t i = 0; i < views.size(); ++i) {
     const proto::TensorChunk& chunk = *views[i].header;
@@ -313,6 +314,7 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views, PushResul
     slot.mutex.AssertHeld();
     ApplyLocked(slot, *views[i].header, views[i].payload, valid[i]);
     slot.changed.SignalAll();
+    wakeups.Take(slot);
     ++counts.applied;
     counters_.pushes++;
     counters_.bytes_in += views[i].payload.size();
@@ -519,6 +521,36 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   return absl::OkStatus();
 }
 
+bool ShardStore::Park(int64_t clock, const proto::ChunkRef& ref,
+                      std::shared_ptr<PullWaiter> waiter) {
+  const std::shared_ptr<Slot> held = FindSlot(ref.key(), ref.chunk());
+  if (held == nullptr) return false;
+  Slot& slot = *held;
+  absl::MutexLock lock(&slot.mutex);
+  // closed_ is set before Close visits the slots: either this sees it, or
+  // Close wakes the waiter after it is on the list. The same holds for
+  // retired and for a membership failure.
+  if (closed_ || slot.retired || !membership_.failure().ok()) return false;
+  if (slot.book.CheckPull(clock).may_answer) return false;
+  slot.waiters.push_back(std::move(waiter));
+  blocked_pulls_++;
+  return true;
+}
+
+void ShardStore::Unpark(const proto::ChunkRef& ref, const PullWaiter* waiter) {
+  const std::shared_ptr<Slot> held = FindSlot(ref.key(), ref.chunk());
+  if (held == nullptr) return;  // dropped by StartRun, which woke its waiters
+  absl::MutexLock lock(&held->mutex);
+  auto& waiters = held->waiters;
+  for (size_t i = 0; i < waiters.size(); ++i) {
+    if (waiters[i].get() != waiter) continue;
+    waiters[i] = std::move(waiters.back());
+    waiters.pop_back();
+    blocked_pulls_--;
+    return;
+  }
+}
+
 // PowerSGD factors the layer's own matrix, as the client does for pushes
 // (worker/chunk_codec.cc): rows of shape[1] * shape[2] * ... elements. A
 // 1-D tensor, or a chunk that is not whole rows, gets PowerSGD's
@@ -605,12 +637,14 @@ absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
 }
 
 void ShardStore::ForEachSlotLocked(const std::function<void(Slot&)>& visit) {
+  Wakeups wakeups(blocked_pulls_);
   absl::ReaderMutexLock lock(&slots_mutex_);
   for (auto& entry : slots_) {
     Slot& slot = *entry.second;
     absl::MutexLock slot_lock(&slot.mutex);
     visit(slot);
     slot.changed.SignalAll();
+    wakeups.Take(slot);
   }
 }
 
@@ -637,6 +671,7 @@ bool ShardStore::Depart(uint32_t rank) {
 void ShardStore::RebaseFromWorker(
     uint32_t rank, const google::protobuf::RepeatedPtrField<proto::ChunkClock>& pushed) {
   if (rank >= static_cast<uint32_t>(options_.num_workers)) return;
+  Wakeups wakeups(blocked_pulls_);
   for (const proto::ChunkClock& chunk : pushed) {
     const std::shared_ptr<Slot> held = FindSlot(chunk.key(), chunk.chunk());
     Slot* slot = held.get();
@@ -646,6 +681,7 @@ void ShardStore::RebaseFromWorker(
     if (!slot->book.RebaseFromWorker(rank, chunk.next_clock(), &completed)) continue;
     FinishRoundsLocked(*slot, completed);
     slot->changed.SignalAll();
+    wakeups.Take(*slot);
   }
 }
 
@@ -708,11 +744,13 @@ void ShardStore::StartRun() {
   membership_.Reset();
   // Calls still holding an old slot finish on it (it is freed with the last
   // of them); pulls waiting on one are woken and refused.
+  Wakeups wakeups(blocked_pulls_);
   for (auto& entry : ended) {
     Slot& slot = *entry.second;
     absl::MutexLock lock(&slot.mutex);
     slot.retired = true;
     slot.changed.SignalAll();
+    wakeups.Take(slot);
   }
 }
 

@@ -131,6 +131,26 @@ class ShardStore {
                     Clock::time_point deadline, Cancellation* cancellation,
                     proto::TensorChunk* out);
 
+  // A pull that has to wait without holding a thread (ShardService parks
+  // it). Wake() runs at most once per Park, on the thread that changed the
+  // slot (a push applied, a round finished, a departure or re-base,
+  // StartRun, Close), after the store has released its locks: it must be
+  // quick (hand the answer to a pool) and may call back into the store.
+  class PullWaiter {
+   public:
+    virtual ~PullWaiter() = default;
+    virtual void Wake() = 0;
+  };
+  // For a pull Pull told to wait: under the slot's lock, true if it still
+  // has to wait and `waiter` is now on the slot's list (counted in
+  // blocked_pulls()); false if Pull should be asked again now (the pull may
+  // be answered, or fails at once: closed, retired, unknown chunk, a lost
+  // worker). Deadline and cancellation stay the caller's to watch.
+  bool Park(int64_t clock, const proto::ChunkRef& ref, std::shared_ptr<PullWaiter> waiter);
+  // Takes `waiter` off the chunk's list if it is still there (its pull was
+  // cancelled or expired): Wake then does not run for that Park.
+  void Unpark(const proto::ChunkRef& ref, const PullWaiter* waiter);
+
   // OK if pulls may ask for `codec_params` (empty or "none": dense), else
   // INVALID_ARGUMENT: lets a push-pull refuse a bad pull codec before its
   // push is applied.
@@ -276,6 +296,30 @@ class ShardStore {
     std::string spare_vote_params ABSL_GUARDED_BY(mutex);
     // Dropped by StartRun: a pull still waiting here is refused.
     bool retired ABSL_GUARDED_BY(mutex) = false;
+    // Parked pulls, woken wherever `changed` is signalled.
+    std::vector<std::shared_ptr<PullWaiter>> waiters ABSL_GUARDED_BY(mutex);
+  };
+  // Parked pulls taken off slots under their locks and woken when this
+  // goes out of scope: declare it before the locks, so that no store lock
+  // is held while a waiter hands its pull to a pool.
+  class Wakeups {
+   public:
+    explicit Wakeups(std::atomic<int>& blocked) : blocked_(blocked) {}
+    ~Wakeups() {
+      for (auto& waiter : waiters_) waiter->Wake();
+    }
+    Wakeups(const Wakeups&) = delete;
+    Wakeups& operator=(const Wakeups&) = delete;
+    void Take(Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex) {
+      if (slot.waiters.empty()) return;
+      blocked_ -= static_cast<int>(slot.waiters.size());
+      for (auto& waiter : slot.waiters) waiters_.push_back(std::move(waiter));
+      slot.waiters.clear();
+    }
+
+   private:
+    std::atomic<int>& blocked_;
+    std::vector<std::shared_ptr<PullWaiter>> waiters_;
   };
   using SlotKey = std::pair<std::string, uint32_t>;
 

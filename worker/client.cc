@@ -32,6 +32,9 @@ absl::Status CheckOptions(const ClientOptions& options, bool with_transport) {
           absl::StrCat("server address '", server, "' is not host:port"));
     }
   }
+  if (options.grpc_connections < 1 || options.grpc_connections > 16) {
+    return absl::InvalidArgumentError("grpc_connections must be in [1, 16]");
+  }
   if (options.chunk_bytes < sizeof(float) || options.chunk_bytes > (32u << 20)) {
     return absl::InvalidArgumentError("chunk_bytes must be in [4, 32 MiB]");
   }
@@ -360,6 +363,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
     ShardLink link;
     link.name = grpc_control->ShardName(shard);
     link.channel = grpc_control->channel(shard);
+    for (int index = 1; options.transport == "grpc" && index < options.grpc_connections;
+         ++index) {
+      link.extra_channels.push_back(grpc_control->OpenDataChannel(shard, index));
+    }
     link.address = [grpc_control, shard](const std::string& backend, absl::Time deadline) {
       return grpc_control->GetTransportAddress(shard, backend, deadline);
     };

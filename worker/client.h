@@ -73,6 +73,10 @@ struct ClientOptions {
   // with --ucx; UCX_TLS picks tcp or shared memory). Control, Init,
   // heartbeats and Leave always use gRPC.
   std::string transport = "grpc";
+  // gRPC data connections per shard (transport "grpc"): a call of several
+  // chunks and at least 8 MiB is split into one call per connection, run
+  // in parallel (worker/transport/grpc/grpc_transport.h). In [1, 16].
+  int grpc_connections = 1;
   // Shard calls queued per pool (pushes; pulls and push-pulls) behind its
   // busy threads before an async operation is refused: its Wait() returns
   // RESOURCE_EXHAUSTED.

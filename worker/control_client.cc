@@ -79,6 +79,7 @@ absl::StatusOr<std::unique_ptr<GrpcControlClient>> GrpcControlClient::Connect(
     const std::vector<std::string>& servers, absl::Duration connect_timeout,
     absl::Duration rpc_timeout, const ChannelSecurity& security) {
   std::unique_ptr<GrpcControlClient> client(new GrpcControlClient(servers, rpc_timeout));
+  client->security_ = security;
   const auto args = MakeChannelArguments();
   const absl::Time deadline = absl::Now() + connect_timeout;
   for (size_t i = 0; i < servers.size(); ++i) {
@@ -129,6 +130,12 @@ absl::Status GrpcControlClient::CheckShardIndex(int shard) {
 
 std::shared_ptr<grpc::Channel> GrpcControlClient::channel(int shard) const {
   return shards_[shard]->channel;
+}
+
+std::shared_ptr<grpc::Channel> GrpcControlClient::OpenDataChannel(int shard, int index) const {
+  auto args = MakeChannelArguments();
+  args.SetInt("harrier.data_connection", index);
+  return OpenChannel(servers_[shard], args, security_);
 }
 
 int GrpcControlClient::num_shards() const { return static_cast<int>(servers_.size()); }

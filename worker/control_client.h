@@ -100,6 +100,11 @@ class GrpcControlClient : public ControlClient {
 
   // The shard's channel, for the gRPC data path (transport_factory.h).
   std::shared_ptr<grpc::Channel> channel(int shard) const;
+  // Another channel to the shard, with the same credentials, on a TCP
+  // connection of its own (`index` >= 1 sets a channel argument, so gRPC
+  // does not share the first channel's subchannel): the gRPC data path's
+  // extra connections. Not waited for: it connects on first use.
+  std::shared_ptr<grpc::Channel> OpenDataChannel(int shard, int index) const;
 
   int num_shards() const override;
   std::string ShardName(int shard) const override;
@@ -129,6 +134,7 @@ class GrpcControlClient : public ControlClient {
 
   const std::vector<std::string> servers_;
   const absl::Duration rpc_timeout_;
+  ChannelSecurity security_;                     // set by Connect
   std::vector<std::unique_ptr<Shard>> shards_;  // fixed after Connect
 };
 

@@ -108,6 +108,9 @@ ABSL_FLAG(int, metrics_port, -1,
 ABSL_FLAG(int, connect_timeout_s, 30, "How long to wait for every shard to be reachable.");
 ABSL_FLAG(std::string, transport, "grpc",
           "Data path of pushes and pulls: grpc|ucx (ucx needs servers started with --ucx).");
+ABSL_FLAG(int, grpc_connections, 1,
+          "gRPC data connections per shard (--transport=grpc): calls of several chunks and at "
+          "least 8 MiB are split over them and run in parallel. In [1, 16].");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA certificates the shards' certificates must chain to: with it every gRPC "
           "channel uses TLS.");
@@ -257,6 +260,7 @@ int main(int argc, char** argv) {
   client_options.codec = absl::GetFlag(FLAGS_codec);
   client_options.pull_codec = absl::GetFlag(FLAGS_pull_codec);
   client_options.transport = absl::GetFlag(FLAGS_transport);
+  client_options.grpc_connections = absl::GetFlag(FLAGS_grpc_connections);
   client_options.compress_min_bytes = std::max(0, absl::GetFlag(FLAGS_compress_min_bytes));
   client_options.chunk_bytes = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_chunk_kib)))
                                << 10;

@@ -47,6 +47,7 @@ constexpr const char* kUsage =
     "  --max_iterations=300        ... and at most\n"
     "  --max_point_bytes=0         skip points whose workers x size exceeds this (0: none)\n"
     "  --chunk_bytes=4M            ClientOptions::chunk_bytes\n"
+    "  --grpc_connections=1        ClientOptions::grpc_connections\n"
     "  --server_binary=PATH        harrier-server to start (default: from runfiles)\n"
     "  --skip_tcp                  no TCP reference (tcp_gbps and ratio 0): for profiling\n"
     "  --help\n";
@@ -73,6 +74,7 @@ struct Options {
   int max_iterations = 300;
   uint64_t max_point_bytes = 0;
   size_t chunk_bytes = 4 * kMiB;
+  int grpc_connections = ClientOptions().grpc_connections;
   bool skip_tcp = false;
   std::string transport = "grpc";
 };
@@ -163,6 +165,10 @@ std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
       uint64_t chunk = 0;
       if (auto error = bytes_value(&chunk); !error.empty()) return error;
       options->chunk_bytes = chunk;
+    } else if (name == "grpc_connections") {
+      if (!absl::SimpleAtoi(value, &options->grpc_connections)) {
+        return absl::StrCat("bad --grpc_connections='", value, "'");
+      }
     } else if (name == "min_iterations" || name == "max_iterations") {
       int count = 0;
       if (!absl::SimpleAtoi(value, &count) || count < 1) {
@@ -219,6 +225,7 @@ absl::StatusOr<std::vector<Worker>> ConnectWorkers(const Options& options,
     client_options.rank = rank;
     client_options.worker_name = absl::StrCat("bench-", rank);
     client_options.chunk_bytes = options.chunk_bytes;
+    client_options.grpc_connections = options.grpc_connections;
     client_options.connect_timeout = absl::Seconds(10);
     client_options.transport = options.transport;
     auto client = Client::Create(client_options);

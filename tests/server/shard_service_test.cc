@@ -2,6 +2,7 @@
 // every transport shares (deadline, chunk limit, push-then-pull, bounded
 // pools, cancellation, latency metrics).
 #include <catch2/catch.hpp>
+#include <dirent.h>
 
 #include <chrono>
 #include <cstring>
@@ -429,23 +430,39 @@ TEST_CASE("shard service: a push cancelled before it is applied changes nothing"
   REQUIRE(*store->Snapshot("w", 0) == std::vector<float>{0.0f});
 }
 
+// Holds the pull thread that answers it in AwaitSent until `release`.
+class HoldingSink : public Sink {
+ public:
+  absl::Status AwaitSent(ShardService::Clock::time_point deadline) override {
+    entered.Notify();
+    release.WaitForNotificationWithTimeout(absl::FromChrono(deadline - ShardService::Clock::now()));
+    return absl::OkStatus();
+  }
+  absl::Notification entered;
+  absl::Notification release;
+};
+
 TEST_CASE("shard service: a full pull pool refuses with RESOURCE_EXHAUSTED") {
   auto store = MakeStore("bsp", 2);
   REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  REQUIRE(store->Init(Init("w", 1, 2)).ok());
   ShardServiceOptions options;
   options.pull_threads = 1;
   options.max_queued_calls = 1;
   ShardService service(store.get(), options);
-  Cancellation cancellation;
   ShardService::Call call;
   call.client_deadline = Clock::now() + milliseconds(10000);
-  call.cancellation = &cancellation;
-  Sink sinks[3];
+  // Blocked pulls no longer hold the thread: a reply that cannot leave does.
+  proto::PullRequest two = PullOf("w", 0, 0, 2);
+  *two.add_chunks() = two.chunks(0);
+  two.mutable_chunks(1)->set_chunk(1);
+  HoldingSink holding;
+  Sink sinks[2];
   Outcome running, queued, refused;
-  service.Pull(call, PullOf("w", 0, 1, 2), &sinks[0], running.Callback());
-  REQUIRE(AwaitBlocked(*store, 1));  // holds the one thread
-  service.Pull(call, PullOf("w", 0, 1, 2), &sinks[1], queued.Callback());
-  service.Pull(call, PullOf("w", 0, 1, 2), &sinks[2], refused.Callback());
+  service.Pull(call, two, &holding, running.Callback());
+  REQUIRE(holding.entered.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  service.Pull(call, PullOf("w", 0, 0, 2), &sinks[0], queued.Callback());
+  service.Pull(call, PullOf("w", 0, 0, 2), &sinks[1], refused.Callback());
   // Refused on the caller's thread, before returning.
   REQUIRE(refused.done.HasBeenNotified());
   INFO(refused.status.ToString());
@@ -455,16 +472,149 @@ TEST_CASE("shard service: a full pull pool refuses with RESOURCE_EXHAUSTED") {
   // A push-pull whose pull half finds the pool full says its push counted.
   const std::vector<Pushed> chunks = {Gradient("w", 0, 1, 0, {1, 1})};
   Outcome half;
-  service.PushPull(call, Views(chunks), &sinks[2], half.Callback());
+  service.PushPull(call, Views(chunks), &sinks[1], half.Callback());
   REQUIRE(half.Wait());
   INFO(half.status.ToString());
   REQUIRE(absl::IsResourceExhausted(half.status));
   REQUIRE(half.status.message().find("push was applied") != absl::string_view::npos);
-  cancellation.Cancel();
+  holding.release.Notify();
   REQUIRE(running.Wait(milliseconds(1000)));
   REQUIRE(queued.Wait(milliseconds(1000)));
-  REQUIRE(absl::IsCancelled(running.status));
-  REQUIRE(absl::IsCancelled(queued.status));
+  REQUIRE(running.status.ok());
+  REQUIRE(queued.status.ok());
+}
+
+// Threads of this process now.
+int ThreadCount() {
+  int threads = 0;
+  if (auto* dir = opendir("/proc/self/task")) {
+    while (dirent* entry = readdir(dir)) {
+      if (entry->d_name[0] != '.') ++threads;
+    }
+    closedir(dir);
+  }
+  return threads;
+}
+
+TEST_CASE("shard service: blocked pulls hold no thread; a ready pull passes them; all are "
+          "answered when the round completes") {
+  constexpr int kBlocked = 200;
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  REQUIRE(store->Init(Init("v", 0, 2)).ok());
+  ShardServiceOptions options;
+  options.pull_threads = 4;
+  ShardService service(store.get(), options);
+  const int threads_before = ThreadCount();
+  ShardService::Call call;
+  call.client_deadline = Clock::now() + milliseconds(20000);
+  std::vector<Sink> sinks(kBlocked);
+  std::vector<Outcome> outcomes(kBlocked);
+  for (int i = 0; i < kBlocked; ++i) {
+    // Both transports' ways in: the pool (UCX) and the caller's thread (gRPC).
+    ShardService::Call each = call;
+    each.work_on_caller_thread = i % 2 == 1;
+    service.Pull(each, PullOf("w", i % 2, 1, 2), &sinks[i], outcomes[i].Callback());
+  }
+  REQUIRE(AwaitBlocked(*store, kBlocked));
+  // Four pool threads, 200 waiting pulls: one that may be answered is.
+  Sink ready_sink;
+  Outcome ready;
+  service.Pull(call, PullOf("v", 0, 0, 2), &ready_sink, ready.Callback());
+  REQUIRE(ready.Wait(milliseconds(2000)));
+  REQUIRE(ready.status.ok());
+  INFO("threads before " << threads_before << ", with " << kBlocked << " blocked "
+                         << ThreadCount());
+  REQUIRE(ThreadCount() <= threads_before + 1);
+  for (const auto& outcome : outcomes) REQUIRE_FALSE(outcome.done.HasBeenNotified());
+
+  const std::vector<Pushed> first = {Gradient("w", 0, 0, 0, {2, 2})};
+  const std::vector<Pushed> second = {Gradient("w", 0, 1, 0, {4, 4})};
+  for (const auto* chunks : {&first, &second}) {
+    Outcome pushed;
+    service.Push({}, Views(*chunks), pushed.Callback());
+    REQUIRE(pushed.Wait());
+    REQUIRE(pushed.status.ok());
+  }
+  for (int i = 0; i < kBlocked; ++i) {
+    REQUIRE(outcomes[i].Wait());
+    INFO(outcomes[i].status.ToString());
+    REQUIRE(outcomes[i].status.ok());
+    REQUIRE(sinks[i].payloads == std::vector<std::vector<float>>{{-3, -3}});
+  }
+  REQUIRE(store->blocked_pulls() == 0);
+}
+
+TEST_CASE("shard service: parked pulls are bounded: one more is refused RESOURCE_EXHAUSTED") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  ShardServiceOptions options;
+  options.max_parked_pulls = 2;
+  ShardService service(store.get(), options);
+  ShardService::Call call;
+  call.client_deadline = Clock::now() + milliseconds(10000);
+  Sink sinks[3];
+  Outcome outcomes[3];
+  for (int i = 0; i < 2; ++i) {
+    service.Pull(call, PullOf("w", 0, 1, 2), &sinks[i], outcomes[i].Callback());
+  }
+  REQUIRE(AwaitBlocked(*store, 2));
+  service.Pull(call, PullOf("w", 0, 1, 2), &sinks[2], outcomes[2].Callback());
+  REQUIRE(outcomes[2].Wait(milliseconds(1000)));
+  INFO(outcomes[2].status.ToString());
+  REQUIRE(absl::IsResourceExhausted(outcomes[2].status));
+  store->Close();
+  for (int i = 0; i < 2; ++i) REQUIRE(outcomes[i].Wait(milliseconds(1000)));
+}
+
+TEST_CASE("shard service: a parked pull ends at its deadline, not before, naming the slowest "
+          "worker") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  ShardService service(store.get(), {});
+  ShardService::Call call;
+  const auto start = Clock::now();
+  call.client_deadline = start + milliseconds(500);  // the shard gives up 100 ms sooner
+  Sink sink;
+  Outcome outcome;
+  service.Pull(call, PullOf("w", 0, 1, 2), &sink, outcome.Callback());
+  REQUIRE(AwaitBlocked(*store, 1));
+  REQUIRE(outcome.Wait(milliseconds(3000)));
+  INFO(outcome.status.ToString());
+  REQUIRE(absl::IsDeadlineExceeded(outcome.status));
+  REQUIRE(outcome.status.message().find("slowest worker") != absl::string_view::npos);
+  REQUIRE(outcome.at - start >= milliseconds(390));
+  REQUIRE(outcome.at - start < milliseconds(1000));
+  REQUIRE(store->blocked_pulls() == 0);
+}
+
+TEST_CASE("shard service: closing the store or shutting down ends parked pulls at once") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 0, 2)).ok());
+  auto service = std::make_unique<ShardService>(store.get(), ShardServiceOptions{});
+  ShardService::Call call;
+  call.client_deadline = Clock::now() + milliseconds(20000);
+  Sink sinks[2];
+  Outcome closed, shut;
+  service->Pull(call, PullOf("w", 0, 1, 2), &sinks[0], closed.Callback());
+  REQUIRE(AwaitBlocked(*store, 1));
+  SECTION("close") {
+    store->Close();
+    REQUIRE(closed.Wait(milliseconds(1000)));
+    INFO(closed.status.ToString());
+    REQUIRE(absl::IsUnavailable(closed.status));
+  }
+  SECTION("shutdown without closing the store") {
+    service->Shutdown();
+    REQUIRE(closed.Wait(milliseconds(1000)));
+    INFO(closed.status.ToString());
+    REQUIRE(absl::IsUnavailable(closed.status));
+    // Later pulls are refused, and nothing is left parked on the slot.
+    service->Pull(call, PullOf("w", 0, 1, 2), &sinks[1], shut.Callback());
+    REQUIRE(shut.Wait(milliseconds(1000)));
+    REQUIRE(absl::IsUnavailable(shut.status));
+    REQUIRE(store->blocked_pulls() == 0);
+  }
 }
 
 TEST_CASE("shard service: every call is observed into the latency histograms it was built with") {

@@ -43,7 +43,9 @@ absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateShardTranspor
   if (backend == "ucx") return CreateUcx(client_name, links, deadline);
   std::vector<std::unique_ptr<ShardTransport>> transports;
   for (const ShardLink& link : links) {
-    transports.push_back(std::make_unique<GrpcShardTransport>(link.channel));
+    std::vector<std::shared_ptr<grpc::Channel>> channels = {link.channel};
+    channels.insert(channels.end(), link.extra_channels.begin(), link.extra_channels.end());
+    transports.push_back(std::make_unique<GrpcShardTransport>(std::move(channels)));
   }
   return transports;
 }

@@ -27,6 +27,10 @@ struct ShardLink {
   std::string name;  // "shard i (host:port)", for error messages
   // The shard's gRPC channel (the grpc backend sends over it).
   std::shared_ptr<grpc::Channel> channel;
+  // More channels to the shard, each its own connection: the grpc backend
+  // spreads large calls over `channel` and these (ClientOptions::
+  // grpc_connections).
+  std::vector<std::shared_ptr<grpc::Channel>> extra_channels;
   // The shard's current address for a backend ("ucx") and its hello
   // secret, by a deadline; asked again to reconnect after the shard
   // restarted (a secret serves one hello).

@@ -1,7 +1,12 @@
 #include "worker/transport/grpc/grpc_transport.h"
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -154,18 +159,141 @@ absl::Status ReadReplies(Reader* reader, const ChunkViewSink& sink) {
 
 }  // namespace
 
+struct GrpcShardTransport::Link {
+  explicit Link(std::shared_ptr<grpc::Channel> channel_in)
+      : channel(std::move(channel_in)),
+        push_method("/harrier.proto.ParameterService/Push",
+                    grpc::internal::RpcMethod::CLIENT_STREAMING, channel),
+        pull_method("/harrier.proto.ParameterService/Pull",
+                    grpc::internal::RpcMethod::SERVER_STREAMING, channel),
+        push_pull_method("/harrier.proto.ParameterService/PushPull",
+                         grpc::internal::RpcMethod::BIDI_STREAMING, channel) {}
+
+  absl::Status Push(const std::vector<const OutgoingChunk*>& chunks, absl::Time deadline,
+                    CallCanceller& canceller);
+  absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
+                    absl::Time deadline, CallCanceller& canceller);
+  absl::Status PushPull(const std::vector<const OutgoingChunk*>& chunks,
+                        const ChunkViewSink& sink, absl::Time deadline,
+                        CallCanceller& canceller);
+
+  const std::shared_ptr<grpc::Channel> channel;
+  const grpc::internal::RpcMethod push_method;
+  const grpc::internal::RpcMethod pull_method;
+  const grpc::internal::RpcMethod push_pull_method;
+};
+
+namespace {
+
+// Runs part(i) for i in [0, parts), the first on this thread, and returns
+// the first error by part order (every part runs to its end: each holds
+// borrowed payloads until it has).
+absl::Status RunParts(size_t parts, const std::function<absl::Status(size_t)>& part) {
+  if (parts == 1) return part(0);
+  std::vector<absl::Status> statuses(parts);
+  std::vector<std::thread> threads;
+  threads.reserve(parts - 1);
+  for (size_t i = 1; i < parts; ++i) {
+    threads.emplace_back([&, i] { statuses[i] = part(i); });
+  }
+  statuses[0] = part(0);
+  for (auto& thread : threads) thread.join();
+  for (auto& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+// Part `part` of `parts` over [0, count): a contiguous range, so each
+// connection carries neighbouring chunks.
+std::pair<size_t, size_t> PartRange(size_t count, size_t parts, size_t part) {
+  return {count * part / parts, count * (part + 1) / parts};
+}
+
+std::vector<const OutgoingChunk*> PartOf(const std::vector<OutgoingChunk>& chunks, size_t parts,
+                                         size_t part) {
+  const auto range = PartRange(chunks.size(), parts, part);
+  std::vector<const OutgoingChunk*> out;
+  for (size_t i = range.first; i < range.second; ++i) out.push_back(&chunks[i]);
+  return out;
+}
+
+// One sink call at a time: the parts' replies arrive on their own threads.
+ChunkViewSink Serialised(const ChunkViewSink& sink, absl::Mutex* mutex, size_t parts) {
+  if (parts == 1) return sink;
+  return [&sink, mutex](const proto::TensorChunk& header, const PayloadView& payload) {
+    absl::MutexLock lock(mutex);
+    return sink(header, payload);
+  };
+}
+
+uint64_t PayloadBytes(const std::vector<OutgoingChunk>& chunks) {
+  uint64_t bytes = 0;
+  for (const auto& chunk : chunks) bytes += chunk.payload().size();
+  return bytes;
+}
+
+}  // namespace
+
 GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
-    : channel_(std::move(channel)),
-      push_method_("/harrier.proto.ParameterService/Push",
-                   grpc::internal::RpcMethod::CLIENT_STREAMING, channel_),
-      pull_method_("/harrier.proto.ParameterService/Pull",
-                   grpc::internal::RpcMethod::SERVER_STREAMING, channel_),
-      push_pull_method_("/harrier.proto.ParameterService/PushPull",
-                        grpc::internal::RpcMethod::BIDI_STREAMING, channel_) {}
+    : GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>>{std::move(channel)}) {}
+
+GrpcShardTransport::GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                                       size_t spread_min_bytes)
+    : spread_min_bytes_(spread_min_bytes) {
+  for (auto& channel : channels) links_.push_back(std::make_unique<Link>(std::move(channel)));
+}
+
+GrpcShardTransport::~GrpcShardTransport() = default;
+
+size_t GrpcShardTransport::PartsFor(size_t count, uint64_t bytes) const {
+  if (links_.size() < 2 || count < 2 || bytes < spread_min_bytes_) return 1;
+  return std::min(links_.size(), count);
+}
 
 absl::Status GrpcShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
                                       absl::Time deadline, CallCanceller& canceller) {
   if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+  const size_t parts = PartsFor(chunks.size(), PayloadBytes(chunks));
+  return RunParts(parts, [&](size_t part) {
+    return links_[part]->Push(PartOf(chunks, parts, part), deadline, canceller);
+  });
+}
+
+absl::Status GrpcShardTransport::Pull(const proto::PullRequest& request,
+                                      const ChunkViewSink& sink, absl::Time deadline,
+                                      CallCanceller& canceller) {
+  uint64_t bytes = 0;
+  for (const auto& ref : request.chunks()) bytes += ref.num_elements() * sizeof(float);
+  const size_t parts = PartsFor(request.chunks_size(), bytes);
+  if (parts == 1) return links_[0]->Pull(request, sink, deadline, canceller);
+  absl::Mutex mutex;
+  const ChunkViewSink serialised = Serialised(sink, &mutex, parts);
+  return RunParts(parts, [&](size_t part) {
+    proto::PullRequest sub = request;
+    sub.clear_chunks();
+    const auto range = PartRange(request.chunks_size(), parts, part);
+    for (size_t i = range.first; i < range.second; ++i) {
+      *sub.add_chunks() = request.chunks(static_cast<int>(i));
+    }
+    return links_[part]->Pull(sub, serialised, deadline, canceller);
+  });
+}
+
+absl::Status GrpcShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
+                                          const ChunkViewSink& sink, absl::Time deadline,
+                                          CallCanceller& canceller) {
+  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+  const size_t parts = PartsFor(chunks.size(), PayloadBytes(chunks));
+  absl::Mutex mutex;
+  const ChunkViewSink serialised = Serialised(sink, &mutex, parts);
+  return RunParts(parts, [&](size_t part) {
+    return links_[part]->PushPull(PartOf(chunks, parts, part), serialised, deadline, canceller);
+  });
+}
+
+absl::Status GrpcShardTransport::Link::Push(const std::vector<const OutgoingChunk*>& chunks,
+                                            absl::Time deadline, CallCanceller& canceller) {
   BorrowedSlices borrowed;  // declared first: outlives the call's objects
   absl::Status status;
   {
@@ -178,10 +306,10 @@ absl::Status GrpcShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
     if (!scope.registered()) return Cancelled();
     grpc::ByteBuffer response;  // a PushResponse; nothing in it is needed
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), push_method_,
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), push_method,
                                                                       &context, &response));
-    for (const auto& chunk : chunks) {
-      if (!writer->Write(EncodeChunk(chunk, borrowed))) break;  // Finish() says why
+    for (const OutgoingChunk* chunk : chunks) {
+      if (!writer->Write(EncodeChunk(*chunk, borrowed))) break;  // Finish() says why
     }
     writer->WritesDone();
     status = FromGrpcStatus(writer->Finish());
@@ -189,25 +317,24 @@ absl::Status GrpcShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
   return AfterRelease(borrowed, status);
 }
 
-absl::Status GrpcShardTransport::Pull(const proto::PullRequest& request,
-                                      const ChunkViewSink& sink, absl::Time deadline,
-                                      CallCanceller& canceller) {
+absl::Status GrpcShardTransport::Link::Pull(const proto::PullRequest& request,
+                                            const ChunkViewSink& sink, absl::Time deadline,
+                                            CallCanceller& canceller) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   CancelScope scope(canceller, &context);
   if (!scope.registered()) return Cancelled();
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), pull_method_,
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), pull_method,
                                                                     &context, request));
   absl::Status sink_status = ReadReplies(reader.get(), sink);
   absl::Status status = FromGrpcStatus(reader->Finish());
   return status.ok() ? sink_status : status;
 }
 
-absl::Status GrpcShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
-                                          const ChunkViewSink& sink, absl::Time deadline,
-                                          CallCanceller& canceller) {
-  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+absl::Status GrpcShardTransport::Link::PushPull(const std::vector<const OutgoingChunk*>& chunks,
+                                                const ChunkViewSink& sink, absl::Time deadline,
+                                                CallCanceller& canceller) {
   BorrowedSlices borrowed;  // declared first: outlives the call's objects
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
@@ -215,9 +342,9 @@ absl::Status GrpcShardTransport::PushPull(const std::vector<OutgoingChunk>& chun
   if (!scope.registered()) return Cancelled();
   std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
       grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-          channel_.get(), push_pull_method_, &context));
-  for (const auto& chunk : chunks) {
-    if (!stream->Write(EncodeChunk(chunk, borrowed))) break;
+          channel.get(), push_pull_method, &context));
+  for (const OutgoingChunk* chunk : chunks) {
+    if (!stream->Write(EncodeChunk(*chunk, borrowed))) break;
   }
   stream->WritesDone();
   absl::Status sink_status = ReadReplies(stream.get(), sink);

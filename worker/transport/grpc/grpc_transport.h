@@ -4,13 +4,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <vector>
 
 #include "proto/harrier.grpc.pb.h"
 #include "worker/transport/transport.h"
 
 namespace harrier {
 
-// The portable data path: ParameterService streams over one channel.
+// The portable data path: ParameterService streams over one channel, or
+// for large calls several.
 //
 // Messages are ByteBuffers, not generated types, so payloads are neither
 // copied into protos nor serialised: each pushed chunk is a small header
@@ -20,7 +22,21 @@ namespace harrier {
 // ParameterService client or server interoperates.
 class GrpcShardTransport : public ShardTransport {
  public:
+  // Calls whose payloads add up to less than this stay on the first
+  // channel even when there are more (see the constructor).
+  static constexpr size_t kDefaultSpreadMinBytes = size_t{8} << 20;
+
   explicit GrpcShardTransport(std::shared_ptr<grpc::Channel> channel);
+  // Over several channels to one shard, each its own TCP connection (the
+  // channels must differ in their arguments, or gRPC shares one
+  // subchannel). A call of several chunks and at least `spread_min_bytes`
+  // payload bytes is split into one call per channel, run in parallel:
+  // each part is all-or-nothing on the shard, the whole is not (a refused
+  // part leaves the parts that were applied; a retry of the whole is then
+  // acknowledged as a duplicate for those, see ShardStore::Push).
+  GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                     size_t spread_min_bytes = kDefaultSpreadMinBytes);
+  ~GrpcShardTransport() override;
 
   std::string name() const override { return "grpc"; }
   // Host memory only: a chunk in device memory is refused with
@@ -29,7 +45,8 @@ class GrpcShardTransport : public ShardTransport {
   // Returns once gRPC has released every borrowed payload, so the caller
   // may reuse its buffers as soon as the call returns; the wait for the
   // release is bounded (kSliceReleaseGrace after the stream ended), see
-  // grpc_transport.cc.
+  // grpc_transport.cc. With several channels the sink of Pull and
+  // PushPull is called from several threads, one call at a time.
   absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
                     CallCanceller& canceller) override;
   absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
@@ -37,11 +54,17 @@ class GrpcShardTransport : public ShardTransport {
   absl::Status PushPull(const std::vector<OutgoingChunk>& chunks, const ChunkViewSink& sink,
                         absl::Time deadline, CallCanceller& canceller) override;
 
+  size_t num_channels() const { return links_.size(); }
+
  private:
-  std::shared_ptr<grpc::Channel> channel_;
-  const grpc::internal::RpcMethod push_method_;
-  const grpc::internal::RpcMethod pull_method_;
-  const grpc::internal::RpcMethod push_pull_method_;
+  struct Link;  // one channel and its methods
+
+  // How a call of `count` chunks of `bytes` payload bytes is split: the
+  // number of channels it uses (1: not split).
+  size_t PartsFor(size_t count, uint64_t bytes) const;
+
+  std::vector<std::unique_ptr<Link>> links_;
+  const size_t spread_min_bytes_;
 };
 
 }  // namespace harrier

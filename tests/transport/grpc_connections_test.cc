@@ -1,0 +1,88 @@
+// ClientOptions::grpc_connections: a large call over several gRPC
+// connections to one shard gives the same answers as over one, and the
+// connections are distinct TCP connections (gRPC would otherwise share one
+// subchannel between channels with equal arguments).
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/integration/server_process.h"
+#include "worker/client.h"
+
+namespace harrier {
+namespace {
+
+#define REQUIRE_OK(expr)                 \
+  do {                                   \
+    const absl::Status status_ = (expr); \
+    INFO(status_.ToString());            \
+    REQUIRE(status_.ok());               \
+  } while (false)
+
+// Established TCP connections whose local end is `port` (the server's
+// side of each client connection), from /proc/net/tcp.
+int EstablishedTo(int port) {
+  int count = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (colon == std::string::npos || state != "01") continue;  // 01: ESTABLISHED
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) ++count;
+    }
+  }
+  return count;
+}
+
+int PortOf(const std::string& address) {
+  return std::stoi(address.substr(address.rfind(':') + 1));
+}
+
+TEST_CASE("grpc connections: large calls over 1 or 3 connections round trip exactly") {
+  const int connections = GENERATE(1, 3);
+  INFO("connections " << connections);
+  auto servers = testing::StartCluster(1, 1, {"--optimizer=sgd", "--lr=1"});
+  REQUIRE(servers.ok());
+  ClientOptions options;
+  options.servers = testing::Addresses(*servers);
+  options.rpc_timeout = absl::Seconds(30);
+  options.heartbeat_interval = absl::ZeroDuration();
+  options.chunk_bytes = 1u << 20;
+  options.grpc_connections = connections;
+  auto client = Client::Create(options);
+  REQUIRE_OK(client.status());
+  // 12 MiB in 12 chunks: above the 8 MiB from which calls are split.
+  const size_t n = 3u << 20;
+  std::vector<float> init(n), grad(n), out(n);
+  for (size_t i = 0; i < n; ++i) {
+    init[i] = static_cast<float>(i % 101);
+    grad[i] = static_cast<float>(i % 7);
+  }
+  REQUIRE_OK((*client)->RegisterTensor("w", {static_cast<int64_t>(n)}, init));
+  REQUIRE_OK((*client)->Pull("w", absl::MakeSpan(out)));
+  REQUIRE(out == init);
+  REQUIRE_OK((*client)->Push("w", grad));
+  (*client)->Clock();
+  REQUIRE_OK((*client)->Pull("w", absl::MakeSpan(out)));
+  bool exact = true;
+  for (size_t i = 0; i < n; ++i) exact = exact && out[i] == init[i] - grad[i];
+  REQUIRE(exact);
+  for (size_t i = 0; i < n; ++i) grad[i] = 1.0f;
+  REQUIRE_OK((*client)->PushPull("w", grad, absl::MakeSpan(out)));
+  for (size_t i = 0; i < n; ++i) exact = exact && out[i] == init[i] - (i % 7) - 1.0f;
+  REQUIRE(exact);
+  // Each of the client's channels is its own connection to the shard.
+  REQUIRE(EstablishedTo(PortOf(options.servers[0])) == connections);
+}
+
+}  // namespace
+}  // namespace harrier
