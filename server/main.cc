@@ -1,11 +1,10 @@
 // harrier-server: one shard of the Harrier parameter store.
-#include <algorithm>
-#include <thread>
 #include <signal.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
