@@ -206,7 +206,10 @@ absl::Status ShardService::PullInto(const Work& work, const PullPlan& plan, bool
     const Clock::time_point deadline = only_if_ready ? Clock::now() : work.deadline;
     proto::TensorChunk header;
     auto status = store_->Pull(item.rank, item.clock, item.ref, deadline, work.cancellation,
-                               &header, [sink](size_t bytes) { return sink->Allocate(bytes); });
+                               &header, [sink](size_t bytes) { return sink->Allocate(bytes); },
+                               [sink](std::shared_ptr<const ParamBuffer> version) {
+                                 sink->Borrow(std::move(version));
+                               });
     if (only_if_ready && absl::IsDeadlineExceeded(status)) {
       *would_wait = true;
       return absl::OkStatus();

@@ -629,6 +629,13 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
 absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
                               Clock::time_point deadline, Cancellation* cancellation,
                               proto::TensorChunk* out, const PayloadAllocator& allocate) {
+  return Pull(rank, clock, ref, deadline, cancellation, out, allocate, nullptr);
+}
+
+absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
+                              Clock::time_point deadline, Cancellation* cancellation,
+                              proto::TensorChunk* out, const PayloadAllocator& allocate,
+                              const PayloadBorrower& borrow) {
   if (auto status = CheckOwnership(ref.key(), ref.chunk()); !status.ok()) return status;
   if (auto status = membership_.CheckRank(rank, Where(ref.key(), ref.chunk())); !status.ok()) {
     return status;
@@ -701,11 +708,15 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   if (IsDense(ref.codec_params())) {
     // The version is immutable while held: copied without the lock, and
     // its CRC computed once for every pull of it.
-    const std::shared_ptr<const ParamBuffer> version = slot->values;
+    std::shared_ptr<const ParamBuffer> version = slot->values;
     lock.Release();
-    payload = allocate(bytes);
-    if (bytes > 0) std::memcpy(payload, version->data(), bytes);
     out->set_checksum(version->Crc());
+    if (borrow) {
+      borrow(std::move(version));
+    } else {
+      payload = allocate(bytes);
+      if (bytes > 0) std::memcpy(payload, version->data(), bytes);
+    }
   } else {
     std::string encoded;
     auto compressed =

@@ -188,6 +188,18 @@ class ShardStore {
                     Clock::time_point deadline, Cancellation* cancellation,
                     proto::TensorChunk* out, const PayloadAllocator& allocate);
 
+  // Takes a reference to the parameter version a dense reply sends; its
+  // bytes are the payload, immutable while the reference is held.
+  using PayloadBorrower = std::function<void(std::shared_ptr<const ParamBuffer> version)>;
+  // As above, but a dense reply is not copied: `borrow` (called once,
+  // without the chunk's lock) gets the version instead of `allocate` being
+  // called; `out->checksum()` is the version's, computed once per version.
+  // Compressed replies still go through `allocate`.
+  absl::Status Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
+                    Clock::time_point deadline, Cancellation* cancellation,
+                    proto::TensorChunk* out, const PayloadAllocator& allocate,
+                    const PayloadBorrower& borrow);
+
   // The rank pushed its last clock (its total is `clock`): pulls and BSP
   // rounds stop waiting for it. Idempotent; the first call logs
   // `event=leave`.
