@@ -126,6 +126,8 @@ struct ParallelPass {
   size_t finished ABSL_GUARDED_BY(mutex) = 0;
   std::vector<FusedResult> results ABSL_GUARDED_BY(mutex);
 
+  bool AllFinished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) { return finished == num_parts; }
+
   void Work() {
     for (;;) {
       const size_t part = next.fetch_add(1);
@@ -167,10 +169,7 @@ FusedResult FusedApplyParallel(const FusedArgs& args, ThreadPool* pool, int thre
   // by a pool thread (parts are claimed only by running code), a bounded
   // pass over memory the caller holds.
   absl::MutexLock lock(&pass->mutex);
-  ParallelPass* p = pass.get();
-  pass->mutex.Await(absl::Condition(
-      +[](ParallelPass* p) ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->finished == p->num_parts; },
-      p));
+  pass->mutex.Await(absl::Condition(pass.get(), &ParallelPass::AllFinished));
   FusedResult total = pass->results[0];
   for (size_t part = 1; part < pass->num_parts; ++part) {
     const size_t begin = part * pass->part_floats;
