@@ -450,7 +450,7 @@ std::shared_ptr<ParamBuffer> ShardStore::TakeSpareLocked(Slot& slot) {
 void ShardStore::KeepSpareLocked(Slot& slot, std::shared_ptr<ParamBuffer> buffer) {
   // One spare at most; a version someone else still holds (a reply being
   // sent) is theirs to free.
-  if (!buffer || slot.spare || buffer.use_count() != 1) return;
+  if (!buffer || slot.spare || slot.retired || buffer.use_count() != 1) return;
   spare_bytes_ += buffer->bytes();
   slot.spare = std::move(buffer);
 }

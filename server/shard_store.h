@@ -135,9 +135,13 @@ class ShardStore {
 
   // One worker's gradients for one clock, any number of chunks. All chunks
   // are validated first; then, with every slot of the call locked, all are
-  // re-checked and classified (ClockBook::ClassifyPush): if any is refused,
-  // none is applied and the call changes nothing; otherwise every new chunk
-  // is applied and every duplicate (rank, clock, key, chunk) is only
+  // re-checked and classified (ClockBook::ClassifyPush), and each dense
+  // payload's CRC and limit are checked in the one pass that also writes its
+  // step (SGD) or round sum into a shadow buffer (server/fused_apply.h;
+  // other optimizers: the pass checks, Optimizer::Step follows). If any is
+  // refused, none is applied and the call changes nothing (the shadows go
+  // back to being spares); otherwise the shadows are swapped in, every new
+  // chunk is applied and every duplicate (rank, clock, key, chunk) is only
   // counted, so a retried call is applied exactly once. A call may mix the
   // two after a restore (the checkpoint may hold one slot's push and not
   // another's, e.g. a BSP round complete on one slot and pending on the
