@@ -89,7 +89,7 @@ constexpr absl::string_view kOtherHarrierVariables[] = {
     // server and worker pod one environment (base/harrier.env), so each
     // binary sees the other's settings. tests/e2e/clear_errors_test.sh checks
     // that this list holds every flag either binary has.
-    "HARRIER_AUTH_TOKEN_FILE", "HARRIER_BATCH_SIZE", "HARRIER_BETA1", "HARRIER_BETA2",
+    "HARRIER_APPLY_THREADS", "HARRIER_AUTH_TOKEN_FILE", "HARRIER_BATCH_SIZE", "HARRIER_BETA1", "HARRIER_BETA2",
     "HARRIER_BLAS_THREADS", "HARRIER_CHECKPOINT_DIR", "HARRIER_CHECKPOINT_EVERY_S",
     "HARRIER_CHECKPOINT_KEEP", "HARRIER_CHUNK_KIB", "HARRIER_CODEC", "HARRIER_COMPRESS_MIN_BYTES",
     "HARRIER_COMPUTE_SCALE", "HARRIER_CONNECT_TIMEOUT_S", "HARRIER_DATA_DIR", "HARRIER_DEVICE",

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -79,6 +80,10 @@ ABSL_FLAG(int64_t, max_param_bytes, int64_t{64} << 30,
 ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{32} << 20,
           "Largest chunk Init accepts, in bytes (clients split tensors into chunks of at most "
           "32 MiB).");
+ABSL_FLAG(int32_t, apply_threads, 0,
+          "Threads applying one pushed chunk of 1 MiB or more, in parts (CRC, check and step; "
+          "results bit-identical for any count). 0: min(hardware cores, 8); 1: the receiving "
+          "thread alone.");
 ABSL_FLAG(bool, ucx, false,
           "Also serve pushes and pulls over UCX (workers: --transport=ucx); UCX_TLS picks the "
           "transports, e.g. tcp or sm,self.");
@@ -190,6 +195,14 @@ int main(int argc, char** argv) {
   options.max_chunks = static_cast<size_t>(absl::GetFlag(FLAGS_max_chunks));
   options.max_param_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_param_bytes));
   options.max_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_chunk_bytes));
+  if (absl::GetFlag(FLAGS_apply_threads) < 0 || absl::GetFlag(FLAGS_apply_threads) > 256) {
+    return Fail("--apply_threads must be in [0, 256] (0: from the core count)");
+  }
+  options.apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  if (options.apply_threads == 0) {
+    options.apply_threads =
+        std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+  }
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (absl::GetFlag(FLAGS_checkpoint_every_s) < 0 || absl::GetFlag(FLAGS_checkpoint_keep) < 1) {
     return Fail("--checkpoint_every_s must be >= 0 and --checkpoint_keep >= 1");

@@ -21,6 +21,11 @@ class Sgd : public Optimizer {
     for (size_t i = 0; i < w.size(); ++i) w[i] -= lr * (scale * g[i] + wd * w[i]);
     ++state.steps;
   }
+  bool PlainSgd(float* lr, float* weight_decay) const override {
+    *lr = options_.lr;
+    *weight_decay = options_.weight_decay;
+    return true;
+  }
 
  private:
   OptimizerOptions options_;

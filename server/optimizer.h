@@ -39,6 +39,16 @@ class Optimizer {
   virtual const OptimizerOptions& options() const = 0;
   virtual void Step(absl::Span<float> weights, absl::Span<const float> gradient, float scale,
                     OptimizerState& state) const = 0;
+  // True for plain SGD (no state but the step count), with its constants:
+  // the shard then fuses the step into the pass that checks the payload
+  // (server/fused_apply.h), computing exactly Step's expression. The
+  // stateful kinds and the delta optimizer answer false and keep the
+  // two-step path (a fused check, then Step).
+  virtual bool PlainSgd(float* lr, float* weight_decay) const {
+    (void)lr;
+    (void)weight_decay;
+    return false;
+  }
 };
 
 // InvalidArgument for an unknown kind or a hyper-parameter out of range.

@@ -184,6 +184,21 @@ class ReplyWriter : public DataCall<Reactor>, public ShardService::ReplySink {
     return reinterpret_cast<char*>(const_cast<uint8_t*>(payload_.begin()));
   }
 
+  void Borrow(std::shared_ptr<const ParamBuffer> version) override {
+    // The slice points into the parameter version; gRPC drops the
+    // reference when it releases the slice (after the write), and the
+    // shard never writes a version someone holds.
+    const size_t bytes = version->bytes();
+    void* data = const_cast<float*>(version->data());
+    auto* keep = new std::shared_ptr<const ParamBuffer>(std::move(version));
+    payload_ = grpc::Slice(
+        grpc_slice_new_with_user_data(
+            data, bytes,
+            [](void* held) { delete static_cast<std::shared_ptr<const ParamBuffer>*>(held); },
+            keep),
+        grpc::Slice::STEAL_REF);
+  }
+
   absl::Status Send(const proto::TensorChunk& header, uint32_t, bool last) override {
     grpc::Slice slices[2] = {grpc::Slice(EncodeChunkPrefix(header, payload_.size())),
                              std::move(payload_)};

@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   store_options.max_chunks = options.max_chunks;
   store_options.max_param_bytes = options.max_param_bytes;
   store_options.max_chunk_bytes = options.max_chunk_bytes;
+  store_options.apply_threads = options.apply_threads;
   server->store_ = std::make_unique<ShardStore>(store_options, std::move(*optimizer));
   // The run this shard starts with: a resumed one (its job id), a new one
   // (shard 0 of a fresh run), or none yet (other shards of a fresh run learn

@@ -65,6 +65,8 @@ struct ShardServerOptions {
   size_t max_chunks = ShardStoreOptions().max_chunks;
   uint64_t max_param_bytes = ShardStoreOptions().max_param_bytes;
   uint64_t max_chunk_bytes = ShardStoreOptions().max_chunk_bytes;
+  // Threads applying one large pushed chunk (ShardStoreOptions).
+  int apply_threads = ShardStoreOptions().apply_threads;
   // gRPC transport security (common/grpc_security.h): cert + key serve
   // TLS, with ca as well every client must present a certificate of that CA.
   TlsFiles tls;

@@ -245,7 +245,10 @@ absl::Status ShardService::PullInto(const Work& work, const PullPlan& plan, bool
     // the pull through, and otherwise returns at once; the wait is a Park.
     proto::TensorChunk header;
     auto status = store_->Pull(item.rank, item.clock, item.ref, Clock::now(), work.cancellation,
-                               &header, [sink](size_t bytes) { return sink->Allocate(bytes); });
+                               &header, [sink](size_t bytes) { return sink->Allocate(bytes); },
+                               [sink](std::shared_ptr<const ParamBuffer> version) {
+                                 sink->Borrow(std::move(version));
+                               });
     if (absl::IsDeadlineExceeded(status) && Clock::now() < work.deadline) {
       *would_wait = true;
       return absl::OkStatus();

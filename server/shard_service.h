@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -115,6 +116,16 @@ class ShardService {
     // writes the parameters straight into it, under the chunk's lock: must
     // be quick). Owned by the sink; valid until the Send that follows.
     virtual char* Allocate(size_t bytes) = 0;
+    // Instead of Allocate, for a dense reply: the next chunk's payload is
+    // the bytes of `version`, borrowed (no copy). The sink holds the
+    // reference until its transport is done with the bytes (for gRPC until
+    // the slice is released, for UCX until the send completes) and never
+    // writes them. Called without the chunk's lock. The default copies
+    // into Allocate's memory, for a sink that cannot send borrowed memory.
+    virtual void Borrow(std::shared_ptr<const ParamBuffer> version) {
+      char* payload = Allocate(version->bytes());
+      if (version->bytes() > 0) std::memcpy(payload, version->data(), version->bytes());
+    }
     // The chunk whose payload was just written, complete with its job.
     // `index` counts the chunks of this reply from 0; `last`: no chunk
     // follows and, if Send returns OK, the call ends OK (a transport may

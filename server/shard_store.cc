@@ -2,14 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/crc32c.h"
+#include "common/thread_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace harrier {
@@ -49,7 +52,55 @@ bool IsDense(const std::string& codec_params) {
   return codec_params.empty() || codec_params == "none";
 }
 
+// The refusal a dense payload's fused pass found, if any.
+absl::Status DensePayloadStatus(const proto::TensorChunk& chunk, const float* gradient, size_t n,
+                                const FusedResult& result) {
+  if (result.crc != chunk.checksum()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(chunk.key(), chunk.chunk()), ": payload checksum mismatch"));
+  }
+  if (!result.within) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(chunk.key(), chunk.chunk()),
+        AllWithin(gradient, n) ? ": gradient element of magnitude 2^40 (about 1.1e12) or more"
+                               : ": gradient contains NaN or Inf"));
+  }
+  return absl::OkStatus();
+}
+
+// A call refused for its clock or rank is refused for a bad payload first
+// (what it was told before the check moved into the fused pass): an extra
+// pass, on a call refused anyway.
+absl::Status BadPayloadFirst(const proto::TensorChunk& chunk, const float* gradient, size_t n,
+                             bool deferred_check, absl::Status refusal) {
+  if (!deferred_check) return refusal;
+  FusedArgs args;
+  args.gradient = gradient;
+  args.n = n;
+  args.limit_bits = kGradientLimitBits;
+  absl::Status bad = DensePayloadStatus(chunk, gradient, n, FusedApply(args));
+  return bad.ok() ? refusal : bad;
+}
+
 }  // namespace
+
+ParamBuffer::ParamBuffer(size_t num_elements)
+    : data_(static_cast<float*>(std::aligned_alloc(
+          64, std::max<size_t>(64, (num_elements * sizeof(float) + 63) / 64 * 64)))),
+      size_(num_elements) {
+  if (data_ == nullptr) throw std::bad_alloc();  // as std::vector would
+}
+
+ParamBuffer::~ParamBuffer() { std::free(data_); }
+
+uint32_t ParamBuffer::Crc() const {
+  uint64_t cached = crc_.load(std::memory_order_acquire);
+  if (cached == 0) {
+    cached = (uint64_t{1} << 32) | Crc32c(data_, bytes());
+    crc_.store(cached, std::memory_order_release);
+  }
+  return static_cast<uint32_t>(cached);
+}
 
 ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> optimizer)
     : options_(options),
@@ -61,7 +112,14 @@ ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> opt
       last_view_version_(static_cast<uint64_t>(
           std::chrono::duration_cast<std::chrono::nanoseconds>(
               std::chrono::system_clock::now().time_since_epoch())
-              .count())) {}
+              .count())) {
+  if (options_.apply_threads > 1) {
+    // Bounded by its submitters: a call submits at most apply_threads - 1
+    // tasks and finishes without waiting for queued ones.
+    apply_pool_ = std::make_unique<ThreadPool>(options_.apply_threads - 1, ThreadPool::kUnbounded,
+                                               "apply pool");
+  }
+}
 
 ShardStore::~ShardStore() { Close(); }
 
@@ -169,7 +227,8 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   entry = std::make_shared<Slot>(key, request.chunk(), shape, n, std::move(book));
   bytes_ += n * sizeof(float);
   absl::MutexLock slot_lock(&entry->mutex);
-  entry->values.assign(values, values + n);
+  entry->values = std::make_shared<ParamBuffer>(n);
+  if (n > 0) std::memcpy(entry->values->data(), values, n * sizeof(float));
   return true;
 }
 
@@ -210,13 +269,16 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
                                                    payload.size(), " bytes, expected ",
                                                    n * sizeof(float)));
   }
-  if (Crc32c(payload.data(), payload.size()) != chunk.checksum()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(key, chunk.chunk()), ": payload checksum mismatch"));
-  }
   if (dense) {
+    // CRC and limit are checked under the call's locks, in the one pass
+    // over the payload that also computes the step (StageLocked).
     out->gradient = reinterpret_cast<const float*>(payload.data());
+    out->deferred_check = true;
   } else {
+    if (Crc32c(payload.data(), payload.size()) != chunk.checksum()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(key, chunk.chunk()), ": payload checksum mismatch"));
+    }
     // Compressed: the codec validates the whole payload while decoding it,
     // before anything is applied.
     auto codec = codecs_.Get(chunk.codec_params());
@@ -234,25 +296,32 @@ absl::Status ShardStore::ValidateChunk(const proto::TensorChunk& chunk, absl::st
     }
     out->gradient = out->decoded.data();
     out->codec = std::move(*codec);
-  }
-  if (!AllWithin(out->gradient, n, kGradientLimitBits)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Where(key, chunk.chunk()),
-        AllWithin(out->gradient, n) ? ": gradient element of magnitude 2^40 (about 1.1e12) or more"
-                                    : ": gradient contains NaN or Inf"));
+    if (!AllWithin(out->gradient, n, kGradientLimitBits)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(key, chunk.chunk()), AllWithin(out->gradient, n)
+                                         ? ": gradient element of magnitude 2^40 (about 1.1e12) or more"
+                                         : ": gradient contains NaN or Inf"));
+    }
   }
   if (membership_.departed(chunk.rank())) {
-    return absl::FailedPreconditionError(absl::StrCat(Where(key, chunk.chunk()), ": rank ",
-                                                      chunk.rank(), " has left the job"));
+    return BadPayloadFirst(chunk, out->gradient, n, out->deferred_check,
+                           absl::FailedPreconditionError(
+                               absl::StrCat(Where(key, chunk.chunk()), ": rank ", chunk.rank(),
+                                            " has left the job")));
   }
+  absl::Status refusal;
   {
     absl::MutexLock lock(&slot->mutex);
     absl::StatusOr<PushClass> push =
         slot->book.ClassifyPush(chunk.rank(), chunk.clock(), membership_);
-    if (!push.ok()) return WithWhere(key, chunk.chunk(), push.status());
-    if (*push == PushClass::kNew) {
-      if (auto status = CheckRoundCodecLocked(*slot, chunk); !status.ok()) return status;
+    if (!push.ok()) {
+      refusal = WithWhere(key, chunk.chunk(), push.status());
+    } else if (*push == PushClass::kNew) {
+      refusal = CheckRoundCodecLocked(*slot, chunk);
     }
+  }
+  if (!refusal.ok()) {
+    return BadPayloadFirst(chunk, out->gradient, n, out->deferred_check, std::move(refusal));
   }
   out->slot = slot;
   out->held = std::move(held);
@@ -304,6 +373,21 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views, PushResul
     }
     valid[i].duplicate = *push == PushClass::kDuplicate;
   }
+  // Every chunk's remaining checks and its step, into shadows; a bad one
+  // puts the shadows back and the call changes nothing.
+  std::vector<StagedChunk> staged(views.size());
+  for (size_t i = 0; i < views.size(); ++i) {
+    valid[i].slot->mutex.AssertHeld();
+    if (auto status = StageLocked(*valid[i].slot, *views[i].header, valid[i], &staged[i]);
+        !status.ok()) {
+      for (size_t j = 0; j <= i; ++j) {
+        valid[j].slot->mutex.AssertHeld();
+        UnstageLocked(*valid[j].slot, staged[j]);
+      }
+      counters_.rejected++;
+      return status;
+    }
+  }
   PushResult counts;
   for (size_t i = 0; i < views.size(); ++i) {
     if (valid[i].duplicate) {
@@ -312,7 +396,7 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views, PushResul
     }
     Slot& slot = *valid[i].slot;
     slot.mutex.AssertHeld();
-    ApplyLocked(slot, *views[i].header, views[i].payload, valid[i]);
+    CommitLocked(slot, *views[i].header, views[i].payload, valid[i], staged[i]);
     slot.changed.SignalAll();
     wakeups.Take(slot);
     ++counts.applied;
@@ -351,18 +435,135 @@ absl::Status ShardStore::CheckRoundCodecLocked(Slot& slot, const proto::TensorCh
   return absl::OkStatus();
 }
 
+FusedResult ShardStore::RunFused(const FusedArgs& args) {
+  return FusedApplyParallel(args, apply_pool_.get(), options_.apply_threads);
+}
+
+std::shared_ptr<ParamBuffer> ShardStore::TakeSpareLocked(Slot& slot) {
+  if (slot.spare) {
+    spare_bytes_ -= slot.spare->bytes();
+    std::shared_ptr<ParamBuffer> spare = std::move(slot.spare);
+    spare->Invalidate();
+    return spare;
+  }
+  return std::make_shared<ParamBuffer>(slot.num_elements);
+}
+
+void ShardStore::KeepSpareLocked(Slot& slot, std::shared_ptr<ParamBuffer> buffer) {
+  // One spare at most; a version someone else still holds (a reply being
+  // sent) is theirs to free.
+  if (!buffer || slot.spare || slot.retired || buffer.use_count() != 1) return;
+  spare_bytes_ += buffer->bytes();
+  slot.spare = std::move(buffer);
+}
+
+void ShardStore::PublishLocked(Slot& slot, std::shared_ptr<ParamBuffer> next) {
+  std::shared_ptr<ParamBuffer> old = std::move(slot.values);
+  slot.values = std::move(next);
+  KeepSpareLocked(slot, std::move(old));
+}
+
+ParamBuffer& ShardStore::WritableLocked(Slot& slot) {
+  // Pulls take their reference under this lock, so a count of one cannot
+  // grow while we write.
+  if (slot.values.use_count() != 1) {
+    std::shared_ptr<ParamBuffer> copy = TakeSpareLocked(slot);
+    if (slot.num_elements > 0) std::memcpy(copy->data(), slot.values->data(), copy->bytes());
+    PublishLocked(slot, std::move(copy));
+  }
+  slot.values->Invalidate();
+  return *slot.values;
+}
+
 void ShardStore::StepLocked(Slot& slot, const float* gradient, float scale) {
-  optimizer_->Step(absl::MakeSpan(slot.values), absl::MakeConstSpan(gradient, slot.num_elements),
-                   scale, slot.optimizer_state);
+  float lr, weight_decay;
+  if (optimizer_->PlainSgd(&lr, &weight_decay)) {
+    // Copy-on-write costs no copy here: the step writes the next version
+    // from the current one.
+    std::shared_ptr<ParamBuffer> next = TakeSpareLocked(slot);
+    FusedArgs args;
+    args.step = FusedStep::kSgd;
+    args.gradient = gradient;
+    args.n = slot.num_elements;
+    args.base = slot.values->data();
+    args.out = next->data();
+    args.lr = lr;
+    args.scale = scale;
+    args.weight_decay = weight_decay;
+    RunFused(args);
+    PublishLocked(slot, std::move(next));
+    ++slot.optimizer_state.steps;  // as Sgd::Step counts
+  } else {
+    ParamBuffer& values = WritableLocked(slot);
+    optimizer_->Step(absl::MakeSpan(values.data(), values.size()),
+                     absl::MakeConstSpan(gradient, slot.num_elements), scale,
+                     slot.optimizer_state);
+  }
   counters_.optimizer_steps++;
 }
 
-void ShardStore::ApplyLocked(Slot& slot, const proto::TensorChunk& chunk,
-                             absl::string_view payload, const ValidatedChunk& valid) {
+absl::Status ShardStore::StageLocked(Slot& slot, const proto::TensorChunk& chunk,
+                                     const ValidatedChunk& valid, StagedChunk* staged) {
   const size_t n = slot.num_elements;
-  const PushDecision decision = slot.book.RecordPush(chunk.rank(), chunk.clock(), membership_);
+  FusedArgs args;
+  args.step = FusedStep::kCheck;
+  args.gradient = valid.gradient;
+  args.n = n;
+  args.limit_bits = kGradientLimitBits;
+  if (!valid.duplicate) {
+    // The decision on a copy of the book: the real one moves on only when
+    // the whole call is applied.
+    staged->book = std::make_unique<ClockBook>(slot.book);
+    staged->decision = staged->book->RecordPush(chunk.rank(), chunk.clock(), membership_);
+    float lr, weight_decay;
+    if (!valid.deferred_check) {
+      // Compressed: decoded and checked already; applied at commit.
+    } else if (staged->decision.kind == PushDecision::Kind::kApplyNow) {
+      if (optimizer_->PlainSgd(&lr, &weight_decay)) {
+        staged->next_values = TakeSpareLocked(slot);
+        args.step = FusedStep::kSgd;
+        args.base = slot.values->data();
+        args.out = staged->next_values->data();
+        args.lr = lr;
+        args.scale = staged->decision.scale;
+        args.weight_decay = weight_decay;
+      }
+      // Otherwise (momentum, nesterov, adam, adagrad, delta) the pass only
+      // checks, and CommitLocked runs Optimizer::Step: their state is
+      // updated in place, which a shadow would have to copy.
+    } else {
+      auto round = slot.sums.find(staged->decision.round);
+      const bool adding = round != slot.sums.end() && !round->second.sum.empty();
+      slot.spare_sum.resize(n);
+      args.step = adding ? FusedStep::kAdd : FusedStep::kCopy;
+      args.base = adding ? round->second.sum.data() : nullptr;
+      args.out = slot.spare_sum.data();
+      staged->staged_sum = true;
+    }
+  }
+  if (!valid.deferred_check) return absl::OkStatus();
+  return DensePayloadStatus(chunk, valid.gradient, n, RunFused(args));
+}
+
+void ShardStore::UnstageLocked(Slot& slot, StagedChunk& staged) {
+  KeepSpareLocked(slot, std::move(staged.next_values));
+  staged = StagedChunk();
+}
+
+void ShardStore::CommitLocked(Slot& slot, const proto::TensorChunk& chunk,
+                              absl::string_view payload, const ValidatedChunk& valid,
+                              StagedChunk& staged) {
+  const size_t n = slot.num_elements;
+  slot.book = std::move(*staged.book);
+  const PushDecision& decision = staged.decision;
   if (decision.kind == PushDecision::Kind::kApplyNow) {
-    StepLocked(slot, valid.gradient, decision.scale);
+    if (staged.next_values) {
+      PublishLocked(slot, std::move(staged.next_values));
+      ++slot.optimizer_state.steps;  // as Sgd::Step counts
+      counters_.optimizer_steps++;
+    } else {
+      StepLocked(slot, valid.gradient, decision.scale);
+    }
     return;
   }
   RoundSum& round = slot.sums[decision.round];
@@ -370,7 +571,11 @@ void ShardStore::ApplyLocked(Slot& slot, const proto::TensorChunk& chunk,
     round.started = true;
     round.codec_params = chunk.codec_params();
   }
-  if (valid.codec && valid.codec->decoder->IsMajorityVote()) {
+  if (staged.staged_sum) {
+    // The old sum (or nothing) becomes the spare.
+    round.sum.swap(slot.spare_sum);
+    if (slot.spare_sum.size() != n) slot.spare_sum.clear();
+  } else if (valid.codec && valid.codec->decoder->IsMajorityVote()) {
     if (!round.vote) {
       if (slot.spare_vote && slot.spare_vote_params == chunk.codec_params()) {
         round.vote = std::move(slot.spare_vote);
@@ -408,6 +613,7 @@ void ShardStore::FinishRoundsLocked(Slot& slot,
       for (float& g : done.sum) g /= contributors;
     }
     StepLocked(slot, done.sum.data(), 1.0f);
+    if (slot.spare_sum.empty()) slot.spare_sum.swap(done.sum);  // the next round's
     slot.sums.erase(it);
   }
 }
@@ -425,6 +631,13 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
 absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
                               Clock::time_point deadline, Cancellation* cancellation,
                               proto::TensorChunk* out, const PayloadAllocator& allocate) {
+  return Pull(rank, clock, ref, deadline, cancellation, out, allocate, nullptr);
+}
+
+absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
+                              Clock::time_point deadline, Cancellation* cancellation,
+                              proto::TensorChunk* out, const PayloadAllocator& allocate,
+                              const PayloadBorrower& borrow) {
   if (auto status = CheckOwnership(ref.key(), ref.chunk()); !status.ok()) return status;
   if (auto status = membership_.CheckRank(rank, Where(ref.key(), ref.chunk())); !status.ok()) {
     return status;
@@ -495,8 +708,17 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
   size_t bytes = slot->num_elements * sizeof(float);
   char* payload = nullptr;
   if (IsDense(ref.codec_params())) {
-    payload = allocate(bytes);
-    std::memcpy(payload, slot->values.data(), bytes);
+    // The version is immutable while held: copied without the lock, and
+    // its CRC computed once for every pull of it.
+    std::shared_ptr<const ParamBuffer> version = slot->values;
+    lock.Release();
+    out->set_checksum(version->Crc());
+    if (borrow) {
+      borrow(std::move(version));
+    } else {
+      payload = allocate(bytes);
+      if (bytes > 0) std::memcpy(payload, version->data(), bytes);
+    }
   } else {
     std::string encoded;
     auto compressed =
@@ -505,12 +727,12 @@ absl::Status ShardStore::Pull(uint32_t rank, int64_t clock, const proto::ChunkRe
       return absl::Status(compressed.code(), absl::StrCat("pull of ", Where(ref.key(), ref.chunk()),
                                                           ": ", compressed.message()));
     }
+    lock.Release();
     bytes = encoded.size();
     payload = allocate(bytes);
     std::memcpy(payload, encoded.data(), bytes);
+    out->set_checksum(Crc32c(payload, bytes));
   }
-  lock.Release();
-  out->set_checksum(Crc32c(payload, bytes));
   if (!verdict.everyone_left) {
     int64_t staleness = clock - verdict.min_clock, seen = counters_.max_staleness;
     while (staleness > seen && !counters_.max_staleness.compare_exchange_weak(seen, staleness)) {
@@ -587,7 +809,7 @@ absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
     // (version 0, one from before a restart, garbage): dense, and the view
     // starts there. The old views are no base for anything the rank holds.
     if (view.values.size() == n || held_version != 0) counters_.pull_view_resets++;
-    view.values = slot.values;
+    view.values.assign(slot.values->data(), slot.values->data() + n);
     view.version = ++last_view_version_;
     view.previous_version = 0;
     view.previous.clear();
@@ -615,7 +837,8 @@ absl::Status ShardStore::CompressPullLocked(Slot& slot, uint32_t rank,
     view.values = view.previous;
   }
   std::vector<float> delta(n);
-  for (size_t i = 0; i < n; ++i) delta[i] = slot.values[i] - view.values[i];
+  const float* current = slot.values->data();
+  for (size_t i = 0; i < n; ++i) delta[i] = current[i] - view.values[i];
   CodecContext context;
   context.seed = DeriveSeed(slot.key, slot.chunk, out->clock(), rank, spec.seed);
   absl::Status status = view.encoder->Encode(delta, context, payload);
@@ -749,6 +972,9 @@ void ShardStore::StartRun() {
     Slot& slot = *entry.second;
     absl::MutexLock lock(&slot.mutex);
     slot.retired = true;
+    if (slot.spare) spare_bytes_ -= slot.spare->bytes();
+    slot.spare.reset();
+    slot.spare_sum = std::vector<float>();
     slot.changed.SignalAll();
     wakeups.Take(slot);
   }
@@ -796,6 +1022,7 @@ ShardStore::Holdings ShardStore::holdings() const {
   holdings.keys = keys.size();
   holdings.chunks = slots_.size();
   holdings.param_bytes = bytes_;
+  holdings.spare_bytes = spare_bytes_;
   return holdings;
 }
 
@@ -815,7 +1042,7 @@ ShardCheckpoint ShardStore::Export() const {
     saved.key = slot.key;
     saved.chunk = slot.chunk;
     saved.shape = slot.shape;
-    saved.values = slot.values;
+    saved.values.assign(slot.values->data(), slot.values->data() + slot.num_elements);
     saved.optimizer_first = slot.optimizer_state.first;
     saved.optimizer_second = slot.optimizer_state.second;
     saved.optimizer_steps = slot.optimizer_state.steps;
@@ -853,7 +1080,10 @@ absl::Status ShardStore::Import(const ShardCheckpoint& checkpoint) {
                                        std::move(book));
     {
       absl::MutexLock slot_lock(&slot->mutex);
-      slot->values = saved.values;
+      slot->values = std::make_shared<ParamBuffer>(saved.values.size());
+      if (!saved.values.empty()) {
+        std::memcpy(slot->values->data(), saved.values.data(), saved.values.size() * sizeof(float));
+      }
       slot->optimizer_state.first = saved.optimizer_first;
       slot->optimizer_state.second = saved.optimizer_second;
       slot->optimizer_state.steps = saved.optimizer_steps;
@@ -871,7 +1101,15 @@ absl::StatusOr<std::vector<float>> ShardStore::Snapshot(const std::string& key,
   Slot* slot = held.get();
   if (slot == nullptr) return absl::NotFoundError(absl::StrCat(Where(key, chunk), " not found"));
   absl::MutexLock lock(&slot->mutex);
-  return slot->values;
+  return std::vector<float>(slot->values->data(), slot->values->data() + slot->num_elements);
+}
+
+ShardStore::BuffersForTesting ShardStore::BuffersOfForTesting(const std::string& key,
+                                                              uint32_t chunk) const {
+  const std::shared_ptr<Slot> held = FindSlot(key, chunk);
+  if (held == nullptr) return {};
+  absl::MutexLock lock(&held->mutex);
+  return {held->values.get(), held->spare.get()};
 }
 
 }  // namespace harrier

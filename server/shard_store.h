@@ -25,10 +25,43 @@
 #include "server/checkpoint.h"
 #include "server/codec_cache.h"
 #include "server/consistency.h"
+#include "server/fused_apply.h"
 #include "server/membership.h"
 #include "server/optimizer.h"
 
 namespace harrier {
+
+class ThreadPool;
+
+// One version of a chunk's parameters: 64-byte aligned floats. A slot
+// publishes a version and never writes it again while anyone else holds it
+// (copy-on-write), so a pull may send it as it is, holding a reference
+// until its transport is done with the bytes. Thread-safe to read once
+// published; writes only by the slot, under its lock, while it is the sole
+// holder.
+class ParamBuffer {
+ public:
+  explicit ParamBuffer(size_t num_elements);  // contents uninitialised
+  ~ParamBuffer();
+  ParamBuffer(const ParamBuffer&) = delete;
+  ParamBuffer& operator=(const ParamBuffer&) = delete;
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  size_t size() const { return size_; }
+  size_t bytes() const { return size_ * sizeof(float); }
+  // CRC32C of the bytes, computed by the first caller and cached: once per
+  // version, not once per pull. Racing callers compute the same value.
+  uint32_t Crc() const;
+  // The bytes are about to change (the slot's sole holder writes them).
+  void Invalidate() { crc_.store(0, std::memory_order_relaxed); }
+
+ private:
+  float* const data_;
+  const size_t size_;
+  // (1 << 32) | crc once known; 0 before.
+  mutable std::atomic<uint64_t> crc_{0};
+};
 
 struct ShardStoreOptions {
   int shard = 0;
@@ -47,6 +80,10 @@ struct ShardStoreOptions {
   size_t max_chunks = 1u << 20;
   uint64_t max_param_bytes = uint64_t{64} << 30;
   uint64_t max_chunk_bytes = uint64_t{32} << 20;
+  // Threads that apply one large dense chunk (at least 1 MiB) in parts
+  // (server/fused_apply.h); results are bit-identical for every count. 1:
+  // the pushing thread alone.
+  int apply_threads = 1;
 };
 
 // Counters a shard exposes (monotonic; read without locks).
@@ -98,9 +135,13 @@ class ShardStore {
 
   // One worker's gradients for one clock, any number of chunks. All chunks
   // are validated first; then, with every slot of the call locked, all are
-  // re-checked and classified (ClockBook::ClassifyPush): if any is refused,
-  // none is applied and the call changes nothing; otherwise every new chunk
-  // is applied and every duplicate (rank, clock, key, chunk) is only
+  // re-checked and classified (ClockBook::ClassifyPush), and each dense
+  // payload's CRC and limit are checked in the one pass that also writes its
+  // step (SGD) or round sum into a shadow buffer (server/fused_apply.h;
+  // other optimizers: the pass checks, Optimizer::Step follows). If any is
+  // refused, none is applied and the call changes nothing (the shadows go
+  // back to being spares); otherwise the shadows are swapped in, every new
+  // chunk is applied and every duplicate (rank, clock, key, chunk) is only
   // counted, so a retried call is applied exactly once. A call may mix the
   // two after a restore (the checkpoint may hold one slot's push and not
   // another's, e.g. a BSP round complete on one slot and pending on the
@@ -171,6 +212,18 @@ class ShardStore {
                     Clock::time_point deadline, Cancellation* cancellation,
                     proto::TensorChunk* out, const PayloadAllocator& allocate);
 
+  // Takes a reference to the parameter version a dense reply sends; its
+  // bytes are the payload, immutable while the reference is held.
+  using PayloadBorrower = std::function<void(std::shared_ptr<const ParamBuffer> version)>;
+  // As above, but a dense reply is not copied: `borrow` (called once,
+  // without the chunk's lock) gets the version instead of `allocate` being
+  // called; `out->checksum()` is the version's, computed once per version.
+  // Compressed replies still go through `allocate`.
+  absl::Status Pull(uint32_t rank, int64_t clock, const proto::ChunkRef& ref,
+                    Clock::time_point deadline, Cancellation* cancellation,
+                    proto::TensorChunk* out, const PayloadAllocator& allocate,
+                    const PayloadBorrower& borrow);
+
   // The rank pushed its last clock (its total is `clock`): pulls and BSP
   // rounds stop waiting for it. Idempotent; the first call logs
   // `event=leave`.
@@ -238,6 +291,14 @@ class ShardStore {
     uint64_t keys = 0;
     uint64_t chunks = 0;
     uint64_t param_bytes = 0;
+    // Spare versions: each slot keeps at most one (the buffer its next
+    // push writes into). Not counted against --max_param_bytes: the
+    // shard's parameter memory is at most twice param_bytes, plus one
+    // spare round sum per slot under BSP/local (as big as its chunk, not
+    // counted here), plus the versions that replies still being sent hold
+    // (one per reply in flight, bounded by the service's limits on calls
+    // in flight, as their copies were before).
+    uint64_t spare_bytes = 0;
   };
   Holdings holdings() const;
 
@@ -246,6 +307,14 @@ class ShardStore {
 
   // Test and checkpoint access: a copy of a chunk's parameters.
   absl::StatusOr<std::vector<float>> Snapshot(const std::string& key, uint32_t chunk) const;
+
+  // Tests: the chunk's current version and its spare (null if none), to
+  // check that a refused push swapped and allocated nothing.
+  struct BuffersForTesting {
+    const ParamBuffer* values = nullptr;
+    const ParamBuffer* spare = nullptr;
+  };
+  BuffersForTesting BuffersOfForTesting(const std::string& key, uint32_t chunk) const;
 
  private:
   // The gradient sum (or vote) of a BSP/local round while its clock book
@@ -286,7 +355,15 @@ class ShardStore {
 
     absl::Mutex mutex;
     absl::CondVar changed;  // the book moved on, a rank left, or the shard closed
-    std::vector<float> values ABSL_GUARDED_BY(mutex);
+    // The current version (never null once created). Pulls take a
+    // reference under the lock; a push writes the next version into
+    // `spare` (or a new buffer) and swaps it in only once every chunk of
+    // its call passed.
+    std::shared_ptr<ParamBuffer> values ABSL_GUARDED_BY(mutex);
+    // Exclusively the slot's (never handed out) when set.
+    std::shared_ptr<ParamBuffer> spare ABSL_GUARDED_BY(mutex);
+    // What a BSP round's next sum is written into before the swap.
+    std::vector<float> spare_sum ABSL_GUARDED_BY(mutex);
     OptimizerState optimizer_state ABSL_GUARDED_BY(mutex);
     ClockBook book ABSL_GUARDED_BY(mutex);
     std::map<int64_t, RoundSum> sums ABSL_GUARDED_BY(mutex);
@@ -331,6 +408,18 @@ class ShardStore {
     std::vector<float> decoded;       // compressed pushes, decoded
     std::shared_ptr<const CodecCache::Entry> codec;  // compressed pushes
     bool duplicate = false;  // classified under the call's locks
+    // Dense: CRC and limit not checked yet; done under the call's locks in
+    // the pass that also computes the step (StageLocked).
+    bool deferred_check = false;
+  };
+  // What a new chunk of a call will do, computed under the call's locks
+  // before anything changes: the clock book as it will be, and the next
+  // values or round sum (shadows; swapped in by CommitLocked).
+  struct StagedChunk {
+    std::unique_ptr<ClockBook> book;
+    PushDecision decision;
+    std::shared_ptr<ParamBuffer> next_values;  // a fused SGD step
+    bool staged_sum = false;                   // next sum in slot.spare_sum
   };
 
   std::shared_ptr<Slot> FindSlot(const std::string& key, uint32_t chunk) const;
@@ -363,8 +452,30 @@ class ShardStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   absl::Status CheckRoundCodecLocked(Slot& slot, const proto::TensorChunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
-  void ApplyLocked(Slot& slot, const proto::TensorChunk& chunk, absl::string_view payload,
-                   const ValidatedChunk& valid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  // The checks left to do (deferred dense ones) and the step, into
+  // shadows: INVALID_ARGUMENT and nothing changed if the payload is bad.
+  absl::Status StageLocked(Slot& slot, const proto::TensorChunk& chunk,
+                           const ValidatedChunk& valid, StagedChunk* staged)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  // A refused call: the shadows go back to being spares.
+  void UnstageLocked(Slot& slot, StagedChunk& staged) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  void CommitLocked(Slot& slot, const proto::TensorChunk& chunk, absl::string_view payload,
+                    const ValidatedChunk& valid, StagedChunk& staged)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  // The buffer the next version is written into: the spare, or a new one.
+  std::shared_ptr<ParamBuffer> TakeSpareLocked(Slot& slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  void KeepSpareLocked(Slot& slot, std::shared_ptr<ParamBuffer> buffer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  // Makes `next` the current version; the old one becomes the spare if
+  // nobody else holds it.
+  void PublishLocked(Slot& slot, std::shared_ptr<ParamBuffer> next)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  // The current version, writable: itself if the slot is its sole holder,
+  // else a copy published in its place.
+  ParamBuffer& WritableLocked(Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  // FusedApply, in parts on the apply pool for large chunks.
+  FusedResult RunFused(const FusedArgs& args);
   void StepLocked(Slot& slot, const float* gradient, float scale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   void FinishRoundsLocked(Slot& slot, const std::vector<PushDecision::CompletedRound>& rounds)
@@ -398,6 +509,10 @@ class ShardStore {
   // view from before a restart is always told "unknown", never matched.
   std::atomic<uint64_t> last_view_version_;
   std::atomic<int> blocked_pulls_{0};
+  std::atomic<uint64_t> spare_bytes_{0};
+  // Helpers of the pushing threads for large chunks (apply_threads - 1 of
+  // them; null for 1).
+  std::unique_ptr<ThreadPool> apply_pool_;
 
   mutable absl::Mutex slots_mutex_;
   absl::flat_hash_map<SlotKey, std::shared_ptr<Slot>> slots_ ABSL_GUARDED_BY(slots_mutex_);

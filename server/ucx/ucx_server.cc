@@ -110,6 +110,7 @@ struct UcxServer::Request final : ShardService::ReplySink {
   std::shared_ptr<Pending> pushed;  // a push's chunks, read in place by the store
   // Pool thread, one chunk at a time: between Allocate and Send.
   transport::PayloadBuffer payload;
+  std::shared_ptr<const ParamBuffer> borrowed;  // instead of `payload`
   uint32_t sent = 0;
 
   char* Allocate(size_t bytes) override {
@@ -117,9 +118,20 @@ struct UcxServer::Request final : ShardService::ReplySink {
     payload = transport::PayloadBuffer::Allocate(bytes);
     return payload.data();
   }
+  void Borrow(std::shared_ptr<const ParamBuffer> version) override {
+    borrowed = std::move(version);  // sent from, held until the send completes
+  }
   absl::Status Send(const proto::TensorChunk& header, uint32_t index, bool) override {
-    server->SendChunk(connection, id, index, header,
-                      std::make_shared<transport::PayloadBuffer>(std::move(payload)));
+    if (borrowed) {
+      const char* data = reinterpret_cast<const char*>(borrowed->data());
+      const size_t bytes = borrowed->bytes();
+      server->SendChunk(connection, id, index, header, data, bytes, std::move(borrowed));
+    } else {
+      auto owned = std::make_shared<transport::PayloadBuffer>(std::move(payload));
+      const char* data = owned->data();
+      const size_t bytes = owned->size;
+      server->SendChunk(connection, id, index, header, data, bytes, std::move(owned));
+    }
     sent = index + 1;
     return absl::OkStatus();
   }
@@ -565,21 +577,21 @@ void UcxServer::SendStatus(uint64_t connection, uint64_t request, uint32_t count
 }
 
 void UcxServer::SendChunk(uint64_t connection, uint64_t request, uint32_t index,
-                          const proto::TensorChunk& chunk,
-                          std::shared_ptr<transport::PayloadBuffer> payload) {
+                          const proto::TensorChunk& chunk, const char* data, size_t bytes,
+                          std::shared_ptr<const void> keep) {
   Frame frame;
   frame.op = Op::kReplyChunk;
   frame.connection_id = connection;
   frame.request_id = request;
   frame.index = index;
-  frame.payload_bytes = payload->size;
+  frame.payload_bytes = bytes;
   std::string header = transport::EncodeHeader(frame, transport::EncodeChunkHeader(chunk));
-  worker_->Post([this, connection, header = std::move(header), payload]() mutable {
+  worker_->Post([this, connection, header = std::move(header), data, bytes, keep]() mutable {
     auto it = peers_.find(connection);
     if (it == peers_.end()) return;
-    // `payload` rides in the completion so it outlives the send.
-    worker_->SendAm(it->second->ep, transport::kReplyAmId, std::move(header), payload->data(),
-                    payload->size, [payload](ucs_status_t) {});
+    // `keep` rides in the completion so the bytes outlive the send.
+    worker_->SendAm(it->second->ep, transport::kReplyAmId, std::move(header), data, bytes,
+                    [keep](ucs_status_t) {});
   });
 }
 

@@ -99,9 +99,11 @@ class UcxServer {
   // Any thread: queue a reply on the progress thread.
   void SendStatus(uint64_t connection, uint64_t request, uint32_t count,
                   const absl::Status& status);
+  // `bytes` at `data` are sent as the payload; `keep` owns them and is
+  // held until the send completes (a reply buffer, or a parameter version).
   void SendChunk(uint64_t connection, uint64_t request, uint32_t index,
-                 const proto::TensorChunk& chunk,
-                 std::shared_ptr<transport::PayloadBuffer> payload);
+                 const proto::TensorChunk& chunk, const char* data, size_t bytes,
+                 std::shared_ptr<const void> keep);
   // Any thread: the service's answer to a request.
   void Answer(const std::shared_ptr<Request>& request, const absl::Status& status);
 

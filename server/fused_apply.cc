@@ -1,0 +1,193 @@
+#include "server/fused_apply.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/crc32c.h"
+#include "common/thread_pool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace harrier {
+namespace {
+
+// Three 8 KiB stripes: Crc32cExtend runs its three independent crc32
+// chains over exactly one stripe per block, and the block's payload, base
+// and output (72 KiB) stay in L2 between the CRC and the step.
+constexpr size_t kBlockFloats = 3 * (8 << 10) / sizeof(float);
+
+std::atomic<bool> force_scalar{false};
+
+// Returns 1 when some element of [begin, end) is at or past the limit.
+// The expressions are Sgd::Step's and the round sum's (server/optimizer.cc,
+// server/shard_store.cc), so the results agree bit for bit.
+template <FusedStep kStep>
+uint32_t ScalarBlock(const FusedArgs& a, size_t begin, size_t end) {
+  uint32_t bad = 0;
+  const float lr = a.lr, scale = a.scale, wd = a.weight_decay;
+  for (size_t i = begin; i < end; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, a.gradient + i, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) >= a.limit_bits);
+    const float g = a.gradient[i];
+    if constexpr (kStep == FusedStep::kCopy) a.out[i] = g;
+    if constexpr (kStep == FusedStep::kAdd) a.out[i] = a.base[i] + g;
+    if constexpr (kStep == FusedStep::kSgd) {
+      const float w = a.base[i];
+      a.out[i] = w - lr * (scale * g + wd * w);
+    }
+  }
+  return bad;
+}
+
+#if defined(__x86_64__)
+// Multiplies and adds stay separate (no "fma" in the target): a fused
+// multiply-add rounds once and would differ from the scalar reference.
+template <FusedStep kStep>
+__attribute__((target("avx2"))) uint32_t Avx2Block(const FusedArgs& a, size_t begin,
+                                                   size_t end) {
+  const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+  // Exponent bits are at most 0x7f800000, so a signed compare is exact.
+  const __m256i below = _mm256_set1_epi32(static_cast<int>(a.limit_bits - 1));
+  const __m256 lr = _mm256_set1_ps(a.lr), scale = _mm256_set1_ps(a.scale),
+               wd = _mm256_set1_ps(a.weight_decay);
+  __m256i bad = _mm256_setzero_si256();
+  size_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 g = _mm256_loadu_ps(a.gradient + i);
+    bad = _mm256_or_si256(
+        bad, _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(g), exponent), below));
+    if constexpr (kStep == FusedStep::kCopy) _mm256_storeu_ps(a.out + i, g);
+    if constexpr (kStep == FusedStep::kAdd) {
+      _mm256_storeu_ps(a.out + i, _mm256_add_ps(_mm256_loadu_ps(a.base + i), g));
+    }
+    if constexpr (kStep == FusedStep::kSgd) {
+      const __m256 w = _mm256_loadu_ps(a.base + i);
+      const __m256 t = _mm256_add_ps(_mm256_mul_ps(scale, g), _mm256_mul_ps(wd, w));
+      _mm256_storeu_ps(a.out + i, _mm256_sub_ps(w, _mm256_mul_ps(lr, t)));
+    }
+  }
+  const uint32_t vector_bad = _mm256_movemask_epi8(bad) != 0 ? 1u : 0u;
+  return vector_bad | ScalarBlock<kStep>(a, i, end);
+}
+
+bool CpuHasAvx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
+}
+#endif
+
+using BlockFn = uint32_t (*)(const FusedArgs&, size_t, size_t);
+
+template <FusedStep kStep>
+BlockFn PickBlock() {
+#if defined(__x86_64__)
+  static const bool has_avx2 = CpuHasAvx2();
+  if (has_avx2 && !force_scalar.load(std::memory_order_relaxed)) return &Avx2Block<kStep>;
+#endif
+  return &ScalarBlock<kStep>;
+}
+
+BlockFn PickBlock(FusedStep step) {
+  switch (step) {
+    case FusedStep::kCheck: return PickBlock<FusedStep::kCheck>();
+    case FusedStep::kCopy: return PickBlock<FusedStep::kCopy>();
+    case FusedStep::kAdd: return PickBlock<FusedStep::kAdd>();
+    case FusedStep::kSgd: return PickBlock<FusedStep::kSgd>();
+  }
+  return &ScalarBlock<FusedStep::kCheck>;
+}
+
+FusedResult RunRange(const FusedArgs& a, size_t begin, size_t end) {
+  const BlockFn block = PickBlock(a.step);
+  uint32_t crc = 0, bad = 0;
+  for (size_t b = begin; b < end; b += kBlockFloats) {
+    const size_t e = std::min(end, b + kBlockFloats);
+    crc = Crc32cExtend(crc, a.gradient + b, (e - b) * sizeof(float));
+    bad |= block(a, b, e);
+  }
+  return {crc, bad == 0};
+}
+
+// One parallel pass: parts handed out by an atomic counter, so whoever runs
+// first takes the next part and a task that starts late finds none left.
+struct ParallelPass {
+  FusedArgs args;
+  size_t part_floats = 0;
+  size_t num_parts = 0;
+  std::atomic<size_t> next{0};
+  absl::Mutex mutex;
+  size_t finished ABSL_GUARDED_BY(mutex) = 0;
+  std::vector<FusedResult> results ABSL_GUARDED_BY(mutex);
+
+  bool AllFinished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) { return finished == num_parts; }
+
+  void Work() {
+    for (;;) {
+      const size_t part = next.fetch_add(1);
+      if (part >= num_parts) return;
+      const size_t begin = part * part_floats;
+      const FusedResult result = RunRange(args, begin, std::min(args.n, begin + part_floats));
+      absl::MutexLock lock(&mutex);
+      results[part] = result;
+      ++finished;
+    }
+  }
+};
+
+}  // namespace
+
+FusedResult FusedApply(const FusedArgs& args) { return RunRange(args, 0, args.n); }
+
+FusedResult FusedApplyParallel(const FusedArgs& args, ThreadPool* pool, int threads,
+                               size_t min_parallel_bytes) {
+  if (pool == nullptr || threads <= 1 || args.n * sizeof(float) < min_parallel_bytes ||
+      args.n <= kBlockFloats) {
+    return FusedApply(args);
+  }
+  auto pass = std::make_shared<ParallelPass>();
+  pass->args = args;
+  const size_t per_thread = (args.n + threads - 1) / threads;
+  pass->part_floats = (per_thread + kBlockFloats - 1) / kBlockFloats * kBlockFloats;
+  pass->num_parts = (args.n + pass->part_floats - 1) / pass->part_floats;
+  {
+    absl::MutexLock lock(&pass->mutex);
+    pass->results.resize(pass->num_parts);
+  }
+  // A refused task (queue full) only means the caller does more parts.
+  for (size_t t = 1; t < pass->num_parts; ++t) {
+    if (!pool->Submit([pass] { pass->Work(); }).ok()) break;
+  }
+  pass->Work();
+  // No deadline: every part still unfinished is being computed right now
+  // by a pool thread (parts are claimed only by running code), a bounded
+  // pass over memory the caller holds.
+  absl::MutexLock lock(&pass->mutex);
+  pass->mutex.Await(absl::Condition(pass.get(), &ParallelPass::AllFinished));
+  FusedResult total = pass->results[0];
+  for (size_t part = 1; part < pass->num_parts; ++part) {
+    const size_t begin = part * pass->part_floats;
+    const size_t len = std::min(args.n, begin + pass->part_floats) - begin;
+    total.crc = Crc32cCombine(total.crc, pass->results[part].crc, len * sizeof(float));
+    total.within = total.within && pass->results[part].within;
+  }
+  return total;
+}
+
+void SetFusedScalarForTesting(bool scalar) { force_scalar.store(scalar); }
+
+bool FusedUsesAvx2() {
+#if defined(__x86_64__)
+  return CpuHasAvx2() && !force_scalar.load();
+#else
+  return false;
+#endif
+}
+
+}  // namespace harrier
