@@ -67,7 +67,7 @@ read_bytes() {
     index($0, pid) { mine = 1; next }
     mine { if (match($0, /bytes_received:[0-9]+/)) sum += substr($0, RSTART + 15, RLENGTH - 15) }
     { mine = 0 }
-    END { print sum + 0 }'
+    END { printf "%.0f\n", sum }'
 }
 before=$(cpu_ticks "$server_pid")
 bytes_before=$(read_bytes "$server_pid")
