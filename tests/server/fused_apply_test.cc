@@ -39,7 +39,9 @@ std::vector<float> Random(size_t n, uint32_t seed, float spread) {
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  // memcmp must not see the null data() of an empty vector.
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
 }
 
 FusedResult Run(const FusedArgs& args, ThreadPool* pool, int threads) {
