@@ -111,8 +111,11 @@ TEST_CASE("exactly once, ASP: 1000 pushes through lost replies and cut connectio
     clients.push_back(Connect(Options(shard.proxy->address(), rank)));
   }
   // Per read: a 256 KiB call takes tens of reads, so a few percent of calls
-  // are cut each way.
-  shard.proxy->SetCutProbability(/*reply=*/0.003, /*request=*/0.001);
+  // are cut each way. A push's reply is one short read, so few of them are
+  // cut: at 0.003 no push reply was cut (the duplicate count below stayed
+  // 0) in 2 of 6 CI runs; at 0.006 three runs counted 20-40 duplicate
+  // chunks.
+  shard.proxy->SetCutProbability(/*reply=*/0.006, /*request=*/0.001);
   const auto statuses = RunWorkers(kWorkers, [&](int rank) -> absl::Status {
     Client& client = *clients[rank];
     const std::vector<float> g = Gradient(rank);
@@ -134,7 +137,9 @@ TEST_CASE("exactly once, ASP: 1000 pushes through lost replies and cut connectio
   }
   WARN("reply cuts " << shard.proxy->reply_cuts() << ", request cuts "
                      << shard.proxy->request_cuts() << ", connections "
-                     << shard.proxy->connections());
+                     << shard.proxy->connections() << ", duplicate pushes "
+                     << testing::MetricValue(shard.metrics_port,
+                                             "harrier_server_duplicate_pushes_total"));
   REQUIRE(shard.proxy->reply_cuts() >= 10);
   // ASP applies each push scaled 1/2: w_i = -(1/2) * 500 * (2 + 4) * Unit(i).
   std::vector<float> w(kElements);
