@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,26 +55,43 @@ Frame PushFrame(testing::Sessions& sessions, const std::string& key, uint32_t in
   return out;
 }
 
-TEST_CASE("--max_connection_bytes bounds the unfinished UCX requests of one connection") {
-  // A request is 3 MiB (at --max_request_bytes); the connection may hold
-  // 4 MiB. Two requests interleave: A's first two frames (2 MiB), B's first
-  // two (4 MiB held), B's third (5 MiB: refused; B is answered once all its
-  // frames are in, after giving back its 2 MiB), then A's third (3 MiB).
+// One shard (3 MiB per call, 4 MiB per connection) and rank 0's client,
+// which registers and reads the tensors.
+struct BoundedShard {
+  std::vector<std::unique_ptr<testing::ServerProcess>> servers;
+  std::unique_ptr<Client> client;
+  std::string address() const { return servers[0]->address(); }
+};
+
+BoundedShard StartBoundedShard() {
+  BoundedShard shard;
   auto servers = testing::StartCluster(
       1, 2, {"--ucx", "--sync=asp", "--lr=1", "--max_request_bytes=3145728",
              "--max_connection_bytes=4194304"});
   REQUIRE(servers.ok());
-  const std::string address = (*servers)[0]->address();
+  shard.servers = std::move(*servers);
   ClientOptions options;
-  options.servers = {address};
+  options.servers = {shard.address()};
   options.rank = 0;
   options.chunk_bytes = kChunkElements * sizeof(float);
   options.rpc_timeout = absl::Seconds(20);
   auto client = Client::Create(options);
   INFO(client.status().ToString());
   REQUIRE(client.ok());
+  shard.client = std::move(*client);
+  return shard;
+}
+
+TEST_CASE("--max_connection_bytes bounds the unfinished UCX requests of one connection") {
+  // A request is 3 MiB (at --max_request_bytes); the connection may hold
+  // 4 MiB. Two requests interleave: A's first two frames (2 MiB), B's first
+  // two (4 MiB held), B's third (5 MiB: refused; B is answered once all its
+  // frames are in, after giving back its 2 MiB), then A's third (3 MiB).
+  BoundedShard shard = StartBoundedShard();
+  const std::string address = shard.address();
+  Client* client = shard.client.get();
   const int64_t n = kChunks * kChunkElements;
-  for (const char* key : {"a", "b"}) REQUIRE((*client)->RegisterTensor(key, {n}).ok());
+  for (const char* key : {"a", "b"}) REQUIRE(client->RegisterTensor(key, {n}).ok());
 
   testing::Sessions sessions(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   auto raw = testing::RawUcxClient::Connect(address);
@@ -99,8 +117,8 @@ TEST_CASE("--max_connection_bytes bounds the unfinished UCX requests of one conn
   REQUIRE(refused.message().find("--max_connection_bytes") != absl::string_view::npos);
 
   std::vector<float> a_values(n), b_values(n);
-  REQUIRE((*client)->Pull("a", absl::MakeSpan(a_values)).ok());
-  REQUIRE((*client)->Pull("b", absl::MakeSpan(b_values)).ok());
+  REQUIRE(client->Pull("a", absl::MakeSpan(a_values)).ok());
+  REQUIRE(client->Pull("b", absl::MakeSpan(b_values)).ok());
   REQUIRE(a_values == std::vector<float>(n, -1.0f));  // 2.0 averaged over 2 workers
   REQUIRE(b_values == std::vector<float>(n, 0.0f));   // refused whole
 
@@ -110,27 +128,18 @@ TEST_CASE("--max_connection_bytes bounds the unfinished UCX requests of one conn
   const absl::Status again = (*raw)->Await(1003, absl::Seconds(20));
   INFO(again.ToString());
   REQUIRE(again.ok());
-  REQUIRE((*client)->Pull("b", absl::MakeSpan(b_values)).ok());
+  REQUIRE(client->Pull("b", absl::MakeSpan(b_values)).ok());
   REQUIRE(b_values == std::vector<float>(n, -1.0f));
 }
 
 TEST_CASE("a UCX call whose frames stop coming is refused at its deadline and gives its bytes back") {
   // The connection may hold 4 MiB; a call sends 2 of its 3 MiB and stalls
   // (a client that died over shared memory looks the same to the shard).
-  auto servers = testing::StartCluster(
-      1, 2, {"--ucx", "--sync=asp", "--lr=1", "--max_request_bytes=3145728",
-             "--max_connection_bytes=4194304"});
-  REQUIRE(servers.ok());
-  const std::string address = (*servers)[0]->address();
-  ClientOptions options;
-  options.servers = {address};
-  options.rank = 0;
-  options.chunk_bytes = kChunkElements * sizeof(float);
-  options.rpc_timeout = absl::Seconds(20);
-  auto client = Client::Create(options);
-  REQUIRE(client.ok());
+  BoundedShard shard = StartBoundedShard();
+  const std::string address = shard.address();
+  Client* client = shard.client.get();
   const int64_t n = kChunks * kChunkElements;
-  REQUIRE((*client)->RegisterTensor("a", {n}).ok());
+  REQUIRE(client->RegisterTensor("a", {n}).ok());
 
   testing::Sessions sessions(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   auto raw = testing::RawUcxClient::Connect(address);
@@ -155,7 +164,7 @@ TEST_CASE("a UCX call whose frames stop coming is refused at its deadline and gi
   // Nothing applied, and the 2 MiB are free again: a whole 3 MiB call on
   // the same connection fits the 4 MiB bound and is applied.
   std::vector<float> values(n);
-  REQUIRE((*client)->Pull("a", absl::MakeSpan(values)).ok());
+  REQUIRE(client->Pull("a", absl::MakeSpan(values)).ok());
   REQUIRE(values == std::vector<float>(n, 0.0f));
   std::vector<Frame> whole;
   for (uint32_t i = 0; i < kChunks; ++i) {
@@ -166,7 +175,7 @@ TEST_CASE("a UCX call whose frames stop coming is refused at its deadline and gi
   const absl::Status applied = (*raw)->Await(2002, absl::Seconds(20));
   INFO(applied.ToString());
   REQUIRE(applied.ok());
-  REQUIRE((*client)->Pull("a", absl::MakeSpan(values)).ok());
+  REQUIRE(client->Pull("a", absl::MakeSpan(values)).ok());
   REQUIRE(values == std::vector<float>(n, -1.0f));
 }
 
