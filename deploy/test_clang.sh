@@ -53,14 +53,20 @@ fi
 
 # Sanitizer tests, one check per target: PASSED counts as passed, any
 # other verdict (FAILED, TIMEOUT, FAILED TO BUILD, NO STATUS) as failed.
-count_targets() {  # $1: the bazel test log; $2: a label; $3: bazel's exit status
-  local log=$1 what=$2 rc=$3 target verdict rest n=0 before=$failed
+# CI keeps only this script's output, so a failed test's own log is printed.
+count_targets() {  # $1: the bazel test log; $2: a label; $3: bazel's exit status; $4: its --config
+  local log=$1 what=$2 rc=$3 config=$4 target verdict rest n=0 before=$failed testlogs test_log
+  testlogs=$(cbazel info --config="$config" "${extra[@]}" bazel-testlogs 2>/dev/null)
   while read -r target verdict rest; do
     n=$((n + 1))
     if [ "$verdict" = PASSED ]; then
       passed=$((passed + 1))
     else
       failed=$((failed + 1)); echo "FAIL $what $target ($verdict${rest:+ $rest})"
+      test_log="$testlogs/${target#//}"; test_log="${test_log/://}/test.log"
+      if [ -f "$test_log" ]; then
+        echo "---- the last 60 lines of $target's log"; tail -n 60 "$test_log" | sed 's/^/    /'
+      fi
     fi
   done < <(grep -E "^//[^ ]+ +(PASSED|FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)" "$log")
   echo "$what: $n test targets"
@@ -93,7 +99,7 @@ phase_time "fuzz build"
 echo "== unit and integration tests under ASan + UBSan (--config=asan)"
 cbazel test --config=asan "${extra[@]}" --nocache_test_results --build_tests_only \
   --keep_going --test_tag_filters=-no_sanitizers,-manual //tests/... >"$logs/asan-test.log" 2>&1
-count_targets "$logs/asan-test.log" asan $?
+count_targets "$logs/asan-test.log" asan $? asan
 phase_time "asan tests"
 
 # Each target from a copy of its committed corpus, so the run's finds stay
@@ -120,7 +126,7 @@ phase_time "fuzzers"
 echo "== unit tests under TSan (--config=tsan, //tests:unit_tests)"
 cbazel test --config=tsan "${extra[@]}" --nocache_test_results --keep_going //tests:unit_tests \
   >"$logs/tsan-test.log" 2>&1
-count_targets "$logs/tsan-test.log" tsan $?
+count_targets "$logs/tsan-test.log" tsan $? tsan
 phase_time "tsan tests"
 
 # The second Bazel server gives its memory back.

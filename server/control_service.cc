@@ -289,6 +289,12 @@ bool ControlServiceImpl::RemoveLocked(Wait* wait, grpc::Status* status) {
   return true;
 }
 
+int ControlServiceImpl::WaitingAt(const std::string& name) {
+  absl::MutexLock lock(&mutex_);
+  const auto it = barriers_.find(name);
+  return it == barriers_.end() ? 0 : static_cast<int>(it->second.waiting.size());
+}
+
 void ControlServiceImpl::Withdraw(Wait* wait) {
   grpc::Status status;
   {

@@ -97,6 +97,11 @@ class ControlServiceImpl final
   // Answers every waiting barrier UNAVAILABLE; later barriers fail alike.
   void Close();
 
+  // How many ranks wait at barrier `name` now (0 for a barrier never
+  // entered). A cancelled call stops counting only once gRPC tells the
+  // shard, which trails the client's own view of the cancel.
+  int WaitingAt(const std::string& name);
+
   // A new run: barriers start over (waiters of the old run are answered
   // FAILED_PRECONDITION). The sessions and membership are reset by their
   // owner.

@@ -34,6 +34,17 @@ std::chrono::milliseconds AtOnce(int ms) {
 }
 using std::chrono::milliseconds;
 
+// Polls `done` until it holds or `deadline` passes; says which.
+template <typename Predicate>
+bool WaitFor(std::chrono::milliseconds deadline, Predicate done) {
+  const auto give_up = Clock::now() + deadline;
+  while (!done()) {
+    if (Clock::now() > give_up) return false;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  return true;
+}
+
 constexpr milliseconds kNoDeadline = milliseconds::max();
 
 class ControlFixture {
@@ -137,25 +148,24 @@ TEST_CASE("control: the last worker's arrival answers every waiting barrier at o
   REQUIRE(answered - arrived < AtOnce(50));
 }
 
-TEST_CASE("control: a cancelled barrier stops counting its rank at once") {
+TEST_CASE("control: a cancelled barrier stops counting its rank") {
   ControlFixture control(2);
   grpc::ClientContext context;
   auto first = std::async(std::launch::async,
                           [&] { return control.Barrier(0, milliseconds(10000), &context); });
-  // Just after a tick of a 50 ms poll (which would notice it 40 ms later).
-  std::this_thread::sleep_for(milliseconds(110));
+  REQUIRE(WaitFor(std::chrono::seconds(5), [&] { return control.service().WaitingAt("b") == 1; }));
   context.TryCancel();
   REQUIRE(first.get().error_code() == grpc::StatusCode::CANCELLED);
-  // Well inside that poll: had rank 0 still counted, rank 1's arrival would
-  // complete the barrier.
-  std::this_thread::sleep_for(milliseconds(25));
+  // The shard hears of the cancel after the client does; long before the
+  // call's own 10 s deadline it must stop counting rank 0.
+  REQUIRE(WaitFor(std::chrono::seconds(5), [&] { return control.service().WaitingAt("b") == 0; }));
+  // Had rank 0 still counted, rank 1's arrival would complete the barrier.
   const grpc::Status second = control.Barrier(1, milliseconds(300));
   INFO(second.error_message());
   REQUIRE(second.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
-  // Rank 0 may wait again (it is not "already waiting"). First let the
-  // shard's own timer for rank 1's deadline fire: it may trail the client's
-  // (more so under a sanitizer on loaded cores).
-  std::this_thread::sleep_for(AtOnce(100));
+  // Rank 0 may wait again (it is not "already waiting"), once the shard has
+  // withdrawn rank 1 at its deadline (its timer may trail the client's).
+  REQUIRE(WaitFor(std::chrono::seconds(5), [&] { return control.service().WaitingAt("b") == 0; }));
   auto again = std::async(std::launch::async, [&] { return control.Barrier(0, milliseconds(5000)); });
   std::this_thread::sleep_for(milliseconds(50));
   REQUIRE(control.Barrier(1, milliseconds(5000)).ok());
@@ -194,21 +204,25 @@ TEST_CASE("control: a barrier without a client deadline still ends at the shard'
 TEST_CASE("control: ranks handed out but never used are handed out again after the timeout") {
   ControlOptions options;
   options.num_workers = 2;
-  options.heartbeat_timeout = milliseconds(300);
+  options.heartbeat_timeout = AtOnce(300);
   ControlFixture control(options, /*register_all=*/false);
-  // A flood takes both ranks; the rest are refused.
+  // A flood takes both ranks; the rest are refused. The flood stops well
+  // inside the timeout, after which the unused ranks would be free again.
   proto::RegisterResponse first, response;
+  const auto registered = Clock::now();
   REQUIRE(control.Register(-1, &first).ok());
   REQUIRE(control.Register(-1, &response).ok());
-  int refused = 0;
-  for (int i = 0; i < 100; ++i) {
+  int sent = 0, refused = 0;
+  while (sent < 100 && Clock::now() - registered < options.heartbeat_timeout / 2) {
+    ++sent;
     const grpc::Status status = control.Register(-1, &response);
     if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++refused;
   }
-  REQUIRE(refused == 100);
+  REQUIRE(sent >= 5);
+  REQUIRE(refused == sent);
   // Rank 0's holder uses its session; rank 1's never does.
   REQUIRE(control.Heartbeat(first.rank(), first.session()).ok());
-  std::this_thread::sleep_for(milliseconds(400));
+  std::this_thread::sleep_for(options.heartbeat_timeout + AtOnce(100));
   REQUIRE(control.Heartbeat(first.rank(), first.session()).ok());
   proto::RegisterResponse late;
   const grpc::Status reclaimed = control.Register(-1, &late);
@@ -221,7 +235,7 @@ TEST_CASE("control: ranks handed out but never used are handed out again after t
 TEST_CASE("control: a rank held by a live session is refused; its holder gets a new epoch") {
   ControlOptions options;
   options.num_workers = 2;
-  options.heartbeat_timeout = milliseconds(300);
+  options.heartbeat_timeout = AtOnce(300);
   ControlFixture control(options, /*register_all=*/false);
   proto::RegisterResponse held;
   REQUIRE(control.Register(1, &held).ok());
@@ -251,7 +265,7 @@ TEST_CASE("control: a rank held by a live session is refused; its holder gets a 
   REQUIRE(control.Heartbeat(1, renewed.session()).ok());
 
   // Silent for the timeout: a Register for the rank takes it over.
-  std::this_thread::sleep_for(milliseconds(400));
+  std::this_thread::sleep_for(options.heartbeat_timeout + AtOnce(100));
   proto::RegisterResponse taken_over;
   REQUIRE(control.Register(1, &taken_over).ok());
   REQUIRE(taken_over.session().epoch() > renewed.session().epoch());
