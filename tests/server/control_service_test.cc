@@ -17,21 +17,14 @@
 #include "proto/harrier.grpc.pb.h"
 #include "server/control_service.h"
 #include "server/membership.h"
+#include "tests/slowdown.h"
 
 namespace harrier {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A bound on how soon something happens "at once", times
-// HARRIER_TEST_SLOWDOWN (set by the sanitizer configs in .bazelrc: TSan runs
-// this code several times slower). Still far below the deadlines that the
-// bounds tell apart (seconds).
-std::chrono::milliseconds AtOnce(int ms) {
-  const char* slowdown = std::getenv("HARRIER_TEST_SLOWDOWN");
-  const int factor = slowdown != nullptr ? std::max(1, std::atoi(slowdown)) : 1;
-  return std::chrono::milliseconds(ms * factor);
-}
+using testing::AtOnce;
 using std::chrono::milliseconds;
 
 // Polls `done` until it holds or `deadline` passes; says which.

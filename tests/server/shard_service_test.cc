@@ -19,6 +19,7 @@
 #include "server/shard_service.h"
 #include "server/shard_store.h"
 #include "tests/server/store_fixtures.h"
+#include "tests/slowdown.h"
 
 namespace harrier {
 namespace {
@@ -350,7 +351,7 @@ TEST_CASE("shard service: a cancelled blocked pull returns CANCELLED at once") {
   INFO(outcome.status.ToString());
   REQUIRE(absl::IsCancelled(outcome.status));
   // The old 50 ms poll would take up to 50 ms; a wake-up takes well under.
-  REQUIRE(outcome.at - cancelled_at < milliseconds(100));
+  REQUIRE(outcome.at - cancelled_at < testing::AtOnce(100));
   REQUIRE(sink.headers.empty());
 }
 
@@ -411,7 +412,7 @@ TEST_CASE("shard service: on the caller's thread, what is ready is answered ther
   cancellation.Cancel();
   REQUIRE(blocked.Wait(milliseconds(1000)));
   REQUIRE(absl::IsCancelled(blocked.status));
-  REQUIRE(blocked.at - cancelled_at < milliseconds(100));
+  REQUIRE(blocked.at - cancelled_at < testing::AtOnce(100));
 }
 
 TEST_CASE("shard service: a push cancelled before it is applied changes nothing") {
