@@ -410,6 +410,7 @@ def check_advice(advice, runs):
             check["within_10pct"] = run["ttt"] <= 1.10 * best["ttt"]
             check["top3"] = run["rank"] <= 3
         checks.append(check)
+    checks.sort(key=lambda c: (c["model"], c["link_gbps"]))
     return checks
 
 
@@ -445,39 +446,66 @@ def machine_now():
 
 
 def measured_for(entry, runs, by_group):
-    """Measured steps to target of the rate's algorithms over BSP / none /
-    pulls off of the same model and link (median per model)."""
+    """What the grid measured for a rate's algorithms, per model: how many
+    runs reached the target, and the median of their steps to target over
+    the steps of the same model and link's baseline (for a sync: BSP with
+    codec none; for a codec: codec none under the same sync, else BSP's)."""
     parts = []
-    models = sorted({r["model"] for r in runs.values()})
-    for model in models:
-        ratios, reached, total = [], 0, 0
+    for model in sorted({r["model"] for r in runs.values()}):
+        ratios, reached, failed, total = [], 0, 0, 0
         for (m, link), group in by_group.items():
             if m != model:
                 continue
             index = {(r["sync"], r["codec"], r["pulls"]): r for r in group}
+            bsp = index.get(("bsp", "none", "off"))
             for name in entry["names"]:
                 if entry["kind"] == "sync":
-                    candidates = [(index.get((name, "none", "off")), index.get(("bsp", "none", "off")))]
+                    pairs = [(index.get((name, "none", "off")), bsp)]
                 else:
-                    candidates = [(index.get((s, name, "off")), index.get((s, "none", "off"))) for s in SYNC_ORDER]
-                    candidates = [c for c in candidates if c[0]][:1]
-                for run, base in candidates:
+                    pairs = [(index.get((s, name, "off")), index.get((s, "none", "off")) or bsp) for s in SYNC_ORDER]
+                for run, base in pairs:
                     if run is None:
                         continue
                     total += 1
+                    failed += run["status"] != "ok"
                     if run["reached"]:
                         reached += 1
-                        if base and base["reached"] and base["stt"] > 0:
+                        if base is not None and base["reached"] and base["stt"] > 0:
                             ratios.append(run["stt"] / base["stt"])
         if total == 0:
             continue
-        text = f"{model}: reached {reached}/{total}"
+        text = f"{model}: reached {reached}/{total}" + (f" ({failed} failed)" if failed else "")
         if ratios:
             ratios.sort()
-            median = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
-            text += f", steps x{median:.2f} of BSP/none"
+            half = len(ratios) // 2
+            median = ratios[half] if len(ratios) % 2 else (ratios[half - 1] + ratios[half]) / 2
+            text += f", steps to target x{median:.2f} of the baseline"
         parts.append(text)
-    return "; ".join(parts) if parts else "not in this grid"
+    if parts:
+        return "; ".join(parts)
+    return "not in this grid" + (" (with codec none, pulls off)" if entry["kind"] == "sync" else " (pulls off)")
+
+
+def headline(by_group, checks):
+    """The headline table: per (model, link) the fastest run to the target,
+    dense BSP's time and the advisor's pick."""
+    md = ["## Headline", "",
+          "| model | link | fastest to target | time (s) | BSP / none / pulls off (s) | speed-up | advisor's pick | its rank |",
+          "|---|---|---|---|---|---|---|---|"]
+    picks = {(c["model"], c["link_gbps"]): c for c in checks}
+    for (model, link), group in by_group.items():
+        ranked = sorted((r for r in group if r["reached"]), key=lambda r: r["ttt"])
+        base = next((r for r in group if (r["sync"], r["codec"], r["pulls"]) == ("bsp", "none", "off")), None)
+        best = ranked[0] if ranked else None
+        base_t = base["ttt"] if base and base["reached"] else -1
+        speedup = f"{base_t / best['ttt']:.2f}x" if best and base_t > 0 and best["ttt"] > 0 else "-"
+        pick = picks.get((model, link))
+        pick_text = f"`{pick['pick']}`" if pick else "-"
+        pick_rank = (f"{pick['rank']} of {pick['of']}" if pick["rank"] > 0 else "-") if pick else "-"
+        md.append(f"| {model} | {fmt_link(link)} | {('`' + best['run_id'] + '`') if best else 'none reached it'} "
+                  f"| {num(best['ttt'], 2) if best else '-'} | {num(base_t, 2)} | {speedup} | {pick_text} | {pick_rank} |")
+    md.append("")
+    return md
 
 
 def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, rates, budget_args, machine):
@@ -520,6 +548,7 @@ def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, r
               "same model and link that reached it.")
     md.append("")
 
+    md.extend(headline(by_group, checks))
     for (model, link), group in by_group.items():
         link_text = "unshaped" if link == 0 else f"{fmt_link(link)} Gbit/s"
         md.append(f"## {model}, {link_text}")
@@ -533,7 +562,7 @@ def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, r
                 md.append(f"| `{r['run_id']}` | {r['sync']} | {r['codec']} | {r['pulls']} | failed: {err} "
                           "| - | - | - | - | - | - | - |")
                 continue
-            ttt = num(r["ttt"], 1) if r["reached"] else "not reached"
+            ttt = num(r["ttt"], 2) if r["reached"] else "not reached"
             stt = f"{r['stt']:g}" if r["reached"] else "-"
             md.append(f"| `{r['run_id']}` | {r['sync']} | {r['codec']} | {r['pulls']} | {num(r['final_accuracy'], 4)} "
                       f"| {num(r['best_accuracy'], 4)} | {ttt} | {stt} | {num(r['step_s'] * 1000 if r['step_s'] >= 0 else -1, 1)} "
@@ -546,7 +575,7 @@ def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, r
 
     md.append("## Convergence rates from the survey beside the measurements")
     md.append("")
-    md.append(f"Rates per algorithm family as {rates['survey']} surveys them; {rates['note']}")
+    md.append(f"Survey: {rates['survey']}. {rates['note']}")
     md.append("")
     md.append("| family | grid names | rate | setting | assumptions | source | checked | measured |")
     md.append("|---|---|---|---|---|---|---|---|")
@@ -564,8 +593,8 @@ def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, r
         md.append("|---|---|---|---|---|---|---|---|---|---|")
         for c in checks:
             rank = f"{c['rank']} of {c['of']}" if c["rank"] > 0 else ("not measured" if not c["measured"] else "did not reach target")
-            md.append(f"| {c['model']} | {fmt_link(c['link_gbps'])} | `{c['pick']}` | {num(c['predicted_time_to_target_s'], 1)} "
-                      f"| {num(c['pick_time_to_target_s'], 1)} | {rank} | `{c['best']}` | {num(c['best_time_to_target_s'], 1)} "
+            md.append(f"| {c['model']} | {fmt_link(c['link_gbps'])} | `{c['pick']}` | {num(c['predicted_time_to_target_s'], 2)} "
+                      f"| {num(c['pick_time_to_target_s'], 2)} | {rank} | `{c['best']}` | {num(c['best_time_to_target_s'], 2)} "
                       f"| {num(c['ratio'], 3)} | {'yes' if c['within_10pct'] else 'no'} |")
     md.append("")
     if notes:

@@ -6,6 +6,7 @@ before the real grid exists. Not a measurement.
 
 Rerun after changing it: /usr/bin/python3 make_fixture.py (from this folder).
 """
+import csv
 import json
 import math
 import os
@@ -84,10 +85,12 @@ def main():
             lines.append({k: row[k] for k in KEYS})
     with open(os.path.join(out, "runs.jsonl"), "w") as f:
         f.writelines(json.dumps(l, separators=(",", ":")) + "\n" for l in lines)
-    with open(os.path.join(out, "runs.csv"), "w") as f:
-        f.write(",".join(KEYS) + "\n")
+    # codec_spec has commas (qsgd:levels=127,bucket=512): quoted, RFC 4180.
+    with open(os.path.join(out, "runs.csv"), "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(KEYS)
         for l in lines:
-            f.write(",".join(f"{l[k]:g}" if isinstance(l[k], float) else str(l[k]) for k in KEYS) + "\n")
+            writer.writerow([f"{l[k]:g}" if isinstance(l[k], float) else str(l[k]) for k in KEYS])
     with open(os.path.join(out, "curves.csv"), "w") as f:
         f.write("run_id,model,sync,codec,pulls,link_gbps,step,wall_s,loss,accuracy,bytes_up,bytes_down\n")
         for c in curves:
