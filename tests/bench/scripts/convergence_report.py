@@ -401,6 +401,8 @@ def check_advice(advice, runs):
         check = {"bench": "advisor_check", "model": model, "link_gbps": link, "advice": os.path.basename(path),
                  "pick": run_id, "measured": bool(run), "pick_time_to_target_s": -1.0,
                  "predicted_time_to_target_s": float(pick.get("predicted_time_to_target_s", -1)),
+                 "link_gbps_measured_up": float(adv.get("link_gbps_measured_up", -1)),
+                 "link_gbps_measured_down": float(adv.get("link_gbps_measured_down", -1)),
                  "best": best["run_id"] if best else "", "best_time_to_target_s": best["ttt"] if best else -1.0,
                  "rank": -1, "of": len(reached), "ratio": -1.0, "within_10pct": False, "top3": False}
         if run and run["reached"] and best:
@@ -589,11 +591,16 @@ def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, r
     if not checks:
         md.append("No advice given (`harrier-advise --json` lines are passed with `--advice`).")
     else:
-        md.append("| model | link | pick | predicted (s) | measured (s) | rank | best measured | best (s) | ratio | within 10 % |")
-        md.append("|---|---|---|---|---|---|---|---|---|---|")
+        md.append("The advisor measured the link (up / down Gbit/s) to shards behind an emulated link of the "
+                  "grid's rate, and took steps to target from this grid (`--calibration`). Ratio: the pick's "
+                  "measured time to target over the best measured one's.")
+        md.append("")
+        md.append("| model | link | advisor measured up / down | pick | predicted (s) | measured (s) | rank | best measured | best (s) | ratio | within 10 % |")
+        md.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for c in checks:
             rank = f"{c['rank']} of {c['of']}" if c["rank"] > 0 else ("not measured" if not c["measured"] else "did not reach target")
-            md.append(f"| {c['model']} | {fmt_link(c['link_gbps'])} | `{c['pick']}` | {num(c['predicted_time_to_target_s'], 2)} "
+            md.append(f"| {c['model']} | {fmt_link(c['link_gbps'])} | {num(c['link_gbps_measured_up'], 2)} / "
+                      f"{num(c['link_gbps_measured_down'], 2)} | `{c['pick']}` | {num(c['predicted_time_to_target_s'], 2)} "
                       f"| {num(c['pick_time_to_target_s'], 2)} | {rank} | `{c['best']}` | {num(c['best_time_to_target_s'], 2)} "
                       f"| {num(c['ratio'], 3)} | {'yes' if c['within_10pct'] else 'no'} |")
     md.append("")
