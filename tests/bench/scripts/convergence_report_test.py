@@ -20,7 +20,12 @@ import shutil
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+# Under bazel test the script runs as tests/bench/convergence_report_test
+# (sh_test's copy), so its data is found through the runfiles tree.
+if os.environ.get("TEST_SRCDIR"):
+    HERE = os.path.join(os.environ["TEST_SRCDIR"], os.environ.get("TEST_WORKSPACE", "harrier"), "tests/bench/scripts")
+else:
+    HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import convergence_report as report  # noqa: E402
 
