@@ -321,7 +321,7 @@ def figures_for(model, link, runs, out_dir, png_term):
             "set style data histograms", "set style histogram clustered gap 1",
             "set style fill solid 0.8 border -1", "set boxwidth 0.9",
             "set xtics rotate by -45 left font ',9'", "set key inside top right",
-            "set bmargin 10"]
+            "set bmargin 10", "set rmargin 14"]
         # One data block, two columns: written as a single series.
         write_figure(out_dir, name, png_term, preamble, [("", rows, "")],
                      lambda block, t, st: (f"{block} using 2:xtic(4) title 'up (push)' lc rgb '#377eb8', "

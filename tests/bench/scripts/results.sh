@@ -97,15 +97,12 @@ fi
 [ -s "$grid_dir/runs.jsonl" ] || [ -s "$grid_dir/runs.csv" ] || {
   echo "results.sh: no grid in $grid_dir (runs.jsonl / runs.csv)" >&2; exit 2; }
 
-# Models and links of the grid, from its ok lines.
-read -r -a models <<<"$("$python" -c '
+# (model, link) pairs of the grid's ok runs: the advisor runs once for each.
+read -r -a pairs <<<"$("$python" -c '
 import json, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(" ".join(sorted({r["model"] for r in runs if r.get("status") == "ok"})))' "$grid_dir/runs.jsonl" 2>/dev/null || true)"
-read -r -a links <<<"$("$python" -c '
-import json, sys
-runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(" ".join("%g" % l for l in sorted({float(r["link_gbps"]) for r in runs if r.get("status") == "ok"})))' "$grid_dir/runs.jsonl" 2>/dev/null || true)"
+print(" ".join(sorted({"%s:%g" % (r["model"], float(r["link_gbps"])) for r in runs if r.get("status") == "ok"})))' \
+  "$grid_dir/runs.jsonl" 2>/dev/null || true)"
 
 netns_ok() { [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null; }
 ns_w="harrier-adv-w$$"
@@ -175,10 +172,9 @@ if [ "$skip_advise" = 0 ]; then
     exit 2
   fi
   rm -f "$grid_dir"/advice-*.jsonl
-  for model in "${models[@]}"; do
-    for link in "${links[@]}"; do
-      advise_one "$model" "$link" "$grid_dir/advice-$model-${link}g.jsonl"
-    done
+  [ "${#pairs[@]}" -gt 0 ] || { echo "results.sh: the grid in $grid_dir has no ok run to advise for" >&2; exit 2; }
+  for pair in "${pairs[@]}"; do
+    advise_one "${pair%%:*}" "${pair#*:}" "$grid_dir/advice-${pair%%:*}-${pair#*:}g.jsonl"
   done
 fi
 
