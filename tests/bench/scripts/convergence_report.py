@@ -603,6 +603,9 @@ def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, r
                       f"{num(c['link_gbps_measured_down'], 2)} | `{c['pick']}` | {num(c['predicted_time_to_target_s'], 2)} "
                       f"| {num(c['pick_time_to_target_s'], 2)} | {rank} | `{c['best']}` | {num(c['best_time_to_target_s'], 2)} "
                       f"| {num(c['ratio'], 3)} | {'yes' if c['within_10pct'] else 'no'} |")
+        md.append("")
+        md.append(f"Within 10 % of the best measured time to target: {sum(c['within_10pct'] for c in checks)} of "
+                  f"{len(checks)}; among the measured top 3: {sum(c['top3'] for c in checks)} of {len(checks)}.")
     md.append("")
     if notes:
         md.append("## Disagreements between runs.jsonl and curves.csv")

@@ -29,6 +29,7 @@ grid_dir=""
 docs_dir="$root/docs"
 skip_grid=0
 skip_advise=0
+grid_status=0
 grid_args=()
 bench="$root/bazel-bin/tests/bench/harrier-bench"
 advise="$root/bazel-bin/worker/advise/harrier-advise"
@@ -92,7 +93,10 @@ if [ "$skip_grid" = 0 ]; then
     mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)
     echo "$(uname -n): $(nproc) CPUs ($cpu), $mem, Linux $(uname -r); grid started $(date -u '+%Y-%m-%d %H:%M UTC')"
   } >"$grid_dir/machine.txt"
-  "$bench" "${args[@]}" >/dev/null
+  # A grid with failed runs still gets its report (they are listed as
+  # failed); the bench's status is this script's at the end.
+  "$bench" "${args[@]}" >/dev/null || grid_status=$?
+  [ "$grid_status" = 0 ] || echo "results.sh: harrier-bench convergence exited $grid_status; reporting what the grid holds" >&2
 fi
 [ -s "$grid_dir/runs.jsonl" ] || [ -s "$grid_dir/runs.csv" ] || {
   echo "results.sh: no grid in $grid_dir (runs.jsonl / runs.csv)" >&2; exit 2; }
@@ -108,6 +112,7 @@ netns_ok() { [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/d
 ns_w="harrier-adv-w$$"
 ns_s="harrier-adv-s$$"
 shard_pids=()
+work=$(mktemp -d)
 cleanup() {
   for pid in "${shard_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${shard_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
@@ -115,7 +120,7 @@ cleanup() {
   ip netns del "$ns_w" 2>/dev/null || true
   ip netns del "$ns_s" 2>/dev/null || true
 }
-trap cleanup EXIT
+trap 'cleanup; rm -rf "$work"' EXIT
 
 # Two namespaces joined by a veth pair, each end shaped to $1 Gbit/s
 # (0: unshaped): the advisor's host and the shards' host.
@@ -143,16 +148,16 @@ advise_one() {  # model link out
     echo "results.sh: not root (or no ip/tc): the advisor measures loopback, not ${link} Gbit/s" >&2
   fi
   for i in 0 1; do
-    portfile="$grid_dir/.advise_port$i"
+    portfile="$work/port$i"
     rm -f "$portfile"
     "${prefix[@]}" "$server" --host="$host" --port=0 --port_file="$portfile" --shard="$i" --num_shards=2 \
-      --num_workers=4 --sync=bsp >"$grid_dir/.advise_shard$i.log" 2>&1 &
+      --num_workers=4 --sync=bsp >"$work/shard$i.log" 2>&1 &
     shard_pids+=($!)
   done
   for i in 0 1; do
-    portfile="$grid_dir/.advise_port$i"
+    portfile="$work/port$i"
     for _ in $(seq 100); do [ -s "$portfile" ] && break; sleep 0.1; done
-    [ -s "$portfile" ] || { echo "results.sh: shard $i did not start in 10 s: $(tail -n 3 "$grid_dir/.advise_shard$i.log")" >&2; exit 1; }
+    [ -s "$portfile" ] || { echo "results.sh: shard $i did not start in 10 s: $(tail -n 3 "$work/shard$i.log")" >&2; exit 1; }
     servers+="${servers:+,}$host:$(cat "$portfile")"
   done
   local run=("$advise" --servers="$servers" --model="$model" --calibration="$grid_dir/runs.jsonl" --json)
@@ -182,3 +187,4 @@ advice=()
 for f in "$grid_dir"/advice-*.jsonl; do [ -e "$f" ] && advice+=(--advice="$f"); done
 "$python" "$root/tests/bench/scripts/convergence_report.py" --grid_dir="$grid_dir" --docs_dir="$docs_dir" "${advice[@]}"
 echo "results.sh: $docs_dir/results.md (grid in $grid_dir)" >&2
+exit "$grid_status"
