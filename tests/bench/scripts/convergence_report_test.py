@@ -142,6 +142,17 @@ def main():
     base = dict((i, t) for t, i in by_link[("mlp", 1.0)])["mlp-bsp-none-pulloff-1g"]
     check("headline speed-up mlp 1g", f"{base / sorted(by_link[('mlp', 1.0)])[0][0]:.2f}x" in md)
 
+    # The survey table's measured column: steps to target over BSP/none's,
+    # recomputed here (top-k, pulls off, under BSP, on both mlp links).
+    topk = [curves_first_at(FIXTURE, f"mlp-bsp-topk-pulloff-{l}g", 0.85)[1] / curves_first_at(FIXTURE, f"mlp-bsp-none-pulloff-{l}g", 0.85)[1]
+            for l in (1, 10)]
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ") and line.count("|") == 9}
+    check("survey table: top-k measured", f"mlp: reached 2/2, steps to target x{sum(topk) / 2:.2f} of the baseline"
+          in rows.get("Top-k sparsification with error feedback", ""), rows.get("Top-k sparsification with error feedback"))
+    check("survey table: signSGD never reached", "mlp: reached 0/2 |" in rows.get("signSGD (majority vote)", ""))
+    check("survey table: a row per survey_rates.json entry",
+          all(e["family"] in rows for e in json.load(open(os.path.join(HERE, "survey_rates.json")))["rates"]))
+
     # Figures: every listed one exists as PNG and SVG, with its script.
     with open(os.path.join(docs, "results", "figures.txt")) as f:
         names = f.read().split()
