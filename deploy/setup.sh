@@ -3,6 +3,8 @@
 # Idempotent; prints nothing when everything is already present.
 set -euo pipefail
 
+# gnuplot-nox: docs/results/ figures (tests/bench/scripts/convergence_report.py
+# and its tests).
 PACKAGES=(
   bazel-bootstrap build-essential pkg-config cmake
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -12,6 +14,7 @@ PACKAGES=(
   libgloo-dev iproute2 openssh-server openssh-client
   python3-dev pybind11-dev python3-numpy python3-torch
   yamllint nodejs npm kubectl
+  gnuplot-nox
 )
 
 missing=()
