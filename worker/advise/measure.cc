@@ -68,10 +68,15 @@ absl::StatusOr<std::vector<ShardLink>> MeasureLinks(const LinkOptions& options) 
     return absl::InvalidArgumentError(
         absl::StrCat("--probe_bytes must be in 1..", kMaxProbeBytes, " (64 MiB)"));
   }
-  grpc::ChannelArguments args = MakeChannelArguments();
-  // Room for a probe at the shard's bound plus its envelope.
+  // Not MakeChannelArguments(): its 64 MiB limits would win over larger
+  // ones set after them (the first setting of an argument counts), and a
+  // probe at the bound needs the room of its envelope on top.
+  grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
   args.SetMaxSendMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
+  args.SetInt("grpc.http2.bdp_probe", 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   const auto credentials =
       options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
   const std::string large(options.probe_bytes, '\x5a');
