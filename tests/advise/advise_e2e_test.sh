@@ -84,6 +84,21 @@ check "calibration B: exit 0" "[ $? -eq 0 ]"
 pick=$(json_get "$tmp/b.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls'], j['pick']['pull_codec']])")
 check "calibration B picks asp/qsgd8/on with its pull codec ($pick)" "[ '$pick' = 'asp/qsgd8/on/qsgd:levels=127,bucket=512' ]"
 
+# C: every option takes the same steps, so step time alone decides. On a
+# planned 1 Mbit/s link the bytes dominate: a compressed codec with
+# compressed pulls wins; on a 1000 Gbit/s link the codec's time does:
+# no compression wins.
+"$python" "$make_calibration" --out="$tmp/c.jsonl" --best=none --steps=1000
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/c.jsonl" --link_gbps=0.001 --json >"$tmp/slow.json" 2>"$tmp/slow.err"
+check "calibration C at 1 Mbit/s: exit 0" "[ $? -eq 0 ]"
+pick=$(json_get "$tmp/slow.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
+check "slow link: a compressed codec with compressed pulls ($pick)" "json_get '$tmp/slow.json' \"j['pick']['codec'] != 'none' and j['pick']['pulls'] == 'on' and j['link_gbps_planned'] == 0.001\" | grep -q True"
+check "slow link: the measured rates are still reported" "json_get '$tmp/slow.json' \"j['link_gbps_measured_up'] > 0.05\" | grep -q True"
+check "slow link: the report says it plans for 0.001 Gbit/s" "grep -q 'planning for 0.001 Gbit/s links' '$tmp/slow.err'"
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/c.jsonl" --link_gbps=1000 --json >"$tmp/fast.json" 2>"$tmp/fast.err"
+pick=$(json_get "$tmp/fast.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
+check "fast link: no compression ($pick)" "json_get '$tmp/fast.json' \"j['pick']['codec'] == 'none'\" | grep -q True"
+
 # Without calibration: the survey's guess, said so.
 timeout 120 "$advise" "${common[@]}" --syncs=bsp --codecs=none,topk --pulls=off >"$tmp/guess.out" 2>&1
 check "no calibration: exit 0, says GUESS and the survey" "[ $? -eq 0 ] && grep -q 'a GUESS' '$tmp/guess.out' && grep -q \"Tang et al.'s survey\" '$tmp/guess.out'"

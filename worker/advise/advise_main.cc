@@ -39,6 +39,9 @@ ABSL_FLAG(double, compute_ms, -1,
 ABSL_FLAG(int64_t, probe_bytes, 8 << 20, "Bytes of the large probes (1 .. 64 MiB).");
 ABSL_FLAG(int, probe_repeats, 5, "Large probes per direction per shard (the median counts).");
 ABSL_FLAG(int, rtt_probes, 20, "Small probes per shard (the median is the round trip).");
+ABSL_FLAG(double, link_gbps, 0,
+          "Plan for host links of this rate (Gbit/s, both ways) instead of the measured ones, "
+          "e.g. a grid's emulated link; 0: the measured rates. The round trip is measured.");
 ABSL_FLAG(int, timeout_ms, 30000, "Deadline of every probe.");
 ABSL_FLAG(int, chunk_kib, 4096, "The workers' chunk size (harrier-worker --chunk_kib).");
 ABSL_FLAG(int, compress_min_bytes, 16384,
@@ -222,6 +225,7 @@ int Run() {
   if (probe_bytes < 1 || probe_bytes > static_cast<int64_t>(64) << 20) {
     return Fail("--probe_bytes must be in 1..67108864 (the shard's 64 MiB bound)", 2);
   }
+  if (absl::GetFlag(FLAGS_link_gbps) < 0) return Fail("--link_gbps must not be negative", 2);
   if (absl::GetFlag(FLAGS_chunk_kib) < 1) return Fail("--chunk_kib must be at least 1", 2);
   if (absl::GetFlag(FLAGS_compress_min_bytes) < 0) {
     return Fail("--compress_min_bytes must not be negative", 2);
@@ -318,7 +322,13 @@ int Run() {
   link_options.credentials = *credentials;
   auto links = MeasureLinks(link_options);
   if (!links.ok()) return Fail(std::string(links.status().message()), 1);
-  const Link link = CombineLinks(*links);
+  Link link = CombineLinks(*links);
+  const Link measured_link = link;
+  const double link_gbps = absl::GetFlag(FLAGS_link_gbps);
+  if (link_gbps > 0) {
+    link.up_bytes_per_s = link_gbps * 1e9 / 8;
+    link.down_bytes_per_s = link_gbps * 1e9 / 8;
+  }
   Cluster cluster;
   cluster.workers = workers;
   cluster.shards = static_cast<int>(servers.size());
@@ -387,6 +397,10 @@ int Run() {
                  l.down_bytes_per_s * gbit, link_options.repeats,
                  static_cast<long long>(probe_bytes));
   }
+  if (link_gbps > 0) {
+    std::fprintf(out, "  planning for %g Gbit/s links (--link_gbps), not the measured rates\n",
+                 link_gbps);
+  }
   std::fprintf(out, "  compute per step: %.3f ms, %s\n", compute_s * 1e3, compute_how.c_str());
   std::vector<std::string> dense;
   for (const TensorShape& t : tensors) {
@@ -412,17 +426,31 @@ int Run() {
     }
   }
   std::fprintf(out, "\noptions, best first (times per step in ms; steps to the target):\n");
-  std::fprintf(out, "  %-4s %-7s %-10s %-5s %9s %9s %9s %9s %9s %10s %12s  %s\n", "rank", "sync",
-               "codec", "pulls", "compute", "codec", "comm", "rtt", "step", "steps", "time_s",
-               "steps from");
+  // The grid's measured step at the planned link, beside the prediction.
+  const auto grid_step_ms = [&](const OptionResult& o) -> std::string {
+    if (!calibrated || link_gbps <= 0) return "-";
+    std::vector<double> steps;
+    for (const CalibrationRun& run : calibration.runs) {
+      if (run.sync == o.sync && run.codec == o.codec && run.pulls == o.pulls &&
+          run.link_gbps == link_gbps && run.step_s > 0) {
+        steps.push_back(run.step_s);
+      }
+    }
+    if (steps.empty()) return "-";
+    std::sort(steps.begin(), steps.end());
+    return absl::StrFormat("%.3f", steps[steps.size() / 2] * 1e3);
+  };
+  std::fprintf(out, "  %-4s %-7s %-10s %-5s %9s %9s %9s %9s %9s %9s %10s %12s  %s\n", "rank",
+               "sync", "codec", "pulls", "compute", "codec", "comm", "rtt", "step", "grid_step",
+               "steps", "time_s", "steps from");
   int never = 0;
   for (size_t i = 0; i < options.size(); ++i) {
     const OptionResult& o = options[i];
     if (o.steps.source == StepsSource::kNeverReached) ++never;
-    std::fprintf(out, "  %-4zu %-7s %-10s %-5s %9.3f %9.3f %9.3f %9.3f %9.3f %10s %12s  %s\n",
+    std::fprintf(out, "  %-4zu %-7s %-10s %-5s %9.3f %9.3f %9.3f %9.3f %9.3f %9s %10s %12s  %s\n",
                  i + 1, o.sync.c_str(), o.codec.c_str(), o.pulls.c_str(),
                  o.terms.compute_s * 1e3, o.terms.codec_s * 1e3, o.terms.comm_s * 1e3,
-                 o.terms.rtt_s * 1e3, o.terms.step_s * 1e3,
+                 o.terms.rtt_s * 1e3, o.terms.step_s * 1e3, grid_step_ms(o).c_str(),
                  o.steps.steps < 0 ? "never" : absl::StrFormat("%.0f", o.steps.steps).c_str(),
                  o.time_to_target_s < 0 ? "-" : absl::StrFormat("%.3f", o.time_to_target_s).c_str(),
                  o.steps.note.c_str());
@@ -458,6 +486,9 @@ int Run() {
   const char* dominant = pick.terms.comm_s > pick.terms.compute_s + pick.terms.codec_s
                              ? "communication"
                              : (pick.terms.codec_s > pick.terms.compute_s ? "codec" : "compute");
+  if (pick.steps.source == StepsSource::kNeverReached) {
+    std::fprintf(out, "  no option reached the target in the grid: the pick is the fastest step\n");
+  }
   std::fprintf(out, "  pick: %s / %s / pulls %s: %.0f steps x %.3f ms = %.3f s (its step is mostly %s)\n",
                pick.sync.c_str(), pick.codec.c_str(), pick.pulls.c_str(), pick.steps.steps,
                pick.terms.step_s * 1e3, pick.time_to_target_s, dominant);
@@ -494,8 +525,8 @@ int Run() {
   if (absl::GetFlag(FLAGS_json)) {
     std::string json = absl::StrCat(
         "{\"bench\":\"advise\",\"model\":", JsonString(model),
-        ",\"link_gbps_measured_up\":", JsonNumber(link.up_bytes_per_s * gbit),
-        ",\"link_gbps_measured_down\":", JsonNumber(link.down_bytes_per_s * gbit),
+        ",\"link_gbps_measured_up\":", JsonNumber(measured_link.up_bytes_per_s * gbit),
+        ",\"link_gbps_measured_down\":", JsonNumber(measured_link.down_bytes_per_s * gbit),
         ",\"rtt_ms\":", JsonNumber(link.rtt_s * 1e3), ",\"pick\":{\"sync\":",
         JsonString(pick.sync), ",\"codec\":", JsonString(pick.codec),
         ",\"pulls\":", JsonString(pick.pulls), ",\"pull_codec\":", JsonString(pick_pull_codec),
@@ -516,7 +547,8 @@ int Run() {
                       ",\"comm_s\":", JsonNumber(o.terms.comm_s),
                       ",\"steps_source\":", JsonString(SourceName(o.steps.source)), "}");
     }
-    absl::StrAppend(&json, "],\"calibrated\":", calibrated ? "true" : "false",
+    absl::StrAppend(&json, "],\"link_gbps_planned\":", JsonNumber(link.up_bytes_per_s * gbit),
+                    ",\"calibrated\":", calibrated ? "true" : "false",
                     ",\"workers\":", workers, ",\"shards\":", cluster.shards,
                     ",\"compute_ms\":", JsonNumber(compute_s * 1e3), "}");
     std::printf("%s\n", json.c_str());
