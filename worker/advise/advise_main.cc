@@ -173,9 +173,13 @@ Scheduler ChooseScheduler(const OptionResult& pick, const std::vector<TensorShap
                          " already overlaps communication with compute: techniques none");
     return s;
   }
-  if (comm_share < 0.2 || tensors.size() < 2) {
+  if (tensors.size() < 2) {
+    s.why = "one tensor: nothing to overlap or fuse, techniques none";
+    return s;
+  }
+  if (comm_share < 0.2) {
     s.why = absl::StrFormat(
-        "communication is %.0f%% of the step (< 20%%) or one tensor: techniques none",
+        "communication is %.0f%% of the step (under 20%%): little to hide, techniques none",
         100 * comm_share);
     return s;
   }
