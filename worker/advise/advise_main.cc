@@ -66,7 +66,7 @@ constexpr char kUsage[] =
     "Recommends a sync mode, a codec and scheduler settings for a Harrier job.\n"
     "Usage: harrier-advise --servers=H:P[,H:P...] [--model=mlp|cnn|replay:NAME | "
     "--tensors=NAME:ELEMENTS,...] [--workers=4] [--batch_size=64] [--calibration=runs.jsonl] "
-    "[--compute_ms=-1] [--probe_bytes=8388608] [--json] [--auth_token_file=F --tls_*]\n"
+    "[--compute_ms=-1] [--link_gbps=0] [--probe_bytes=8388608] [--json] [--auth_token_file=F --tls_*]\n"
     "Measures the link to every shard (AdminService.Probe), every codec on this host at the "
     "model's chunk sizes and the compute per step, then predicts each option's step time "
     "(compute + codec + communication) and time to the target (steps from --calibration, "
