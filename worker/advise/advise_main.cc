@@ -509,6 +509,30 @@ int Run() {
                    o.time_to_target_s, o.time_to_target_s / std::max(pick.time_to_target_s, 1e-12));
     }
   }
+  // Per tensor, where the pick's codec matters: which tensors it
+  // compresses and how much of the push each keeps.
+  if (pick.codec != "none") {
+    // The largest first; a big model's list is cut at 10.
+    std::vector<TensorShape> by_size = tensors;
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [](const TensorShape& a, const TensorShape& b) {
+                       return a.num_elements() > b.num_elements();
+                     });
+    const size_t shown = std::min<size_t>(by_size.size(), 10);
+    std::vector<std::string> rows;
+    for (size_t i = 0; i < shown; ++i) {
+      const TensorShape& t = by_size[i];
+      auto cost = MeasureCodec({t}, push_specs[pick.codec], "none", codec_options);
+      if (!cost.ok()) continue;
+      const double dense_bytes = 4.0 * static_cast<double>(t.num_elements());
+      rows.push_back(absl::StrFormat("%s %.0f -> %.0f bytes%s", t.name, dense_bytes,
+                                     cost->push_bytes,
+                                     cost->push_bytes >= dense_bytes ? " (dense)" : ""));
+    }
+    if (shown < by_size.size()) rows.push_back(absl::StrCat(by_size.size() - shown, " smaller"));
+    std::fprintf(out, "  per tensor, %s pushes: %s\n", pick.codec.c_str(),
+                 absl::StrJoin(rows, "; ").c_str());
+  }
   std::fprintf(out, "  scheduler: %s\n", scheduler.why.c_str());
   std::fprintf(out,
                "\nrecommendation: harrier-worker --sync=%s --codec=%s --pull_codec=%s "
