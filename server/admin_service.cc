@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 
 namespace harrier {
@@ -41,6 +42,25 @@ grpc::Status AdminServiceImpl::Shutdown(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard cannot be shut down remotely");
   }
   hooks_.shutdown(request->reason());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Probe(grpc::ServerContext* context,
+                                     const proto::ProbeRequest* request,
+                                     proto::ProbeResponse* response) {
+  if (auto status = token_check_.Check(*context); !status.ok()) return status;
+  if (request->payload().size() > kMaxProbeBytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("probe payload of ", request->payload().size(),
+                                     " bytes is over the limit of ", kMaxProbeBytes,
+                                     " bytes (64 MiB)"));
+  }
+  if (request->reply_bytes() > kMaxProbeBytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("probe reply_bytes ", request->reply_bytes(),
+                                     " is over the limit of ", kMaxProbeBytes, " bytes (64 MiB)"));
+  }
+  response->mutable_payload()->assign(request->reply_bytes(), '\0');
   return grpc::Status::OK;
 }
 

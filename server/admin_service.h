@@ -1,6 +1,7 @@
 #ifndef HARRIER_SERVER_ADMIN_SERVICE_H_
 #define HARRIER_SERVER_ADMIN_SERVICE_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -9,6 +10,15 @@
 #include "server/job_token.h"
 
 namespace harrier {
+
+// Probe's bound on its payload and on reply_bytes, each (64 MiB): a probe
+// costs the shard at most this much memory per call.
+inline constexpr uint64_t kMaxProbeBytes = 64u << 20;
+// What a Probe message carries on top of its bytes (field tags, lengths):
+// the shard's gRPC message limit leaves this room above kMaxProbeBytes so
+// that a probe at the bound goes through and one just over it reaches the
+// handler's INVALID_ARGUMENT instead of gRPC's RESOURCE_EXHAUSTED.
+inline constexpr int kProbeEnvelopeBytes = 4096;
 
 // What the AdminService asks of the shard it runs on. The service knows
 // nothing of ShardServer: tests (and other hosts) plug in what they have.
@@ -38,6 +48,10 @@ class AdminServiceImpl final : public proto::AdminService::Service {
                           proto::CheckpointResponse* response) override;
   grpc::Status Shutdown(grpc::ServerContext* context, const proto::ShutdownRequest* request,
                         proto::ShutdownResponse* response) override;
+  // Token-checked; the payload is dropped unread and reply_bytes zero
+  // bytes come back. No hook: it never touches the shard's state.
+  grpc::Status Probe(grpc::ServerContext* context, const proto::ProbeRequest* request,
+                     proto::ProbeResponse* response) override;
 
  private:
   const AdminHooks hooks_;

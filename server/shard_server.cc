@@ -174,8 +174,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   // gRPC sets SO_REUSEPORT by default: a second server on a fixed port would
   // then bind too, say "serving" and take half the connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes);
+  // The room above the 64 MiB: AdminService.Probe's messages at its bound.
+  builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
+  builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
   ApplyServerTuning(builder);
   builder.RegisterService(server->parameter_service_.get());
   if (options.shard == 0) {

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# harrier-advise against 2 real harrier-server shards on 127.0.0.1 with a
+# job token: the measured link is positive and plausible, the --json line
+# has contract D's keys, every option of the grid appears once, the pick
+# follows the calibration (one option clearly best on steps is picked; a
+# calibration that flips it picks the other), never-reached options rank
+# last, more bytes cost more comm, and bad input fails in one line.
+set -uo pipefail
+root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
+server="$root/server/harrier-server"
+advise="$root/worker/advise/harrier-advise"
+make_calibration="$root/tests/advise/make_calibration.py"
+python=/usr/bin/python3
+tmp=$TEST_TMPDIR
+passed=0
+failed=0
+check() { if eval "$2"; then echo "PASS $1"; passed=$((passed + 1)); else echo "FAIL $1"; failed=$((failed + 1)); fi; }
+# A value of the JSON line in FILE: json_get FILE 'python expression on j'.
+json_get() { "$python" -c "import json, sys; j = json.loads(open(sys.argv[1]).read()); print($2)" "$1" 2>/dev/null; }
+pids=()
+trap 'kill -KILL "${pids[@]}" 2>/dev/null; wait 2>/dev/null' EXIT
+
+printf 'advise-test-token\n' >"$tmp/token"
+chmod 600 "$tmp/token"
+for shard in 0 1; do
+  "$server" --host=127.0.0.1 --port=0 --port_file="$tmp/port$shard" --shard=$shard --num_shards=2 \
+    --num_workers=4 --auth_token_file="$tmp/token" --exit_when_done=false 2>"$tmp/server$shard.log" &
+  pids+=($!)
+done
+for _ in $(seq 100); do [ -s "$tmp/port0" ] && [ -s "$tmp/port1" ] && break; sleep 0.1; done
+servers="127.0.0.1:$(cat "$tmp/port0"),127.0.0.1:$(cat "$tmp/port1")"
+# Small probes keep the test in seconds on 2 shared cores.
+common=(--servers="$servers" --auth_token_file="$tmp/token" --probe_bytes=2097152 --probe_repeats=3
+        --rtt_probes=10 --timeout_ms=20000)
+
+"$advise" --help >"$tmp/help.out" 2>&1
+check "--help prints the usage" "grep -q 'Usage: harrier-advise --servers' '$tmp/help.out'"
+
+# A: bsp/topk/off reaches the target in 20 steps, every other option in 5000;
+# two options never reach it.
+"$python" "$make_calibration" --out="$tmp/a.jsonl" --best=bsp/topk/off \
+  --never=asp/signsgd/off,asp/signsgd/on
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/a.jsonl" --json >"$tmp/a.json" 2>"$tmp/a.err"
+rc=$?
+check "calibration A: exit 0 (rc $rc)" "[ $rc -eq 0 ]"
+[ $rc -eq 0 ] || cat "$tmp/a.err"
+check "one JSON line on stdout" "[ \$(wc -l <'$tmp/a.json') -eq 1 ] && json_get '$tmp/a.json' 1 >/dev/null"
+keys=$(json_get "$tmp/a.json" "','.join(list(j)[:7])")
+check "top-level keys in contract D's order ($keys)" \
+  "[ '$keys' = 'bench,model,link_gbps_measured_up,link_gbps_measured_down,rtt_ms,pick,options' ]"
+pick_keys=$(json_get "$tmp/a.json" "','.join(list(j['pick'])[:6])")
+check "pick keys ($pick_keys)" \
+  "[ '$pick_keys' = 'sync,codec,pulls,pull_codec,techniques,predicted_time_to_target_s' ]"
+option_keys=$(json_get "$tmp/a.json" "','.join(list(j['options'][0])[:6])")
+check "option keys ($option_keys)" \
+  "[ '$option_keys' = 'sync,codec,pulls,predicted_step_s,predicted_steps,predicted_time_to_target_s' ]"
+check "bench advise, model mlp" "[ \"\$(json_get '$tmp/a.json' \"j['bench'] + ' ' + j['model']\")\" = 'advise mlp' ]"
+up=$(json_get "$tmp/a.json" "j['link_gbps_measured_up']")
+down=$(json_get "$tmp/a.json" "j['link_gbps_measured_down']")
+rtt=$(json_get "$tmp/a.json" "j['rtt_ms']")
+# Loopback over gRPC on 2 shared cores: tens of Mbit/s at the very least,
+# and no more than memory bandwidth; a round trip under 100 ms.
+check "measured up $up Gbit/s is plausible (0.05 .. 1000)" "json_get '$tmp/a.json' \"0.05 < j['link_gbps_measured_up'] < 1000\" | grep -q True"
+check "measured down $down Gbit/s is plausible (0.05 .. 1000)" "json_get '$tmp/a.json' \"0.05 < j['link_gbps_measured_down'] < 1000\" | grep -q True"
+check "round trip $rtt ms is plausible (0 .. 100)" "json_get '$tmp/a.json' \"0 < j['rtt_ms'] < 100\" | grep -q True"
+all=$(json_get "$tmp/a.json" "len(j['options']) == 104 and len({(o['sync'], o['codec'], o['pulls']) for o in j['options']}) == 104 and {o['sync'] for o in j['options']} == {'bsp','ssp2','asp','local4'} and len({o['codec'] for o in j['options']}) == 13")
+check "every option (4 syncs x 13 codecs x 2 pulls) appears once" "[ '$all' = True ]"
+check "every predicted step time is positive" "json_get '$tmp/a.json' \"all(o['predicted_step_s'] > 0 for o in j['options'])\" | grep -q True"
+pick=$(json_get "$tmp/a.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
+check "calibration A picks bsp/topk/off ($pick)" "[ '$pick' = bsp/topk/off ]"
+check "the pick is the first option and the least time" "json_get '$tmp/a.json' \"j['options'][0]['codec'] == j['pick']['codec'] and j['pick']['predicted_time_to_target_s'] == min(o['predicted_time_to_target_s'] for o in j['options'] if o['predicted_time_to_target_s'] >= 0)\" | grep -q True"
+check "pick's time = steps x step time" "json_get '$tmp/a.json' \"abs(j['options'][0]['predicted_steps'] * j['options'][0]['predicted_step_s'] - j['pick']['predicted_time_to_target_s']) < 1e-3 * j['pick']['predicted_time_to_target_s']\" | grep -q True"
+check "never-reached options rank last with time -1" "json_get '$tmp/a.json' \"sorted(o['sync'] + '/' + o['codec'] + '/' + o['pulls'] for o in j['options'][-2:]) == ['asp/signsgd/off', 'asp/signsgd/on'] and all(o['predicted_time_to_target_s'] == -1 for o in j['options'][-2:])\" | grep -q True"
+check "the report says which never reached it" "grep -q '2 option(s) never reached it there and rank last' '$tmp/a.err'"
+check "the report has a table row per option" "[ \$(grep -cE '^  [0-9]+ +(bsp|ssp2|asp|local4) ' '$tmp/a.err') -eq 104 ]"
+# More bytes, more comm: dense bsp pushes ~1 MiB, top-k 1 % ~34 KB.
+check "bsp/none/off has over 1.3x the comm of bsp/topk/off (both pull dense)" "json_get '$tmp/a.json' \"[o for o in j['options'] if (o['sync'], o['codec'], o['pulls']) == ('bsp', 'none', 'off')][0]['comm_s'] > 1.3 * [o for o in j['options'] if (o['sync'], o['codec'], o['pulls']) == ('bsp', 'topk', 'off')][0]['comm_s']\" | grep -q True"
+check "compressed pulls cut comm (bsp/topk on < off)" "json_get '$tmp/a.json' \"[o for o in j['options'] if (o['sync'], o['codec'], o['pulls']) == ('bsp', 'topk', 'on')][0]['comm_s'] < [o for o in j['options'] if (o['sync'], o['codec'], o['pulls']) == ('bsp', 'topk', 'off')][0]['comm_s']\" | grep -q True"
+
+# B flips it: asp/qsgd8/on is the clearly best.
+"$python" "$make_calibration" --out="$tmp/b.jsonl" --best=asp/qsgd8/on
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/b.jsonl" --json >"$tmp/b.json" 2>"$tmp/b.err"
+check "calibration B: exit 0" "[ $? -eq 0 ]"
+pick=$(json_get "$tmp/b.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls'], j['pick']['pull_codec']])")
+check "calibration B picks asp/qsgd8/on with its pull codec ($pick)" "[ '$pick' = 'asp/qsgd8/on/qsgd:levels=127,bucket=512' ]"
+
+# C: every option takes the same steps, so step time alone decides. On a
+# planned 1 Mbit/s link the bytes dominate: a compressed codec with
+# compressed pulls wins; on a 1000 Gbit/s link the codec's time does:
+# no compression wins.
+"$python" "$make_calibration" --out="$tmp/c.jsonl" --best=none --steps=1000
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/c.jsonl" --link_gbps=0.001 --json >"$tmp/slow.json" 2>"$tmp/slow.err"
+check "calibration C at 1 Mbit/s: exit 0" "[ $? -eq 0 ]"
+pick=$(json_get "$tmp/slow.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
+check "slow link: a compressed codec with compressed pulls ($pick)" "json_get '$tmp/slow.json' \"j['pick']['codec'] != 'none' and j['pick']['pulls'] == 'on' and j['link_gbps_planned'] == 0.001\" | grep -q True"
+check "slow link: the measured rates are still reported" "json_get '$tmp/slow.json' \"j['link_gbps_measured_up'] > 0.05\" | grep -q True"
+check "slow link: the report says it plans for 0.001 Gbit/s" "grep -q 'planning for 0.001 Gbit/s links' '$tmp/slow.err'"
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/c.jsonl" --link_gbps=1000 --json >"$tmp/fast.json" 2>"$tmp/fast.err"
+pick=$(json_get "$tmp/fast.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
+check "fast link: no compression ($pick)" "json_get '$tmp/fast.json' \"j['pick']['codec'] == 'none'\" | grep -q True"
+
+# Without calibration: the survey's guess, said so.
+timeout 120 "$advise" "${common[@]}" --syncs=bsp --codecs=none,topk --pulls=off >"$tmp/guess.out" 2>&1
+check "no calibration: exit 0, says GUESS and the survey" "[ $? -eq 0 ] && grep -q 'a GUESS' '$tmp/guess.out' && grep -q \"Tang et al.'s survey\" '$tmp/guess.out'"
+check "no calibration: a recommendation line" "grep -q '^recommendation: harrier-worker --sync=bsp --codec=' '$tmp/guess.out'"
+
+# Replay model and cnn.
+timeout 120 "$advise" "${common[@]}" --model=replay:resnet50 --syncs=bsp --codecs=none,fp16 --pulls=off --json >"$tmp/replay.json" 2>"$tmp/replay.err"
+check "replay:resnet50: exit 0 and its parameter count" "[ $? -eq 0 ] && grep -q 'model replay:resnet50, 25557032 parameters' '$tmp/replay.err'"
+"$advise" "${common[@]}" --model=cnn >/dev/null 2>"$tmp/cnn.err"
+check "cnn without --compute_ms: exit 2, one line naming --compute_ms" "[ $? -eq 2 ] && [ \$(wc -l <'$tmp/cnn.err') -eq 1 ] && grep -q 'needs --compute_ms' '$tmp/cnn.err'"
+timeout 120 "$advise" "${common[@]}" --model=cnn --compute_ms=5 --syncs=bsp --codecs=topk --pulls=off --json >"$tmp/cnn.json" 2>"$tmp/cnn.err"
+check "cnn with --compute_ms: 215370 parameters" "[ $? -eq 0 ] && grep -q 'model cnn, 215370 parameters' '$tmp/cnn.err'"
+
+# Errors: one line each.
+"$advise" --servers="$servers" --probe_bytes=2097152 --rtt_probes=1 --probe_repeats=1 >/dev/null 2>"$tmp/token.err"
+check "no token: exit 1, UNAUTHENTICATED naming the shard" "[ $? -eq 1 ] && [ \$(wc -l <'$tmp/token.err') -eq 1 ] && grep -q 'shard 0 (127.0.0.1:.*UNAUTHENTICATED\\|shard 0 (127.0.0.1:.*job token' '$tmp/token.err'"
+"$advise" "${common[@]}" --calibration="$tmp/missing.jsonl" >/dev/null 2>"$tmp/missing.err"
+check "missing calibration: exit 2 naming it" "[ $? -eq 2 ] && grep -q 'cannot read --calibration=.*missing.jsonl' '$tmp/missing.err'"
+"$advise" "${common[@]}" --codecs=zip >/dev/null 2>"$tmp/zip.err"
+check "unknown codec: exit 2 naming it" "[ $? -eq 2 ] && grep -q \"unknown codec 'zip'\" '$tmp/zip.err'"
+"$advise" "${common[@]}" --probe_bytes=67108865 >/dev/null 2>"$tmp/probe.err"
+check "--probe_bytes over 64 MiB: exit 2" "[ $? -eq 2 ] && grep -q 'probe_bytes must be in' '$tmp/probe.err'"
+"$advise" >/dev/null 2>"$tmp/noservers.err"
+check "no --servers: exit 2" "[ $? -eq 2 ] && grep -q -- '--servers is required' '$tmp/noservers.err'"
+
+echo "$passed checks passed, $failed failed"
+[ "$failed" -eq 0 ]

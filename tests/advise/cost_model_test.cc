@@ -1,0 +1,214 @@
+// harrier-advise's cost model by hand-computed cases: each term of the
+// step time under every sync mode, the shard side setting the pace when
+// W > S, steps from a calibration (median, never reached, missing ->
+// survey guess scaled from the grid's bsp/none), the ranking, and the
+// calibration reader.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "worker/advise/calibration.h"
+#include "worker/advise/cost_model.h"
+
+namespace harrier::advise {
+namespace {
+
+// 1 MB/s up, 2 MB/s down, 1 ms round trip: numbers easy to do by hand.
+Link HandLink() {
+  Link link;
+  link.up_bytes_per_s = 1e6;
+  link.down_bytes_per_s = 2e6;
+  link.rtt_s = 0.001;
+  return link;
+}
+
+CodecCost HandCodec() {
+  CodecCost c;
+  c.push_bytes = 1000;     // 1 ms up at 1 MB/s
+  c.pull_bytes = 4000;     // 2 ms down at 2 MB/s
+  c.encode_push_s = 0.0005;
+  c.decode_push_s = 0.0001;
+  c.encode_pull_s = 0.0002;
+  c.decode_pull_s = 0.0003;
+  return c;
+}
+
+TEST_CASE("PredictStep: bsp adds compute, codec and comm; workers == shards") {
+  Cluster cluster{2, 2};  // W/S = 1: the worker's link and the shard's carry the same
+  auto t = PredictStep("bsp", HandCodec(), HandLink(), cluster, 0.010);
+  REQUIRE(t.ok());
+  // codec: 0.5 + 1 x 0.1 + 0.2 / 2 + 0.3 = 1.0 ms
+  CHECK(t->codec_s == Approx(0.0010));
+  // comm: 1 ms up + 2 ms down + 2 x 1 ms round trips = 5 ms
+  CHECK(t->comm_s == Approx(0.005));
+  CHECK(t->rtt_s == Approx(0.002));
+  CHECK(t->compute_s == Approx(0.010));
+  CHECK(t->step_s == Approx(0.016));
+}
+
+TEST_CASE("PredictStep: more workers than shards, the shards' links set the time") {
+  Cluster cluster{4, 1};  // the one shard carries 4 workers' bytes
+  auto t = PredictStep("bsp", HandCodec(), HandLink(), cluster, 0.010);
+  REQUIRE(t.ok());
+  // push 4 x 1 ms, pull 4 x 2 ms, + 2 ms round trips = 14 ms
+  CHECK(t->comm_s == Approx(0.014));
+  // codec: 0.5 + 4 x 0.1 + 0.2 / 1 + 0.3 = 1.4 ms
+  CHECK(t->codec_s == Approx(0.0014));
+  CHECK(t->step_s == Approx(0.0254));
+  // Fewer workers than shards: the worker's own link is the slower side.
+  auto few = PredictStep("bsp", HandCodec(), HandLink(), Cluster{1, 4}, 0.010);
+  REQUIRE(few.ok());
+  CHECK(few->comm_s == Approx(0.005));
+}
+
+TEST_CASE("PredictStep: ssp2 and asp overlap comm with compute; local4 a quarter") {
+  Cluster cluster{2, 2};
+  // Compute-bound: the step is compute + codec, comm hides behind it.
+  auto ssp = PredictStep("ssp2", HandCodec(), HandLink(), cluster, 0.010);
+  REQUIRE(ssp.ok());
+  CHECK(ssp->step_s == Approx(0.011));
+  // Comm-bound (compute 1 ms): the step is the 5 ms of comm.
+  auto asp = PredictStep("asp", HandCodec(), HandLink(), cluster, 0.001);
+  REQUIRE(asp.ok());
+  CHECK(asp->step_s == Approx(0.005));
+  auto local = PredictStep("local4", HandCodec(), HandLink(), cluster, 0.010);
+  REQUIRE(local.ok());
+  CHECK(local->comm_s == Approx(0.00125));
+  CHECK(local->codec_s == Approx(0.00025));
+  CHECK(local->step_s == Approx(0.0115));
+}
+
+TEST_CASE("PredictStep: bytes scale the comm term linearly") {
+  CodecCost big = HandCodec();
+  big.push_bytes *= 10;
+  big.pull_bytes *= 10;
+  auto t = PredictStep("bsp", big, HandLink(), Cluster{2, 2}, 0);
+  REQUIRE(t.ok());
+  CHECK(t->comm_s == Approx(0.032));  // 10 + 20 + 2 ms
+}
+
+TEST_CASE("PredictStep: bad inputs are refused") {
+  CHECK(!PredictStep("bsp2", HandCodec(), HandLink(), Cluster{2, 2}, 0).ok());
+  Link dead = HandLink();
+  dead.up_bytes_per_s = 0;
+  CHECK(!PredictStep("bsp", HandCodec(), dead, Cluster{2, 2}, 0).ok());
+  CHECK(!PredictStep("bsp", HandCodec(), HandLink(), Cluster{0, 2}, 0).ok());
+  CHECK(!PredictStep("bsp", HandCodec(), HandLink(), Cluster{2, 2}, -1).ok());
+}
+
+CalibrationRun Run(const std::string& sync, const std::string& codec, const std::string& pulls,
+                   double link, double steps) {
+  CalibrationRun run;
+  run.sync = sync;
+  run.codec = codec;
+  run.pulls = pulls;
+  run.link_gbps = link;
+  run.steps_to_target = steps;
+  return run;
+}
+
+TEST_CASE("EstimateSteps: grid median, never reached, survey guess") {
+  Calibration calibration;
+  calibration.model = "mlp";
+  calibration.runs = {Run("bsp", "none", "off", 1, 400), Run("bsp", "none", "off", 10, 440),
+                      Run("bsp", "topk", "off", 1, 500), Run("bsp", "topk", "off", 10, 600),
+                      Run("bsp", "topk", "off", 0, 520), Run("asp", "signsgd", "off", 1, -1),
+                      Run("asp", "signsgd", "off", 10, -1)};
+  auto median_even = EstimateSteps(&calibration, "bsp", "none", "off", 350);
+  CHECK(median_even.source == StepsSource::kCalibration);
+  CHECK(median_even.steps == Approx(420));
+  auto median_odd = EstimateSteps(&calibration, "bsp", "topk", "off", 350);
+  CHECK(median_odd.steps == Approx(520));
+  auto never = EstimateSteps(&calibration, "asp", "signsgd", "off", 350);
+  CHECK(never.source == StepsSource::kNeverReached);
+  CHECK(never.steps == -1);
+  // Missing from the grid: the grid's bsp/none/off (420) x the factors.
+  auto missing = EstimateSteps(&calibration, "ssp2", "fp16", "on", 350);
+  CHECK(missing.source == StepsSource::kSurveyGuess);
+  CHECK(missing.steps ==
+        Approx(420 * SyncFactor("ssp2") * CodecFactor("fp16") * kCompressedPullFactor));
+  // No grid: the built-in base.
+  auto guess = EstimateSteps(nullptr, "local4", "topk", "off", 350);
+  CHECK(guess.source == StepsSource::kSurveyGuess);
+  CHECK(guess.steps == Approx(350 * SyncFactor("local4") * CodecFactor("topk")));
+  CHECK(guess.note.find("survey guess") != std::string::npos);
+}
+
+OptionResult Option(const std::string& sync, const std::string& codec, double step_s,
+                    double steps, StepsSource source = StepsSource::kCalibration) {
+  OptionResult o;
+  o.sync = sync;
+  o.codec = codec;
+  o.pulls = "off";
+  o.terms.step_s = step_s;
+  o.steps.steps = steps;
+  o.steps.source = source;
+  return o;
+}
+
+TEST_CASE("RankOptions: least time first, never-reached last, ties in grid order") {
+  std::vector<OptionResult> options = {
+      Option("bsp", "none", 0.010, 100),                           // 1.0 s
+      Option("asp", "signsgd", 0.001, -1, StepsSource::kNeverReached),
+      Option("bsp", "topk", 0.004, 200),                           // 0.8 s
+      Option("local4", "fp16", 0.004, 200),                        // 0.8 s: tie, after bsp
+      Option("ssp2", "qsgd8", 0.020, 100),                         // 2.0 s
+  };
+  RankOptions(&options);
+  REQUIRE(options.size() == 5);
+  CHECK(options[0].codec == "topk");
+  CHECK(options[0].time_to_target_s == Approx(0.8));
+  CHECK(options[1].sync == "local4");
+  CHECK(options[2].codec == "none");
+  CHECK(options[3].codec == "qsgd8");
+  CHECK(options[4].codec == "signsgd");
+  CHECK(options[4].time_to_target_s == -1);
+}
+
+TEST_CASE("ParseCalibration: ok runs of the model, pulls from the run id, one-line errors") {
+  const std::string text =
+      "{\"bench\":\"convergence\",\"run_id\":\"mlp-bsp-topk-pullon-1g\",\"model\":\"mlp\","
+      "\"sync\":\"bsp\",\"codec\":\"topk\",\"codec_spec\":\"topk:ratio=0.01\","
+      "\"pull_codec\":\"topk:ratio=0.1\",\"link_gbps\":1,\"steps_to_target\":240,"
+      "\"step_s\":0.01,\"time_to_target_s\":2.4,\"status\":\"ok\",\"error\":\"\"}\n"
+      "\n"
+      "{\"run_id\":\"mlp-asp-none-pulloff-10g\",\"model\":\"mlp\",\"sync\":\"asp\","
+      "\"codec\":\"none\",\"steps_to_target\":-1,\"status\":\"ok\"}\n"
+      "{\"run_id\":\"mlp-bsp-none-pulloff-1g\",\"model\":\"mlp\",\"sync\":\"bsp\","
+      "\"codec\":\"none\",\"steps_to_target\":100,\"status\":\"failed\"}\n"
+      "{\"run_id\":\"cnn-bsp-none-pulloff-1g\",\"model\":\"cnn\",\"sync\":\"bsp\","
+      "\"codec\":\"none\",\"steps_to_target\":300,\"status\":\"ok\"}\n";
+  auto calibration = ParseCalibration(text, "mlp");
+  INFO(calibration.status().ToString());
+  REQUIRE(calibration.ok());
+  REQUIRE(calibration->runs.size() == 2);
+  CHECK(calibration->runs[0].pulls == "on");
+  CHECK(calibration->runs[0].pull_codec == "topk:ratio=0.1");
+  CHECK(calibration->runs[0].codec_spec == "topk:ratio=0.01");
+  CHECK(calibration->runs[0].steps_to_target == 240);
+  CHECK(calibration->runs[0].link_gbps == 1);
+  CHECK(calibration->runs[1].pulls == "off");
+  CHECK(calibration->runs[1].steps_to_target == -1);
+
+  auto bad = ParseCalibration("{\"run_id\": 1,\n not json\n", "mlp");
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().message() == "calibration line 1 is not a JSON object");
+  auto missing = ParseCalibration("{\"run_id\":\"x\",\"model\":\"mlp\"}\n", "mlp");
+  REQUIRE(!missing.ok());
+  CHECK(missing.status().message() == "calibration line 1 has no \"sync\"");
+  auto other = ParseCalibration(text, "replay:vgg16");
+  REQUIRE(!other.ok());
+  CHECK(absl::IsNotFound(other.status()));
+}
+
+TEST_CASE("The grid's names and specs") {
+  CHECK(SyncNames() == std::vector<std::string>{"bsp", "ssp2", "asp", "local4"});
+  CHECK(CodecNames().size() == 13);
+  CHECK(*CodecSpecFor("qsgd8") == "qsgd:levels=127,bucket=512");
+  CHECK(*CodecSpecFor("powersgd2") == "powersgd:rank=2");
+  CHECK(absl::IsNotFound(CodecSpecFor("zip").status()));
+}
+
+}  // namespace
+}  // namespace harrier::advise
