@@ -61,55 +61,67 @@ void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const dou
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
 }
 
-// Column matrix of a 5x5, padding-2 convolution of one example: `in` is
-// channels x side x side; row (c, ky, kx) of `cols` (channels*25 rows of
-// side*side) holds in[c][y + ky - 2][x + kx - 2] * scale + shift, zero
-// outside the image (the padding is applied after the affine map).
-template <typename T, typename Src>
-void Im2Col(const Src* in, int channels, int side, T scale, T shift, T* cols) {
-  const int hw = side * side;
+// Padded planes: a convolution's input with its 2-pixel zero border, so
+// im2col rows are plain fixed-length copies. The border is never written
+// (the arena starts zeroed), only the interior.
+template <int Side>
+constexpr int kPadded = Side + 2 * kPad;
+
+// Writes channels x Side x Side values into the interior of `padded`
+// (channels x kPadded x kPadded), as value * scale + shift.
+template <int Side, typename T, typename Src>
+void PadInto(const Src* in, int channels, T scale, T shift, T* padded) {
+  constexpr int P = kPadded<Side>;
+  for (int c = 0; c < channels; ++c) {
+    for (int y = 0; y < Side; ++y) {
+      const Src* src = in + (c * Side + y) * Side;
+      T* dst = padded + (c * P + y + kPad) * P + kPad;
+      for (int x = 0; x < Side; ++x) dst[x] = static_cast<T>(src[x]) * scale + shift;
+    }
+  }
+}
+
+// Column matrix of a 5x5 convolution of one padded example: row
+// (c, ky, kx) of `cols` (channels*25 rows of Side*Side) holds
+// padded[c][y + ky][x + kx].
+template <int Side, typename T>
+void Im2Col(const T* padded, int channels, T* cols) {
+  constexpr int P = kPadded<Side>;
   for (int c = 0; c < channels; ++c) {
     for (int ky = 0; ky < kKernel; ++ky) {
       for (int kx = 0; kx < kKernel; ++kx) {
-        T* row = cols + static_cast<size_t>((c * kKernel + ky) * kKernel + kx) * hw;
-        const int dx = kx - kPad;
-        const int x0 = std::max(0, -dx), x1 = std::min(side, side - dx);
-        for (int y = 0; y < side; ++y) {
-          T* out = row + y * side;
-          const int iy = y + ky - kPad;
-          if (iy < 0 || iy >= side) {
-            std::fill(out, out + side, T(0));
-            continue;
-          }
-          const Src* src = in + (c * side + iy) * side;
-          for (int x = 0; x < x0; ++x) out[x] = T(0);
-          for (int x = x0; x < x1; ++x) out[x] = static_cast<T>(src[x + dx]) * scale + shift;
-          for (int x = x1; x < side; ++x) out[x] = T(0);
+        T* row = cols + static_cast<size_t>((c * kKernel + ky) * kKernel + kx) * Side * Side;
+        const T* src = padded + (c * P + ky) * P + kx;
+        for (int y = 0; y < Side; ++y) {
+          std::copy(src + y * P, src + y * P + Side, row + y * Side);
         }
       }
     }
   }
 }
 
-// The adjoint of Im2Col (scale 1): adds each column entry into the input
-// position it was read from. `grad_in` must be zeroed by the caller.
-template <typename T>
-void Col2ImAdd(const T* cols, int channels, int side, T* grad_in) {
-  const int hw = side * side;
+// The adjoint of Im2Col: adds each column entry into the padded position
+// it was read from, then writes the interior to `grad_in` (channels x
+// Side x Side). `padded` is scratch of channels x kPadded^2 values.
+template <int Side, typename T>
+void Col2Im(const T* cols, int channels, T* padded, T* grad_in) {
+  constexpr int P = kPadded<Side>;
+  std::fill(padded, padded + channels * P * P, T(0));
   for (int c = 0; c < channels; ++c) {
     for (int ky = 0; ky < kKernel; ++ky) {
       for (int kx = 0; kx < kKernel; ++kx) {
-        const T* row = cols + static_cast<size_t>((c * kKernel + ky) * kKernel + kx) * hw;
-        const int dx = kx - kPad;
-        const int x0 = std::max(0, -dx), x1 = std::min(side, side - dx);
-        for (int y = 0; y < side; ++y) {
-          const int iy = y + ky - kPad;
-          if (iy < 0 || iy >= side) continue;
-          const T* src = row + y * side;
-          T* dst = grad_in + (c * side + iy) * side;
-          for (int x = x0; x < x1; ++x) dst[x + dx] += src[x];
+        const T* row = cols + static_cast<size_t>((c * kKernel + ky) * kKernel + kx) * Side * Side;
+        T* dst = padded + (c * P + ky) * P + kx;
+        for (int y = 0; y < Side; ++y) {
+          for (int x = 0; x < Side; ++x) dst[y * P + x] += row[y * Side + x];
         }
       }
+    }
+  }
+  for (int c = 0; c < channels; ++c) {
+    for (int y = 0; y < Side; ++y) {
+      const T* src = padded + (c * P + y + kPad) * P + kPad;
+      std::copy(src, src + Side, grad_in + (c * Side + y) * Side);
     }
   }
 }
@@ -203,12 +215,17 @@ struct Buffers {
   T* da1;      // 16 x 784
   T* da2;      // 32 x 196
   T* dp1;      // 3136
+  T* pad1;     // 1 x 32 x 32, conv1's padded input
+  T* pad2;     // 16 x 18 x 18, conv2's padded input
+  T* dpad2;    // 16 x 18 x 18, its gradient
   int32_t* idx1;  // batch x 3136 pool1 argmax
   int32_t* idx2;  // batch x 1568 pool2 argmax
 };
 
 constexpr size_t kPerExample = kPool1 + kFlat + kHidden + kClasses + kClasses + kHidden + kFlat;
-constexpr size_t kShared = kC1 * kHw1 + kC2 * kHw2 + 2 * kCols + kC1 * kHw1 + kC2 * kHw2 + kPool1;
+constexpr size_t kShared = kC1 * kHw1 + kC2 * kHw2 + 2 * kCols + kC1 * kHw1 + kC2 * kHw2 + kPool1 +
+                           kPadded<kSide> * kPadded<kSide> +
+                           2 * kC1 * kPadded<kSide2> * kPadded<kSide2>;
 
 // Grows the arena to `batch` examples when it is smaller (the only
 // allocation), then carves it.
@@ -241,6 +258,9 @@ Buffers<T> Carve(int batch, std::vector<T>* arena, std::vector<int32_t>* argmax,
   buf.da1 = take(kC1 * kHw1);
   buf.da2 = take(kC2 * kHw2);
   buf.dp1 = take(kPool1);
+  buf.pad1 = take(kPadded<kSide> * kPadded<kSide>);
+  buf.pad2 = take(kC1 * kPadded<kSide2> * kPadded<kSide2>);
+  buf.dpad2 = take(kC1 * kPadded<kSide2> * kPadded<kSide2>);
   buf.idx1 = argmax->data();
   buf.idx2 = argmax->data() + kPool1 * cap;
   return buf;
@@ -256,10 +276,12 @@ const T* Forward(const Tensors<T>& p, const float* images, int batch, const Buff
   const T shift = static_cast<T>(-kPixelMean / kPixelStd);
   for (int b = 0; b < batch; ++b) {
     T* p1 = buf.p1 + static_cast<size_t>(b) * kPool1;
-    Im2Col(images + static_cast<size_t>(b) * kHw1, 1, kSide, scale, shift, buf.cols);
+    PadInto<kSide>(images + static_cast<size_t>(b) * kHw1, 1, scale, shift, buf.pad1);
+    Im2Col<kSide>(buf.pad1, 1, buf.cols);
     ConvRelu(buf.cols, p[kW1], p[kB1], kC1, kK1, kHw1, buf.a1);
     MaxPool2(buf.a1, kC1, kSide, p1, buf.idx1 + static_cast<size_t>(b) * kPool1);
-    Im2Col(p1, kC1, kSide2, T(1), T(0), buf.cols);
+    PadInto<kSide2>(p1, kC1, T(1), T(0), buf.pad2);
+    Im2Col<kSide2>(buf.pad2, kC1, buf.cols);
     ConvRelu(buf.cols, p[kW2], p[kB2], kC2, kK2, kHw2, buf.a2);
     MaxPool2(buf.a2, kC2, kSide2, buf.p2 + static_cast<size_t>(b) * kFlat,
              buf.idx2 + static_cast<size_t>(b) * kFlat);
@@ -331,18 +353,19 @@ double LossAndGradients(const Tensors<T>& p, const float* images, const uint8_t*
                      buf.p2 + static_cast<size_t>(b) * kFlat,
                      buf.idx2 + static_cast<size_t>(b) * kFlat, kFlat, buf.da2, kC2 * kHw2);
     AddRowSums(buf.da2, kC2, kHw2, g[kB2]);
-    Im2Col(p1, kC1, kSide2, T(1), T(0), buf.cols);
+    PadInto<kSide2>(p1, kC1, T(1), T(0), buf.pad2);
+    Im2Col<kSide2>(buf.pad2, kC1, buf.cols);
     Gemm(CblasNoTrans, CblasTrans, kC2, kK2, kHw2, buf.da2, kHw2, buf.cols, kHw2, T(1), g[kW2],
          kK2);
     Gemm(CblasTrans, CblasNoTrans, kK2, kHw2, kC2, p[kW2], kK2, buf.da2, kHw2, T(0), buf.dcols,
          kHw2);
-    std::fill(buf.dp1, buf.dp1 + kPool1, T(0));
-    Col2ImAdd(buf.dcols, kC1, kSide2, buf.dp1);
+    Col2Im<kSide2>(buf.dcols, kC1, buf.dpad2, buf.dp1);
     // conv1: no gradient w.r.t. the images is needed.
     PoolReluBackward(buf.dp1, p1, buf.idx1 + static_cast<size_t>(b) * kPool1, kPool1, buf.da1,
                      kC1 * kHw1);
     AddRowSums(buf.da1, kC1, kHw1, g[kB1]);
-    Im2Col(images + static_cast<size_t>(b) * kHw1, 1, kSide, scale, shift, buf.cols);
+    PadInto<kSide>(images + static_cast<size_t>(b) * kHw1, 1, scale, shift, buf.pad1);
+    Im2Col<kSide>(buf.pad1, 1, buf.cols);
     Gemm(CblasNoTrans, CblasTrans, kC1, kK1, kHw1, buf.da1, kHw1, buf.cols, kHw1, T(1), g[kW1],
          kK1);
   }
