@@ -176,9 +176,10 @@ TEST_CASE("layout: names, shapes and 215,370 parameters in contract order") {
   CHECK(cnn->input_size() == 784);
   CHECK(cnn->num_classes() == 10);
   CHECK(cnn->device() == nullptr);
-  // He-uniform bounds (fan in 25, 400, 1568), Glorot for fc2, zero biases.
+  // Bounds sqrt(3 / fan in) (fan in 25, 400, 1568), Glorot for fc2, zero
+  // biases.
   const std::vector<std::pair<int, double>> limits = {
-      {0, std::sqrt(6.0 / 25)}, {2, std::sqrt(6.0 / 400)}, {4, std::sqrt(6.0 / 1568)},
+      {0, std::sqrt(3.0 / 25)}, {2, std::sqrt(3.0 / 400)}, {4, std::sqrt(3.0 / 1568)},
       {6, std::sqrt(6.0 / 138)}};
   for (const auto& [index, limit] : limits) {
     float largest = 0;
@@ -400,17 +401,17 @@ TEST_CASE("Evaluate counts the examples whose largest logit is the label") {
   CHECK(*accuracy == Approx(0.6).margin(1e-12));
 }
 
-TEST_CASE("a short training reaches 0.75 on held-out test examples") {
-  // 300 steps of batch 32 over 4,096 training examples (about 2.3 epochs),
-  // plain SGD; held out: the last 2,000 test examples. Measured 0.80-0.81
-  // (seeds 1-3).
+TEST_CASE("a short training reaches 0.72 on held-out test examples") {
+  // 200 steps of batch 32 over 4,096 training examples (1.6 epochs), plain
+  // SGD at lr 0.1; held out: the last 2,000 test examples. Measured 0.80
+  // with seed 1 (0.78 and 0.80 with seeds 2 and 3).
   const Dataset& train = TrainSet();
   const Dataset held_out = TestTail(2000);
   absl::StatusOr<Cnn> cnn = Cnn::Create(CnnOptions{1});
   REQUIRE(cnn.ok());
   absl::StatusOr<double> initial = cnn->Evaluate(held_out);
   REQUIRE(initial.ok());
-  const int batch = 32, steps = 300;
+  const int batch = 32, steps = 200;
   std::vector<int> order(train.num_examples);
   std::iota(order.begin(), order.end(), 0);
   std::mt19937 rng(11);
@@ -433,7 +434,7 @@ TEST_CASE("a short training reaches 0.75 on held-out test examples") {
     REQUIRE(loss.ok());
     if (step < 20) first_loss += *loss / 20;
     if (step >= steps - 20) last_loss += *loss / 20;
-    REQUIRE(cnn->SgdStep(grads, 0.05f).ok());
+    REQUIRE(cnn->SgdStep(grads, 0.1f).ok());
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -445,7 +446,7 @@ TEST_CASE("a short training reaches 0.75 on held-out test examples") {
               *accuracy);
   CHECK(*initial < 0.3);
   CHECK(last_loss < 0.5 * first_loss);
-  CHECK(*accuracy >= 0.75);
+  CHECK(*accuracy >= 0.72);
 }
 
 // Not run by default: `bazel run -c opt //tests/workload:cnn_test -- "[.bench]"`

@@ -426,12 +426,17 @@ absl::StatusOr<Cnn> Cnn::Create(const CnnOptions& options) {
   Cnn cnn;
   cnn.params_ = CnnParamLayout();
   std::mt19937_64 rng(options.seed);
-  // He-uniform (fan in) for the layers that feed a ReLU, Glorot-uniform for
-  // the logits, drawn in params() order from one generator.
+  // Uniform with variance 1 / fan_in (He's with gain 1) for the layers that
+  // feed a ReLU, Glorot-uniform for the logits, drawn in params() order from
+  // one generator. Not He's gain of 2: each 2x2 max-pool raises the second
+  // moment, and with it the initial loss was 4.7 instead of 2.4 at batch
+  // 256, and a 2-worker BSP run at the quickstart's nesterov lr 0.05
+  // killed every ReLU within 10 steps (test accuracy 0.10); with gain 1,
+  // 80 such steps reach 0.83 on held-out test examples (0.75 with He's).
   const std::array<std::pair<int, float>, 4> weights = {{
-      {kW1, std::sqrt(6.0f / kK1)},
-      {kW2, std::sqrt(6.0f / kK2)},
-      {kW3, std::sqrt(6.0f / kFlat)},
+      {kW1, std::sqrt(3.0f / kK1)},
+      {kW2, std::sqrt(3.0f / kK2)},
+      {kW3, std::sqrt(3.0f / kFlat)},
       {kW4, std::sqrt(6.0f / (kHidden + kClasses))},
   }};
   for (const auto& [index, limit] : weights) {

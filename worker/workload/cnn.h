@@ -27,9 +27,10 @@ struct CnnOptions {
 // params(), in order: conv1.weight {16,1,5,5}, conv1.bias {16},
 // conv2.weight {32,16,5,5}, conv2.bias {32}, fc1.weight {128,1568},
 // fc1.bias {128}, fc2.weight {10,128}, fc2.bias {10}: 215,370 floats.
-// Weights are He-uniform (conv1, conv2, fc1: they feed a ReLU) or
-// Glorot-uniform (fc2, the logits) from the seed, bit-identical on every
-// machine; biases start at zero.
+// Weights are uniform in +-sqrt(3 / fan_in) (conv1, conv2, fc1: He's
+// initialisation with gain 1, see Create in cnn.cc) or Glorot-uniform (fc2,
+// the logits) from the seed, bit-identical on every machine; biases start
+// at zero.
 //
 // Convolutions are im2col + cblas_sgemm, one example at a time (an
 // example's column matrix, 400 x 196 floats for conv2, stays in cache),
