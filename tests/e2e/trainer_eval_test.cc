@@ -141,7 +141,8 @@ WorkerRun RunWorker(double target, const std::string& name,
 }
 
 TEST_CASE("harrier-worker --eval_every: eval lines and time_to_accuracy_s at a reachable target") {
-  const WorkerRun run = RunWorker(0.5, "reachable");
+  const std::string metrics = absl::StrCat(testing::TempDir(), "/reachable_metrics.jsonl");
+  const WorkerRun run = RunWorker(0.5, "reachable", {"--max_steps=45", "--metrics_out=" + metrics});
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   const std::vector<EvalLine> lines = EvalLines(run.output);
@@ -154,6 +155,30 @@ TEST_CASE("harrier-worker --eval_every: eval lines and time_to_accuracy_s at a r
     CHECK(lines[i].accuracy <= 1.0);
     if (i > 0) CHECK(lines[i].wall_s > lines[i - 1].wall_s);
     CHECK(lines[i].loss > 0);
+  }
+  // loss= is the mean of the per-step losses (--metrics_out) since the
+  // previous eval line: steps 1-10, 11-20, ..., 41-45.
+  std::vector<double> step_loss(46, -1);
+  {
+    std::istringstream in(ReadFile(metrics));
+    const std::regex step_pattern(R"("step":(\d+),"loss":([0-9.]+))");
+    for (std::string line; std::getline(in, line);) {
+      std::smatch match;
+      if (!std::regex_search(line, match, step_pattern)) continue;
+      const long long step = std::stoll(match[1]);
+      if (step >= 1 && step <= 45) step_loss[step] = std::stod(match[2]);
+    }
+  }
+  long long previous = 0;
+  for (const EvalLine& line : lines) {
+    double sum = 0;
+    for (long long step = previous + 1; step <= line.step; ++step) {
+      REQUIRE(step_loss[step] >= 0);
+      sum += step_loss[step];
+    }
+    INFO("eval line at step " << line.step);
+    CHECK(line.loss == Approx(sum / (line.step - previous)).margin(0.0001));
+    previous = line.step;
   }
   // The first interval starts from the seed's loss (about 2.3).
   CHECK(lines.back().loss < 0.7 * lines.front().loss);
