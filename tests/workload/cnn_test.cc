@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <numeric>
 #include <random>
@@ -411,7 +412,13 @@ TEST_CASE("a short training reaches 0.72 on held-out test examples") {
   REQUIRE(cnn.ok());
   absl::StatusOr<double> initial = cnn->Evaluate(held_out);
   REQUIRE(initial.ok());
-  const int batch = 32, steps = 200;
+  // Under the sanitizers (HARRIER_TEST_SLOWDOWN set, tests/sanitizers)
+  // 20 steps run the same code for memory errors in a fraction of the time
+  // (200 took 150 s of the 190 under ASan); the accuracy is checked in the
+  // plain build.
+  const char* slowdown = std::getenv("HARRIER_TEST_SLOWDOWN");
+  const bool sanitized = slowdown != nullptr && std::atof(slowdown) > 1;
+  const int batch = 32, steps = sanitized ? 20 : 200;
   std::vector<int> order(train.num_examples);
   std::iota(order.begin(), order.end(), 0);
   std::mt19937 rng(11);
@@ -445,6 +452,10 @@ TEST_CASE("a short training reaches 0.72 on held-out test examples") {
               steps, batch, seconds, 1000 * seconds / steps, first_loss, last_loss, *initial,
               *accuracy);
   CHECK(*initial < 0.3);
+  if (sanitized) {
+    WARN("HARRIER_TEST_SLOWDOWN=" << slowdown << ": 20 steps, accuracy not checked");
+    return;
+  }
   CHECK(last_loss < 0.5 * first_loss);
   CHECK(*accuracy >= 0.72);
 }
