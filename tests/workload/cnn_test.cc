@@ -1,11 +1,13 @@
 #include "worker/workload/cnn.h"
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <ctime>
 #include <numeric>
 #include <random>
@@ -15,6 +17,20 @@
 
 #include "absl/status/status.h"
 #include "worker/workload/fashion_mnist.h"
+
+// Counts heap allocations, so a test can assert that a training step
+// after the first allocates nothing.
+namespace {
+std::atomic<int64_t> allocations{0};
+}  // namespace
+
+void* operator new(size_t size) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace harrier::workload {
 namespace {
@@ -362,6 +378,22 @@ TEST_CASE("scratch reuse across batch sizes gives the same gradients") {
   REQUIRE(cnn.ComputeGradients(train.image(10), &train.labels[10], 9, &got).ok());
   REQUIRE(cnn.ComputeGradients(train.image(0), train.labels.data(), 3, &got).ok());
   CHECK(got == expected);
+}
+
+TEST_CASE("a step after the first at that batch size allocates nothing") {
+  Cnn cnn = NudgedCnn(8);
+  const Dataset& train = TrainSet();
+  Gradients grads;
+  REQUIRE(cnn.ComputeGradients(train.image(0), train.labels.data(), 16, &grads).ok());
+  REQUIRE(cnn.SgdStep(grads, 0.01f).ok());
+  const int64_t before = allocations.load();
+  const bool step_ok =
+      cnn.ComputeGradients(train.image(16), &train.labels[16], 16, &grads).ok() &&
+      cnn.SgdStep(grads, 0.01f).ok() &&
+      cnn.ComputeGradients(train.image(32), &train.labels[32], 8, &grads).ok();
+  const int64_t during = allocations.load() - before;
+  CHECK(step_ok);
+  CHECK(during == 0);
 }
 
 TEST_CASE("SgdStep subtracts lr times the gradients") {
