@@ -19,18 +19,37 @@
 #include "worker/workload/fashion_mnist.h"
 
 // Counts heap allocations, so a test can assert that a training step
-// after the first allocates nothing.
+// after the first allocates nothing. Not under the sanitizers, which
+// replace operator new themselves (ours would pair their new with free).
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define HARRIER_CNN_TEST_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define HARRIER_CNN_TEST_SANITIZED 1
+#endif
+
 namespace {
 std::atomic<int64_t> allocations{0};
 }  // namespace
 
+#ifndef HARRIER_CNN_TEST_SANITIZED
 void* operator new(size_t size) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](size_t size) {
   allocations.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete[](void* p, size_t) noexcept { std::free(p); }
+#endif
 
 namespace harrier::workload {
 namespace {
@@ -393,7 +412,12 @@ TEST_CASE("a step after the first at that batch size allocates nothing") {
       cnn.ComputeGradients(train.image(32), &train.labels[32], 8, &grads).ok();
   const int64_t during = allocations.load() - before;
   CHECK(step_ok);
+#ifdef HARRIER_CNN_TEST_SANITIZED
+  WARN("sanitizer build: allocations not counted");
+  (void)during;
+#else
   CHECK(during == 0);
+#endif
 }
 
 TEST_CASE("SgdStep subtracts lr times the gradients") {
