@@ -2,12 +2,17 @@
 # Harrier's main job: a local cluster on 127.0.0.1 (server shards + workers)
 # training on Fashion-MNIST, ending with a line test_accuracy=0.XXXX.
 #
-#   ./deploy/quickstart.sh [--workload=mlp|torch-cnn] [--shards=2] [--workers=4]
+#   ./deploy/quickstart.sh [--workload=mlp|cnn|torch-cnn] [--shards=2] [--workers=4]
 #                          [--epochs=E] [--sync=bsp] [--server_args="..."]
 #                          [--straggler_delay_ms=N] [--straggler_probability=P]
 #                          [-- extra worker flags]
 #
 # --workload=mlp (default): the C++ harrier-worker trains an MLP (5 epochs).
+# --workload=cnn: the C++ harrier-worker trains the CNN of
+# examples/torch_fashion_mnist.py (--workload=cnn, batch 64 per worker:
+# global batch 256 with 4 workers, as torch-cnn), 6 epochs, nesterov with
+# momentum 0.9 as torch-cnn but lr 0.02 (4 workers: 0.9036 where torch-cnn's
+# lr 0.05 gave 0.8981; the C++ trainer does not reshuffle between epochs).
 # --workload=torch-cnn: examples/torch_fashion_mnist.py, a PyTorch CNN, one
 # /usr/bin/python3 process per worker through the harrier Python package
 # (its own default epochs; the servers get its --print_server_args).
@@ -46,11 +51,14 @@ while (($#)); do
 done
 case "$workload" in
   mlp) epochs=${epochs:-5}; server_args=${server_args:-"--optimizer=nesterov --lr=0.05 --momentum=0.9"} ;;
+  cnn)
+    epochs=${epochs:-6}; server_args=${server_args:-"--optimizer=nesterov --lr=0.02 --momentum=0.9"}
+    worker_args=(--workload=cnn ${worker_args[@]+"${worker_args[@]}"}) ;;
   torch-cnn)
     if [ "$straggler_delay_ms" != 0 ]; then
-      echo "quickstart: --straggler_delay_ms applies to --workload=mlp only" >&2; exit 2
+      echo "quickstart: --straggler_delay_ms applies to --workload=mlp and cnn only" >&2; exit 2
     fi ;;
-  *) echo "quickstart: unknown workload '$workload' (mlp or torch-cnn)" >&2; exit 2 ;;
+  *) echo "quickstart: unknown workload '$workload' (mlp, cnn or torch-cnn)" >&2; exit 2 ;;
 esac
 for value in "$shards" "$workers" ${epochs:+"$epochs"}; do
   [[ $value =~ ^[1-9][0-9]*$ ]] || { echo "quickstart: counts must be positive integers" >&2; exit 2; }

@@ -106,17 +106,19 @@ absl::StatusOr<double> EvaluateModel(workload::Model& model, const workload::Dat
 // With the comm scheduler they are complete only once the next step's
 // WaitParameters returned (its pulls write the buffers in the background),
 // so Train evaluates there, or after Drain following the last step.
+// `loss` is the mean training loss of this worker's steps since its
+// previous eval line (-1 when there were none).
 absl::Status EvaluatePeriodically(workload::Model& model, const workload::Dataset& test,
                                   const TrainerOptions& options, int64_t steps_done,
-                                  absl::Time train_start, TrainResult* result) {
+                                  absl::Time train_start, double loss, TrainResult* result) {
   const absl::Time eval_start = absl::Now();
   const double train_wall_s =
       absl::ToDoubleSeconds(eval_start - train_start) - result->eval_seconds;
   auto accuracy = EvaluateModel(model, test);
   result->eval_seconds += absl::ToDoubleSeconds(absl::Now() - eval_start);
   if (!accuracy.ok()) return accuracy.status();
-  std::fprintf(stderr, "eval step=%lld accuracy=%.4f wall_s=%.3f\n",
-               static_cast<long long>(steps_done), *accuracy, train_wall_s);
+  std::fprintf(stderr, "eval step=%lld accuracy=%.4f wall_s=%.3f loss=%.4f\n",
+               static_cast<long long>(steps_done), *accuracy, train_wall_s, loss);
   if (options.target_accuracy > 0 && result->time_to_target_s < 0 &&
       *accuracy >= options.target_accuracy) {
     result->time_to_target_s = train_wall_s;
@@ -230,6 +232,15 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   absl::Time interval_start = start;
   double interval_loss = 0;
   int64_t interval_steps = 0;
+  // The eval line's loss: steps since the previous eval line.
+  double eval_loss_sum = 0;
+  int64_t eval_loss_steps = 0;
+  auto take_eval_loss = [&eval_loss_sum, &eval_loss_steps] {
+    const double mean = eval_loss_steps > 0 ? eval_loss_sum / eval_loss_steps : -1;
+    eval_loss_sum = 0;
+    eval_loss_steps = 0;
+    return mean;
+  };
   // The scheduler pulls step 0's parameters itself.
   absl::Status status = scheduler != nullptr ? absl::OkStatus() : PullAll(client, buffers);
   const int num_params = static_cast<int>(model.params().size());
@@ -262,7 +273,8 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
         // (the scheduler's pulls write them in the background).
         eval_due = false;
         if (metrics != nullptr) std::fflush(metrics);
-        status = EvaluatePeriodically(model, *test, options, step, start, &result);
+        status = EvaluatePeriodically(model, *test, options, step, start, take_eval_loss(),
+                                      &result);
         if (!status.ok()) break;
       }
     }
@@ -280,6 +292,8 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     if (step == first_step) result.first_loss = *loss;
     interval_loss += *loss;
     ++interval_steps;
+    eval_loss_sum += *loss;
+    ++eval_loss_steps;
     if (options.step_delay_ms > 0 && straggle(delay_rng) < options.step_delay_probability) {
       std::this_thread::sleep_for(std::chrono::milliseconds(options.step_delay_ms));
     }
@@ -377,7 +391,8 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
         // A bench may stop the job once an eval line shows the target: the
         // traffic so far must be on disk by then.
         if (metrics != nullptr) std::fflush(metrics);
-        status = EvaluatePeriodically(model, *test, options, step + 1, start, &result);
+        status = EvaluatePeriodically(model, *test, options, step + 1, start, take_eval_loss(),
+                                      &result);
         if (!status.ok()) break;
       } else {
         eval_due = true;

@@ -32,8 +32,9 @@ struct TrainerOptions {
   std::string metrics_out;      // JSON lines file; empty: none
   bool evaluate = true;         // rank 0 evaluates the test set at the end
   // Rank 0 evaluates the test set every eval_every_steps steps (and after
-  // the last one), printing `eval step=N accuracy=A wall_s=W` on stderr;
-  // 0: never. The first evaluation at or above target_accuracy (> 0) sets
+  // the last one), printing `eval step=N accuracy=A wall_s=W loss=L` on
+  // stderr (L: the mean training loss of rank 0's steps since its previous
+  // eval line); 0: never. The first evaluation at or above target_accuracy (> 0) sets
   // TrainResult::time_to_target_s.
   int eval_every_steps = 0;
   double target_accuracy = 0;

@@ -29,6 +29,7 @@
 #include "worker/comm_scheduler.h"
 #include "worker/replay_trainer.h"
 #include "worker/trainer.h"
+#include "worker/workload/cnn.h"
 #include "worker/workload/fashion_mnist.h"
 #include "worker/workload/mlp.h"
 #include "worker/workload/model.h"
@@ -48,9 +49,10 @@ ABSL_FLAG(std::string, job, "harrier",
           "Job name carried in every message; must match the servers' --job (else every call "
           "is refused FAILED_PRECONDITION).");
 ABSL_FLAG(std::string, workload, "mlp",
-          "Built-in workload: mlp (Fashion-MNIST), or replay:resnet50|replay:vgg16|"
-          "replay:bert-base (a real model's tensors with seeded gradients and modelled compute; "
-          "no data set).");
+          "Built-in workload: mlp (Fashion-MNIST, --layers), cnn (Fashion-MNIST, the conv 16-32 / "
+          "fc 128 net of examples/torch_fashion_mnist.py, 215,370 parameters, CPU only), or "
+          "replay:resnet50|replay:vgg16|replay:bert-base (a real model's tensors with seeded "
+          "gradients and modelled compute; no data set).");
 ABSL_FLAG(double, compute_scale, 1.0,
           "Replay: multiplies the model's per-layer compute times (0: no compute).");
 ABSL_FLAG(int64_t, warmup_steps, 1, "Replay: steps run before the --max_steps timed ones.");
@@ -68,7 +70,9 @@ ABSL_FLAG(std::string, optimizer, "sgd",
           "Replay: the servers' --optimizer; the exact check of the final parameters runs under "
           "bsp with sgd only.");
 ABSL_FLAG(double, lr, 0.01, "Replay: the servers' --lr, which the exact check assumes.");
-ABSL_FLAG(std::string, layers, "784,256,256,10", "MLP layer sizes, input first, classes last.");
+constexpr char kDefaultLayers[] = "784,256,256,10";
+ABSL_FLAG(std::string, layers, kDefaultLayers,
+          "MLP layer sizes, input first, classes last (--workload=mlp only).");
 ABSL_FLAG(std::string, data_dir, harrier::workload::kDefaultFashionMnistDir,
           "Directory with Fashion-MNIST IDX files (.gz or plain).");
 ABSL_FLAG(int, epochs, 1, "Passes over this worker's shard of the training set.");
@@ -78,11 +82,12 @@ ABSL_FLAG(int64_t, max_steps, -1,
 ABSL_FLAG(int, train_examples, 0, "Use only the first N training examples (0: all).");
 ABSL_FLAG(std::string, device, "cpu", "Where the workload runs: cpu|cuda.");
 ABSL_FLAG(std::string, metrics_out, "",
-          "Write one JSON line per training step here (the mlp workload; docs/deploy.md).");
+          "Write one JSON line per training step here (mlp and cnn workloads; docs/deploy.md).");
 ABSL_FLAG(int, log_every, 100, "Steps between progress lines on stderr.");
 ABSL_FLAG(int, eval_every, 0,
-          "Rank 0 evaluates the test set every N steps: 'eval step=N accuracy=A wall_s=W' on "
-          "stderr, evaluation time excluded from W (0: only at the end).");
+          "Rank 0 evaluates the test set every N steps: 'eval step=N accuracy=A wall_s=W loss=L' "
+          "on stderr, evaluation time excluded from W, L the mean training loss of rank 0's "
+          "steps since its previous eval line (0: only at the end).");
 ABSL_FLAG(double, target_accuracy, 0,
           "With --eval_every: rank 0 prints time_to_accuracy_s=X on stdout, the training wall "
           "time to the first evaluation at or above this accuracy (-1: never reached).");
@@ -170,7 +175,8 @@ int main(int argc, char** argv) {
   HandleStopSignals();
   harrier::ParseFlags(argc, argv,
                       "The Harrier worker agent: trains a workload through the parameter servers.\n"
-                      "Usage: harrier-worker --servers=HOST:PORT,... [--epochs=N] [flags]\n"
+                      "Usage: harrier-worker --servers=HOST:PORT,... [--workload=mlp|cnn] "
+                      "[--epochs=N] [flags]\n"
                       "       harrier-worker --servers=... --workload=replay:resnet50 "
                       "[--compute_scale=X] [--techniques=all] [--max_steps=N]\n"
                       "Replay prints one line on stdout: replay_summary {json}.\n"
@@ -189,8 +195,18 @@ int main(int argc, char** argv) {
     auto spec = harrier::workload::FindReplayModel(workload_flag.substr(7));
     if (!spec.ok()) return Fail(absl::StrCat("--workload: ", spec.status().message()));
     replay = std::move(*spec);
+  } else if (workload_flag == "cnn") {
+    // One CPU implementation only; a device model would have to implement
+    // DeviceResidentModel, as cuda::DeviceMlpModel does for the MLP.
+    if (absl::GetFlag(FLAGS_device) != "cpu") {
+      return Fail("--workload=cnn runs on the CPU only; drop --device=" +
+                  absl::GetFlag(FLAGS_device));
+    }
+    if (absl::GetFlag(FLAGS_layers) != kDefaultLayers) {
+      return Fail("--layers applies to --workload=mlp only; the cnn's layers are fixed");
+    }
   } else if (workload_flag != "mlp") {
-    return Fail(absl::StrCat("unknown --workload='", workload_flag, "' (available: mlp, replay:",
+    return Fail(absl::StrCat("unknown --workload='", workload_flag, "' (available: mlp, cnn, replay:",
                              absl::StrJoin(harrier::workload::ReplayModelNames(), ", replay:"),
                              ")"));
   }
@@ -289,7 +305,13 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_train_examples) > 0) {
       train = harrier::workload::Subset(train, absl::GetFlag(FLAGS_train_examples));
     }
-    if (!use_cuda) {
+    if (workload_flag == "cnn") {
+      harrier::workload::CnnOptions cnn_options;
+      cnn_options.seed = absl::GetFlag(FLAGS_seed);
+      auto cnn = harrier::workload::Cnn::Create(cnn_options);
+      if (!cnn.ok()) return Fail(std::string(cnn.status().message()));
+      model = std::make_unique<harrier::workload::Cnn>(std::move(*cnn));
+    } else if (!use_cuda) {
       auto mlp = harrier::workload::Mlp::Create(mlp_options);
       if (!mlp.ok()) return Fail(std::string(mlp.status().message()));
       model = std::make_unique<harrier::workload::Mlp>(std::move(*mlp));

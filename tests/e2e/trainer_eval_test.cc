@@ -14,6 +14,10 @@
 //   in the background after EndBackward) each periodic evaluation sees the
 //   same parameters, so the same accuracy, as without it: evaluation waits
 //   for the step's parameters instead of reading buffers being pulled into.
+// - Every eval line ends with loss=L, the mean training loss of the steps
+//   since the previous line, and it falls as the model trains.
+// - harrier-worker --workload=cnn (the C++ CNN) trains against the real
+//   server the same way; --device=cuda and --layers are refused with it.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -81,11 +85,13 @@ struct EvalLine {
   long long step = 0;
   double accuracy = 0;
   double wall_s = 0;
+  double loss = 0;
 };
 
 std::vector<EvalLine> EvalLines(const std::string& output) {
   std::vector<EvalLine> lines;
-  const std::regex pattern(R"(^eval step=(\d+) accuracy=([0-9.]+) wall_s=([0-9.]+)$)");
+  const std::regex pattern(
+      R"(^eval step=(\d+) accuracy=([0-9.]+) wall_s=([0-9.]+) loss=([0-9.]+)$)");
   std::istringstream in(output);
   for (std::string line; std::getline(in, line);) {
     std::smatch match;
@@ -94,6 +100,7 @@ std::vector<EvalLine> EvalLines(const std::string& output) {
     parsed.step = std::stoll(match[1]);
     parsed.accuracy = std::stod(match[2]);
     parsed.wall_s = std::stod(match[3]);
+    parsed.loss = std::stod(match[4]);
     lines.push_back(parsed);
   }
   return lines;
@@ -115,16 +122,18 @@ struct WorkerRun {
   std::string output;
 };
 
-WorkerRun RunWorker(double target, const std::string& name) {
+WorkerRun RunWorker(double target, const std::string& name,
+                    const std::vector<std::string>& extra_flags = {"--max_steps=45"}) {
   WorkerRun run;
   auto server = StartOneWorkerServer(absl::StrCat(name, "_server.log"));
   const std::string log = absl::StrCat(testing::TempDir(), "/", name, "_worker.log");
-  auto worker = testing::ChildProcess::Start(
-      testing::RunfilePath("worker/harrier-worker"),
-      {"--servers=" + server->address(), "--num_workers=1", "--max_steps=45",
-       "--train_examples=6400", "--eval_every=10", absl::StrCat("--target_accuracy=", target),
-       "--log_every=1000", "--rpc_timeout_s=30"},
-      log);
+  std::vector<std::string> flags = {
+      "--servers=" + server->address(), "--num_workers=1", "--train_examples=6400",
+      "--eval_every=10", absl::StrCat("--target_accuracy=", target), "--log_every=1000",
+      "--rpc_timeout_s=30"};
+  flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
+  auto worker =
+      testing::ChildProcess::Start(testing::RunfilePath("worker/harrier-worker"), flags, log);
   REQUIRE(worker.ok());
   run.exit_code = (*worker)->WaitForExit(60000);
   run.output = ReadFile(log);
@@ -132,7 +141,8 @@ WorkerRun RunWorker(double target, const std::string& name) {
 }
 
 TEST_CASE("harrier-worker --eval_every: eval lines and time_to_accuracy_s at a reachable target") {
-  const WorkerRun run = RunWorker(0.5, "reachable");
+  const std::string metrics = absl::StrCat(testing::TempDir(), "/reachable_metrics.jsonl");
+  const WorkerRun run = RunWorker(0.5, "reachable", {"--max_steps=45", "--metrics_out=" + metrics});
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   const std::vector<EvalLine> lines = EvalLines(run.output);
@@ -144,7 +154,34 @@ TEST_CASE("harrier-worker --eval_every: eval lines and time_to_accuracy_s at a r
     CHECK(lines[i].accuracy > 0.2);
     CHECK(lines[i].accuracy <= 1.0);
     if (i > 0) CHECK(lines[i].wall_s > lines[i - 1].wall_s);
+    CHECK(lines[i].loss > 0);
   }
+  // loss= is the mean of the per-step losses (--metrics_out) since the
+  // previous eval line: steps 1-10, 11-20, ..., 41-45.
+  std::vector<double> step_loss(46, -1);
+  {
+    std::istringstream in(ReadFile(metrics));
+    const std::regex step_pattern(R"("step":(\d+),"loss":([0-9.]+))");
+    for (std::string line; std::getline(in, line);) {
+      std::smatch match;
+      if (!std::regex_search(line, match, step_pattern)) continue;
+      const long long step = std::stoll(match[1]);
+      if (step >= 1 && step <= 45) step_loss[step] = std::stod(match[2]);
+    }
+  }
+  long long previous = 0;
+  for (const EvalLine& line : lines) {
+    double sum = 0;
+    for (long long step = previous + 1; step <= line.step; ++step) {
+      REQUIRE(step_loss[step] >= 0);
+      sum += step_loss[step];
+    }
+    INFO("eval line at step " << line.step);
+    CHECK(line.loss == Approx(sum / (line.step - previous)).margin(0.0001));
+    previous = line.step;
+  }
+  // The first interval starts from the seed's loss (about 2.3).
+  CHECK(lines.back().loss < 0.7 * lines.front().loss);
   // 45 steps of 64 reach about 0.7 from the seed's 0.1: the model trained.
   CHECK(lines.back().accuracy > 0.6);
   const auto time_to_accuracy = KeyValue(run.output, "time_to_accuracy_s");
@@ -163,6 +200,45 @@ TEST_CASE("harrier-worker --eval_every: eval lines and time_to_accuracy_s at a r
   REQUIRE(final_accuracy.has_value());
   // The final evaluation sees the same parameters as the last periodic one.
   CHECK(*final_accuracy == Approx(lines.back().accuracy).margin(0.00011));
+}
+
+TEST_CASE("harrier-worker --workload=cnn trains the CNN through a real server") {
+  // 30 steps of 64, evaluations after 15 and 30 (each of the 10,000 test
+  // examples, the expensive part here).
+  const WorkerRun run =
+      RunWorker(0.5, "cnn", {"--workload=cnn", "--max_steps=30", "--eval_every=15"});
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("215370 parameters") != std::string::npos);
+  const std::vector<EvalLine> lines = EvalLines(run.output);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].step == 15);
+  CHECK(lines[1].step == 30);
+  CHECK(lines[1].loss < 0.7 * lines[0].loss);
+  // Measured 0.68 after 30 steps (the MLP: about 0.6): well above chance.
+  CHECK(lines[1].accuracy > 0.5);
+  const auto final_accuracy = KeyValue(run.output, "test_accuracy");
+  REQUIRE(final_accuracy.has_value());
+  CHECK(*final_accuracy == Approx(lines.back().accuracy).margin(0.00011));
+}
+
+TEST_CASE("harrier-worker --workload=cnn refuses --device=cuda and --layers in one line") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--device=cuda"}, "harrier-worker: --workload=cnn runs on the CPU only; drop --device=cuda\n"},
+      {{"--layers=784,64,10"},
+       "harrier-worker: --layers applies to --workload=mlp only; the cnn's layers are fixed\n"}};
+  int index = 0;
+  for (const auto& [flags, expected] : cases) {
+    // Refused before any server is contacted: the address is never dialled.
+    std::vector<std::string> args = {"--servers=127.0.0.1:1", "--workload=cnn"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const std::string log = absl::StrCat(testing::TempDir(), "/cnn_refused", index++, ".log");
+    auto worker =
+        testing::ChildProcess::Start(testing::RunfilePath("worker/harrier-worker"), args, log);
+    REQUIRE(worker.ok());
+    CHECK((*worker)->WaitForExit(30000) == 1);
+    CHECK(ReadFile(log) == expected);
+  }
 }
 
 TEST_CASE("harrier-worker --eval_every: time_to_accuracy_s is -1 at an unreachable target") {
