@@ -65,6 +65,9 @@ constexpr const char* kUsage =
     "  --run_timeout_s=900      deadline of one run (a run past it is failed)\n"
     "  --dry_run                print the run ids it would run on stdout (and those\n"
     "                           it would skip on stderr); start nothing, write nothing\n"
+    "  --server_flags='F ...'   extra flags for every shard, after the codec's (a later\n"
+    "                           flag wins): for tuning, e.g. '--lr=0.1'\n"
+    "  --worker_flags='F ...'   extra flags for every harrier-worker, likewise\n"
     "  --server_binary=PATH     harrier-server (default: from runfiles)\n"
     "  --worker_binary=PATH     harrier-worker (default: from runfiles)\n"
     "  --help\n";
@@ -172,6 +175,8 @@ struct Options {
   bool resume = true;
   double run_timeout_s = 900;
   bool dry_run = false;
+  std::vector<std::string> server_flags;
+  std::vector<std::string> worker_flags;
   std::string server_binary;
   std::string worker_binary;
 };
@@ -289,6 +294,14 @@ std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
       options->dry_run = value == "true";
     } else if (name == "out_dir") {
       options->out_dir = std::string(value);
+    } else if (name == "server_flags" || name == "worker_flags") {
+      std::vector<std::string> flags = absl::StrSplit(value, ' ', absl::SkipWhitespace());
+      for (const std::string& flag : flags) {
+        if (!absl::StartsWith(flag, "--")) {
+          return absl::StrCat("--", name, ": '", flag, "' is not a --flag");
+        }
+      }
+      (name == "server_flags" ? options->server_flags : options->worker_flags) = flags;
     } else if (name == "server_binary") {
       options->server_binary = std::string(value);
     } else if (name == "worker_binary") {
@@ -644,6 +657,8 @@ absl::StatusOr<Measured> RunOne(const Options& options, const TrainingRunner& ru
   job.server_flags = run.sync->server_flags;
   job.server_flags.insert(job.server_flags.end(), run.codec->server_flags.begin(),
                           run.codec->server_flags.end());
+  job.server_flags.insert(job.server_flags.end(), options.server_flags.begin(),
+                          options.server_flags.end());
   job.worker_flags = {absl::StrCat("--workload=", run.model),
                       absl::StrCat("--epochs=", options.epochs),
                       absl::StrCat("--batch_size=", kBatchSize),
@@ -661,6 +676,8 @@ absl::StatusOr<Measured> RunOne(const Options& options, const TrainingRunner& ru
   }
   job.worker_flags.insert(job.worker_flags.end(), run.codec->worker_flags.begin(),
                           run.codec->worker_flags.end());
+  job.worker_flags.insert(job.worker_flags.end(), options.worker_flags.begin(),
+                          options.worker_flags.end());
   job.stop_at_target = false;
   job.timeout_s = options.run_timeout_s;
   auto outcome = runner.Run(job, tag);
