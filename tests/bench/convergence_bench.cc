@@ -103,7 +103,7 @@ struct GridCodec {
 
 // tta's settings (docs/experiments.md) where tta has the codec, so the two
 // benches train a codec the same way; the others were tuned for this grid
-// (README.md, "convergence").
+// (README.md, "convergence", from 150-step runs).
 const std::vector<GridCodec>& GridCodecs() {
   static const auto* codecs = [] {
     auto from_tta = [](const char* grid_name, const char* tta_name, const char* pull) {
@@ -127,7 +127,7 @@ const std::vector<GridCodec>& GridCodecs() {
         // DGC: the momentum lives in the workers' correction (u = 0.9 u + g,
         // v += u), so the shards run plain SGD.
         {"dgc", "threshold:sample=0.01,ratio=0.01,momentum=0.9", "topk:ratio=0.1",
-         {"--optimizer=sgd", "--lr=0.05"}, {}},
+         {"--optimizer=sgd", "--lr=0.15"}, {}},
         {"qsgd4", "qsgd:levels=7,bucket=512", "fp16", nesterov, {}},
         from_tta("qsgd8", "qsgd8", "fp16"),
         {"terngrad", "terngrad", "fp16", nesterov, {}},
@@ -136,7 +136,8 @@ const std::vector<GridCodec>& GridCodecs() {
         // The vote is +-1 per element: the lr is the step size itself.
         {"signum", "signum", "fp16", {"--optimizer=sgd", "--lr=0.001"},
          {"--signum_momentum=0.9"}},
-        {"onebit", "onebit", "fp16", nesterov, {}},
+        // 1-bit with error feedback, scaled like EF-sign: plain SGD, as efsign.
+        {"onebit", "onebit", "fp16", {"--optimizer=sgd", "--lr=0.7"}, {}},
         from_tta("powersgd2", "powersgd2", "fp16"),
     };
   }();

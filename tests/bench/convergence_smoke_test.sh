@@ -9,7 +9,8 @@
 # the curves (rows with increasing steps), sane values (accuracy in [0, 1],
 # bytes > 0, compressed pushes smaller than none's) and the resume: the
 # finished run is not run again, the failed one is, and every file holds
-# each run once. Needs root: where namespaces cannot be made it prints
+# each run once; a run the worker refuses is recorded as failed with its
+# error. Needs root: where namespaces cannot be made it prints
 # SKIPPED with the reason and passes.
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
@@ -158,6 +159,24 @@ check "third start exits 0 and prints nothing" test "$code|$(grep -c . "$tmp/thi
 check "third start leaves the files as they were" test \
   "$(cat "$dir/runs.jsonl" "$dir/runs.csv" "$dir/curves.csv" | md5sum)" = "$sum_before"
 check "no logs of ok runs left" test ! -e "$dir/logs"
+# A run the binaries refuse is recorded as failed, with the error, and
+# not dropped.
+fdir="$tmp/failgrid"
+rm -rf "$fdir"
+"$bench" convergence --out_dir="$fdir" --models=mlp --syncs=bsp --codecs=none --pulls=off \
+  --links=1 --workers=2 --shards=1 --train_examples=2560 --epochs=1 --run_timeout_s=60 \
+  --worker_flags=--no_such_flag >"$tmp/fail.out" 2>"$tmp/fail.err"
+code=$?
+line=$(cat "$fdir/runs.jsonl")
+check "refused run: exit 1" test "$code" -eq 1
+check "refused run: status failed" test "$(field "$line" status)" = failed
+grep -Eq '"error":"harrier-worker rank [01] exited with status 1: .*no_such_flag' <<<"$line" &&
+  pass "refused run: the worker's error in the line" || fail "refused run: error in '$line'"
+check "refused run: same line on stdout" test "$(cat "$tmp/fail.out")" = "$line"
+check "refused run: no curve rows" test "$(grep -c . "$fdir/curves.csv")" -eq 1
+grep -q no_such_flag "$fdir/logs/mlp-bsp-none-pulloff-1g/"run_worker*.log &&
+  pass "refused run: its logs kept" || fail "refused run: no logs in $fdir/logs"
+
 leftover=$(ip netns list 2>/dev/null | grep -c '^hconv' || true)
 check "no namespace left ($leftover)" test "$leftover" -eq 0
 
