@@ -122,20 +122,25 @@ const std::vector<GridCodec>& GridCodecs() {
         // Unscaled random-k: the client keeps what was not sent in its
         // error feedback (NeedsErrorFeedback), as for top-k; the scaled,
         // unbiased form multiplies each sent value by 100 at 1 %.
-        {"randomk", "randomk:ratio=0.01,scale=0", "topk:ratio=0.1",
-         {"--optimizer=nesterov", "--lr=0.08", "--momentum=0.9"}, {}},
+        {"randomk",
+         "randomk:ratio=0.01,scale=0",
+         "topk:ratio=0.1",
+         {"--optimizer=nesterov", "--lr=0.08", "--momentum=0.9"},
+         {}},
         // DGC: the momentum lives in the workers' correction (u = 0.9 u + g,
         // v += u), so the shards run plain SGD.
-        {"dgc", "threshold:sample=0.01,ratio=0.01,momentum=0.9", "topk:ratio=0.1",
-         {"--optimizer=sgd", "--lr=0.15"}, {}},
+        {"dgc",
+         "threshold:sample=0.01,ratio=0.01,momentum=0.9",
+         "topk:ratio=0.1",
+         {"--optimizer=sgd", "--lr=0.15"},
+         {}},
         {"qsgd4", "qsgd:levels=7,bucket=512", "fp16", nesterov, {}},
         from_tta("qsgd8", "qsgd8", "fp16"),
         {"terngrad", "terngrad", "fp16", nesterov, {}},
         {"signsgd", "sign:scale=1", "fp16", {"--optimizer=sgd", "--lr=0.7"}, {}},
         from_tta("efsign", "efsign", "fp16"),
         // The vote is +-1 per element: the lr is the step size itself.
-        {"signum", "signum", "fp16", {"--optimizer=sgd", "--lr=0.001"},
-         {"--signum_momentum=0.9"}},
+        {"signum", "signum", "fp16", {"--optimizer=sgd", "--lr=0.001"}, {"--signum_momentum=0.9"}},
         // 1-bit with error feedback, scaled like EF-sign: plain SGD, as efsign.
         {"onebit", "onebit", "fp16", {"--optimizer=sgd", "--lr=0.7"}, {}},
         from_tta("powersgd2", "powersgd2", "fp16"),
@@ -228,8 +233,7 @@ std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
       for (const std::string& codec : SplitList(value)) {
         const GridCodec* setting = FindByName(GridCodecs(), codec);
         if (setting == nullptr) {
-          return absl::StrCat("--codecs: unknown codec '", codec, "' (", Names(GridCodecs()),
-                              ")");
+          return absl::StrCat("--codecs: unknown codec '", codec, "' (", Names(GridCodecs()), ")");
         }
         options->codecs.push_back(setting);
       }
@@ -265,8 +269,7 @@ std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
         }
         options->targets[parts[0]] = target;
       }
-    } else if (name == "workers" || name == "shards" || name == "epochs" ||
-               name == "eval_every") {
+    } else if (name == "workers" || name == "shards" || name == "epochs" || name == "eval_every") {
       int number = 0;
       if (!absl::SimpleAtoi(value, &number) || number < 1) {
         return absl::StrCat("bad --", name, "='", value, "' (a positive integer)");
@@ -332,16 +335,31 @@ struct Field {
 using Record = std::vector<Field>;
 
 const std::vector<std::string>& RunKeys() {
-  static const auto* keys = new std::vector<std::string>{
-      "bench",          "run_id",           "model",
-      "sync",           "codec",            "codec_spec",
-      "pull_codec",     "link_gbps",        "link_measured_gbps",
-      "workers",        "shards",           "batch_size",
-      "target_accuracy", "time_to_target_s", "steps_to_target",
-      "final_accuracy", "best_accuracy",    "final_loss",
-      "steps",          "wall_s",           "step_s",
-      "bytes_up_per_step", "bytes_down_per_step", "status",
-      "error"};
+  static const auto* keys = new std::vector<std::string>{"bench",
+                                                         "run_id",
+                                                         "model",
+                                                         "sync",
+                                                         "codec",
+                                                         "codec_spec",
+                                                         "pull_codec",
+                                                         "link_gbps",
+                                                         "link_measured_gbps",
+                                                         "workers",
+                                                         "shards",
+                                                         "batch_size",
+                                                         "target_accuracy",
+                                                         "time_to_target_s",
+                                                         "steps_to_target",
+                                                         "final_accuracy",
+                                                         "best_accuracy",
+                                                         "final_loss",
+                                                         "steps",
+                                                         "wall_s",
+                                                         "step_s",
+                                                         "bytes_up_per_step",
+                                                         "bytes_down_per_step",
+                                                         "status",
+                                                         "error"};
   return *keys;
 }
 
@@ -589,8 +607,7 @@ Record MakeRecord(const Options& options, const RunSpec& run, double measured_gb
   double up = -1, down = -1;
   if (!measured.traffic.empty() && measured.traffic.back().step > 0) {
     up = measured.traffic.back().bytes_pushed / static_cast<double>(measured.traffic.back().step);
-    down =
-        measured.traffic.back().bytes_pulled / static_cast<double>(measured.traffic.back().step);
+    down = measured.traffic.back().bytes_pulled / static_cast<double>(measured.traffic.back().step);
   }
   auto str = [](const char* key, std::string text) { return Field{key, std::move(text), true}; };
   auto num = [](const char* key, std::string text) { return Field{key, std::move(text), false}; };
@@ -688,8 +705,8 @@ absl::StatusOr<Measured> RunOne(const Options& options, const TrainingRunner& ru
   measured.traffic = ReadTraffic(outcome->metrics_path);
   measured.wall_s = outcome->wall_s;
   if (measured.evals.empty()) {
-    return absl::InternalError(absl::StrCat("rank 0 printed no eval line: ",
-                                            Tail(outcome->rank0_stdout, 300)));
+    return absl::InternalError(
+        absl::StrCat("rank 0 printed no eval line: ", Tail(outcome->rank0_stdout, 300)));
   }
   return measured;
 }
@@ -758,8 +775,8 @@ int RunConvergenceBench(int argc, char** argv) {
   std::error_code error_code;
   std::filesystem::create_directories(dir, error_code);
   if (error_code) {
-    std::fprintf(stderr, "harrier-bench convergence: cannot create --out_dir=%s: %s\n",
-                 dir.c_str(), error_code.message().c_str());
+    std::fprintf(stderr, "harrier-bench convergence: cannot create --out_dir=%s: %s\n", dir.c_str(),
+                 error_code.message().c_str());
     return 1;
   }
   int dropped = 0;
@@ -770,15 +787,12 @@ int RunConvergenceBench(int argc, char** argv) {
     return 1;
   }
   done = std::move(*prepared);
+  const size_t already = static_cast<size_t>(std::count_if(
+      grid.begin(), grid.end(), [&](const RunSpec& run) { return done.count(run.run_id()) > 0; }));
   std::fprintf(stderr,
                "convergence: %zu runs in the grid, %zu already ok in %s/runs.jsonl (%d failed or "
                "incomplete lines dropped)\n",
-               grid.size(), static_cast<size_t>(std::count_if(grid.begin(), grid.end(),
-                                                              [&](const RunSpec& run) {
-                                                                return done.count(run.run_id()) >
-                                                                       0;
-                                                              })),
-               dir.c_str(), dropped);
+               grid.size(), already, dir.c_str(), dropped);
 
   auto server_binary = PrepareServerBench("convergence", options.server_binary);
   if (!server_binary.ok()) return 1;
@@ -841,8 +855,8 @@ int RunConvergenceBench(int argc, char** argv) {
         error = OneLine(measured.status().message());
         ++failures;
       }
-      const Record record = MakeRecord(options, *run, *measured_gbps,
-                                       measured.ok() ? *measured : Measured{}, error);
+      const Record record =
+          MakeRecord(options, *run, *measured_gbps, measured.ok() ? *measured : Measured{}, error);
       // curves first, runs.jsonl last: a kill in between leaves rows that the
       // next start drops, since the run has no ok line yet.
       absl::Status written = absl::OkStatus();

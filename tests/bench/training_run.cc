@@ -29,13 +29,18 @@ const std::vector<CodecSetting>& CodecSettings() {
       // Pulls: dense for topk, since on this machine the top-k 10 % pulls
       // cost more extra steps than they saved time per step (README.md,
       // "tta"); topk_pull10 is the other choice, measured beside it.
-      {"topk", "topk:ratio=0.01", "none",
+      {"topk", "topk:ratio=0.01", "none", {"--optimizer=nesterov", "--lr=0.08", "--momentum=0.9"}},
+      {"topk_pull10",
+       "topk:ratio=0.01",
+       "topk:ratio=0.1",
        {"--optimizer=nesterov", "--lr=0.08", "--momentum=0.9"}},
-      {"topk_pull10", "topk:ratio=0.01", "topk:ratio=0.1",
-       {"--optimizer=nesterov", "--lr=0.08", "--momentum=0.9"}},
-      {"qsgd8", "qsgd:levels=127,bucket=512", "none",
+      {"qsgd8",
+       "qsgd:levels=127,bucket=512",
+       "none",
        {"--optimizer=nesterov", "--lr=0.05", "--momentum=0.9"}},
-      {"powersgd2", "powersgd:rank=2", "none",
+      {"powersgd2",
+       "powersgd:rank=2",
+       "none",
        {"--optimizer=nesterov", "--lr=0.05", "--momentum=0.9"}},
       // EF-signSGD sends (|p|_1/d) sign(p), much smaller than g: plain SGD
       // with a large lr, as in Karimireddy et al.
@@ -175,15 +180,12 @@ absl::StatusOr<TrainingOutcome> TrainingRunner::Run(const TrainingJob& job,
   for (int shard = 0; shard < job.shards; ++shard) {
     const std::string port_file = absl::StrCat(tag, "_shard", shard, ".port");
     std::remove(port_file.c_str());
-    std::vector<std::string> args = {server_binary_,
-                                     "--host=" + network_.host_address(shard),
-                                     "--port=0",
-                                     "--port_file=" + port_file,
-                                     absl::StrCat("--shard=", shard),
-                                     absl::StrCat("--num_shards=", job.shards),
-                                     absl::StrCat("--num_workers=", job.workers),
-                                     // Stopped by the bench once its run is measured.
-                                     "--exit_when_done=false"};
+    std::vector<std::string> args = {
+        server_binary_, "--host=" + network_.host_address(shard), "--port=0",
+        "--port_file=" + port_file, absl::StrCat("--shard=", shard),
+        absl::StrCat("--num_shards=", job.shards), absl::StrCat("--num_workers=", job.workers),
+        // Stopped by the bench once its run is measured.
+        "--exit_when_done=false"};
     args.insert(args.end(), job.server_flags.begin(), job.server_flags.end());
     const std::string log = absl::StrCat(tag, "_shard", shard, ".log");
     auto process = HostProcess::Start(absl::StrCat("harrier-server shard ", shard),
@@ -208,9 +210,8 @@ absl::StatusOr<TrainingOutcome> TrainingRunner::Run(const TrainingJob& job,
     args.insert(args.end(), job.worker_flags.begin(), job.worker_flags.end());
     if (rank == 0) args.push_back("--metrics_out=" + outcome.metrics_path);
     auto process = HostProcess::Start(
-        absl::StrCat("harrier-worker rank ", rank),
-        network_.host_namespace_path(job.shards + rank), args,
-        rank == 0 ? outcome.rank0_stdout : "/dev/null",
+        absl::StrCat("harrier-worker rank ", rank), network_.host_namespace_path(job.shards + rank),
+        args, rank == 0 ? outcome.rank0_stdout : "/dev/null",
         rank == 0 ? rank0_err : absl::StrCat(tag, "_worker", rank, ".log"));
     if (!process.ok()) return process.status();
     workers.push_back(std::move(*process));
@@ -234,10 +235,9 @@ absl::StatusOr<TrainingOutcome> TrainingRunner::Run(const TrainingJob& job,
       const auto code = workers[rank]->Poll();
       if (!code.has_value()) continue;
       if (*code != 0) {
-        return absl::InternalError(absl::StrCat("harrier-worker rank ", rank,
-                                                " exited with status ", *code, ": ",
-                                                Tail(absl::StrCat(tag, "_worker", rank, ".log"),
-                                                     600)));
+        return absl::InternalError(
+            absl::StrCat("harrier-worker rank ", rank, " exited with status ", *code, ": ",
+                         Tail(absl::StrCat(tag, "_worker", rank, ".log"), 600)));
       }
       ++ended;
     }
@@ -253,9 +253,9 @@ absl::StatusOr<TrainingOutcome> TrainingRunner::Run(const TrainingJob& job,
       }
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("run did not end within --run_timeout_s=",
-                                                      job.timeout_s, "; rank 0: ",
-                                                      Tail(rank0_err, 400)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("run did not end within --run_timeout_s=", job.timeout_s,
+                       "; rank 0: ", Tail(rank0_err, 400)));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }

@@ -3,11 +3,10 @@
 // --metrics_out traffic.
 #include "tests/bench/training_run.h"
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
 #include <string>
-
-#include <catch2/catch.hpp>
 
 namespace harrier::bench {
 namespace {

@@ -1,6 +1,5 @@
 #include "tests/bench/tta_bench.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -79,8 +78,7 @@ struct Options {
 };
 
 std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
-  for (const char* name :
-       {"none", "fp16", "topk", "topk_pull10", "qsgd8", "powersgd2", "efsign"}) {
+  for (const char* name : {"none", "fp16", "topk", "topk_pull10", "qsgd8", "powersgd2", "efsign"}) {
     options->codecs.push_back(FindCodec(name));
   }
   for (int i = 0; i < argc; ++i) {
@@ -102,8 +100,8 @@ std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
         if (setting == nullptr) {
           std::vector<std::string> known;
           for (const CodecSetting& s : CodecSettings()) known.push_back(s.name);
-          return absl::StrCat("--codecs: unknown codec '", codec, "' (",
-                              absl::StrJoin(known, ", "), ")");
+          return absl::StrCat("--codecs: unknown codec '", codec, "' (", absl::StrJoin(known, ", "),
+                              ")");
         }
         options->codecs.push_back(setting);
       }
@@ -217,9 +215,9 @@ absl::StatusOr<RunResult> RunOne(const Options& options, const TrainingRunner& r
     if (at == std::string::npos ||
         !absl::SimpleAtod(out.substr(at + 19, out.find('\n', at) - at - 19), &reported) ||
         std::fabs(reported - result.time_to_target_s) > 0.002) {
-      return absl::InternalError(absl::StrCat(
-          "rank 0's time_to_accuracy_s line disagrees with its eval lines (",
-          result.time_to_target_s, "): ", out));
+      return absl::InternalError(
+          absl::StrCat("rank 0's time_to_accuracy_s line disagrees with its eval lines (",
+                       result.time_to_target_s, "): ", out));
     }
   }
   return result;
