@@ -7,6 +7,7 @@
 
 #include "common/process.h"
 #include "tests/bench/codec/codec_bench.h"
+#include "tests/bench/convergence_bench.h"
 #include "tests/bench/load_bench.h"
 #include "tests/bench/overlap_bench.h"
 #include "tests/bench/transport_bench.h"
@@ -42,6 +43,10 @@ constexpr Subcommand kSubcommands[] = {
      "time to a test accuracy per codec, every shard and worker behind its own emulated "
      "link (network namespaces; root)",
      harrier::bench::RunTtaBench},
+    {"convergence",
+     "the survey's grid: loss and test accuracy vs steps and wall time, and bytes, per model x "
+     "sync x codec x pulls x link on emulated links (resumable; root)",
+     harrier::bench::RunConvergenceBench},
 };
 
 void PrintUsage(FILE* out) {
@@ -50,7 +55,7 @@ void PrintUsage(FILE* out) {
                "       harrier-bench <subcommand> --help\n"
                "subcommands:\n");
   for (const Subcommand& subcommand : kSubcommands) {
-    std::fprintf(out, "  %-10s %s\n", subcommand.name, subcommand.summary);
+    std::fprintf(out, "  %-12s %s\n", subcommand.name, subcommand.summary);
   }
 }
 
