@@ -20,6 +20,7 @@
 #include "worker/advise/calibration.h"
 #include "worker/advise/cost_model.h"
 #include "worker/advise/measure.h"
+#include "worker/workload/cnn.h"
 #include "worker/workload/replay_models.h"
 
 ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every shard, shard 0 first.");
@@ -99,13 +100,15 @@ std::string JsonNumber(double value) {
   return absl::StrFormat("%.6g", value);
 }
 
-// The CNN of contract A (worker/workload/cnn.h, being written beside this):
-// its tensors, so the advisor runs before //worker/workload:cnn lands.
+// The CNN's tensors, from the model itself (worker/workload/cnn.h).
 std::vector<TensorShape> CnnTensors() {
-  return {{"conv1.weight", {16, 1, 5, 5}}, {"conv1.bias", {16}},
-          {"conv2.weight", {32, 16, 5, 5}}, {"conv2.bias", {32}},
-          {"fc1.weight", {128, 1568}},     {"fc1.bias", {128}},
-          {"fc2.weight", {10, 128}},       {"fc2.bias", {10}}};
+  std::vector<TensorShape> tensors;
+  auto cnn = workload::Cnn::Create(workload::CnnOptions{});
+  if (!cnn.ok()) return tensors;  // a fixed layout: cannot fail
+  for (const workload::ParamTensor& param : cnn->params()) {
+    tensors.push_back({param.name, param.shape});
+  }
+  return tensors;
 }
 
 std::vector<TensorShape> MlpTensors() {
@@ -271,10 +274,11 @@ int Run() {
   } else if (model == "cnn") {
     tensors = CnnTensors();
     if (!compute_given) {
-      return Fail(
-          "--model=cnn needs --compute_ms: this build has no //worker/workload:cnn to time "
-          "(its tensors are contract A's); measure a step with harrier-worker --workload=cnn",
-          2);
+      auto measured = MeasureCnnStepSeconds(absl::GetFlag(FLAGS_batch_size));
+      if (!measured.ok()) return Fail(std::string(measured.status().message()), 2);
+      compute_s = *measured;
+      compute_how = absl::StrFormat("measured: median of 10 steps, batch %d, 1 BLAS thread",
+                                    absl::GetFlag(FLAGS_batch_size));
     }
   } else if (model.rfind("replay:", 0) == 0) {
     auto spec = workload::FindReplayModel(model.substr(7));

@@ -16,6 +16,7 @@
 #include "common/grpc_security.h"
 #include "common/partitioner.h"
 #include "proto/harrier.grpc.pb.h"
+#include "worker/workload/cnn.h"
 #include "worker/workload/mlp.h"
 
 namespace harrier::advise {
@@ -260,29 +261,41 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
   return cost;
 }
 
-absl::StatusOr<double> MeasureMlpStepSeconds(int batch_size) {
+absl::StatusOr<double> MeasureModelStepSeconds(workload::Model& model, int batch_size,
+                                               int steps) {
   if (batch_size < 1) return absl::InvalidArgumentError("--batch_size must be at least 1");
+  if (steps < 1) return absl::InvalidArgumentError("at least one timed step");
   openblas_set_num_threads(1);  // harrier-worker's --blas_threads default
-  auto mlp = workload::Mlp::Create(workload::MlpOptions{});
-  if (!mlp.ok()) return mlp.status();
   std::mt19937 random(7);
   std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
-  std::vector<float> images(static_cast<size_t>(batch_size) * mlp->input_size());
+  std::vector<float> images(static_cast<size_t>(batch_size) * model.input_size());
   for (float& p : images) p = pixel(random);
   std::vector<uint8_t> labels(batch_size);
-  for (int i = 0; i < batch_size; ++i) labels[i] = static_cast<uint8_t>(i % mlp->num_classes());
+  for (int i = 0; i < batch_size; ++i) labels[i] = static_cast<uint8_t>(i % model.num_classes());
   workload::Gradients grads;
   std::vector<double> times;
-  for (int k = 0; k < 23; ++k) {
+  for (int k = 0; k < steps + 3; ++k) {
     const auto start = Clock::now();
-    auto loss = mlp->ComputeGradients(images.data(), labels.data(), batch_size, &grads);
+    auto loss = model.ComputeGradients(images.data(), labels.data(), batch_size, &grads);
     if (!loss.ok()) return loss.status();
     // An SGD step too: the worker's local step under local SGD, and about
     // the optimizer's share the trainer also pays.
-    if (auto s = mlp->SgdStep(grads, 0.0f); !s.ok()) return s;
+    if (auto s = model.SgdStep(grads, 0.0f); !s.ok()) return s;
     if (k >= 3) times.push_back(Seconds(Clock::now() - start));  // 3 warm-up steps
   }
   return Median(times);
+}
+
+absl::StatusOr<double> MeasureMlpStepSeconds(int batch_size) {
+  auto mlp = workload::Mlp::Create(workload::MlpOptions{});
+  if (!mlp.ok()) return mlp.status();
+  return MeasureModelStepSeconds(*mlp, batch_size, 20);
+}
+
+absl::StatusOr<double> MeasureCnnStepSeconds(int batch_size) {
+  auto cnn = workload::Cnn::Create(workload::CnnOptions{});
+  if (!cnn.ok()) return cnn.status();
+  return MeasureModelStepSeconds(*cnn, batch_size, 10);
 }
 
 }  // namespace harrier::advise

@@ -78,6 +78,8 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
 // (784-256-256-10, one BLAS thread, as harrier-worker runs it) on a
 // synthetic batch of `batch_size`.
 absl::StatusOr<double> MeasureMlpStepSeconds(int batch_size);
+// The same for the Fashion-MNIST CNN (worker/workload/cnn.h), median of 10.
+absl::StatusOr<double> MeasureCnnStepSeconds(int batch_size);
 
 }  // namespace harrier::advise
 
