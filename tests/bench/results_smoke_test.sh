@@ -7,17 +7,17 @@
 # run, and the advisor's pick among the 3 fastest measured runs to the
 # target on every link (ranked here from runs.jsonl, not from the report).
 #
-# TODO(issue 14, integrator): real_grid=1 once `harrier-bench convergence`
-# and //worker/advise:harrier-advise exist: add ":harrier-bench",
-# "//worker/advise:harrier-advise", "//server:harrier-server" and
-# "//worker:harrier-worker" to the BUILD rule's data and tag it exclusive
-# (the quick grid needs root and the CPU). Until then it runs results.sh
-# with --skip_grid --skip_advise on the fixture grid (made-up data,
-# tests/bench/scripts/testdata/grid).
+# The quick grid needs root (network namespaces, as harrier-bench tta);
+# without it the test says SKIPPED for the grid and checks results.sh on the
+# fixture grid instead (made-up data, tests/bench/scripts/testdata/grid).
 set -uo pipefail
-real_grid=0
 root="${TEST_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)/..}/${TEST_WORKSPACE:-harrier}"
 [ -d "$root/tests/bench/scripts" ] || root=$(cd "$(dirname "$0")/../.." && pwd)
+real_grid=1
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  echo "SKIPPED: the quick grid needs root, ip and tc (network namespaces); checking results.sh on the fixture grid instead"
+  real_grid=0
+fi
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/results_smoke.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 passed=0
@@ -108,8 +108,14 @@ for link in links:
         pick_id = f"{model}-{pick['sync']}-{pick['codec']}-pull{pick['pulls']}-{link:g}g"
         order = [i for _, i in ranked]
         rank = order.index(pick_id) + 1 if pick_id in order else -1
-        ok = 1 <= rank <= 3
-        print(("PASS" if ok else "FAIL") + f" advisor's pick {pick_id} is measured rank {rank} of {len(order)} (top 3)")
+        # Runs whose times differ by less than the 10 % the issue allows the
+        # advisor are a tie on these shared cores: within 10 % of the third
+        # fastest counts as top 3.
+        third = ranked[min(2, len(ranked) - 1)][0] if ranked else -1
+        mine = runs[pick_id]["time_to_target_s"] if rank > 0 else -1
+        ok = rank > 0 and (rank <= 3 or mine <= 1.10 * third)
+        print(("PASS" if ok else "FAIL") + f" advisor's pick {pick_id} is measured rank {rank} of {len(order)} "
+              f"({mine:.2f} s; the third fastest {third:.2f} s; top 3, or within 10 % of the third)")
 EOF
 code=$?
 [ "$code" = 0 ] || fail "checks script exits $code"

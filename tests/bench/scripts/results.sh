@@ -9,7 +9,7 @@
 # 1. harrier-bench convergence --out_dir=DIR (resumable: kill it and rerun,
 #    finished runs are kept). DIR defaults to $HOME/.cache/harrier-results/grid,
 #    with --quick to $HOME/.cache/harrier-results/quick (a small grid: MLP,
-#    BSP and local SGD, codecs none and topk, 1 and 10 Gbit/s, 200 steps).
+#    BSP and local SGD, codecs none, topk and efsign, 1 and 10 Gbit/s, 200 steps).
 #    Needs root (network namespaces), as harrier-bench tta.
 # 2. harrier-advise --json --calibration=DIR/runs.jsonl per model and link of
 #    the grid, against 2 harrier-server shards behind an emulated link of that
@@ -61,7 +61,7 @@ python=/usr/bin/python3
 # The full grid is the bench's defaults (contract B). The quick one: a few
 # configurations, a few hundred steps (12800 examples / 4 workers / batch 64
 # = 50 steps an epoch), a target the MLP reaches in that budget.
-quick_grid=(--models=mlp --syncs=bsp,local4 --codecs=none,topk --pulls=off --links=1,10
+quick_grid=(--models=mlp --syncs=bsp,local4 --codecs=none,topk,efsign --pulls=off --links=1,10
   --epochs=4 --train_examples=12800 --eval_every=10 --targets=mlp:0.75 --run_timeout_s=300)
 
 need_binary() {  # path name build-target subcommand(optional)
@@ -160,7 +160,23 @@ advise_one() {  # model link out
     [ -s "$portfile" ] || { echo "results.sh: shard $i did not start in 10 s: $(tail -n 3 "$work/shard$i.log")" >&2; exit 1; }
     servers+="${servers:+,}$host:$(cat "$portfile")"
   done
-  local run=("$advise" --servers="$servers" --model="$model" --calibration="$grid_dir/runs.jsonl" --json)
+  # The options the grid measured for this model, so that every pick can be
+  # checked against a measured run.
+  local sets
+  sets=$("$python" -c '
+import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+runs = [r for r in runs if r.get("status") == "ok" and r.get("model") == sys.argv[2]]
+pulls = sorted({"on" if "-pullon-" in r["run_id"] else "off" for r in runs})
+def ordered(key):
+    seen = []
+    for r in runs:
+        if r[key] not in seen: seen.append(r[key])
+    return ",".join(seen)
+print(ordered("sync"), ordered("codec"), ",".join(pulls))' "$grid_dir/runs.jsonl" "$model")
+  read -r syncs codecs pulls <<<"$sets"
+  local run=("$advise" --servers="$servers" --model="$model" --calibration="$grid_dir/runs.jsonl"
+    --syncs="$syncs" --codecs="$codecs" --pulls="$pulls" --json)
   if netns_ok; then run=(ip netns exec "$ns_w" "${run[@]}"); fi
   echo "results.sh: ${run[*]}" >&2
   timeout 600 "${run[@]}" >"$out.tmp"
