@@ -133,7 +133,11 @@ make_link() {
     ip -n "${ns%%:*}" link set lo up
     ip -n "${ns%%:*}" link set "${ns#*:}" up
     if [ "$1" != 0 ]; then
-      tc -n "${ns%%:*}" qdisc add dev "${ns#*:}" root tbf rate "${1}gbit" burst 4mb latency 50ms
+      # The grid's own burst (tests/bench/netem): max(256 KiB, 2 ms of the
+      # rate), so a probe measures the rate, not the bucket.
+      local burst
+      burst=$(awk -v g="$1" 'BEGIN { b = g * 1e9 / 8 * 0.002; if (b < 262144) b = 262144; printf "%d", b }')
+      tc -n "${ns%%:*}" qdisc add dev "${ns#*:}" root tbf rate "${1}gbit" burst "$burst" latency 50ms
     fi
   done
 }
@@ -187,7 +191,8 @@ print(ordered("sync"), ordered("codec"), ",".join(pulls))' "$grid_dir/runs.jsonl
 if [ "$skip_advise" = 0 ]; then
   need_binary "$advise" harrier-advise //worker/advise:harrier-advise
   need_binary "$server" harrier-server //server:harrier-server
-  if ! "$advise" --help >/dev/null 2>&1; then
+  # absl's --help exits 1: what it prints says whether the binary is the advisor.
+  if ! grep -q -- "--calibration" <<<"$("$advise" --help 2>&1 || true)"; then
     echo "results.sh: $advise --help failed; its output:" >&2
     "$advise" --help >&2 || true
     exit 2
