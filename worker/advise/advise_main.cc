@@ -35,8 +35,8 @@ ABSL_FLAG(std::string, calibration, "",
           "runs.jsonl of harrier-bench convergence for the same model: steps to the target "
           "per sync x codec x pulls. Without it: the survey's factors (a guess).");
 ABSL_FLAG(double, compute_ms, -1,
-          "Compute per step in ms (-1: measure the mlp, the replay model's figure; required "
-          "for cnn and --tensors).");
+          "Compute per step in ms (-1: measure a step of the mlp or the cnn, or take the "
+          "replay model's figure; required with --tensors).");
 ABSL_FLAG(int64_t, probe_bytes, 8 << 20, "Bytes of the large probes (1 .. 64 MiB).");
 ABSL_FLAG(int, probe_repeats, 5, "Large probes per direction per shard (the median counts).");
 ABSL_FLAG(int, rtt_probes, 20, "Small probes per shard (the median is the round trip).");
