@@ -5,10 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
@@ -163,7 +166,18 @@ std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& us
   CheckHarrierVariables();
   ApplyEnvironment();
 
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  // absl::ParseCommandLine exits 1 after --help, which reads as a failure to
+  // scripts and probes (`harrier-server --help && ...`). The same parse with
+  // the usage flags left to us, so that asking for help exits 0; --version
+  // and --only_check_flags keep absl's status (0).
+  std::vector<char*> positional = absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
+  if (absl::flags_internal::HandleUsageFlags(std::cout, absl::ProgramUsageMessage()) >= 0) {
+    std::cout.flush();
+    std::exit(0);
+  }
   return std::vector<std::string>(positional.begin(), positional.end());
 }
 

@@ -115,6 +115,12 @@ for binary in "$server" "$worker"; do
     HARRIER_TEST_SLOWDOWN=1 HARRIER_FUZZ_TRACE=1 HARRIER_FUZZ_SECONDS=1 HARRIER_CLANG_OUT=x \
     HARRIER_CLANG_BAZEL_FLAGS=x HARRIER_PY_TEST_TIMEOUT=1 "$binary" --help
 done
+for binary in "$server" "$worker"; do
+  timeout 10 "$binary" --help >"$TEST_TMPDIR/help.out" 2>&1
+  rc=$?
+  report "$(basename "$binary") --help exits 0 with its flags" \
+    "$([ "$rc" -eq 0 ] && grep -q -- '--num_workers' "$TEST_TMPDIR/help.out" && echo yes)" "exit $rc"
+done
 flags_of() { "$1" --help 2>&1 | sed -n 's/^ *--\([a-z0-9_]*\) (.*/\1/p' | sort -u; }
 flags_of "$server" >"$TEST_TMPDIR/server.flags"
 flags_of "$worker" >"$TEST_TMPDIR/worker.flags"

@@ -530,7 +530,13 @@ def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, r
                 if os.path.exists(os.path.join(grid_dir, n)))
     md.append("## Budget")
     md.append("")
-    md.append(f"- grid: `{budget_args or 'not recorded (no grid_args.txt)'}`")
+    invocations = [line for line in budget_args.splitlines() if line.strip()]
+    if len(invocations) > 1:
+        md.append(f"- grid: {len(invocations)} invocations into one directory, in this order "
+                  "(each skips the runs already ok there):")
+        md.extend(f"  - `{line.strip()}`" for line in invocations)
+    else:
+        md.append(f"- grid: `{invocations[0].strip() if invocations else 'not recorded (no grid_args.txt)'}`")
     md.append(f"- runs: {len(all_runs)} ({sum(r['status'] == 'ok' for r in all_runs)} ok, "
               f"{sum(r['status'] == 'failed' for r in all_runs)} failed); models "
               + ", ".join(sorted({r['model'] for r in all_runs})))
@@ -544,7 +550,7 @@ def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, r
         for l in sorted({r['link_gbps'] for r in all_runs})))
     md.append("- targets: " + ", ".join(sorted({f"{r['model']} {r['target_accuracy']:g}" for r in all_runs})))
     md.append("- grid files dated " + datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
-    md.append(f"- machine: {machine}")
+    md.append("- machine: " + "; ".join(line.strip() for line in machine.splitlines() if line.strip()))
     md.append("")
     md.append("Time to target: rank 0's training wall time (evaluations excluded) to its first "
               "evaluation at or above the target; steps likewise. Bytes per step are rank 0's push "

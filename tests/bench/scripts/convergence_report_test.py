@@ -216,6 +216,20 @@ def main():
           and table_row(text, lines[1]["run_id"]) == table_row(md, lines[1]["run_id"])
           and text.count(f"| `{lines[0]['run_id']}` |") == 1)
 
+    # A grid resumed with other flags: every invocation and machine line listed.
+    grid = copy_grid(tmp, "two_invocations")
+    with open(os.path.join(grid, "grid_args.txt"), "a") as f:
+        f.write("convergence --models=cnn --epochs=1\n")
+    with open(os.path.join(grid, "machine.txt"), "a") as f:
+        f.write("othervm: 2 CPUs; grid resumed\n")
+    code, err = run_report(grid, os.path.join(tmp, "docs_two"), figures=False)
+    with open(os.path.join(tmp, "docs_two", "results.md")) as f:
+        text = f.read()
+    check("two invocations: both listed, in order",
+          code == 0 and "- grid: 2 invocations into one directory" in text
+          and text.index("  - `fixture: --models=mlp,cnn") < text.index("  - `convergence --models=cnn --epochs=1`")
+          and "; othervm: 2 CPUs; grid resumed" in text, err)
+
     # Bad inputs: exit 2 and one line naming the problem.
     for name, edit, want in (
             ("broken JSON line", lambda t: t + "{not json\n", "runs.jsonl:17: not JSON"),

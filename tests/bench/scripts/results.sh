@@ -85,14 +85,19 @@ if [ "$skip_grid" = 0 ]; then
   [ -n "$worker" ] && args+=(--worker_binary="$worker")
   args+=("${grid_args[@]}")
   echo "results.sh: harrier-bench ${args[*]}" >&2
-  {
-    echo "${args[*]}"
-  } >"$grid_dir/grid_args.txt"
-  {
-    cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-    mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)
-    echo "$(uname -n): $(nproc) CPUs ($cpu), $mem, Linux $(uname -r); grid started $(date -u '+%Y-%m-%d %H:%M UTC')"
-  } >"$grid_dir/machine.txt"
+  # A grid resumed with other flags (e.g. another --models subset) keeps the
+  # record of every invocation that wrote into it; a new grid starts both files.
+  cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+  mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)
+  if [ -s "$grid_dir/runs.jsonl" ]; then
+    echo "${args[*]}" >>"$grid_dir/grid_args.txt"
+    echo "$(uname -n): $(nproc) CPUs ($cpu), $mem, Linux $(uname -r); grid resumed $(date -u '+%Y-%m-%d %H:%M UTC')" \
+      >>"$grid_dir/machine.txt"
+  else
+    echo "${args[*]}" >"$grid_dir/grid_args.txt"
+    echo "$(uname -n): $(nproc) CPUs ($cpu), $mem, Linux $(uname -r); grid started $(date -u '+%Y-%m-%d %H:%M UTC')" \
+      >"$grid_dir/machine.txt"
+  fi
   # A grid with failed runs still gets its report (they are listed as
   # failed); the bench's status is this script's at the end.
   "$bench" "${args[@]}" >/dev/null || grid_status=$?
@@ -191,7 +196,7 @@ print(ordered("sync"), ordered("codec"), ",".join(pulls))' "$grid_dir/runs.jsonl
 if [ "$skip_advise" = 0 ]; then
   need_binary "$advise" harrier-advise //worker/advise:harrier-advise
   need_binary "$server" harrier-server //server:harrier-server
-  # absl's --help exits 1: what it prints says whether the binary is the advisor.
+  # What --help prints says whether the binary is the advisor.
   if ! grep -q -- "--calibration" <<<"$("$advise" --help 2>&1 || true)"; then
     echo "results.sh: $advise --help failed; its output:" >&2
     "$advise" --help >&2 || true
