@@ -4,7 +4,8 @@
 # has contract D's keys, every option of the grid appears once, the pick
 # follows the calibration (one option clearly best on steps is picked; a
 # calibration that flips it picks the other), never-reached options rank
-# last, more bytes cost more comm, and bad input fails in one line.
+# last, more bytes cost more comm, --measured_only ranks only a partial
+# grid's options, and bad input fails in one line.
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
 server="$root/server/harrier-server"
@@ -98,6 +99,37 @@ check "slow link: the report says it plans for 0.001 Gbit/s" "grep -q 'planning 
 timeout 120 "$advise" "${common[@]}" --calibration="$tmp/c.jsonl" --link_gbps=1000 --json >"$tmp/fast.json" 2>"$tmp/fast.err"
 pick=$(json_get "$tmp/fast.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
 check "fast link: no compression ($pick)" "json_get '$tmp/fast.json' \"j['pick']['codec'] == 'none'\" | grep -q True"
+
+# D: a grid that is no cross product, two options only (bsp/none/off in 5000
+# steps, bsp/topk/off in 4000). --measured_only ranks those two alone; without
+# it the options the grid lacks get survey guesses and one of those wins.
+"$python" -c '
+import json, sys
+keep = {("bsp", "none", "off"): 5000, ("bsp", "topk", "off"): 4000}
+with open(sys.argv[2], "w") as out:
+    for line in open(sys.argv[1]):
+        r = json.loads(line)
+        key = (r["sync"], r["codec"], "on" if "-pullon-" in r["run_id"] else "off")
+        if key in keep:
+            r["steps_to_target"] = keep[key]
+            out.write(json.dumps(r) + "\n")' "$tmp/a.jsonl" "$tmp/d.jsonl"
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/d.jsonl" --measured_only --json >"$tmp/d.json" 2>"$tmp/d.err"
+rc=$?
+pick=$(json_get "$tmp/d.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
+check "measured_only: exit 0, the 2 measured options alone, bsp/topk/off picked ($pick)" \
+  "[ $rc -eq 0 ] && [ '$pick' = bsp/topk/off ] && json_get '$tmp/d.json' \"len(j['options']) == 2 and j['options_left_out'] == 102 and all(o['steps_source'] == 'grid' for o in j['options'])\" | grep -q True"
+check "measured_only: the report says how many were left out" "grep -q -- '--measured_only: 102 option(s) not in it were left out' '$tmp/d.err'"
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/d.jsonl" --json >"$tmp/d_all.json" 2>/dev/null
+check "without --measured_only: 104 options, a guessed one picked" \
+  "json_get '$tmp/d_all.json' \"len(j['options']) == 104 and j['options_left_out'] == 0 and j['options'][0]['steps_source'] != 'grid'\" | grep -q True"
+"$python" -c '
+import json, sys
+with open(sys.argv[2], "w") as out:
+    for line in open(sys.argv[1]):
+        r = json.loads(line)
+        if r["sync"] == "bsp": out.write(line)' "$tmp/a.jsonl" "$tmp/bsp_only.jsonl"
+"$advise" "${common[@]}" --calibration="$tmp/bsp_only.jsonl" --measured_only --syncs=asp >/dev/null 2>"$tmp/none_measured.err"
+check "measured_only with nothing measured: exit 2 naming it" "[ $? -eq 2 ] && grep -q -- '--measured_only: no option of' '$tmp/none_measured.err'"
 
 # Without calibration: the survey's guess, said so.
 timeout 120 "$advise" "${common[@]}" --syncs=bsp --codecs=none,topk --pulls=off >"$tmp/guess.out" 2>&1

@@ -34,6 +34,10 @@ ABSL_FLAG(int, batch_size, 64, "Examples per step per worker (mlp: the measured 
 ABSL_FLAG(std::string, calibration, "",
           "runs.jsonl of harrier-bench convergence for the same model: steps to the target "
           "per sync x codec x pulls. Without it: the survey's factors (a guess).");
+ABSL_FLAG(bool, measured_only, false,
+          "With --calibration: rank only the options it holds (reached or not), leaving out "
+          "the ones it lacks instead of guessing their steps; for a grid that is not a full "
+          "cross product of --syncs x --codecs x --pulls.");
 ABSL_FLAG(double, compute_ms, -1,
           "Compute per step in ms (-1: measure a step of the mlp or the cnn, or take the "
           "replay model's figure; required with --tensors).");
@@ -66,7 +70,7 @@ namespace {
 constexpr char kUsage[] =
     "Recommends a sync mode, a codec and scheduler settings for a Harrier job.\n"
     "Usage: harrier-advise --servers=H:P[,H:P...] [--model=mlp|cnn|replay:NAME | "
-    "--tensors=NAME:ELEMENTS,...] [--workers=4] [--batch_size=64] [--calibration=runs.jsonl] "
+    "--tensors=NAME:ELEMENTS,...] [--workers=4] [--batch_size=64] [--calibration=runs.jsonl [--measured_only]] "
     "[--compute_ms=-1] [--link_gbps=0] [--probe_bytes=8388608] [--json] [--auth_token_file=F --tls_*]\n"
     "Measures the link to every shard (AdminService.Probe), every codec on this host at the "
     "model's chunk sizes and the compute per step, then predicts each option's step time "
@@ -369,7 +373,9 @@ int Run() {
     }
   }
 
+  const bool measured_only = calibrated && absl::GetFlag(FLAGS_measured_only);
   std::vector<OptionResult> options;
+  int left_out = 0;
   for (const std::string& sync : syncs) {
     for (const std::string& codec : codecs) {
       for (const std::string& p : pulls) {
@@ -377,14 +383,23 @@ int Run() {
         option.sync = sync;
         option.codec = codec;
         option.pulls = p;
+        option.steps = EstimateSteps(calibrated ? &calibration : nullptr, sync, codec, p,
+                                     BaseSteps(model));
+        if (measured_only && option.steps.source == StepsSource::kSurveyGuess) {
+          ++left_out;
+          continue;
+        }
         auto terms = PredictStep(sync, costs[codec + "/" + p], link, cluster, compute_s);
         if (!terms.ok()) return Fail(std::string(terms.status().message()), 1);
         option.terms = *terms;
-        option.steps = EstimateSteps(calibrated ? &calibration : nullptr, sync, codec, p,
-                                     BaseSteps(model));
         options.push_back(option);
       }
     }
+  }
+  if (options.empty()) {
+    return Fail(absl::StrCat("--measured_only: no option of --syncs x --codecs x --pulls is in --calibration=",
+                             absl::GetFlag(FLAGS_calibration), " for model ", model),
+                2);
   }
   RankOptions(&options);
   const OptionResult& pick = options.front();
@@ -480,6 +495,9 @@ int Run() {
                  never > 0 ? absl::StrFormat("; %d option(s) never reached it there and rank last",
                                              never).c_str()
                            : "");
+    if (left_out > 0) {
+      std::fprintf(out, "  --measured_only: %d option(s) not in it were left out.\n", left_out);
+    }
   } else {
     std::fprintf(out,
                  "  steps to the target: a GUESS, base %.0f steps (bsp/none) x factors from the "
@@ -582,7 +600,8 @@ int Run() {
     absl::StrAppend(&json, "],\"link_gbps_planned\":", JsonNumber(link.up_bytes_per_s * gbit),
                     ",\"calibrated\":", calibrated ? "true" : "false",
                     ",\"workers\":", workers, ",\"shards\":", cluster.shards,
-                    ",\"compute_ms\":", JsonNumber(compute_s * 1e3), "}");
+                    ",\"compute_ms\":", JsonNumber(compute_s * 1e3),
+                    ",\"options_left_out\":", left_out, "}");
     std::printf("%s\n", json.c_str());
     std::fflush(stdout);
   }

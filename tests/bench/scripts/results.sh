@@ -170,7 +170,8 @@ advise_one() {  # model link out
     servers+="${servers:+,}$host:$(cat "$portfile")"
   done
   # The options the grid measured for this model, so that every pick can be
-  # checked against a measured run.
+  # checked against a measured run (--measured_only: a grid that is no full
+  # cross product leaves the others out rather than guessing them).
   local sets
   sets=$("$python" -c '
 import json, sys
@@ -185,7 +186,7 @@ def ordered(key):
 print(ordered("sync"), ordered("codec"), ",".join(pulls))' "$grid_dir/runs.jsonl" "$model")
   read -r syncs codecs pulls <<<"$sets"
   local run=("$advise" --servers="$servers" --model="$model" --calibration="$grid_dir/runs.jsonl"
-    --syncs="$syncs" --codecs="$codecs" --pulls="$pulls" --json)
+    --syncs="$syncs" --codecs="$codecs" --pulls="$pulls" --measured_only --json)
   if netns_ok; then run=(ip netns exec "$ns_w" "${run[@]}"); fi
   echo "results.sh: ${run[*]}" >&2
   timeout 600 "${run[@]}" >"$out.tmp"
