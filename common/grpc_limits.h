@@ -2,6 +2,7 @@
 #define HARRIER_COMMON_GRPC_LIMITS_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include <grpcpp/grpcpp.h>
 
@@ -11,6 +12,17 @@ namespace harrier {
 // The limit leaves room for a future larger chunk size without a wire change.
 inline constexpr size_t kDefaultChunkBytes = 4u << 20;
 inline constexpr int kMaxGrpcMessageBytes = 64 << 20;
+
+// AdminService.Probe's bound on its payload and on reply_bytes, each
+// (64 MiB): a probe costs the shard at most this much memory per call.
+// Here, not in server/, because the prober (worker/advise) must send within
+// it and may not include server/.
+inline constexpr uint64_t kMaxProbeBytes = 64u << 20;
+// What a Probe message carries on top of its bytes (field tags, lengths):
+// the shard's gRPC message limit leaves this room above kMaxProbeBytes so
+// that a probe at the bound goes through and one just over it reaches the
+// handler's INVALID_ARGUMENT instead of gRPC's RESOURCE_EXHAUSTED.
+inline constexpr int kProbeEnvelopeBytes = 4096;
 
 // Channel and server settings measured to help bulk transfers on loopback
 // (see ../shared/BUILDING.md): no BDP probing, a large HTTP/2 window.

@@ -6,19 +6,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/grpc_limits.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/job_token.h"
 
 namespace harrier {
-
-// Probe's bound on its payload and on reply_bytes, each (64 MiB): a probe
-// costs the shard at most this much memory per call.
-inline constexpr uint64_t kMaxProbeBytes = 64u << 20;
-// What a Probe message carries on top of its bytes (field tags, lengths):
-// the shard's gRPC message limit leaves this room above kMaxProbeBytes so
-// that a probe at the bound goes through and one just over it reaches the
-// handler's INVALID_ARGUMENT instead of gRPC's RESOURCE_EXHAUSTED.
-inline constexpr int kProbeEnvelopeBytes = 4096;
 
 // What the AdminService asks of the shard it runs on. The service knows
 // nothing of ShardServer: tests (and other hosts) plug in what they have.

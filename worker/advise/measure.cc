@@ -22,12 +22,6 @@
 namespace harrier::advise {
 namespace {
 
-// The shard's bounds (server/admin_service.h kMaxProbeBytes and
-// kProbeEnvelopeBytes, pinned by contract D; worker/ may not include
-// server/): 64 MiB of payload or reply, plus the message's envelope.
-constexpr uint64_t kMaxProbeBytes = 64u << 20;
-constexpr int kProbeEnvelopeBytes = 4096;
-
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
