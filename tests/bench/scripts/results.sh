@@ -87,17 +87,17 @@ if [ "$skip_grid" = 0 ]; then
   echo "results.sh: harrier-bench ${args[*]}" >&2
   # A grid resumed with other flags (e.g. another --models subset) keeps the
   # record of every invocation that wrote into it; a new grid starts both files.
+  verb=resumed
+  if [ ! -s "$grid_dir/runs.jsonl" ]; then
+    verb=started
+    : >"$grid_dir/grid_args.txt"
+    : >"$grid_dir/machine.txt"
+  fi
   cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)
-  if [ -s "$grid_dir/runs.jsonl" ]; then
-    echo "${args[*]}" >>"$grid_dir/grid_args.txt"
-    echo "$(uname -n): $(nproc) CPUs ($cpu), $mem, Linux $(uname -r); grid resumed $(date -u '+%Y-%m-%d %H:%M UTC')" \
-      >>"$grid_dir/machine.txt"
-  else
-    echo "${args[*]}" >"$grid_dir/grid_args.txt"
-    echo "$(uname -n): $(nproc) CPUs ($cpu), $mem, Linux $(uname -r); grid started $(date -u '+%Y-%m-%d %H:%M UTC')" \
-      >"$grid_dir/machine.txt"
-  fi
+  echo "${args[*]}" >>"$grid_dir/grid_args.txt"
+  echo "$(uname -n): $(nproc) CPUs ($cpu), $mem, Linux $(uname -r); grid $verb $(date -u '+%Y-%m-%d %H:%M UTC')" \
+    >>"$grid_dir/machine.txt"
   # A grid with failed runs still gets its report (they are listed as
   # failed); the bench's status is this script's at the end.
   "$bench" "${args[@]}" >/dev/null || grid_status=$?
