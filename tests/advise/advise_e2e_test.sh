@@ -100,6 +100,22 @@ timeout 120 "$advise" "${common[@]}" --calibration="$tmp/c.jsonl" --link_gbps=10
 pick=$(json_get "$tmp/fast.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
 check "fast link: no compression ($pick)" "json_get '$tmp/fast.json' \"j['pick']['codec'] == 'none'\" | grep -q True"
 
+# E: the same job on 1 shared core (--colocated_cores=1): every option's step
+# is bounded by the cluster's CPU work, so no step is shorter than without,
+# and the compute-heavy ones are longer (4 workers' compute on 1 core).
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/c.jsonl" --syncs=bsp,asp --codecs=none,topk --colocated_cores=1 --compute_ms=5 --json >"$tmp/shared.json" 2>"$tmp/shared.err"
+rc=$?
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/c.jsonl" --syncs=bsp,asp --codecs=none,topk --compute_ms=5 --json >"$tmp/own.json" 2>/dev/null
+check "shared cores: exit 0, colocated_cores 1 and a transport CPU cost in the JSON (rc $rc)" \
+  "[ $rc -eq 0 ] && json_get '$tmp/shared.json' \"j['colocated_cores'] == 1 and j['transport_cpu_ns_per_byte'] > 0 and j['transport_cpu_us_per_call'] > 0\" | grep -q True"
+check "shared cores: every option's cores bound is at least 4 workers x 5 ms compute" \
+  "json_get '$tmp/shared.json' \"all(o['cpu_bound_s'] >= 0.020 and o['predicted_step_s'] >= o['cpu_bound_s'] for o in j['options'])\" | grep -q True"
+check "own cores: no cores bound, and every step shorter than on 1 shared core" \
+  "\"$python\" -c \"import json,sys; a=json.load(open('$tmp/shared.json')); b=json.load(open('$tmp/own.json')); s={(o['sync'],o['codec'],o['pulls']):o['predicted_step_s'] for o in a['options']}; sys.exit(0 if all(o['cpu_bound_s'] == 0 and o['predicted_step_s'] < s[(o['sync'],o['codec'],o['pulls'])] for o in b['options']) and b['colocated_cores'] == 0 else 1)\""
+check "shared cores: the report explains the cores column" "grep -q 'shared cores (--colocated_cores)' '$tmp/shared.err'"
+"$advise" "${common[@]}" --colocated_cores=-1 >/dev/null 2>"$tmp/neg.err"
+check "--colocated_cores=-1: exit 2 naming the flag" "[ $? -eq 2 ] && grep -q -- '--colocated_cores must not be negative' '$tmp/neg.err'"
+
 # D: a grid that is no cross product, two options only (bsp/none/off in 5000
 # steps, bsp/topk/off in 4000). --measured_only ranks those two alone; without
 # it the options the grid lacks get survey guesses and one of those wins.

@@ -38,13 +38,15 @@ TEST_CASE("PredictStep: bsp adds compute, codec and comm; workers == shards") {
   Cluster cluster{2, 2};  // W/S = 1: the worker's link and the shard's carry the same
   auto t = PredictStep("bsp", HandCodec(), HandLink(), cluster, 0.010);
   REQUIRE(t.ok());
-  // codec: 0.5 + 1 x 0.1 + 0.2 / 2 + 0.3 = 1.0 ms
-  CHECK(t->codec_s == Approx(0.0010));
+  // codec: push encode 0.5 + pull decode 0.3 + W/S = 1 x (push decode 0.1 +
+  // pull encode 0.2 + the view's decode 0.3) = 1.4 ms
+  CHECK(t->codec_s == Approx(0.0014));
   // comm: 1 ms up + 2 ms down + 2 x 1 ms round trips = 5 ms
   CHECK(t->comm_s == Approx(0.005));
   CHECK(t->rtt_s == Approx(0.002));
   CHECK(t->compute_s == Approx(0.010));
-  CHECK(t->step_s == Approx(0.016));
+  CHECK(t->cpu_bound_s == 0);  // no shared cores
+  CHECK(t->step_s == Approx(0.0164));
 }
 
 TEST_CASE("PredictStep: more workers than shards, the shards' links set the time") {
@@ -53,9 +55,9 @@ TEST_CASE("PredictStep: more workers than shards, the shards' links set the time
   REQUIRE(t.ok());
   // push 4 x 1 ms, pull 4 x 2 ms, + 2 ms round trips = 14 ms
   CHECK(t->comm_s == Approx(0.014));
-  // codec: 0.5 + 4 x 0.1 + 0.2 / 1 + 0.3 = 1.4 ms
-  CHECK(t->codec_s == Approx(0.0014));
-  CHECK(t->step_s == Approx(0.0254));
+  // codec: 0.5 + 0.3 + 4 x (0.1 + 0.2 + 0.3) = 3.2 ms
+  CHECK(t->codec_s == Approx(0.0032));
+  CHECK(t->step_s == Approx(0.0272));
   // Fewer workers than shards: the worker's own link is the slower side.
   auto few = PredictStep("bsp", HandCodec(), HandLink(), Cluster{1, 4}, 0.010);
   REQUIRE(few.ok());
@@ -67,7 +69,7 @@ TEST_CASE("PredictStep: ssp2 and asp overlap comm with compute; local4 a quarter
   // Compute-bound: the step is compute + codec, comm hides behind it.
   auto ssp = PredictStep("ssp2", HandCodec(), HandLink(), cluster, 0.010);
   REQUIRE(ssp.ok());
-  CHECK(ssp->step_s == Approx(0.011));
+  CHECK(ssp->step_s == Approx(0.0114));
   // Comm-bound (compute 1 ms): the step is the 5 ms of comm.
   auto asp = PredictStep("asp", HandCodec(), HandLink(), cluster, 0.001);
   REQUIRE(asp.ok());
@@ -75,8 +77,53 @@ TEST_CASE("PredictStep: ssp2 and asp overlap comm with compute; local4 a quarter
   auto local = PredictStep("local4", HandCodec(), HandLink(), cluster, 0.010);
   REQUIRE(local.ok());
   CHECK(local->comm_s == Approx(0.00125));
-  CHECK(local->codec_s == Approx(0.00025));
-  CHECK(local->step_s == Approx(0.0115));
+  CHECK(local->codec_s == Approx(0.00035));
+  CHECK(local->step_s == Approx(0.0116));
+}
+
+TEST_CASE("PredictStep: dense pulls cost the shard nothing beyond the push's decode") {
+  CodecCost dense = HandCodec();
+  dense.encode_pull_s = 0;
+  dense.decode_pull_s = 0;
+  auto t = PredictStep("bsp", dense, HandLink(), Cluster{4, 2}, 0.010);
+  REQUIRE(t.ok());
+  CHECK(t->codec_s == Approx(0.0007));  // 0.5 + 2 x 0.1
+}
+
+TEST_CASE("PredictStep: on shared cores the cluster's CPU work bounds the step") {
+  Link link = HandLink();
+  link.cpu_s_per_byte = 1e-7;  // 0.1 us per byte at each end
+  link.cpu_s_per_call = 1e-4;  // 0.1 ms per call at each end
+  CodecCost codec = HandCodec();
+  codec.chunks = 2;
+  // A worker's round on the cores: codecs 0.5 + 0.3 + 0.1 + (0.2 + 0.3),
+  // transport 2 ends x (5000 bytes x 0.1 us + 2 calls x 0.1 ms) = 1.4 ms:
+  // 2.8 ms. Four workers' steps of 10 ms compute each on 2 cores:
+  // 4 x (10 + 2.8) / 2 = 25.6 ms.
+  Cluster shared{4, 2, 2};
+  auto bsp = PredictStep("bsp", codec, link, shared, 0.010);
+  REQUIRE(bsp.ok());
+  CHECK(bsp->cpu_bound_s == Approx(0.0256));
+  CHECK(bsp->codec_s == Approx(0.0020));  // 0.5 + 0.3 + 2 x (0.1 + 0.5)
+  CHECK(bsp->comm_s == Approx(0.008));    // 2 x 1 + 2 x 2 + 2 round trips
+  CHECK(bsp->step_s == Approx(0.0336));   // the bound, then the wire
+  auto asp = PredictStep("asp", codec, link, shared, 0.010);
+  REQUIRE(asp.ok());
+  CHECK(asp->step_s == Approx(0.0256));  // the wire hides behind the cores
+  auto local = PredictStep("local4", codec, link, shared, 0.010);
+  REQUIRE(local.ok());
+  CHECK(local->cpu_bound_s == Approx(0.0214));  // 4 x (10 + 2.8 / 4) / 2
+  CHECK(local->step_s == Approx(0.0234));       // + 8 / 4 ms of wire
+  // The same job with cores of its own: compute + codec + comm.
+  auto own = PredictStep("bsp", codec, link, Cluster{4, 2, 0}, 0.010);
+  REQUIRE(own.ok());
+  CHECK(own->cpu_bound_s == 0);
+  CHECK(own->step_s == Approx(0.020));
+  // Enough shared cores, and the bound no longer binds.
+  auto roomy = PredictStep("bsp", codec, link, Cluster{4, 2, 64}, 0.010);
+  REQUIRE(roomy.ok());
+  CHECK(roomy->cpu_bound_s == Approx(0.0008));
+  CHECK(roomy->step_s == Approx(0.020));
 }
 
 TEST_CASE("PredictStep: bytes scale the comm term linearly") {
@@ -95,6 +142,10 @@ TEST_CASE("PredictStep: bad inputs are refused") {
   CHECK(!PredictStep("bsp", HandCodec(), dead, Cluster{2, 2}, 0).ok());
   CHECK(!PredictStep("bsp", HandCodec(), HandLink(), Cluster{0, 2}, 0).ok());
   CHECK(!PredictStep("bsp", HandCodec(), HandLink(), Cluster{2, 2}, -1).ok());
+  CHECK(!PredictStep("bsp", HandCodec(), HandLink(), Cluster{2, 2, -1}, 0).ok());
+  Link negative = HandLink();
+  negative.cpu_s_per_byte = -1e-9;
+  CHECK(!PredictStep("bsp", HandCodec(), negative, Cluster{2, 2, 2}, 0).ok());
 }
 
 CalibrationRun Run(const std::string& sync, const std::string& codec, const std::string& pulls,

@@ -30,6 +30,10 @@ ABSL_FLAG(std::string, tensors, "",
           "NAME:ELEMENTS[,NAME:ELEMENTS...] (ELEMENTS may be a shape, 256x784): the model's "
           "tensors instead of --model; needs --compute_ms.");
 ABSL_FLAG(int, workers, 4, "Workers of the job being planned.");
+ABSL_FLAG(int, colocated_cores, 0,
+          "The cores every worker and shard of the job shares when one host runs them all "
+          "(a test bed, the grid of harrier-bench convergence): their compute, codecs and "
+          "transport then compete for these cores. 0: each process has cores of its own.");
 ABSL_FLAG(int, batch_size, 64, "Examples per step per worker (mlp: the measured batch).");
 ABSL_FLAG(std::string, calibration, "",
           "runs.jsonl of harrier-bench convergence for the same model: steps to the target "
@@ -71,7 +75,8 @@ constexpr char kUsage[] =
     "Recommends a sync mode, a codec and scheduler settings for a Harrier job.\n"
     "Usage: harrier-advise --servers=H:P[,H:P...] [--model=mlp|cnn|replay:NAME | "
     "--tensors=NAME:ELEMENTS,...] [--workers=4] [--batch_size=64] [--calibration=runs.jsonl [--measured_only]] "
-    "[--compute_ms=-1] [--link_gbps=0] [--probe_bytes=8388608] [--json] [--auth_token_file=F --tls_*]\n"
+    "[--compute_ms=-1] [--link_gbps=0] [--colocated_cores=0] [--probe_bytes=8388608] [--json] "
+    "[--auth_token_file=F --tls_*]\n"
     "Measures the link to every shard (AdminService.Probe), every codec on this host at the "
     "model's chunk sizes and the compute per step, then predicts each option's step time "
     "(compute + codec + communication) and time to the target (steps from --calibration, "
@@ -227,6 +232,9 @@ int Run() {
   const std::vector<std::string> servers = absl::StrSplit(servers_flag, ',', absl::SkipEmpty());
   const int workers = absl::GetFlag(FLAGS_workers);
   if (workers < 1) return Fail("--workers must be at least 1", 2);
+  if (absl::GetFlag(FLAGS_colocated_cores) < 0) {
+    return Fail("--colocated_cores must not be negative (0: no shared cores)", 2);
+  }
   if (absl::GetFlag(FLAGS_device) != "cpu") {
     return Fail(absl::StrCat("--device=", absl::GetFlag(FLAGS_device),
                              ": this build times the CPU codecs only (--device=cpu)"),
@@ -344,6 +352,7 @@ int Run() {
   Cluster cluster;
   cluster.workers = workers;
   cluster.shards = static_cast<int>(servers.size());
+  cluster.colocated_cores = absl::GetFlag(FLAGS_colocated_cores);
 
   // The codecs, each with the spec the grid ran when the calibration says.
   std::map<std::string, std::string> push_specs, pull_specs;
@@ -415,10 +424,11 @@ int Run() {
                model.c_str(), static_cast<long long>(parameters), tensors.size(), workers,
                cluster.shards);
   for (const ShardLink& l : *links) {
-    std::fprintf(out, "  link to %s: rtt %.3f ms, up %.3f Gbit/s, down %.3f Gbit/s (median of %d probes of %lld bytes)\n",
+    std::fprintf(out, "  link to %s: rtt %.3f ms, up %.3f Gbit/s, down %.3f Gbit/s (median of %d probes of %lld bytes); this end's CPU %.3f ns per byte, %.1f us per call\n",
                  l.address.c_str(), l.rtt_s * 1e3, l.up_bytes_per_s * gbit,
                  l.down_bytes_per_s * gbit, link_options.repeats,
-                 static_cast<long long>(probe_bytes));
+                 static_cast<long long>(probe_bytes), l.cpu_s_per_byte * 1e9,
+                 l.cpu_s_per_call * 1e6);
   }
   if (link_gbps > 0) {
     std::fprintf(out, "  planning for %g Gbit/s links (--link_gbps), not the measured rates\n",
@@ -463,17 +473,21 @@ int Run() {
     std::sort(steps.begin(), steps.end());
     return absl::StrFormat("%.3f", steps[steps.size() / 2] * 1e3);
   };
-  std::fprintf(out, "  %-4s %-7s %-10s %-5s %9s %9s %9s %9s %9s %9s %10s %12s  %s\n", "rank",
-               "sync", "codec", "pulls", "compute", "codec", "comm", "rtt", "step", "grid_step",
-               "steps", "time_s", "steps from");
+  std::fprintf(out, "  %-4s %-7s %-10s %-5s %9s %9s %9s %9s %9s %9s %9s %10s %12s  %s\n",
+               "rank", "sync", "codec", "pulls", "compute", "codec", "comm", "rtt", "cores",
+               "step", "grid_step", "steps", "time_s", "steps from");
   int never = 0;
   for (size_t i = 0; i < options.size(); ++i) {
     const OptionResult& o = options[i];
     if (o.steps.source == StepsSource::kNeverReached) ++never;
-    std::fprintf(out, "  %-4zu %-7s %-10s %-5s %9.3f %9.3f %9.3f %9.3f %9.3f %9s %10s %12s  %s\n",
+    std::fprintf(out, "  %-4zu %-7s %-10s %-5s %9.3f %9.3f %9.3f %9.3f %9s %9.3f %9s %10s %12s  %s\n",
                  i + 1, o.sync.c_str(), o.codec.c_str(), o.pulls.c_str(),
                  o.terms.compute_s * 1e3, o.terms.codec_s * 1e3, o.terms.comm_s * 1e3,
-                 o.terms.rtt_s * 1e3, o.terms.step_s * 1e3, grid_step_ms(o).c_str(),
+                 o.terms.rtt_s * 1e3,
+                 cluster.colocated_cores > 0
+                     ? absl::StrFormat("%.3f", o.terms.cpu_bound_s * 1e3).c_str()
+                     : "-",
+                 o.terms.step_s * 1e3, grid_step_ms(o).c_str(),
                  o.steps.steps < 0 ? "never" : absl::StrFormat("%.0f", o.steps.steps).c_str(),
                  o.time_to_target_s < 0 ? "-" : absl::StrFormat("%.3f", o.time_to_target_s).c_str(),
                  o.steps.note.c_str());
@@ -482,8 +496,17 @@ int Run() {
   // The reasoning.
   std::fprintf(out, "\nreasoning:\n");
   std::fprintf(out,
-               "  step = compute + codec + comm (bsp); max(compute + codec, comm) (ssp2, asp: the "
-               "round overlaps the next step's compute); compute + (codec + comm) / 4 (local4).\n");
+               "  step = cpu + comm (bsp); max(cpu, comm) (ssp2, asp: the round overlaps the next "
+               "step's compute); as bsp with codec and comm / 4 (local4); cpu = compute + codec%s.\n",
+               cluster.colocated_cores > 0 ? ", or the cores column when larger" : "");
+  if (cluster.colocated_cores > 0) {
+    std::fprintf(out,
+                 "  cores = %d workers x (compute + a round's codec work on both sides + the "
+                 "transport at both ends: %.3f ns per byte, %.1f us per call, as the probes cost "
+                 "this process) / %d shared cores (--colocated_cores).\n",
+                 workers, link.cpu_s_per_byte * 1e9, link.cpu_s_per_call * 1e6,
+                 cluster.colocated_cores);
+  }
   std::fprintf(out,
                "  comm = max(worker link, shard links carrying %d/%d of the workers' bytes) for the "
                "push (up %.3f Gbit/s) and the pull (down %.3f Gbit/s), + %d round trips of %.3f ms.\n",
@@ -509,9 +532,14 @@ int Run() {
                                                       kCompressedPullFactor).c_str()
                                     : "");
   }
-  const char* dominant = pick.terms.comm_s > pick.terms.compute_s + pick.terms.codec_s
-                             ? "communication"
-                             : (pick.terms.codec_s > pick.terms.compute_s ? "codec" : "compute");
+  const double pick_cpu_s =
+      std::max(pick.terms.compute_s + pick.terms.codec_s, pick.terms.cpu_bound_s);
+  const char* dominant =
+      pick.terms.comm_s > pick_cpu_s
+          ? "communication"
+          : (pick.terms.cpu_bound_s > pick.terms.compute_s + pick.terms.codec_s
+                 ? "the shared cores' CPU work"
+                 : (pick.terms.codec_s > pick.terms.compute_s ? "codec" : "compute"));
   if (pick.steps.source == StepsSource::kNeverReached) {
     std::fprintf(out, "  no option reached the target in the grid: the pick is the fastest step\n");
   }
@@ -595,11 +623,22 @@ int Run() {
                       ",\"compute_s\":", JsonNumber(o.terms.compute_s),
                       ",\"codec_s\":", JsonNumber(o.terms.codec_s),
                       ",\"comm_s\":", JsonNumber(o.terms.comm_s),
+                      ",\"cpu_bound_s\":", JsonNumber(o.terms.cpu_bound_s),
+                      ",\"push_bytes\":", JsonNumber(costs[o.codec + "/" + o.pulls].push_bytes),
+                      ",\"pull_bytes\":", JsonNumber(costs[o.codec + "/" + o.pulls].pull_bytes),
+                      ",\"encode_push_ms\":", JsonNumber(costs[o.codec + "/" + o.pulls].encode_push_s * 1e3),
+                      ",\"decode_push_ms\":", JsonNumber(costs[o.codec + "/" + o.pulls].decode_push_s * 1e3),
+                      ",\"encode_pull_ms\":", JsonNumber(costs[o.codec + "/" + o.pulls].encode_pull_s * 1e3),
+                      ",\"decode_pull_ms\":", JsonNumber(costs[o.codec + "/" + o.pulls].decode_pull_s * 1e3),
+                      ",\"chunks\":", costs[o.codec + "/" + o.pulls].chunks,
                       ",\"steps_source\":", JsonString(SourceName(o.steps.source)), "}");
     }
     absl::StrAppend(&json, "],\"link_gbps_planned\":", JsonNumber(link.up_bytes_per_s * gbit),
                     ",\"calibrated\":", calibrated ? "true" : "false",
                     ",\"workers\":", workers, ",\"shards\":", cluster.shards,
+                    ",\"colocated_cores\":", cluster.colocated_cores,
+                    ",\"transport_cpu_ns_per_byte\":", JsonNumber(link.cpu_s_per_byte * 1e9),
+                    ",\"transport_cpu_us_per_call\":", JsonNumber(link.cpu_s_per_call * 1e6),
                     ",\"compute_ms\":", JsonNumber(compute_s * 1e3),
                     ",\"options_left_out\":", left_out, "}");
     std::printf("%s\n", json.c_str());

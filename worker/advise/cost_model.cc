@@ -133,12 +133,14 @@ absl::StatusOr<StepTerms> PredictStep(absl::string_view sync, const CodecCost& c
   if (!(link.up_bytes_per_s > 0) || !(link.down_bytes_per_s > 0)) {
     return absl::InvalidArgumentError("the link's rates must be positive");
   }
-  if (cluster.workers < 1 || cluster.shards < 1) {
-    return absl::InvalidArgumentError("workers and shards must be at least 1");
+  if (cluster.workers < 1 || cluster.shards < 1 || cluster.colocated_cores < 0) {
+    return absl::InvalidArgumentError(
+        "workers and shards must be at least 1, colocated cores not negative");
   }
   if (!(compute_s >= 0) || !(link.rtt_s >= 0) || codec.push_bytes < 0 || codec.pull_bytes < 0 ||
       codec.encode_push_s < 0 || codec.decode_push_s < 0 || codec.encode_pull_s < 0 ||
-      codec.decode_pull_s < 0) {
+      codec.decode_pull_s < 0 || codec.chunks < 0 || link.cpu_s_per_byte < 0 ||
+      link.cpu_s_per_call < 0) {
     return absl::InvalidArgumentError("times and byte counts must not be negative");
   }
   const double workers = cluster.workers;
@@ -152,18 +154,36 @@ absl::StatusOr<StepTerms> PredictStep(absl::string_view sync, const CodecCost& c
       std::max(codec.pull_bytes / link.down_bytes_per_s,
                shard_side * codec.pull_bytes / link.down_bytes_per_s);
   const double rtt_s = kRoundTripsPerRound * link.rtt_s;
-  const double codec_round_s = codec.encode_push_s + shard_side * codec.decode_push_s +
-                               codec.encode_pull_s / shards + codec.decode_pull_s;
+  // A compressed pull costs the shard an encode of the rank's difference
+  // and a decode to advance the rank's view (ShardStore::CompressPullLocked),
+  // for each of its W / S workers' share.
+  const double shard_pull_s =
+      codec.encode_pull_s > 0 ? codec.encode_pull_s + codec.decode_pull_s : 0.0;
+  const double codec_round_s = codec.encode_push_s + codec.decode_pull_s +
+                               shard_side * (codec.decode_push_s + shard_pull_s);
 
   StepTerms terms;
   terms.compute_s = compute_s;
   terms.codec_s = *rounds * codec_round_s;
   terms.comm_s = *rounds * (push_s + pull_s + rtt_s);
   terms.rtt_s = *rounds * rtt_s;
+  if (cluster.colocated_cores > 0) {
+    // Both ends of every call and byte run on the shared cores.
+    const double transport_round_s =
+        2.0 * ((codec.push_bytes + codec.pull_bytes) * link.cpu_s_per_byte +
+               codec.chunks * link.cpu_s_per_call);
+    const double worker_round_s = codec.encode_push_s + codec.decode_pull_s +
+                                  codec.decode_push_s + shard_pull_s + transport_round_s;
+    terms.cpu_bound_s =
+        workers * (compute_s + *rounds * worker_round_s) / cluster.colocated_cores;
+  }
+  // The CPU part of a step: one worker's own path, or, on shared cores,
+  // the cluster's CPU work over them when that is longer.
+  const double cpu_s = std::max(terms.compute_s + terms.codec_s, terms.cpu_bound_s);
   if (sync == "ssp2" || sync == "asp") {
-    terms.step_s = std::max(terms.compute_s + terms.codec_s, terms.comm_s);
+    terms.step_s = std::max(cpu_s, terms.comm_s);
   } else {
-    terms.step_s = terms.compute_s + terms.codec_s + terms.comm_s;
+    terms.step_s = cpu_s + terms.comm_s;
   }
   return terms;
 }

@@ -4,24 +4,31 @@
 // per option (sync x codec x pulls), and their ranking. Pure arithmetic:
 // no I/O, no clocks, so the unit test checks it with hand-computed cases.
 //
-// Step time = compute + codec + communication, combined per sync mode:
-//   bsp     compute + codec + comm (every worker waits for every other each
-//           step, so nothing overlaps).
-//   ssp2,   max(compute + codec, comm): the push and pull of step t run
-//   asp     while step t+1 computes (the staleness bound lets the worker
-//           go on), so in the steady state the slower of the two sets the
-//           pace. A simple bound, not a simulation.
-//   local4  compute + (codec + comm) / 4: one push and pull of the model's
-//           delta every 4 local steps.
+// Step time: cpu = compute + codec (one worker's own path), combined with
+// the communication per sync mode:
+//   bsp     cpu + comm (every worker waits for every other each step, so
+//           nothing overlaps).
+//   ssp2,   max(cpu, comm): the push and pull of step t run while step
+//   asp     t+1 computes (the staleness bound lets the worker go on), so in
+//           the steady state the slower of the two sets the pace. A simple
+//           bound, not a simulation.
+//   local4  as bsp, with codec and comm a quarter: one push and pull of
+//           the model's delta every 4 local steps.
 // Communication of one round (a push, then a pull):
 //   push: max(push_bytes / up, W x push_bytes / (S x up)): each worker's own
 //         link, or the shards' links, which carry W / S workers' bytes
 //         each: the slower side sets the time; the same for the pull with
 //         the down rate; plus kRoundTripsPerRound x rtt.
-// Codec time of one round: encode of the push on the worker, the shard's
-// decode of its share of every worker's push (W / S x decode), and with
-// compressed pulls the shard's encode of its share (1 / S) and the
-// worker's decode.
+// Codec time of one round: encode of the push and decode of the pull on
+// the worker, and the shard's work for its share of every worker
+// (W / S x): a decode of each push and, with compressed pulls, an encode
+// of each pull and a decode to advance that worker's view.
+// Shared cores (Cluster::colocated_cores = C > 0, one host running every
+// worker and shard, as the grid of harrier-bench convergence does): the
+// cluster's CPU work of a step, W x (compute + every codec's work of a
+// worker's round + the transport's CPU at both ends of each call and byte),
+// over C, bounds cpu from below. That is what a 2-core test bed runs into
+// at 10 Gbit/s: not the link but the cores that move the bytes.
 #ifndef HARRIER_WORKER_ADVISE_COST_MODEL_H_
 #define HARRIER_WORKER_ADVISE_COST_MODEL_H_
 
@@ -54,11 +61,18 @@ struct Link {
   double up_bytes_per_s = 0;    // this host to a shard
   double down_bytes_per_s = 0;  // a shard to this host
   double rtt_s = 0;
+  // CPU seconds one end of a connection spends per byte moved (measured
+  // with the probes); counts only when the cluster shares cores.
+  double cpu_s_per_byte = 0;
+  double cpu_s_per_call = 0;  // and per call, whatever its size
 };
 
 struct Cluster {
   int workers = 4;
   int shards = 2;
+  // The cores every worker and shard process shares (one host running the
+  // whole job, as the grid does); 0: each process has cores of its own.
+  int colocated_cores = 0;
 };
 
 // One codec (and pull setting) on this host for the whole model, per
@@ -70,6 +84,7 @@ struct CodecCost {
   double decode_push_s = 0;  // every chunk's decode (one worker's push)
   double encode_pull_s = 0;  // 0 when pulls are dense
   double decode_pull_s = 0;  // 0 when pulls are dense
+  int chunks = 0;            // the round's exchanges with the shards (calls)
 };
 
 struct StepTerms {
@@ -77,6 +92,10 @@ struct StepTerms {
   double codec_s = 0;  // per step (local4: a quarter of a round's)
   double comm_s = 0;   // per step, round trips included
   double rtt_s = 0;    // of comm_s, the round trips' share
+  // Co-located clusters only (else 0): every process's CPU work of one
+  // step (W computes, codecs on both sides, the transport at both ends of
+  // every byte) over the shared cores: no step is shorter.
+  double cpu_bound_s = 0;
   double step_s = 0;   // as the sync mode combines them
 };
 

@@ -1,6 +1,7 @@
 #include "worker/advise/measure.h"
 
 #include <cblas.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +26,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// User + system CPU of every thread of this process so far.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) { return t.tv_sec + 1e-6 * t.tv_usec; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
 
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -89,24 +98,35 @@ absl::StatusOr<std::vector<ShardLink>> MeasureLinks(const LinkOptions& options) 
     link.address = options.servers[i];
     // The first call connects (TCP, HTTP/2, maybe TLS): not a sample.
     if (auto warm = Probe(*stub, options, name, "", 0); !warm.ok()) return warm.status();
-    std::vector<double> rtts;
+    // CPU per call and per byte: medians of each probe's own CPU, so one
+    // probe that met a page fault or a scheduler hiccup does not count.
+    std::vector<double> rtts, call_cpu;
     for (int k = 0; k < std::max(1, options.small_probes); ++k) {
+      const double cpu_before = ProcessCpuSeconds();
       auto took = Probe(*stub, options, name, "", 0);
       if (!took.ok()) return took.status();
+      call_cpu.push_back(ProcessCpuSeconds() - cpu_before);
       rtts.push_back(*took);
     }
+    link.cpu_s_per_call = Median(call_cpu);
     link.rtt_s = Median(rtts);
-    std::vector<double> up, down;
+    std::vector<double> up, down, byte_cpu;
+    const double bytes = static_cast<double>(options.probe_bytes);
     for (int k = 0; k < std::max(1, options.repeats); ++k) {
+      double cpu_before = ProcessCpuSeconds();
       auto sent = Probe(*stub, options, name, large, 0);
       if (!sent.ok()) return sent.status();
-      up.push_back(static_cast<double>(options.probe_bytes) /
-                   std::max(*sent - link.rtt_s, 1e-9));
+      byte_cpu.push_back(std::max(0.0, ProcessCpuSeconds() - cpu_before - link.cpu_s_per_call) /
+                         bytes);
+      up.push_back(bytes / std::max(*sent - link.rtt_s, 1e-9));
+      cpu_before = ProcessCpuSeconds();
       auto received = Probe(*stub, options, name, "", options.probe_bytes);
       if (!received.ok()) return received.status();
-      down.push_back(static_cast<double>(options.probe_bytes) /
-                     std::max(*received - link.rtt_s, 1e-9));
+      byte_cpu.push_back(std::max(0.0, ProcessCpuSeconds() - cpu_before - link.cpu_s_per_call) /
+                         bytes);
+      down.push_back(bytes / std::max(*received - link.rtt_s, 1e-9));
     }
+    link.cpu_s_per_byte = Median(byte_cpu);
     link.up_bytes_per_s = Median(up);
     link.down_bytes_per_s = Median(down);
     links.push_back(link);
@@ -124,6 +144,8 @@ Link CombineLinks(const std::vector<ShardLink>& links) {
       link.down_bytes_per_s = links[i].down_bytes_per_s;
     }
     link.rtt_s = std::max(link.rtt_s, links[i].rtt_s);
+    link.cpu_s_per_byte = std::max(link.cpu_s_per_byte, links[i].cpu_s_per_byte);
+    link.cpu_s_per_call = std::max(link.cpu_s_per_call, links[i].cpu_s_per_call);
   }
   return link;
 }
@@ -250,6 +272,7 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
       cost.pull_bytes += t.pull_bytes;
       cost.encode_pull_s += t.encode_pull_s;
       cost.decode_pull_s += t.decode_pull_s;
+      cost.chunks += 1;
     }
   }
   return cost;

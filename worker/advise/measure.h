@@ -25,6 +25,10 @@ struct ShardLink {
   double rtt_s = 0;             // median of the small probes
   double up_bytes_per_s = 0;    // median of the large-payload probes
   double down_bytes_per_s = 0;  // median of the large-reply probes
+  // This process's CPU (user + system, every thread) per byte of the large
+  // probes: what one end's gRPC and TCP stack spend to move a byte here.
+  double cpu_s_per_byte = 0;
+  double cpu_s_per_call = 0;  // the same per small probe (a call's fixed cost)
 };
 
 struct LinkOptions {
@@ -44,7 +48,7 @@ struct LinkOptions {
 absl::StatusOr<std::vector<ShardLink>> MeasureLinks(const LinkOptions& options);
 
 // The link the cost model uses: the slowest shard's rates (under BSP it
-// sets the pace) and the largest round trip.
+// sets the pace), the largest round trip and the largest CPU costs.
 Link CombineLinks(const std::vector<ShardLink>& links);
 
 // ---- Codecs ----

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -405,6 +406,18 @@ def check_advice(advice, runs):
                  "link_gbps_measured_down": float(adv.get("link_gbps_measured_down", -1)),
                  "best": best["run_id"] if best else "", "best_time_to_target_s": best["ttt"] if best else -1.0,
                  "rank": -1, "of": len(reached), "ratio": -1.0, "within_10pct": False, "top3": False}
+        # How well the step model did: measured over predicted step time,
+        # per option the grid ran on this link (median and range).
+        ratios = []
+        for o in adv.get("options", []):
+            r = runs.get(f"{model}-{o['sync']}-{o['codec']}-pull{o['pulls']}-{fmt_link(link)}g")
+            if r and r["status"] == "ok" and r["step_s"] > 0 and float(o.get("predicted_step_s", 0)) > 0:
+                ratios.append(r["step_s"] / float(o["predicted_step_s"]))
+        ratios.sort()
+        check["step_ratio_median"] = round(statistics.median(ratios), 3) if ratios else -1.0
+        check["step_ratio_min"] = round(ratios[0], 3) if ratios else -1.0
+        check["step_ratio_max"] = round(ratios[-1], 3) if ratios else -1.0
+        check["step_ratio_options"] = len(ratios)
         if run and run["reached"] and best:
             check["pick_time_to_target_s"] = run["ttt"]
             check["rank"] = run["rank"]
@@ -510,7 +523,8 @@ def headline(by_group, checks):
     return md
 
 
-def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, rates, budget_args, machine):
+def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, rates, budget_args, machine,
+                   advise_machine=""):
     md = []
     md.append("# Convergence and time to accuracy: results")
     md.append("")
@@ -602,6 +616,9 @@ def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, r
         md.append("The advisor measured the link (up / down Gbit/s) to shards behind an emulated link of the "
                   "grid's rate, and took steps to target from this grid (`--calibration`). Ratio: the pick's "
                   "measured time to target over the best measured one's.")
+        if advise_machine:
+            md.append("")
+            md.append("The advisor ran on: " + "; ".join(l.strip() for l in advise_machine.splitlines() if l.strip()) + ".")
         md.append("")
         md.append("| model | link | advisor measured up / down | pick | predicted (s) | measured (s) | rank | best measured | best (s) | ratio | within 10 % |")
         md.append("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -614,6 +631,15 @@ def write_markdown(docs_dir, grid_dir, runs, by_group, figures, checks, notes, r
         md.append("")
         md.append(f"Within 10 % of the best measured time to target: {sum(c['within_10pct'] for c in checks)} of "
                   f"{len(checks)}; among the measured top 3: {sum(c['top3'] for c in checks)} of {len(checks)}.")
+        md.append("")
+        md.append("The step model against the grid: measured over predicted step time of every option the grid "
+                  "ran on that link (1.00 = exact; the ranking needs the ratio alike across options, not 1).")
+        md.append("")
+        md.append("| model | link | options | median | min | max |")
+        md.append("|---|---|---|---|---|---|")
+        for c in checks:
+            md.append(f"| {c['model']} | {fmt_link(c['link_gbps'])} | {c['step_ratio_options']} | "
+                      f"{num(c['step_ratio_median'], 2)} | {num(c['step_ratio_min'], 2)} | {num(c['step_ratio_max'], 2)} |")
     md.append("")
     if notes:
         md.append("## Disagreements between runs.jsonl and curves.csv")
@@ -663,7 +689,8 @@ def main(argv=None):
             f.writelines(json.dumps(c) + "\n" for c in checks)
         write_markdown(args.docs_dir, args.grid_dir, runs, by_group, figures, checks, notes, rates,
                        read_text(os.path.join(args.grid_dir, "grid_args.txt")),
-                       read_text(os.path.join(args.grid_dir, "machine.txt")) or machine_now() + " (the report's host)")
+                       read_text(os.path.join(args.grid_dir, "machine.txt")) or machine_now() + " (the report's host)",
+                       read_text(os.path.join(args.grid_dir, "advise_machine.txt")))
     except InputError as e:
         print(f"convergence_report: {e}", file=sys.stderr)
         return 2

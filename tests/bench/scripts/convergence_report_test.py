@@ -139,6 +139,17 @@ def main():
         check(f"advisor check {key}: rank {want_rank}, ratio {want_ratio}",
               c.get("pick") == pick and c.get("rank") == want_rank and abs(c.get("ratio", 0) - want_ratio) < 1e-4
               and c.get("top3") == (want_rank <= 3) and c.get("within_10pct") == (pick_t <= 1.1 * group[0][0]), c)
+    # The step model's ratios: measured over predicted step of the options the
+    # grid ran on the link (the fixture's third option, asp/signum/on, it did not).
+    step_of = {r["run_id"]: r["step_s"] for r in read_jsonl(os.path.join(FIXTURE, "runs.jsonl"))}
+    ratios = sorted([step_of["mlp-local4-qsgd8-pulloff-1g"] / 0.01, step_of["mlp-bsp-none-pulloff-1g"] / 0.02])
+    c = checks.get(("mlp", 1.0), {})
+    check("step ratios of mlp 1g: 2 options, median, min and max", c.get("step_ratio_options") == 2
+          and abs(c.get("step_ratio_median", 0) - round(sum(ratios) / 2, 3)) < 1e-3
+          and abs(c.get("step_ratio_min", 0) - round(ratios[0], 3)) < 1e-3
+          and abs(c.get("step_ratio_max", 0) - round(ratios[1], 3)) < 1e-3, (c, ratios))
+    check("the step model's table row for mlp 1g",
+          f"| mlp | 1 | 2 | {sum(ratios) / 2:.2f} | {ratios[0]:.2f} | {ratios[1]:.2f} |" in md)
     base = dict((i, t) for t, i in by_link[("mlp", 1.0)])["mlp-bsp-none-pulloff-1g"]
     check("headline speed-up mlp 1g", f"{base / sorted(by_link[('mlp', 1.0)])[0][0]:.2f}x" in md)
 

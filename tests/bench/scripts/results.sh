@@ -15,7 +15,9 @@
 #    the grid, against 2 harrier-server shards behind an emulated link of that
 #    rate (two namespaces, a veth pair, tbf on both ends; root). Without root
 #    the shards are on loopback and results.md says which rate was measured.
-#    Writes DIR/advice-<model>-<link>g.jsonl.
+#    With --colocated_cores=$(nproc): the grid ran every worker and shard on
+#    this host's cores. Writes DIR/advice-<model>-<link>g.jsonl and
+#    DIR/advise_machine.txt (where and when it ran).
 # 3. tests/bench/scripts/convergence_report.py: DOCS/results.md, DOCS/results/.
 #
 # --skip_grid: use the grid already in DIR. --skip_advise: use the
@@ -186,7 +188,8 @@ def ordered(key):
 print(ordered("sync"), ordered("codec"), ",".join(pulls))' "$grid_dir/runs.jsonl" "$model")
   read -r syncs codecs pulls <<<"$sets"
   local run=("$advise" --servers="$servers" --model="$model" --calibration="$grid_dir/runs.jsonl"
-    --syncs="$syncs" --codecs="$codecs" --pulls="$pulls" --measured_only --json)
+    --syncs="$syncs" --codecs="$codecs" --pulls="$pulls" --measured_only --json
+    --colocated_cores="$(nproc)")
   if netns_ok; then run=(ip netns exec "$ns_w" "${run[@]}"); fi
   echo "results.sh: ${run[*]}" >&2
   timeout 600 "${run[@]}" >"$out.tmp"
@@ -204,6 +207,9 @@ if [ "$skip_advise" = 0 ]; then
     exit 2
   fi
   rm -f "$grid_dir"/advice-*.jsonl
+  cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+  echo "$(uname -n): $(nproc) CPUs ($cpu), Linux $(uname -r), $(date -u '+%Y-%m-%d %H:%M UTC'), --colocated_cores=$(nproc) (the grid's workers and shards share one host's cores)" \
+    >"$grid_dir/advise_machine.txt"
   [ "${#pairs[@]}" -gt 0 ] || { echo "results.sh: the grid in $grid_dir has no ok run to advise for" >&2; exit 2; }
   for pair in "${pairs[@]}"; do
     advise_one "${pair%%:*}" "${pair#*:}" "$grid_dir/advice-${pair%%:*}-${pair#*:}g.jsonl"
