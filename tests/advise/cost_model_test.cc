@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/codec/survey_codecs.h"
 #include "worker/advise/calibration.h"
 #include "worker/advise/cost_model.h"
 
@@ -259,6 +260,17 @@ TEST_CASE("The grid's names and specs") {
   CHECK(*CodecSpecFor("qsgd8") == "qsgd:levels=127,bucket=512");
   CHECK(*CodecSpecFor("powersgd2") == "powersgd:rank=2");
   CHECK(absl::IsNotFound(CodecSpecFor("zip").status()));
+  // The grid's own specs and pull codecs (what harrier-bench convergence runs).
+  CHECK(*CodecSpecFor("randomk") == "randomk:ratio=0.01,scale=0");
+  CHECK(*PullCodecSpecFor("dgc") == "topk:ratio=0.1");
+  CHECK(*PullCodecSpecFor("qsgd8") == "fp16");
+  CHECK(absl::IsNotFound(PullCodecSpecFor("zip").status()));
+  // Every codec name has its factor and rate, in the survey table's order.
+  REQUIRE(CodecNames().size() == SurveyCodecs().size());
+  for (size_t i = 0; i < CodecNames().size(); ++i) {
+    CHECK(CodecNames()[i] == SurveyCodecs()[i].name);
+    CHECK(CodecRate(CodecNames()[i]) != "?");
+  }
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/codec/survey_codecs.h"
 #include "tests/bench/netem/emulated_network.h"
 #include "tests/bench/server_cluster.h"
 #include "tests/bench/training_run.h"
@@ -101,50 +102,44 @@ struct GridCodec {
   std::vector<std::string> worker_flags;
 };
 
-// tta's settings (docs/experiments.md) where tta has the codec, so the two
-// benches train a codec the same way; the others were tuned for this grid
+// The specs come from the survey table (common/codec/survey_codecs.h),
+// which the advisor times too; the training settings are this bench's:
+// tta's (docs/experiments.md) where tta has the codec, so the two benches
+// train a codec the same way; the others were tuned for this grid
 // (README.md, "convergence", from 150-step runs).
 const std::vector<GridCodec>& GridCodecs() {
   static const auto* codecs = [] {
-    auto from_tta = [](const char* grid_name, const char* tta_name, const char* pull) {
-      const CodecSetting* setting = FindCodec(tta_name);
-      return GridCodec{grid_name, setting->codec, pull, setting->server_flags, {}};
-    };
     const std::vector<std::string> nesterov = {"--optimizer=nesterov", "--lr=0.05",
                                                "--momentum=0.9"};
-    // Dense and quantised codecs pull fp16 (half the bytes, and the shard's
-    // pull views carry its rounding over); sparse ones pull the top 10 %
-    // of the change since the worker's view.
-    return new std::vector<GridCodec>{
-        from_tta("none", "none", "fp16"),
-        from_tta("fp16", "fp16", "fp16"),
-        from_tta("topk", "topk", "topk:ratio=0.1"),
-        // Unscaled random-k: the client keeps what was not sent in its
-        // error feedback (NeedsErrorFeedback), as for top-k; the scaled,
-        // unbiased form multiplies each sent value by 100 at 1 %.
-        {"randomk",
-         "randomk:ratio=0.01,scale=0",
-         "topk:ratio=0.1",
-         {"--optimizer=nesterov", "--lr=0.08", "--momentum=0.9"},
-         {}},
+    struct Training {
+      std::vector<std::string> server_flags, worker_flags;
+    };
+    const std::map<std::string, Training> tuned = {
+        {"randomk", {{"--optimizer=nesterov", "--lr=0.08", "--momentum=0.9"}, {}}},
         // DGC: the momentum lives in the workers' correction (u = 0.9 u + g,
         // v += u), so the shards run plain SGD.
-        {"dgc",
-         "threshold:sample=0.01,ratio=0.01,momentum=0.9",
-         "topk:ratio=0.1",
-         {"--optimizer=sgd", "--lr=0.15"},
-         {}},
-        {"qsgd4", "qsgd:levels=7,bucket=512", "fp16", nesterov, {}},
-        from_tta("qsgd8", "qsgd8", "fp16"),
-        {"terngrad", "terngrad", "fp16", nesterov, {}},
-        {"signsgd", "sign:scale=1", "fp16", {"--optimizer=sgd", "--lr=0.7"}, {}},
-        from_tta("efsign", "efsign", "fp16"),
+        {"dgc", {{"--optimizer=sgd", "--lr=0.15"}, {}}},
+        {"qsgd4", {nesterov, {}}},
+        {"terngrad", {nesterov, {}}},
+        {"signsgd", {{"--optimizer=sgd", "--lr=0.7"}, {}}},
         // The vote is +-1 per element: the lr is the step size itself.
-        {"signum", "signum", "fp16", {"--optimizer=sgd", "--lr=0.001"}, {"--signum_momentum=0.9"}},
+        {"signum", {{"--optimizer=sgd", "--lr=0.001"}, {"--signum_momentum=0.9"}}},
         // 1-bit with error feedback, scaled like EF-sign: plain SGD, as efsign.
-        {"onebit", "onebit", "fp16", {"--optimizer=sgd", "--lr=0.7"}, {}},
-        from_tta("powersgd2", "powersgd2", "fp16"),
+        {"onebit", {{"--optimizer=sgd", "--lr=0.7"}, {}}},
     };
+    auto* out = new std::vector<GridCodec>;
+    for (const SurveyCodec& codec : SurveyCodecs()) {
+      GridCodec grid{codec.name, codec.push_spec, codec.pull_spec, {}, {}};
+      if (const CodecSetting* setting = FindCodec(codec.name); setting != nullptr) {
+        grid.server_flags = setting->server_flags;
+      } else {
+        const Training& training = tuned.at(codec.name);
+        grid.server_flags = training.server_flags;
+        grid.worker_flags = training.worker_flags;
+      }
+      out->push_back(std::move(grid));
+    }
+    return out;
   }();
   return *codecs;
 }

@@ -370,10 +370,10 @@ int Run() {
   std::map<std::string, CodecCost> costs;  // key: codec/pulls
   for (const std::string& codec : codecs) {
     for (const std::string& p : pulls) {
-      // Compressed pulls use the push codec's spec unless the grid ran another.
+      // Compressed pulls: the pull codec the grid ran, else the grid table's.
       std::string pull_spec = "none";
       if (p == "on") {
-        pull_spec = pull_specs.count(codec) ? pull_specs[codec] : push_specs[codec];
+        pull_spec = pull_specs.count(codec) ? pull_specs[codec] : *PullCodecSpecFor(codec);
       }
       auto cost = MeasureCodec(tensors, push_specs[codec], pull_spec, codec_options);
       if (!cost.ok()) return Fail(std::string(cost.status().message()), 1);

@@ -7,13 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/codec/survey_codecs.h"
 
 namespace harrier::advise {
 namespace {
 
 struct CodecEntry {
-  const char* name;
-  const char* spec;    // what this tool measures without a calibration's spec
+  const char* name;    // as common/codec/survey_codecs.h, in its order
   double factor;       // steps relative to none (a guess, see README.md)
   const char* rate;    // the survey's rate for the family
 };
@@ -25,22 +25,19 @@ struct CodecEntry {
 // 1 %) or a bias without feedback (signSGD, signum).
 const std::vector<CodecEntry>& CodecTable() {
   static const auto* table = new std::vector<CodecEntry>{
-      {"none", "none", 1.0, "O(1/sqrt(KT)) (mini-batch SGD)"},
-      {"fp16", "fp16", 1.0, "as SGD (rounding only)"},
-      {"topk", "topk:ratio=0.01", 1.15, "O(1/sqrt(KT)) with error feedback"},
-      {"randomk", "randomk:ratio=0.01", 2.5, "O(sqrt(d/k)/sqrt(KT)): variance x d/k"},
-      {"dgc", "threshold:sample=0.01,ratio=0.01,momentum=0.9", 1.15,
-       "O(1/sqrt(KT)) with momentum correction"},
-      {"qsgd4", "qsgd:levels=7,bucket=512", 1.2,
-       "O(sqrt(1+min(d/s^2,sqrt(d)/s))/sqrt(KT)), s=7"},
-      {"qsgd8", "qsgd:levels=127,bucket=512", 1.0,
-       "O(sqrt(1+min(d/s^2,sqrt(d)/s))/sqrt(KT)), s=127"},
-      {"terngrad", "terngrad", 1.3, "O(1/sqrt(T)) with ternary variance"},
-      {"signsgd", "sign", 1.6, "O(1/sqrt(T)) under unimodal noise (biased, no feedback)"},
-      {"efsign", "efsign", 1.2, "O(1/sqrt(T)) as SGD, error feedback"},
-      {"signum", "signum", 1.5, "O(1/sqrt(T)) (momentum, majority vote)"},
-      {"onebit", "onebit", 1.2, "error feedback, as SGD empirically"},
-      {"powersgd2", "powersgd:rank=2", 1.15, "O(1/sqrt(KT)) with error feedback (rank 2)"},
+      {"none", 1.0, "O(1/sqrt(KT)) (mini-batch SGD)"},
+      {"fp16", 1.0, "as SGD (rounding only)"},
+      {"topk", 1.15, "O(1/sqrt(KT)) with error feedback"},
+      {"randomk", 2.5, "O(sqrt(d/k)/sqrt(KT)): variance x d/k"},
+      {"dgc", 1.15, "O(1/sqrt(KT)) with momentum correction"},
+      {"qsgd4", 1.2, "O(sqrt(1+min(d/s^2,sqrt(d)/s))/sqrt(KT)), s=7"},
+      {"qsgd8", 1.0, "O(sqrt(1+min(d/s^2,sqrt(d)/s))/sqrt(KT)), s=127"},
+      {"terngrad", 1.3, "O(1/sqrt(T)) with ternary variance"},
+      {"signsgd", 1.6, "O(1/sqrt(T)) under unimodal noise (biased, no feedback)"},
+      {"efsign", 1.2, "O(1/sqrt(T)) as SGD, error feedback"},
+      {"signum", 1.5, "O(1/sqrt(T)) (momentum, majority vote)"},
+      {"onebit", 1.2, "error feedback, as SGD empirically"},
+      {"powersgd2", 1.15, "O(1/sqrt(KT)) with error feedback (rank 2)"},
   };
   return *table;
 }
@@ -108,12 +105,21 @@ const std::vector<std::string>& CodecNames() {
 }
 
 absl::StatusOr<std::string> CodecSpecFor(absl::string_view codec) {
-  const CodecEntry* entry = FindCodec(codec);
+  const SurveyCodec* entry = FindSurveyCodec(codec);
   if (entry == nullptr) {
     return absl::NotFoundError(absl::StrCat("unknown codec '", codec, "'; the grid's codecs are ",
                                             absl::StrJoin(CodecNames(), ",")));
   }
-  return std::string(entry->spec);
+  return entry->push_spec;
+}
+
+absl::StatusOr<std::string> PullCodecSpecFor(absl::string_view codec) {
+  const SurveyCodec* entry = FindSurveyCodec(codec);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown codec '", codec, "'; the grid's codecs are ",
+                                            absl::StrJoin(CodecNames(), ",")));
+  }
+  return entry->pull_spec;
 }
 
 absl::StatusOr<double> RoundsPerStep(absl::string_view sync) {

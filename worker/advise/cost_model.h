@@ -44,10 +44,12 @@ namespace harrier::advise {
 // The grid's names (harrier-bench convergence, contract B), in its order.
 const std::vector<std::string>& SyncNames();   // bsp, ssp2, asp, local4
 const std::vector<std::string>& CodecNames();  // none, fp16, topk, ...
-// The codec spec (common/codec/codec.h) a grid codec name stands for, as
-// this tool measures it when the calibration names none. NOT_FOUND naming
-// the known names for another.
+// The codec spec (common/codec/codec.h) a grid codec name stands for, and
+// its pull codec, from the grid's own table (common/codec/survey_codecs.h),
+// as this tool measures them when the calibration names none. NOT_FOUND
+// naming the known names for another.
 absl::StatusOr<std::string> CodecSpecFor(absl::string_view codec);
+absl::StatusOr<std::string> PullCodecSpecFor(absl::string_view codec);
 
 // Rounds of communication per step: 1 (bsp, ssp2, asp) or 1/4 (local4).
 // INVALID_ARGUMENT for an unknown name.
