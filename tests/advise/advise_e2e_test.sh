@@ -85,6 +85,17 @@ check "calibration B: exit 0" "[ $? -eq 0 ]"
 pick=$(json_get "$tmp/b.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls'], j['pick']['pull_codec']])")
 check "calibration B picks asp/qsgd8/on with the grid's pull codec for it ($pick)" "[ '$pick' = 'asp/qsgd8/on/fp16' ]"
 
+# Scheduler settings on a slow link (1 Mbit/s planned: comm is most of a
+# step): a bsp pick overlaps and fuses; a local4 pick gets none, since
+# harrier-worker refuses --techniques with --sync=local.
+"$python" "$make_calibration" --out="$tmp/l.jsonl" --best=local4/topk/off
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/l.jsonl" --link_gbps=0.001 >"$tmp/l.out" 2>&1
+check "local4 pick: recommends --sync=local --local_steps=4 with --techniques=none" \
+  "grep -q '^recommendation: harrier-worker --sync=local --local_steps=4 .*--techniques=none\$' '$tmp/l.out'"
+timeout 120 "$advise" "${common[@]}" --calibration="$tmp/a.jsonl" --link_gbps=0.001 >"$tmp/a_slow.out" 2>&1
+check "bsp pick on a slow link: recommends wfbp+fusion" \
+  "grep -q '^recommendation: harrier-worker --sync=bsp .*--techniques=wfbp+fusion' '$tmp/a_slow.out'"
+
 # C: every option takes the same steps, so step time alone decides. On a
 # planned 1 Mbit/s link the bytes dominate: a compressed codec with
 # compressed pulls wins; on a 1000 Gbit/s link the codec's time does:

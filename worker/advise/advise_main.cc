@@ -171,7 +171,14 @@ struct Scheduler {
 Scheduler ChooseScheduler(const OptionResult& pick, const std::vector<TensorShape>& tensors,
                           const Link& link, size_t chunk_bytes, size_t compress_min_bytes) {
   Scheduler s;
-  const bool synchronous = pick.sync == "bsp" || pick.sync == "local4";
+  if (pick.sync == "local4") {
+    // harrier-worker refuses --techniques with --sync=local (trainer.cc).
+    s.why =
+        "local SGD pushes one model delta per round, not per-layer gradients as backward "
+        "produces them: no comm scheduler (techniques none)";
+    return s;
+  }
+  const bool synchronous = pick.sync == "bsp";
   const double comm_share =
       pick.terms.step_s > 0 ? pick.terms.comm_s / pick.terms.step_s : 0.0;
   int64_t largest = 0;
