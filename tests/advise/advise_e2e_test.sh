@@ -10,6 +10,7 @@ set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
 server="$root/server/harrier-server"
 advise="$root/worker/advise/harrier-advise"
+worker="$root/worker/harrier-worker"
 make_calibration="$root/tests/advise/make_calibration.py"
 python=/usr/bin/python3
 tmp=$TEST_TMPDIR
@@ -90,11 +91,45 @@ check "calibration B picks asp/qsgd8/on with the grid's pull codec for it ($pick
 # harrier-worker refuses --techniques with --sync=local.
 "$python" "$make_calibration" --out="$tmp/l.jsonl" --best=local4/topk/off
 timeout 120 "$advise" "${common[@]}" --calibration="$tmp/l.jsonl" --link_gbps=0.001 >"$tmp/l.out" 2>&1
-check "local4 pick: recommends --sync=local --local_steps=4 with --techniques=none" \
-  "grep -q '^recommendation: harrier-worker --sync=local --local_steps=4 .*--techniques=none\$' '$tmp/l.out'"
+check "local4 pick: the shards get --sync=local --local_steps=4 and topk's training flags" \
+  "grep -qx '  harrier-server --sync=local --local_steps=4 --optimizer=nesterov --lr=0.08 --momentum=0.9' '$tmp/l.out'"
+check "local4 pick: the workers get the codec and --techniques=none (harrier-worker refuses a scheduler with local SGD)" \
+  "grep -qx '  harrier-worker --codec=topk:ratio=0.01 --pull_codec=none --techniques=none' '$tmp/l.out'"
 timeout 120 "$advise" "${common[@]}" --calibration="$tmp/a.jsonl" --link_gbps=0.001 >"$tmp/a_slow.out" 2>&1
 check "bsp pick on a slow link: recommends wfbp+fusion" \
-  "grep -q '^recommendation: harrier-worker --sync=bsp .*--techniques=wfbp+fusion' '$tmp/a_slow.out'"
+  "grep -q '^  harrier-worker --codec=topk:ratio=0.01 --pull_codec=none --techniques=wfbp+fusion --fusion_bytes=' '$tmp/a_slow.out' && grep -qx '  harrier-server --sync=bsp --optimizer=nesterov --lr=0.08 --momentum=0.9' '$tmp/a_slow.out'"
+
+# The recommendation runs as printed: 2 fresh shards with its harrier-server
+# flags, one worker with its harrier-worker flags, 8 steps, exit 0.
+run_recommendation() {  # name advise-output
+  local name=$1 out=$2 server_args worker_args i rec_pids=() rec_servers="" rc
+  server_args=$(sed -n 's/^  harrier-server //p' "$out")
+  worker_args=$(sed -n 's/^  harrier-worker //p' "$out")
+  if [ -z "$server_args" ] || [ -z "$worker_args" ]; then
+    check "$name: the recommendation has a harrier-server and a harrier-worker line" false
+    return
+  fi
+  for i in 0 1; do
+    rm -f "$tmp/rec_port$i"
+    # shellcheck disable=SC2086  # the recommendation's flags, one word each
+    "$server" --host=127.0.0.1 --port=0 --port_file="$tmp/rec_port$i" --shard=$i --num_shards=2 \
+      --num_workers=1 $server_args 2>"$tmp/rec_server$i.log" &
+    rec_pids+=($!)
+    pids+=($!)
+  done
+  for _ in $(seq 100); do [ -s "$tmp/rec_port0" ] && [ -s "$tmp/rec_port1" ] && break; sleep 0.1; done
+  rec_servers="127.0.0.1:$(cat "$tmp/rec_port0"),127.0.0.1:$(cat "$tmp/rec_port1")"
+  # shellcheck disable=SC2086
+  timeout 120 "$worker" --servers="$rec_servers" $worker_args --max_steps=8 --train_examples=1000 \
+    --rpc_timeout_s=20 >"$tmp/rec_worker.out" 2>"$tmp/rec_worker.err"
+  rc=$?
+  check "$name: harrier-server $server_args and harrier-worker $worker_args train 8 steps (exit $rc)" "[ $rc -eq 0 ]"
+  [ $rc -eq 0 ] || tail -n 5 "$tmp/rec_worker.err" "$tmp/rec_server0.log"
+  kill "${rec_pids[@]}" 2>/dev/null
+  wait "${rec_pids[@]}" 2>/dev/null
+}
+run_recommendation "local4 pick" "$tmp/l.out"
+run_recommendation "bsp pick with wfbp+fusion" "$tmp/a_slow.out"
 
 # C: every option takes the same steps, so step time alone decides. On a
 # planned 1 Mbit/s link the bytes dominate: a compressed codec with
@@ -163,7 +198,7 @@ check "measured_only with nothing measured: exit 2 naming it" "[ $? -eq 2 ] && g
 # Without calibration: the survey's guess, said so.
 timeout 120 "$advise" "${common[@]}" --syncs=bsp --codecs=none,topk --pulls=off >"$tmp/guess.out" 2>&1
 check "no calibration: exit 0, says GUESS and the survey" "[ $? -eq 0 ] && grep -q 'a GUESS' '$tmp/guess.out' && grep -q \"Tang et al.'s survey\" '$tmp/guess.out'"
-check "no calibration: a recommendation line" "grep -q '^recommendation: harrier-worker --sync=bsp --codec=' '$tmp/guess.out'"
+check "no calibration: a recommendation for the shards and the workers" "grep -q '^recommendation (every shard, then every worker' '$tmp/guess.out' && grep -q '^  harrier-server --sync=bsp' '$tmp/guess.out' && grep -q '^  harrier-worker --codec=' '$tmp/guess.out'"
 
 # Replay model and cnn.
 timeout 120 "$advise" "${common[@]}" --model=replay:resnet50 --syncs=bsp --codecs=none,fp16 --pulls=off --json >"$tmp/replay.json" 2>"$tmp/replay.err"

@@ -102,42 +102,14 @@ struct GridCodec {
   std::vector<std::string> worker_flags;
 };
 
-// The specs come from the survey table (common/codec/survey_codecs.h),
-// which the advisor times too; the training settings are this bench's:
-// tta's (docs/experiments.md) where tta has the codec, so the two benches
-// train a codec the same way; the others were tuned for this grid
-// (README.md, "convergence", from 150-step runs).
+// The survey table's recipe (common/codec/survey_codecs.h): what the
+// advisor times and recommends is what this grid trains.
 const std::vector<GridCodec>& GridCodecs() {
   static const auto* codecs = [] {
-    const std::vector<std::string> nesterov = {"--optimizer=nesterov", "--lr=0.05",
-                                               "--momentum=0.9"};
-    struct Training {
-      std::vector<std::string> server_flags, worker_flags;
-    };
-    const std::map<std::string, Training> tuned = {
-        {"randomk", {{"--optimizer=nesterov", "--lr=0.08", "--momentum=0.9"}, {}}},
-        // DGC: the momentum lives in the workers' correction (u = 0.9 u + g,
-        // v += u), so the shards run plain SGD.
-        {"dgc", {{"--optimizer=sgd", "--lr=0.15"}, {}}},
-        {"qsgd4", {nesterov, {}}},
-        {"terngrad", {nesterov, {}}},
-        {"signsgd", {{"--optimizer=sgd", "--lr=0.7"}, {}}},
-        // The vote is +-1 per element: the lr is the step size itself.
-        {"signum", {{"--optimizer=sgd", "--lr=0.001"}, {"--signum_momentum=0.9"}}},
-        // 1-bit with error feedback, scaled like EF-sign: plain SGD, as efsign.
-        {"onebit", {{"--optimizer=sgd", "--lr=0.7"}, {}}},
-    };
     auto* out = new std::vector<GridCodec>;
     for (const SurveyCodec& codec : SurveyCodecs()) {
-      GridCodec grid{codec.name, codec.push_spec, codec.pull_spec, {}, {}};
-      if (const CodecSetting* setting = FindCodec(codec.name); setting != nullptr) {
-        grid.server_flags = setting->server_flags;
-      } else {
-        const Training& training = tuned.at(codec.name);
-        grid.server_flags = training.server_flags;
-        grid.worker_flags = training.worker_flags;
-      }
-      out->push_back(std::move(grid));
+      out->push_back(GridCodec{codec.name, codec.push_spec, codec.pull_spec, codec.server_flags,
+                               codec.worker_flags});
     }
     return out;
   }();

@@ -17,34 +17,29 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/codec/survey_codecs.h"
 #include "tests/bench/netem/host_process.h"
 #include "tests/bench/server_cluster.h"
 
 namespace harrier::bench {
 
 const std::vector<CodecSetting>& CodecSettings() {
+  // The training settings are the survey table's (common/codec/
+  // survey_codecs.h), so tta and the convergence grid train a codec alike.
+  const auto trained = [](const char* survey_name) {
+    return FindSurveyCodec(survey_name)->server_flags;
+  };
   static const auto* settings = new std::vector<CodecSetting>{
-      {"none", "none", "none", {"--optimizer=nesterov", "--lr=0.05", "--momentum=0.9"}},
-      {"fp16", "fp16", "none", {"--optimizer=nesterov", "--lr=0.05", "--momentum=0.9"}},
+      {"none", "none", "none", trained("none")},
+      {"fp16", "fp16", "none", trained("fp16")},
       // Pulls: dense for topk, since on this machine the top-k 10 % pulls
       // cost more extra steps than they saved time per step (README.md,
       // "tta"); topk_pull10 is the other choice, measured beside it.
-      {"topk", "topk:ratio=0.01", "none", {"--optimizer=nesterov", "--lr=0.08", "--momentum=0.9"}},
-      {"topk_pull10",
-       "topk:ratio=0.01",
-       "topk:ratio=0.1",
-       {"--optimizer=nesterov", "--lr=0.08", "--momentum=0.9"}},
-      {"qsgd8",
-       "qsgd:levels=127,bucket=512",
-       "none",
-       {"--optimizer=nesterov", "--lr=0.05", "--momentum=0.9"}},
-      {"powersgd2",
-       "powersgd:rank=2",
-       "none",
-       {"--optimizer=nesterov", "--lr=0.05", "--momentum=0.9"}},
-      // EF-signSGD sends (|p|_1/d) sign(p), much smaller than g: plain SGD
-      // with a large lr, as in Karimireddy et al.
-      {"efsign", "efsign", "none", {"--optimizer=sgd", "--lr=0.7"}},
+      {"topk", "topk:ratio=0.01", "none", trained("topk")},
+      {"topk_pull10", "topk:ratio=0.01", "topk:ratio=0.1", trained("topk")},
+      {"qsgd8", "qsgd:levels=127,bucket=512", "none", trained("qsgd8")},
+      {"powersgd2", "powersgd:rank=2", "none", trained("powersgd2")},
+      {"efsign", "efsign", "none", trained("efsign")},
   };
   return *settings;
 }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/codec/survey_codecs.h"
 #include "common/flags.h"
 #include "common/grpc_security.h"
 #include "worker/advise/calibration.h"
@@ -591,20 +592,30 @@ int Run() {
                  absl::StrJoin(rows, "; ").c_str());
   }
   std::fprintf(out, "  scheduler: %s\n", scheduler.why.c_str());
+  // The run to start: the sync mode is the shards' (harrier-server
+  // --sync), the codecs and the scheduler the workers'; the training flags
+  // are the grid's recipe for the codec, which its steps were measured
+  // with (common/codec/survey_codecs.h).
+  const SurveyCodec* recipe = FindSurveyCodec(pick.codec);  // --codecs were checked
+  std::vector<std::string> server_args = {pick.sync == "ssp2"     ? "--sync=ssp --staleness=2"
+                                          : pick.sync == "local4" ? "--sync=local --local_steps=4"
+                                                                  : "--sync=" + pick.sync};
+  server_args.insert(server_args.end(), recipe->server_flags.begin(), recipe->server_flags.end());
+  std::vector<std::string> worker_args = {"--codec=" + push_specs[pick.codec],
+                                          "--pull_codec=" + pick_pull_codec,
+                                          "--techniques=" + scheduler.techniques};
+  if (scheduler.fusion_bytes > 0) {
+    worker_args.push_back(absl::StrCat("--fusion_bytes=", scheduler.fusion_bytes));
+  }
+  if (scheduler.partition_bytes > 0) {
+    worker_args.push_back(absl::StrCat("--partition_bytes=", scheduler.partition_bytes));
+  }
+  worker_args.insert(worker_args.end(), recipe->worker_flags.begin(), recipe->worker_flags.end());
   std::fprintf(out,
-               "\nrecommendation: harrier-worker --sync=%s --codec=%s --pull_codec=%s "
-               "--techniques=%s%s%s\n",
-               pick.sync == "ssp2" ? "ssp --staleness=2"
-                                   : (pick.sync == "local4" ? "local --local_steps=4"
-                                                            : pick.sync.c_str()),
-               push_specs[pick.codec].c_str(), pick_pull_codec.c_str(),
-               scheduler.techniques.c_str(),
-               scheduler.fusion_bytes > 0
-                   ? absl::StrCat(" --fusion_bytes=", scheduler.fusion_bytes).c_str()
-                   : "",
-               scheduler.partition_bytes > 0
-                   ? absl::StrCat(" --partition_bytes=", scheduler.partition_bytes).c_str()
-                   : "");
+               "\nrecommendation (every shard, then every worker; the training flags are the "
+               "grid's for %s):\n  harrier-server %s\n  harrier-worker %s\n",
+               pick.codec.c_str(), absl::StrJoin(server_args, " ").c_str(),
+               absl::StrJoin(worker_args, " ").c_str());
   std::fflush(out);
 
   if (absl::GetFlag(FLAGS_json)) {
