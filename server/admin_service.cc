@@ -10,13 +10,15 @@ namespace harrier {
 AdminServiceImpl::AdminServiceImpl(AdminHooks hooks, std::string job_token)
     : hooks_(std::move(hooks)), token_check_(std::move(job_token)) {}
 
-grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* context, const proto::StatusRequest*,
+grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* context,
+                                         const proto::StatusRequest* request,
                                          proto::StatusResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
   if (!hooks_.status) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard reports no status");
   }
   *response = hooks_.status();
+  if (request->include_tensors() && hooks_.tensors) hooks_.tensors(response);
   return grpc::Status::OK;
 }
 

@@ -19,6 +19,9 @@ struct AdminHooks {
   // A snapshot of the shard (StatusResponse's comments say what each field
   // means). Called on gRPC's thread; must not block for long.
   std::function<proto::StatusResponse()> status;
+  // The tensors the shard holds, appended to a status response when the
+  // request asks (StatusRequest.include_tensors). Empty: none listed.
+  std::function<void(proto::StatusResponse*)> tensors;
   // Writes a checkpoint now and says which; FAILED_PRECONDITION without a
   // checkpoint dir.
   std::function<absl::StatusOr<proto::CheckpointResponse>()> checkpoint;

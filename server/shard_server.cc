@@ -199,6 +199,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     ShardServer* raw = server.get();
     AdminHooks admin;
     admin.status = [raw] { return raw->FillStatus(); };
+    admin.tensors = [raw](proto::StatusResponse* response) {
+      for (const ShardStore::TensorHeld& held : raw->store_->tensors_held()) {
+        proto::TensorHeld* tensor = response->add_tensors();
+        tensor->set_name(held.name);
+        for (uint64_t d : held.shape) tensor->add_shape(d);
+        tensor->set_chunks(held.chunks);
+        tensor->set_elements(held.elements);
+      }
+    };
     admin.checkpoint = [raw]() -> absl::StatusOr<proto::CheckpointResponse> {
       if (raw->options_.checkpoint_dir.empty()) {
         return absl::FailedPreconditionError(

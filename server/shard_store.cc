@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <new>
 
 #include "absl/container/flat_hash_set.h"
@@ -1024,6 +1025,29 @@ ShardStore::Holdings ShardStore::holdings() const {
   holdings.param_bytes = bytes_;
   holdings.spare_bytes = spare_bytes_;
   return holdings;
+}
+
+std::vector<ShardStore::TensorHeld> ShardStore::tensors_held() const {
+  std::map<std::string, TensorHeld> by_name;
+  {
+    // key, shape and num_elements are a slot's constants: the map's lock
+    // is enough.
+    absl::ReaderMutexLock map_lock(&slots_mutex_);
+    for (const auto& entry : slots_) {
+      const Slot& slot = *entry.second;
+      TensorHeld& held = by_name[slot.key];
+      if (held.chunks == 0) {
+        held.name = slot.key;
+        held.shape = slot.shape;
+      }
+      held.chunks++;
+      held.elements += slot.num_elements;
+    }
+  }
+  std::vector<TensorHeld> out;
+  out.reserve(by_name.size());
+  for (auto& entry : by_name) out.push_back(std::move(entry.second));
+  return out;
 }
 
 ShardCheckpoint ShardStore::Export() const {

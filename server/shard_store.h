@@ -302,6 +302,16 @@ class ShardStore {
   };
   Holdings holdings() const;
 
+  // Every tensor with a chunk here, by name: its registered shape and the
+  // chunks and elements of it this shard holds.
+  struct TensorHeld {
+    std::string name;
+    std::vector<uint64_t> shape;
+    uint32_t chunks = 0;
+    uint64_t elements = 0;
+  };
+  std::vector<TensorHeld> tensors_held() const;
+
   // Pulls currently waiting for the consistency model (a queue depth).
   int blocked_pulls() const { return blocked_pulls_; }
 

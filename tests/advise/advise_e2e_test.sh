@@ -131,6 +131,37 @@ run_recommendation() {  # name advise-output
 run_recommendation "local4 pick" "$tmp/l.out"
 run_recommendation "bsp pick with wfbp+fusion" "$tmp/a_slow.out"
 
+# --tensors_from_job: the tensors a running job's shards hold. Before its
+# worker registers any, said so (exit 1); after 2 steps of the mlp, its 6
+# tensors and 269,322 parameters.
+for i in 0 1; do
+  rm -f "$tmp/job_port$i"
+  "$server" --host=127.0.0.1 --port=0 --port_file="$tmp/job_port$i" --shard=$i --num_shards=2 \
+    --num_workers=1 --sync=asp --exit_when_done=false 2>"$tmp/job_server$i.log" &
+  pids+=($!)
+done
+for _ in $(seq 100); do [ -s "$tmp/job_port0" ] && [ -s "$tmp/job_port1" ] && break; sleep 0.1; done
+job_servers="127.0.0.1:$(cat "$tmp/job_port0"),127.0.0.1:$(cat "$tmp/job_port1")"
+job_common=(--servers="$job_servers" --probe_bytes=1048576 --probe_repeats=2 --rtt_probes=5 --timeout_ms=20000
+            --syncs=bsp --codecs=none,topk --pulls=off --compute_ms=1)
+timeout 120 "$advise" "${job_common[@]}" --tensors_from_job >/dev/null 2>"$tmp/job_empty.err"
+check "tensors_from_job before any worker: exit 1, says to start the workers" \
+  "[ $? -eq 1 ] && grep -q 'the shards hold no tensor yet: start the job' '$tmp/job_empty.err'"
+timeout 120 "$worker" --servers="$job_servers" --max_steps=2 --train_examples=1000 --rpc_timeout_s=20 \
+  >/dev/null 2>"$tmp/job_worker.err"
+check "the job's worker trains 2 steps" "[ $? -eq 0 ]"
+timeout 120 "$advise" "${job_common[@]}" --tensors_from_job --json >"$tmp/job.json" 2>"$tmp/job.err"
+rc=$?
+check "tensors_from_job: exit 0, the mlp's 6 tensors and 269322 parameters from the shards (rc $rc)" \
+  "[ $rc -eq 0 ] && json_get '$tmp/job.json' \"j['tensors_from_job'] is True and j['tensors'] == 6 and j['parameters'] == 269322\" | grep -q True"
+check "tensors_from_job: the report says where the tensors came from" \
+  "grep -q '269322 parameters in 6 tensors (as the running job.s shards hold them)' '$tmp/job.err'"
+"$advise" "${job_common[@]}" --tensors_from_job --tensors=w:10 >/dev/null 2>"$tmp/job_both.err"
+check "tensors_from_job with --tensors: exit 2" "[ $? -eq 2 ] && grep -q 'leave out --tensors' '$tmp/job_both.err'"
+"$advise" --servers="$job_servers" --tensors_from_job --model=mine >/dev/null 2>"$tmp/job_mine.err"
+check "tensors_from_job with an unknown --model and no --compute_ms: exit 2" \
+  "[ $? -eq 2 ] && grep -q -- '--tensors_from_job with --model=mine needs --compute_ms' '$tmp/job_mine.err'"
+
 # C: every option takes the same steps, so step time alone decides. On a
 # planned 1 Mbit/s link the bytes dominate: a compressed codec with
 # compressed pulls wins; on a 1000 Gbit/s link the codec's time does:

@@ -2,7 +2,9 @@
 // reply has the size asked for (up to the 64 MiB bound), payload and
 // reply_bytes over the bound are INVALID_ARGUMENT naming it, a call
 // without the token is refused, and probes change no parameter and no
-// byte counter (GetStatus and /metrics).
+// byte counter (GetStatus and /metrics). And GetStatus's tensor list, as
+// harrier-advise --tensors_from_job reads a running job's model: only when
+// asked, every chunk counted once over the shards, the shapes as registered.
 #include <catch2/catch.hpp>
 
 #include <grpcpp/grpcpp.h>
@@ -20,6 +22,7 @@
 #include "proto/harrier.grpc.pb.h"
 #include "server/admin_service.h"
 #include "tests/integration/server_process.h"
+#include "worker/advise/measure.h"
 #include "worker/client.h"
 
 namespace harrier {
@@ -170,6 +173,82 @@ TEST_CASE("Probe: echo sizes, the 64 MiB bounds, the token, and no parameter tou
           metric_in_before);
   REQUIRE(testing::MetricValue(metrics_port, "harrier_server_bytes_out_total") ==
           metric_out_before + n * sizeof(float));
+}
+
+TEST_CASE("GetStatus lists the tensors held when asked; ReadJobTensors merges the shards") {
+  auto servers = testing::StartCluster(2, 1, {"--sync=asp"});
+  INFO(servers.status().ToString());
+  REQUIRE(servers.ok());
+  advise::LinkOptions link;
+  link.servers = testing::Addresses(*servers);
+  link.timeout = absl::Seconds(20);
+
+  // Nothing registered yet: said so, naming what to do.
+  auto none = advise::ReadJobTensors(link);
+  REQUIRE(absl::IsFailedPrecondition(none.status()));
+  CHECK(none.status().message().find("start the job's workers first") != std::string::npos);
+
+  ClientOptions options;
+  options.servers = link.servers;
+  options.rank = 0;
+  options.rpc_timeout = absl::Seconds(20);
+  auto client = Client::Create(options);
+  INFO(client.status().ToString());
+  REQUIRE(client.ok());
+  // 2048 x 1024 floats: 8 MiB, two 4 MiB chunks (the client's default).
+  REQUIRE((*client)->RegisterTensor("big.weight", {2048, 1024}).ok());
+  REQUIRE((*client)->RegisterTensor("small.bias", {1000}).ok());
+
+  uint64_t big_elements = 0, small_elements = 0, big_chunks = 0, small_chunks = 0;
+  for (const auto& server : *servers) {
+    auto stub = proto::AdminService::NewStub(
+        grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+    proto::StatusResponse plain;
+    REQUIRE(stub->GetStatus(Context(false).get(), proto::StatusRequest(), &plain).ok());
+    CHECK(plain.tensors_size() == 0);  // not asked
+    proto::StatusRequest asked;
+    asked.set_include_tensors(true);
+    proto::StatusResponse listed;
+    REQUIRE(stub->GetStatus(Context(false).get(), asked, &listed).ok());
+    CHECK(static_cast<uint64_t>(listed.tensors_size()) == listed.keys());
+    for (const proto::TensorHeld& held : listed.tensors()) {
+      if (held.name() == "big.weight") {
+        CHECK(std::vector<uint64_t>(held.shape().begin(), held.shape().end()) ==
+              std::vector<uint64_t>{2048, 1024});
+        big_elements += held.elements();
+        big_chunks += held.chunks();
+      } else {
+        REQUIRE(held.name() == "small.bias");
+        CHECK(held.shape_size() == 1);
+        small_elements += held.elements();
+        small_chunks += held.chunks();
+      }
+    }
+  }
+  CHECK(big_elements == 2048u * 1024u);
+  CHECK(big_chunks == 2);
+  CHECK(small_elements == 1000);
+  CHECK(small_chunks == 1);
+
+  auto tensors = advise::ReadJobTensors(link);
+  INFO(tensors.status().ToString());
+  REQUIRE(tensors.ok());
+  REQUIRE(tensors->size() == 2);
+  int64_t total = 0;
+  for (const advise::TensorShape& t : *tensors) {
+    total += t.num_elements();
+    if (t.name == "big.weight") CHECK(t.shape == std::vector<int64_t>{2048, 1024});
+    if (t.name == "small.bias") CHECK(t.shape == std::vector<int64_t>{1000});
+  }
+  CHECK(total == 2048 * 1024 + 1000);
+
+  // A shard that does not answer: the error names it.
+  advise::LinkOptions missing = link;
+  missing.servers.push_back(absl::StrCat("127.0.0.1:", testing::FreePort()));
+  missing.timeout = absl::Seconds(2);
+  auto unreachable = advise::ReadJobTensors(missing);
+  REQUIRE(!unreachable.ok());
+  CHECK(unreachable.status().message().find("shard 2 (127.0.0.1:") != std::string::npos);
 }
 
 }  // namespace

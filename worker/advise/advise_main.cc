@@ -30,6 +30,11 @@ ABSL_FLAG(std::string, model, "mlp",
 ABSL_FLAG(std::string, tensors, "",
           "NAME:ELEMENTS[,NAME:ELEMENTS...] (ELEMENTS may be a shape, 256x784): the model's "
           "tensors instead of --model; needs --compute_ms.");
+ABSL_FLAG(bool, tensors_from_job, false,
+          "Take the model's tensors from the shards of a running job (--servers; what its "
+          "workers registered) instead of --model's or --tensors. --model still names the "
+          "calibration's model and, for mlp or cnn, the step it measures; any other needs "
+          "--compute_ms.");
 ABSL_FLAG(int, workers, 4, "Workers of the job being planned.");
 ABSL_FLAG(int, colocated_cores, 0,
           "The cores every worker and shard of the job shares when one host runs them all "
@@ -75,7 +80,7 @@ namespace {
 constexpr char kUsage[] =
     "Recommends a sync mode, a codec and scheduler settings for a Harrier job.\n"
     "Usage: harrier-advise --servers=H:P[,H:P...] [--model=mlp|cnn|replay:NAME | "
-    "--tensors=NAME:ELEMENTS,...] [--workers=4] [--batch_size=64] [--calibration=runs.jsonl [--measured_only]] "
+    "--tensors=NAME:ELEMENTS,... | --tensors_from_job] [--workers=4] [--batch_size=64] [--calibration=runs.jsonl [--measured_only]] "
     "[--compute_ms=-1] [--link_gbps=0] [--colocated_cores=0] [--probe_bytes=8388608] [--json] "
     "[--auth_token_file=F --tls_*]\n"
     "Measures the link to every shard (AdminService.Probe), every codec on this host at the "
@@ -276,7 +281,20 @@ int Run() {
   double compute_s = absl::GetFlag(FLAGS_compute_ms) / 1000.0;
   std::string compute_how = "given (--compute_ms)";
   const bool compute_given = absl::GetFlag(FLAGS_compute_ms) >= 0;
-  if (!absl::GetFlag(FLAGS_tensors).empty()) {
+  const bool from_job = absl::GetFlag(FLAGS_tensors_from_job);
+  if (from_job && !absl::GetFlag(FLAGS_tensors).empty()) {
+    return Fail("--tensors_from_job reads the tensors from the shards: leave out --tensors", 2);
+  }
+  const bool model_known = model == "mlp" || model == "cnn" || model.rfind("replay:", 0) == 0;
+  if (from_job && !model_known && !compute_given) {
+    return Fail(absl::StrCat("--tensors_from_job with --model=", model,
+                             " needs --compute_ms (only the mlp's and the cnn's steps are "
+                             "measured here)"),
+                2);
+  }
+  if (from_job && !model_known) {
+    // Only a name here: the calibration's model; the tensors come from the job.
+  } else if (!absl::GetFlag(FLAGS_tensors).empty()) {
     auto parsed = ParseTensors(absl::GetFlag(FLAGS_tensors));
     if (!parsed.ok()) return Fail(std::string(parsed.status().message()), 2);
     tensors = *std::move(parsed);
@@ -317,9 +335,6 @@ int Run() {
                              "': not mlp, cnn or replay:NAME (or give --tensors)"),
                 2);
   }
-  int64_t parameters = 0;
-  for (const TensorShape& t : tensors) parameters += t.num_elements();
-
   // Steps to the target.
   Calibration calibration;
   const bool calibrated = !absl::GetFlag(FLAGS_calibration).empty();
@@ -348,6 +363,13 @@ int Run() {
   auto credentials = MakeChannelCredentials(tls);
   if (!credentials.ok()) return Fail(std::string(credentials.status().message()), 2);
   link_options.credentials = *credentials;
+  if (from_job) {
+    auto held = ReadJobTensors(link_options);
+    if (!held.ok()) return Fail(std::string(held.status().message()), 1);
+    tensors = *std::move(held);
+  }
+  int64_t parameters = 0;
+  for (const TensorShape& t : tensors) parameters += t.num_elements();
   auto links = MeasureLinks(link_options);
   if (!links.ok()) return Fail(std::string(links.status().message()), 1);
   Link link = CombineLinks(*links);
@@ -428,8 +450,9 @@ int Run() {
   // The report.
   FILE* out = absl::GetFlag(FLAGS_json) ? stderr : stdout;
   const double gbit = 8e-9;
-  std::fprintf(out, "harrier-advise: model %s, %lld parameters in %zu tensors, %d workers, %d shards\n",
-               model.c_str(), static_cast<long long>(parameters), tensors.size(), workers,
+  std::fprintf(out, "harrier-advise: model %s, %lld parameters in %zu tensors%s, %d workers, %d shards\n",
+               model.c_str(), static_cast<long long>(parameters), tensors.size(),
+               from_job ? " (as the running job's shards hold them)" : "", workers,
                cluster.shards);
   for (const ShardLink& l : *links) {
     std::fprintf(out, "  link to %s: rtt %.3f ms, up %.3f Gbit/s, down %.3f Gbit/s (median of %d probes of %lld bytes); this end's CPU %.3f ns per byte, %.1f us per call\n",
@@ -655,6 +678,8 @@ int Run() {
                     ",\"calibrated\":", calibrated ? "true" : "false",
                     ",\"workers\":", workers, ",\"shards\":", cluster.shards,
                     ",\"colocated_cores\":", cluster.colocated_cores,
+                    ",\"parameters\":", parameters, ",\"tensors\":", tensors.size(),
+                    ",\"tensors_from_job\":", from_job ? "true" : "false",
                     ",\"transport_cpu_ns_per_byte\":", JsonNumber(link.cpu_s_per_byte * 1e9),
                     ",\"transport_cpu_us_per_call\":", JsonNumber(link.cpu_s_per_call * 1e6),
                     ",\"compute_ms\":", JsonNumber(compute_s * 1e3),

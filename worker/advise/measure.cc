@@ -10,6 +10,8 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/codec/codec.h"
 #include "common/codec/codec_backend.h"
 #include "common/codec/host_codec_backend.h"
@@ -148,6 +150,74 @@ Link CombineLinks(const std::vector<ShardLink>& links) {
     link.cpu_s_per_call = std::max(link.cpu_s_per_call, links[i].cpu_s_per_call);
   }
   return link;
+}
+
+absl::StatusOr<std::vector<TensorShape>> ReadJobTensors(const LinkOptions& options) {
+  const auto credentials =
+      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
+  struct Seen {
+    std::vector<uint64_t> shape;
+    uint64_t elements = 0;
+    std::string first_shard;
+  };
+  std::map<std::string, Seen> seen;
+  std::vector<std::string> order;  // as shard 0 lists them, then the others'
+  for (size_t i = 0; i < options.servers.size(); ++i) {
+    const std::string name = absl::StrCat("shard ", i, " (", options.servers[i], ")");
+    auto stub = proto::AdminService::NewStub(
+        grpc::CreateChannel(options.servers[i], credentials));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+    if (!options.token.empty()) {
+      context.AddMetadata(std::string(kJobTokenMetadataKey), options.token);
+    }
+    proto::StatusRequest request;
+    request.set_include_tensors(true);
+    proto::StatusResponse response;
+    const grpc::Status status = stub->GetStatus(&context, request, &response);
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat(name, ": AdminService.GetStatus: ", status.error_message()));
+    }
+    for (const proto::TensorHeld& held : response.tensors()) {
+      const std::vector<uint64_t> shape(held.shape().begin(), held.shape().end());
+      auto [it, inserted] = seen.try_emplace(held.name());
+      if (inserted) {
+        it->second.shape = shape;
+        it->second.first_shard = name;
+        order.push_back(held.name());
+      } else if (it->second.shape != shape) {
+        return absl::DataLossError(absl::StrCat("tensor '", held.name(), "': ", name,
+                                                " holds shape ", absl::StrJoin(shape, "x"), ", ",
+                                                it->second.first_shard, " ",
+                                                absl::StrJoin(it->second.shape, "x")));
+      }
+      it->second.elements += held.elements();
+    }
+  }
+  if (order.empty()) {
+    return absl::FailedPreconditionError(
+        "the shards hold no tensor yet: start the job's workers first (each registers the "
+        "model's tensors), or name the model (--model, --tensors)");
+  }
+  std::vector<TensorShape> tensors;
+  for (const std::string& name : order) {
+    const Seen& s = seen[name];
+    TensorShape tensor{name, {}};
+    uint64_t whole = 1;
+    for (uint64_t d : s.shape) {
+      tensor.shape.push_back(static_cast<int64_t>(d));
+      whole *= d;
+    }
+    if (whole != s.elements) {
+      return absl::DataLossError(absl::StrCat("tensor '", name, "': the shards hold ", s.elements,
+                                              " elements of a ", absl::StrJoin(s.shape, "x"),
+                                              " tensor (", whole,
+                                              "): list every shard of the job in --servers"));
+    }
+    tensors.push_back(std::move(tensor));
+  }
+  return tensors;
 }
 
 int64_t TensorShape::num_elements() const {

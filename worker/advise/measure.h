@@ -59,6 +59,16 @@ struct TensorShape {
   int64_t num_elements() const;
 };
 
+// ---- A running job's model ----
+
+// The tensors the shards of a running job hold (AdminService.GetStatus with
+// include_tensors: what its workers registered), by name, with their
+// registered shapes. FAILED_PRECONDITION when no shard holds a tensor yet
+// (the workers register theirs as they start); DATA_LOSS when the shards
+// disagree on a tensor's shape or hold more or fewer of its elements than
+// the shape has; a call's own error names the shard.
+absl::StatusOr<std::vector<TensorShape>> ReadJobTensors(const LinkOptions& options);
+
 struct CodecMeasureOptions {
   size_t chunk_bytes = 4u << 20;         // ClientOptions::chunk_bytes
   size_t compress_min_bytes = 16u << 10;  // chunks below travel dense
