@@ -162,6 +162,16 @@ check "tensors_from_job with --tensors: exit 2" "[ $? -eq 2 ] && grep -q 'leave 
 check "tensors_from_job with an unknown --model and no --compute_ms: exit 2" \
   "[ $? -eq 2 ] && grep -q -- '--tensors_from_job with --model=mine needs --compute_ms' '$tmp/job_mine.err'"
 
+# --device: cpu by default (said in the JSON); cuda needs a CUDA build (this
+# one is not: exit 2 saying so), anything else is refused.
+check "the JSON says device cpu" "json_get '$tmp/a.json' \"j['device'] == 'cpu'\" | grep -q True"
+"$advise" "${common[@]}" --device=cuda --compute_ms=1 >/dev/null 2>"$tmp/cuda.err"
+rc=$?
+check "--device=cuda without a CUDA build: exit 2 naming --config=cuda (rc $rc)" \
+  "[ $rc -eq 2 ] && grep -q -- '--device=cuda: this build has no CUDA (bazel build --config=cuda)' '$tmp/cuda.err'"
+"$advise" "${common[@]}" --device=tpu >/dev/null 2>"$tmp/tpu.err"
+check "--device=tpu: exit 2" "[ $? -eq 2 ] && grep -q -- '--device=tpu: not cpu or cuda' '$tmp/tpu.err'"
+
 # C: every option takes the same steps, so step time alone decides. On a
 # planned 1 Mbit/s link the bytes dominate: a compressed codec with
 # compressed pulls wins; on a 1000 Gbit/s link the codec's time does:

@@ -15,7 +15,10 @@
 #    this GPU (deploy/quickstart.sh) with --device=cuda and
 #    --codec=topk:ratio=0.01, then --codec=powersgd:rank=2; each PASS when
 #    test_accuracy >= 0.85, and both workers saying their compression runs
-#    on the device.
+#    on the device;
+# 6. harrier-advise --device=cuda against a shard on 127.0.0.1: the worker's
+#    codecs timed on the GPU (PASS when it exits 0 with one JSON line whose
+#    device is cuda and the report says so).
 #
 # (Its own settings are not named HARRIER_*: the binaries read HARRIER_*
 # variables as flags and refuse unknown ones.)
@@ -55,7 +58,8 @@ finish() {
 timeout 10 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 
 targets=(//tests/cuda:codec_gpu_test //tests/cuda:mlp_gpu_test //tests/bench/cuda:codec_gpu_bench
-  //tests/bench/cuda_transport:transport_gpu_bench //server:harrier-server //worker:harrier-worker)
+  //tests/bench/cuda_transport:transport_gpu_bench //server:harrier-server //worker:harrier-worker
+  //worker/advise:harrier-advise)
 if [ "${GPU_CHECKS_SKIP_BUILD:-0}" != 1 ]; then
   timeout 1500 bazel build --config=cuda "${targets[@]}" > "$out/build.log" 2>&1
   rc=$?
@@ -64,7 +68,7 @@ if [ "${GPU_CHECKS_SKIP_BUILD:-0}" != 1 ]; then
 fi
 bin="${HARRIER_BIN:-$root/bazel-bin}"
 for f in tests/cuda/codec_gpu_test tests/cuda/mlp_gpu_test tests/bench/cuda/codec_gpu_bench \
-  server/harrier-server worker/harrier-worker; do
+  server/harrier-server worker/harrier-worker worker/advise/harrier-advise; do
   if [ ! -x "$bin/$f" ]; then
     result "binary $f present" 1 "build with --config=cuda first"
     finish
@@ -128,4 +132,20 @@ for codec in topk:ratio=0.01 powersgd:rank=2; do
     result "both workers compress on the device ($codec)" $? "$on_device of 2 say so"
   fi
 done
+
+# The advisor with the worker's codecs on this GPU.
+rm -f "$out/advise_port"
+timeout 120 "$bin/server/harrier-server" --host=127.0.0.1 --port=0 --port_file="$out/advise_port" \
+  --shard=0 --num_shards=1 --num_workers=4 > "$out/advise_server.log" 2>&1 &
+advise_server=$!
+for _ in $(seq 100); do [ -s "$out/advise_port" ] && break; sleep 0.1; done
+timeout 90 "$bin/worker/advise/harrier-advise" --servers="127.0.0.1:$(cat "$out/advise_port" 2>/dev/null)" \
+  --device="$device" --compute_ms=1 --syncs=bsp,asp --codecs=none,topk,qsgd8,powersgd2 --pulls=off,on \
+  --probe_bytes=1048576 --json > "$out/advise.json" 2> "$out/advise.err"
+rc=$?
+kill "$advise_server" 2>/dev/null
+wait "$advise_server" 2>/dev/null
+[ $rc -eq 0 ] && [ "$(wc -l < "$out/advise.json")" -eq 1 ] && grep -q "\"device\":\"$device\"" "$out/advise.json" &&
+  grep -q "the worker's side on $([ "$device" = cuda ] && echo cuda || echo "this host's cpu")" "$out/advise.err"
+result "harrier-advise --device=$device times the worker's codecs there" $? "exit $rc, log: advise.err"
 finish

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/codec/codec_backend.h"
 #include "common/codec/survey_codecs.h"
 #include "common/flags.h"
 #include "common/grpc_security.h"
@@ -23,6 +24,9 @@
 #include "worker/advise/measure.h"
 #include "worker/workload/cnn.h"
 #include "worker/workload/replay_models.h"
+#if HARRIER_WITH_CUDA
+#include "cuda/cuda_codec_backend.h"
+#endif
 
 ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every shard, shard 0 first.");
 ABSL_FLAG(std::string, model, "mlp",
@@ -66,7 +70,10 @@ ABSL_FLAG(std::string, codecs,
           "none,fp16,topk,randomk,dgc,qsgd4,qsgd8,terngrad,signsgd,efsign,signum,onebit,powersgd2",
           "Codecs to rank (the grid's names).");
 ABSL_FLAG(std::string, pulls, "off,on", "Pull settings to rank: off (dense), on (compressed).");
-ABSL_FLAG(std::string, device, "cpu", "Where the codecs are timed: cpu.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the worker's codecs are timed: cpu, or cuda (the device codecs in device "
+          "memory, as harrier-worker --device=cuda runs them; needs a CUDA build, a GPU and "
+          "--compute_ms). The shards' side is timed on this host's CPU either way.");
 ABSL_FLAG(bool, json, false,
           "Print one JSON line on stdout (the report's advice file); the table goes to stderr.");
 ABSL_FLAG(std::string, auth_token_file, "", "File holding the shards' job token.");
@@ -248,10 +255,22 @@ int Run() {
   if (absl::GetFlag(FLAGS_colocated_cores) < 0) {
     return Fail("--colocated_cores must not be negative (0: no shared cores)", 2);
   }
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
-    return Fail(absl::StrCat("--device=", absl::GetFlag(FLAGS_device),
-                             ": this build times the CPU codecs only (--device=cpu)"),
-                2);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu" && device != "cuda") {
+    return Fail(absl::StrCat("--device=", device, ": not cpu or cuda"), 2);
+  }
+  std::shared_ptr<CodecBackend> device_backend;  // null: the CPU codecs
+  if (device == "cuda") {
+#if HARRIER_WITH_CUDA
+    auto backend = cuda::NewCudaCodecBackend();
+    if (!backend.ok()) return Fail(absl::StrCat("--device=cuda: ", backend.status().message()), 1);
+    device_backend = *std::move(backend);
+#else
+    return Fail("--device=cuda: this build has no CUDA (bazel build --config=cuda)", 2);
+#endif
+    if (absl::GetFlag(FLAGS_compute_ms) < 0) {
+      return Fail("--device=cuda needs --compute_ms: the step is timed on the CPU models only", 2);
+    }
   }
   const int64_t probe_bytes = absl::GetFlag(FLAGS_probe_bytes);
   if (probe_bytes < 1 || probe_bytes > static_cast<int64_t>(64) << 20) {
@@ -397,6 +416,7 @@ int Run() {
   codec_options.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
   codec_options.compress_min_bytes = absl::GetFlag(FLAGS_compress_min_bytes);
   codec_options.shards = cluster.shards;
+  codec_options.backend = device_backend;
   std::map<std::string, CodecCost> costs;  // key: codec/pulls
   for (const std::string& codec : codecs) {
     for (const std::string& p : pulls) {
@@ -476,7 +496,8 @@ int Run() {
     std::fprintf(out, "  travel dense under every codec (< %zu bytes): %s\n",
                  codec_options.compress_min_bytes, absl::StrJoin(dense, ", ").c_str());
   }
-  std::fprintf(out, "\ncodecs on this host (cpu), one worker's round:\n");
+  std::fprintf(out, "\ncodecs (the worker's side on %s, the shards' on this host's cpu), one worker's round:\n",
+               device_backend != nullptr ? device_backend->name().c_str() : "this host's cpu");
   std::fprintf(out, "  %-10s %-5s %12s %12s %10s %10s %10s %10s  %s\n", "codec", "pulls",
                "push_bytes", "pull_bytes", "enc_ms", "dec_ms", "penc_ms", "pdec_ms", "spec");
   for (const std::string& codec : codecs) {
@@ -678,6 +699,7 @@ int Run() {
                     ",\"calibrated\":", calibrated ? "true" : "false",
                     ",\"workers\":", workers, ",\"shards\":", cluster.shards,
                     ",\"colocated_cores\":", cluster.colocated_cores,
+                    ",\"device\":", JsonString(device),
                     ",\"parameters\":", parameters, ",\"tensors\":", tensors.size(),
                     ",\"tensors_from_job\":", from_job ? "true" : "false",
                     ",\"transport_cpu_ns_per_byte\":", JsonNumber(link.cpu_s_per_byte * 1e9),

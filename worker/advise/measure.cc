@@ -18,6 +18,7 @@
 #include "common/grpc_limits.h"
 #include "common/grpc_security.h"
 #include "common/partitioner.h"
+#include "common/payload_view.h"
 #include "proto/harrier.grpc.pb.h"
 #include "worker/workload/cnn.h"
 #include "worker/workload/mlp.h"
@@ -234,7 +235,8 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
   if (!push_spec.ok()) return push_spec.status();
   auto pull_spec = CodecSpec::Parse(pull_spec_text);
   if (!pull_spec.ok()) return pull_spec.status();
-  const std::shared_ptr<CodecBackend> backend = NewHostCodecBackend();
+  const std::shared_ptr<CodecBackend> backend =
+      options.backend != nullptr ? options.backend : NewHostCodecBackend();
   const HashPartitioner partitioner(std::max(1, options.shards));
   const size_t chunk_elements = std::max<size_t>(1, options.chunk_bytes / sizeof(float));
 
@@ -248,6 +250,10 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
   std::mt19937 random(12345);
   std::normal_distribution<float> normal(0.0f, 0.01f);
 
+  // The worker's side (the push's encode, the pull's decode into its
+  // mirror) runs on `backend`, in its memory, as the client runs it; the
+  // shard's side (the push's decode, the pull's encode) on the host codecs,
+  // as the shard runs them.
   const auto measure = [&](size_t n, bool compressed_push,
                            const CodecSpec& spec) -> absl::StatusOr<Timing> {
     Timing timing{};
@@ -255,6 +261,23 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
     for (float& g : gradient) g = normal(random);
     std::vector<float> out(n, 0.0f);
     const int repeats = std::max(1, options.repeats);
+    // The gradient and the pull's output in the backend's memory.
+    const float* worker_gradient = gradient.data();
+    float* worker_out = out.data();
+    std::unique_ptr<BackendBuffer> device_gradient, device_out;
+    if (backend->memory() == MemoryKind::kDevice) {
+      auto in = backend->NewBuffer(n);
+      if (!in.ok()) return in.status();
+      auto to = backend->NewBuffer(n);
+      if (!to.ok()) return to.status();
+      device_gradient = *std::move(in);
+      device_out = *std::move(to);
+      const PayloadView host(absl::string_view(reinterpret_cast<const char*>(gradient.data()),
+                                               n * sizeof(float)));
+      if (auto s = backend->CopyFromHost(host, device_gradient->data()); !s.ok()) return s;
+      worker_gradient = device_gradient->data();
+      worker_out = device_out->data();
+    }
     if (compressed_push) {
       auto stream = backend->NewPushStream(spec, n);
       if (!stream.ok()) return stream.status();
@@ -265,7 +288,7 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
       for (int r = 0; r < repeats; ++r) {
         CodecContext context{DeriveSeed("advise", 0, r, 0, 1)};
         auto start = Clock::now();
-        if (auto s = (*stream)->Encode(gradient.data(), n, context, &payload); !s.ok()) return s;
+        if (auto s = (*stream)->Encode(worker_gradient, n, context, &payload); !s.ok()) return s;
         best_encode = std::min(best_encode, Seconds(Clock::now() - start));
         start = Clock::now();
         if (auto s = (*codec)->DecodeAdd(payload, 1.0f, absl::MakeSpan(out)); !s.ok()) return s;
@@ -279,9 +302,14 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
     }
     if (pull_spec->id != CodecId::kNone && n * sizeof(float) >= options.compress_min_bytes) {
       // The shard encodes its pull view's change; the worker adds it to its
-      // mirror.
+      // mirror (PullMirror::AddCompressed: mirror += D(payload), out = mirror).
       auto codec = CreateCodec(*pull_spec);
       if (!codec.ok()) return codec.status();
+      auto mirror = backend->NewPullMirror(*pull_spec, n);
+      if (!mirror.ok()) return mirror.status();
+      const PayloadView dense(absl::string_view(reinterpret_cast<const char*>(out.data()),
+                                                n * sizeof(float)));
+      if (auto s = (*mirror)->SetDense(dense, worker_out); !s.ok()) return s;
       std::string payload;
       double best_encode = 1e30, best_decode = 1e30;
       for (int r = 0; r < repeats; ++r) {
@@ -290,7 +318,7 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
         if (auto s = (*codec)->Encode(gradient, context, &payload); !s.ok()) return s;
         best_encode = std::min(best_encode, Seconds(Clock::now() - start));
         start = Clock::now();
-        if (auto s = (*codec)->DecodeAdd(payload, 1.0f, absl::MakeSpan(out)); !s.ok()) return s;
+        if (auto s = (*mirror)->AddCompressed(payload, worker_out); !s.ok()) return s;
         best_decode = std::min(best_decode, Seconds(Clock::now() - start));
       }
       timing.pull_bytes = static_cast<double>(payload.size());

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/codec/codec_backend.h"
 #include "worker/advise/cost_model.h"
 
 namespace harrier::advise {
@@ -76,6 +77,11 @@ struct CodecMeasureOptions {
   // Each distinct chunk is encoded and decoded this many times; the
   // fastest counts (the others pay for caches and page faults).
   int repeats = 3;
+  // Where the worker's side runs (its push encode, its pull decode), in
+  // that backend's memory: null for the host's CPU codecs; the CUDA backend
+  // (//cuda:cuda_codec_backend) for a GPU worker. The shard's side always
+  // runs on the host codecs.
+  std::shared_ptr<CodecBackend> backend;
 };
 
 // The bytes and codec times of one option's push codec (`push_spec`) and
