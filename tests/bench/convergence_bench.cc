@@ -91,30 +91,9 @@ const std::vector<SyncSetting>& SyncSettings() {
   return *settings;
 }
 
-// A --codecs entry: the push spec, the pull codec used with --pulls=on, the
-// server optimizer that trains well with it (local SGD replaces it with the
-// shard's delta optimizer) and any worker flags the codec needs.
-struct GridCodec {
-  std::string name;
-  std::string spec;
-  std::string pull_codec;
-  std::vector<std::string> server_flags;
-  std::vector<std::string> worker_flags;
-};
-
-// The survey table's recipe (common/codec/survey_codecs.h): what the
-// advisor times and recommends is what this grid trains.
-const std::vector<GridCodec>& GridCodecs() {
-  static const auto* codecs = [] {
-    auto* out = new std::vector<GridCodec>;
-    for (const SurveyCodec& codec : SurveyCodecs()) {
-      out->push_back(GridCodec{codec.name, codec.push_spec, codec.pull_spec, codec.server_flags,
-                               codec.worker_flags});
-    }
-    return out;
-  }();
-  return *codecs;
-}
+// A --codecs entry is a row of the survey table (common/codec/
+// survey_codecs.h): what the advisor times and recommends is what this
+// grid trains.
 
 template <typename T>
 const T* FindByName(const std::vector<T>& table, absl::string_view name) {
@@ -134,7 +113,7 @@ std::string Names(const std::vector<T>& table) {
 struct Options {
   std::vector<std::string> models = {"mlp", "cnn"};
   std::vector<const SyncSetting*> syncs;
-  std::vector<const GridCodec*> codecs;
+  std::vector<const SurveyCodec*> codecs;
   std::vector<bool> pulls = {false, true};
   std::vector<double> links = {1, 10};
   int workers = 4;
@@ -160,7 +139,7 @@ std::vector<std::string> SplitList(absl::string_view value) {
 
 std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
   for (const SyncSetting& sync : SyncSettings()) options->syncs.push_back(&sync);
-  for (const GridCodec& codec : GridCodecs()) options->codecs.push_back(&codec);
+  for (const SurveyCodec& codec : SurveyCodecs()) options->codecs.push_back(&codec);
   for (int i = 0; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -198,9 +177,9 @@ std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
     } else if (name == "codecs") {
       options->codecs.clear();
       for (const std::string& codec : SplitList(value)) {
-        const GridCodec* setting = FindByName(GridCodecs(), codec);
+        const SurveyCodec* setting = FindSurveyCodec(codec);
         if (setting == nullptr) {
-          return absl::StrCat("--codecs: unknown codec '", codec, "' (", Names(GridCodecs()), ")");
+          return absl::StrCat("--codecs: unknown codec '", codec, "' (", Names(SurveyCodecs()), ")");
         }
         options->codecs.push_back(setting);
       }
@@ -526,7 +505,7 @@ std::string LinkText(double gbps) { return absl::StrFormat("%g", gbps); }
 struct RunSpec {
   std::string model;
   const SyncSetting* sync;
-  const GridCodec* codec;
+  const SurveyCodec* codec;
   bool pulls;
   double link_gbps;
 
@@ -534,7 +513,7 @@ struct RunSpec {
     return absl::StrCat(model, "-", sync->name, "-", codec->name, "-pull", pulls ? "on" : "off",
                         "-", LinkText(link_gbps), "g");
   }
-  std::string pull_codec() const { return pulls ? codec->pull_codec : "none"; }
+  std::string pull_codec() const { return pulls ? codec->pull_spec : "none"; }
 };
 
 // Numbers as the files carry them: unknown (or not finite) is -1.
@@ -584,7 +563,7 @@ Record MakeRecord(const Options& options, const RunSpec& run, double measured_gb
       str("model", run.model),
       str("sync", run.sync->name),
       str("codec", run.codec->name),
-      str("codec_spec", run.codec->spec),
+      str("codec_spec", run.codec->push_spec),
       str("pull_codec", run.pull_codec()),
       num("link_gbps", LinkText(run.link_gbps)),
       num("link_measured_gbps", Number(measured_gbps, 4)),
@@ -647,7 +626,7 @@ absl::StatusOr<Measured> RunOne(const Options& options, const TrainingRunner& ru
   job.worker_flags = {absl::StrCat("--workload=", run.model),
                       absl::StrCat("--epochs=", options.epochs),
                       absl::StrCat("--batch_size=", kBatchSize),
-                      absl::StrCat("--codec=", run.codec->spec),
+                      absl::StrCat("--codec=", run.codec->push_spec),
                       absl::StrCat("--pull_codec=", run.pull_codec()),
                       absl::StrCat("--eval_every=", options.eval_every),
                       absl::StrCat("--target_accuracy=", options.targets.at(run.model)),
@@ -697,7 +676,7 @@ int RunConvergenceBench(int argc, char** argv) {
   for (const double link : options.links) {
     for (const std::string& model : options.models) {
       for (const SyncSetting* sync : options.syncs) {
-        for (const GridCodec* codec : options.codecs) {
+        for (const SurveyCodec* codec : options.codecs) {
           for (const bool pulls : options.pulls) grid.push_back({model, sync, codec, pulls, link});
         }
       }
@@ -815,7 +794,7 @@ int RunConvergenceBench(int argc, char** argv) {
       std::filesystem::remove_all(logs, error_code);
       std::filesystem::create_directories(logs, error_code);
       std::fprintf(stderr, "convergence: %s: push %s, pull %s, logs in %s\n", run_id.c_str(),
-                   run->codec->spec.c_str(), run->pull_codec().c_str(), logs.c_str());
+                   run->codec->push_spec.c_str(), run->pull_codec().c_str(), logs.c_str());
       auto measured = RunOne(options, runner, *run, logs + "/run");
       std::string error;
       if (!measured.ok()) {

@@ -88,7 +88,8 @@ constexpr char kUsage[] =
     "Recommends a sync mode, a codec and scheduler settings for a Harrier job.\n"
     "Usage: harrier-advise --servers=H:P[,H:P...] [--model=mlp|cnn|replay:NAME | "
     "--tensors=NAME:ELEMENTS,... | --tensors_from_job] [--workers=4] [--batch_size=64] [--calibration=runs.jsonl [--measured_only]] "
-    "[--compute_ms=-1] [--link_gbps=0] [--colocated_cores=0] [--probe_bytes=8388608] [--json] "
+    "[--compute_ms=-1] [--link_gbps=0] [--colocated_cores=0] [--device=cpu|cuda] "
+    "[--probe_bytes=8388608] [--json] "
     "[--auth_token_file=F --tls_*]\n"
     "Measures the link to every shard (AdminService.Probe), every codec on this host at the "
     "model's chunk sizes and the compute per step, then predicts each option's step time "
@@ -677,6 +678,7 @@ int Run() {
         ",\"partition_bytes\":", scheduler.partition_bytes, "},\"options\":[");
     for (size_t i = 0; i < options.size(); ++i) {
       const OptionResult& o = options[i];
+      const CodecCost& c = costs[o.codec + "/" + o.pulls];
       absl::StrAppend(&json, i > 0 ? "," : "", "{\"sync\":", JsonString(o.sync),
                       ",\"codec\":", JsonString(o.codec), ",\"pulls\":", JsonString(o.pulls),
                       ",\"predicted_step_s\":", JsonNumber(o.terms.step_s),
@@ -686,13 +688,13 @@ int Run() {
                       ",\"codec_s\":", JsonNumber(o.terms.codec_s),
                       ",\"comm_s\":", JsonNumber(o.terms.comm_s),
                       ",\"cpu_bound_s\":", JsonNumber(o.terms.cpu_bound_s),
-                      ",\"push_bytes\":", JsonNumber(costs[o.codec + "/" + o.pulls].push_bytes),
-                      ",\"pull_bytes\":", JsonNumber(costs[o.codec + "/" + o.pulls].pull_bytes),
-                      ",\"encode_push_ms\":", JsonNumber(costs[o.codec + "/" + o.pulls].encode_push_s * 1e3),
-                      ",\"decode_push_ms\":", JsonNumber(costs[o.codec + "/" + o.pulls].decode_push_s * 1e3),
-                      ",\"encode_pull_ms\":", JsonNumber(costs[o.codec + "/" + o.pulls].encode_pull_s * 1e3),
-                      ",\"decode_pull_ms\":", JsonNumber(costs[o.codec + "/" + o.pulls].decode_pull_s * 1e3),
-                      ",\"chunks\":", costs[o.codec + "/" + o.pulls].chunks,
+                      ",\"push_bytes\":", JsonNumber(c.push_bytes),
+                      ",\"pull_bytes\":", JsonNumber(c.pull_bytes),
+                      ",\"encode_push_ms\":", JsonNumber(c.encode_push_s * 1e3),
+                      ",\"decode_push_ms\":", JsonNumber(c.decode_push_s * 1e3),
+                      ",\"encode_pull_ms\":", JsonNumber(c.encode_pull_s * 1e3),
+                      ",\"decode_pull_ms\":", JsonNumber(c.decode_pull_s * 1e3),
+                      ",\"chunks\":", c.chunks,
                       ",\"steps_source\":", JsonString(SourceName(o.steps.source)), "}");
     }
     absl::StrAppend(&json, "],\"link_gbps_planned\":", JsonNumber(link.up_bytes_per_s * gbit),

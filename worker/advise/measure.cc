@@ -44,9 +44,18 @@ double Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-absl::Status FromGrpc(const grpc::Status& status, const std::string& shard) {
+absl::Status FromGrpc(const grpc::Status& status, const std::string& shard,
+                      absl::string_view method) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(shard, ": AdminService.Probe: ", status.error_message()));
+                      absl::StrCat(shard, ": AdminService.", method, ": ", status.error_message()));
+}
+
+// An AdminService call's context: the options' deadline and job token.
+void PrepareContext(const LinkOptions& options, grpc::ClientContext* context) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+  if (!options.token.empty()) {
+    context->AddMetadata(std::string(kJobTokenMetadataKey), options.token);
+  }
 }
 
 // One probe's wall time.
@@ -54,10 +63,7 @@ absl::StatusOr<double> Probe(proto::AdminService::Stub& stub, const LinkOptions&
                              const std::string& name, const std::string& payload,
                              uint64_t reply_bytes) {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
-  if (!options.token.empty()) {
-    context.AddMetadata(std::string(kJobTokenMetadataKey), options.token);
-  }
+  PrepareContext(options, &context);
   proto::ProbeRequest request;
   request.set_payload(payload);
   request.set_reply_bytes(reply_bytes);
@@ -65,7 +71,7 @@ absl::StatusOr<double> Probe(proto::AdminService::Stub& stub, const LinkOptions&
   const auto start = Clock::now();
   const grpc::Status status = stub.Probe(&context, request, &response);
   const double took = Seconds(Clock::now() - start);
-  if (!status.ok()) return FromGrpc(status, name);
+  if (!status.ok()) return FromGrpc(status, name, "Probe");
   if (response.payload().size() != reply_bytes) {
     return absl::DataLossError(absl::StrCat(name, ": probe reply of ", response.payload().size(),
                                             " bytes, asked for ", reply_bytes));
@@ -168,18 +174,12 @@ absl::StatusOr<std::vector<TensorShape>> ReadJobTensors(const LinkOptions& optio
     auto stub = proto::AdminService::NewStub(
         grpc::CreateChannel(options.servers[i], credentials));
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
-    if (!options.token.empty()) {
-      context.AddMetadata(std::string(kJobTokenMetadataKey), options.token);
-    }
+    PrepareContext(options, &context);
     proto::StatusRequest request;
     request.set_include_tensors(true);
     proto::StatusResponse response;
     const grpc::Status status = stub->GetStatus(&context, request, &response);
-    if (!status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                          absl::StrCat(name, ": AdminService.GetStatus: ", status.error_message()));
-    }
+    if (!status.ok()) return FromGrpc(status, name, "GetStatus");
     for (const proto::TensorHeld& held : response.tensors()) {
       const std::vector<uint64_t> shape(held.shape().begin(), held.shape().end());
       auto [it, inserted] = seen.try_emplace(held.name());
