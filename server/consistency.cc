@@ -189,6 +189,7 @@ PushDecision ClockBook::RecordPush(uint32_t rank, int64_t clock, const Membershi
   round.count++;
   decision.kind = PushDecision::Kind::kHoldForRound;
   decision.round = clock;
+  decision.held_sum = round.sum;
   decision.completed = TakeCompletedRounds();
   return decision;
 }
@@ -206,6 +207,20 @@ bool ClockBook::RoundComplete(int64_t clock, const Round& round) const {
   return true;
 }
 
+const RoundSum* ClockBook::PendingSum(int64_t clock) const {
+  auto it = rounds_.find(clock);
+  return it == rounds_.end() ? nullptr : it->second.sum.get();
+}
+
+void RoundSum::Finish(int contributors, size_t num_elements) {
+  if (vote) {
+    sum.resize(num_elements);
+    vote->Finish(absl::MakeSpan(sum)).IgnoreError();  // >= 1 vote, sizes match
+    return;
+  }
+  AverageInPlace(absl::MakeSpan(sum), contributors);
+}
+
 std::vector<PushDecision::CompletedRound> ClockBook::Depart(uint32_t rank) {
   departed_[rank] = true;
   return TakeCompletedRounds();
@@ -217,7 +232,8 @@ std::vector<PushDecision::CompletedRound> ClockBook::TakeCompletedRounds() {
   std::vector<PushDecision::CompletedRound> completed;
   while (!rounds_.empty() &&
          RoundComplete(rounds_.begin()->first, rounds_.begin()->second)) {
-    completed.push_back({rounds_.begin()->first, rounds_.begin()->second.count});
+    completed.push_back(
+        {rounds_.begin()->first, rounds_.begin()->second.count, rounds_.begin()->second.sum});
     rounds_.erase(rounds_.begin());
   }
   return completed;

@@ -1,11 +1,12 @@
 #ifndef HARRIER_SERVER_CONSISTENCY_H_
 #define HARRIER_SERVER_CONSISTENCY_H_
 
-// The consistency rule of ../shared/DESIGN.md, in one place: when a push may
-// be applied, how (now with a scale, or held for a round that is applied as
-// one averaged step), when a round is complete, and when a pull may be
-// answered. ShardStore keeps the values and the locks and does what a
-// ClockBook tells it; it applies no rule of its own.
+// The consistency rule (server/README.md, "How a push goes through"), in one place:
+// when a push may be applied, how (now with a scale, or held for a round
+// that is applied as one averaged step), when a round is complete, and when
+// a pull may be answered. A round's gradient sum lives with the round in the
+// clock book (one per-clock map). Tables keep the values and the locks and
+// do what a ClockBook tells them; they apply no rule of their own.
 
 #include <cstdint>
 #include <limits>
@@ -17,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/codec/codec.h"
 #include "server/membership.h"
 #include "server/optimizer.h"
 
@@ -43,6 +45,21 @@ struct SyncPolicy {
   std::string ToString() const;
 };
 
+// The gradient sum (or vote) of a BSP/local round while its clock book waits
+// for the round's other ranks. Shared between a book and its staged copies
+// (a push call decides on a copy of the book; the sum is only written when
+// the call commits), so copying a book never copies a sum.
+struct RoundSum {
+  bool started = false;
+  std::string codec_params;          // every push of a round uses one codec
+  std::vector<float> sum;
+  std::unique_ptr<Aggregator> vote;  // sign codecs: majority vote, never an average
+
+  // The round's step: the vote's result, or the sum divided by
+  // `contributors` (AverageInPlace), into `sum`.
+  void Finish(int contributors, size_t num_elements);
+};
+
 // What a ClockBook says to do with an accepted push's gradient.
 struct PushDecision {
   enum class Kind {
@@ -54,11 +71,14 @@ struct PushDecision {
   struct CompletedRound {
     int64_t clock = 0;
     int contributors = 0;
+    std::shared_ptr<RoundSum> sum;  // never null
   };
 
   Kind kind = Kind::kApplyNow;
   float scale = 1.0f;
   int64_t round = 0;
+  // kHoldForRound: the sum of round `round`, which this push adds to.
+  std::shared_ptr<RoundSum> held_sum;
   // Rounds this push completed (the held push's own round among them once
   // every live rank is in), oldest first.
   std::vector<CompletedRound> completed;
@@ -170,6 +190,8 @@ class ClockBook {
 
   // True while round `clock` has pushes held.
   bool RoundPending(int64_t clock) const { return rounds_.count(clock) != 0; }
+  // The sum of pending round `clock`; null if none is pending.
+  const RoundSum* PendingSum(int64_t clock) const;
 
   PullVerdict CheckPull(int64_t pull_clock) const;
 
@@ -201,6 +223,7 @@ class ClockBook {
   struct Round {
     std::vector<bool> from_rank;
     int count = 0;
+    std::shared_ptr<RoundSum> sum = std::make_shared<RoundSum>();
   };
 
   ClockBook(const ConsistencyController* controller, int num_workers);

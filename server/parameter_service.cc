@@ -434,8 +434,7 @@ grpc::Status ParameterServiceImpl::Init(grpc::ServerContext* context,
                                         const proto::InitRequest* request,
                                         proto::InitResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  if (auto status = service_->CheckInit(*request); !status.ok()) return ToGrpcStatus(status);
-  auto created = store_->Init(*request);
+  auto created = service_->Init(*request);
   if (!created.ok()) return ToGrpcStatus(created.status());
   response->set_created(*created);
   return grpc::Status::OK;

@@ -271,7 +271,7 @@ void ShardServer::MonitorLoop() {
       monitor_mutex_.AwaitWithTimeout(absl::Condition(&monitor_stop_), absl::Milliseconds(200));
       if (monitor_stop_) return;
     }
-    store_->CheckLiveness(options_.heartbeat_timeout, options_.on_worker_loss);
+    shard_service_->CheckLiveness(options_.heartbeat_timeout, options_.on_worker_loss);
     if (control_service_) control_service_->ExpireBarriers();
     CheckRunDone();
     if (options_.checkpoint_every.count() > 0 &&

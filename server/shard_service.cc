@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "spdlog/spdlog.h"
 
 namespace harrier {
 
@@ -42,7 +43,7 @@ struct ShardService::PullPlan {
   bool after_push = false;     // the pull half of a push-pull
 };
 
-struct ShardService::Parked : ShardStore::PullWaiter {
+struct ShardService::Parked : PullWaiter {
   Parked(ShardService* service, std::shared_ptr<Work> work, std::shared_ptr<const PullPlan> plan,
          ReplySink* sink, size_t next)
       : service(service), work(std::move(work)), plan(std::move(plan)), sink(sink), next(next) {}
@@ -202,7 +203,10 @@ absl::Status ShardService::Heartbeat(const proto::HeartbeatRequest& request,
       !status.ok()) {
     return status;
   }
-  if (auto status = store_->Heartbeat(request.rank()); !status.ok()) return status;
+  if (auto status = store_->membership().CheckRank(request.rank(), "heartbeat"); !status.ok()) {
+    return status;
+  }
+  store_->membership().Heard(request.rank());
   store_->RebaseFromWorker(request.rank(), request.pushed());
   if (response != nullptr && request.report_next_clock()) {
     response->set_next_clock(store_->NextClock(request.rank()));
@@ -218,6 +222,34 @@ absl::Status ShardService::CheckInit(const proto::InitRequest& request) {
                           absl::StrCat("init '", request.key(), "'"));
 }
 
+absl::StatusOr<bool> ShardService::Init(const proto::InitRequest& request) {
+  if (auto status = CheckInit(request); !status.ok()) return status;
+  return store_->Init(request);
+}
+
+void ShardService::Release(uint32_t rank) {
+  if (rank >= static_cast<uint32_t>(store_->options().num_workers)) return;
+  store_->membership().Release(rank);
+  spdlog::info("event=worker_done shard={} rank={} present={}", store_->options().shard, rank,
+               store_->membership().present());
+}
+
+void ShardService::CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPolicy policy) {
+  std::vector<Membership::Lost> lost;
+  store_->membership().FindLost(timeout, policy, &lost);
+  if (lost.empty()) return;
+  const bool carry_on = policy == WorkerLossPolicy::kContinue;
+  for (const Membership::Lost& worker : lost) {
+    if (carry_on) store_->Depart(worker.rank);
+    spdlog::warn(
+        "event=worker_lost shard={} rank={} last_heartbeat_ms={} timeout_ms={} policy={} "
+        "present={}",
+        store_->options().shard, worker.rank, worker.silent.count(), timeout.count(),
+        carry_on ? "continue" : "fail", store_->membership().present());
+  }
+  if (!carry_on) store_->WakeAllPulls();  // parked pulls wake and fail
+}
+
 absl::Status ShardService::Leave(const proto::LeaveRequest& request) {
   if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(),
                                      request.release() ? "release" : "leave");
@@ -225,7 +257,7 @@ absl::Status ShardService::Leave(const proto::LeaveRequest& request) {
     return status;
   }
   if (request.release()) {
-    store_->Release(request.rank());
+    Release(request.rank());
     return absl::OkStatus();
   }
   return store_->Leave(request.rank(), request.clock());
@@ -241,19 +273,28 @@ absl::Status ShardService::PullInto(const Work& work, const PullPlan& plan, bool
     if (on_pool && index > 0) {
       if (auto status = sink->AwaitSent(work.deadline); !status.ok()) return status;
     }
-    // A deadline of now: the store answers if the consistency model lets
-    // the pull through, and otherwise returns at once; the wait is a Park.
+    // The store answers if the consistency model lets the pull through,
+    // and otherwise says what it waits for; the wait is a Park.
     proto::TensorChunk header;
-    auto status = store_->Pull(item.rank, item.clock, item.ref, Clock::now(), work.cancellation,
-                               &header, [sink](size_t bytes) { return sink->Allocate(bytes); },
-                               [sink](std::shared_ptr<const ParamBuffer> version) {
-                                 sink->Borrow(std::move(version));
-                               });
-    if (absl::IsDeadlineExceeded(status) && Clock::now() < work.deadline) {
-      *would_wait = true;
-      return absl::OkStatus();
+    PullTarget target;
+    target.allocate = [sink](size_t bytes) { return sink->Allocate(bytes); };
+    target.borrow = [sink](std::shared_ptr<const ParamBuffer> version) {
+      sink->Borrow(std::move(version));
+    };
+    auto outcome = store_->TryPull(item.rank, item.clock, item.ref, &header, target);
+    if (!outcome.ok()) return outcome.status();
+    if (!outcome->ready) {
+      if (work.cancellation != nullptr && work.cancellation->cancelled()) {
+        return absl::CancelledError(absl::StrCat("pull of key '", item.ref.key(), "' chunk ",
+                                                 item.ref.chunk(), " cancelled by the client"));
+      }
+      if (Clock::now() < work.deadline) {
+        *would_wait = true;
+        return absl::OkStatus();
+      }
+      return PullWaitExpired(PullQuery{item.rank, item.clock, &item.ref}, outcome->verdict);
     }
-    if (!status.ok()) return status;
+    absl::Status status;
     header.set_job(*item.job);
     const bool last = index + 1 == plan.items.size();
     if (status = sink->Send(header, static_cast<uint32_t>(index), last); !status.ok()) {

@@ -200,6 +200,15 @@ class ShardService {
   // Init's job, and its session when it carries one (a newer run's starts
   // that run on this shard before anything is created).
   absl::Status CheckInit(const proto::InitRequest& request);
+  // CheckInit, then the store's Init: created (true) or matched (false).
+  absl::StatusOr<bool> Init(const proto::InitRequest& request);
+  // The rank's worker exited (Membership::Release), logged as
+  // `event=worker_done`.
+  void Release(uint32_t rank);
+  // Applies `policy` to every rank that heartbeated once but not within
+  // `timeout`, logging `event=worker_lost` for each. Called periodically by
+  // the server's liveness monitor.
+  void CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPolicy policy);
   // The worker leaves for good (ShardStore::Leave), once its session
   // verifies: nobody else can make a rank leave.
   absl::Status Leave(const proto::LeaveRequest& request);

@@ -123,6 +123,7 @@ TEST_CASE("the partitioner covers a tensor with chunks spread over the shards") 
 using testing::Gradient;
 using testing::Init;
 using testing::MakeStore;
+using testing::PullWaiting;
 
 TEST_CASE("shard store: BSP waits for every rank, then applies the average once") {
   auto store = MakeStore("bsp", 2);
@@ -201,7 +202,7 @@ TEST_CASE("compressed pulls: dense first, then top-k of the difference, nothing 
   const auto forever = ShardStore::Clock::now() + std::chrono::seconds(5);
   std::vector<float> view;
   proto::TensorChunk reply;
-  REQUIRE(store->Pull(0, 0, ref, forever, {}, &reply).ok());
+  REQUIRE(PullWaiting(*store, 0, 0, ref, forever, {}, &reply).ok());
   REQUIRE(reply.codec() == 0);
   ApplyReply(reply, &view);
   ref.set_view_version(reply.view_version());  // the client says which view it holds
@@ -213,7 +214,7 @@ TEST_CASE("compressed pulls: dense first, then top-k of the difference, nothing 
   // Each pull sends the 10 largest remaining differences: 10 pulls drain it.
   for (int pull = 0; pull < 10; ++pull) {
     reply.Clear();
-    REQUIRE(store->Pull(0, 1, ref, forever, {}, &reply).ok());
+    REQUIRE(PullWaiting(*store, 0, 1, ref, forever, {}, &reply).ok());
     REQUIRE(reply.codec() == static_cast<uint32_t>(CodecId::kTopK));
     REQUIRE(reply.payload().size() == HeaderBytes() + 10 * 8);  // vs 400 dense
     ApplyReply(reply, &view);
@@ -225,7 +226,7 @@ TEST_CASE("compressed pulls: dense first, then top-k of the difference, nothing 
   }
   REQUIRE(view == target);
   ref.set_codec_params("zip");
-  REQUIRE(absl::IsInvalidArgument(store->Pull(0, 1, ref, forever, {}, &reply)));
+  REQUIRE(absl::IsInvalidArgument(PullWaiting(*store, 0, 1, ref, forever, {}, &reply)));
 }
 
 TEST_CASE("compressed pulls are idempotent: a lost reply is re-made from the view the rank holds") {
@@ -238,7 +239,7 @@ TEST_CASE("compressed pulls are idempotent: a lost reply is re-made from the vie
   const auto forever = ShardStore::Clock::now() + std::chrono::seconds(5);
   std::vector<float> view;
   proto::TensorChunk reply;
-  REQUIRE(store->Pull(0, 0, ref, forever, {}, &reply).ok());
+  REQUIRE(PullWaiting(*store, 0, 0, ref, forever, {}, &reply).ok());
   ApplyReply(reply, &view);
   ref.set_view_version(reply.view_version());
   REQUIRE(reply.view_version() != 0);
@@ -250,7 +251,7 @@ TEST_CASE("compressed pulls are idempotent: a lost reply is re-made from the vie
   // Every other reply is lost: the rank keeps its view and its version.
   for (int pull = 0; pull < 40; ++pull) {
     reply.Clear();
-    REQUIRE(store->Pull(0, clock, ref, forever, {}, &reply).ok());
+    REQUIRE(PullWaiting(*store, 0, clock, ref, forever, {}, &reply).ok());
     REQUIRE(reply.codec() == static_cast<uint32_t>(CodecId::kTopK));
     REQUIRE(reply.pull_view_version() == ref.view_version());  // made for the view held
     if (pull % 2 == 1) {
@@ -269,7 +270,7 @@ TEST_CASE("compressed pulls are idempotent: a lost reply is re-made from the vie
   for (uint64_t unknown : {uint64_t{0}, uint64_t{12345}}) {
     ref.set_view_version(unknown);
     reply.Clear();
-    REQUIRE(store->Pull(0, clock, ref, forever, {}, &reply).ok());
+    REQUIRE(PullWaiting(*store, 0, clock, ref, forever, {}, &reply).ok());
     REQUIRE(reply.codec() == 0);
     ApplyReply(reply, &view);
     REQUIRE(view == *store->Snapshot("w", 0));
@@ -278,7 +279,7 @@ TEST_CASE("compressed pulls are idempotent: a lost reply is re-made from the vie
   // After a reset, the version before it is no base any more either.
   const uint64_t reset_version = reply.view_version();
   ref.set_view_version(reset_version);
-  REQUIRE(store->Pull(0, clock, ref, forever, {}, &reply).ok());
+  REQUIRE(PullWaiting(*store, 0, clock, ref, forever, {}, &reply).ok());
   REQUIRE(reply.codec() != 0);
 }
 

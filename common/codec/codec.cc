@@ -355,6 +355,11 @@ absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(const CodecSpec& spec) {
 
 // ---- Aggregator ----
 
+void AverageInPlace(absl::Span<float> sum, int count) {
+  const float n = static_cast<float>(count);
+  for (float& g : sum) g /= n;
+}
+
 Aggregator::Aggregator(std::unique_ptr<Codec> codec, size_t num_elements)
     : codec_(std::move(codec)), num_elements_(num_elements) {
   if (codec_->IsMajorityVote()) {
@@ -405,8 +410,8 @@ absl::Status Aggregator::Finish(absl::Span<float> out) const {
       out[i] = v > 0 ? scale : (v < 0 ? -scale : 0.0f);
     }
   } else {
-    float n = static_cast<float>(count_);
-    for (size_t i = 0; i < num_elements_; ++i) out[i] = sum_[i] / n;
+    std::copy(sum_.begin(), sum_.end(), out.begin());
+    AverageInPlace(out, count_);
   }
   return absl::OkStatus();
 }

@@ -198,6 +198,13 @@ absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(const CodecSpec& spec);
 // except sign and signum, for which it writes the majority vote
 // sign(sum of signs) * (mean of the payloads' scales, or 1 if unscaled); an
 // element whose votes tie is 0. Not thread-safe; one per chunk and clock.
+// The average of `count` workers' summed gradients, in place: each element
+// divided by count (a division rather than a multiplication by 1/count, so
+// the average of integer gradients whose sum count divides is exact). The
+// one place a round's average is taken: the shard's BSP rounds and
+// Aggregator both use it.
+void AverageInPlace(absl::Span<float> sum, int count);
+
 class Aggregator {
  public:
   static absl::StatusOr<std::unique_ptr<Aggregator>> Create(

@@ -257,7 +257,7 @@ class Harness {
   // (ShardStore::RebaseFromWorker).
   void Heartbeat() {
     const uint32_t rank = in_.Below(options_.num_workers + 1);
-    store_->Heartbeat(rank).IgnoreError();
+    if (store_->membership().CheckRank(rank, "heartbeat").ok()) store_->membership().Heard(rank);
     google::protobuf::RepeatedPtrField<harrier::proto::ChunkClock> pushed;
     for (const auto& [chunk, next] : acknowledged_) {
       if (std::get<2>(chunk) != rank) continue;
@@ -279,10 +279,15 @@ class Harness {
     ref.set_codec_params(kPullCodecs[in_.Below(5)]);
     const int64_t clock = static_cast<int64_t>(next_clock_[rank]) - 1 + in_.Below(3);
     harrier::proto::TensorChunk out;
-    // A deadline already past: a pull that would wait answers at once.
-    const absl::Status status =
-        store_->Pull(rank, clock, ref, harrier::ShardStore::Clock::now(), nullptr, &out);
-    if (status.ok() && out.codec() == 0) {
+    // A pull that would wait says so at once.
+    std::string* payload = out.mutable_payload();
+    harrier::PullTarget target;
+    target.allocate = [payload](size_t bytes) {
+      payload->resize(bytes);
+      return payload->data();
+    };
+    const auto outcome = store_->TryPull(rank, clock, ref, &out, target);
+    if (outcome.ok() && outcome->ready && out.codec() == 0) {
       Check(out.payload().size() == slot.num_elements * sizeof(float));
       std::vector<float> values(slot.num_elements);
       std::memcpy(values.data(), out.payload().data(), out.payload().size());

@@ -22,6 +22,7 @@ namespace {
 using testing::Gradient;
 using testing::Init;
 using testing::MakeStore;
+using testing::PullWaiting;
 
 TEST_CASE("probe: a BSP pull never sees a leaver gone before its round is applied") {
   int stale = 0, answered = 0;
@@ -42,7 +43,7 @@ TEST_CASE("probe: a BSP pull never sees a leaver gone before its round is applie
       while (!left.load()) {
         proto::TensorChunk reply;
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
-        if (store->Pull(0, 1, ref, deadline, nullptr, &reply).ok()) {
+        if (PullWaiting(*store, 0, 1, ref, deadline, nullptr, &reply).ok()) {
           ++answered;
           float value = 0;
           std::memcpy(&value, reply.payload().data(), sizeof(value));

@@ -24,6 +24,7 @@ namespace {
 
 using testing::Gradient;
 using testing::Init;
+using testing::PullWaiting;
 
 constexpr size_t kLarge = (1u << 20) + 5;  // past the 1 MiB split threshold
 
@@ -201,7 +202,7 @@ TEST_CASE("fused store: a pull racing pushes gets one whole version, its CRC mat
   bool whole = true, crc_ok = true, monotonic = true, pulled = true;
   while ((!done || pulls < 3) && whole && crc_ok && monotonic && pulled) {
     proto::TensorChunk out;
-    pulled = store.Pull(0, 0, ref, ShardStore::Clock::now() + std::chrono::seconds(10), nullptr,
+    pulled = PullWaiting(store, 0, 0, ref, ShardStore::Clock::now() + std::chrono::seconds(10), nullptr,
                         &out).ok();
     if (!pulled) break;
     ++pulls;
@@ -240,19 +241,18 @@ TEST_CASE("fused store: a borrowed reply is the parameter memory, and stays as i
   std::shared_ptr<const ParamBuffer> borrowed;
   bool allocated = false;
   proto::TensorChunk header;
-  REQUIRE(store
-              ->Pull(0, 0, ref, ShardStore::Clock::now() + std::chrono::seconds(5), nullptr,
-                     &header,
-                     [&](size_t bytes) {
-                       allocated = true;
-                       static std::string unused;
-                       unused.resize(bytes);
-                       return unused.data();
-                     },
-                     [&](std::shared_ptr<const ParamBuffer> version) {
-                       borrowed = std::move(version);
-                     })
-              .ok());
+  PullTarget target;
+  target.allocate = [&](size_t bytes) {
+    allocated = true;
+    static std::string unused;
+    unused.resize(bytes);
+    return unused.data();
+  };
+  target.borrow = [&](std::shared_ptr<const ParamBuffer> version) {
+    borrowed = std::move(version);
+  };
+  const absl::StatusOr<PullOutcome> outcome = store->TryPull(0, 0, ref, &header, target);
+  REQUIRE((outcome.ok() && outcome->ready));
   REQUIRE_FALSE(allocated);
   REQUIRE(borrowed.get() == store->BuffersOfForTesting("w", 0).values);  // no copy
   REQUIRE(header.checksum() == Crc32c(borrowed->data(), borrowed->bytes()));

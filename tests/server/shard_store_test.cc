@@ -20,6 +20,7 @@ namespace {
 using testing::Gradient;
 using testing::Init;
 using testing::MakeStore;
+using testing::PullWaiting;
 
 TEST_CASE("shard store: after a restore every tensor re-bases, not only the first pushed") {
   auto store = MakeStore("bsp", 2);
@@ -61,7 +62,7 @@ TEST_CASE("shard store: a heartbeat's chunk clocks re-base a rank whose pushes w
   ref.set_num_elements(1);
   proto::TensorChunk out;
   const absl::Status waited =
-      restored->Pull(1, 4, ref, ShardStore::Clock::now() + std::chrono::milliseconds(50), nullptr,
+      PullWaiting(*restored, 1, 4, ref, ShardStore::Clock::now() + std::chrono::milliseconds(50), nullptr,
                      &out);
   REQUIRE(absl::IsDeadlineExceeded(waited));
 
@@ -71,7 +72,7 @@ TEST_CASE("shard store: a heartbeat's chunk clocks re-base a rank whose pushes w
   clock->set_next_clock(4);
   pushed.Add()->set_key("not-here");  // ignored
   restored->RebaseFromWorker(0, pushed);
-  REQUIRE(restored->Pull(1, 4, ref, ShardStore::Clock::now() + std::chrono::seconds(5), nullptr,
+  REQUIRE(PullWaiting(*restored, 1, 4, ref, ShardStore::Clock::now() + std::chrono::seconds(5), nullptr,
                          &out)
               .ok());
   // Round 3 is rank 1's gradient alone: rank 0's was lost with the shard.
@@ -118,12 +119,12 @@ PayloadHeader PowerSgdPullHeader(const std::vector<uint64_t>& shape) {
   ref.set_codec_params("powersgd:rank=2");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   proto::TensorChunk first;  // a rank's first compressed pull is dense
-  REQUIRE(store->Pull(0, 0, ref, deadline, nullptr, &first).ok());
+  REQUIRE(PullWaiting(*store, 0, 0, ref, deadline, nullptr, &first).ok());
   REQUIRE(first.codec() == 0);
   REQUIRE(store->Push({Gradient("w", 0, 0, gradient)}).ok());
   ref.set_view_version(first.view_version());
   proto::TensorChunk second;
-  REQUIRE(store->Pull(0, 1, ref, deadline, nullptr, &second).ok());
+  REQUIRE(PullWaiting(*store, 0, 1, ref, deadline, nullptr, &second).ok());
   REQUIRE(second.codec() == static_cast<uint32_t>(CodecId::kPowerSgd));
   // As asked (canonical, cols=0): the client checks it.
   REQUIRE(second.codec_params() == CodecSpec::Parse("powersgd:rank=2")->ToString());
@@ -154,7 +155,7 @@ TEST_CASE("shard store: a cancelled blocked pull wakes at once") {
   });
   proto::TensorChunk reply;
   // Clock 1 waits for both ranks' clock 0: never comes.
-  const absl::Status status = store->Pull(0, 1, ref, start + std::chrono::seconds(10),
+  const absl::Status status = PullWaiting(*store, 0, 1, ref, start + std::chrono::seconds(10),
                                           &cancellation, &reply);
   canceller.join();
   const auto waited = std::chrono::steady_clock::now() - start;
@@ -162,7 +163,7 @@ TEST_CASE("shard store: a cancelled blocked pull wakes at once") {
   REQUIRE(waited < std::chrono::seconds(2));
   REQUIRE(store->blocked_pulls() == 0);
   // Cancelled before the call: refused without waiting.
-  REQUIRE(absl::IsCancelled(store->Pull(0, 1, ref, start + std::chrono::seconds(10),
+  REQUIRE(absl::IsCancelled(PullWaiting(*store, 0, 1, ref, start + std::chrono::seconds(10),
                                         &cancellation, &reply)));
 }
 
@@ -177,7 +178,7 @@ TEST_CASE("shard store: close wakes a blocked pull, which fails UNAVAILABLE") {
   proto::TensorChunk reply;
   const auto start = std::chrono::steady_clock::now();
   const absl::Status status =
-      store->Pull(0, 1, ref, start + std::chrono::seconds(10), nullptr, &reply);
+      PullWaiting(*store, 0, 1, ref, start + std::chrono::seconds(10), nullptr, &reply);
   closer.join();
   REQUIRE(absl::IsUnavailable(status));
   REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
@@ -261,6 +262,7 @@ namespace {
 using testing::Gradient;
 using testing::Init;
 using testing::MakeStore;
+using testing::PullWaiting;
 
 TEST_CASE("shard store: a call racing a call of its own rank applies each chunk exactly once") {
   // Calls [C, A] and [A] of rank 0 for clock 0 race (a retry racing its
@@ -329,6 +331,7 @@ namespace {
 using testing::Gradient;
 using testing::Init;
 using testing::MakeStore;
+using testing::PullWaiting;
 
 proto::TensorChunk ChunkGradient(const std::string& key, uint32_t chunk, uint32_t rank,
                                  int64_t clock, const std::vector<float>& values) {

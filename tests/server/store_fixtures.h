@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/cancellation.h"
 #include "common/crc32c.h"
 #include "server/shard_store.h"
 
@@ -50,6 +54,52 @@ inline std::unique_ptr<ShardStore> MakeStore(const std::string& sync, int worker
   OptimizerOptions sgd;
   sgd.lr = 1.0f;
   return std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
+}
+
+// A pull that waits as a transport's would, on the store's own parking:
+// TryPull, and while the consistency model holds it back, park on its part
+// until woken, `deadline` passes (DEADLINE_EXCEEDED naming the slowest
+// worker) or `cancellation` (may be null) is cancelled (CANCELLED). The
+// payload goes into `out`.
+inline absl::Status PullWaiting(ShardStore& store, uint32_t rank, int64_t clock,
+                                const proto::ChunkRef& ref, ShardStore::Clock::time_point deadline,
+                                Cancellation* cancellation, proto::TensorChunk* out) {
+  struct Waiter : PullWaiter {
+    absl::Mutex mutex;
+    bool woken ABSL_GUARDED_BY(mutex) = false;
+    void Wake() override {
+      absl::MutexLock lock(&mutex);
+      woken = true;
+    }
+  };
+  std::string* payload = out->mutable_payload();
+  PullTarget target;
+  target.allocate = [payload](size_t bytes) {
+    payload->resize(bytes);
+    return payload->data();
+  };
+  const absl::Time until =
+      absl::Now() + absl::FromChrono(deadline - ShardStore::Clock::now());
+  for (;;) {
+    absl::StatusOr<PullOutcome> outcome = store.TryPull(rank, clock, ref, out, target);
+    if (!outcome.ok()) return outcome.status();
+    if (outcome->ready) return absl::OkStatus();
+    if (cancellation != nullptr && cancellation->cancelled()) {
+      return absl::CancelledError(absl::StrCat("pull of key '", ref.key(), "' chunk ",
+                                               ref.chunk(), " cancelled by the client"));
+    }
+    if (ShardStore::Clock::now() >= deadline) {
+      return PullWaitExpired(PullQuery{rank, clock, &ref}, outcome->verdict);
+    }
+    auto waiter = std::make_shared<Waiter>();
+    ScopedWake wake(cancellation, [waiter] { waiter->Wake(); });
+    if (!store.Park(clock, ref, waiter)) continue;
+    {
+      absl::MutexLock lock(&waiter->mutex);
+      waiter->mutex.AwaitWithDeadline(absl::Condition(&waiter->woken), until);
+    }
+    store.Unpark(ref, waiter.get());
+  }
 }
 
 }  // namespace testing

@@ -1,0 +1,95 @@
+#include "server/pull_views.h"
+
+#include "server/table.h"
+
+namespace harrier {
+namespace {
+
+// PowerSGD factors the layer's own matrix, as the client does for pushes
+// (worker/chunk_codec.cc): rows of shape[1] * shape[2] * ... elements. A
+// 1-D tensor, or a chunk that is not whole rows, gets PowerSGD's
+// uncompressed form (a column count that does not divide the chunk). The
+// reply's codec_params stay the requested spec; the client decodes the
+// shape from the payload header.
+CodecSpec PullEncoderSpec(const CodecSpec& spec, const std::vector<uint64_t>& shape,
+                          size_t num_elements) {
+  if (spec.id != CodecId::kPowerSgd || spec.cols != 0) return spec;
+  CodecSpec chunk_spec = spec;
+  uint64_t row = 1;
+  for (size_t i = 1; i < shape.size(); ++i) row *= shape[i];
+  const bool whole_rows = shape.size() >= 2 && row > 0 && num_elements % row == 0;
+  chunk_spec.cols = whole_rows ? row : static_cast<uint64_t>(num_elements) + 1;
+  return chunk_spec;
+}
+
+}  // namespace
+
+absl::Status PullViews::Compress(const PullViewEnvironment& env, const Chunk& chunk,
+                                 uint32_t rank, const std::string& codec_params,
+                                 uint64_t held_version, proto::TensorChunk* out,
+                                 std::string* payload) {
+  auto codec = env.codecs->Get(codec_params);
+  if (!codec.ok()) return codec.status();
+  const CodecSpec& spec = (*codec)->spec;
+  const size_t n = chunk.num_elements;
+  if (views_.empty()) views_.resize(env.num_workers);
+  View& view = views_[rank];
+  const bool holds_current = held_version != 0 && held_version == view.version &&
+                             view.values.size() == n;
+  const bool holds_previous = held_version != 0 && held_version == view.previous_version &&
+                              view.previous.size() == n;
+  if (!holds_current && !holds_previous) {
+    // The rank's first compressed pull, or a view this shard does not hold
+    // (version 0, one from before a restart, garbage): dense, and the view
+    // starts there. The old views are no base for anything the rank holds.
+    if (view.values.size() == n || held_version != 0) env.counters->pull_view_resets++;
+    view.values.assign(chunk.values, chunk.values + n);
+    view.version = ++*env.last_version;
+    view.previous_version = 0;
+    view.previous.clear();
+    payload->assign(reinterpret_cast<const char*>(view.values.data()), n * sizeof(float));
+    out->set_codec(0);
+    out->set_view_version(view.version);
+    return absl::OkStatus();
+  }
+  if (!view.encoder || view.encoder_params != codec_params) {
+    auto encoder = CreateCodec(PullEncoderSpec(spec, *chunk.shape, n));
+    if (!encoder.ok()) return absl::InvalidArgumentError(encoder.status().message());
+    view.encoder = std::move(*encoder);
+    view.encoder_params = codec_params;
+  }
+  if (holds_current) {
+    // The usual case: the current view becomes the previous one (what the
+    // rank holds until this reply arrives).
+    view.previous.swap(view.values);
+    view.previous_version = view.version;
+    view.values = view.previous;
+  } else {
+    // The rank lost the latest reply: re-make it from the view it holds.
+    // That reply's view is dropped; the previous one stays as it is.
+    env.counters->pull_view_remakes++;
+    view.values = view.previous;
+  }
+  std::vector<float> delta(n);
+  for (size_t i = 0; i < n; ++i) delta[i] = chunk.values[i] - view.values[i];
+  CodecContext context;
+  context.seed = DeriveSeed(*chunk.key, chunk.chunk, out->clock(), rank, spec.seed);
+  absl::Status status = view.encoder->Encode(delta, context, payload);
+  // The view advances by what the rank will decode, so what the codec drops
+  // stays in the next difference (error feedback on the shard's side).
+  if (status.ok()) status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(view.values));
+  if (!status.ok()) {
+    // Nothing was sent: the rank holds the previous view, the only one left.
+    view.values = view.previous;
+    view.version = view.previous_version;
+    return status;
+  }
+  out->set_pull_view_version(view.previous_version);  // the base: what the rank holds
+  view.version = ++*env.last_version;
+  out->set_codec(static_cast<uint32_t>(spec.id));
+  out->set_codec_params(spec.ToString());
+  out->set_view_version(view.version);
+  return absl::OkStatus();
+}
+
+}  // namespace harrier

@@ -1,0 +1,17 @@
+// The table kinds a shard knows: one line per kind.
+
+#include "absl/container/flat_hash_map.h"
+#include "server/dense_table.h"
+#include "server/table.h"
+
+namespace harrier {
+
+const TableFactory* FindTableKind(proto::TableKind kind) {
+  static const auto* const kinds = new absl::flat_hash_map<int, TableFactory>{
+      {proto::TABLE_DENSE, MakeDenseTable},
+  };
+  auto it = kinds->find(static_cast<int>(kind));
+  return it == kinds->end() ? nullptr : &it->second;
+}
+
+}  // namespace harrier
