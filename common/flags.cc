@@ -79,7 +79,8 @@ void CheckFlagfile(const std::string& path) {
     absl::string_view text = absl::StripLeadingAsciiWhitespace(line);
     if (text.empty() || text[0] == '#') continue;
     if (text[0] != '-' || text == "-" || text == "--") {
-      Die(absl::StrCat(where, ": '", text, "' is not a flag (a flagfile holds one --name=value a line)"));
+      Die(absl::StrCat(where, ": '", text,
+                       "' is not a flag (a flagfile holds one --name=value a line)"));
     }
     if (!absl::ConsumePrefix(&text, "--")) absl::ConsumePrefix(&text, "-");
     const size_t eq = text.find('=');
@@ -92,7 +93,9 @@ void CheckFlagfile(const std::string& path) {
       absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
       if (negated != nullptr && negated->IsOfType<bool>()) continue;
     }
-    if (flag == nullptr || flag->IsRetired()) Die(absl::StrCat(where, ": unknown flag '", name, "'"));
+    if (flag == nullptr || flag->IsRetired()) {
+      Die(absl::StrCat(where, ": unknown flag '", name, "'"));
+    }
     if (eq == absl::string_view::npos || IsFileFlag(name) || IsUsageFlag(name)) continue;
     const absl::string_view value = text.substr(eq + 1);
     std::string error;
@@ -105,8 +108,8 @@ void CheckFlagfile(const std::string& path) {
 // What a help request asks for.
 struct HelpRequest {
   bool wanted = false;
-  bool all = false;       // --helpfull: absl's flags too
-  std::string matching;   // --help=TEXT: flags whose name or help has TEXT
+  bool all = false;      // --helpfull: absl's flags too
+  std::string matching;  // --help=TEXT: flags whose name or help has TEXT
 };
 
 void PrintHelp(const std::string& usage, const HelpRequest& help) {
@@ -123,9 +126,11 @@ void PrintHelp(const std::string& usage, const HelpRequest& help) {
     }
     flags.push_back(flag);
   }
-  std::sort(flags.begin(), flags.end(), [](const absl::CommandLineFlag* a, const absl::CommandLineFlag* b) {
-    return std::make_tuple(a->Filename(), a->Name()) < std::make_tuple(b->Filename(), b->Name());
-  });
+  std::sort(flags.begin(), flags.end(),
+            [](const absl::CommandLineFlag* a, const absl::CommandLineFlag* b) {
+              return std::make_tuple(a->Filename(), a->Name()) <
+                     std::make_tuple(b->Filename(), b->Name());
+            });
   std::cout << usage << "\n";
   std::string file;
   for (const absl::CommandLineFlag* flag : flags) {
@@ -137,8 +142,8 @@ void PrintHelp(const std::string& usage, const HelpRequest& help) {
     auto shown = [quoted](const std::string& value) {
       return quoted ? absl::StrCat("\"", value, "\"") : value;
     };
-    std::cout << "    --" << flag->Name() << " (" << flag->Help() << "); default: "
-              << shown(flag->DefaultValue()) << ";";
+    std::cout << "    --" << flag->Name() << " (" << flag->Help()
+              << "); default: " << shown(flag->DefaultValue()) << ";";
     if (flag->CurrentValue() != flag->DefaultValue()) {
       std::cout << " currently: " << shown(flag->CurrentValue()) << ";";
     }

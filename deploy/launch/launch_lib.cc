@@ -9,7 +9,6 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -146,7 +145,8 @@ std::vector<std::string> SpellOutShortHosts(const std::vector<std::string>& args
       continue;
     }
     if (absl::StartsWith(a, "-H")) {
-      out.push_back(absl::StrCat("--hosts=", absl::StripPrefix(absl::string_view(a).substr(2), "=")));
+      out.push_back(
+          absl::StrCat("--hosts=", absl::StripPrefix(absl::string_view(a).substr(2), "=")));
       continue;
     }
     out.push_back(a);
@@ -168,7 +168,9 @@ absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& worker_
   o.num_servers = absl::GetFlag(FLAGS_num_servers);
   if (o.num_servers < 0) return bad("num_servers", o.num_servers, "a positive integer");
   o.base_port = absl::GetFlag(FLAGS_base_port);
-  if (o.base_port < 1 || o.base_port > 65535) return bad("base_port", o.base_port, "a port in [1, 65535]");
+  if (o.base_port < 1 || o.base_port > 65535) {
+    return bad("base_port", o.base_port, "a port in [1, 65535]");
+  }
   o.bin_dir = absl::GetFlag(FLAGS_bin_dir);
   o.server_bin = absl::GetFlag(FLAGS_server_bin);
   o.worker_bin = absl::GetFlag(FLAGS_worker_bin);
@@ -178,13 +180,17 @@ absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& worker_
        {std::make_tuple("ssh_args", absl::GetFlag(FLAGS_ssh_args), &o.ssh_args),
         std::make_tuple("server_args", absl::GetFlag(FLAGS_server_args), &o.server_args)}) {
     absl::StatusOr<std::vector<std::string>> split = ShellSplit(value);
-    if (!split.ok()) return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", split.status().message()));
+    if (!split.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", split.status().message()));
+    }
     *words = *split;
   }
   o.grace_ms = absl::GetFlag(FLAGS_grace_ms);
   if (o.grace_ms < 0) return bad("grace_ms", o.grace_ms, "milliseconds >= 0");
   o.start_timeout_ms = absl::GetFlag(FLAGS_start_timeout_ms);
-  if (o.start_timeout_ms < 1) return bad("start_timeout_ms", o.start_timeout_ms, "milliseconds >= 1");
+  if (o.start_timeout_ms < 1) {
+    return bad("start_timeout_ms", o.start_timeout_ms, "milliseconds >= 1");
+  }
   o.dry_run = absl::GetFlag(FLAGS_dry_run);
 
   const std::string hosts_flag = absl::GetFlag(FLAGS_hosts);

@@ -1,8 +1,5 @@
 #include "deploy/launch/launch_lib.h"
 
-#include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
-
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +9,9 @@
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 
 namespace harrier::launch {
 namespace {
@@ -119,7 +119,8 @@ TEST_CASE("options from the flags: defaults, hosts required, -H or --hostfile") 
   absl::SetFlag(&FLAGS_hostfile, "");
   auto none = OptionsFromFlags({"--max_steps=1"});
   REQUIRE_FALSE(none.ok());
-  CHECK(none.status().message() == "no hosts: give -H host1:slots,... or --hostfile=FILE (see --help)");
+  CHECK(none.status().message() ==
+        "no hosts: give -H host1:slots,... or --hostfile=FILE (see --help)");
 }
 
 TEST_CASE("shell quoting survives a real sh") {

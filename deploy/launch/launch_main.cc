@@ -707,9 +707,11 @@ int Main(int argc, char** argv) {
   // The worker flags are what follows "--"; any other positional argument
   // is a mistake (a worker flag before "--", or a stray word).
   const auto dashes = std::find(args.begin() + 1, args.end(), "--");
-  const std::vector<std::string> worker_args(dashes == args.end() ? dashes : dashes + 1, args.end());
+  const std::vector<std::string> worker_args(dashes == args.end() ? dashes : dashes + 1,
+                                             args.end());
   if (positional.size() > worker_args.size() + 1) {
-    fprintf(stderr, "harrier-launch: unexpected argument '%s' (worker flags go after --; see --help)\n",
+    fprintf(stderr,
+            "harrier-launch: unexpected argument '%s' (worker flags go after --; see --help)\n",
             positional[1].c_str());
     return 2;
   }

@@ -14,8 +14,8 @@ ABSL_FLAG(bool, verbose, false, "Talk more.");
 ABSL_FLAG(double, rate, 0.5, "A rate.");
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> positional =
-      harrier::ParseFlags(argc, argv, "flags_probe: prints its flags.\nUsage: flags_probe [flags] [args]");
+  const std::vector<std::string> positional = harrier::ParseFlags(
+      argc, argv, "flags_probe: prints its flags.\nUsage: flags_probe [flags] [args]");
   std::printf("steps=%d\n", absl::GetFlag(FLAGS_steps));
   std::printf("label=%s\n", absl::GetFlag(FLAGS_label).c_str());
   std::printf("verbose=%d\n", absl::GetFlag(FLAGS_verbose) ? 1 : 0);

@@ -106,8 +106,8 @@ TEST_CASE("HARRIER_<NAME> sets the flag of that name") {
 TEST_CASE("the command line beats the environment, which beats the file") {
   const std::string file = WriteFile("all.flags", "--steps=3\n--label=file\n--rate=0.25\n");
   // The file is read first wherever --flagfile stands on the command line.
-  const Outcome o = Run({"HARRIER_STEPS=4", "HARRIER_LABEL=env"},
-                        {"--label=command_line", "--flagfile=" + file});
+  const Outcome o =
+      Run({"HARRIER_STEPS=4", "HARRIER_LABEL=env"}, {"--label=command_line", "--flagfile=" + file});
   CHECK(o.status == 0);
   CHECK(o.out == "steps=4\nlabel=command_line\nverbose=0\nrate=0.25\nargs=\n");
   // A file on the command line replaces HARRIER_CONFIG's.
@@ -117,12 +117,14 @@ TEST_CASE("the command line beats the environment, which beats the file") {
 }
 
 TEST_CASE("a HARRIER_ variable that names no flag is ignored, in one line") {
-  const Outcome o = Run({"HARRIER_TEST_SLOWDOWN=3", "HARRIER_NUM_WORKERS=2", "HARRIER_STEPS=6"}, {});
+  const Outcome o =
+      Run({"HARRIER_TEST_SLOWDOWN=3", "HARRIER_NUM_WORKERS=2", "HARRIER_STEPS=6"}, {});
   CHECK(o.status == 0);
   CHECK(Has(o.out, "steps=6\n"));
-  CHECK(o.err ==
-        "flags_probe: ignoring HARRIER_NUM_WORKERS, HARRIER_TEST_SLOWDOWN (no flag of flags_probe by "
-        "that name)\n");
+  CHECK(
+      o.err ==
+      "flags_probe: ignoring HARRIER_NUM_WORKERS, HARRIER_TEST_SLOWDOWN (no flag of flags_probe by "
+      "that name)\n");
   // Only the upper-case spelling is a flag's variable; absl's help flags are
   // never set from the environment.
   const Outcome lower = Run({"HARRIER_steps=6", "HARRIER_HELP=1"}, {});
@@ -184,8 +186,9 @@ TEST_CASE("flagfile mistakes name the file and line") {
   const std::string old_style = WriteFile("old_style.conf", "steps = 2\n");
   const Outcome old = Run({}, {"--config=" + old_style});
   CHECK(old.status == 2);
-  CHECK(old.err == "flags_probe: " + old_style +
-                       ":1: 'steps = 2' is not a flag (a flagfile holds one --name=value a line)\n");
+  CHECK(old.err ==
+        "flags_probe: " + old_style +
+            ":1: 'steps = 2' is not a flag (a flagfile holds one --name=value a line)\n");
 
   const Outcome missing = Run({}, {"--flagfile=/nonexistent/x.flags"});
   CHECK(missing.status == 2);
