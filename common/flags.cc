@@ -2,180 +2,270 @@
 
 #include <unistd.h>  // environ
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <iterator>
+#include <tuple>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/internal/parse.h"
-#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 ABSL_FLAG(std::string, config, "",
-          "Config file of 'name = value' lines; HARRIER_<NAME> env vars override it, flags "
-          "override both.");
+          "Alias of --flagfile: a file of flags, one --name=value a line ('#' starts a comment "
+          "line). HARRIER_<NAME> environment variables override it, the command line overrides "
+          "both.");
 
 namespace harrier {
 namespace {
 
+// Where the messages come from: argv[0] without its directory.
+std::string program_name = "harrier";
+
 [[noreturn]] void Die(const std::string& message) {
-  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fprintf(stderr, "%s: %s\n", program_name.c_str(), message.c_str());
   std::exit(2);
 }
 
-void SetFlag(const std::string& name, const std::string& value, const std::string& source) {
-  absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-  if (flag == nullptr) Die(absl::StrCat(source, ": unknown flag '", name, "'"));
-  std::string error;
-  if (!flag->ParseFrom(value, &error)) {
-    Die(absl::StrCat(source, ": bad value '", value, "' for --", name, ": ", error));
+// absl's own flags that print help or the version and exit: never set from
+// the environment.
+bool IsUsageFlag(absl::string_view name) {
+  for (absl::string_view usage : {"help", "helpfull", "helpshort", "helppackage", "helpon",
+                                  "helpmatch", "version", "only_check_flags"}) {
+    if (name == usage) return true;
   }
+  return false;
 }
 
-void ApplyConfigFile(const std::string& path) {
+// The flags that name files of flags. Their values are file names, so a
+// flagfile line that sets them is not checked as a value.
+bool IsFileFlag(absl::string_view name) { return name == "flagfile" || name == "config"; }
+
+// A binary's own flags are those not defined inside absl.
+bool IsOwnFlag(const absl::CommandLineFlag& flag) {
+  return !absl::StrContains(flag.Filename(), "absl/");
+}
+
+// Checks `value` against the flag's type and validator. The flag keeps the
+// value, which is harmless: absl's parse sets every file and environment
+// value again afterwards, in their order of precedence. (absl::FlagSaver
+// would log a line for every flag it restores.)
+bool ValueParses(absl::CommandLineFlag& flag, absl::string_view value, std::string* error) {
+  return flag.ParseFrom(value, error);
+}
+
+// Reads a flagfile the way absl will (leading blanks skipped, '#' lines and
+// blank lines ignored, every other line one argument starting with '-') so
+// that a mistake is reported with its file and line, which absl does not do.
+// absl then sets the flags.
+void CheckFlagfile(const std::string& path) {
   std::ifstream file(path);
-  if (!file) Die(absl::StrCat("--config: cannot read ", path));
+  if (!file) Die(absl::StrCat("cannot read flagfile ", path));
   std::string line;
   int line_number = 0;
   while (std::getline(file, line)) {
     ++line_number;
-    absl::string_view text = line;
-    if (auto hash = text.find('#'); hash != absl::string_view::npos) text = text.substr(0, hash);
-    text = absl::StripAsciiWhitespace(text);
-    if (text.empty()) continue;
-    absl::ConsumePrefix(&text, "--");
-    const auto eq = text.find('=');
-    if (eq == absl::string_view::npos) {
-      Die(absl::StrCat(path, ":", line_number, ": expected 'name = value'"));
+    const std::string where = absl::StrCat(path, ":", line_number);
+    absl::string_view text = absl::StripLeadingAsciiWhitespace(line);
+    if (text.empty() || text[0] == '#') continue;
+    if (text[0] != '-' || text == "-" || text == "--") {
+      Die(absl::StrCat(where, ": '", text,
+                       "' is not a flag (a flagfile holds one --name=value a line)"));
     }
-    SetFlag(std::string(absl::StripAsciiWhitespace(text.substr(0, eq))),
-            std::string(absl::StripAsciiWhitespace(text.substr(eq + 1))),
-            absl::StrCat(path, ":", line_number));
+    if (!absl::ConsumePrefix(&text, "--")) absl::ConsumePrefix(&text, "-");
+    const size_t eq = text.find('=');
+    const std::string name(text.substr(0, eq));
+    if (name == "config") {
+      Die(absl::StrCat(where, ": use --flagfile to read another file from a flagfile"));
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && eq == absl::string_view::npos && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+    }
+    if (flag == nullptr || flag->IsRetired()) {
+      Die(absl::StrCat(where, ": unknown flag '", name, "'"));
+    }
+    if (eq == absl::string_view::npos || IsFileFlag(name) || IsUsageFlag(name)) continue;
+    const absl::string_view value = text.substr(eq + 1);
+    std::string error;
+    if (!ValueParses(*flag, value, &error)) {
+      Die(absl::StrCat(where, ": bad value '", value, "' for --", name, ": ", error));
+    }
   }
 }
 
-void ApplyEnvironment() {
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (name == "config") continue;
-    const std::string env = absl::StrCat("HARRIER_", absl::AsciiStrToUpper(name));
-    if (const char* value = std::getenv(env.c_str()); value != nullptr) SetFlag(std::string(name), value, env);
-  }
-}
-
-// HARRIER_* variables a binary accepts without having a flag of that name.
-// Anything else named HARRIER_* that is not one of the binary's own flags is
-// a typo or a setting for a flag that does not exist, and is refused.
-// clang-format off
-constexpr absl::string_view kOtherHarrierVariables[] = {
-    // Read by ParseFlags itself: the config file.
-    "HARRIER_CONFIG",
-    // Read by scripts and tests, which pass their environment on to the
-    // binaries they start (deploy/quickstart.sh, deploy/test_clang.sh,
-    // tests/python, tests/cuda/run_gpu_checks.sh, .bazelrc's sanitizer
-    // configs, tests/transport and tests/integration BUILD files, the fuzzers).
-    "HARRIER_BIN", "HARRIER_BIN_DIR", "HARRIER_SERVER", "HARRIER_PY_TEST_TIMEOUT",
-    "HARRIER_TEST_TRANSPORT", "HARRIER_TEST_SLOWDOWN", "HARRIER_FUZZ_TRACE",
-    "HARRIER_FUZZ_SECONDS", "HARRIER_CLANG_OUT", "HARRIER_CLANG_BAZEL_FLAGS",
-    // Read by the UCX transport (worker/transport/ucx/ucx_transport.h).
-    "HARRIER_UCX_DEVICE_MEMORY",
-    // The flags of harrier-server and harrier-worker: deploy/k8s gives every
-    // server and worker pod one environment (base/harrier.env), so each
-    // binary sees the other's settings. tests/e2e/clear_errors_test.sh checks
-    // that this list holds every flag either binary has.
-    "HARRIER_APPLY_THREADS", "HARRIER_AUTH_TOKEN_FILE", "HARRIER_BATCH_SIZE", "HARRIER_BETA1", "HARRIER_BETA2",
-    "HARRIER_BLAS_THREADS", "HARRIER_CHECKPOINT_DIR", "HARRIER_CHECKPOINT_EVERY_S",
-    "HARRIER_CHECKPOINT_KEEP", "HARRIER_CHUNK_KIB", "HARRIER_CODEC", "HARRIER_COMPRESS_MIN_BYTES",
-    "HARRIER_COMPUTE_SCALE", "HARRIER_CONNECT_TIMEOUT_S", "HARRIER_DATA_DIR", "HARRIER_DEVICE",
-    "HARRIER_EPOCHS", "HARRIER_EPSILON", "HARRIER_EVAL_EVERY", "HARRIER_EXIT_WHEN_DONE", "HARRIER_FUSION_BYTES",
-    "HARRIER_GRPC_CONNECTIONS",
-    "HARRIER_HEALTH_PORT", "HARRIER_HEARTBEAT_TIMEOUT_MS", "HARRIER_HOST", "HARRIER_JOB",
-    "HARRIER_LAYERS", "HARRIER_LOCAL_LR", "HARRIER_LOCAL_STEPS", "HARRIER_LOG_EVERY",
-    "HARRIER_LR", "HARRIER_MAX_BUFFERED_BYTES", "HARRIER_MAX_CHUNK_BYTES", "HARRIER_MAX_CHUNKS",
-    "HARRIER_MAX_CONNECTION_BYTES", "HARRIER_MAX_INFLIGHT_BYTES", "HARRIER_MAX_PARAM_BYTES",
-    "HARRIER_MAX_PENDING_ROUNDS", "HARRIER_MAX_QUEUED_CALLS", "HARRIER_MAX_REQUEST_BYTES",
-    "HARRIER_MAX_STEPS", "HARRIER_METRICS_OUT", "HARRIER_METRICS_PORT", "HARRIER_MOMENTUM",
-    "HARRIER_NUM_SHARDS", "HARRIER_NUM_WORKERS", "HARRIER_ON_WORKER_LOSS", "HARRIER_OPTIMIZER",
-    "HARRIER_PARTITION_BYTES", "HARRIER_PORT", "HARRIER_PORT_FILE", "HARRIER_PULL_CODEC",
-    "HARRIER_PULL_THREADS", "HARRIER_PUSH_THREADS", "HARRIER_RANK", "HARRIER_REJOIN_AFTER_MS",
-    "HARRIER_RESUME", "HARRIER_RPC_TIMEOUT_S",
-    "HARRIER_SEED", "HARRIER_SERVERS", "HARRIER_SHARD", "HARRIER_SHUTDOWN_GRACE_MS",
-    "HARRIER_SIGNUM_MOMENTUM", "HARRIER_STALENESS", "HARRIER_STALENESS_AWARE_LR",
-    "HARRIER_STEP_DELAY_MS", "HARRIER_STEP_DELAY_PROBABILITY", "HARRIER_SYNC",
-    "HARRIER_TARGET_ACCURACY", "HARRIER_TECHNIQUES", "HARRIER_TLS_CA", "HARRIER_TLS_CERT",
-    "HARRIER_TLS_KEY", "HARRIER_TRAIN_EXAMPLES", "HARRIER_TRANSPORT", "HARRIER_UCX",
-    "HARRIER_WARMUP_STEPS", "HARRIER_WEIGHT_DECAY", "HARRIER_WORKLOAD",
-    // harrier-ctl's own flags (its others are in the list above): the
-    // Kubernetes probes run it inside the server pods, in their environment.
-    "HARRIER_JSON", "HARRIER_TIMEOUT_MS",
+// What a help request asks for.
+struct HelpRequest {
+  bool wanted = false;
+  bool all = false;      // --helpfull: absl's flags too
+  std::string matching;  // --help=TEXT: flags whose name or help has TEXT
 };
-// clang-format on
 
-// Refuses a HARRIER_* variable that names no flag of this binary and is not
-// in kOtherHarrierVariables.
-void CheckHarrierVariables() {
-  absl::flat_hash_set<std::string> known(std::begin(kOtherHarrierVariables),
-                                         std::end(kOtherHarrierVariables));
+void PrintHelp(const std::string& usage, const HelpRequest& help) {
+  std::vector<absl::CommandLineFlag*> flags;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    known.insert(absl::StrCat("HARRIER_", absl::AsciiStrToUpper(name)));
-  }
-  for (char** entry = environ; *entry != nullptr; ++entry) {
-    absl::string_view text = *entry;
-    if (!absl::StartsWith(text, "HARRIER_")) continue;
-    const std::string name(text.substr(0, text.find('=')));
-    if (!known.contains(name)) {
-      Die(absl::StrCat(name, ": unknown HARRIER_ variable (no flag --",
-                       absl::AsciiStrToLower(absl::StripPrefix(name, "HARRIER_")),
-                       "; unset it or fix its name)"));
+    if (flag->IsRetired()) continue;
+    if (!help.matching.empty()) {
+      if (!absl::StrContains(flag->Name(), help.matching) &&
+          !absl::StrContains(flag->Help(), help.matching)) {
+        continue;
+      }
+    } else if (!help.all && !IsOwnFlag(*flag)) {
+      continue;
     }
+    flags.push_back(flag);
   }
-}
-
-bool IsOwnFlagFile(absl::string_view file) {
-  return absl::StrContains(file, "server/") || absl::StrContains(file, "worker/") ||
-         absl::StrContains(file, "common/") || absl::StrContains(file, "tests/");
+  std::sort(flags.begin(), flags.end(),
+            [](const absl::CommandLineFlag* a, const absl::CommandLineFlag* b) {
+              return std::make_tuple(a->Filename(), a->Name()) <
+                     std::make_tuple(b->Filename(), b->Name());
+            });
+  std::cout << usage << "\n";
+  std::string file;
+  for (const absl::CommandLineFlag* flag : flags) {
+    if (flag->Filename() != file) {
+      file = flag->Filename();
+      std::cout << "\n  Flags from " << file << ":\n";
+    }
+    const bool quoted = flag->IsOfType<std::string>();
+    auto shown = [quoted](const std::string& value) {
+      return quoted ? absl::StrCat("\"", value, "\"") : value;
+    };
+    std::cout << "    --" << flag->Name() << " (" << flag->Help()
+              << "); default: " << shown(flag->DefaultValue()) << ";";
+    if (flag->CurrentValue() != flag->DefaultValue()) {
+      std::cout << " currently: " << shown(flag->CurrentValue()) << ";";
+    }
+    std::cout << "\n";
+  }
+  std::cout << "\nEvery flag --name can also be set by the environment variable HARRIER_NAME "
+               "or by a line --name=value in a --flagfile (alias --config); the command line "
+               "wins over the environment, which wins over flagfiles.\n";
+  std::cout.flush();
 }
 
 }  // namespace
 
 std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& usage) {
-  absl::FlagsUsageConfig config;
-  config.contains_helpshort_flags = IsOwnFlagFile;
-  config.contains_help_flags = IsOwnFlagFile;
-  absl::SetFlagsUsageConfig(config);
+  if (argc > 0) {
+    program_name = std::string(argv[0]);
+    if (const size_t slash = program_name.rfind('/'); slash != std::string::npos) {
+      program_name.erase(0, slash + 1);
+    }
+  }
   absl::SetProgramUsageMessage(usage);
 
-  std::string config_path;
+  // The command line, with help requests and files of flags taken out: the
+  // files go first, so that the environment and the command line override
+  // them.
+  HelpRequest help;
+  std::vector<std::string> flagfiles;
+  std::vector<std::string> rest;
   for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (absl::ConsumePrefix(&arg, "--config=")) config_path = std::string(arg);
+    const absl::string_view arg = argv[i];
+    if (arg == "--") {
+      rest.insert(rest.end(), argv + i, argv + argc);
+      break;
+    }
+    absl::string_view body = arg;
+    if (body.size() < 2 || body[0] != '-') {
+      rest.emplace_back(arg);
+      continue;
+    }
+    if (!absl::ConsumePrefix(&body, "--")) absl::ConsumePrefix(&body, "-");
+    const size_t eq = body.find('=');
+    const std::string name(body.substr(0, eq));
+    const bool has_value = eq != absl::string_view::npos;
+    if (name == "help" || name == "helpshort" || name == "helppackage" || name == "helpfull" ||
+        (name == "h" && !has_value && absl::FindCommandLineFlag("h") == nullptr)) {
+      help.wanted = true;
+      help.all = help.all || name == "helpfull";
+      if (name == "help" && has_value) help.matching = std::string(body.substr(eq + 1));
+      continue;
+    }
+    if (IsFileFlag(name)) {
+      if (has_value) {
+        flagfiles.emplace_back(body.substr(eq + 1));
+      } else if (i + 1 < argc) {
+        flagfiles.emplace_back(argv[++i]);
+      } else {
+        Die(absl::StrCat("--", name, " needs a file (--", name, "=FILE)"));
+      }
+      continue;
+    }
+    rest.emplace_back(arg);
+    // `--name value`: the value is not a flag, whatever it looks like.
+    if (absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+        !has_value && flag != nullptr && !flag->IsOfType<bool>() && i + 1 < argc) {
+      rest.emplace_back(argv[++i]);
+    }
   }
-  if (const char* env = std::getenv("HARRIER_CONFIG"); config_path.empty() && env != nullptr) {
-    config_path = env;
+  if (flagfiles.empty()) {
+    for (const char* variable : {"HARRIER_FLAGFILE", "HARRIER_CONFIG"}) {
+      if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
+        flagfiles.emplace_back(value);
+      }
+    }
   }
-  if (!config_path.empty()) ApplyConfigFile(config_path);
-  CheckHarrierVariables();
-  ApplyEnvironment();
+  for (const std::string& list : flagfiles) {
+    for (absl::string_view path : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+      CheckFlagfile(std::string(path));
+    }
+  }
 
-  // absl::ParseCommandLine exits 1 after --help, which reads as a failure to
-  // scripts and probes (`harrier-server --help && ...`). The same parse with
-  // the usage flags left to us, so that asking for help exits 0; --version
-  // and --only_check_flags keep absl's status (0).
-  std::vector<char*> positional = absl::flags_internal::ParseCommandLineImpl(
-      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
-      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
-      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
-  if (absl::flags_internal::HandleUsageFlags(std::cout, absl::ProgramUsageMessage()) >= 0) {
-    std::cout.flush();
+  // HARRIER_<NAME> for every flag this binary registers.
+  std::vector<std::string> from_environment;
+  std::vector<std::string> ignored;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    absl::string_view text = *entry;
+    if (!absl::StartsWith(text, "HARRIER_")) continue;
+    const size_t eq = text.find('=');
+    const std::string variable(text.substr(0, eq));
+    const absl::string_view value = eq == absl::string_view::npos ? "" : text.substr(eq + 1);
+    const std::string name = absl::AsciiStrToLower(absl::StripPrefix(variable, "HARRIER_"));
+    if (IsFileFlag(name)) continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr || flag->IsRetired() || IsUsageFlag(name) ||
+        variable != absl::StrCat("HARRIER_", absl::AsciiStrToUpper(name))) {
+      ignored.push_back(variable);
+      continue;
+    }
+    std::string error;
+    if (!ValueParses(*flag, value, &error)) {
+      Die(absl::StrCat(variable, ": bad value '", value, "' for --", name, ": ", error));
+    }
+    from_environment.push_back(absl::StrCat("--", name, "=", value));
+  }
+  if (!ignored.empty()) {
+    std::sort(ignored.begin(), ignored.end());
+    std::fprintf(stderr, "%s: ignoring %s (no flag of %s by that name)\n", program_name.c_str(),
+                 absl::StrJoin(ignored, ", ").c_str(), program_name.c_str());
+  }
+
+  std::vector<std::string> arguments = {argc > 0 ? argv[0] : program_name};
+  for (const std::string& list : flagfiles) arguments.push_back(absl::StrCat("--flagfile=", list));
+  arguments.insert(arguments.end(), from_environment.begin(), from_environment.end());
+  arguments.insert(arguments.end(), rest.begin(), rest.end());
+  std::vector<char*> pointers;
+  for (std::string& argument : arguments) pointers.push_back(argument.data());
+  pointers.push_back(nullptr);
+  const std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(arguments.size()), pointers.data());
+
+  // After the parse, so that --help shows the values the sources set.
+  if (help.wanted) {
+    PrintHelp(usage, help);
     std::exit(0);
   }
   return std::vector<std::string>(positional.begin(), positional.end());

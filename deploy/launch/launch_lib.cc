@@ -4,7 +4,11 @@
 
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -12,6 +16,36 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+
+ABSL_FLAG(std::string, hosts, "",
+          "-H for short. Hosts in order, host:slots,... (slots = workers on that host, >= 1). A "
+          "host named localhost or 127.0.0.1 runs its processes locally, without ssh (then every "
+          "process must be local: workers reach shards by host name).");
+ABSL_FLAG(std::string, hostfile, "",
+          "Hosts from a file instead of -H: one a line, 'host slots=N' or 'host:N'; '#' starts a "
+          "comment.");
+ABSL_FLAG(int, num_servers, 0, "Number of shards (0: one per host).");
+ABSL_FLAG(int, base_port, 50051, "Port of shard 0; shard i listens on base_port+i.");
+ABSL_FLAG(std::string, bin_dir, "",
+          "Where harrier-server and harrier-worker are, the same path on every host: DIR, "
+          "DIR/server and DIR/worker, or DIR/../../server and DIR/../../worker as in bazel-bin "
+          "(default: next to harrier-launch).");
+ABSL_FLAG(std::string, server_bin, "", "harrier-server explicitly (overrides --bin_dir).");
+ABSL_FLAG(std::string, worker_bin, "", "harrier-worker explicitly (overrides --bin_dir).");
+ABSL_FLAG(std::string, ssh, "ssh",
+          "ssh client. Remote commands run as PROGRAM [ssh_args] -o BatchMode=yes -o "
+          "ConnectTimeout=10 host -- <command>.");
+ABSL_FLAG(std::string, ssh_args, "",
+          "Extra ssh arguments (e.g. \"-i key -p 2222\"), split like a shell would.");
+ABSL_FLAG(std::string, server_args, "",
+          "Extra harrier-server flags, e.g. \"--optimizer=nesterov --lr=0.05\", split like a shell "
+          "would.");
+ABSL_FLAG(int, grace_ms, 10000,
+          "On teardown, how long processes get after SIGTERM before SIGKILL; also how long shards "
+          "get to exit by themselves after the workers finish.");
+ABSL_FLAG(int, start_timeout_ms, 60000,
+          "Deadline for the ssh check of each host and for each shard to accept connections.");
+ABSL_FLAG(bool, dry_run, false, "Print the commands it would run and exit.");
 
 namespace harrier::launch {
 namespace {
@@ -40,10 +74,6 @@ absl::StatusOr<HostSlots> ParseHostColonSlots(const std::string& where, absl::st
   if (!slots.ok()) return slots.status();
   h.slots = *slots;
   return h;
-}
-
-bool ParseIntFlag(const std::string& value, int min, int* out) {
-  return absl::SimpleAtoi(value, out) && *out >= min;
 }
 
 }  // namespace
@@ -102,92 +132,73 @@ absl::StatusOr<std::vector<HostSlots>> ParseHostfile(const std::string& text,
   return hosts;
 }
 
-absl::StatusOr<Options> ParseArgs(const std::vector<std::string>& args) {
-  Options o;
-  std::string hosts_flag, hostfile;
-  bool have_hosts = false;
+std::vector<std::string> SpellOutShortHosts(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") {
-      o.worker_args.assign(args.begin() + i + 1, args.end());
+      out.insert(out.end(), args.begin() + i, args.end());
       break;
     }
-    if (a == "--help" || a == "-h" || a == "-help") {
-      o.help = true;
-      return o;
-    }
-    if (a == "-H" || a == "--hosts") {
-      if (i + 1 >= args.size()) return absl::InvalidArgumentError("-H needs a value (host1:slots,host2:slots)");
-      hosts_flag = args[++i];
-      have_hosts = true;
+    if (a == "-H") {
+      out.push_back("--hosts");
       continue;
     }
-    if (absl::StartsWith(a, "-H") && !absl::StartsWith(a, "--")) {
-      hosts_flag = std::string(absl::StripPrefix(a.substr(2), "="));
-      have_hosts = true;
+    if (absl::StartsWith(a, "-H")) {
+      out.push_back(
+          absl::StrCat("--hosts=", absl::StripPrefix(absl::string_view(a).substr(2), "=")));
       continue;
     }
-    if (!absl::StartsWith(a, "--")) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "' (worker flags go after --; see --help)"));
-    }
-    const size_t eq = a.find('=');
-    const std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-    const bool has_value = eq != std::string::npos;
-    const std::string value = has_value ? a.substr(eq + 1) : "";
-    auto need_value = [&]() -> absl::Status {
-      if (!has_value) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value (--", name, "=...)"));
-      return absl::OkStatus();
-    };
-    auto bad = [&](const std::string& want) {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, ": want ", want));
-    };
-    if (name == "dry_run") {
-      o.dry_run = !has_value || value == "true" || value == "1";
-      continue;
-    }
-    if (absl::Status st = need_value(); !st.ok()) {
-      if (name != "hosts" && name != "hostfile" && name != "num_servers" && name != "base_port" &&
-          name != "bin_dir" && name != "server_bin" && name != "worker_bin" && name != "ssh" &&
-          name != "ssh_args" && name != "server_args" && name != "grace_ms" &&
-          name != "start_timeout_ms") {
-        return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
-      }
-      return st;
-    }
-    if (name == "hosts") {
-      hosts_flag = value;
-      have_hosts = true;
-    } else if (name == "hostfile") {
-      hostfile = value;
-    } else if (name == "num_servers") {
-      if (!ParseIntFlag(value, 1, &o.num_servers)) return bad("a positive integer");
-    } else if (name == "base_port") {
-      if (!ParseIntFlag(value, 1, &o.base_port) || o.base_port > 65535) return bad("a port in [1, 65535]");
-    } else if (name == "bin_dir") {
-      o.bin_dir = value;
-    } else if (name == "server_bin") {
-      o.server_bin = value;
-    } else if (name == "worker_bin") {
-      o.worker_bin = value;
-    } else if (name == "ssh") {
-      if (value.empty()) return bad("an ssh program");
-      o.ssh = value;
-    } else if (name == "ssh_args" || name == "server_args") {
-      absl::StatusOr<std::vector<std::string>> words = ShellSplit(value);
-      if (!words.ok()) return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", words.status().message()));
-      (name == "ssh_args" ? o.ssh_args : o.server_args) = *words;
-    } else if (name == "grace_ms") {
-      if (!ParseIntFlag(value, 0, &o.grace_ms)) return bad("milliseconds >= 0");
-    } else if (name == "start_timeout_ms") {
-      if (!ParseIntFlag(value, 1, &o.start_timeout_ms)) return bad("milliseconds >= 1");
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
-    }
+    out.push_back(a);
+    absl::string_view name = a;
+    if (a.find('=') != std::string::npos || !absl::ConsumePrefix(&name, "-")) continue;
+    absl::ConsumePrefix(&name, "-");
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag != nullptr && !flag->IsOfType<bool>() && i + 1 < args.size()) out.push_back(args[++i]);
   }
-  if (have_hosts && !hostfile.empty()) {
+  return out;
+}
+
+absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& worker_args) {
+  Options o;
+  o.worker_args = worker_args;
+  auto bad = [](const char* name, const auto& value, const std::string& want) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, ": want ", want));
+  };
+  o.num_servers = absl::GetFlag(FLAGS_num_servers);
+  if (o.num_servers < 0) return bad("num_servers", o.num_servers, "a positive integer");
+  o.base_port = absl::GetFlag(FLAGS_base_port);
+  if (o.base_port < 1 || o.base_port > 65535) {
+    return bad("base_port", o.base_port, "a port in [1, 65535]");
+  }
+  o.bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  o.server_bin = absl::GetFlag(FLAGS_server_bin);
+  o.worker_bin = absl::GetFlag(FLAGS_worker_bin);
+  o.ssh = absl::GetFlag(FLAGS_ssh);
+  if (o.ssh.empty()) return bad("ssh", "", "an ssh program");
+  for (auto [name, value, words] :
+       {std::make_tuple("ssh_args", absl::GetFlag(FLAGS_ssh_args), &o.ssh_args),
+        std::make_tuple("server_args", absl::GetFlag(FLAGS_server_args), &o.server_args)}) {
+    absl::StatusOr<std::vector<std::string>> split = ShellSplit(value);
+    if (!split.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", split.status().message()));
+    }
+    *words = *split;
+  }
+  o.grace_ms = absl::GetFlag(FLAGS_grace_ms);
+  if (o.grace_ms < 0) return bad("grace_ms", o.grace_ms, "milliseconds >= 0");
+  o.start_timeout_ms = absl::GetFlag(FLAGS_start_timeout_ms);
+  if (o.start_timeout_ms < 1) {
+    return bad("start_timeout_ms", o.start_timeout_ms, "milliseconds >= 1");
+  }
+  o.dry_run = absl::GetFlag(FLAGS_dry_run);
+
+  const std::string hosts_flag = absl::GetFlag(FLAGS_hosts);
+  const std::string hostfile = absl::GetFlag(FLAGS_hostfile);
+  if (!hosts_flag.empty() && !hostfile.empty()) {
     return absl::InvalidArgumentError("give -H or --hostfile, not both");
   }
-  if (have_hosts) {
+  if (!hosts_flag.empty()) {
     absl::StatusOr<std::vector<HostSlots>> hosts = ParseHostList(hosts_flag);
     if (!hosts.ok()) return hosts.status();
     o.hosts = *hosts;

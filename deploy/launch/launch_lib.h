@@ -1,14 +1,33 @@
 #ifndef HARRIER_DEPLOY_LAUNCH_LAUNCH_LIB_H_
 #define HARRIER_DEPLOY_LAUNCH_LAUNCH_LIB_H_
 
-// The parts of harrier-launch that are pure functions: argument and host
-// list parsing, shell quoting, and the plan of which process runs where.
+// The parts of harrier-launch that are pure functions: its flags and what
+// they mean, host list parsing, shell quoting, and the plan of which process
+// runs where.
 
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+
+// harrier-launch's flags (absl flags, parsed by harrier::ParseFlags, so each
+// can also come from a --flagfile or HARRIER_<NAME>). -H is --hosts; see
+// SpellOutShortHosts.
+ABSL_DECLARE_FLAG(std::string, hosts);
+ABSL_DECLARE_FLAG(std::string, hostfile);
+ABSL_DECLARE_FLAG(int, num_servers);
+ABSL_DECLARE_FLAG(int, base_port);
+ABSL_DECLARE_FLAG(std::string, bin_dir);
+ABSL_DECLARE_FLAG(std::string, server_bin);
+ABSL_DECLARE_FLAG(std::string, worker_bin);
+ABSL_DECLARE_FLAG(std::string, ssh);
+ABSL_DECLARE_FLAG(std::string, ssh_args);
+ABSL_DECLARE_FLAG(std::string, server_args);
+ABSL_DECLARE_FLAG(int, grace_ms);
+ABSL_DECLARE_FLAG(int, start_timeout_ms);
+ABSL_DECLARE_FLAG(bool, dry_run);
 
 namespace harrier::launch {
 
@@ -30,7 +49,6 @@ struct Options {
   int grace_ms = 10000;
   int start_timeout_ms = 60000;
   bool dry_run = false;
-  bool help = false;
 };
 
 // "host1:2,host2:1". One-line errors for an empty list, a missing or
@@ -41,8 +59,16 @@ absl::StatusOr<std::vector<HostSlots>> ParseHostList(const std::string& list);
 absl::StatusOr<std::vector<HostSlots>> ParseHostfile(const std::string& text,
                                                      const std::string& path);
 
-// The launcher's command line (without argv[0]).
-absl::StatusOr<Options> ParseArgs(const std::vector<std::string>& args);
+// The command line with -H's forms ("-H LIST", "-HLIST", "-H=LIST") spelled
+// as --hosts, for absl, which has no short flags. Arguments after "--", and
+// the value of a flag given as "--name VALUE", stay as they are.
+std::vector<std::string> SpellOutShortHosts(const std::vector<std::string>& args);
+
+// The options the launcher's flags (already parsed) describe, with
+// `worker_args` (what followed "--"). One-line errors for values out of
+// range, no hosts or both -H and --hostfile, an unreadable hostfile, and
+// flags the launcher sets itself given in the worker or server flags.
+absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& worker_args);
 
 // Splits like sh would for words, '...' and "..." quotes and backslashes;
 // no expansions.

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+
 namespace harrier::launch {
 namespace {
 
@@ -58,10 +61,23 @@ TEST_CASE("hostfile: both forms, comments, errors with line numbers") {
   CHECK(empty.status().message() == "hostfile hf lists no hosts");
 }
 
-TEST_CASE("arguments: flags, worker flags after --, owned flags refused") {
-  auto o = ParseArgs({"-H", "a:1,b:2", "--num_servers=3", "--base_port=6000", "--grace_ms=500",
-                      "--ssh_args=-i 'my key' -p 2222", "--server_args=--lr=0.05", "--dry_run",
-                      "--", "--max_steps=5", "--batch_size=32"});
+TEST_CASE("-H spelled out as --hosts; worker flags and flag values untouched") {
+  CHECK(SpellOutShortHosts({"harrier-launch", "-H", "a:1", "--ssh_args", "-Hx", "-Hb:2", "-H=c:3",
+                            "--dry_run", "--", "-H", "x:1"}) ==
+        std::vector<std::string>{"harrier-launch", "--hosts", "a:1", "--ssh_args", "-Hx",
+                                 "--hosts=b:2", "--hosts=c:3", "--dry_run", "--", "-H", "x:1"});
+}
+
+TEST_CASE("options from the flags: worker flags after --, owned flags refused") {
+  absl::FlagSaver restore;
+  absl::SetFlag(&FLAGS_hosts, "a:1,b:2");
+  absl::SetFlag(&FLAGS_num_servers, 3);
+  absl::SetFlag(&FLAGS_base_port, 6000);
+  absl::SetFlag(&FLAGS_grace_ms, 500);
+  absl::SetFlag(&FLAGS_ssh_args, "-i 'my key' -p 2222");
+  absl::SetFlag(&FLAGS_server_args, "--lr=0.05");
+  absl::SetFlag(&FLAGS_dry_run, true);
+  auto o = OptionsFromFlags({"--max_steps=5", "--batch_size=32"});
   REQUIRE(o.ok());
   CHECK(o->hosts.size() == 2);
   CHECK(o->num_servers == 3);
@@ -71,23 +87,40 @@ TEST_CASE("arguments: flags, worker flags after --, owned flags refused") {
   CHECK(o->ssh_args == std::vector<std::string>{"-i", "my key", "-p", "2222"});
   CHECK(o->server_args == std::vector<std::string>{"--lr=0.05"});
   CHECK(o->worker_args == std::vector<std::string>{"--max_steps=5", "--batch_size=32"});
-  auto defaults = ParseArgs({"-Ha:1,b:1"});
+  absl::SetFlag(&FLAGS_server_args, "--port=7");
+  auto port = OptionsFromFlags({});
+  REQUIRE_FALSE(port.ok());
+  CHECK(port.status().message() == "--port is set by harrier-launch; drop it from --server_args");
+  absl::SetFlag(&FLAGS_server_args, "");
+  absl::SetFlag(&FLAGS_base_port, 0);
+  auto bad_port = OptionsFromFlags({});
+  REQUIRE_FALSE(bad_port.ok());
+  CHECK(bad_port.status().message() == "--base_port=0: want a port in [1, 65535]");
+}
+
+TEST_CASE("options from the flags: defaults, hosts required, -H or --hostfile") {
+  absl::FlagSaver restore;
+  absl::SetFlag(&FLAGS_hosts, "a:1,b:1");
+  auto defaults = OptionsFromFlags({});
   REQUIRE(defaults.ok());
   CHECK(defaults->num_servers == 2);
   CHECK(defaults->base_port == 50051);
   CHECK(defaults->grace_ms == 10000);
-  auto rank = ParseArgs({"-H", "a:1", "--", "--rank=2"});
+  CHECK(defaults->ssh == "ssh");
+  CHECK_FALSE(defaults->dry_run);
+  auto rank = OptionsFromFlags({"--rank=2"});
   REQUIRE_FALSE(rank.ok());
   CHECK(rank.status().message() == "--rank is set by harrier-launch; drop it from the worker flags");
-  auto port = ParseArgs({"-H", "a:1", "--server_args=--port=7"});
-  REQUIRE_FALSE(port.ok());
-  auto unknown = ParseArgs({"-H", "a:1", "--nope=1"});
-  REQUIRE_FALSE(unknown.ok());
-  CHECK(unknown.status().message() == "unknown flag --nope (see --help)");
-  auto none = ParseArgs({"--", "--max_steps=1"});
-  REQUIRE_FALSE(none.ok());
-  auto both = ParseArgs({"-H", "a:1", "--hostfile=x"});
+  absl::SetFlag(&FLAGS_hostfile, "x");
+  auto both = OptionsFromFlags({});
   REQUIRE_FALSE(both.ok());
+  CHECK(both.status().message() == "give -H or --hostfile, not both");
+  absl::SetFlag(&FLAGS_hosts, "");
+  absl::SetFlag(&FLAGS_hostfile, "");
+  auto none = OptionsFromFlags({"--max_steps=1"});
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().message() ==
+        "no hosts: give -H host1:slots,... or --hostfile=FILE (see --help)");
 }
 
 TEST_CASE("shell quoting survives a real sh") {

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/flags.h"
 #include "deploy/launch/launch_lib.h"
 
 namespace harrier::launch {
@@ -48,7 +50,7 @@ Usage:
   harrier-launch (-H host1:slots,host2:slots | --hostfile=FILE) [options] -- [harrier-worker flags...]
 
 Hosts:
-  -H host:slots,...     Hosts in order; slots = workers on that host (>= 1).
+  -H host:slots,...     (or --hosts=) Hosts in order; slots = workers on that host (>= 1).
   --hostfile=FILE       One host per line, "host slots=N" or "host:N"; '#' starts a comment.
                         A host named localhost or 127.0.0.1 runs its processes locally, without
                         ssh (then every process must be local: workers reach shards by host name).
@@ -63,26 +65,6 @@ Processes:
   Every shard is started first; the workers start once each shard accepts a TCP connection
   (deadline --start_timeout_ms).
 
-Options:
-  --num_servers=N       Number of shards (default: number of hosts).
-  --base_port=P         Port of shard 0; shard i listens on P+i (default 50051).
-  --bin_dir=DIR         Where harrier-server and harrier-worker are, the same path on every host
-                        (default: next to harrier-launch, or DIR/../../server and
-                        DIR/../../worker as in bazel-bin).
-  --server_bin=PATH     harrier-server explicitly (overrides --bin_dir).
-  --worker_bin=PATH     harrier-worker explicitly (overrides --bin_dir).
-  --ssh=PROGRAM         ssh client (default ssh). Remote commands run as
-                        PROGRAM [ssh_args] -o BatchMode=yes -o ConnectTimeout=10 host -- <command>.
-  --ssh_args="..."      Extra ssh arguments (e.g. "-i key -p 2222"); split like a shell would.
-  --server_args="..."   Extra harrier-server flags, e.g. "--optimizer=nesterov --lr=0.05".
-  --grace_ms=MS         On teardown, how long processes get after SIGTERM before SIGKILL; also
-                        how long shards get to exit by themselves after the workers finish
-                        (default 10000).
-  --start_timeout_ms=MS Deadline for the ssh check of each host and for each shard to accept
-                        connections (default 60000).
-  --dry_run             Print the commands it would run and exit.
-  --help                This text.
-
 Output: each line of each process's stdout (to stdout) and stderr (to stderr), prefixed
 "[shard-0@host] " or "[worker-3@host] "; the launcher's own lines start with "[launch] ".
 
@@ -93,7 +75,8 @@ host (remote ones through a small sh wrapper that also kills the process when it
 session closes): the workers first, the shards once the workers are gone or half of
 --grace_ms has passed; at --grace_ms it SIGKILLs what is left. A second signal skips the grace time.
 Exit status: 0 when every worker exited 0 (then the shards get --grace_ms to exit by
-themselves, then SIGTERM), otherwise 1; 2 for bad arguments. A shard that exits 0 before
+themselves, then SIGTERM), otherwise 1; 2 for bad arguments (1 for an unknown flag or a
+value of the wrong type, which absl reports). A shard that exits 0 before
 the last worker is a failure only if a worker still runs --grace_ms later.
 )";
 
@@ -715,17 +698,29 @@ std::string SelfDir() {
 }
 
 int Main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  absl::StatusOr<Options> parsed = ParseArgs(args);
+  std::vector<std::string> args = SpellOutShortHosts(std::vector<std::string>(argv, argv + argc));
+  std::vector<char*> pointers;
+  for (std::string& a : args) pointers.push_back(a.data());
+  pointers.push_back(nullptr);
+  const std::vector<std::string> positional =
+      harrier::ParseFlags(static_cast<int>(args.size()), pointers.data(), kUsage);
+  // The worker flags are what follows "--"; any other positional argument
+  // is a mistake (a worker flag before "--", or a stray word).
+  const auto dashes = std::find(args.begin() + 1, args.end(), "--");
+  const std::vector<std::string> worker_args(dashes == args.end() ? dashes : dashes + 1,
+                                             args.end());
+  if (positional.size() > worker_args.size() + 1) {
+    fprintf(stderr,
+            "harrier-launch: unexpected argument '%s' (worker flags go after --; see --help)\n",
+            positional[1].c_str());
+    return 2;
+  }
+  absl::StatusOr<Options> parsed = OptionsFromFlags(worker_args);
   if (!parsed.ok()) {
     fprintf(stderr, "harrier-launch: %s\n", std::string(parsed.status().message()).c_str());
     return 2;
   }
   Options& opt = *parsed;
-  if (opt.help) {
-    fputs(kUsage, stdout);
-    return 0;
-  }
   if (absl::Status st = ResolveBinaries(opt, SelfDir()); !st.ok()) {
     fprintf(stderr, "harrier-launch: %s\n", std::string(st.message()).c_str());
     return 2;

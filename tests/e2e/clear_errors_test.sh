@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Mistakes at start-up fail at once with one line that names the mistake
 # (issue 15, "Clear errors"): a port in use, --servers out of shard order,
-# a --checkpoint_dir that cannot take checkpoints, unknown config-file keys
-# and HARRIER_* variables, an unknown codec. Real binaries on 127.0.0.1.
+# a --checkpoint_dir that cannot take checkpoints, unknown flagfile keys, an
+# unknown codec; HARRIER_* variables that name no flag are ignored, in one
+# line. Real binaries on 127.0.0.1.
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
 server="$root/server/harrier-server"
@@ -93,8 +94,8 @@ report "a missing checkpoint dir is created at start" \
   "$([ -s "$TEST_TMPDIR/port_ckpt" ] && [ -d "$TEST_TMPDIR/new/checkpoints" ] && echo yes)" \
   "$(tail -n 3 "$TEST_TMPDIR/ckpt.log")"
 
-# Config files and the environment.
-printf 'num_workers = 1\nbogus_setting = 1\n' >"$TEST_TMPDIR/bad.conf"
+# Flagfiles (--config is an alias of --flagfile) and the environment.
+printf -- '--num_workers=1\n--bogus_setting=1\n' >"$TEST_TMPDIR/bad.conf"
 for binary in "$server" "$worker"; do
   name=$(basename "$binary")
   expect_error "$name: unknown config-file key" "$TEST_TMPDIR/bad.conf:2: unknown flag 'bogus_setting'" \
@@ -102,12 +103,21 @@ for binary in "$server" "$worker"; do
   expect_error "$name: unknown config-file key via HARRIER_CONFIG" \
     "$TEST_TMPDIR/bad.conf:2: unknown flag 'bogus_setting'" \
     env HARRIER_CONFIG="$TEST_TMPDIR/bad.conf" "$binary"
-  expect_error "$name: unknown HARRIER_ variable" \
-    "HARRIER_BOGUS_FLAG: unknown HARRIER_ variable (no flag --bogus_flag" \
-    env HARRIER_BOGUS_FLAG=1 "$binary" --help
+  expect_error "$name: unknown key in a --flagfile" "$TEST_TMPDIR/bad.conf:2: unknown flag 'bogus_setting'" \
+    "$binary" --flagfile="$TEST_TMPDIR/bad.conf"
+  # A HARRIER_* variable that names no flag of the binary is another
+  # binary's or a script's: ignored, and named in one line.
+  timeout 20 env HARRIER_BOGUS_FLAG=1 "$binary" --help >/dev/null 2>"$TEST_TMPDIR/ignored.err"
+  rc=$?
+  report "$name: an unknown HARRIER_ variable is ignored, in one line" \
+    "$([ "$rc" -eq 0 ] && [ "$(wc -l <"$TEST_TMPDIR/ignored.err")" -eq 1 ] &&
+       grep -q "^$name: ignoring HARRIER_BOGUS_FLAG (no flag of $name by that name)$" "$TEST_TMPDIR/ignored.err" && echo yes)" \
+    "exit $rc: $(head -c 300 "$TEST_TMPDIR/ignored.err")"
   # Every variable of the k8s job's shared environment (server and worker
   # pods get the same one), and every flag of the other binary, is accepted.
   # shellcheck disable=SC2046
+  expect_error "$name: a bad value names the flag" "Illegal value 'many' specified for flag 'num_workers'" \
+    "$binary" --num_workers=many
   expect_no_error "$name: deploy/k8s/base/harrier.env is accepted" "unknown HARRIER_" \
     env $(grep -E '^HARRIER_[A-Z0-9_]+=' "$env_file") "$binary" --help
   expect_no_error "$name: the scripts' HARRIER_ variables are accepted" "unknown HARRIER_" \

@@ -52,17 +52,18 @@ expect_error "model shape disagrees with the shard" "fc0.weight" \
 kill $first 2>/dev/null
 wait $first 2>/dev/null
 
-# Flags from the environment and a config file: bad values are refused
-# naming their source; flags win over the environment.
+# Flags from the environment and a flagfile (--config is an alias of
+# --flagfile): bad values are refused naming their source; flags win over
+# the environment, which wins over the file.
 expect_error "bad HARRIER_ environment value" "HARRIER_EPOCHS" \
   env HARRIER_EPOCHS=many "$worker" --servers="$address"
-printf 'num_workers = 2\nbogus_setting = 1\n' >"$TEST_TMPDIR/bad.conf"
+printf -- '--num_workers=2\n--bogus_setting=1\n' >"$TEST_TMPDIR/bad.conf"
 expect_error "unknown name in a config file" "bad.conf:2" \
   "$worker" --config="$TEST_TMPDIR/bad.conf" --servers="$address"
 # Rank 1 from here on: rank 0's worker was killed (no clean exit), so its
 # session stays live until --heartbeat_timeout_ms and a Register for rank 0
 # would be refused ALREADY_EXISTS; rank 1's worker exited and gave its back.
-printf '# settings\nnum_workers = 5\n' >"$TEST_TMPDIR/five.conf"
+printf -- '# settings\n--num_workers=5\n' >"$TEST_TMPDIR/five.conf"
 expect_error "config file value reaches the flag" "--num_workers=5" \
   "$worker" --config="$TEST_TMPDIR/five.conf" --rank=1 --servers="$address"
 expect_error "environment beats the config file" "--num_workers=7" \

@@ -544,7 +544,8 @@ function checkRefs(docs) {
   }
 
   // Every harrier-config key is HARRIER_<FLAG> of either binary: both
-  // refuse unknown HARRIER_* variables at start.
+  // ignore a HARRIER_* variable that is none of their flags, so a misspelt
+  // key would silently do nothing.
   for (const cm of harrierConfig(docs)) {
     const server = help["harrier-server"];
     const worker = help["harrier-worker"];
@@ -556,7 +557,7 @@ function checkRefs(docs) {
       const m = /^HARRIER_([A-Z0-9_]+)$/.exec(key);
       const flag = m ? m[1].toLowerCase() : "";
       if (!m) problems.push(`ConfigMap ${cm.metadata.name}: key ${key} is not HARRIER_<FLAG>`);
-      else if (!server.flags.has(flag) && !worker.flags.has(flag)) problems.push(`ConfigMap ${cm.metadata.name}: key ${key} is no flag of harrier-server or harrier-worker (no --${flag}): both would refuse to start`);
+      else if (!server.flags.has(flag) && !worker.flags.has(flag)) problems.push(`ConfigMap ${cm.metadata.name}: key ${key} is no flag of harrier-server or harrier-worker (no --${flag}): both would ignore it`);
     }
   }
   return problems;
