@@ -1,7 +1,7 @@
 #ifndef HARRIER_SERVER_CONSISTENCY_H_
 #define HARRIER_SERVER_CONSISTENCY_H_
 
-// The consistency rule of ../shared/DESIGN.md, in one place: when a push may
+// The consistency rule (BSP, SSP, ASP, local SGD), in one place: when a push may
 // be applied, how (now with a scale, or held for a round that is applied as
 // one averaged step), when a round is complete, and when a pull may be
 // answered. ShardStore keeps the values and the locks and does what a

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mistakes at start-up fail at once with one line that names the mistake
-# (issue 15, "Clear errors"): a port in use, --servers out of shard order,
+# rather than later or in a log: a port in use, --servers out of shard order,
 # a --checkpoint_dir that cannot take checkpoints, unknown config-file keys
 # and HARRIER_* variables, an unknown codec. Real binaries on 127.0.0.1.
 set -uo pipefail
