@@ -25,7 +25,7 @@ inline constexpr uint64_t kMaxProbeBytes = 64u << 20;
 inline constexpr int kProbeEnvelopeBytes = 4096;
 
 // Channel and server settings measured to help bulk transfers on loopback
-// (see ../shared/BUILDING.md): no BDP probing, a large HTTP/2 window.
+// (harrier-bench transport): no BDP probing, a large HTTP/2 window.
 grpc::ChannelArguments MakeChannelArguments();
 void ApplyServerTuning(grpc::ServerBuilder& builder);
 

@@ -150,7 +150,7 @@ class CommScheduler {
   absl::Status Drain();
   // Pulls every tensor again at the current step, after Drain (e.g. after
   // the job's final barrier, so evaluation sees every worker's updates under
-  // SSP and ASP too). Added for the trainer; not part of the pinned API.
+  // SSP and ASP too). Used by the trainer and harrier.torch.
   absl::Status Refresh();
 
   const CommSchedulerOptions& options() const;

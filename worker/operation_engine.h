@@ -76,7 +76,7 @@ struct OperationEngineOptions {
 
 // Thread-safe. The destructor cancels the operations still running and
 // waits for the pools to drain; handles may outlive the engine (Wait() on
-// them is then not allowed: the Client's contract).
+// them is then not allowed: the Client documents this).
 class OperationEngine {
  public:
   // One shard group's part of an operation; runs on a pool thread.

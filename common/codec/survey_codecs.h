@@ -1,5 +1,5 @@
 // The 13 codecs of the survey's grid by name (harrier-bench convergence's
-// --codecs, contract B; harrier-advise's --codecs), with the push spec, the
+// --codecs and runs.jsonl; harrier-advise's --codecs), with the push spec, the
 // pull codec and the training settings each ran with. One table, so the
 // bench trains, and the advisor times and recommends, the same recipe.
 #ifndef HARRIER_COMMON_CODEC_SURVEY_CODECS_H_

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # harrier-advise against 2 real harrier-server shards on 127.0.0.1 with a
 # job token: the measured link is positive and plausible, the --json line
-# has contract D's keys, every option of the grid appears once, the pick
+# has its documented keys in order, every option of the grid appears once, the pick
 # follows the calibration (one option clearly best on steps is picked; a
 # calibration that flips it picks the other), never-reached options rank
 # last, more bytes cost more comm, --measured_only ranks only a partial

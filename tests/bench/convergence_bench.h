@@ -1,4 +1,4 @@
-// `harrier-bench convergence`: the survey's grid (issue 14). For every
+// `harrier-bench convergence`: the survey's grid. For every
 // model x sync mode x codec x compressed pulls off/on x link rate, a fresh
 // training job (2 shards, 4 harrier-worker processes, each in its own
 // network namespace behind its own emulated link, as `harrier-bench tta`)

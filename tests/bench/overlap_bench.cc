@@ -272,7 +272,7 @@ class TempDir {
 };
 
 // Flat-JSON field readers for the replay_summary line (numbers, strings,
-// booleans; no nesting, which the contract rules out).
+// booleans; no nesting, which FormatReplaySummary never writes).
 std::optional<std::string> RawField(const std::string& json, const std::string& key) {
   const std::string quoted = absl::StrCat("\"", key, "\":");
   const size_t at = json.find(quoted);

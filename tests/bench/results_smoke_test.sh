@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# CI check of issue 14 item 5: tests/bench/scripts/results.sh --quick into a
+# CI check of tests/bench/scripts/results.sh --quick into a
 # temporary grid dir and docs dir, then: the grid files (runs.jsonl,
-# runs.csv, curves.csv with the contract's headers), results.md and every
+# runs.csv, curves.csv with their documented headers), results.md and every
 # figure exist and are non-empty (PNG magic, SVG root element, the .gp
 # beside), one figure of each kind per (model, link), a results.md row per
 # run, and the advisor's pick among the 3 fastest measured runs to the
@@ -130,7 +130,7 @@ for link in links:
         pick_id = f"{model}-{pick['sync']}-{pick['codec']}-pull{pick['pulls']}-{link:g}g"
         order = [i for _, i in ranked]
         rank = order.index(pick_id) + 1 if pick_id in order else -1
-        # Runs whose times differ by less than the 10 % the issue allows the
+        # Runs whose times differ by less than the 10 % allowed to the
         # advisor are a tie on these shared cores: within 10 % of the third
         # fastest counts as top 3.
         third = ranked[min(2, len(ranked) - 1)][0] if ranked else -1

@@ -1,5 +1,5 @@
 // The readers of rank 0's output that tta and convergence share: eval
-// lines with and without contract A's loss key, lines cut short, and
+// lines with and without the loss key, lines cut short, and
 // --metrics_out traffic.
 #include "tests/bench/training_run.h"
 
@@ -23,7 +23,7 @@ TEST_CASE("ParseEvalLines reads step, accuracy, wall time and loss") {
   CHECK(points[0].step == 20);
   CHECK(points[0].accuracy == Approx(0.7530));
   CHECK(points[0].wall_s == Approx(1.016));
-  CHECK(points[0].loss == -1);  // a worker without contract A's key
+  CHECK(points[0].loss == -1);  // a worker that prints no loss=
   CHECK(points[1].step == 40);
   CHECK(points[1].accuracy == Approx(0.8012));
   CHECK(points[1].wall_s == Approx(2.044));

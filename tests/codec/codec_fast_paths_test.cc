@@ -1,4 +1,4 @@
-// The fast paths of the CPU codecs (issue 16, item 4): payloads of the
+// The fast paths of the CPU codecs (vectorised, threaded): payloads of the
 // deterministic codecs are the bytes the scalar reference produced before
 // them (golden hashes), payloads and decodes do not depend on the thread
 // count, and QSGD/TernGrad draw the CUDA twins' counter-based uniforms.
@@ -56,7 +56,7 @@ std::vector<std::pair<std::string, std::vector<float>>> Inputs() {
 
 // FNV-1a of each payload as the scalar, single-threaded reference codecs
 // wrote it (captured from the code before the fast paths). The wire format
-// is a contract with the CUDA twins and the fuzzers' corpora.
+// must not change: the CUDA twins and the fuzzers' corpora depend on it.
 const std::map<std::string, uint64_t>& Golden() {
   static const auto* golden = new std::map<std::string, uint64_t>{
       {"none@normal4099", 0xaf2c4178bcf8e4d2ULL},

@@ -6,7 +6,7 @@
 //                     powersgd (also over several warm-started calls)
 //   exact mask, scale within 1 ulp   sign:scale=1 efsign onebit
 //   exact payload     qsgd, unclipped terngrad (the CPU draws the same
-//                     counter-based uniforms since issue 16)
+//                     counter-based uniforms)
 //   statistical       qsgd terngrad (bit-exact norms / unclipped scale, each
 //                     element one of the two CPU-possible levels, Monte-Carlo
 //                     mean close to g)

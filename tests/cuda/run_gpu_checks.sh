@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU checks of issue 17 in one run, on a machine with a CUDA device:
+# Every check that needs a GPU, in one run, on a machine with a CUDA device:
 #
 #   tests/cuda/run_gpu_checks.sh OUT_DIR
 #

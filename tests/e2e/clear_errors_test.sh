@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mistakes at start-up fail at once with one line that names the mistake
-# (issue 15, "Clear errors"): a port in use, --servers out of shard order,
+# rather than later or in a log: a port in use, --servers out of shard order,
 # a --checkpoint_dir that cannot take checkpoints, unknown flagfile keys, an
 # unknown codec; HARRIER_* variables that name no flag are ignored, in one
 # line. Real binaries on 127.0.0.1.

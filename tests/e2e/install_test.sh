@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The installed client library (issue 15, item 7): `//:install` into a
+# The installed client library: `//:install` into a
 # temporary prefix, then the README's program (examples/own_loop.cc) built in
 # a folder outside the repository with g++ + pkg-config and with CMake from
 # the README's CMakeLists.txt, each trained against a real harrier-server.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The job lifecycle through the real binaries (issue 15, items 1 and 2):
+# The job lifecycle through the real binaries (server/README.md, "Job lifecycle"):
 #  A. shards end with their job: 2 shards, 2 workers; once both workers
 #     exit, each shard writes a final checkpoint under job-<id>/ (one id
 #     for both) and exits 0 by itself (--exit_when_done, the default);

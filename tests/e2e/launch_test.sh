@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# harrier-launch over real ssh (issue 15, item 6): two "hosts", each a
+# harrier-launch over real ssh: two "hosts", each a
 # network namespace running its own Debian sshd, joined by a bridge in a
 # third namespace where the launcher runs. Checks a 2-host job (prefixed
 # lines from both shards and both workers, training progress, rank 0's

@@ -323,7 +323,7 @@ TEST_CASE("shard store: a dense push naming a vote codec is refused, not dropped
 }  // namespace
 }  // namespace harrier
 
-// Exactly-once pushes (issue 11 item 3): a push seen before is acknowledged
+// Exactly-once pushes: a push seen before (a retry) is acknowledged
 // as a duplicate, not applied again and not refused.
 namespace harrier {
 namespace {

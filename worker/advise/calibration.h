@@ -1,5 +1,5 @@
 // Reads a convergence grid's runs.jsonl (harrier-bench convergence,
-// contract B) into the cost model's Calibration: the ok runs of one model,
+// the grid's file format) into the cost model's Calibration: the ok runs of one model,
 // with their sync, codec, pulls, specs and steps to the target.
 #ifndef HARRIER_WORKER_ADVISE_CALIBRATION_H_
 #define HARRIER_WORKER_ADVISE_CALIBRATION_H_

@@ -41,7 +41,7 @@
 
 namespace harrier::advise {
 
-// The grid's names (harrier-bench convergence, contract B), in its order.
+// The grid's names (harrier-bench convergence's runs.jsonl), in its order.
 const std::vector<std::string>& SyncNames();   // bsp, ssp2, asp, local4
 const std::vector<std::string>& CodecNames();  // none, fp16, topk, ...
 // The codec spec (common/codec/codec.h) a grid codec name stands for, and

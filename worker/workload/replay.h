@@ -108,7 +108,7 @@ absl::Status CheckReplayParameters(const ReplayModelSpec& spec, uint64_t seed,
                                    const ReplayCheckOptions& options);
 
 // The end-of-run figures of a replayed model, for harrier-worker and the
-// all-reduce baseline alike (contracts (a), (b) of issue 12).
+// all-reduce baseline alike (one `replay_summary` line format for both).
 struct ReplaySummary {
   std::string model;
   std::string techniques;
@@ -127,7 +127,7 @@ struct ReplaySummary {
 };
 
 // `replay_summary {...}`: one line, no newline, the JSON object's fields in
-// the contract's order.
+// the order the overlap bench reads them in.
 std::string FormatReplaySummary(const ReplaySummary& summary);
 
 }  // namespace harrier::workload

@@ -5,8 +5,8 @@
       [--survey_rates=FILE] [--gnuplot=PATH] [--no_figures]
 
 Reads DIR/runs.jsonl (or DIR/runs.csv when there is no runs.jsonl) and
-DIR/curves.csv (contract B of issue 14), and each --advice FILE (the
-`harrier-advise --json` line, contract D). Writes D/results.md and, per
+DIR/curves.csv (harrier-bench convergence's files), and each --advice FILE
+(the `harrier-advise --json` line). Writes D/results.md and, per
 (model, link), D/results/*.png + *.svg with the gnuplot script that made
 each (*.gp, data inline: `cd D/results && gnuplot NAME.gp` redraws it),
 and D/results/advisor_check.jsonl (one line per advice: the pick's rank by
@@ -41,7 +41,7 @@ STRING_KEYS = {"bench", "run_id", "model", "sync", "codec", "codec_spec",
                "pull_codec", "status", "error"}
 CURVE_KEYS = ["run_id", "model", "sync", "codec", "pulls", "link_gbps", "step",
               "wall_s", "loss", "accuracy", "bytes_up", "bytes_down"]
-# The grid's order (contract B), so tables and legends read the same way.
+# The grid's order (harrier-bench convergence), so tables and legends read the same way.
 SYNC_ORDER = ["bsp", "ssp2", "asp", "local4"]
 CODEC_ORDER = ["none", "fp16", "topk", "randomk", "dgc", "qsgd4", "qsgd8",
                "terngrad", "signsgd", "efsign", "signum", "onebit", "powersgd2"]

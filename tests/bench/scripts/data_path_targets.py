@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16's targets from one data_path_targets.sh run: reached or not.
+"""The data path's targets from one data_path_targets.sh run: reached or not.
 
 Reads grpc.jsonl, ucx_tcp.jsonl, ucx_shm.jsonl and codec.jsonl from --dir
 and prints one JSON line per target, a table on stderr. A target whose

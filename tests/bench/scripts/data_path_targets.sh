@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's targets, each a ratio measured in one run of this script:
+# The data path's targets, each a ratio measured in one run of this script:
 #
 #   tests/bench/scripts/data_path_targets.sh [OUT_DIR] [--quick]
 #       [--bench_binary=PATH --server_binary=PATH]   (e.g. an older build's)

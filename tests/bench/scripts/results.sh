@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/results.md and docs/results/ from one command (issue 14):
+# docs/results.md and docs/results/ from one command (grid, advisor, report):
 #
 #   tests/bench/scripts/results.sh [--quick] [--grid_dir=DIR] [--docs_dir=docs]
 #       [--skip_grid] [--skip_advise] [--grid_arg=FLAG ...]
@@ -60,7 +60,7 @@ mkdir -p "$grid_dir" "$docs_dir"
 python=/usr/bin/python3
 [ -x "$python" ] || python=python3
 
-# The full grid is the bench's defaults (contract B). The quick one: a few
+# The full grid is the bench's defaults. The quick one: a few
 # configurations, a few hundred steps (12800 examples / 4 workers / batch 64
 # = 50 steps an epoch), a target the MLP reaches in that budget.
 quick_grid=(--models=mlp --syncs=bsp,local4 --codecs=none,topk,efsign --pulls=off --links=1,10

@@ -639,7 +639,7 @@ absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chu
     const absl::string_view payload = chunks[i].payload();
     frame.index = static_cast<uint32_t>(i);
     frame.payload_bytes = payload.size();
-    // The header's payload field is empty (OutgoingChunk's contract), so it
+    // The header's payload field is empty (OutgoingChunk promises it), so it
     // serializes as the chunk's fields alone.
     // Owned payloads (the codec's output) are host memory whatever
     // borrowed_memory says.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Writes the hand-made fixture grid in grid/ (runs.jsonl, runs.csv,
-curves.csv, advice-*.jsonl): made-up curves in the file formats of issue
-14's contracts B and D, for testing convergence_report.py and results.sh
+curves.csv, advice-*.jsonl): made-up curves in the file formats of harrier-bench
+convergence and harrier-advise, for testing convergence_report.py and results.sh
 before the real grid exists. Not a measurement.
 
 Rerun after changing it: /usr/bin/python3 make_fixture.py (from this folder).
