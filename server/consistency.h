@@ -1,9 +1,10 @@
 #ifndef HARRIER_SERVER_CONSISTENCY_H_
 #define HARRIER_SERVER_CONSISTENCY_H_
 
-// The consistency rule (BSP, SSP, ASP, local SGD), in one place: when a push may be applied, how (now with a scale, or held for a round
-// that is applied as one averaged step), when a round is complete, and when
-// a pull may be answered. A round's gradient sum lives with the round in the
+// The consistency rule (BSP, SSP, ASP, local SGD), in one place: when a
+// push may be applied, how (now with a scale, or held for a round that is
+// applied as one averaged step), when a round is complete, and when a pull
+// may be answered. A round's gradient sum lives with the round in the
 // clock book (one per-clock map). Tables keep the values and the locks and
 // do what a ClockBook tells them; they apply no rule of their own.
 
