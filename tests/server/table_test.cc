@@ -1,0 +1,163 @@
+// The shard as a registry of tables (server/table.h): table kinds on the
+// wire, "would wait" as a value, parked pulls woken by the push that lets
+// them through, round sums shared between a clock book and its staged
+// copies, and a push call applied whole across several tables.
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/consistency.h"
+#include "server/shard_store.h"
+#include "tests/server/store_fixtures.h"
+
+namespace harrier {
+namespace {
+
+using testing::Gradient;
+using testing::Init;
+using testing::MakeStore;
+
+proto::ChunkRef Ref(const std::string& key, size_t n) {
+  proto::ChunkRef ref;
+  ref.set_key(key);
+  ref.set_num_elements(n);
+  return ref;
+}
+
+PullTarget IntoString(std::string* payload) {
+  PullTarget target;
+  target.allocate = [payload](size_t bytes) {
+    payload->resize(bytes);
+    return payload->data();
+  };
+  return target;
+}
+
+struct CountingWaiter : PullWaiter {
+  std::atomic<int> wakes{0};
+  void Wake() override { wakes++; }
+};
+
+TEST_CASE("tables: Init names a known table kind; one key is one table of one kind") {
+  auto store = MakeStore("bsp", 1);
+  proto::InitRequest request = Init("w", 4);
+  REQUIRE(request.kind() == proto::TABLE_DENSE);  // the default
+  REQUIRE(*store->Init(request));
+  proto::InitRequest unknown = Init("v", 4);
+  unknown.set_kind(static_cast<proto::TableKind>(77));
+  const absl::StatusOr<bool> refused = store->Init(unknown);
+  REQUIRE(absl::IsInvalidArgument(refused.status()));
+  REQUIRE(refused.status().message().find("unknown table kind 77") != std::string::npos);
+  // Refused whole: no empty table is left behind.
+  REQUIRE(store->holdings().keys == 1);
+  REQUIRE(store->tensors_held().size() == 1);
+  REQUIRE(store->tensors_held()[0].name == "w");
+}
+
+TEST_CASE("tables: a pull the consistency model holds back is a value, not an error") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 4)).ok());
+  const proto::ChunkRef ref = Ref("w", 4);
+  proto::TensorChunk out;
+  std::string payload;
+  // Clock 0 is ready; clock 1 waits for both ranks' clock 0.
+  absl::StatusOr<PullOutcome> ready = store->TryPull(0, 0, ref, &out, IntoString(&payload));
+  REQUIRE(ready.ok());
+  REQUIRE(ready->ready);
+  REQUIRE(payload.size() == 16);
+  REQUIRE(store->Push({Gradient("w", 1, 0, {1, 1, 1, 1})}).ok());
+  absl::StatusOr<PullOutcome> waits = store->TryPull(0, 1, ref, &out, IntoString(&payload));
+  REQUIRE(waits.ok());
+  REQUIRE_FALSE(waits->ready);
+  REQUIRE(waits->verdict.required_min_clock == 1);
+  REQUIRE(waits->verdict.min_clock == 0);
+  REQUIRE(waits->verdict.slowest_rank == 0);
+  REQUIRE(store->blocked_pulls() == 0);  // asking never parks
+  // The error a transport gives when the wait runs out is built from it.
+  const absl::Status expired = PullWaitExpired(PullQuery{0, 1, &ref}, waits->verdict);
+  REQUIRE(absl::IsDeadlineExceeded(expired));
+  REQUIRE(expired.message().find("slowest worker is rank 0 at clock 0") != std::string::npos);
+  // Errors stay errors.
+  REQUIRE(absl::IsNotFound(store->TryPull(0, 0, Ref("nope", 4), &out, IntoString(&payload))
+                               .status()));
+  REQUIRE(absl::IsInvalidArgument(
+      store->TryPull(0, -1, ref, &out, IntoString(&payload)).status()));
+}
+
+TEST_CASE("tables: a parked pull is woken once, by the push that completes its round") {
+  auto store = MakeStore("bsp", 2);
+  REQUIRE(store->Init(Init("w", 2)).ok());
+  const proto::ChunkRef ref = Ref("w", 2);
+  auto waiter = std::make_shared<CountingWaiter>();
+  REQUIRE(store->Park(1, ref, waiter));
+  REQUIRE(store->blocked_pulls() == 1);
+  REQUIRE(store->Push({Gradient("w", 0, 0, {2, 4})}).ok());
+  REQUIRE(waiter->wakes == 1);  // every change wakes (the pull asks again)
+  REQUIRE(store->blocked_pulls() == 0);
+  // Parked again, and the round completes: woken, and now ready.
+  REQUIRE(store->Park(1, ref, waiter));
+  REQUIRE(store->Push({Gradient("w", 1, 0, {4, 8})}).ok());
+  REQUIRE(waiter->wakes == 2);
+  proto::TensorChunk out;
+  std::string payload;
+  absl::StatusOr<PullOutcome> answer = store->TryPull(0, 1, ref, &out, IntoString(&payload));
+  REQUIRE((answer.ok() && answer->ready));
+  std::vector<float> values(2);
+  std::memcpy(values.data(), payload.data(), 8);
+  REQUIRE(values == std::vector<float>{-3, -6});  // the round's average, one step
+  // A pull that may be answered now is not parked.
+  REQUIRE_FALSE(store->Park(1, ref, waiter));
+  // Unparked before anything changes: never woken.
+  REQUIRE(store->Park(2, ref, waiter));
+  store->Unpark(ref, waiter.get());
+  REQUIRE(store->blocked_pulls() == 0);
+  REQUIRE(store->Push({Gradient("w", 0, 1, {1, 1})}).ok());
+  REQUIRE(waiter->wakes == 2);
+}
+
+TEST_CASE("tables: a push call spanning tables is applied whole or not at all") {
+  auto store = MakeStore("asp", 1);
+  REQUIRE(store->Init(Init("a", 2)).ok());
+  REQUIRE(store->Init(Init("b", 3)).ok());
+  proto::TensorChunk bad = Gradient("b", 0, 0, {1, 1, 1});
+  bad.set_checksum(bad.checksum() ^ 1);
+  REQUIRE(absl::IsInvalidArgument(store->Push({Gradient("a", 0, 0, {1, 1}), bad})));
+  REQUIRE(*store->Snapshot("a", 0) == std::vector<float>{0, 0});
+  REQUIRE(*store->Snapshot("b", 0) == std::vector<float>{0, 0, 0});
+  PushResult result;
+  REQUIRE(store->Push({Gradient("a", 0, 0, {1, 1}), Gradient("b", 0, 0, {2, 2, 2})}, &result)
+              .ok());
+  REQUIRE(result.applied == 2);
+  REQUIRE(*store->Snapshot("a", 0) == std::vector<float>{-1, -1});
+  REQUIRE(*store->Snapshot("b", 0) == std::vector<float>{-2, -2, -2});
+}
+
+TEST_CASE("tables: a round's sum lives with its round, shared by copies of the book") {
+  ConsistencyController controller(*SyncPolicy::FromFlags("bsp", 0, 1), 2);
+  Membership membership(2);
+  ClockBook book = controller.NewClockBook();
+  PushDecision first = book.RecordPush(0, 0, membership);
+  REQUIRE(first.kind == PushDecision::Kind::kHoldForRound);
+  REQUIRE(first.held_sum != nullptr);
+  REQUIRE(book.PendingSum(0) == first.held_sum.get());
+  first.held_sum->started = true;
+  first.held_sum->sum = {2, 6};
+  // A staged copy decides on the same sum; completing the round hands it out.
+  ClockBook staged = book;
+  PushDecision second = staged.RecordPush(1, 0, membership);
+  REQUIRE(second.held_sum == first.held_sum);
+  REQUIRE(second.completed.size() == 1);
+  REQUIRE(second.completed[0].sum == first.held_sum);
+  REQUIRE(second.completed[0].contributors == 2);
+  REQUIRE(staged.PendingSum(0) == nullptr);
+  REQUIRE(book.PendingSum(0) != nullptr);  // the real book moves on only when committed
+  second.completed[0].sum->Finish(2, 2);
+  REQUIRE(first.held_sum->sum == std::vector<float>{1, 3});
+}
+
+}  // namespace
+}  // namespace harrier
