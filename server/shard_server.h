@@ -197,7 +197,7 @@ class ShardServer {
   // Liveness monitor: applies the worker-loss policy.
   // Serialises the run changes (start, adopt, done) with the final
   // checkpoint; taken before checkpoint_mutex_.
-  mutable absl::Mutex run_mutex_;
+  mutable absl::Mutex run_mutex_ ABSL_ACQUIRED_BEFORE(checkpoint_mutex_);
   bool run_done_ ABSL_GUARDED_BY(run_mutex_) = false;
   mutable absl::Mutex stop_mutex_;
   std::optional<StopRequest> stop_request_ ABSL_GUARDED_BY(stop_mutex_);
