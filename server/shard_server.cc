@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
-#include "common/grpc_limits.h"
+#include "server/shard_listener_factory.h"
 
 namespace harrier {
 
@@ -147,38 +147,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     server->shard_service_->sessions().SetNewerRunHandler(
         [raw](uint64_t newer) { raw->AdoptRun(newer); });
   }
-  server->parameter_service_ = std::make_unique<ParameterServiceImpl>(
-      server->store_.get(), server->shard_service_.get(), options.job_token);
-  if (options.ucx) {
-    UcxServerOptions ucx_options;
-    ucx_options.shard = options.shard;
-    // With a token or TLS the gRPC channel authenticates its clients; the
-    // hello secret extends that to UCX endpoints. Without either, anyone
-    // may call GetTransportAddress, so a secret would protect nothing.
-    ucx_options.require_hello_secret = !options.job_token.empty() || options.tls.enabled();
-    auto ucx = UcxServer::Start(server->shard_service_.get(), ucx_options);
-    if (!ucx.ok()) return ucx.status();
-    server->ucx_server_ = std::move(*ucx);
-    UcxServer* ucx_server = server->ucx_server_.get();
-    server->parameter_service_->SetUcxAddress(
-        ucx_server->address(),
-        ucx_options.require_hello_secret
-            ? std::function<std::string()>([ucx_server] { return ucx_server->IssueHelloSecret(); })
-            : nullptr);
-  }
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), *credentials,
-                           &server->port_);
-  // gRPC sets SO_REUSEPORT by default: a second server on a fixed port would
-  // then bind too, say "serving" and take half the connections.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // The room above the 64 MiB: AdminService.Probe's messages at its bound.
-  builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
-  builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
-  ApplyServerTuning(builder);
-  builder.RegisterService(server->parameter_service_.get());
+  ShardListenerOptions listener_options;
+  listener_options.shard = options.shard;
+  listener_options.host = options.host;
+  listener_options.port = options.port;
+  listener_options.credentials = *credentials;
+  listener_options.job_token = options.job_token;
+  listener_options.store = server->store_.get();
+  listener_options.find_listener = MakeShardListenerLookup(&server->listeners_);
+  // With a token or TLS the gRPC channel authenticates its clients; the
+  // hello secret extends that to UCX endpoints. Without either, anyone
+  // may call GetTransportAddress, so a secret would protect nothing.
+  listener_options.require_hello_secret = !options.job_token.empty() || options.tls.enabled();
   if (options.shard == 0) {
     ControlOptions control;
     control.num_workers = options.num_workers;
@@ -193,7 +173,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     ShardServer* raw = server.get();
     control.before_register = [raw] { raw->StartNextRunIfDone(); };
     server->control_service_ = std::make_unique<ControlServiceImpl>(control);
-    builder.RegisterService(server->control_service_.get());
+    listener_options.grpc_services.push_back(server->control_service_.get());
   }
   {
     ShardServer* raw = server.get();
@@ -227,14 +207,22 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       raw->RequestShutdown(absl::StrCat("AdminService.Shutdown: ", reason), 0);
     };
     server->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(admin), options.job_token);
-    builder.RegisterService(server->admin_service_.get());
+    listener_options.grpc_services.push_back(server->admin_service_.get());
   }
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.host, ":", options.port,
-                     " (--port): in use, or not an address of this host"));
+  // gRPC last: every address GetTransportAddress hands out is live.
+  std::vector<std::string> names;
+  if (options.ucx) names.push_back("ucx");
+  names.push_back("grpc");
+  for (const std::string& name : names) {
+    auto listener = CreateShardListener(name, listener_options);
+    if (!listener.ok()) return listener.status();
+    server->listeners_.push_back(std::move(*listener));
   }
+  for (const auto& listener : server->listeners_) {
+    if (auto status = listener->Start(server->shard_service_.get()); !status.ok()) return status;
+  }
+  server->port_ = server->listeners_.back()->port();
+  server->listening_ = true;
   if (options.health_port >= 0) {
     // A server with no service of its own: the default health service that
     // every grpc::Server gets is all it serves.
@@ -255,7 +243,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   // The store is restored before the server starts, so the shard reports
   // SERVING only once it holds its parameters.
-  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  for (const auto& listener : server->listeners_) listener->SetServing(true);
   if (server->health_server_) server->health_server_->GetHealthCheckService()->SetServingStatus(true);
   ShardServer* self = server.get();
   server->monitor_ = std::thread([self] { self->MonitorLoop(); });
@@ -287,16 +275,15 @@ void ShardServer::MonitorLoop() {
 ShardServer::~ShardServer() {
   // Start() may fail after construction (a bad checkpoint, a port in use,
   // UCX): then nothing is serving and there is nothing to stop.
-  if (server_ == nullptr) {
-    if (ucx_server_) ucx_server_->Shutdown();
+  if (!listening_) {
+    for (const auto& listener : listeners_) listener->Close();
     return;
   }
   Shutdown(std::chrono::milliseconds(0));
-  server_->Wait();
 }
 
 void ShardServer::Shutdown(std::chrono::milliseconds grace) {
-  if (shut_down_ || server_ == nullptr) return;
+  if (shut_down_ || !listening_) return;
   shut_down_ = true;
   {
     absl::MutexLock lock(&monitor_mutex_);
@@ -306,7 +293,7 @@ void ShardServer::Shutdown(std::chrono::milliseconds grace) {
   if (auto status = WriteCheckpointNow(); !status.ok()) {
     spdlog::error("final checkpoint failed: {}", status.ToString());
   }
-  server_->GetHealthCheckService()->SetServingStatus(false);
+  for (const auto& listener : listeners_) listener->SetServing(false);
   if (health_server_) health_server_->GetHealthCheckService()->SetServingStatus(false);
   // Blocked pulls and barriers wake up now, so what follows drains at once.
   store_->Close();
@@ -314,15 +301,17 @@ void ShardServer::Shutdown(std::chrono::milliseconds grace) {
   // gRPC's calls end (each reactor is finished by the ShardService), then
   // the service's pools drain (UCX answers are posted to a worker that still
   // runs), then the UCX listener closes with nothing left to answer.
-  server_->Shutdown(std::chrono::system_clock::now() + grace);
+  const absl::Time deadline = absl::Now() + absl::FromChrono(grace);
+  for (const auto& listener : listeners_) listener->Stop(deadline);
   shard_service_->Shutdown();
-  if (ucx_server_) ucx_server_->Shutdown();
+  for (const auto& listener : listeners_) listener->Close();
   if (metrics_http_) metrics_http_->Stop();
   // Last: probes see NOT_SERVING until the shard is gone.
   if (health_server_) health_server_->Shutdown(std::chrono::system_clock::now());
+  stopped_.Notify();
 }
 
-void ShardServer::Wait() { server_->Wait(); }
+void ShardServer::Wait() { stopped_.WaitForNotification(); }
 
 void ShardServer::RequestShutdown(std::string reason, int exit_code) {
   absl::MutexLock lock(&stop_mutex_);

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/grpc_security.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http_server.h"
@@ -22,10 +23,9 @@
 #include "server/consistency.h"
 #include "server/control_service.h"
 #include "server/optimizer.h"
-#include "server/parameter_service.h"
+#include "server/shard_listener.h"
 #include "server/shard_service.h"
 #include "server/shard_store.h"
-#include "server/ucx/ucx_server.h"
 
 namespace harrier {
 
@@ -92,10 +92,10 @@ struct ShardServerOptions {
   std::chrono::milliseconds rejoin_after{3000};
 };
 
-// One shard: a ShardStore behind one ShardService, framed by the gRPC
-// ParameterService and (with options.ucx) the UCX listener, plus the
-// ControlService on shard 0 and grpc.health.v1 on every shard. Several may
-// run in one process (tests do). Thread-safe.
+// One shard: a ShardStore behind one ShardService, reached through its
+// listeners (shard_listener.h): gRPC, which also serves the ControlService
+// on shard 0, the AdminService and grpc.health.v1, and with options.ucx UCX.
+// Several may run in one process (tests do). Thread-safe.
 class ShardServer {
  public:
   // Validates the options, binds the port and starts serving.
@@ -186,18 +186,20 @@ class ShardServer {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<ShardService> shard_service_;
-  std::unique_ptr<ParameterServiceImpl> parameter_service_;
-  std::unique_ptr<UcxServer> ucx_server_;  // null without options.ucx
   std::unique_ptr<ControlServiceImpl> control_service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  // In start order; the gRPC one, through which clients learn the others'
+  // addresses, last. Not changed once the first has started.
+  std::vector<std::unique_ptr<ShardListener>> listeners_;
+  bool listening_ = false;  // every listener started
+  absl::Notification stopped_;  // Shutdown has returned
+  int port_ = 0;  // the gRPC listener's
   std::unique_ptr<grpc::Server> health_server_;  // null without options.health_port
   int health_port_ = 0;
   bool shut_down_ = false;
   // Liveness monitor: applies the worker-loss policy.
   // Serialises the run changes (start, adopt, done) with the final
   // checkpoint; taken before checkpoint_mutex_.
-  mutable absl::Mutex run_mutex_;
+  mutable absl::Mutex run_mutex_ ABSL_ACQUIRED_BEFORE(checkpoint_mutex_);
   bool run_done_ ABSL_GUARDED_BY(run_mutex_) = false;
   mutable absl::Mutex stop_mutex_;
   std::optional<StopRequest> stop_request_ ABSL_GUARDED_BY(stop_mutex_);

@@ -88,7 +88,7 @@ bool AllFiniteRange(const float* data, size_t n) {
 bool AllFinite(const float* data, size_t n) {
   bool ok[kMaxCodecThreads];
   std::fill(ok, ok + kMaxCodecThreads, true);
-  ParallelFor(n, 16, [&](size_t part, size_t b, size_t e) {
+  ParallelRanges(n, 16, [&](size_t part, size_t b, size_t e) {
     ok[part] = AllFiniteRange(data + b, e - b);
   });
   return std::all_of(ok, ok + kMaxCodecThreads, [](bool v) { return v; });

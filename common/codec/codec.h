@@ -235,13 +235,14 @@ class Aggregator {
 // ---- Threads of the CPU codecs ----
 //
 // Encode and decode of a tensor of at least kCodecParallelMinElements split
-// the work over min(hardware_concurrency, 8) threads started for the call
-// (below that, thread start-up costs more than it saves). Payloads and
-// decoded values are the same for every thread count.
+// the work into min(hardware_concurrency, 8) parts that the calling thread
+// and the process's shared parallel-for pool run (common/parallel_for.h;
+// below that size, handing parts over costs more than it saves). Payloads
+// and decoded values are the same for every thread count.
 inline constexpr size_t kCodecParallelMinElements = 1000000;
 
-// Tests only: n >= 1 uses exactly n threads above the threshold (1 = the
-// single-threaded path), 0 restores the default. Process-wide; set it
+// Tests only: n >= 1 splits the work into exactly n parts above the
+// threshold (1 = the single-threaded path), 0 restores the default. Process-wide; set it
 // before encoding, not while other threads encode.
 void SetCodecThreadsForTesting(int threads);
 

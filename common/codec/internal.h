@@ -14,8 +14,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/codec/codec.h"
+#include "common/parallel_for.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "The codec wire format is little-endian and copies memory directly."
@@ -140,39 +139,33 @@ constexpr int kMaxCodecThreads = 8;
 // the same roundings): GCC vectorises their 64-bit multiplies only there.
 bool UseAvx2();
 
-// Threads for a call over n elements: 1 below kCodecParallelMinElements,
+// Parts of a call over n elements: 1 below kCodecParallelMinElements,
 // else min(hardware_concurrency, 8) or SetCodecThreadsForTesting's count.
 int CodecThreads(size_t n);
 
 // Calls fn(part, begin, end) for contiguous ranges covering [0, n), part =
 // 0, 1, ... < kMaxCodecThreads in order; every boundary but n is a multiple
-// of align. work_elements (default n) is the tensor size the thread count
-// is chosen for, when the n items are buckets or bytes of it. Part 0 runs on the caller, the others on threads started for
-// the call (a thread that cannot start runs its part on the caller: no
-// exception leaves). fn must only write what its range owns.
+// of align. work_elements (default n) is the tensor size the part count is
+// chosen for, when the n items are buckets or bytes of it. The split
+// depends only on n, align and the part count (CodecThreads), never on
+// which threads run the parts: the caller and the shared pool
+// (common/parallel_for.h). fn must only write what its range owns.
 template <typename Fn>
-void ParallelFor(size_t n, size_t align, Fn&& fn, size_t work_elements = 0) {
-  const size_t threads = std::min(
+void ParallelRanges(size_t n, size_t align, Fn&& fn, size_t work_elements = 0) {
+  const size_t parts = std::min(
       n, static_cast<size_t>(CodecThreads(work_elements ? work_elements : n)));
-  if (threads <= 1 || n == 0) {
+  if (parts <= 1 || n == 0) {
     fn(size_t{0}, size_t{0}, n);
     return;
   }
-  size_t step = (n + threads - 1) / threads;
+  size_t step = (n + parts - 1) / parts;
   step = (step + align - 1) / align * align;
-  std::vector<std::thread> started;
-  started.reserve(threads);
-  size_t part = 1;
-  for (size_t b = step; b < n; b += step, ++part) {
-    const size_t e = std::min(n, b + step);
-    try {
-      started.emplace_back([&fn, part, b, e] { fn(part, b, e); });
-    } catch (const std::system_error&) {
-      fn(part, b, e);
-    }
-  }
-  fn(size_t{0}, size_t{0}, std::min(n, step));
-  for (std::thread& t : started) t.join();
+  // Rounding the step up to align may leave fewer than `parts` ranges.
+  const size_t ranges = (n + step - 1) / step;
+  ::harrier::ParallelFor(ranges, [&fn, n, step](size_t part) {
+    const size_t begin = part * step;
+    fn(part, begin, std::min(n, begin + step));
+  });
 }
 
 // ---- Per-codec rules shared with the CUDA twins ----

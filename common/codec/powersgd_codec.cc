@@ -121,7 +121,7 @@ class PowerSgdCodec : public Codec {
     // run on threads: each owns its rows of P.
     std::vector<double> p(m * r, 0.0);
     const float* qf = q_.data();
-    ParallelFor(m, 4, [&](size_t, size_t i0, size_t i1) {
+    ParallelRanges(m, 4, [&](size_t, size_t i0, size_t i1) {
       size_t i = i0;
       for (; i + 4 <= i1; i += 4) {
         const float* row0 = a + i * n;
@@ -160,7 +160,7 @@ class PowerSgdCodec : public Codec {
     // (qt[c][j], contiguous in j) so that the update over a row vectorises;
     // column ranges run on threads, each owning its columns of Q.
     std::vector<double> qt(r * n, 0.0);
-    ParallelFor(n, 8, [&](size_t, size_t j0, size_t j1) {
+    ParallelRanges(n, 8, [&](size_t, size_t j0, size_t j1) {
       for (size_t i = 0; i < m; ++i) {
         const float* row = a + i * n;
         for (size_t c = 0; c < r; ++c) {
@@ -235,7 +235,7 @@ class PowerSgdCodec : public Codec {
     for (size_t j = 0; j < n; ++j) {
       for (size_t c = 0; c < r; ++c) qt[c * n + j] = q[j * r + c];
     }
-    ParallelFor(m, 1, [&](size_t, size_t i0, size_t i1) {
+    ParallelRanges(m, 1, [&](size_t, size_t i0, size_t i1) {
       std::vector<float> v(n);
       for (size_t i = i0; i < i1; ++i) {
         const float* prow = p + i * r;

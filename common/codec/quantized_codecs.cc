@@ -227,7 +227,7 @@ class QsgdCodec : public Codec {
     // order, so the norms are bit-exact); buckets split over threads.
     // One bucket's sum is a chain of dependent adds (3 to 4 cycles per
     // element); eight full buckets side by side make eight chains.
-    ParallelFor(buckets, 8, [&](size_t, size_t b0, size_t b1) {
+    ParallelRanges(buckets, 8, [&](size_t, size_t b0, size_t b1) {
       size_t b = b0;
       for (; b + 8 <= b1 && (b + 8) * bucket <= d; b += 8) {
         double sq[8] = {};
@@ -264,7 +264,7 @@ class QsgdCodec : public Codec {
     // then whole groups of 8 packed at once; only the tensor's last
     // d % 8 codes go bit by bit.
     const bool avx2 = UseAvx2();
-    ParallelFor(d, 256, [&](size_t, size_t begin, size_t end) {
+    ParallelRanges(d, 256, [&](size_t, size_t begin, size_t end) {
       uint32_t codes[256];
       float u[256];
       WithBits(bits, [&](auto bits_constant) {
@@ -355,7 +355,7 @@ class QsgdCodec : public Codec {
       });
       for (; g < count; ++g) codes[g] = GetCode(packed, packed_bytes, block + g, bits);
     };
-    ParallelFor(d, 256, [&](size_t part, size_t begin, size_t end) {
+    ParallelRanges(d, 256, [&](size_t part, size_t begin, size_t end) {
       uint32_t codes[256];
       for (size_t block = begin; block < end; block += 256) {
         const size_t count = std::min(end - block, size_t{256});
@@ -385,7 +385,7 @@ class QsgdCodec : public Codec {
       return Invalid(id(), "padding bits not zero");
     }
     const float fs = static_cast<float>(s);
-    ParallelFor(d, 256, [&](size_t, size_t begin, size_t end) {
+    ParallelRanges(d, 256, [&](size_t, size_t begin, size_t end) {
       uint32_t codes[256];
       for (size_t block = begin; block < end; block += 256) {
         const size_t count = std::min(end - block, size_t{256});
@@ -449,7 +449,7 @@ class TernGradCodec : public Codec {
     }
     // max is exact in any order: per-range, per-lane maxima.
     float part_max[kMaxCodecThreads] = {};
-    ParallelFor(d, 16, [&](size_t part, size_t begin, size_t end) {
+    ParallelRanges(d, 16, [&](size_t part, size_t begin, size_t end) {
       float lane[16] = {};
       size_t i = begin;
       for (; i + 16 <= end; i += 16) {
@@ -467,7 +467,7 @@ class TernGradCodec : public Codec {
     const uint64_t seed = ctx.seed;
     if (max_abs > 0.0f) {
       const bool avx2 = UseAvx2();
-      ParallelFor(d, 256, [&](size_t, size_t begin, size_t end) {
+      ParallelRanges(d, 256, [&](size_t, size_t begin, size_t end) {
         float u[256];
         uint8_t c[256];
         for (size_t block = begin; block < end; block += 256) {
@@ -518,7 +518,7 @@ class TernGradCodec : public Codec {
     const size_t full = d / 4;
     size_t first_bad[kMaxCodecThreads];
     std::fill(first_bad, first_bad + kMaxCodecThreads, full);
-    ParallelFor(full, 64, [&](size_t part, size_t begin, size_t end) {
+    ParallelRanges(full, 64, [&](size_t part, size_t begin, size_t end) {
       size_t j = begin;
       for (; j + 8 <= end; j += 8) {
         const uint64_t w = Load<uint64_t>(reinterpret_cast<const char*>(codes + j));
@@ -548,7 +548,7 @@ class TernGradCodec : public Codec {
       return Invalid(id(), "padding bits not zero");
     }
     const float values[4] = {0.0f, s, -s, 0.0f};
-    ParallelFor(d, 64, [&](size_t, size_t begin, size_t end) {
+    ParallelRanges(d, 64, [&](size_t, size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         Emit(out.data(), i, values[(codes[i / 4] >> (2 * (i % 4))) & 3], scale,
              accumulate);

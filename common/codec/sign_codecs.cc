@@ -36,7 +36,7 @@ void WriteMaskRange(const float* g, size_t begin, size_t end, char* mask) {
 
 // Ranges start at multiples of 8 elements, so each writes whole bytes.
 void WriteMask(absl::Span<const float> g, char* mask) {
-  ParallelFor(g.size(), 64, [&](size_t, size_t begin, size_t end) {
+  ParallelRanges(g.size(), 64, [&](size_t, size_t begin, size_t end) {
     WriteMaskRange(g.data(), begin, end, mask);
   });
 }
@@ -106,7 +106,7 @@ class SignFamilyCodec : public VoteCodec {
     absl::StatusOr<SignBody> body = Parse(payload, votes.size());
     if (!body.ok()) return body.status();
     const char* mask = body->mask;
-    ParallelFor(votes.size(), 64, [&](size_t, size_t begin, size_t end) {
+    ParallelRanges(votes.size(), 64, [&](size_t, size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         votes[i] += 2 * static_cast<int32_t>(Bit(mask, i)) - 1;
       }
@@ -123,7 +123,7 @@ class SignFamilyCodec : public VoteCodec {
     if (!body.ok()) return body.status();
     const float values[2] = {body->negative, body->positive};
     const char* mask = body->mask;
-    ParallelFor(out.size(), 64, [&](size_t, size_t begin, size_t end) {
+    ParallelRanges(out.size(), 64, [&](size_t, size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         Emit(out.data(), i, values[Bit(mask, i)], scale, accumulate);
       }

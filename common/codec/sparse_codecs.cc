@@ -203,7 +203,7 @@ class TopKCodec : public Codec {
     std::vector<float> part_values[kMaxCodecThreads];
     keys_.clear();
     candidate_values_.clear();
-    ParallelFor(d, 16, [&](size_t part, size_t begin, size_t end) {
+    ParallelRanges(d, 16, [&](size_t part, size_t begin, size_t end) {
       std::vector<uint64_t>& keys = part == 0 ? keys_ : part_keys[part];
       std::vector<float>& values = part == 0 ? candidate_values_ : part_values[part];
       auto take = [&](size_t j) {

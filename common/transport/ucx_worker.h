@@ -167,7 +167,7 @@ class UcxWorker {
   std::atomic<int> drivers_{0};      // see BeginDriving
   // Held around every UCP call on worker_ (see the class comment). Taken
   // before mutex_, never the other way round.
-  absl::Mutex ucp_mutex_;
+  absl::Mutex ucp_mutex_ ABSL_ACQUIRED_BEFORE(mutex_);
   // Set while the progress thread sleeps in epoll (armed): a caller that
   // leaves a request in progress must wake it. Set and cleared with
   // ucp_mutex_ held; read by callers with it held.

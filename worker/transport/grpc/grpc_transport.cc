@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_wire.h"
 #include "common/grpc_status.h"
+#include "common/parallel_for.h"
 
 namespace harrier {
 namespace {
@@ -185,19 +186,13 @@ struct GrpcShardTransport::Link {
 
 namespace {
 
-// Runs part(i) for i in [0, parts), the first on this thread, and returns
-// the first error by part order (every part runs to its end: each holds
-// borrowed payloads until it has).
+// Runs part(i) for i in [0, parts) on this thread and the shared
+// parallel-for pool, and returns the first error by part order (every part
+// runs to its end: each holds borrowed payloads until it has).
 absl::Status RunParts(size_t parts, const std::function<absl::Status(size_t)>& part) {
   if (parts == 1) return part(0);
   std::vector<absl::Status> statuses(parts);
-  std::vector<std::thread> threads;
-  threads.reserve(parts - 1);
-  for (size_t i = 1; i < parts; ++i) {
-    threads.emplace_back([&, i] { statuses[i] = part(i); });
-  }
-  statuses[0] = part(0);
-  for (auto& thread : threads) thread.join();
+  ParallelFor(parts, [&](size_t i) { statuses[i] = part(i); });
   for (auto& status : statuses) {
     if (!status.ok()) return status;
   }

@@ -1,13 +1,12 @@
-#ifndef HARRIER_SERVER_PARAMETER_SERVICE_H_
-#define HARRIER_SERVER_PARAMETER_SERVICE_H_
+#ifndef HARRIER_SERVER_GRPC_PARAMETER_SERVICE_H_
+#define HARRIER_SERVER_GRPC_PARAMETER_SERVICE_H_
 
 #include <functional>
 #include <string>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/job_token.h"
+#include "server/shard_listener.h"
 #include "server/shard_service.h"
 #include "server/shard_store.h"
 
@@ -36,7 +35,10 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
  public:
   // Neither is owned; both must outlive the service (and the gRPC server).
   // A non-empty `job_token` must come with every call (JobTokenCheck).
-  ParameterServiceImpl(ShardStore* store, ShardService* service, std::string job_token = "");
+  // GetTransportAddress answers with the listener `find_listener` finds
+  // (null: none, FAILED_PRECONDITION for every transport).
+  ParameterServiceImpl(ShardStore* store, ShardService* service, std::string job_token = "",
+                       ShardListenerLookup find_listener = nullptr);
 
   grpc::Status Init(grpc::ServerContext* context, const proto::InitRequest* request,
                     proto::InitResponse* response) override;
@@ -49,13 +51,6 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
   grpc::Status GetTransportAddress(grpc::ServerContext* context,
                                    const proto::TransportAddressRequest* request,
                                    proto::TransportAddressResponse* response) override;
-
-  // The UCX worker address GetTransportAddress serves; until set, it
-  // answers FAILED_PRECONDITION. With `issue_hello_secret`, each request
-  // naming "ucx" also gets a fresh secret for its hello (UcxServer).
-  // Thread-safe.
-  void SetUcxAddress(std::string address,
-                     std::function<std::string()> issue_hello_secret = nullptr);
 
   using internal_parameter_service::RawDataService::Pull;
   using internal_parameter_service::RawDataService::Push;
@@ -71,11 +66,9 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
   ShardStore* store_;      // not owned
   ShardService* service_;  // not owned
   const JobTokenCheck token_check_;
-  absl::Mutex address_mutex_;
-  std::string ucx_address_ ABSL_GUARDED_BY(address_mutex_);  // empty: no UCX
-  std::function<std::string()> issue_hello_secret_ ABSL_GUARDED_BY(address_mutex_);
+  const ShardListenerLookup find_listener_;
 };
 
 }  // namespace harrier
 
-#endif  // HARRIER_SERVER_PARAMETER_SERVICE_H_
+#endif  // HARRIER_SERVER_GRPC_PARAMETER_SERVICE_H_

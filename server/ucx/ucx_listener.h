@@ -1,5 +1,5 @@
-#ifndef HARRIER_SERVER_UCX_UCX_SERVER_H_
-#define HARRIER_SERVER_UCX_UCX_SERVER_H_
+#ifndef HARRIER_SERVER_UCX_UCX_LISTENER_H_
+#define HARRIER_SERVER_UCX_UCX_LISTENER_H_
 
 #include <ucp/api/ucp.h>
 
@@ -22,11 +22,12 @@
 #include "common/transport/framing.h"
 #include "common/transport/ucx_worker.h"
 #include "proto/harrier.pb.h"
+#include "server/shard_listener.h"
 #include "server/shard_service.h"
 
 namespace harrier {
 
-struct UcxServerOptions {
+struct UcxListenerOptions {
   int shard = 0;  // names the UCX worker
   // A hello must carry a secret from IssueHelloSecret, so that only clients
   // that fetched the address over the gRPC channel (which checks TLS and the
@@ -35,35 +36,43 @@ struct UcxServerOptions {
 };
 
 // UCP active-message framing of a shard (common/transport/framing.h has the
-// protocol). Clients fetch address() over gRPC (GetTransportAddress) and
-// connect to it. The progress thread parses frames and moves bytes; every
+// protocol): the "ucx" ShardListener. Clients fetch address() over gRPC
+// (GetTransportAddress) and connect to it. The progress thread parses frames and moves bytes; every
 // request goes to the ShardService, which answers exactly as it answers
-// gRPC. Small calls (kInlineWorkBytes in ucx_server.cc) let the service run
+// gRPC. Small calls (kInlineWorkBytes in ucx_listener.cc) let the service run
 // the store work that does not wait on the progress thread itself
 // (work_on_caller_thread); the rest runs on the service's pools. A kCancel frame or a failed
 // peer cancels the request's Cancellation, which wakes a blocked pull at
 // once. A malformed request gets an error reply and changes nothing.
 // Thread-safe.
-class UcxServer {
+class UcxListener final : public ShardListener {
  public:
-  // `service` is not owned and must outlive the server.
-  static absl::StatusOr<std::unique_ptr<UcxServer>> Start(ShardService* service,
-                                                          const UcxServerOptions& options = {});
-  ~UcxServer();
+  explicit UcxListener(const UcxListenerOptions& options = {});
+  ~UcxListener() override;
+
+  absl::string_view name() const override { return "ucx"; }
+  // Starts the UCP worker and its progress thread.
+  absl::Status Start(ShardService* service) override;
 
   // The worker address clients connect to (bytes).
-  const std::string& address() const { return address_; }
+  std::string address() const override { return address_; }
+  int port() const override { return -1; }
 
-  // A fresh random secret that one hello may use within kSecretLifetime
-  // (consumed by it). At most kMaxSecrets are outstanding; the oldest goes
-  // first. Any thread.
-  std::string IssueHelloSecret();
+  // With require_hello_secret: a fresh random secret that one hello may use
+  // within kSecretLifetime (consumed by it); at most kMaxSecrets are
+  // outstanding, the oldest goes first. Without: empty. Any thread.
+  std::string IssueHelloSecret() override;
 
+  // No health probes over UCX.
+  void SetServing(bool) override {}
+  // Requests are answered on the ShardService's pools: they keep coming
+  // until Close, which drains them.
+  void Stop(absl::Time) override {}
   // Stops taking requests, cancels the running ones and waits (at most
   // kDrainTimeout) for the service to answer them, then closes every
   // endpoint. Shut the ShardService down first and nothing is left to wait
   // for. Idempotent.
-  void Shutdown();
+  void Close() override;
 
  private:
   struct Peer;
@@ -74,8 +83,6 @@ class UcxServer {
   static constexpr absl::Duration kDrainTimeout = absl::Seconds(10);
   static constexpr absl::Duration kSecretLifetime = absl::Seconds(120);
   static constexpr size_t kMaxSecrets = 4096;
-
-  UcxServer() = default;
 
   // Progress thread.
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
@@ -107,7 +114,8 @@ class UcxServer {
   // Any thread: the service's answer to a request.
   void Answer(const std::shared_ptr<Request>& request, const absl::Status& status);
 
-  ShardService* service_ = nullptr;
+  const int shard_;                  // names the UCX worker
+  ShardService* service_ = nullptr;  // set by Start
   std::atomic<bool> stopping_{false};
 
   // Progress thread only.
@@ -144,7 +152,7 @@ class UcxServer {
 
   std::string address_;
   std::unique_ptr<transport::UcxWorker> worker_;
-  bool require_hello_secret_ = false;
+  const bool require_hello_secret_;
 
   // Issued hello secrets and when each expires, oldest first.
   absl::Mutex secrets_mutex_;
@@ -153,4 +161,4 @@ class UcxServer {
 
 }  // namespace harrier
 
-#endif  // HARRIER_SERVER_UCX_UCX_SERVER_H_
+#endif  // HARRIER_SERVER_UCX_UCX_LISTENER_H_

@@ -1,4 +1,4 @@
-#include "server/ucx/ucx_server.h"
+#include "server/ucx/ucx_listener.h"
 
 #include <algorithm>
 #include <atomic>
@@ -81,14 +81,14 @@ std::string BudgetKey(uint64_t connection_id) { return absl::StrCat("ucx:", conn
 
 }  // namespace
 
-struct UcxServer::Peer {
-  UcxServer* server = nullptr;
+struct UcxListener::Peer {
+  UcxListener* server = nullptr;
   uint64_t id = 0;
   ucp_ep_h ep = nullptr;
 };
 
 // The chunk frames of one push / push-pull received so far.
-struct UcxServer::Pending {
+struct UcxListener::Pending {
   Op op = Op::kPush;
   uint32_t count = 0;
   uint32_t arrived = 0;
@@ -102,8 +102,8 @@ struct UcxServer::Pending {
 };
 
 // One request the service is answering; also its reply sink.
-struct UcxServer::Request final : ShardService::ReplySink {
-  UcxServer* server = nullptr;
+struct UcxListener::Request final : ShardService::ReplySink {
+  UcxListener* server = nullptr;
   uint64_t connection = 0;
   uint64_t id = 0;
   Cancellation cancellation;
@@ -137,27 +137,25 @@ struct UcxServer::Request final : ShardService::ReplySink {
   }
 };
 
-absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(ShardService* service,
-                                                            const UcxServerOptions& options) {
-  std::unique_ptr<UcxServer> server(new UcxServer());
-  server->service_ = service;
-  // Set before the worker can deliver a hello; never changed after.
-  server->require_hello_secret_ = options.require_hello_secret;
+UcxListener::UcxListener(const UcxListenerOptions& options)
+    : shard_(options.shard), require_hello_secret_(options.require_hello_secret) {}
+
+absl::Status UcxListener::Start(ShardService* service) {
+  service_ = service;
   auto worker = transport::UcxWorker::Start(
-      absl::StrCat("harrier-shard-", options.shard),
-      {{transport::kRequestAmId, &UcxServer::OnRequest, server.get(),
-        /*persistent_data=*/true}});
+      absl::StrCat("harrier-shard-", shard_),
+      {{transport::kRequestAmId, &UcxListener::OnRequest, this, /*persistent_data=*/true}});
   if (!worker.ok()) return worker.status();
-  server->worker_ = std::move(*worker);
-  UcxServer* raw = server.get();
-  server->worker_->SetPeriodicTask(kSweepInterval, [raw] { raw->SweepIncompleteCalls(); });
-  server->address_ = server->worker_->address();
-  return server;
+  worker_ = std::move(*worker);
+  worker_->SetPeriodicTask(kSweepInterval, [this] { SweepIncompleteCalls(); });
+  address_ = worker_->address();
+  return absl::OkStatus();
 }
 
-UcxServer::~UcxServer() { Shutdown(); }
+UcxListener::~UcxListener() { Close(); }
 
-std::string UcxServer::IssueHelloSecret() {
+std::string UcxListener::IssueHelloSecret() {
+  if (!require_hello_secret_) return "";
   unsigned char bytes[32];
   size_t filled = 0;
   while (filled < sizeof(bytes)) {
@@ -173,7 +171,7 @@ std::string UcxServer::IssueHelloSecret() {
   return secret;
 }
 
-bool UcxServer::TakeHelloSecret(const std::string& secret) {
+bool UcxListener::TakeHelloSecret(const std::string& secret) {
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&secrets_mutex_);
   while (!secrets_.empty() && secrets_.front().second < now) secrets_.pop_front();
@@ -188,7 +186,7 @@ bool UcxServer::TakeHelloSecret(const std::string& secret) {
   return true;
 }
 
-void UcxServer::Shutdown() {
+void UcxListener::Close() {
   if (stopping_.exchange(true)) return;
   {
     absl::MutexLock lock(&requests_mutex_);
@@ -216,9 +214,9 @@ void UcxServer::Shutdown() {
   worker_->Stop();
 }
 
-ucs_status_t UcxServer::OnRequest(void* arg, const void* header, size_t header_length,
+ucs_status_t UcxListener::OnRequest(void* arg, const void* header, size_t header_length,
                                   void* data, size_t length, const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<UcxServer*>(arg);
+  auto* self = static_cast<UcxListener*>(arg);
   Frame frame;
   absl::string_view body;
   if (auto status = transport::DecodeHeader(header, header_length, &frame, &body); !status.ok()) {
@@ -300,7 +298,7 @@ ucs_status_t UcxServer::OnRequest(void* arg, const void* header, size_t header_l
   return UCS_OK;
 }
 
-void UcxServer::OnFrame(const Frame& frame, std::string body, transport::PayloadBuffer data,
+void UcxListener::OnFrame(const Frame& frame, std::string body, transport::PayloadBuffer data,
                         absl::Status data_status, size_t data_length) {
   if (frame.op == Op::kHello) {
     OnHello(frame, body, std::string(data.view()));
@@ -350,7 +348,7 @@ void UcxServer::OnFrame(const Frame& frame, std::string body, transport::Payload
   }
 }
 
-void UcxServer::OnHello(const Frame& frame, const std::string& secret,
+void UcxListener::OnHello(const Frame& frame, const std::string& secret,
                         const std::string& address) {
   if (stopping_) return;
   // Refused without an endpoint back: a client that never fetched the
@@ -371,7 +369,7 @@ void UcxServer::OnHello(const Frame& frame, const std::string& secret,
   peer->server = this;
   peer->id = frame.connection_id;
   bool detects_failure = false;
-  auto ep = worker_->Connect(address, &UcxServer::OnPeerError, peer.get(), &detects_failure);
+  auto ep = worker_->Connect(address, &UcxListener::OnPeerError, peer.get(), &detects_failure);
   if (!ep.ok()) {
     spdlog::warn("ucx cannot connect back to connection={}: {}", frame.connection_id,
                  std::string(ep.status().message()));
@@ -387,9 +385,9 @@ void UcxServer::OnHello(const Frame& frame, const std::string& secret,
   SendStatus(frame.connection_id, frame.request_id, 0, absl::OkStatus());
 }
 
-void UcxServer::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+void UcxListener::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* peer = static_cast<Peer*>(arg);
-  UcxServer* self = peer->server;
+  UcxListener* self = peer->server;
   const uint64_t id = peer->id;
   spdlog::info("ucx connection={} closed: {}", id, ucs_status_string(status));
   self->worker_->CloseEndpoint(ep);
@@ -402,7 +400,7 @@ void UcxServer::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   if (it != self->peers_.end() && it->second.get() == peer) self->peers_.erase(it);
 }
 
-void UcxServer::ForgetRequestBytes(std::map<RequestKey, RequestBytes>::iterator first,
+void UcxListener::ForgetRequestBytes(std::map<RequestKey, RequestBytes>::iterator first,
                                    std::map<RequestKey, RequestBytes>::iterator last) {
   for (auto it = first; it != last; ++it) {
     service_->buffer_budget().Release(BudgetKey(it->first.first), it->second.reserved);
@@ -410,7 +408,7 @@ void UcxServer::ForgetRequestBytes(std::map<RequestKey, RequestBytes>::iterator 
   request_bytes_.erase(first, last);
 }
 
-void UcxServer::SweepIncompleteCalls() {
+void UcxListener::SweepIncompleteCalls() {
   const auto now = std::chrono::steady_clock::now();
   std::vector<RequestKey> expired;
   for (const auto& [key, bytes] : request_bytes_) {
@@ -438,12 +436,12 @@ void UcxServer::SweepIncompleteCalls() {
   }
 }
 
-void UcxServer::ForgetRequestBytes(const RequestKey& key) {
+void UcxListener::ForgetRequestBytes(const RequestKey& key) {
   auto it = request_bytes_.find(key);
   if (it != request_bytes_.end()) ForgetRequestBytes(it, std::next(it));
 }
 
-void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::PayloadBuffer data,
+void UcxListener::OnChunk(const Frame& frame, const std::string& body, transport::PayloadBuffer data,
                         absl::Status frame_status) {
   const uint64_t connection = frame.connection_id;
   const uint64_t request = frame.request_id;
@@ -506,7 +504,7 @@ void UcxServer::OnChunk(const Frame& frame, const std::string& body, transport::
   Dispatch(frame, timeout_ms, std::move(done), nullptr);
 }
 
-void UcxServer::Dispatch(const Frame& frame, int64_t timeout_ms, std::shared_ptr<Pending> pushed,
+void UcxListener::Dispatch(const Frame& frame, int64_t timeout_ms, std::shared_ptr<Pending> pushed,
                          proto::PullRequest* pull) {
   auto request = std::make_shared<Request>();
   request->server = this;
@@ -549,14 +547,14 @@ void UcxServer::Dispatch(const Frame& frame, int64_t timeout_ms, std::shared_ptr
   }
 }
 
-void UcxServer::Answer(const std::shared_ptr<Request>& request, const absl::Status& status) {
+void UcxListener::Answer(const std::shared_ptr<Request>& request, const absl::Status& status) {
   SendStatus(request->connection, request->id, request->sent, status);
   worker_->ExpectReplies(-1);
   absl::MutexLock lock(&requests_mutex_);
   requests_.erase({request->connection, request->id});
 }
 
-void UcxServer::CancelConnection(uint64_t connection) {
+void UcxListener::CancelConnection(uint64_t connection) {
   absl::MutexLock lock(&requests_mutex_);
   for (auto it = requests_.lower_bound({connection, 0});
        it != requests_.end() && it->first.first == connection; ++it) {
@@ -564,7 +562,7 @@ void UcxServer::CancelConnection(uint64_t connection) {
   }
 }
 
-void UcxServer::SendStatus(uint64_t connection, uint64_t request, uint32_t count,
+void UcxListener::SendStatus(uint64_t connection, uint64_t request, uint32_t count,
                            const absl::Status& status) {
   std::string header = transport::EncodeStatus(connection, request, count, status);
   auto send = [this, connection, header = std::move(header)]() mutable {
@@ -576,7 +574,7 @@ void UcxServer::SendStatus(uint64_t connection, uint64_t request, uint32_t count
   worker_->Post(std::move(send));
 }
 
-void UcxServer::SendChunk(uint64_t connection, uint64_t request, uint32_t index,
+void UcxListener::SendChunk(uint64_t connection, uint64_t request, uint32_t index,
                           const proto::TensorChunk& chunk, const char* data, size_t bytes,
                           std::shared_ptr<const void> keep) {
   Frame frame;

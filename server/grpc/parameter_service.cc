@@ -1,4 +1,4 @@
-#include "server/parameter_service.h"
+#include "server/grpc/parameter_service.h"
 
 #include <grpc/slice.h>
 
@@ -403,8 +403,12 @@ class RefusedCall final : public Reactor {
 }  // namespace
 
 ParameterServiceImpl::ParameterServiceImpl(ShardStore* store, ShardService* service,
-                                           std::string job_token)
-    : store_(store), service_(service), token_check_(std::move(job_token)) {}
+                                           std::string job_token,
+                                           ShardListenerLookup find_listener)
+    : store_(store),
+      service_(service),
+      token_check_(std::move(job_token)),
+      find_listener_(std::move(find_listener)) {}
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::Push(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
@@ -453,30 +457,27 @@ grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-void ParameterServiceImpl::SetUcxAddress(std::string address,
-                                         std::function<std::string()> issue_hello_secret) {
-  absl::MutexLock lock(&address_mutex_);
-  ucx_address_ = std::move(address);
-  issue_hello_secret_ = std::move(issue_hello_secret);
-}
-
 grpc::Status ParameterServiceImpl::GetTransportAddress(
     grpc::ServerContext* context, const proto::TransportAddressRequest* request,
     proto::TransportAddressResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  if (!request->transport().empty() && request->transport() != "ucx") {
+  // Empty names "ucx" (harrier.proto). The gRPC listener has no address to
+  // give: the client already holds the channel this call came on.
+  const std::string name = request->transport().empty() ? "ucx" : request->transport();
+  if (name == "grpc") {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("unknown transport '", request->transport(), "'"));
+                        absl::StrCat("unknown transport '", name, "'"));
   }
-  absl::MutexLock lock(&address_mutex_);
-  if (ucx_address_.empty()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "shard was started without --ucx");
-  }
-  response->set_address(ucx_address_);
-  response->set_transport("ucx");
-  if (issue_hello_secret_ && request->transport() == "ucx") {
-    response->set_hello_secret(issue_hello_secret_());
-  }
+  absl::StatusOr<ShardListener*> listener =
+      find_listener_ ? find_listener_(name)
+                     : absl::FailedPreconditionError(
+                           absl::StrCat("shard was started without --", name));
+  if (!listener.ok()) return ToGrpcStatus(listener.status());
+  response->set_address((*listener)->address());
+  response->set_transport(name);
+  // Only to a request naming the transport: reachability probes (empty
+  // name) do not pile secrets up.
+  if (request->transport() == name) response->set_hello_secret((*listener)->IssueHelloSecret());
   return grpc::Status::OK;
 }
 

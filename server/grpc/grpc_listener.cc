@@ -1,0 +1,58 @@
+#include "server/grpc/grpc_listener.h"
+
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_limits.h"
+
+namespace harrier {
+
+GrpcListener::GrpcListener(GrpcListenerOptions options) : options_(std::move(options)) {}
+
+GrpcListener::~GrpcListener() { Stop(absl::Now()); }
+
+absl::Status GrpcListener::Start(ShardService* service) {
+  parameter_service_ = std::make_unique<ParameterServiceImpl>(
+      options_.store, service, options_.job_token, options_.find_listener);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(
+      absl::StrCat(options_.host, ":", options_.port),
+      options_.credentials ? options_.credentials : grpc::InsecureServerCredentials(), &port_);
+  // gRPC sets SO_REUSEPORT by default: a second server on a fixed port would
+  // then bind too, say "serving" and take half the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // The room above the 64 MiB: AdminService.Probe's messages at its bound.
+  builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
+  builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
+  ApplyServerTuning(builder);
+  builder.RegisterService(parameter_service_.get());
+  for (grpc::Service* extra : options_.services) builder.RegisterService(extra);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    server_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options_.host, ":", options_.port,
+                     " (--port): in use, or not an address of this host"));
+  }
+  return absl::OkStatus();
+}
+
+std::string GrpcListener::address() const { return absl::StrCat(options_.host, ":", port_); }
+
+void GrpcListener::SetServing(bool serving) {
+  if (server_) server_->GetHealthCheckService()->SetServingStatus(serving);
+}
+
+void GrpcListener::Stop(absl::Time deadline) {
+  if (server_ == nullptr || stopped_) return;
+  stopped_ = true;
+  server_->Shutdown(absl::ToChronoTime(deadline));
+  server_->Wait();
+}
+
+void GrpcListener::Close() {}
+
+}  // namespace harrier

@@ -1,0 +1,71 @@
+#ifndef HARRIER_SERVER_SHARD_LISTENER_H_
+#define HARRIER_SERVER_SHARD_LISTENER_H_
+
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace harrier {
+
+class ShardService;
+
+// One way clients reach a shard: gRPC (server/grpc/) or UCX active messages
+// (server/ucx/). Every listener hands each call to the same ShardService,
+// which answers it alike whichever listener carried it. Made by name with
+// CreateShardListener (shard_listener_factory.h); ShardServer holds its
+// listeners through this interface only.
+//
+// Life: Start once; then any thread may call address, port,
+// IssueHelloSecret and SetServing; at shutdown Stop, then Close once the
+// ShardService has shut down (every call answered). The destructor closes a
+// listener still open.
+class ShardListener {
+ public:
+  virtual ~ShardListener() = default;
+
+  // "grpc" or "ucx": the name the factory and GetTransportAddress know it by.
+  virtual absl::string_view name() const = 0;
+
+  // Binds and starts handing calls to `service` (not owned; it must stay
+  // until Close has returned). UNAVAILABLE when the address cannot be bound.
+  virtual absl::Status Start(ShardService* service) = 0;
+
+  // Once started, what clients connect to: "host:port" for gRPC (with the
+  // bound port), the UCP worker address (bytes) for UCX.
+  virtual std::string address() const = 0;
+  // The bound port, or -1 for a listener without a port of its own (UCX:
+  // clients get its address over gRPC).
+  virtual int port() const = 0;
+
+  // A fresh one-time secret for a client's hello on this listener, or empty
+  // when the listener takes any hello (gRPC authenticates every call
+  // itself). Handed out with the address (GetTransportAddress).
+  virtual std::string IssueHelloSecret() = 0;
+
+  // What the listener's health probes report (grpc.health.v1 on gRPC; UCX
+  // has none). Calls are served either way.
+  virtual void SetServing(bool serving) = 0;
+
+  // Shutdown, first step: stops taking calls; those in flight may finish
+  // until `deadline`, then are cancelled. Returns once they have ended.
+  // A listener whose calls are all answered on the ShardService's pools
+  // (UCX) keeps taking them until Close.
+  virtual void Stop(absl::Time deadline) = 0;
+  // Shutdown, last step, after the ShardService has shut down: closes every
+  // connection. Idempotent.
+  virtual void Close() = 0;
+};
+
+// A running listener of the shard by name, for the gRPC listener's
+// GetTransportAddress: INVALID_ARGUMENT for a name no listener has,
+// FAILED_PRECONDITION for a listener the shard was started without.
+using ShardListenerLookup =
+    std::function<absl::StatusOr<ShardListener*>(absl::string_view name)>;
+
+}  // namespace harrier
+
+#endif  // HARRIER_SERVER_SHARD_LISTENER_H_
