@@ -3,7 +3,7 @@
 # Idempotent; prints nothing when everything is already present.
 set -euo pipefail
 
-# gnuplot-nox: docs/results/ figures (tests/bench/scripts/convergence_report.py
+# gnuplot-nox: docs/results/ figures (bench/scripts/convergence_report.py
 # and its tests).
 PACKAGES=(
   bazel-bootstrap build-essential pkg-config cmake

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "common/codec/survey_codecs.h"
-#include "worker/advise/calibration.h"
-#include "worker/advise/cost_model.h"
+#include "bench/advise/calibration.h"
+#include "bench/advise/cost_model.h"
 
 namespace harrier::advise {
 namespace {

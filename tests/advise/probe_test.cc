@@ -22,7 +22,7 @@
 #include "proto/harrier.grpc.pb.h"
 #include "server/admin_service.h"
 #include "tests/integration/server_process.h"
-#include "worker/advise/measure.h"
+#include "bench/advise/measure.h"
 #include "worker/client.h"
 
 namespace harrier {

@@ -1,0 +1,115 @@
+#include "bench/codec/bench_common.h"
+
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
+namespace harrier::bench {
+namespace {
+
+// False on a bad flag, after printing why on stderr.
+bool ParseArgs(int argc, char** argv, std::vector<std::string>* codecs,
+               CodecBenchOptions* opt, bool* help) {
+  for (int i = 0; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      *help = true;
+      return true;
+    }
+    if (absl::ConsumePrefix(&arg, "--sizes=")) {
+      opt->sizes.clear();
+      for (absl::string_view s : absl::StrSplit(arg, ',')) {
+        size_t v = 0;
+        if (!absl::SimpleAtoi(s, &v) || v == 0) {
+          std::fprintf(stderr, "bad size \"%.*s\"\n", static_cast<int>(s.size()),
+                       s.data());
+          return false;
+        }
+        opt->sizes.push_back(v);
+      }
+    } else if (absl::ConsumePrefix(&arg, "--codecs=")) {
+      codecs->clear();
+      for (absl::string_view s : absl::StrSplit(arg, ';', absl::SkipEmpty())) {
+        codecs->emplace_back(s);
+      }
+    } else if (absl::ConsumePrefix(&arg, "--min_time=")) {
+      if (!absl::SimpleAtod(arg, &opt->min_time) || !(opt->min_time >= 0)) {
+        std::fprintf(stderr, "bad --min_time\n");
+        return false;
+      }
+    } else {
+      std::fprintf(stderr, "unknown flag \"%s\"\n", argv[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<int> ParseCodecBenchFlags(
+    int argc, char** argv, absl::Span<const char* const> default_codecs,
+    const char* usage, CodecBenchOptions* opt) {
+  std::vector<std::string> codecs(default_codecs.begin(),
+                                  default_codecs.end());
+  bool help = false;
+  if (!ParseArgs(argc, argv, &codecs, opt, &help)) {
+    std::fputs(usage, stderr);
+    return 2;
+  }
+  if (help) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  opt->specs.clear();
+  for (const std::string& text : codecs) {
+    absl::StatusOr<CodecSpec> spec = CodecSpec::Parse(text);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(spec.status().message()).c_str());
+      return 2;
+    }
+    opt->specs.push_back(*spec);
+  }
+  return std::nullopt;
+}
+
+std::vector<float> BenchGradient(size_t d) {
+  std::vector<float> g(d);
+  std::mt19937_64 gen(d);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : g) v = dist(gen);
+  return g;
+}
+
+void PrintCodecBenchLine(const CodecBenchResult& r) {
+  const double bytes = 4.0 * r.elements;
+  const double encode_gbps = bytes / r.encode_s / 1e9;
+  const double decode_gbps = bytes / r.decode_s / 1e9;
+  const double memcpy_gbps = bytes / r.memcpy_s / 1e9;
+  std::printf(
+      "{\"bench\":\"%s\",\"codec\":\"%s\",\"elements\":%zu,"
+      "\"encode_gbps\":%.4f,\"decode_gbps\":%.4f,\"memcpy_gbps\":%.4f,"
+      "\"encode_ratio\":%.5f,\"decode_ratio\":%.5f,",
+      r.bench, r.spec->ToString().c_str(), r.elements, encode_gbps,
+      decode_gbps, memcpy_gbps, encode_gbps / memcpy_gbps,
+      decode_gbps / memcpy_gbps);
+  if (r.with_compression_ratio) {
+    std::printf("\"compression_ratio\":%.3f,",
+                bytes / static_cast<double>(r.wire_bytes));
+  }
+  // The link rate (Gbit/s) below which compressing this tensor pays: the
+  // bytes saved take longer to send than encode + decode take. 0 when the
+  // payload is not smaller than the fp32 tensor (compression never pays).
+  const double saved = bytes - static_cast<double>(r.wire_bytes);
+  const double breakeven_gbps =
+      saved > 0 ? saved * 8.0 / (r.encode_s + r.decode_s) / 1e9 : 0.0;
+  std::printf("\"breakeven_gbps\":%.3f,\"wire_bytes\":%zu}\n", breakeven_gbps,
+              r.wire_bytes);
+  std::fflush(stdout);
+}
+
+}  // namespace harrier::bench
