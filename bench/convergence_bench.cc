@@ -10,9 +10,11 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -25,9 +27,27 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/codec/survey_codecs.h"
+#include "common/json.h"
+#include "bench/flags.h"
 #include "bench/netem/emulated_network.h"
 #include "bench/server_cluster.h"
+#include "bench/shared_flags.h"
 #include "bench/training_run.h"
+
+ABSL_FLAG(std::string, syncs, "bsp,ssp2,asp,local4",
+          "convergence: sync settings (ssp2 = ssp, staleness 2; local4 = local SGD, 4 steps)");
+ABSL_FLAG(std::string, pulls, "off,on", "convergence: off: dense pulls; on: the codec's pull codec");
+ABSL_FLAG(std::string, links, "1,10", "convergence: Gbit/s of every host's link (0: unshaped)");
+ABSL_FLAG(int, epochs, 3, "convergence: passes over each worker's quarter of the data");
+ABSL_FLAG(int64_t, max_steps, 0, "convergence: 0: no cap; else at most this many steps per worker");
+ABSL_FLAG(std::string, targets, "mlp:0.85,cnn:0.88",
+          "convergence: MODEL:ACCURACY whose first evaluation at or above it gives "
+          "time_to_target_s");
+ABSL_FLAG(std::string, out_dir, "", "convergence: where the files go (required)");
+ABSL_FLAG(bool, resume, true,
+          "convergence: skip runs with an ok line in runs.jsonl (false: run the whole grid)");
+ABSL_FLAG(bool, dry_run, false,
+          "convergence: print the run ids it would run; start nothing, write nothing");
 
 namespace harrier::bench {
 namespace {
@@ -137,129 +157,103 @@ std::vector<std::string> SplitList(absl::string_view value) {
   return absl::StrSplit(value, ',', absl::SkipWhitespace());
 }
 
-std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
-  for (const SyncSetting& sync : SyncSettings()) options->syncs.push_back(&sync);
-  for (const SurveyCodec& codec : SurveyCodecs()) options->codecs.push_back(&codec);
-  for (int i = 0; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return "";
-    }
-    if (arg == "--dry_run") {
-      options->dry_run = true;
-      continue;
-    }
-    const size_t equals = arg.find('=');
-    if (!absl::StartsWith(arg, "--") || equals == absl::string_view::npos) {
-      return absl::StrCat("unknown argument '", arg, "' (flags are --name=value; see --help)");
-    }
-    const absl::string_view name = arg.substr(2, equals - 2);
-    const absl::string_view value = arg.substr(equals + 1);
-    if (name == "models") {
-      options->models = SplitList(value);
-      for (const std::string& model : options->models) {
-        if (model != "mlp" && model != "cnn") {
-          return absl::StrCat("--models: unknown model '", model, "' (mlp, cnn)");
-        }
-      }
-      if (options->models.empty()) return "--models: empty list";
-    } else if (name == "syncs") {
-      options->syncs.clear();
-      for (const std::string& sync : SplitList(value)) {
-        const SyncSetting* setting = FindByName(SyncSettings(), sync);
-        if (setting == nullptr) {
-          return absl::StrCat("--syncs: unknown sync '", sync, "' (", Names(SyncSettings()), ")");
-        }
-        options->syncs.push_back(setting);
-      }
-      if (options->syncs.empty()) return "--syncs: empty list";
-    } else if (name == "codecs") {
-      options->codecs.clear();
-      for (const std::string& codec : SplitList(value)) {
-        const SurveyCodec* setting = FindSurveyCodec(codec);
-        if (setting == nullptr) {
-          return absl::StrCat("--codecs: unknown codec '", codec, "' (", Names(SurveyCodecs()), ")");
-        }
-        options->codecs.push_back(setting);
-      }
-      if (options->codecs.empty()) return "--codecs: empty list";
-    } else if (name == "pulls") {
-      options->pulls.clear();
-      for (const std::string& pull : SplitList(value)) {
-        if (pull != "off" && pull != "on") {
-          return absl::StrCat("--pulls: '", pull, "' is neither off nor on");
-        }
-        options->pulls.push_back(pull == "on");
-      }
-      if (options->pulls.empty()) return "--pulls: empty list";
-    } else if (name == "links") {
-      options->links.clear();
-      for (const std::string& link : SplitList(value)) {
-        double gbps = 0;
-        if (!absl::SimpleAtod(link, &gbps) || !(gbps >= 0) || !std::isfinite(gbps)) {
-          return absl::StrCat("--links: bad rate '", link, "' (Gbit/s >= 0; 0: unshaped)");
-        }
-        options->links.push_back(gbps);
-      }
-      if (options->links.empty()) return "--links: empty list";
-    } else if (name == "targets") {
-      options->targets.clear();
-      for (const std::string& entry : SplitList(value)) {
-        const std::vector<std::string> parts = absl::StrSplit(entry, ':');
-        double target = 0;
-        if (parts.size() != 2 || !absl::SimpleAtod(parts[1], &target) ||
-            !(target > 0 && target <= 1)) {
-          return absl::StrCat("--targets: bad entry '", entry,
-                              "' (MODEL:ACCURACY, accuracy in (0, 1])");
-        }
-        options->targets[parts[0]] = target;
-      }
-    } else if (name == "workers" || name == "shards" || name == "epochs" || name == "eval_every") {
-      int number = 0;
-      if (!absl::SimpleAtoi(value, &number) || number < 1) {
-        return absl::StrCat("bad --", name, "='", value, "' (a positive integer)");
-      }
-      if (name == "workers") options->workers = number;
-      if (name == "shards") options->shards = number;
-      if (name == "epochs") options->epochs = number;
-      if (name == "eval_every") options->eval_every = number;
-    } else if (name == "max_steps") {
-      if (!absl::SimpleAtoi(value, &options->max_steps) || options->max_steps < 0) {
-        return absl::StrCat("bad --max_steps='", value, "' (0: no cap, else a positive cap)");
-      }
-    } else if (name == "train_examples") {
-      if (!absl::SimpleAtoi(value, &options->train_examples) || options->train_examples < 0) {
-        return absl::StrCat("bad --train_examples='", value, "' (0: all)");
-      }
-    } else if (name == "run_timeout_s") {
-      if (!absl::SimpleAtod(value, &options->run_timeout_s) || !(options->run_timeout_s > 0)) {
-        return absl::StrCat("bad --run_timeout_s='", value, "' (seconds > 0)");
-      }
-    } else if (name == "resume") {
-      if (value != "true" && value != "false") return "--resume must be true or false";
-      options->resume = value == "true";
-    } else if (name == "dry_run") {
-      if (value != "true" && value != "false") return "--dry_run must be true or false";
-      options->dry_run = value == "true";
-    } else if (name == "out_dir") {
-      options->out_dir = std::string(value);
-    } else if (name == "server_flags" || name == "worker_flags") {
-      std::vector<std::string> flags = absl::StrSplit(value, ' ', absl::SkipWhitespace());
-      for (const std::string& flag : flags) {
-        if (!absl::StartsWith(flag, "--")) {
-          return absl::StrCat("--", name, ": '", flag, "' is not a --flag");
-        }
-      }
-      (name == "server_flags" ? options->server_flags : options->worker_flags) = flags;
-    } else if (name == "server_binary") {
-      options->server_binary = std::string(value);
-    } else if (name == "worker_binary") {
-      options->worker_binary = std::string(value);
-    } else {
-      return absl::StrCat("unknown flag --", name, " (see --help)");
+// Returns a message for a usage error, "" on success.
+std::string ParseArgs(Options* options) {
+  options->models = SplitList(FlagOr(FLAGS_models, "mlp,cnn"));
+  for (const std::string& model : options->models) {
+    if (model != "mlp" && model != "cnn") {
+      return absl::StrCat("--models: unknown model '", model, "' (mlp, cnn)");
     }
   }
+  if (options->models.empty()) return "--models: empty list";
+  for (const std::string& sync : SplitList(absl::GetFlag(FLAGS_syncs))) {
+    const SyncSetting* setting = FindByName(SyncSettings(), sync);
+    if (setting == nullptr) {
+      return absl::StrCat("--syncs: unknown sync '", sync, "' (", Names(SyncSettings()), ")");
+    }
+    options->syncs.push_back(setting);
+  }
+  if (options->syncs.empty()) return "--syncs: empty list";
+  const std::string codecs = absl::GetFlag(FLAGS_codecs);
+  if (codecs.empty()) {
+    for (const SurveyCodec& codec : SurveyCodecs()) options->codecs.push_back(&codec);
+  }
+  for (const std::string& codec : SplitList(codecs)) {
+    const SurveyCodec* setting = FindSurveyCodec(codec);
+    if (setting == nullptr) {
+      return absl::StrCat("--codecs: unknown codec '", codec, "' (", Names(SurveyCodecs()), ")");
+    }
+    options->codecs.push_back(setting);
+  }
+  if (options->codecs.empty()) return "--codecs: empty list";
+  options->pulls.clear();
+  for (const std::string& pull : SplitList(absl::GetFlag(FLAGS_pulls))) {
+    if (pull != "off" && pull != "on") {
+      return absl::StrCat("--pulls: '", pull, "' is neither off nor on");
+    }
+    options->pulls.push_back(pull == "on");
+  }
+  if (options->pulls.empty()) return "--pulls: empty list";
+  options->links.clear();
+  for (const std::string& link : SplitList(absl::GetFlag(FLAGS_links))) {
+    double gbps = 0;
+    if (!absl::SimpleAtod(link, &gbps) || !(gbps >= 0) || !std::isfinite(gbps)) {
+      return absl::StrCat("--links: bad rate '", link, "' (Gbit/s >= 0; 0: unshaped)");
+    }
+    options->links.push_back(gbps);
+  }
+  if (options->links.empty()) return "--links: empty list";
+  options->targets.clear();
+  for (const std::string& entry : SplitList(absl::GetFlag(FLAGS_targets))) {
+    const std::vector<std::string> parts = absl::StrSplit(entry, ':');
+    double target = 0;
+    if (parts.size() != 2 || !absl::SimpleAtod(parts[1], &target) ||
+        !(target > 0 && target <= 1)) {
+      return absl::StrCat("--targets: bad entry '", entry,
+                          "' (MODEL:ACCURACY, accuracy in (0, 1])");
+    }
+    options->targets[parts[0]] = target;
+  }
+  for (const std::string& error :
+       {NumberFlagOr(FLAGS_workers, "workers", 4, 1, &options->workers),
+        NumberFlagOr(FLAGS_shards, "shards", 2, 1, &options->shards)}) {
+    if (!error.empty()) return error;
+  }
+  options->epochs = absl::GetFlag(FLAGS_epochs);
+  options->eval_every = absl::GetFlag(FLAGS_eval_every);
+  if (options->epochs < 1) return "bad --epochs (a positive integer)";
+  if (options->eval_every < 1) return "bad --eval_every (a positive integer)";
+  options->max_steps = absl::GetFlag(FLAGS_max_steps);
+  if (options->max_steps < 0) {
+    return absl::StrCat("bad --max_steps='", options->max_steps, "' (0: no cap, else a positive cap)");
+  }
+  options->train_examples = absl::GetFlag(FLAGS_train_examples);
+  if (options->train_examples < 0) {
+    return absl::StrCat("bad --train_examples='", options->train_examples, "' (0: all)");
+  }
+  if (auto error = NumberFlagOr(FLAGS_run_timeout_s, "run_timeout_s", 900.0, 0.0,
+                                &options->run_timeout_s);
+      !error.empty()) {
+    return error;
+  }
+  if (!(options->run_timeout_s > 0)) return "bad --run_timeout_s (seconds > 0)";
+  options->resume = absl::GetFlag(FLAGS_resume);
+  options->dry_run = absl::GetFlag(FLAGS_dry_run);
+  options->out_dir = absl::GetFlag(FLAGS_out_dir);
+  for (auto [name, flag, out] :
+       {std::make_tuple("server_flags", &FLAGS_server_flags, &options->server_flags),
+        std::make_tuple("worker_flags", &FLAGS_worker_flags, &options->worker_flags)}) {
+    std::vector<std::string> flags =
+        absl::StrSplit(absl::GetFlag(*flag), ' ', absl::SkipWhitespace());
+    for (const std::string& extra : flags) {
+      if (!absl::StartsWith(extra, "--")) {
+        return absl::StrCat("--", name, ": '", extra, "' is not a --flag");
+      }
+    }
+    *out = std::move(flags);
+  }
+  options->server_binary = absl::GetFlag(FLAGS_server_binary);
+  options->worker_binary = absl::GetFlag(FLAGS_worker_binary);
   if (options->out_dir.empty()) return "--out_dir=DIR is required";
   for (const std::string& model : options->models) {
     if (options->targets.count(model) == 0) {
@@ -312,29 +306,22 @@ const std::vector<std::string>& RunKeys() {
 constexpr const char* kCurvesHeader =
     "run_id,model,sync,codec,pulls,link_gbps,step,wall_s,loss,accuracy,bytes_up,bytes_down";
 
-std::string JsonEscape(absl::string_view text) {
-  std::string out;
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
+std::string ToJson(const Record& record) {
+  Json json = Json::object();
+  for (const Field& field : record) {
+    int64_t integer = 0;
+    double number = 0;
+    if (field.is_string) {
+      json[field.key] = field.text;
+    } else if (absl::SimpleAtoi(field.text, &integer)) {
+      json[field.key] = integer;
+    } else if (absl::SimpleAtod(field.text, &number)) {
+      json[field.key] = number;
     } else {
-      out += c;
+      json[field.key] = nullptr;  // not a number: never written by MakeRecord
     }
   }
-  return out;
-}
-
-std::string ToJson(const Record& record) {
-  std::vector<std::string> parts;
-  for (const Field& field : record) {
-    parts.push_back(field.is_string
-                        ? absl::StrCat("\"", field.key, "\":\"", JsonEscape(field.text), "\"")
-                        : absl::StrCat("\"", field.key, "\":", field.text));
-  }
-  return absl::StrCat("{", absl::StrJoin(parts, ","), "}");
+  return DumpJson(json);
 }
 
 std::string CsvField(absl::string_view text) {
@@ -351,54 +338,18 @@ std::string ToCsv(const Record& record) {
 // A flat JSON object as ToJson writes it, keys in order; nullopt when the
 // line is not one (e.g. cut short by a kill).
 std::optional<Record> ParseFlatJson(absl::string_view line) {
+  const Json json = ParseJson(line);
+  if (!json.is_object()) return std::nullopt;
   Record record;
-  size_t i = 0;
-  auto expect = [&](char c) {
-    if (i < line.size() && line[i] == c) {
-      ++i;
-      return true;
-    }
-    return false;
-  };
-  auto read_string = [&](std::string* out) {
-    if (!expect('"')) return false;
-    while (i < line.size() && line[i] != '"') {
-      if (line[i] == '\\') {
-        if (++i >= line.size()) return false;
-        if (line[i] == 'u') {
-          int code = 0;
-          if (i + 4 >= line.size() || !absl::SimpleHexAtoi(line.substr(i + 1, 4), &code)) {
-            return false;
-          }
-          *out += static_cast<char>(code);
-          i += 5;
-          continue;
-        }
-      }
-      *out += line[i++];
-    }
-    return expect('"');
-  };
-  if (!expect('{')) return std::nullopt;
-  while (true) {
-    Field field;
-    if (!read_string(&field.key) || !expect(':')) return std::nullopt;
-    if (i < line.size() && line[i] == '"') {
-      field.is_string = true;
-      if (!read_string(&field.text)) return std::nullopt;
+  for (const auto& [key, value] : json.items()) {
+    if (value.is_string()) {
+      record.push_back({key, value.get<std::string>(), true});
+    } else if (value.is_number()) {
+      record.push_back({key, DumpJson(value), false});
     } else {
-      const size_t end = line.find_first_of(",}", i);
-      if (end == absl::string_view::npos) return std::nullopt;
-      field.text = std::string(line.substr(i, end - i));
-      double number = 0;
-      if (!absl::SimpleAtod(field.text, &number)) return std::nullopt;
-      i = end;
+      return std::nullopt;
     }
-    record.push_back(std::move(field));
-    if (expect('}')) break;
-    if (!expect(',')) return std::nullopt;
   }
-  if (i != line.size()) return std::nullopt;
   return record;
 }
 
@@ -516,10 +467,13 @@ struct RunSpec {
   std::string pull_codec() const { return pulls ? codec->pull_spec : "none"; }
 };
 
-// Numbers as the files carry them: unknown (or not finite) is -1.
+// Numbers as the files carry them: unknown (or not finite) is -1; else
+// rounded to `decimals` and written as JSON writes that number, so that
+// runs.csv rows rebuilt from runs.jsonl on a resume are the rows written.
 std::string Number(double value, int decimals) {
   if (!std::isfinite(value) || value == -1) return "-1";
-  return absl::StrFormat("%.*f", decimals, value);
+  if (decimals == 0) return absl::StrCat(std::llround(value));
+  return DumpJson(RoundTo(value, decimals));
 }
 
 struct Measured {
@@ -660,15 +614,18 @@ absl::StatusOr<Measured> RunOne(const Options& options, const TrainingRunner& ru
 }  // namespace
 
 int RunConvergenceBench(int argc, char** argv) {
+  if (std::optional<int> exit_code = ParseBenchFlags(
+          argc, argv, kUsage,
+          {"models", "syncs", "codecs", "pulls", "links", "workers", "shards", "epochs",
+           "max_steps", "eval_every", "targets", "train_examples", "out_dir", "resume",
+           "run_timeout_s", "dry_run", "server_flags", "worker_flags", "server_binary",
+           "worker_binary"})) {
+    return *exit_code;
+  }
   Options options;
-  bool help = false;
-  if (const std::string error = ParseArgs(argc, argv, &options, &help); !error.empty()) {
+  if (const std::string error = ParseArgs(&options); !error.empty()) {
     std::fprintf(stderr, "harrier-bench convergence: %s\n", error.c_str());
     return 2;
-  }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return 0;
   }
 
   // The grid, link outermost: one emulated network per link.

@@ -12,7 +12,7 @@
 
 namespace harrier::bench {
 
-// argv excludes the subcommand; --help lists the flags. Returns 0 when every
+// argv[0] is the subcommand's name; --help lists the flags. Returns 0 when every
 // run of the grid is done ok (now or before), 1 when a run failed (its line
 // says why) or namespaces cannot be made here, 2 on a usage error. Call
 // before this process has started other threads (it tunes malloc).

@@ -4,6 +4,7 @@
 // diagnostics on stderr.
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "common/process.h"
 #include "bench/codec/codec_bench.h"
@@ -15,8 +16,8 @@
 
 namespace {
 
-// A subcommand receives the arguments after its name (argv[0] is its first
-// flag) and returns the process exit status.
+// A subcommand receives the arguments from its name on (argv[0] is the
+// subcommand's name, then its flags) and returns the process exit status.
 struct Subcommand {
   const char* name;
   const char* summary;
@@ -75,7 +76,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   for (const Subcommand& subcommand : kSubcommands) {
-    if (std::strcmp(name, subcommand.name) == 0) return subcommand.run(argc - 2, argv + 2);
+    if (std::strcmp(name, subcommand.name) == 0) {
+      // The subcommand's messages and absl's name it "harrier-bench NAME".
+      std::string program = std::string("harrier-bench ") + name;
+      argv[1] = program.data();
+      return subcommand.run(argc - 1, argv + 1);
+    }
   }
   std::fprintf(stderr, "harrier-bench: unknown subcommand '%s'\n", name);
   PrintUsage(stderr);

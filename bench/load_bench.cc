@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -19,10 +21,18 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/json.h"
 #include "common/process.h"
 #include "bench/bench_util.h"
+#include "bench/flags.h"
 #include "bench/server_cluster.h"
+#include "bench/shared_flags.h"
 #include "worker/client.h"
+
+ABSL_FLAG(int, clients, 0, "load: concurrent clients (0: 64; 16 with --quick)");
+ABSL_FLAG(double, duration_s, 0, "load: seconds each sync mode runs (0: 60; 5 with --quick)");
+ABSL_FLAG(std::string, sync, "asp,bsp", "load: sync modes, one server cluster and JSON line each");
+ABSL_FLAG(double, rpc_timeout_s, 30, "load: ClientOptions::rpc_timeout in seconds");
 
 namespace harrier::bench {
 namespace {
@@ -51,7 +61,7 @@ constexpr const char* kUsage =
     "                           pushpull (one push-pull per tensor) or mixed (each\n"
     "                           client alternates the two, step by step)\n"
     "  --rpc_timeout_s=30       ClientOptions::rpc_timeout\n"
-    "  --quick                  16 clients x 5 s per mode (CI); later flags override it\n"
+    "  --quick                  16 clients x 5 s per mode (CI); explicit flags refine it\n"
     "  --server_binary=PATH     harrier-server to start (default: from runfiles)\n"
     "  --help\n";
 
@@ -74,82 +84,70 @@ struct Options {
 
 bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
-// Returns a message for a usage error, "" on success. Sets *help for --help.
-std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
-  // --quick first, so explicit flags refine it wherever they appear.
-  for (int i = 0; i < argc; ++i) {
-    if (absl::string_view(argv[i]) == "--quick") {
-      options->clients = 16;
-      options->duration_s = 5;
-    }
+// Returns a message for a usage error, "" on success.
+std::string ParseArgs(Options* options) {
+  // --quick: 16 clients x 5 s; the flags given explicitly refine it.
+  if (absl::GetFlag(FLAGS_quick)) {
+    options->clients = 16;
+    options->duration_s = 5;
   }
-  for (int i = 0; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return "";
+  if (const int clients = absl::GetFlag(FLAGS_clients); clients != 0) {
+    if (clients < 0) return absl::StrCat("bad --clients='", clients, "'");
+    options->clients = clients;
+  }
+  if (const std::string value = absl::GetFlag(FLAGS_shards); !value.empty()) {
+    auto counts = ParseIntList(value);
+    if (!counts.ok() || counts->size() != 1) return absl::StrCat("bad --shards='", value, "'");
+    options->shards = (*counts)[0];
+  }
+  if (const double seconds = absl::GetFlag(FLAGS_duration_s); seconds != 0) {
+    if (!(seconds > 0)) return absl::StrCat("bad --duration_s='", seconds, "' (seconds > 0)");
+    options->duration_s = seconds;
+  }
+  options->rpc_timeout_s = absl::GetFlag(FLAGS_rpc_timeout_s);
+  if (!(options->rpc_timeout_s > 0)) {
+    return absl::StrCat("bad --rpc_timeout_s='", options->rpc_timeout_s, "' (seconds > 0)");
+  }
+  options->syncs.clear();
+  for (absl::string_view sync : absl::StrSplit(absl::GetFlag(FLAGS_sync), ',',
+                                               absl::SkipWhitespace())) {
+    if (sync != "asp" && sync != "bsp") {
+      return absl::StrCat("--sync: unknown mode '", sync, "' (asp or bsp)");
     }
-    if (arg == "--quick") continue;
-    const size_t equals = arg.find('=');
-    if (!absl::StartsWith(arg, "--") || equals == absl::string_view::npos) {
-      return absl::StrCat("unknown argument '", arg, "' (flags are --name=value; see --help)");
+    options->syncs.emplace_back(sync);
+  }
+  if (options->syncs.empty()) return "--sync: empty list";
+  options->transport = absl::GetFlag(FLAGS_transport);
+  if (options->transport != "grpc" && options->transport != "ucx") {
+    return absl::StrCat("--transport: unknown transport '", options->transport, "' (grpc or ucx)");
+  }
+  if (const std::string value = absl::GetFlag(FLAGS_sizes); !value.empty()) {
+    auto sizes = ParseByteList(value);
+    if (!sizes.ok()) return absl::StrCat("--sizes: ", sizes.status().message());
+    for (size_t size : *sizes) {
+      if (size % sizeof(float) != 0) {
+        return absl::StrCat("--sizes: ", size, " is not a whole number of float32 values");
+      }
     }
-    const absl::string_view name = arg.substr(2, equals - 2);
-    const absl::string_view value = arg.substr(equals + 1);
-    if (name == "clients" || name == "shards") {
-      auto counts = ParseIntList(value);
-      if (!counts.ok() || counts->size() != 1)
-        return absl::StrCat("bad --", name, "='", value, "'");
-      (name == "clients" ? options->clients : options->shards) = (*counts)[0];
-    } else if (name == "duration_s" || name == "rpc_timeout_s") {
-      double seconds = 0;
-      if (!absl::SimpleAtod(value, &seconds) || !(seconds > 0)) {
-        return absl::StrCat("bad --", name, "='", value, "' (seconds > 0)");
-      }
-      (name == "duration_s" ? options->duration_s : options->rpc_timeout_s) = seconds;
-    } else if (name == "sync") {
-      options->syncs.clear();
-      for (absl::string_view sync : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
-        if (sync != "asp" && sync != "bsp") {
-          return absl::StrCat("--sync: unknown mode '", sync, "' (asp or bsp)");
-        }
-        options->syncs.emplace_back(sync);
-      }
-      if (options->syncs.empty()) return "--sync: empty list";
-    } else if (name == "transport") {
-      if (value != "grpc" && value != "ucx") {
-        return absl::StrCat("--transport: unknown transport '", value, "' (grpc or ucx)");
-      }
-      options->transport = std::string(value);
-    } else if (name == "sizes") {
-      auto sizes = ParseByteList(value);
-      if (!sizes.ok()) return absl::StrCat("--sizes: ", sizes.status().message());
-      for (size_t size : *sizes) {
-        if (size % sizeof(float) != 0) {
-          return absl::StrCat("--sizes: ", size, " is not a whole number of float32 values");
-        }
-      }
-      options->sizes = *sizes;
-    } else if (name == "chunk_bytes") {
-      auto chunk = ParseByteList(value);
-      if (!chunk.ok() || chunk->size() != 1) return absl::StrCat("bad --chunk_bytes='", value, "'");
-      options->chunk_bytes = (*chunk)[0];
-    } else if (name == "ops") {
-      if (value == "mixed") {
-        options->ops = OpsMode::kMixed;
-      } else if (value == "pullpush") {
-        options->ops = OpsMode::kPullPush;
-      } else if (value == "pushpull") {
-        options->ops = OpsMode::kPushPull;
-      } else {
-        return absl::StrCat("--ops: unknown '", value, "' (mixed, pullpush or pushpull)");
-      }
-    } else if (name == "server_binary") {
-      options->server_binary = std::string(value);
+    options->sizes = *sizes;
+  }
+  if (const std::string value = absl::GetFlag(FLAGS_chunk_bytes); !value.empty()) {
+    auto chunk = ParseByteList(value);
+    if (!chunk.ok() || chunk->size() != 1) return absl::StrCat("bad --chunk_bytes='", value, "'");
+    options->chunk_bytes = (*chunk)[0];
+  }
+  if (const std::string value = absl::GetFlag(FLAGS_ops); !value.empty()) {
+    if (value == "mixed") {
+      options->ops = OpsMode::kMixed;
+    } else if (value == "pullpush") {
+      options->ops = OpsMode::kPullPush;
+    } else if (value == "pushpull") {
+      options->ops = OpsMode::kPushPull;
     } else {
-      return absl::StrCat("unknown flag --", name, " (see --help)");
+      return absl::StrCat("--ops: unknown '", value, "' (mixed, pullpush or pushpull)");
     }
   }
+  options->server_binary = absl::GetFlag(FLAGS_server_binary);
   for (const std::string& sync : options->syncs) {
     if (sync == "asp" && !IsPowerOfTwo(options->clients)) {
       return absl::StrCat("--clients=", options->clients,
@@ -478,17 +476,6 @@ std::vector<float> ExpectedValues(bool bsp, const Tensor& tensor, size_t k,
   return expected;
 }
 
-// Keeps a message inside a JSON string without escapes.
-std::string JsonSafe(absl::string_view text) {
-  std::string out(text.substr(0, 300));
-  for (char& ch : out) {
-    if (ch == '"') ch = '\'';
-    if (ch == '\\') ch = '/';
-    if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';
-  }
-  return out;
-}
-
 // One sync mode: start the servers, run every client, check every element.
 bool RunMode(const Options& options, const std::string& binary, const std::string& sync) {
   const std::vector<Tensor> tensors = MakeTensors(options.sizes);
@@ -644,33 +631,39 @@ bool RunMode(const Options& options, const std::string& binary, const std::strin
     step_bytes += 2 * size;  // up and down, whichever op carried them
   }
   const double p50 = Percentile(all_latency, 0.50), p99 = Percentile(all_latency, 0.99);
-  std::string line = absl::StrCat(
-      "{\"bench\":\"load\",\"sync\":\"", sync, "\",\"transport\":\"", options.transport,
-      "\",\"clients\":", options.clients, ",\"shards\":", options.shards,
-      ",\"tensors\":", tensors.size(), ",\"chunks\":", chunks,
-      ",\"seconds\":", absl::StrFormat("%.3f", seconds), ",\"ops\":", ops, ",\"errors\":", errors,
-      ",\"p50_us\":", absl::StrFormat("%.1f", p50), ",\"p99_us\":", absl::StrFormat("%.1f", p99),
-      ",\"ops_per_s\":", absl::StrFormat("%.1f", seconds > 0 ? ops / seconds : 0.0));
+  Json line = {
+      {"bench", "load"},
+      {"sync", sync},
+      {"transport", options.transport},
+      {"clients", options.clients},
+      {"shards", options.shards},
+      {"tensors", tensors.size()},
+      {"chunks", chunks},
+      {"seconds", RoundTo(seconds, 3)},
+      {"ops", ops},
+      {"errors", errors},
+      {"p50_us", RoundTo(p50, 1)},
+      {"p99_us", RoundTo(p99, 1)},
+      {"ops_per_s", RoundTo(seconds > 0 ? ops / seconds : 0.0, 1)},
+  };
   for (int kind = 0; kind < kNumOpKinds; ++kind) {
     if (kind_latency[kind].empty()) continue;
-    absl::StrAppend(&line, ",\"", kOpNames[kind], "_ops\":", kind_latency[kind].size(), ",\"",
-                    kOpNames[kind],
-                    "_p50_us\":", absl::StrFormat("%.1f", Percentile(kind_latency[kind], 0.50)),
-                    ",\"", kOpNames[kind],
-                    "_p99_us\":", absl::StrFormat("%.1f", Percentile(kind_latency[kind], 0.99)));
+    const std::string name = kOpNames[kind];
+    line[name + "_ops"] = kind_latency[kind].size();
+    line[name + "_p50_us"] = RoundTo(Percentile(kind_latency[kind], 0.50), 1);
+    line[name + "_p99_us"] = RoundTo(Percentile(kind_latency[kind], 0.99), 1);
   }
-  absl::StrAppend(
-      &line, ",\"steps\":", steps, ",\"min_steps\":", min_steps, ",\"max_steps\":", max_steps,
-      ",\"payload_gbps\":",
-      absl::StrFormat("%.4f",
-                      seconds > 0 ? steps * static_cast<double>(step_bytes) / seconds / 1e9 : 0.0),
-      ",\"bad_reads\":", bad_reads, ",\"late_reads\":", late_reads,
-      ",\"mismatched_elements\":", mismatched, ",\"exact_sum\":", exact ? "true" : "false");
-  if (!error_lines.empty()) {
-    absl::StrAppend(&line, ",\"first_error\":\"", JsonSafe(error_lines.front()), "\"");
-  }
-  absl::StrAppend(&line, "}\n");
-  std::fputs(line.c_str(), stdout);
+  line["steps"] = steps;
+  line["min_steps"] = min_steps;
+  line["max_steps"] = max_steps;
+  line["payload_gbps"] =
+      RoundTo(seconds > 0 ? steps * static_cast<double>(step_bytes) / seconds / 1e9 : 0.0, 4);
+  line["bad_reads"] = bad_reads;
+  line["late_reads"] = late_reads;
+  line["mismatched_elements"] = mismatched;
+  line["exact_sum"] = exact;
+  if (!error_lines.empty()) line["first_error"] = error_lines.front().substr(0, 300);
+  std::printf("%s\n", DumpJson(line).c_str());
   std::fflush(stdout);
 
   for (const std::string& error : error_lines) {
@@ -698,15 +691,16 @@ bool RunMode(const Options& options, const std::string& binary, const std::strin
 }  // namespace
 
 int RunLoadBench(int argc, char** argv) {
+  if (std::optional<int> exit_code = ParseBenchFlags(
+          argc, argv, kUsage,
+          {"clients", "duration_s", "shards", "sync", "transport", "sizes", "chunk_bytes", "ops",
+           "rpc_timeout_s", "quick", "server_binary"})) {
+    return *exit_code;
+  }
   Options options;
-  bool help = false;
-  if (std::string error = ParseArgs(argc, argv, &options, &help); !error.empty()) {
+  if (std::string error = ParseArgs(&options); !error.empty()) {
     std::fprintf(stderr, "harrier-bench load: %s\n", error.c_str());
     return 2;
-  }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return 0;
   }
   auto binary = PrepareServerBench("load", options.server_binary);
   if (!binary.ok()) return 2;

@@ -9,7 +9,7 @@
 namespace harrier::bench {
 
 // Prints one JSON line per sync mode to stdout and a one-line summary per
-// mode to stderr. argv excludes the subcommand; --help lists the flags.
+// mode to stderr. argv[0] is the subcommand's name; --help lists the flags.
 // Returns 0 when every mode ran with no failed call and the exact expected
 // parameters, 1 otherwise, 2 on a usage error (message on stderr). Starts
 // and stops its own server processes; call before this process has started

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,8 +23,10 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -32,9 +35,24 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "bench/flags.h"
 #include "bench/netem/emulated_network.h"
 #include "bench/netem/host_process.h"
+#include "bench/shared_flags.h"
 #include "worker/workload/replay_models.h"
+
+ABSL_FLAG(std::string, links_gbps, "1,10,25", "overlap: link rates in Gbit/s (0 = unshaped)");
+ABSL_FLAG(std::string, compute_scale, "1",
+          "overlap: scale of the modelled compute, or 'balanced' (compute_ms = the PS comm_ms)");
+ABSL_FLAG(int, steps, 5, "overlap: timed steps per run");
+ABSL_FLAG(int, warmup_steps, 1, "overlap: untimed steps per run");
+ABSL_FLAG(int64_t, fusion_bytes, 0, "overlap: passed to the workers (0 = technique default)");
+ABSL_FLAG(int64_t, partition_bytes, 0, "overlap: passed to the workers (0 = technique default)");
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "overlap: passed to the workers (0 = technique default)");
+ABSL_FLAG(int64_t, bucket_bytes, 25 << 20, "overlap: all-reduce bucket (harrier-allreduce-replay)");
+ABSL_FLAG(std::string, allreduce_binary, "",
+          "overlap: harrier-allreduce-replay (default: runfiles, then the bazel-bin layout)");
 
 namespace harrier::bench {
 
@@ -108,86 +126,58 @@ struct Options {
 };
 
 // Returns an error message, or "" when the flags parsed.
-std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
-  for (int i = 0; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return "";
+std::string ParseArgs(Options* options) {
+  options->models = absl::StrSplit(FlagOr(FLAGS_models, "resnet50,vgg16,bert-base"), ',',
+                                   absl::SkipEmpty());
+  if (options->models.empty()) return "--models is empty";
+  options->links_gbps.clear();
+  for (absl::string_view item :
+       absl::StrSplit(absl::GetFlag(FLAGS_links_gbps), ',', absl::SkipEmpty())) {
+    double gbps = 0;
+    if (!absl::SimpleAtod(item, &gbps) || gbps < 0) {
+      return absl::StrCat("--links_gbps: '", item, "' is not a rate >= 0");
     }
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return absl::StrCat("unknown argument '", arg, "' (flags are --name=value)");
-    }
-    const std::string name = arg.substr(2, eq - 2);
-    const std::string value = arg.substr(eq + 1);
-    auto int_flag = [&](auto* out, int64_t min) -> std::string {
-      int64_t parsed = 0;
-      if (!absl::SimpleAtoi(value, &parsed) || parsed < min) {
-        return absl::StrCat("--", name, "=", value, ": want an integer >= ", min);
-      }
-      *out = static_cast<std::remove_pointer_t<decltype(out)>>(parsed);
-      return "";
-    };
-    std::string error;
-    if (name == "models") {
-      options->models = absl::StrSplit(value, ',', absl::SkipEmpty());
-      if (options->models.empty()) error = "--models is empty";
-    } else if (name == "links_gbps") {
-      options->links_gbps.clear();
-      for (absl::string_view item : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        double gbps = 0;
-        if (!absl::SimpleAtod(item, &gbps) || gbps < 0) {
-          return absl::StrCat("--links_gbps: '", item, "' is not a rate >= 0");
-        }
-        options->links_gbps.push_back(gbps);
-      }
-      if (options->links_gbps.empty()) error = "--links_gbps is empty";
-    } else if (name == "compute_scale") {
-      double scale = 0;
-      if (value == "balanced") {
-        options->compute_scale.reset();
-      } else if (absl::SimpleAtod(value, &scale) && scale >= 0) {
-        options->compute_scale = scale;
-      } else {
-        error = absl::StrCat("--compute_scale=", value, ": want a number >= 0 or 'balanced'");
-      }
-    } else if (name == "techniques") {
-      options->techniques = absl::StrSplit(value, ',', absl::SkipEmpty());
-      if (options->techniques.empty()) error = "--techniques is empty";
-    } else if (name == "workers") {
-      error = int_flag(&options->workers, 1);
-    } else if (name == "shards") {
-      error = int_flag(&options->shards, 1);
-    } else if (name == "steps") {
-      error = int_flag(&options->steps, 1);
-    } else if (name == "warmup_steps") {
-      error = int_flag(&options->warmup_steps, 0);
-    } else if (name == "fusion_bytes") {
-      error = int_flag(&options->fusion_bytes, 0);
-    } else if (name == "partition_bytes") {
-      error = int_flag(&options->partition_bytes, 0);
-    } else if (name == "max_inflight_bytes") {
-      error = int_flag(&options->max_inflight_bytes, 0);
-    } else if (name == "bucket_bytes") {
-      error = int_flag(&options->bucket_bytes, 1);
-    } else if (name == "run_timeout_s") {
-      error = int_flag(&options->run_timeout_s, 1);
-    } else if (name == "server_binary") {
-      options->server_binary = value;
-    } else if (name == "worker_binary") {
-      options->worker_binary = value;
-    } else if (name == "allreduce_binary") {
-      options->allreduce_binary = value;
-    } else if (name == "server_flags") {
-      options->server_flags = absl::StrSplit(value, ' ', absl::SkipEmpty());
-    } else if (name == "worker_flags") {
-      options->worker_flags = absl::StrSplit(value, ' ', absl::SkipEmpty());
-    } else {
-      error = absl::StrCat("unknown flag --", name);
-    }
+    options->links_gbps.push_back(gbps);
+  }
+  if (options->links_gbps.empty()) return "--links_gbps is empty";
+  const std::string scale_text = absl::GetFlag(FLAGS_compute_scale);
+  double scale = 0;
+  if (scale_text == "balanced") {
+    options->compute_scale.reset();
+  } else if (absl::SimpleAtod(scale_text, &scale) && scale >= 0) {
+    options->compute_scale = scale;
+  } else {
+    return absl::StrCat("--compute_scale=", scale_text, ": want a number >= 0 or 'balanced'");
+  }
+  options->techniques = absl::StrSplit(
+      FlagOr(FLAGS_techniques, "plain,wfbp,fusion,priority,all"), ',', absl::SkipEmpty());
+  if (options->techniques.empty()) return "--techniques is empty";
+  for (const std::string& error :
+       {NumberFlagOr(FLAGS_workers, "workers", 2, 1, &options->workers),
+        NumberFlagOr(FLAGS_shards, "shards", 2, 1, &options->shards),
+        NumberFlagOr(FLAGS_run_timeout_s, "run_timeout_s", 300, 1, &options->run_timeout_s)}) {
     if (!error.empty()) return error;
   }
+  options->steps = absl::GetFlag(FLAGS_steps);
+  options->warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  options->fusion_bytes = absl::GetFlag(FLAGS_fusion_bytes);
+  options->partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
+  options->max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  options->bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
+  for (const auto& [name, value, min] :
+       {std::make_tuple("steps", int64_t{options->steps}, int64_t{1}),
+        std::make_tuple("warmup_steps", int64_t{options->warmup_steps}, int64_t{0}),
+        std::make_tuple("fusion_bytes", options->fusion_bytes, int64_t{0}),
+        std::make_tuple("partition_bytes", options->partition_bytes, int64_t{0}),
+        std::make_tuple("max_inflight_bytes", options->max_inflight_bytes, int64_t{0}),
+        std::make_tuple("bucket_bytes", options->bucket_bytes, int64_t{1})}) {
+    if (value < min) return absl::StrCat("--", name, "=", value, ": want an integer >= ", min);
+  }
+  options->server_binary = absl::GetFlag(FLAGS_server_binary);
+  options->worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  options->allreduce_binary = absl::GetFlag(FLAGS_allreduce_binary);
+  options->server_flags = absl::StrSplit(absl::GetFlag(FLAGS_server_flags), ' ', absl::SkipEmpty());
+  options->worker_flags = absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipEmpty());
   if (options->workers + options->shards > 250) return "--workers + --shards must be <= 250";
   return "";
 }
@@ -515,15 +505,18 @@ absl::StatusOr<std::vector<Summary>> RunAllReduce(const Options& options,
 }  // namespace
 
 int RunOverlapBench(int argc, char** argv) {
+  if (std::optional<int> exit_code = ParseBenchFlags(
+          argc, argv, kUsage,
+          {"models", "links_gbps", "compute_scale", "techniques", "workers", "shards", "steps",
+           "warmup_steps", "fusion_bytes", "partition_bytes", "max_inflight_bytes",
+           "bucket_bytes", "run_timeout_s", "server_binary", "worker_binary", "allreduce_binary",
+           "server_flags", "worker_flags"})) {
+    return *exit_code;
+  }
   Options options;
-  bool help = false;
-  if (const std::string error = ParseArgs(argc, argv, &options, &help); !error.empty()) {
+  if (const std::string error = ParseArgs(&options); !error.empty()) {
     std::fprintf(stderr, "harrier-bench overlap: %s\n%s", error.c_str(), kUsage);
     return 2;
-  }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return 0;
   }
   std::vector<workload::ReplayModelSpec> specs;
   for (const std::string& name : options.models) {

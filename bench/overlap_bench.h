@@ -24,7 +24,7 @@ double AllReduceCommMs(double model_bytes, int ranks, double link_gbps);
 // `ip netns`): the smoke test tells this apart from a failure.
 inline constexpr int kOverlapUnavailableExit = 3;
 
-// `harrier-bench overlap [flags]`; argv[0] is the first flag.
+// `harrier-bench overlap [flags]`; argv[0] is the subcommand's name.
 int RunOverlapBench(int argc, char** argv);
 
 }  // namespace harrier::bench

@@ -6,11 +6,13 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -19,9 +21,22 @@
 #include "absl/strings/string_view.h"
 #include "common/process.h"
 #include "bench/bench_util.h"
+#include "bench/flags.h"
 #include "bench/server_cluster.h"
+#include "bench/shared_flags.h"
 #include "bench/tcp_baseline.h"
 #include "worker/client.h"
+
+ABSL_FLAG(std::string, bytes_per_point, "",
+          "transport: payload each point aims to move, all workers together (default 256M; "
+          "16M with --quick)");
+ABSL_FLAG(int, min_iterations, 3, "transport: timed ops per worker at least ...");
+ABSL_FLAG(int, max_iterations, 0, "transport: ... and at most (0: 300; 50 with --quick)");
+ABSL_FLAG(std::string, max_point_bytes, "0",
+          "transport: skip points whose workers x size exceeds this (0: none)");
+ABSL_FLAG(int, grpc_connections, harrier::ClientOptions().grpc_connections,
+          "transport: ClientOptions::grpc_connections");
+ABSL_FLAG(bool, skip_tcp, false, "transport: no TCP reference (tcp_gbps and ratio 0)");
 
 namespace harrier::bench {
 namespace {
@@ -41,7 +56,7 @@ constexpr const char* kUsage =
     "  --ops=push,pull,pushpull    operations to measure\n"
     "  --transport=grpc            grpc or ucx (servers get --ucx; UCX_TLS=tcp or sm,self\n"
     "                              picks UCX's transports, in this process and the servers)\n"
-    "  --quick                     small fast subset (smoke tests); later flags override it\n"
+    "  --quick                     small fast subset (smoke tests); explicit flags refine it\n"
     "  --bytes_per_point=256M      payload each point aims to move (all workers together)\n"
     "  --min_iterations=3          timed ops per worker at least ...\n"
     "  --max_iterations=300        ... and at most\n"
@@ -79,6 +94,7 @@ struct Options {
   std::string transport = "grpc";
 };
 
+// --quick: a small fast subset; the flags given explicitly refine it.
 void ApplyQuick(Options* options) {
   options->sizes = {4 * kKiB, 1 * kMiB};
   options->shards = {1, 2};
@@ -88,97 +104,80 @@ void ApplyQuick(Options* options) {
   options->max_iterations = 50;
 }
 
-// Returns a message for a usage error, "" on success. Sets *help for --help.
-std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
-  // --quick first, so explicit flags refine the subset wherever they appear.
-  for (int i = 0; i < argc; ++i) {
-    if (absl::string_view(argv[i]) == "--quick") ApplyQuick(options);
+// One byte count with an optional K/M/G suffix; "" when it parsed.
+std::string ParseBytes(absl::string_view name, absl::string_view value, uint64_t* out) {
+  auto parsed = ParseByteList(value);
+  if (!parsed.ok() || parsed->size() != 1) return absl::StrCat("bad --", name, "='", value, "'");
+  *out = (*parsed)[0];
+  return "";
+}
+
+// Returns a message for a usage error, "" on success.
+std::string ParseArgs(Options* options) {
+  if (absl::GetFlag(FLAGS_quick)) ApplyQuick(options);
+  if (const std::string value = absl::GetFlag(FLAGS_sizes); !value.empty()) {
+    auto sizes = ParseByteList(value);
+    if (!sizes.ok()) return absl::StrCat("--sizes: ", sizes.status().message());
+    for (size_t size : *sizes) {
+      if (size % sizeof(float) != 0) {
+        return absl::StrCat("--sizes: ", size, " is not a whole number of float32 values");
+      }
+    }
+    options->sizes = *sizes;
   }
-  for (int i = 0; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return "";
-    }
-    if (arg == "--quick") continue;
-    if (arg == "--skip_tcp") {
-      options->skip_tcp = true;
-      continue;
-    }
-    const size_t equals = arg.find('=');
-    if (!absl::StartsWith(arg, "--") || equals == absl::string_view::npos) {
-      return absl::StrCat("unknown argument '", arg, "' (flags are --name=value; see --help)");
-    }
-    const absl::string_view name = arg.substr(2, equals - 2);
-    const absl::string_view value = arg.substr(equals + 1);
-    auto bytes_value = [&](uint64_t* out) -> std::string {
-      auto parsed = ParseByteList(value);
-      if (!parsed.ok() || parsed->size() != 1) {
-        return absl::StrCat("bad --", name, "='", value, "'");
-      }
-      *out = (*parsed)[0];
-      return "";
-    };
-    if (name == "sizes") {
-      auto sizes = ParseByteList(value);
-      if (!sizes.ok()) return absl::StrCat("--sizes: ", sizes.status().message());
-      for (size_t size : *sizes) {
-        if (size % sizeof(float) != 0) {
-          return absl::StrCat("--sizes: ", size, " is not a whole number of float32 values");
-        }
-      }
-      options->sizes = *sizes;
-    } else if (name == "shards" || name == "workers") {
+  for (auto [name, flag, out] : {std::make_tuple("shards", &FLAGS_shards, &options->shards),
+                                 std::make_tuple("workers", &FLAGS_workers, &options->workers)}) {
+    if (const std::string value = absl::GetFlag(*flag); !value.empty()) {
       auto counts = ParseIntList(value);
       if (!counts.ok()) return absl::StrCat("--", name, ": ", counts.status().message());
-      (name == "shards" ? options->shards : options->workers) = *counts;
-    } else if (name == "ops") {
-      options->ops.clear();
-      for (absl::string_view op : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
-        if (op == "push") {
-          options->ops.push_back(Op::kPush);
-        } else if (op == "pull") {
-          options->ops.push_back(Op::kPull);
-        } else if (op == "pushpull") {
-          options->ops.push_back(Op::kPushPull);
-        } else {
-          return absl::StrCat("--ops: unknown op '", op, "' (expected push, pull, pushpull)");
-        }
-      }
-      if (options->ops.empty()) return "--ops: empty list";
-    } else if (name == "transport") {
-      if (value != "grpc" && value != "ucx") {
-        return absl::StrCat("--transport: unknown transport '", value, "' (grpc or ucx)");
-      }
-      options->transport = std::string(value);
-    } else if (name == "server_binary") {
-      options->server_binary = std::string(value);
-    } else if (name == "bytes_per_point") {
-      if (auto error = bytes_value(&options->bytes_per_point); !error.empty()) return error;
-    } else if (name == "max_point_bytes") {
-      if (value == "0") {
-        options->max_point_bytes = 0;
-      } else if (auto error = bytes_value(&options->max_point_bytes); !error.empty()) {
-        return error;
-      }
-    } else if (name == "chunk_bytes") {
-      uint64_t chunk = 0;
-      if (auto error = bytes_value(&chunk); !error.empty()) return error;
-      options->chunk_bytes = chunk;
-    } else if (name == "grpc_connections") {
-      if (!absl::SimpleAtoi(value, &options->grpc_connections)) {
-        return absl::StrCat("bad --grpc_connections='", value, "'");
-      }
-    } else if (name == "min_iterations" || name == "max_iterations") {
-      int count = 0;
-      if (!absl::SimpleAtoi(value, &count) || count < 1) {
-        return absl::StrCat("bad --", name, "='", value, "'");
-      }
-      (name == "min_iterations" ? options->min_iterations : options->max_iterations) = count;
-    } else {
-      return absl::StrCat("unknown flag --", name, " (see --help)");
+      *out = *counts;
     }
   }
+  if (const std::string value = absl::GetFlag(FLAGS_ops); !value.empty()) {
+    options->ops.clear();
+    for (absl::string_view op : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
+      if (op == "push") {
+        options->ops.push_back(Op::kPush);
+      } else if (op == "pull") {
+        options->ops.push_back(Op::kPull);
+      } else if (op == "pushpull") {
+        options->ops.push_back(Op::kPushPull);
+      } else {
+        return absl::StrCat("--ops: unknown op '", op, "' (expected push, pull, pushpull)");
+      }
+    }
+    if (options->ops.empty()) return "--ops: empty list";
+  }
+  options->transport = absl::GetFlag(FLAGS_transport);
+  if (options->transport != "grpc" && options->transport != "ucx") {
+    return absl::StrCat("--transport: unknown transport '", options->transport, "' (grpc or ucx)");
+  }
+  options->server_binary = absl::GetFlag(FLAGS_server_binary);
+  if (const std::string value = absl::GetFlag(FLAGS_bytes_per_point); !value.empty()) {
+    if (auto error = ParseBytes("bytes_per_point", value, &options->bytes_per_point);
+        !error.empty()) {
+      return error;
+    }
+  }
+  if (const std::string value = absl::GetFlag(FLAGS_max_point_bytes); value != "0") {
+    if (auto error = ParseBytes("max_point_bytes", value, &options->max_point_bytes);
+        !error.empty()) {
+      return error;
+    }
+  }
+  if (const std::string value = absl::GetFlag(FLAGS_chunk_bytes); !value.empty()) {
+    uint64_t chunk = 0;
+    if (auto error = ParseBytes("chunk_bytes", value, &chunk); !error.empty()) return error;
+    options->chunk_bytes = chunk;
+  }
+  options->grpc_connections = absl::GetFlag(FLAGS_grpc_connections);
+  options->skip_tcp = absl::GetFlag(FLAGS_skip_tcp);
+  options->min_iterations = absl::GetFlag(FLAGS_min_iterations);
+  if (const int count = absl::GetFlag(FLAGS_max_iterations); count != 0) {
+    options->max_iterations = count;
+  }
+  if (options->min_iterations < 1) return "bad --min_iterations (at least 1)";
+  if (options->max_iterations < 1) return "bad --max_iterations (at least 1)";
   if (options->min_iterations > options->max_iterations) {
     return "--min_iterations must not exceed --max_iterations";
   }
@@ -475,15 +474,17 @@ absl::Status RunConfig(const Options& options, const std::string& binary, int sh
 }  // namespace
 
 int RunTransportBench(int argc, char** argv) {
+  if (std::optional<int> exit_code = ParseBenchFlags(
+          argc, argv, kUsage,
+          {"sizes", "shards", "workers", "ops", "transport", "quick", "bytes_per_point",
+           "min_iterations", "max_iterations", "max_point_bytes", "chunk_bytes",
+           "grpc_connections", "server_binary", "skip_tcp"})) {
+    return *exit_code;
+  }
   Options options;
-  bool help = false;
-  if (std::string error = ParseArgs(argc, argv, &options, &help); !error.empty()) {
+  if (std::string error = ParseArgs(&options); !error.empty()) {
     std::fprintf(stderr, "harrier-bench transport: %s\n", error.c_str());
     return 2;
-  }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return 0;
   }
   auto binary = PrepareServerBench("transport", options.server_binary);
   if (!binary.ok()) return 2;

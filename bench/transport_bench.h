@@ -8,7 +8,7 @@
 namespace harrier::bench {
 
 // Prints one JSON line per (op, size, shards, workers) to stdout and a
-// summary table to stderr. argv excludes the subcommand; --help lists the
+// summary table to stderr. argv[0] is the subcommand's name; --help lists the
 // flags. Returns 0 on success, 1 if a measurement failed, 2 on a usage
 // error (message on stderr). Starts and stops its own server processes;
 // call before this process has started other threads (it tunes malloc).

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
@@ -18,9 +19,17 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "bench/flags.h"
 #include "bench/netem/emulated_network.h"
 #include "bench/server_cluster.h"
+#include "bench/shared_flags.h"
 #include "bench/training_run.h"
+
+ABSL_FLAG(double, link_gbps, 1, "tta: rate of every host's link in Gbit/s (0: unshaped)");
+ABSL_FLAG(double, target, 0.85, "tta: test accuracy to reach");
+ABSL_FLAG(int, max_epochs, 5, "tta: a run that has not reached the target by then ends");
+ABSL_FLAG(bool, stop_at_target, true,
+          "tta: end a run at its first evaluation at the target (false: run all --max_epochs)");
 
 namespace harrier::bench {
 namespace {
@@ -77,77 +86,50 @@ struct Options {
   std::string worker_binary;
 };
 
-std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
-  for (const char* name : {"none", "fp16", "topk", "topk_pull10", "qsgd8", "powersgd2", "efsign"}) {
-    options->codecs.push_back(FindCodec(name));
+// Returns a message for a usage error, "" on success.
+std::string ParseArgs(Options* options) {
+  const std::string codecs =
+      FlagOr(FLAGS_codecs, "none,fp16,topk,topk_pull10,qsgd8,powersgd2,efsign");
+  for (absl::string_view codec : absl::StrSplit(codecs, ',', absl::SkipWhitespace())) {
+    const CodecSetting* setting = FindCodec(codec);
+    if (setting == nullptr) {
+      std::vector<std::string> known;
+      for (const CodecSetting& s : CodecSettings()) known.push_back(s.name);
+      return absl::StrCat("--codecs: unknown codec '", codec, "' (", absl::StrJoin(known, ", "),
+                          ")");
+    }
+    options->codecs.push_back(setting);
   }
-  for (int i = 0; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return "";
-    }
-    const size_t equals = arg.find('=');
-    if (!absl::StartsWith(arg, "--") || equals == absl::string_view::npos) {
-      return absl::StrCat("unknown argument '", arg, "' (flags are --name=value; see --help)");
-    }
-    const absl::string_view name = arg.substr(2, equals - 2);
-    const absl::string_view value = arg.substr(equals + 1);
-    if (name == "codecs") {
-      options->codecs.clear();
-      for (absl::string_view codec : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
-        const CodecSetting* setting = FindCodec(codec);
-        if (setting == nullptr) {
-          std::vector<std::string> known;
-          for (const CodecSetting& s : CodecSettings()) known.push_back(s.name);
-          return absl::StrCat("--codecs: unknown codec '", codec, "' (", absl::StrJoin(known, ", "),
-                              ")");
-        }
-        options->codecs.push_back(setting);
-      }
-      if (options->codecs.empty()) return "--codecs: empty list";
-    } else if (name == "techniques") {
-      options->techniques = absl::StrSplit(value, ',', absl::SkipWhitespace());
-      if (options->techniques.empty()) return "--techniques: empty list";
-    } else if (name == "link_gbps" || name == "target" || name == "run_timeout_s") {
-      double number = 0;
-      if (!absl::SimpleAtod(value, &number) || !(number >= 0)) {
-        return absl::StrCat("bad --", name, "='", value, "'");
-      }
-      if (name == "link_gbps") options->link_gbps = number;
-      if (name == "target") {
-        if (!(number > 0 && number <= 1)) return "--target must be in (0, 1]";
-        options->target = number;
-      }
-      if (name == "run_timeout_s") {
-        if (!(number > 0)) return "--run_timeout_s must be > 0";
-        options->run_timeout_s = number;
-      }
-    } else if (name == "train_examples") {
-      if (!absl::SimpleAtoi(value, &options->train_examples) || options->train_examples < 0) {
-        return absl::StrCat("bad --train_examples='", value, "'");
-      }
-    } else if (name == "workers" || name == "shards" || name == "max_epochs" ||
-               name == "eval_every") {
-      int number = 0;
-      if (!absl::SimpleAtoi(value, &number) || number < 1) {
-        return absl::StrCat("bad --", name, "='", value, "' (a positive integer)");
-      }
-      if (name == "workers") options->workers = number;
-      if (name == "shards") options->shards = number;
-      if (name == "max_epochs") options->max_epochs = number;
-      if (name == "eval_every") options->eval_every = number;
-    } else if (name == "stop_at_target") {
-      if (value != "true" && value != "false") return "--stop_at_target must be true or false";
-      options->stop_at_target = value == "true";
-    } else if (name == "server_binary") {
-      options->server_binary = std::string(value);
-    } else if (name == "worker_binary") {
-      options->worker_binary = std::string(value);
-    } else {
-      return absl::StrCat("unknown flag --", name, " (see --help)");
-    }
+  if (options->codecs.empty()) return "--codecs: empty list";
+  options->techniques = absl::StrSplit(FlagOr(FLAGS_techniques, "none"), ',',
+                                       absl::SkipWhitespace());
+  if (options->techniques.empty()) return "--techniques: empty list";
+  options->link_gbps = absl::GetFlag(FLAGS_link_gbps);
+  if (!(options->link_gbps >= 0)) return absl::StrCat("bad --link_gbps='", options->link_gbps, "'");
+  options->target = absl::GetFlag(FLAGS_target);
+  if (!(options->target > 0 && options->target <= 1)) return "--target must be in (0, 1]";
+  if (auto error = NumberFlagOr(FLAGS_run_timeout_s, "run_timeout_s", 900.0, 0.0,
+                                &options->run_timeout_s);
+      !error.empty()) {
+    return error;
   }
+  if (!(options->run_timeout_s > 0)) return "--run_timeout_s must be > 0";
+  options->train_examples = absl::GetFlag(FLAGS_train_examples);
+  if (options->train_examples < 0) {
+    return absl::StrCat("bad --train_examples='", options->train_examples, "'");
+  }
+  for (const std::string& error :
+       {NumberFlagOr(FLAGS_workers, "workers", 4, 1, &options->workers),
+        NumberFlagOr(FLAGS_shards, "shards", 2, 1, &options->shards)}) {
+    if (!error.empty()) return error;
+  }
+  options->max_epochs = absl::GetFlag(FLAGS_max_epochs);
+  options->eval_every = absl::GetFlag(FLAGS_eval_every);
+  if (options->max_epochs < 1) return "bad --max_epochs (a positive integer)";
+  if (options->eval_every < 1) return "bad --eval_every (a positive integer)";
+  options->stop_at_target = absl::GetFlag(FLAGS_stop_at_target);
+  options->server_binary = absl::GetFlag(FLAGS_server_binary);
+  options->worker_binary = absl::GetFlag(FLAGS_worker_binary);
   return "";
 }
 
@@ -232,15 +214,17 @@ std::string JsonDouble(double value) {
 }  // namespace
 
 int RunTtaBench(int argc, char** argv) {
+  if (std::optional<int> exit_code = ParseBenchFlags(
+          argc, argv, kUsage,
+          {"codecs", "techniques", "link_gbps", "workers", "shards", "target", "max_epochs",
+           "eval_every", "train_examples", "stop_at_target", "run_timeout_s", "server_binary",
+           "worker_binary"})) {
+    return *exit_code;
+  }
   Options options;
-  bool help = false;
-  if (const std::string error = ParseArgs(argc, argv, &options, &help); !error.empty()) {
+  if (const std::string error = ParseArgs(&options); !error.empty()) {
     std::fprintf(stderr, "harrier-bench tta: %s\n", error.c_str());
     return 2;
-  }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return 0;
   }
   auto server_binary = PrepareServerBench("tta", options.server_binary);
   if (!server_binary.ok()) return 1;

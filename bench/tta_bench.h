@@ -13,7 +13,7 @@
 namespace harrier::bench {
 
 // Prints one JSON line per (codec, techniques) on stdout, progress on
-// stderr. argv excludes the subcommand; --help lists the flags. Returns 0
+// stderr. argv[0] is the subcommand's name; --help lists the flags. Returns 0
 // when every run finished (whether or not it reached the target), 1 when a
 // run failed or namespaces cannot be made here (one line says why), 2 on a
 // usage error. Starts and removes its own namespaces and processes; call

@@ -4,66 +4,45 @@
 #include <random>
 #include <string>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "bench/flags.h"
+#include "bench/shared_flags.h"
+
+ABSL_FLAG(double, min_time, 0.2, "codec: seconds of repetitions per measurement");
 
 namespace harrier::bench {
-namespace {
-
-// False on a bad flag, after printing why on stderr.
-bool ParseArgs(int argc, char** argv, std::vector<std::string>* codecs,
-               CodecBenchOptions* opt, bool* help) {
-  for (int i = 0; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return true;
-    }
-    if (absl::ConsumePrefix(&arg, "--sizes=")) {
-      opt->sizes.clear();
-      for (absl::string_view s : absl::StrSplit(arg, ',')) {
-        size_t v = 0;
-        if (!absl::SimpleAtoi(s, &v) || v == 0) {
-          std::fprintf(stderr, "bad size \"%.*s\"\n", static_cast<int>(s.size()),
-                       s.data());
-          return false;
-        }
-        opt->sizes.push_back(v);
-      }
-    } else if (absl::ConsumePrefix(&arg, "--codecs=")) {
-      codecs->clear();
-      for (absl::string_view s : absl::StrSplit(arg, ';', absl::SkipEmpty())) {
-        codecs->emplace_back(s);
-      }
-    } else if (absl::ConsumePrefix(&arg, "--min_time=")) {
-      if (!absl::SimpleAtod(arg, &opt->min_time) || !(opt->min_time >= 0)) {
-        std::fprintf(stderr, "bad --min_time\n");
-        return false;
-      }
-    } else {
-      std::fprintf(stderr, "unknown flag \"%s\"\n", argv[i]);
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
 
 std::optional<int> ParseCodecBenchFlags(
     int argc, char** argv, absl::Span<const char* const> default_codecs,
     const char* usage, CodecBenchOptions* opt) {
-  std::vector<std::string> codecs(default_codecs.begin(),
-                                  default_codecs.end());
-  bool help = false;
-  if (!ParseArgs(argc, argv, &codecs, opt, &help)) {
+  if (std::optional<int> exit_code =
+          ParseBenchFlags(argc, argv, usage, {"sizes", "codecs", "min_time"})) {
+    return exit_code;
+  }
+  if (const std::string sizes = absl::GetFlag(FLAGS_sizes); !sizes.empty()) {
+    opt->sizes.clear();
+    for (absl::string_view s : absl::StrSplit(sizes, ',')) {
+      size_t v = 0;
+      if (!absl::SimpleAtoi(s, &v) || v == 0) {
+        std::fprintf(stderr, "bad size \"%.*s\"\n", static_cast<int>(s.size()), s.data());
+        std::fputs(usage, stderr);
+        return 2;
+      }
+      opt->sizes.push_back(v);
+    }
+  }
+  opt->min_time = absl::GetFlag(FLAGS_min_time);
+  if (!(opt->min_time >= 0)) {
+    std::fprintf(stderr, "bad --min_time\n");
     std::fputs(usage, stderr);
     return 2;
   }
-  if (help) {
-    std::fputs(usage, stdout);
-    return 0;
+  std::vector<std::string> codecs(default_codecs.begin(), default_codecs.end());
+  if (const std::string text = absl::GetFlag(FLAGS_codecs); !text.empty()) {
+    codecs = absl::StrSplit(text, ';', absl::SkipEmpty());
   }
   opt->specs.clear();
   for (const std::string& text : codecs) {

@@ -23,8 +23,9 @@ struct CodecBenchOptions {
   double min_time = 0.2;  // seconds of repetitions per measurement
 };
 
-// Parses --sizes=N,N  --codecs=SPEC;SPEC  --min_time=S  --help (argv
-// excludes the subcommand); specs default to default_codecs. Returns
+// Parses --sizes=N,N  --codecs=SPEC;SPEC  --min_time=S  --help (argv[0]
+// names the subcommand or binary; bench/flags.h); specs default to
+// default_codecs. Returns
 // nullopt to go on with *opt filled, or the exit status to return now: 0
 // after printing usage for --help, 2 after a usage error (message and usage
 // on stderr).

@@ -9,7 +9,7 @@ namespace harrier::bench {
 // For every (codec, d) measures single-thread encode and decode throughput
 // (GB/s of fp32 input), memcpy of the same buffer in the same run, their
 // ratios and the compression ratio; prints one JSON line per pair to stdout.
-// argv excludes the subcommand. Flags:
+// argv[0] is the subcommand's name. Flags:
 //   --sizes=1000000,25000000   element counts
 //   --codecs=topk:ratio=0.01;qsgd:levels=16,bucket=512   ';'-separated specs
 //                              (',' separates a spec's parameters)

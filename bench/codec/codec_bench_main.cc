@@ -3,5 +3,5 @@
 #include "bench/codec/codec_bench.h"
 
 int main(int argc, char** argv) {
-  return harrier::bench::RunCodecBench(argc - 1, argv + 1);
+  return harrier::bench::RunCodecBench(argc, argv);
 }

@@ -13,7 +13,7 @@ namespace harrier::bench {
 //   {"bench":"codec_gpu","codec":..,"elements":..,"encode_gbps":..,
 //    "decode_gbps":..,"memcpy_gbps":..,"encode_ratio":..,"decode_ratio":..,
 //    "wire_bytes":..}
-// argv excludes the subcommand. Flags as RunCodecBench: --sizes=,
+// argv[0] is the binary's name. Flags as RunCodecBench: --sizes=,
 // --codecs=SPEC;SPEC, --min_time=, --help. Returns 0 on success, 1 on a
 // codec or CUDA failure (including no device), 2 on a usage error.
 int RunCodecGpuBench(int argc, char** argv);

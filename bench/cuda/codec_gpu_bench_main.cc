@@ -2,5 +2,5 @@
 #include "bench/cuda/codec_gpu_bench.h"
 
 int main(int argc, char** argv) {
-  return harrier::bench::RunCodecGpuBench(argc - 1, argv + 1);
+  return harrier::bench::RunCodecGpuBench(argc, argv);
 }

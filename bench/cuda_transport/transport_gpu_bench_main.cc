@@ -12,11 +12,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -26,6 +28,14 @@
 #include "absl/time/time.h"
 #include "cuda/device_memory.h"
 #include "bench/cuda_transport/ucx_push_target.h"
+#include "bench/flags.h"
+
+ABSL_FLAG(std::string, sizes_mib, "1,16,64", "tensor sizes in MiB");
+ABSL_FLAG(int, iterations, 20, "timed pushes per path and size (after one warm-up)");
+ABSL_FLAG(std::string, device_memory, "",
+          "auto, off (always staged) or on (fail without CUDA UCX); default: "
+          "$HARRIER_UCX_DEVICE_MEMORY, else auto");
+ABSL_FLAG(size_t, chunk_bytes, size_t{4} << 20, "chunk size of the pushes (the client's default)");
 
 namespace harrier::bench {
 namespace {
@@ -54,45 +64,28 @@ struct Options {
   size_t chunk_bytes = size_t{4} << 20;
 };
 
-std::string ParseArgs(int argc, char** argv, Options* options, bool* help) {
-  const char* env = std::getenv(kUcxDeviceMemoryEnv);
-  options->device_memory = env == nullptr ? "auto" : env;
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      *help = true;
-      return "";
+// Returns a message for a usage error, "" on success.
+std::string ParseArgs(Options* options) {
+  options->sizes_mib.clear();
+  for (absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_sizes_mib), ',', absl::SkipWhitespace())) {
+    int mib = 0;
+    if (!absl::SimpleAtoi(part, &mib) || mib <= 0 || mib > 4096) {
+      return absl::StrCat("--sizes_mib: '", part, "' is not a size in MiB (1..4096)");
     }
-    const size_t equals = arg.find('=');
-    if (!absl::StartsWith(arg, "--") || equals == absl::string_view::npos) {
-      return absl::StrCat("unknown argument '", arg, "' (flags are --name=value; see --help)");
-    }
-    const absl::string_view name = arg.substr(2, equals - 2);
-    const absl::string_view value = arg.substr(equals + 1);
-    if (name == "sizes_mib") {
-      options->sizes_mib.clear();
-      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
-        int mib = 0;
-        if (!absl::SimpleAtoi(part, &mib) || mib <= 0 || mib > 4096) {
-          return absl::StrCat("--sizes_mib: '", part, "' is not a size in MiB (1..4096)");
-        }
-        options->sizes_mib.push_back(mib);
-      }
-      if (options->sizes_mib.empty()) return "--sizes_mib: empty list";
-    } else if (name == "iterations") {
-      if (!absl::SimpleAtoi(value, &options->iterations) || options->iterations <= 0) {
-        return absl::StrCat("--iterations: '", value, "' is not a positive count");
-      }
-    } else if (name == "device_memory") {
-      options->device_memory = std::string(value);
-    } else if (name == "chunk_bytes") {
-      if (!absl::SimpleAtoi(value, &options->chunk_bytes)) {
-        return absl::StrCat("--chunk_bytes: '", value, "' is not a byte count");
-      }
-    } else {
-      return absl::StrCat("unknown flag --", name, " (see --help)");
-    }
+    options->sizes_mib.push_back(mib);
   }
+  if (options->sizes_mib.empty()) return "--sizes_mib: empty list";
+  options->iterations = absl::GetFlag(FLAGS_iterations);
+  if (options->iterations <= 0) {
+    return absl::StrCat("--iterations: '", options->iterations, "' is not a positive count");
+  }
+  options->device_memory = absl::GetFlag(FLAGS_device_memory);
+  if (options->device_memory.empty()) {
+    const char* env = std::getenv(kUcxDeviceMemoryEnv);
+    options->device_memory = env == nullptr ? "auto" : env;
+  }
+  options->chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   if (auto mode = ParseUcxDeviceMemory(options->device_memory); !mode.ok()) {
     return std::string(mode.status().message());
   }
@@ -210,14 +203,13 @@ int Run(const Options& options) {
 }  // namespace harrier::bench
 
 int main(int argc, char** argv) {
-  harrier::bench::Options options;
-  bool help = false;
-  const std::string error = harrier::bench::ParseArgs(argc, argv, &options, &help);
-  if (help) {
-    std::fputs(harrier::bench::kUsage, stdout);
-    return 0;
+  if (std::optional<int> exit_code = harrier::bench::ParseBenchFlags(
+          argc, argv, harrier::bench::kUsage,
+          {"sizes_mib", "iterations", "device_memory", "chunk_bytes"})) {
+    return *exit_code;
   }
-  if (!error.empty()) {
+  harrier::bench::Options options;
+  if (const std::string error = harrier::bench::ParseArgs(&options); !error.empty()) {
     std::fprintf(stderr, "transport_gpu_bench: %s\n", error.c_str());
     return 2;
   }

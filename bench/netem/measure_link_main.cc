@@ -3,57 +3,44 @@
 // line. For tuning tbf parameters and checking a machine by hand.
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <optional>
 #include <string>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
+#include "bench/flags.h"
 #include "bench/netem/emulated_network.h"
+
+ABSL_FLAG(double, rate_gbps, 1, "tbf rate of every link in Gbit/s; 0 = unshaped");
+ABSL_FLAG(std::string, model, "per_host",
+          "per_host: a namespace per host joined by veth to a bridge; shared: one namespace, its "
+          "loopback shaped");
+ABSL_FLAG(double, mbytes, 25, "megabytes (10^6) the TCP stream sends");
 
 namespace {
 
-void Usage(FILE* out) {
-  std::fprintf(out,
-               "usage: measure-link [--rate_gbps=1] [--model=per_host|shared] [--mbytes=25]\n"
-               "  --rate_gbps  tbf rate of every link in Gbit/s; 0 = unshaped\n"
-               "  --model      per_host: a namespace per host joined by veth to a bridge;\n"
-               "               shared: one namespace, its loopback shaped\n"
-               "  --mbytes     megabytes (10^6) the TCP stream sends\n"
-               "Needs root. Prints one JSON line on stdout.\n");
-}
+constexpr const char kUsage[] =
+    "usage: measure-link [--rate_gbps=1] [--model=per_host|shared] [--mbytes=25]\n"
+    "  --rate_gbps  tbf rate of every link in Gbit/s; 0 = unshaped\n"
+    "  --model      per_host: a namespace per host joined by veth to a bridge;\n"
+    "               shared: one namespace, its loopback shaped\n"
+    "  --mbytes     megabytes (10^6) the TCP stream sends\n"
+    "Needs root. Prints one JSON line on stdout.\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (std::optional<int> exit_code =
+          harrier::bench::ParseBenchFlags(argc, argv, kUsage, {"rate_gbps", "model", "mbytes"})) {
+    return *exit_code;
+  }
   harrier::bench::EmulatedNetworkOptions options;
   options.prefix = "hml";
-  std::string model = "per_host";
-  double mbytes = 25;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      const size_t n = std::strlen(name);
-      return arg.compare(0, n, name) == 0 ? arg.c_str() + n : nullptr;
-    };
-    if (arg == "--help" || arg == "-h") {
-      Usage(stdout);
-      return 0;
-    } else if (const char* v = value("--rate_gbps=")) {
-      if (!absl::SimpleAtod(v, &options.rate_gbps)) {
-        std::fprintf(stderr, "measure-link: bad --rate_gbps=%s\n", v);
-        return 2;
-      }
-    } else if (const char* v = value("--model=")) {
-      model = v;
-    } else if (const char* v = value("--mbytes=")) {
-      if (!absl::SimpleAtod(v, &mbytes) || mbytes < 2) {
-        std::fprintf(stderr, "measure-link: bad --mbytes=%s (at least 2)\n", v);
-        return 2;
-      }
-    } else {
-      std::fprintf(stderr, "measure-link: unknown flag %s\n", arg.c_str());
-      Usage(stderr);
-      return 2;
-    }
+  options.rate_gbps = absl::GetFlag(FLAGS_rate_gbps);
+  const std::string model = absl::GetFlag(FLAGS_model);
+  const double mbytes = absl::GetFlag(FLAGS_mbytes);
+  if (!(mbytes >= 2)) {
+    std::fprintf(stderr, "measure-link: bad --mbytes=%g (at least 2)\n", mbytes);
+    return 2;
   }
   if (model == "shared") {
     options.model = harrier::bench::LinkModel::kSharedLink;

@@ -22,6 +22,9 @@ _LIBS = {
     # /usr/lib, both on the default search paths. libgloo.so itself records
     # its hiredis and ibverbs dependencies.
     "gloo": ([], ["-lgloo", "-pthread"]),
+    # nlohmann/json 3.11 (package nlohmann-json3-dev, header-only): the one
+    # JSON library for the JSON lines the benches and tools write and read.
+    "nlohmann_json": (["nlohmann_json"], []),
 }
 
 def _split(text):

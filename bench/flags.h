@@ -1,0 +1,73 @@
+// Flag parsing for harrier-bench's subcommands and the other bench binaries:
+// absl flags, read through common/flags' ParseFlags (so --flagfile,
+// --fromenv, --config=FILE and HARRIER_<NAME> work as for every Harrier
+// binary), with the benches' usage conventions on top.
+//
+// Every subcommand lives in one binary, so a flag name is defined once for
+// all of them. A flag only one subcommand takes is defined next to that
+// subcommand, typed and with its default. A flag several subcommands take
+// is defined in shared_flags.h; where their defaults or syntax differ it is
+// a string whose empty value means "not given", read with FlagOr.
+
+#ifndef HARRIER_BENCH_FLAGS_H_
+#define HARRIER_BENCH_FLAGS_H_
+
+#include <cmath>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace harrier::bench {
+
+// Parses a bench's command line; argv[0] names the subcommand or binary
+// (harrier-bench passes the arguments from the subcommand's name on).
+// `accepted` names the flags this bench takes (absl's own --flagfile,
+// --fromenv, --tryfromenv, --undefok and common/flags' --config are always
+// accepted). Returns nullopt when the flags parsed, or the exit status to
+// return now:
+//   0 after --help or -h, which print `usage` on stdout;
+//   2 after a flag that is not in `accepted` (unknown to the binary, or
+//     another subcommand's) or a positional argument: one line saying which
+//     on stderr.
+// A value absl cannot parse as the flag's type (a word for an integer)
+// makes absl print why and exit 1.
+std::optional<int> ParseBenchFlags(int argc, char** argv, const char* usage,
+                                   std::initializer_list<absl::string_view> accepted);
+
+// A string flag's value, or `fallback` when it is empty (not given).
+std::string FlagOr(const absl::Flag<std::string>& flag, absl::string_view fallback);
+
+// A string flag that holds one number: *out = `fallback` when it is empty,
+// else its value, which must be at least `min`. Returns "" on success, else
+// the usage error naming --`name`.
+template <typename T>
+std::string NumberFlagOr(const absl::Flag<std::string>& flag, absl::string_view name, T fallback,
+                         T min, T* out) {
+  const std::string value = absl::GetFlag(flag);
+  if (value.empty()) {
+    *out = fallback;
+    return "";
+  }
+  bool parsed = false;
+  if constexpr (std::is_floating_point_v<T>) {
+    double number = 0;
+    parsed = absl::SimpleAtod(value, &number) && std::isfinite(number);
+    *out = static_cast<T>(number);
+  } else {
+    parsed = absl::SimpleAtoi(value, out);
+  }
+  if (!parsed || *out < min) {
+    return absl::StrCat("bad --", name, "='", value, "' (a number >= ", min, ")");
+  }
+  return "";
+}
+
+}  // namespace harrier::bench
+
+#endif  // HARRIER_BENCH_FLAGS_H_
