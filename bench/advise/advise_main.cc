@@ -19,6 +19,7 @@
 #include "common/codec/survey_codecs.h"
 #include "common/flags.h"
 #include "common/grpc_security.h"
+#include "common/json.h"
 #include "bench/advise/calibration.h"
 #include "bench/advise/cost_model.h"
 #include "bench/advise/measure.h"
@@ -102,25 +103,11 @@ int Fail(const std::string& why, int code) {
   return code;
 }
 
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-// %.6g, but JSON has no nan/inf.
-std::string JsonNumber(double value) {
-  if (!(value == value) || value > 1e300 || value < -1e300) return "-1";
-  return absl::StrFormat("%.6g", value);
+// %.6g as a JSON number; -1 for what JSON has no number for (nan, inf).
+double JsonNumber(double value) {
+  if (!(value == value) || value > 1e300 || value < -1e300) return -1;
+  double rounded = value;
+  return absl::SimpleAtod(absl::StrFormat("%.6g", value), &rounded) ? rounded : value;
 }
 
 // The CNN's tensors, from the model itself (worker/workload/cnn.h).
@@ -664,51 +651,63 @@ int Run() {
   std::fflush(out);
 
   if (absl::GetFlag(FLAGS_json)) {
-    std::string json = absl::StrCat(
-        "{\"bench\":\"advise\",\"model\":", JsonString(model),
-        ",\"link_gbps_measured_up\":", JsonNumber(measured_link.up_bytes_per_s * gbit),
-        ",\"link_gbps_measured_down\":", JsonNumber(measured_link.down_bytes_per_s * gbit),
-        ",\"rtt_ms\":", JsonNumber(link.rtt_s * 1e3), ",\"pick\":{\"sync\":",
-        JsonString(pick.sync), ",\"codec\":", JsonString(pick.codec),
-        ",\"pulls\":", JsonString(pick.pulls), ",\"pull_codec\":", JsonString(pick_pull_codec),
-        ",\"techniques\":", JsonString(scheduler.techniques),
-        ",\"predicted_time_to_target_s\":", JsonNumber(pick.time_to_target_s),
-        ",\"codec_spec\":", JsonString(push_specs[pick.codec]),
-        ",\"fusion_bytes\":", scheduler.fusion_bytes,
-        ",\"partition_bytes\":", scheduler.partition_bytes, "},\"options\":[");
-    for (size_t i = 0; i < options.size(); ++i) {
-      const OptionResult& o = options[i];
+    Json json = {
+        {"bench", "advise"},
+        {"model", model},
+        {"link_gbps_measured_up", JsonNumber(measured_link.up_bytes_per_s * gbit)},
+        {"link_gbps_measured_down", JsonNumber(measured_link.down_bytes_per_s * gbit)},
+        {"rtt_ms", JsonNumber(link.rtt_s * 1e3)},
+        {"pick",
+         {
+             {"sync", pick.sync},
+             {"codec", pick.codec},
+             {"pulls", pick.pulls},
+             {"pull_codec", pick_pull_codec},
+             {"techniques", scheduler.techniques},
+             {"predicted_time_to_target_s", JsonNumber(pick.time_to_target_s)},
+             {"codec_spec", push_specs[pick.codec]},
+             {"fusion_bytes", scheduler.fusion_bytes},
+             {"partition_bytes", scheduler.partition_bytes},
+         }},
+    };
+    Json& options_json = json["options"] = Json::array();
+    for (const OptionResult& o : options) {
       const CodecCost& c = costs[o.codec + "/" + o.pulls];
-      absl::StrAppend(&json, i > 0 ? "," : "", "{\"sync\":", JsonString(o.sync),
-                      ",\"codec\":", JsonString(o.codec), ",\"pulls\":", JsonString(o.pulls),
-                      ",\"predicted_step_s\":", JsonNumber(o.terms.step_s),
-                      ",\"predicted_steps\":", JsonNumber(o.steps.steps),
-                      ",\"predicted_time_to_target_s\":", JsonNumber(o.time_to_target_s),
-                      ",\"compute_s\":", JsonNumber(o.terms.compute_s),
-                      ",\"codec_s\":", JsonNumber(o.terms.codec_s),
-                      ",\"comm_s\":", JsonNumber(o.terms.comm_s),
-                      ",\"cpu_bound_s\":", JsonNumber(o.terms.cpu_bound_s),
-                      ",\"push_bytes\":", JsonNumber(c.push_bytes),
-                      ",\"pull_bytes\":", JsonNumber(c.pull_bytes),
-                      ",\"encode_push_ms\":", JsonNumber(c.encode_push_s * 1e3),
-                      ",\"decode_push_ms\":", JsonNumber(c.decode_push_s * 1e3),
-                      ",\"encode_pull_ms\":", JsonNumber(c.encode_pull_s * 1e3),
-                      ",\"decode_pull_ms\":", JsonNumber(c.decode_pull_s * 1e3),
-                      ",\"chunks\":", c.chunks,
-                      ",\"steps_source\":", JsonString(SourceName(o.steps.source)), "}");
+      options_json.push_back({
+          {"sync", o.sync},
+          {"codec", o.codec},
+          {"pulls", o.pulls},
+          {"predicted_step_s", JsonNumber(o.terms.step_s)},
+          {"predicted_steps", JsonNumber(o.steps.steps)},
+          {"predicted_time_to_target_s", JsonNumber(o.time_to_target_s)},
+          {"compute_s", JsonNumber(o.terms.compute_s)},
+          {"codec_s", JsonNumber(o.terms.codec_s)},
+          {"comm_s", JsonNumber(o.terms.comm_s)},
+          {"cpu_bound_s", JsonNumber(o.terms.cpu_bound_s)},
+          {"push_bytes", JsonNumber(c.push_bytes)},
+          {"pull_bytes", JsonNumber(c.pull_bytes)},
+          {"encode_push_ms", JsonNumber(c.encode_push_s * 1e3)},
+          {"decode_push_ms", JsonNumber(c.decode_push_s * 1e3)},
+          {"encode_pull_ms", JsonNumber(c.encode_pull_s * 1e3)},
+          {"decode_pull_ms", JsonNumber(c.decode_pull_s * 1e3)},
+          {"chunks", c.chunks},
+          {"steps_source", SourceName(o.steps.source)},
+      });
     }
-    absl::StrAppend(&json, "],\"link_gbps_planned\":", JsonNumber(link.up_bytes_per_s * gbit),
-                    ",\"calibrated\":", calibrated ? "true" : "false",
-                    ",\"workers\":", workers, ",\"shards\":", cluster.shards,
-                    ",\"colocated_cores\":", cluster.colocated_cores,
-                    ",\"device\":", JsonString(device),
-                    ",\"parameters\":", parameters, ",\"tensors\":", tensors.size(),
-                    ",\"tensors_from_job\":", from_job ? "true" : "false",
-                    ",\"transport_cpu_ns_per_byte\":", JsonNumber(link.cpu_s_per_byte * 1e9),
-                    ",\"transport_cpu_us_per_call\":", JsonNumber(link.cpu_s_per_call * 1e6),
-                    ",\"compute_ms\":", JsonNumber(compute_s * 1e3),
-                    ",\"options_left_out\":", left_out, "}");
-    std::printf("%s\n", json.c_str());
+    json["link_gbps_planned"] = JsonNumber(link.up_bytes_per_s * gbit);
+    json["calibrated"] = calibrated;
+    json["workers"] = workers;
+    json["shards"] = cluster.shards;
+    json["colocated_cores"] = cluster.colocated_cores;
+    json["device"] = device;
+    json["parameters"] = parameters;
+    json["tensors"] = tensors.size();
+    json["tensors_from_job"] = from_job;
+    json["transport_cpu_ns_per_byte"] = JsonNumber(link.cpu_s_per_byte * 1e9);
+    json["transport_cpu_us_per_call"] = JsonNumber(link.cpu_s_per_call * 1e6);
+    json["compute_ms"] = JsonNumber(compute_s * 1e3);
+    json["options_left_out"] = left_out;
+    std::printf("%s\n", DumpJson(json).c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -3,35 +3,23 @@
 #include <fstream>
 #include <sstream>
 
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/json.h"
 
 namespace harrier::advise {
 namespace {
 
-using google::protobuf::Struct;
-using google::protobuf::Value;
-
-const Value* Field(const Struct& object, const char* key) {
-  auto it = object.fields().find(key);
-  return it == object.fields().end() ? nullptr : &it->second;
+std::string StringOr(const Json& object, const char* key, const std::string& otherwise) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : otherwise;
 }
 
-std::string StringOr(const Struct& object, const char* key, const std::string& otherwise) {
-  const Value* value = Field(object, key);
-  return value != nullptr && value->kind_case() == Value::kStringValue ? value->string_value()
-                                                                       : otherwise;
-}
-
-double NumberOr(const Struct& object, const char* key, double otherwise) {
-  const Value* value = Field(object, key);
-  return value != nullptr && value->kind_case() == Value::kNumberValue ? value->number_value()
-                                                                       : otherwise;
+double NumberOr(const Json& object, const char* key, double otherwise) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_number() ? it->get<double>() : otherwise;
 }
 
 }  // namespace
@@ -45,14 +33,13 @@ absl::StatusOr<Calibration> ParseCalibration(const std::string& text, const std:
     ++line_number;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty()) continue;
-    Struct object;
-    const auto parsed = google::protobuf::util::JsonStringToMessage(std::string(line), &object);
-    if (!parsed.ok()) {
+    const Json object = ParseJson(line);
+    if (!object.is_object()) {
       return absl::InvalidArgumentError(
           absl::StrCat("calibration line ", line_number, " is not a JSON object"));
     }
     for (const char* key : {"run_id", "model", "sync", "codec", "steps_to_target", "status"}) {
-      if (Field(object, key) == nullptr) {
+      if (!object.contains(key)) {
         return absl::InvalidArgumentError(
             absl::StrCat("calibration line ", line_number, " has no \"", key, "\""));
       }
