@@ -90,6 +90,18 @@ absl::StatusOr<std::vector<size_t>> ParseByteList(absl::string_view text) {
   return values;
 }
 
+absl::StatusOr<std::vector<size_t>> ParseTensorSizes(absl::string_view text) {
+  auto sizes = ParseByteList(text);
+  if (!sizes.ok()) return sizes.status();
+  for (size_t size : *sizes) {
+    if (size % sizeof(float) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(size, " is not a whole number of float32 values"));
+    }
+  }
+  return sizes;
+}
+
 absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text) {
   std::vector<int> values;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {

@@ -63,6 +63,8 @@ class StartGate {
 // Parses "4K,64K,1M" (suffixes K, M, G are binary: KiB, MiB, GiB) into
 // byte counts; every value must be positive.
 absl::StatusOr<std::vector<size_t>> ParseByteList(absl::string_view text);
+// ParseByteList for tensor sizes: each a whole number of float32 values.
+absl::StatusOr<std::vector<size_t>> ParseTensorSizes(absl::string_view text);
 // Parses "1,2,4" into positive integers.
 absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text);
 // "4K" for 4096, "1M" for 1 MiB, else the plain number: for tables.

@@ -614,18 +614,15 @@ absl::StatusOr<Measured> RunOne(const Options& options, const TrainingRunner& ru
 }  // namespace
 
 int RunConvergenceBench(int argc, char** argv) {
-  if (std::optional<int> exit_code = ParseBenchFlags(
+  Options options;
+  if (std::optional<int> exit_code = ParseSubcommandFlags(
           argc, argv, kUsage,
           {"models", "syncs", "codecs", "pulls", "links", "workers", "shards", "epochs",
            "max_steps", "eval_every", "targets", "train_examples", "out_dir", "resume",
            "run_timeout_s", "dry_run", "server_flags", "worker_flags", "server_binary",
-           "worker_binary"})) {
+           "worker_binary"},
+          ParseArgs, &options)) {
     return *exit_code;
-  }
-  Options options;
-  if (const std::string error = ParseArgs(&options); !error.empty()) {
-    std::fprintf(stderr, "harrier-bench convergence: %s\n", error.c_str());
-    return 2;
   }
 
   // The grid, link outermost: one emulated network per link.

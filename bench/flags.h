@@ -13,6 +13,7 @@
 #define HARRIER_BENCH_FLAGS_H_
 
 #include <cmath>
+#include <cstdio>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -39,6 +40,24 @@ namespace harrier::bench {
 // makes absl print why and exit 1.
 std::optional<int> ParseBenchFlags(int argc, char** argv, const char* usage,
                                    std::initializer_list<absl::string_view> accepted);
+
+// A subcommand's whole flag handling: ParseBenchFlags, then `read`, the
+// subcommand's reading of the parsed flags into *options, whose non-empty
+// result is a usage error: printed on stderr after "<argv[0]>: ", exit
+// status 2. Returns nullopt when the subcommand goes on.
+template <typename Options>
+std::optional<int> ParseSubcommandFlags(int argc, char** argv, const char* usage,
+                                        std::initializer_list<absl::string_view> accepted,
+                                        std::string (*read)(Options*), Options* options) {
+  if (std::optional<int> exit_code = ParseBenchFlags(argc, argv, usage, accepted)) {
+    return exit_code;
+  }
+  if (const std::string error = read(options); !error.empty()) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], error.c_str());
+    return 2;
+  }
+  return std::nullopt;
+}
 
 // A string flag's value, or `fallback` when it is empty (not given).
 std::string FlagOr(const absl::Flag<std::string>& flag, absl::string_view fallback);

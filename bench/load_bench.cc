@@ -122,13 +122,8 @@ std::string ParseArgs(Options* options) {
     return absl::StrCat("--transport: unknown transport '", options->transport, "' (grpc or ucx)");
   }
   if (const std::string value = absl::GetFlag(FLAGS_sizes); !value.empty()) {
-    auto sizes = ParseByteList(value);
+    auto sizes = ParseTensorSizes(value);
     if (!sizes.ok()) return absl::StrCat("--sizes: ", sizes.status().message());
-    for (size_t size : *sizes) {
-      if (size % sizeof(float) != 0) {
-        return absl::StrCat("--sizes: ", size, " is not a whole number of float32 values");
-      }
-    }
     options->sizes = *sizes;
   }
   if (const std::string value = absl::GetFlag(FLAGS_chunk_bytes); !value.empty()) {
@@ -691,16 +686,13 @@ bool RunMode(const Options& options, const std::string& binary, const std::strin
 }  // namespace
 
 int RunLoadBench(int argc, char** argv) {
-  if (std::optional<int> exit_code = ParseBenchFlags(
+  Options options;
+  if (std::optional<int> exit_code = ParseSubcommandFlags(
           argc, argv, kUsage,
           {"clients", "duration_s", "shards", "sync", "transport", "sizes", "chunk_bytes", "ops",
-           "rpc_timeout_s", "quick", "server_binary"})) {
+           "rpc_timeout_s", "quick", "server_binary"},
+          ParseArgs, &options)) {
     return *exit_code;
-  }
-  Options options;
-  if (std::string error = ParseArgs(&options); !error.empty()) {
-    std::fprintf(stderr, "harrier-bench load: %s\n", error.c_str());
-    return 2;
   }
   auto binary = PrepareServerBench("load", options.server_binary);
   if (!binary.ok()) return 2;

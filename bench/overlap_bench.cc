@@ -34,11 +34,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "bench/flags.h"
 #include "bench/netem/emulated_network.h"
 #include "bench/netem/host_process.h"
 #include "bench/shared_flags.h"
+#include "common/json.h"
 #include "worker/workload/replay_models.h"
 
 ABSL_FLAG(std::string, links_gbps, "1,10,25", "overlap: link rates in Gbit/s (0 = unshaped)");
@@ -261,24 +261,6 @@ class TempDir {
   std::string path_;
 };
 
-// Flat-JSON field readers for the replay_summary line (numbers, strings,
-// booleans; no nesting, which FormatReplaySummary never writes).
-std::optional<std::string> RawField(const std::string& json, const std::string& key) {
-  const std::string quoted = absl::StrCat("\"", key, "\":");
-  const size_t at = json.find(quoted);
-  if (at == std::string::npos) return std::nullopt;
-  size_t begin = at + quoted.size();
-  while (begin < json.size() && json[begin] == ' ') ++begin;
-  if (begin < json.size() && json[begin] == '"') {
-    const size_t end = json.find('"', begin + 1);
-    if (end == std::string::npos) return std::nullopt;
-    return json.substr(begin + 1, end - begin - 1);
-  }
-  size_t end = begin;
-  while (end < json.size() && json[end] != ',' && json[end] != '}') ++end;
-  return std::string(absl::StripAsciiWhitespace(json.substr(begin, end - begin)));
-}
-
 struct Summary {
   int rank = -1;
   double iter_ms = 0;
@@ -298,12 +280,14 @@ absl::StatusOr<Summary> ReadSummary(const HostProcess& process) {
                                             " printed no replay_summary line; its stderr: ",
                                             netem::TailOfFile(process.stderr_path())));
   }
-  std::string json = out.substr(at + std::strlen("replay_summary "));
-  json = json.substr(0, json.find('\n'));
+  const std::string text = out.substr(at + std::strlen("replay_summary "));
+  const Json json = ParseJson(absl::string_view(text).substr(0, text.find('\n')));
   Summary summary;
   auto number = [&](const char* key, double* value) -> bool {
-    auto raw = RawField(json, key);
-    return raw.has_value() && absl::SimpleAtod(*raw, value);
+    auto it = json.is_object() ? json.find(key) : json.end();
+    if (it == json.end() || !it->is_number()) return false;
+    *value = it->get<double>();
+    return true;
   };
   double rank = -1;
   double steps = 0;
@@ -312,12 +296,13 @@ absl::StatusOr<Summary> ReadSummary(const HostProcess& process) {
       !number("bytes_pushed_per_iter", &summary.bytes_pushed) ||
       !number("bytes_pulled_per_iter", &summary.bytes_pulled) ||
       !number("bytes_per_iter", &summary.bytes_per_iter) || !number("steps", &steps)) {
-    return absl::InternalError(
-        absl::StrCat(process.label(), ": replay_summary lacks a field the contract names: ", json));
+    return absl::InternalError(absl::StrCat(
+        process.label(), ": replay_summary lacks a field the contract names: ", text));
   }
   summary.rank = static_cast<int>(rank);
   summary.steps = static_cast<int>(steps);
-  summary.checked = RawField(json, "checked").value_or("") == "true";
+  const auto checked = json.find("checked");
+  summary.checked = checked != json.end() && checked->is_boolean() && checked->get<bool>();
   return summary;
 }
 
@@ -358,6 +343,9 @@ absl::Status WaitAll(std::vector<std::unique_ptr<HostProcess>>& watch,
 }
 
 std::string Fmt(double value) { return absl::StrFormat("%.6g", value); }
+
+// A figure of the JSON line: 6 significant digits, as Fmt.
+double Significant(double value) { return RoundToSignificant(value, 6); }
 
 struct RunConfig {
   std::string model;
@@ -505,18 +493,15 @@ absl::StatusOr<std::vector<Summary>> RunAllReduce(const Options& options,
 }  // namespace
 
 int RunOverlapBench(int argc, char** argv) {
-  if (std::optional<int> exit_code = ParseBenchFlags(
+  Options options;
+  if (std::optional<int> exit_code = ParseSubcommandFlags(
           argc, argv, kUsage,
           {"models", "links_gbps", "compute_scale", "techniques", "workers", "shards", "steps",
            "warmup_steps", "fusion_bytes", "partition_bytes", "max_inflight_bytes",
            "bucket_bytes", "run_timeout_s", "server_binary", "worker_binary", "allreduce_binary",
-           "server_flags", "worker_flags"})) {
+           "server_flags", "worker_flags"},
+          ParseArgs, &options)) {
     return *exit_code;
-  }
-  Options options;
-  if (const std::string error = ParseArgs(&options); !error.empty()) {
-    std::fprintf(stderr, "harrier-bench overlap: %s\n%s", error.c_str(), kUsage);
-    return 2;
   }
   std::vector<workload::ReplayModelSpec> specs;
   for (const std::string& name : options.models) {
@@ -639,23 +624,33 @@ int RunOverlapBench(int argc, char** argv) {
         const double ideal_ms = std::max(first.compute_ms, comm_ms);
         const double samples_per_s = W * spec.batch_size / (iter_ms / 1e3);
         if (techniques == "plain") plain_iter_ms = iter_ms;
-        std::string line = absl::StrCat(
-            "{\"bench\":\"overlap\",\"model\":\"", spec.name, "\",\"link_gbps\":", Fmt(link),
-            ",\"link_measured_gbps\":", Fmt(gbps), ",\"link_model\":\"per_host\"",
-            ",\"compute_scale\":", Fmt(scale), ",\"balanced\":",
-            options.compute_scale.has_value() ? "false" : "true", ",\"techniques\":\"", techniques,
-            "\",\"workers\":", W, ",\"shards\":", allreduce ? 0 : S, ",\"batch\":", spec.batch_size,
-            ",\"steps\":", options.steps, ",\"warmup_steps\":", options.warmup_steps, ",\"compute_ms\":", Fmt(first.compute_ms),
-            ",\"comm_ms\":", Fmt(comm_ms), ",\"iter_ms\":", Fmt(iter_ms),
-            ",\"ideal_iter_ms\":", Fmt(ideal_ms), ",\"ideal_over_iter\":", Fmt(ideal_ms / iter_ms),
-            plain_iter_ms > 0 ? absl::StrCat(",\"speedup_vs_plain\":", Fmt(plain_iter_ms / iter_ms))
-                              : std::string(),
-            ",\"samples_per_s\":", Fmt(samples_per_s),
-            ",\"bytes_per_iter\":", static_cast<int64_t>(first.bytes_per_iter),
-            ",\"bytes_pushed_per_iter\":", static_cast<int64_t>(first.bytes_pushed),
-            ",\"bytes_pulled_per_iter\":", static_cast<int64_t>(first.bytes_pulled),
-            ",\"checked\":", checked ? "true" : "false", "}");
-        std::printf("%s\n", line.c_str());
+        Json line = {
+            {"bench", "overlap"},
+            {"model", spec.name},
+            {"link_gbps", Significant(link)},
+            {"link_measured_gbps", Significant(gbps)},
+            {"link_model", "per_host"},
+            {"compute_scale", Significant(scale)},
+            {"balanced", !options.compute_scale.has_value()},
+            {"techniques", techniques},
+            {"workers", W},
+            {"shards", allreduce ? 0 : S},
+            {"batch", spec.batch_size},
+            {"steps", options.steps},
+            {"warmup_steps", options.warmup_steps},
+            {"compute_ms", Significant(first.compute_ms)},
+            {"comm_ms", Significant(comm_ms)},
+            {"iter_ms", Significant(iter_ms)},
+            {"ideal_iter_ms", Significant(ideal_ms)},
+            {"ideal_over_iter", Significant(ideal_ms / iter_ms)},
+        };
+        if (plain_iter_ms > 0) line["speedup_vs_plain"] = Significant(plain_iter_ms / iter_ms);
+        line["samples_per_s"] = Significant(samples_per_s);
+        line["bytes_per_iter"] = static_cast<int64_t>(first.bytes_per_iter);
+        line["bytes_pushed_per_iter"] = static_cast<int64_t>(first.bytes_pushed);
+        line["bytes_pulled_per_iter"] = static_cast<int64_t>(first.bytes_pulled);
+        line["checked"] = checked;
+        std::printf("%s\n", DumpJson(line).c_str());
         std::fflush(stdout);
         if (!header_printed) {
           std::fprintf(stderr, "%-10s %6s %8s %-22s %7s %9s %9s %9s %9s %8s\n", "model", "link",

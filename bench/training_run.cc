@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "common/codec/survey_codecs.h"
 #include "bench/netem/host_process.h"
+#include "common/json.h"
 #include "bench/server_cluster.h"
 
 namespace harrier::bench {
@@ -65,14 +66,11 @@ std::string Tail(const std::string& path, size_t max_chars) {
 }
 
 std::optional<double> JsonNumber(absl::string_view line, absl::string_view key) {
-  const std::string quoted = absl::StrCat("\"", key, "\":");
-  const size_t at = line.find(quoted);
-  if (at == absl::string_view::npos) return std::nullopt;
-  absl::string_view rest = line.substr(at + quoted.size());
-  rest = rest.substr(0, rest.find_first_of(",}"));
-  double value = 0;
-  if (!absl::SimpleAtod(rest, &value)) return std::nullopt;
-  return value;
+  const Json json = ParseJson(line);
+  if (!json.is_object()) return std::nullopt;
+  const auto it = json.find(std::string(key));
+  if (it == json.end() || !it->is_number()) return std::nullopt;
+  return it->get<double>();
 }
 
 namespace {

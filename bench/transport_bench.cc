@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/json.h"
 #include "common/process.h"
 #include "bench/bench_util.h"
 #include "bench/flags.h"
@@ -116,13 +117,8 @@ std::string ParseBytes(absl::string_view name, absl::string_view value, uint64_t
 std::string ParseArgs(Options* options) {
   if (absl::GetFlag(FLAGS_quick)) ApplyQuick(options);
   if (const std::string value = absl::GetFlag(FLAGS_sizes); !value.empty()) {
-    auto sizes = ParseByteList(value);
+    auto sizes = ParseTensorSizes(value);
     if (!sizes.ok()) return absl::StrCat("--sizes: ", sizes.status().message());
-    for (size_t size : *sizes) {
-      if (size % sizeof(float) != 0) {
-        return absl::StrCat("--sizes: ", size, " is not a whole number of float32 values");
-      }
-    }
     options->sizes = *sizes;
   }
   for (auto [name, flag, out] : {std::make_tuple("shards", &FLAGS_shards, &options->shards),
@@ -376,16 +372,28 @@ void PrintLine(const char* transport, const char* op, size_t size, int shards, i
   const double tcp_p50 = Percentile(tcp.latency_us, 0.50);
   const double tcp_p99 = Percentile(tcp.latency_us, 0.99);
   const double ratio = tcp.gbps() > 0 ? ours.gbps() / tcp.gbps() : 0;
-  std::printf(
-      "{\"bench\":\"transport\",\"transport\":\"%s\",\"op\":\"%s\",\"size_bytes\":%zu,"
-      "\"shards\":%d,\"workers\":%d,\"iterations\":%d,\"payload_bytes\":%llu,"
-      "\"seconds\":%.6f,\"goodput_gbps\":%.4f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
-      "\"tcp_gbps\":%.4f,\"tcp_p50_us\":%.1f,\"tcp_p99_us\":%.1f,\"tcp_connections\":%d,"
-      "\"ratio\":%.4f,\"memcpy_gbps\":%.4f,\"memcpy_ratio\":%.4f}\n",
-      transport, op, size, shards, workers, iterations,
-      static_cast<unsigned long long>(ours.payload_bytes), ours.seconds, ours.gbps(), p50, p99,
-      tcp.gbps(), tcp_p50, tcp_p99, tcp_connections, ratio, memcpy_gbps,
-      memcpy_gbps > 0 ? ours.gbps() / memcpy_gbps : 0);
+  const Json line = {
+      {"bench", "transport"},
+      {"transport", transport},
+      {"op", op},
+      {"size_bytes", size},
+      {"shards", shards},
+      {"workers", workers},
+      {"iterations", iterations},
+      {"payload_bytes", ours.payload_bytes},
+      {"seconds", RoundTo(ours.seconds, 6)},
+      {"goodput_gbps", RoundTo(ours.gbps(), 4)},
+      {"p50_us", RoundTo(p50, 1)},
+      {"p99_us", RoundTo(p99, 1)},
+      {"tcp_gbps", RoundTo(tcp.gbps(), 4)},
+      {"tcp_p50_us", RoundTo(tcp_p50, 1)},
+      {"tcp_p99_us", RoundTo(tcp_p99, 1)},
+      {"tcp_connections", tcp_connections},
+      {"ratio", RoundTo(ratio, 4)},
+      {"memcpy_gbps", RoundTo(memcpy_gbps, 4)},
+      {"memcpy_ratio", RoundTo(memcpy_gbps > 0 ? ours.gbps() / memcpy_gbps : 0, 4)},
+  };
+  std::printf("%s\n", DumpJson(line).c_str());
   std::fflush(stdout);
   rows->push_back(
       {op, size, shards, workers, ours.gbps(), tcp.gbps(), p50, p99, tcp_p50, memcpy_gbps});
@@ -474,17 +482,14 @@ absl::Status RunConfig(const Options& options, const std::string& binary, int sh
 }  // namespace
 
 int RunTransportBench(int argc, char** argv) {
-  if (std::optional<int> exit_code = ParseBenchFlags(
+  Options options;
+  if (std::optional<int> exit_code = ParseSubcommandFlags(
           argc, argv, kUsage,
           {"sizes", "shards", "workers", "ops", "transport", "quick", "bytes_per_point",
            "min_iterations", "max_iterations", "max_point_bytes", "chunk_bytes",
-           "grpc_connections", "server_binary", "skip_tcp"})) {
+           "grpc_connections", "server_binary", "skip_tcp"},
+          ParseArgs, &options)) {
     return *exit_code;
-  }
-  Options options;
-  if (std::string error = ParseArgs(&options); !error.empty()) {
-    std::fprintf(stderr, "harrier-bench transport: %s\n", error.c_str());
-    return 2;
   }
   auto binary = PrepareServerBench("transport", options.server_binary);
   if (!binary.ok()) return 2;

@@ -23,6 +23,7 @@
 #include "bench/netem/emulated_network.h"
 #include "bench/server_cluster.h"
 #include "bench/shared_flags.h"
+#include "common/json.h"
 #include "bench/training_run.h"
 
 ABSL_FLAG(double, link_gbps, 1, "tta: rate of every host's link in Gbit/s (0: unshaped)");
@@ -205,26 +206,20 @@ absl::StatusOr<RunResult> RunOne(const Options& options, const TrainingRunner& r
   return result;
 }
 
-// Flat JSON of numbers and strings only (unknown: -1).
-std::string JsonDouble(double value) {
-  if (!std::isfinite(value)) return "-1";
-  return absl::StrFormat("%.4f", value);
-}
+// A figure of the JSON line: 4 decimals; unknown (not finite) is -1.
+double JsonFigure(double value) { return std::isfinite(value) ? RoundTo(value, 4) : -1; }
 
 }  // namespace
 
 int RunTtaBench(int argc, char** argv) {
-  if (std::optional<int> exit_code = ParseBenchFlags(
+  Options options;
+  if (std::optional<int> exit_code = ParseSubcommandFlags(
           argc, argv, kUsage,
           {"codecs", "techniques", "link_gbps", "workers", "shards", "target", "max_epochs",
            "eval_every", "train_examples", "stop_at_target", "run_timeout_s", "server_binary",
-           "worker_binary"})) {
+           "worker_binary"},
+          ParseArgs, &options)) {
     return *exit_code;
-  }
-  Options options;
-  if (const std::string error = ParseArgs(&options); !error.empty()) {
-    std::fprintf(stderr, "harrier-bench tta: %s\n", error.c_str());
-    return 2;
   }
   auto server_binary = PrepareServerBench("tta", options.server_binary);
   if (!server_binary.ok()) return 1;
@@ -283,23 +278,31 @@ int RunTtaBench(int argc, char** argv) {
       }
       const bool reached = result->time_to_target_s >= 0;
       if (std::string(codec->name) == "none" && reached) dense_time = result->time_to_target_s;
-      std::string speedup = "-1";
+      double speedup = -1;
       if (dense_time.has_value() && reached && result->time_to_target_s > 0) {
-        speedup = JsonDouble(*dense_time / result->time_to_target_s);
+        speedup = JsonFigure(*dense_time / result->time_to_target_s);
       }
-      std::printf(
-          "{\"bench\":\"tta\",\"codec\":\"%s\",\"codec_spec\":\"%s\",\"pull_codec\":\"%s\","
-          "\"techniques\":\"%s\",\"link_gbps\":%s,\"link_measured_gbps\":%s,\"workers\":%d,"
-          "\"shards\":%d,\"target_accuracy\":%s,\"time_to_target_s\":%s,"
-          "\"speedup_vs_none\":%s,\"final_accuracy\":%s,\"steps\":%lld,\"eval_every\":%d,"
-          "\"wall_s\":%s,\"bytes_up_per_step\":%.0f,\"bytes_down_per_step\":%.0f}\n",
-          codec->name, codec->codec, codec->pull_codec, techniques.c_str(),
-          JsonDouble(options.link_gbps).c_str(), JsonDouble(*measured).c_str(), options.workers,
-          options.shards, JsonDouble(options.target).c_str(),
-          JsonDouble(result->time_to_target_s).c_str(), speedup.c_str(),
-          JsonDouble(result->final_accuracy).c_str(), static_cast<long long>(result->steps),
-          options.eval_every, JsonDouble(result->wall_s).c_str(), result->bytes_up_per_step,
-          result->bytes_down_per_step);
+      const Json line = {
+          {"bench", "tta"},
+          {"codec", codec->name},
+          {"codec_spec", codec->codec},
+          {"pull_codec", codec->pull_codec},
+          {"techniques", techniques},
+          {"link_gbps", JsonFigure(options.link_gbps)},
+          {"link_measured_gbps", JsonFigure(*measured)},
+          {"workers", options.workers},
+          {"shards", options.shards},
+          {"target_accuracy", JsonFigure(options.target)},
+          {"time_to_target_s", JsonFigure(result->time_to_target_s)},
+          {"speedup_vs_none", speedup},
+          {"final_accuracy", JsonFigure(result->final_accuracy)},
+          {"steps", result->steps},
+          {"eval_every", options.eval_every},
+          {"wall_s", JsonFigure(result->wall_s)},
+          {"bytes_up_per_step", std::llround(result->bytes_up_per_step)},
+          {"bytes_down_per_step", std::llround(result->bytes_down_per_step)},
+      };
+      std::printf("%s\n", DumpJson(line).c_str());
       std::fflush(stdout);
       std::fprintf(stderr,
                    "tta: %-14s %-8s time to %.2f: %8.2f s  final %.4f  %lld steps  job %.1f s  "

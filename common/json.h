@@ -37,6 +37,13 @@ inline double RoundTo(double value, int digits) {
   return std::round(value * scale) / scale;
 }
 
+// `value` rounded to `digits` significant digits ("%.6g") as a JSON number.
+inline double RoundToSignificant(double value, int digits) {
+  if (!std::isfinite(value) || value == 0) return value;
+  const double scale = std::pow(10.0, digits - 1 - static_cast<int>(std::floor(std::log10(std::fabs(value)))));
+  return std::round(value * scale) / scale;
+}
+
 }  // namespace harrier
 
 #endif  // HARRIER_COMMON_JSON_H_

@@ -106,8 +106,7 @@ int Fail(const std::string& why, int code) {
 // %.6g as a JSON number; -1 for what JSON has no number for (nan, inf).
 double JsonNumber(double value) {
   if (!(value == value) || value > 1e300 || value < -1e300) return -1;
-  double rounded = value;
-  return absl::SimpleAtod(absl::StrFormat("%.6g", value), &rounded) ? rounded : value;
+  return RoundToSignificant(value, 6);
 }
 
 // The CNN's tensors, from the model itself (worker/workload/cnn.h).

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/flags.h"
+#include "common/json.h"
 #include "common/process.h"
 #include "spdlog/spdlog.h"
 #include "bench/allreduce/allreduce_replay.h"
@@ -134,25 +135,32 @@ int main(int argc, char** argv) {
                  result->step_ms[s], static_cast<int>(s) < options.warmup_steps);
   }
 
-  std::printf(
-      "replay_summary {\"model\":\"%s\",\"techniques\":\"allreduce\",\"compute_scale\":%s,"
-      "\"rank\":%d,\"workers\":%d,\"shards\":0,\"steps\":%d,\"warmup_steps\":%d,"
-      "\"iter_ms\":%.1f,\"compute_ms\":%.1f,\"bytes_pushed_per_iter\":%lld,"
-      "\"bytes_pulled_per_iter\":%lld,\"bytes_per_iter\":%lld,\"checked\":%s,"
-      "\"bucket_bytes\":%lld,\"buckets\":%d,\"model_bytes\":%lld,\"exposed_comm_ms\":%.1f,\"overlapped_buckets\":%.2f,\"compute_overrun_ms\":%.1f,"
-      "\"measured_bytes_sent_per_iter\":%lld,\"measured_bytes_received_per_iter\":%lld,"
-      "\"checked_elements\":%lld}\n",
-      model.c_str(), absl::StrFormat("%g", options.compute_scale).c_str(), rank, world,
-      result->steps, result->warmup_steps, result->iter_ms, result->compute_ms,
-      static_cast<long long>(result->bytes_sent_per_iter),
-      static_cast<long long>(result->bytes_received_per_iter),
-      static_cast<long long>(result->bytes_sent_per_iter + result->bytes_received_per_iter),
-      result->checked ? "true" : "false", static_cast<long long>(options.bucket_bytes),
-      result->buckets, static_cast<long long>(result->model_bytes), result->exposed_comm_ms,
-      result->overlapped_buckets, result->compute_overrun_ms,
-      static_cast<long long>(result->measured_bytes_sent_per_iter),
-      static_cast<long long>(result->measured_bytes_received_per_iter),
-      static_cast<long long>(result->checked_elements));
+  const harrier::Json summary = {
+      {"model", model},
+      {"techniques", "allreduce"},
+      {"compute_scale", harrier::RoundToSignificant(options.compute_scale, 6)},
+      {"rank", rank},
+      {"workers", world},
+      {"shards", 0},
+      {"steps", result->steps},
+      {"warmup_steps", result->warmup_steps},
+      {"iter_ms", harrier::RoundTo(result->iter_ms, 1)},
+      {"compute_ms", harrier::RoundTo(result->compute_ms, 1)},
+      {"bytes_pushed_per_iter", result->bytes_sent_per_iter},
+      {"bytes_pulled_per_iter", result->bytes_received_per_iter},
+      {"bytes_per_iter", result->bytes_sent_per_iter + result->bytes_received_per_iter},
+      {"checked", result->checked},
+      {"bucket_bytes", options.bucket_bytes},
+      {"buckets", result->buckets},
+      {"model_bytes", result->model_bytes},
+      {"exposed_comm_ms", harrier::RoundTo(result->exposed_comm_ms, 1)},
+      {"overlapped_buckets", harrier::RoundTo(result->overlapped_buckets, 2)},
+      {"compute_overrun_ms", harrier::RoundTo(result->compute_overrun_ms, 1)},
+      {"measured_bytes_sent_per_iter", result->measured_bytes_sent_per_iter},
+      {"measured_bytes_received_per_iter", result->measured_bytes_received_per_iter},
+      {"checked_elements", result->checked_elements},
+  };
+  std::printf("replay_summary %s\n", harrier::DumpJson(summary).c_str());
   std::fflush(stdout);
   if (!result->checked) {
     return Fail(absl::StrCat("rank ", rank, ": check failed: ", result->mismatches, " of ",

@@ -10,6 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "bench/flags.h"
 #include "bench/shared_flags.h"
+#include "common/json.h"
 
 ABSL_FLAG(double, min_time, 0.2, "codec: seconds of repetitions per measurement");
 
@@ -69,16 +70,18 @@ void PrintCodecBenchLine(const CodecBenchResult& r) {
   const double encode_gbps = bytes / r.encode_s / 1e9;
   const double decode_gbps = bytes / r.decode_s / 1e9;
   const double memcpy_gbps = bytes / r.memcpy_s / 1e9;
-  std::printf(
-      "{\"bench\":\"%s\",\"codec\":\"%s\",\"elements\":%zu,"
-      "\"encode_gbps\":%.4f,\"decode_gbps\":%.4f,\"memcpy_gbps\":%.4f,"
-      "\"encode_ratio\":%.5f,\"decode_ratio\":%.5f,",
-      r.bench, r.spec->ToString().c_str(), r.elements, encode_gbps,
-      decode_gbps, memcpy_gbps, encode_gbps / memcpy_gbps,
-      decode_gbps / memcpy_gbps);
+  Json line = {
+      {"bench", r.bench},
+      {"codec", r.spec->ToString()},
+      {"elements", r.elements},
+      {"encode_gbps", RoundTo(encode_gbps, 4)},
+      {"decode_gbps", RoundTo(decode_gbps, 4)},
+      {"memcpy_gbps", RoundTo(memcpy_gbps, 4)},
+      {"encode_ratio", RoundTo(encode_gbps / memcpy_gbps, 5)},
+      {"decode_ratio", RoundTo(decode_gbps / memcpy_gbps, 5)},
+  };
   if (r.with_compression_ratio) {
-    std::printf("\"compression_ratio\":%.3f,",
-                bytes / static_cast<double>(r.wire_bytes));
+    line["compression_ratio"] = RoundTo(bytes / static_cast<double>(r.wire_bytes), 3);
   }
   // The link rate (Gbit/s) below which compressing this tensor pays: the
   // bytes saved take longer to send than encode + decode take. 0 when the
@@ -86,8 +89,9 @@ void PrintCodecBenchLine(const CodecBenchResult& r) {
   const double saved = bytes - static_cast<double>(r.wire_bytes);
   const double breakeven_gbps =
       saved > 0 ? saved * 8.0 / (r.encode_s + r.decode_s) / 1e9 : 0.0;
-  std::printf("\"breakeven_gbps\":%.3f,\"wire_bytes\":%zu}\n", breakeven_gbps,
-              r.wire_bytes);
+  line["breakeven_gbps"] = RoundTo(breakeven_gbps, 3);
+  line["wire_bytes"] = r.wire_bytes;
+  std::printf("%s\n", DumpJson(line).c_str());
   std::fflush(stdout);
 }
 

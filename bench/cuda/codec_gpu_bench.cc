@@ -1,5 +1,6 @@
 #include "bench/cuda/codec_gpu_bench.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "cuda/device_codec.h"
 #include "cuda/device_memory.h"
 #include "bench/codec/bench_common.h"
+#include "common/json.h"
 
 namespace harrier::bench {
 namespace {
@@ -47,26 +49,32 @@ void PrintLine(const char* bench, const CodecSpec& spec, size_t d, double encode
   const double bytes = 4.0 * d;
   const double memcpy_gbps = bytes / memcpy_s / 1e9;
   const double encode_gbps = bytes / encode_s / 1e9;
-  std::printf(
-      "{\"bench\":\"%s\",\"codec\":\"%s\",\"elements\":%zu,"
-      "\"encode_gbps\":%.4f,\"memcpy_gbps\":%.4f,\"encode_ratio\":%.5f,",
-      bench, spec.ToString().c_str(), d, encode_gbps, memcpy_gbps,
-      encode_gbps / memcpy_gbps);
+  Json line = {
+      {"bench", bench},
+      {"codec", spec.ToString()},
+      {"elements", d},
+      {"encode_gbps", RoundTo(encode_gbps, 4)},
+      {"memcpy_gbps", RoundTo(memcpy_gbps, 4)},
+      {"encode_ratio", RoundTo(encode_gbps / memcpy_gbps, 5)},
+  };
   if (decode_s > 0) {
     const double decode_gbps = bytes / decode_s / 1e9;
-    std::printf("\"decode_gbps\":%.4f,\"decode_ratio\":%.5f,", decode_gbps,
-                decode_gbps / memcpy_gbps);
+    line["decode_gbps"] = RoundTo(decode_gbps, 4);
+    line["decode_ratio"] = RoundTo(decode_gbps / memcpy_gbps, 5);
   }
   if (decode_add_s > 0) {
     const double gbps = bytes / decode_add_s / 1e9;
-    std::printf("\"decode_add_gbps\":%.4f,\"decode_add_ratio\":%.5f,", gbps,
-                gbps / memcpy_gbps);
+    line["decode_add_gbps"] = RoundTo(gbps, 4);
+    line["decode_add_ratio"] = RoundTo(gbps / memcpy_gbps, 5);
   }
-  std::printf(
-      "\"memcpy_bytes\":%.0f,\"memcpy_s\":%.9f,\"encode_s\":%.9f,"
-      "\"ratio_of_memcpy\":%.5f,\"d2h_memcpy_s\":%.9f,\"ratio_of_d2h_memcpy\":%.5f,"
-      "\"wire_bytes\":%zu}\n",
-      bytes, memcpy_s, encode_s, memcpy_s / encode_s, d2h_s, d2h_s / encode_s, wire_bytes);
+  line["memcpy_bytes"] = std::llround(bytes);
+  line["memcpy_s"] = RoundTo(memcpy_s, 9);
+  line["encode_s"] = RoundTo(encode_s, 9);
+  line["ratio_of_memcpy"] = RoundTo(memcpy_s / encode_s, 5);
+  line["d2h_memcpy_s"] = RoundTo(d2h_s, 9);
+  line["ratio_of_d2h_memcpy"] = RoundTo(d2h_s / encode_s, 5);
+  line["wire_bytes"] = wire_bytes;
+  std::printf("%s\n", DumpJson(line).c_str());
   std::fflush(stdout);
 }
 

@@ -29,6 +29,7 @@
 #include "cuda/device_memory.h"
 #include "bench/cuda_transport/ucx_push_target.h"
 #include "bench/flags.h"
+#include "common/json.h"
 
 ABSL_FLAG(std::string, sizes_mib, "1,16,64", "tensor sizes in MiB");
 ABSL_FLAG(int, iterations, 20, "timed pushes per path and size (after one warm-up)");
@@ -125,9 +126,11 @@ int Run(const Options& options) {
   const bool direct = (*target)->sends_from_device_memory();
   const bool direct_pulls = (*target)->receives_into_device_memory();
   const char* tls = std::getenv("UCX_TLS");
-  const std::string common = absl::StrCat(
-      "\"ucx_cuda\":", direct ? "true" : "false", ",\"device_memory\":\"", options.device_memory,
-      "\",\"ucx_tls\":\"", tls == nullptr ? "" : tls, "\"");
+  const Json common = {
+      {"ucx_cuda", direct},
+      {"device_memory", options.device_memory},
+      {"ucx_tls", tls == nullptr ? "" : tls},
+  };
   if (!direct) {
     std::fprintf(stderr,
                  "transport_gpu_bench: this UCX does not send from device memory (no CUDA "
@@ -186,12 +189,20 @@ int Run(const Options& options) {
         if (absl::Status s = path.run(); !s.ok()) return Fail(s);  // warm-up
         auto seconds = Time(options.iterations, path.run);
         if (!seconds.ok()) return Fail(seconds.status());
-        std::printf(
-            "{\"bench\":\"transport_gpu\",\"op\":\"%s\",\"path\":\"%s\",\"bytes\":%zu,"
-            "\"seconds\":%.6g,\"gbps\":%.4g,\"host_seconds\":%.6g,\"host_gbps\":%.4g,"
-            "\"ratio_of_host\":%.4g,\"iterations\":%d,%s}\n",
-            op.name, path.name, bytes, *seconds, bytes / *seconds / 1e9, *host,
-            bytes / *host / 1e9, *host / *seconds, options.iterations, common.c_str());
+        Json line = {
+            {"bench", "transport_gpu"},
+            {"op", op.name},
+            {"path", path.name},
+            {"bytes", bytes},
+            {"seconds", RoundToSignificant(*seconds, 6)},
+            {"gbps", RoundToSignificant(bytes / *seconds / 1e9, 4)},
+            {"host_seconds", RoundToSignificant(*host, 6)},
+            {"host_gbps", RoundToSignificant(bytes / *host / 1e9, 4)},
+            {"ratio_of_host", RoundToSignificant(*host / *seconds, 4)},
+            {"iterations", options.iterations},
+        };
+        line.update(common);
+        std::printf("%s\n", DumpJson(line).c_str());
         std::fflush(stdout);
       }
     }
@@ -203,15 +214,12 @@ int Run(const Options& options) {
 }  // namespace harrier::bench
 
 int main(int argc, char** argv) {
-  if (std::optional<int> exit_code = harrier::bench::ParseBenchFlags(
-          argc, argv, harrier::bench::kUsage,
-          {"sizes_mib", "iterations", "device_memory", "chunk_bytes"})) {
-    return *exit_code;
-  }
   harrier::bench::Options options;
-  if (const std::string error = harrier::bench::ParseArgs(&options); !error.empty()) {
-    std::fprintf(stderr, "transport_gpu_bench: %s\n", error.c_str());
-    return 2;
+  if (std::optional<int> exit_code = harrier::bench::ParseSubcommandFlags(
+          argc, argv, harrier::bench::kUsage,
+          {"sizes_mib", "iterations", "device_memory", "chunk_bytes"}, harrier::bench::ParseArgs,
+          &options)) {
+    return *exit_code;
   }
   harrier::bench::UseOwnRunfiles(argv[0]);
   return harrier::bench::Run(options);

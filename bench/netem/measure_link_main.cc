@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "bench/flags.h"
 #include "bench/netem/emulated_network.h"
+#include "common/json.h"
 
 ABSL_FLAG(double, rate_gbps, 1, "tbf rate of every link in Gbit/s; 0 = unshaped");
 ABSL_FLAG(std::string, model, "per_host",
@@ -60,10 +61,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   const harrier::bench::TbfParams tbf = harrier::bench::TbfParamsFor(options.rate_gbps);
-  std::printf(
-      "{\"bench\":\"measure_link\",\"model\":\"%s\",\"rate_gbps\":%g,\"burst_bytes\":%lld,"
-      "\"mbytes\":%g,\"measured_gbps\":%.4f}\n",
-      model.c_str(), options.rate_gbps,
-      static_cast<long long>(options.rate_gbps > 0 ? tbf.burst_bytes : 0), mbytes, *gbps);
+  const harrier::Json line = {
+      {"bench", "measure_link"},
+      {"model", model},
+      {"rate_gbps", options.rate_gbps},
+      {"burst_bytes", options.rate_gbps > 0 ? tbf.burst_bytes : 0},
+      {"mbytes", mbytes},
+      {"measured_gbps", harrier::RoundTo(*gbps, 4)},
+  };
+  std::printf("%s\n", harrier::DumpJson(line).c_str());
   return 0;
 }
