@@ -26,13 +26,13 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "common/codec/survey_codecs.h"
-#include "common/json.h"
 #include "bench/flags.h"
 #include "bench/netem/emulated_network.h"
 #include "bench/server_cluster.h"
 #include "bench/shared_flags.h"
 #include "bench/training_run.h"
+#include "common/codec/survey_codecs.h"
+#include "common/json.h"
 
 ABSL_FLAG(std::string, syncs, "bsp,ssp2,asp,local4",
           "convergence: sync settings (ssp2 = ssp, staleness 2; local4 = local SGD, 4 steps)");

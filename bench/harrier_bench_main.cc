@@ -6,13 +6,13 @@
 #include <cstring>
 #include <string>
 
-#include "common/process.h"
 #include "bench/codec/codec_bench.h"
 #include "bench/convergence_bench.h"
 #include "bench/load_bench.h"
 #include "bench/overlap_bench.h"
 #include "bench/transport_bench.h"
 #include "bench/tta_bench.h"
+#include "common/process.h"
 
 namespace {
 

@@ -21,12 +21,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "common/json.h"
-#include "common/process.h"
 #include "bench/bench_util.h"
 #include "bench/flags.h"
 #include "bench/server_cluster.h"
 #include "bench/shared_flags.h"
+#include "common/json.h"
+#include "common/process.h"
 #include "worker/client.h"
 
 ABSL_FLAG(int, clients, 0, "load: concurrent clients (0: 64; 16 with --quick)");

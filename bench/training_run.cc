@@ -17,10 +17,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/codec/survey_codecs.h"
 #include "bench/netem/host_process.h"
-#include "common/json.h"
 #include "bench/server_cluster.h"
+#include "common/codec/survey_codecs.h"
+#include "common/json.h"
 
 namespace harrier::bench {
 

@@ -19,13 +19,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "common/json.h"
-#include "common/process.h"
 #include "bench/bench_util.h"
 #include "bench/flags.h"
 #include "bench/server_cluster.h"
 #include "bench/shared_flags.h"
 #include "bench/tcp_baseline.h"
+#include "common/json.h"
+#include "common/process.h"
 #include "worker/client.h"
 
 ABSL_FLAG(std::string, bytes_per_point, "",

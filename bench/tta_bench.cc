@@ -23,8 +23,8 @@
 #include "bench/netem/emulated_network.h"
 #include "bench/server_cluster.h"
 #include "bench/shared_flags.h"
-#include "common/json.h"
 #include "bench/training_run.h"
+#include "common/json.h"
 
 ABSL_FLAG(double, link_gbps, 1, "tta: rate of every host's link in Gbit/s (0: unshaped)");
 ABSL_FLAG(double, target, 0.85, "tta: test accuracy to reach");

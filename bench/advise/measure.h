@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/codec/codec_backend.h"
 #include "bench/advise/cost_model.h"
+#include "common/codec/codec_backend.h"
 
 namespace harrier::advise {
 

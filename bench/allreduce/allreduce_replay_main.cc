@@ -12,13 +12,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "bench/allreduce/allreduce_replay.h"
+#include "bench/allreduce/bucket_plan.h"
+#include "bench/allreduce/gloo_ring.h"
 #include "common/flags.h"
 #include "common/json.h"
 #include "common/process.h"
 #include "spdlog/spdlog.h"
-#include "bench/allreduce/allreduce_replay.h"
-#include "bench/allreduce/bucket_plan.h"
-#include "bench/allreduce/gloo_ring.h"
 #include "worker/workload/replay_models.h"
 
 ABSL_FLAG(std::string, model, "", "Replayed model: resnet50|vgg16|bert-base.");

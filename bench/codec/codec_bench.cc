@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "common/codec/codec.h"
 #include "bench/codec/bench_common.h"
+#include "common/codec/codec.h"
 
 namespace harrier::bench {
 namespace {

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "bench/codec/bench_common.h"
 #include "common/codec/codec.h"
+#include "common/json.h"
 #include "cuda/device_codec.h"
 #include "cuda/device_memory.h"
-#include "bench/codec/bench_common.h"
-#include "common/json.h"
 
 namespace harrier::bench {
 namespace {

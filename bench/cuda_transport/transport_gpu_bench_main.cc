@@ -26,10 +26,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "cuda/device_memory.h"
 #include "bench/cuda_transport/ucx_push_target.h"
 #include "bench/flags.h"
 #include "common/json.h"
+#include "cuda/device_memory.h"
 
 ABSL_FLAG(std::string, sizes_mib, "1,16,64", "tensor sizes in MiB");
 ABSL_FLAG(int, iterations, 20, "timed pushes per path and size (after one warm-up)");
