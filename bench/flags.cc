@@ -14,8 +14,9 @@ namespace {
 
 // Flags every binary takes: absl's and common/flags' own.
 constexpr absl::string_view kAlwaysAccepted[] = {
-    "flagfile", "fromenv", "tryfromenv", "undefok", "config", "helpfull", "helpshort",
-    "helppackage", "version", "only_check_flags",
+    "flagfile", "fromenv",   "tryfromenv", "undefok", "config",  "help",
+    "helpfull", "helpshort", "helppackage", "helpon", "helpmatch", "version",
+    "only_check_flags",
 };
 
 bool Contains(std::initializer_list<absl::string_view> names, absl::string_view name) {
@@ -43,7 +44,7 @@ std::optional<int> ParseBenchFlags(int argc, char** argv, const char* usage,
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") break;  // the rest is positional: refused below
-    if (arg == "--help" || arg == "-h") {
+    if (arg == "--help" || arg == "-help" || arg == "-h") {
       std::fputs(usage, stdout);
       return 0;
     }

@@ -29,10 +29,12 @@ namespace harrier::bench {
 // Parses a bench's command line; argv[0] names the subcommand or binary
 // (harrier-bench passes the arguments from the subcommand's name on).
 // `accepted` names the flags this bench takes (absl's own --flagfile,
-// --fromenv, --tryfromenv, --undefok and common/flags' --config are always
-// accepted). Returns nullopt when the flags parsed, or the exit status to
-// return now:
-//   0 after --help or -h, which print `usage` on stdout;
+// --fromenv, --tryfromenv, --undefok, the help flags and common/flags'
+// --config are always accepted). Returns nullopt when the flags parsed, or
+// the exit status to return now:
+//   0 after --help or -h, which print `usage` (the subcommand's flags) on
+//     stdout; --helpfull and --help=TEXT list every flag of the binary
+//     (common/flags);
 //   2 after a flag that is not in `accepted` (unknown to the binary, or
 //     another subcommand's) or a positional argument: one line saying which
 //     on stderr.
