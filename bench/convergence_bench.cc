@@ -136,21 +136,15 @@ struct Options {
   std::vector<const SurveyCodec*> codecs;
   std::vector<bool> pulls = {false, true};
   std::vector<double> links = {1, 10};
-  int workers = 4;
-  int shards = 2;
   int epochs = 3;
   int64_t max_steps = 0;
-  int eval_every = 20;
   std::map<std::string, double> targets = {{"mlp", 0.85}, {"cnn", 0.88}};
-  int train_examples = 0;
   std::string out_dir;
   bool resume = true;
-  double run_timeout_s = 900;
   bool dry_run = false;
   std::vector<std::string> server_flags;
   std::vector<std::string> worker_flags;
-  std::string server_binary;
-  std::string worker_binary;
+  JobFlags job;
 };
 
 std::vector<std::string> SplitList(absl::string_view value) {
@@ -214,29 +208,13 @@ std::string ParseArgs(Options* options) {
     }
     options->targets[parts[0]] = target;
   }
-  for (const std::string& error :
-       {NumberFlagOr(FLAGS_workers, "workers", 4, 1, &options->workers),
-        NumberFlagOr(FLAGS_shards, "shards", 2, 1, &options->shards)}) {
-    if (!error.empty()) return error;
-  }
+  if (const std::string error = ReadJobFlags(&options->job); !error.empty()) return error;
   options->epochs = absl::GetFlag(FLAGS_epochs);
-  options->eval_every = absl::GetFlag(FLAGS_eval_every);
   if (options->epochs < 1) return "bad --epochs (a positive integer)";
-  if (options->eval_every < 1) return "bad --eval_every (a positive integer)";
   options->max_steps = absl::GetFlag(FLAGS_max_steps);
   if (options->max_steps < 0) {
     return absl::StrCat("bad --max_steps='", options->max_steps, "' (0: no cap, else a positive cap)");
   }
-  options->train_examples = absl::GetFlag(FLAGS_train_examples);
-  if (options->train_examples < 0) {
-    return absl::StrCat("bad --train_examples='", options->train_examples, "' (0: all)");
-  }
-  if (auto error = NumberFlagOr(FLAGS_run_timeout_s, "run_timeout_s", 900.0, 0.0,
-                                &options->run_timeout_s);
-      !error.empty()) {
-    return error;
-  }
-  if (!(options->run_timeout_s > 0)) return "bad --run_timeout_s (seconds > 0)";
   options->resume = absl::GetFlag(FLAGS_resume);
   options->dry_run = absl::GetFlag(FLAGS_dry_run);
   options->out_dir = absl::GetFlag(FLAGS_out_dir);
@@ -252,8 +230,6 @@ std::string ParseArgs(Options* options) {
     }
     *out = std::move(flags);
   }
-  options->server_binary = absl::GetFlag(FLAGS_server_binary);
-  options->worker_binary = absl::GetFlag(FLAGS_worker_binary);
   if (options->out_dir.empty()) return "--out_dir=DIR is required";
   for (const std::string& model : options->models) {
     if (options->targets.count(model) == 0) {
@@ -521,8 +497,8 @@ Record MakeRecord(const Options& options, const RunSpec& run, double measured_gb
       str("pull_codec", run.pull_codec()),
       num("link_gbps", LinkText(run.link_gbps)),
       num("link_measured_gbps", Number(measured_gbps, 4)),
-      num("workers", absl::StrCat(options.workers)),
-      num("shards", absl::StrCat(options.shards)),
+      num("workers", absl::StrCat(options.job.workers)),
+      num("shards", absl::StrCat(options.job.shards)),
       num("batch_size", absl::StrCat(kBatchSize)),
       num("target_accuracy", Number(target, 4)),
       num("time_to_target_s", Number(time_to_target, 3)),
@@ -570,8 +546,8 @@ std::string OneLine(absl::string_view text) {
 absl::StatusOr<Measured> RunOne(const Options& options, const TrainingRunner& runner,
                                 const RunSpec& run, const std::string& tag) {
   TrainingJob job;
-  job.shards = options.shards;
-  job.workers = options.workers;
+  job.shards = options.job.shards;
+  job.workers = options.job.workers;
   job.server_flags = run.sync->server_flags;
   job.server_flags.insert(job.server_flags.end(), run.codec->server_flags.begin(),
                           run.codec->server_flags.end());
@@ -582,22 +558,22 @@ absl::StatusOr<Measured> RunOne(const Options& options, const TrainingRunner& ru
                       absl::StrCat("--batch_size=", kBatchSize),
                       absl::StrCat("--codec=", run.codec->push_spec),
                       absl::StrCat("--pull_codec=", run.pull_codec()),
-                      absl::StrCat("--eval_every=", options.eval_every),
+                      absl::StrCat("--eval_every=", options.job.eval_every),
                       absl::StrCat("--target_accuracy=", options.targets.at(run.model)),
                       "--log_every=100",
                       "--rpc_timeout_s=120"};
   if (options.max_steps > 0) {
     job.worker_flags.push_back(absl::StrCat("--max_steps=", options.max_steps));
   }
-  if (options.train_examples > 0) {
-    job.worker_flags.push_back(absl::StrCat("--train_examples=", options.train_examples));
+  if (options.job.train_examples > 0) {
+    job.worker_flags.push_back(absl::StrCat("--train_examples=", options.job.train_examples));
   }
   job.worker_flags.insert(job.worker_flags.end(), run.codec->worker_flags.begin(),
                           run.codec->worker_flags.end());
   job.worker_flags.insert(job.worker_flags.end(), options.worker_flags.begin(),
                           options.worker_flags.end());
   job.stop_at_target = false;
-  job.timeout_s = options.run_timeout_s;
+  job.timeout_s = options.job.run_timeout_s;
   auto outcome = runner.Run(job, tag);
   if (!outcome.ok()) return outcome.status();
   Measured measured;
@@ -694,9 +670,9 @@ int RunConvergenceBench(int argc, char** argv) {
                "incomplete lines dropped)\n",
                grid.size(), already, dir.c_str(), dropped);
 
-  auto server_binary = PrepareServerBench("convergence", options.server_binary);
+  auto server_binary = PrepareServerBench("convergence", options.job.server_binary);
   if (!server_binary.ok()) return 1;
-  auto worker_binary = FindWorkerBinary(options.worker_binary);
+  auto worker_binary = FindWorkerBinary(options.job.worker_binary);
   if (!worker_binary.ok()) {
     std::fprintf(stderr, "harrier-bench convergence: %s\n",
                  std::string(worker_binary.status().message()).c_str());
@@ -721,7 +697,7 @@ int RunConvergenceBench(int argc, char** argv) {
 
     EmulatedNetworkOptions network_options;
     network_options.prefix = "hconv";
-    network_options.num_hosts = options.shards + options.workers;
+    network_options.num_hosts = options.job.shards + options.job.workers;
     network_options.rate_gbps = link;
     network_options.model = LinkModel::kPerHost;
     auto network = EmulatedNetwork::Create(network_options);
@@ -730,7 +706,7 @@ int RunConvergenceBench(int argc, char** argv) {
                    std::string(network.status().message()).c_str());
       return 1;
     }
-    auto measured_gbps = MeasureWorkerLinkGbps(**network, options.shards, link);
+    auto measured_gbps = MeasureWorkerLinkGbps(**network, options.job.shards, link);
     if (!measured_gbps.ok()) {
       std::fprintf(stderr, "harrier-bench convergence: measuring the %s Gbit/s link failed: %s\n",
                    LinkText(link).c_str(), std::string(measured_gbps.status().message()).c_str());

@@ -3,6 +3,8 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "bench/flags.h"
 
 ABSL_FLAG(std::string, sizes, "",
           "transport, load: tensor sizes in bytes (K/M/G binary); codec: element counts "
@@ -36,3 +38,28 @@ ABSL_FLAG(std::string, server_flags, "", "extra flags for every shard, space-sep
 ABSL_FLAG(std::string, worker_flags, "", "extra flags for every harrier-worker, space-separated");
 ABSL_FLAG(int, eval_every, 20, "steps between rank 0's evaluations");
 ABSL_FLAG(int, train_examples, 0, "train on the first N examples only (0: all 60000)");
+
+namespace harrier::bench {
+
+std::string ReadJobFlags(JobFlags* job) {
+  const JobFlags defaults;
+  for (const std::string& error :
+       {NumberFlagOr(FLAGS_workers, "workers", defaults.workers, 1, &job->workers),
+        NumberFlagOr(FLAGS_shards, "shards", defaults.shards, 1, &job->shards),
+        NumberFlagOr(FLAGS_run_timeout_s, "run_timeout_s", defaults.run_timeout_s, 0.0,
+                     &job->run_timeout_s)}) {
+    if (!error.empty()) return error;
+  }
+  if (!(job->run_timeout_s > 0)) return "bad --run_timeout_s (seconds > 0)";
+  job->eval_every = absl::GetFlag(FLAGS_eval_every);
+  if (job->eval_every < 1) return "bad --eval_every (a positive integer)";
+  job->train_examples = absl::GetFlag(FLAGS_train_examples);
+  if (job->train_examples < 0) {
+    return absl::StrCat("bad --train_examples='", job->train_examples, "' (0: all)");
+  }
+  job->server_binary = absl::GetFlag(FLAGS_server_binary);
+  job->worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  return "";
+}
+
+}  // namespace harrier::bench

@@ -31,4 +31,25 @@ ABSL_DECLARE_FLAG(std::string, worker_flags);
 ABSL_DECLARE_FLAG(int, eval_every);
 ABSL_DECLARE_FLAG(int, train_examples);
 
+namespace harrier::bench {
+
+// The flags of the training jobs that tta and convergence run, with the
+// defaults both use.
+struct JobFlags {
+  int workers = 4;
+  int shards = 2;
+  int eval_every = 20;
+  int train_examples = 0;  // 0: all 60000
+  double run_timeout_s = 900;
+  std::string server_binary;  // empty: from runfiles
+  std::string worker_binary;  // empty: from runfiles
+};
+
+// Reads --workers, --shards, --eval_every, --train_examples,
+// --run_timeout_s, --server_binary and --worker_binary into *job. Returns
+// "" or the usage error.
+std::string ReadJobFlags(JobFlags* job);
+
+}  // namespace harrier::bench
+
 #endif  // HARRIER_BENCH_SHARED_FLAGS_H_

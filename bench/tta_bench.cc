@@ -75,16 +75,10 @@ struct Options {
   std::vector<const CodecSetting*> codecs;
   std::vector<std::string> techniques = {"none"};
   double link_gbps = 1;
-  int workers = 4;
-  int shards = 2;
   double target = 0.85;
   int max_epochs = 5;
-  int eval_every = 20;
-  int train_examples = 0;  // 0: all 60000
   bool stop_at_target = true;
-  double run_timeout_s = 900;
-  std::string server_binary;
-  std::string worker_binary;
+  JobFlags job;
 };
 
 // Returns a message for a usage error, "" on success.
@@ -109,29 +103,10 @@ std::string ParseArgs(Options* options) {
   if (!(options->link_gbps >= 0)) return absl::StrCat("bad --link_gbps='", options->link_gbps, "'");
   options->target = absl::GetFlag(FLAGS_target);
   if (!(options->target > 0 && options->target <= 1)) return "--target must be in (0, 1]";
-  if (auto error = NumberFlagOr(FLAGS_run_timeout_s, "run_timeout_s", 900.0, 0.0,
-                                &options->run_timeout_s);
-      !error.empty()) {
-    return error;
-  }
-  if (!(options->run_timeout_s > 0)) return "--run_timeout_s must be > 0";
-  options->train_examples = absl::GetFlag(FLAGS_train_examples);
-  if (options->train_examples < 0) {
-    return absl::StrCat("bad --train_examples='", options->train_examples, "'");
-  }
-  for (const std::string& error :
-       {NumberFlagOr(FLAGS_workers, "workers", 4, 1, &options->workers),
-        NumberFlagOr(FLAGS_shards, "shards", 2, 1, &options->shards)}) {
-    if (!error.empty()) return error;
-  }
   options->max_epochs = absl::GetFlag(FLAGS_max_epochs);
-  options->eval_every = absl::GetFlag(FLAGS_eval_every);
   if (options->max_epochs < 1) return "bad --max_epochs (a positive integer)";
-  if (options->eval_every < 1) return "bad --eval_every (a positive integer)";
   options->stop_at_target = absl::GetFlag(FLAGS_stop_at_target);
-  options->server_binary = absl::GetFlag(FLAGS_server_binary);
-  options->worker_binary = absl::GetFlag(FLAGS_worker_binary);
-  return "";
+  return ReadJobFlags(&options->job);
 }
 
 struct RunResult {
@@ -149,25 +124,25 @@ absl::StatusOr<RunResult> RunOne(const Options& options, const TrainingRunner& r
                                  const std::string& dir, const CodecSetting& codec,
                                  const std::string& techniques, int run_index) {
   TrainingJob job;
-  job.shards = options.shards;
-  job.workers = options.workers;
+  job.shards = options.job.shards;
+  job.workers = options.job.workers;
   job.server_flags = {"--sync=bsp"};
   job.server_flags.insert(job.server_flags.end(), codec.server_flags.begin(),
                           codec.server_flags.end());
   job.worker_flags = {absl::StrCat("--epochs=", options.max_epochs),
                       absl::StrCat("--codec=", codec.codec),
                       absl::StrCat("--pull_codec=", codec.pull_codec),
-                      absl::StrCat("--eval_every=", options.eval_every),
+                      absl::StrCat("--eval_every=", options.job.eval_every),
                       absl::StrCat("--target_accuracy=", options.target),
                       "--log_every=100",
                       "--rpc_timeout_s=120"};
   if (techniques != "none") job.worker_flags.push_back("--techniques=" + techniques);
-  if (options.train_examples > 0) {
-    job.worker_flags.push_back(absl::StrCat("--train_examples=", options.train_examples));
+  if (options.job.train_examples > 0) {
+    job.worker_flags.push_back(absl::StrCat("--train_examples=", options.job.train_examples));
   }
   job.target = options.target;
   job.stop_at_target = options.stop_at_target;
-  job.timeout_s = options.run_timeout_s;
+  job.timeout_s = options.job.run_timeout_s;
   auto outcome = runner.Run(job, absl::StrCat(dir, "/run", run_index));
   if (!outcome.ok()) return outcome.status();
 
@@ -221,9 +196,9 @@ int RunTtaBench(int argc, char** argv) {
           ParseArgs, &options)) {
     return *exit_code;
   }
-  auto server_binary = PrepareServerBench("tta", options.server_binary);
+  auto server_binary = PrepareServerBench("tta", options.job.server_binary);
   if (!server_binary.ok()) return 1;
-  auto worker_binary = FindWorkerBinary(options.worker_binary);
+  auto worker_binary = FindWorkerBinary(options.job.worker_binary);
   if (!worker_binary.ok()) {
     std::fprintf(stderr, "harrier-bench tta: %s\n",
                  std::string(worker_binary.status().message()).c_str());
@@ -232,7 +207,7 @@ int RunTtaBench(int argc, char** argv) {
 
   EmulatedNetworkOptions network_options;
   network_options.prefix = "htta";
-  network_options.num_hosts = options.shards + options.workers;
+  network_options.num_hosts = options.job.shards + options.job.workers;
   network_options.rate_gbps = options.link_gbps;
   network_options.model = LinkModel::kPerHost;
   auto network = EmulatedNetwork::Create(network_options);
@@ -241,7 +216,7 @@ int RunTtaBench(int argc, char** argv) {
                  std::string(network.status().message()).c_str());
     return 1;
   }
-  auto measured = MeasureWorkerLinkGbps(**network, options.shards, options.link_gbps);
+  auto measured = MeasureWorkerLinkGbps(**network, options.job.shards, options.link_gbps);
   if (!measured.ok()) {
     std::fprintf(stderr, "harrier-bench tta: measuring the link failed: %s\n",
                  std::string(measured.status().message()).c_str());
@@ -290,14 +265,14 @@ int RunTtaBench(int argc, char** argv) {
           {"techniques", techniques},
           {"link_gbps", JsonFigure(options.link_gbps)},
           {"link_measured_gbps", JsonFigure(*measured)},
-          {"workers", options.workers},
-          {"shards", options.shards},
+          {"workers", options.job.workers},
+          {"shards", options.job.shards},
           {"target_accuracy", JsonFigure(options.target)},
           {"time_to_target_s", JsonFigure(result->time_to_target_s)},
           {"speedup_vs_none", speedup},
           {"final_accuracy", JsonFigure(result->final_accuracy)},
           {"steps", result->steps},
-          {"eval_every", options.eval_every},
+          {"eval_every", options.job.eval_every},
           {"wall_s", JsonFigure(result->wall_s)},
           {"bytes_up_per_step", std::llround(result->bytes_up_per_step)},
           {"bytes_down_per_step", std::llround(result->bytes_down_per_step)},
