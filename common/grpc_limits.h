@@ -15,7 +15,7 @@ inline constexpr int kMaxGrpcMessageBytes = 64 << 20;
 
 // AdminService.Probe's bound on its payload and on reply_bytes, each
 // (64 MiB): a probe costs the shard at most this much memory per call.
-// Here, not in server/, because the prober (worker/advise) must send within
+// Here, not in server/, because the prober (bench/advise) must send within
 // it and may not include server/.
 inline constexpr uint64_t kMaxProbeBytes = 64u << 20;
 // What a Probe message carries on top of its bytes (field tags, lengths):

@@ -3,12 +3,13 @@
 # Idempotent; prints nothing when everything is already present.
 set -euo pipefail
 
-# gnuplot-nox: docs/results/ figures (tests/bench/scripts/convergence_report.py
+# gnuplot-nox: docs/results/ figures (bench/scripts/convergence_report.py
 # and its tests).
 PACKAGES=(
   bazel-bootstrap build-essential pkg-config cmake
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils libabsl-dev libspdlog-dev libfmt-dev catch2 zlib1g-dev
+  nlohmann-json3-dev
   libopenblas-dev dataset-fashion-mnist prometheus-cpp-dev
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
   libgloo-dev iproute2 openssh-server openssh-client

@@ -4,7 +4,8 @@
 #
 #   1. one build, --config=asan (.bazelrc): clang-14 with
 #      -Werror=thread-safety, ASan + UBSan and libFuzzer's coverage
-#      instrumentation, of common/, server/ and worker/ ("clang build"),
+#      instrumentation, of common/, server/, worker/ and bench/advise/
+#      ("clang build"),
 #      then the libFuzzer binaries from the same objects ("fuzz build");
 #   2. the unit and integration tests on that build, one check per test
 #      target (//tests/... less the targets tagged no_sanitizers);
@@ -77,7 +78,7 @@ count_targets() {  # $1: the bazel test log; $2: a label; $3: bazel's exit statu
 }
 
 echo "== clang-14 build, thread-safety analysis (--config=asan, which adds ASan + UBSan and libFuzzer's instrumentation)"
-if cbazel build --config=asan "${extra[@]}" //common/... //server/... //worker/... \
+if cbazel build --config=asan "${extra[@]}" //common/... //server/... //worker/... //bench/advise/... \
      >"$logs/clang-build.log" 2>&1; then
   passed=$((passed + 1)); echo "PASS clang build"
 else

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/flags.h"
 #include "common/grpc_security.h"
+#include "common/json.h"
 #include "proto/harrier.grpc.pb.h"
 
 ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every shard, shard 0 first.");
@@ -150,26 +151,6 @@ std::string SyncName(const proto::SyncConfig& sync) {
   }
 }
 
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
 // How far along a rank is as one shard sees it; the job view takes the
 // furthest any shard saw (a rank one shard saw leave has left).
 int StateOrder(const std::string& state) {
@@ -266,41 +247,49 @@ int Status(Ctl& ctl, bool json) {
   }
 
   if (json) {
-    std::string out = absl::StrCat("{\"job\": ", JsonString(job), ", \"job_id\": ", job_id,
-                                   ", \"job_state\": ", JsonString(job_state),
-                                   ", \"failure\": ", JsonString(failure), ", \"sync\": ",
-                                   JsonString(first != nullptr ? SyncName(first->sync()) : ""),
-                                   ", \"num_workers\": ", first ? first->num_workers() : 0,
-                                   ", \"ranks\": [");
-    bool comma = false;
+    Json out = {
+        {"job", job},
+        {"job_id", job_id},
+        {"job_state", job_state},
+        {"failure", failure},
+        {"sync", first != nullptr ? SyncName(first->sync()) : ""},
+        {"num_workers", first ? first->num_workers() : 0},
+    };
+    Json& ranks_json = out["ranks"] = Json::array();
     for (const auto& [index, rank] : ranks) {
-      absl::StrAppend(&out, comma ? ", " : "", "{\"rank\": ", index,
-                      ", \"state\": ", JsonString(rank.state), ", \"next_clock\": ",
-                      rank.next_clock, ", \"last_heard_ms_ago\": ", rank.last_heard_ms_ago,
-                      ", \"epoch\": ", rank.epoch, "}");
-      comma = true;
+      ranks_json.push_back({
+          {"rank", index},
+          {"state", rank.state},
+          {"next_clock", rank.next_clock},
+          {"last_heard_ms_ago", rank.last_heard_ms_ago},
+          {"epoch", rank.epoch},
+      });
     }
-    absl::StrAppend(&out, "], \"shards\": [");
+    Json& shards_json = out["shards"] = Json::array();
     for (size_t i = 0; i < replies.size(); ++i) {
       const Shard& shard = ctl.shards()[i];
-      absl::StrAppend(&out, i > 0 ? ", " : "", "{\"shard\": ", shard.index,
-                      ", \"address\": ", JsonString(shard.address));
+      Json entry = {{"shard", shard.index}, {"address", shard.address}};
       if (!errors[i].empty()) {
-        absl::StrAppend(&out, ", \"reachable\": false, \"error\": ", JsonString(errors[i]), "}");
+        entry["reachable"] = false;
+        entry["error"] = errors[i];
+        shards_json.push_back(std::move(entry));
         continue;
       }
       const proto::StatusResponse& r = replies[i].response;
-      absl::StrAppend(&out, ", \"reachable\": true, \"job_id\": ", r.job_id(),
-                      ", \"job_state\": ", JsonString(r.job_state()), ", \"keys\": ", r.keys(),
-                      ", \"chunks\": ", r.chunks(), ", \"param_bytes\": ", r.param_bytes(),
-                      ", \"bytes_in\": ", r.bytes_in(), ", \"bytes_out\": ", r.bytes_out(),
-                      ", \"checkpoint_age_seconds\": ",
-                      absl::StrFormat("%.3f", r.checkpoint_age_seconds()),
-                      ", \"checkpoint_version\": ", r.checkpoint_version(),
-                      ", \"uptime_seconds\": ", absl::StrFormat("%.3f", r.uptime_seconds()), "}");
+      entry["reachable"] = true;
+      entry["job_id"] = r.job_id();
+      entry["job_state"] = r.job_state();
+      entry["keys"] = r.keys();
+      entry["chunks"] = r.chunks();
+      entry["param_bytes"] = r.param_bytes();
+      entry["bytes_in"] = r.bytes_in();
+      entry["bytes_out"] = r.bytes_out();
+      entry["checkpoint_age_seconds"] = RoundTo(r.checkpoint_age_seconds(), 3);
+      entry["checkpoint_version"] = r.checkpoint_version();
+      entry["uptime_seconds"] = RoundTo(r.uptime_seconds(), 3);
+      shards_json.push_back(std::move(entry));
     }
-    absl::StrAppend(&out, "]}");
-    std::printf("%s\n", out.c_str());
+    std::printf("%s\n", DumpJson(out).c_str());
     return exit_code;
   }
 

@@ -4,6 +4,8 @@
 #   common/  shared by both roles:  includes neither worker/ nor server/
 #   server/  includes no worker/ header; worker/ includes no server/ header
 #            (what both need lives in common/)
+#   bench/   the experiments product sits on top: none of the four above
+#            includes a bench/ header
 # Prints every offending line (file:line:text) and fails if there is one;
 # ends with "N checks passed, M failed", one check per rule.
 #
@@ -52,10 +54,10 @@ rule() {
   fi
 }
 
-rule cuda worker server
-rule common worker server
-rule server worker
-rule worker server
+rule cuda worker server bench
+rule common worker server bench
+rule server worker bench
+rule worker server bench
 
 echo "$passed checks passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -8,7 +8,7 @@ const std::vector<SurveyCodec>& SurveyCodecs() {
   // of the change since the worker's view. Training: harrier-bench tta's
   // settings where tta has the codec (docs/experiments.md, from 5-epoch
   // runs), the others tuned for the grid from 150-step runs
-  // (tests/bench/README.md, "convergence").
+  // (bench/README.md, "convergence").
   static const auto* codecs = [] {
     const std::vector<std::string> nesterov = {"--optimizer=nesterov", "--lr=0.05",
                                                "--momentum=0.9"};

@@ -9,7 +9,7 @@
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
 server="$root/server/harrier-server"
-advise="$root/worker/advise/harrier-advise"
+advise="$root/bench/advise/harrier-advise"
 worker="$root/worker/harrier-worker"
 make_calibration="$root/tests/advise/make_calibration.py"
 python=/usr/bin/python3

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/advise/calibration.h"
+#include "bench/advise/cost_model.h"
 #include "common/codec/survey_codecs.h"
-#include "worker/advise/calibration.h"
-#include "worker/advise/cost_model.h"
 
 namespace harrier::advise {
 namespace {

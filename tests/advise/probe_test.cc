@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/advise/measure.h"
 #include "common/grpc_limits.h"
 #include "common/grpc_security.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/admin_service.h"
 #include "tests/integration/server_process.h"
-#include "worker/advise/measure.h"
 #include "worker/client.h"
 
 namespace harrier {

@@ -4,7 +4,7 @@
 # non-zero with a message. Figures are not judged here (noisy machines).
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
-bench="$root/tests/bench/harrier-bench"
+bench="$root/bench/harrier-bench"
 tmp="${TEST_TMPDIR:-/tmp}"
 passed=0
 failed=0

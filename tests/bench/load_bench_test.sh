@@ -5,7 +5,7 @@
 # usage errors exit 2. Ends with "N checks passed, M failed".
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
-bench="$root/tests/bench/harrier-bench"
+bench="$root/bench/harrier-bench"
 server="$root/server/harrier-server"
 tmp="${TEST_TMPDIR:-/tmp}"
 passed=0

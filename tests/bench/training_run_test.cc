@@ -1,7 +1,7 @@
 // The readers of rank 0's output that tta and convergence share: eval
 // lines with and without the loss key, lines cut short, and
 // --metrics_out traffic.
-#include "tests/bench/training_run.h"
+#include "bench/training_run.h"
 
 #include <catch2/catch.hpp>
 #include <cstdio>

@@ -9,7 +9,7 @@
 # namespaces cannot be made it prints SKIPPED with the reason and passes.
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
-bench="$root/tests/bench/harrier-bench"
+bench="$root/bench/harrier-bench"
 tmp="${TEST_TMPDIR:-/tmp}"
 passed=0
 failed=0

@@ -57,9 +57,9 @@ finish() {
 : > "$out/summary.txt"
 timeout 10 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 
-targets=(//tests/cuda:codec_gpu_test //tests/cuda:mlp_gpu_test //tests/bench/cuda:codec_gpu_bench
-  //tests/bench/cuda_transport:transport_gpu_bench //server:harrier-server //worker:harrier-worker
-  //worker/advise:harrier-advise)
+targets=(//tests/cuda:codec_gpu_test //tests/cuda:mlp_gpu_test //bench/cuda:codec_gpu_bench
+  //bench/cuda_transport:transport_gpu_bench //server:harrier-server //worker:harrier-worker
+  //bench/advise:harrier-advise)
 if [ "${GPU_CHECKS_SKIP_BUILD:-0}" != 1 ]; then
   timeout 1500 bazel build --config=cuda "${targets[@]}" > "$out/build.log" 2>&1
   rc=$?
@@ -67,8 +67,8 @@ if [ "${GPU_CHECKS_SKIP_BUILD:-0}" != 1 ]; then
   [ $rc -ne 0 ] && { tail -n 30 "$out/build.log"; finish; }
 fi
 bin="${HARRIER_BIN:-$root/bazel-bin}"
-for f in tests/cuda/codec_gpu_test tests/cuda/mlp_gpu_test tests/bench/cuda/codec_gpu_bench \
-  server/harrier-server worker/harrier-worker worker/advise/harrier-advise; do
+for f in tests/cuda/codec_gpu_test tests/cuda/mlp_gpu_test bench/cuda/codec_gpu_bench \
+  server/harrier-server worker/harrier-worker bench/advise/harrier-advise; do
   if [ ! -x "$bin/$f" ]; then
     result "binary $f present" 1 "build with --config=cuda first"
     finish
@@ -83,7 +83,7 @@ for t in codec_gpu_test mlp_gpu_test; do
 done
 
 sizes=1000000,16000000
-timeout 90 "$bin/tests/bench/cuda/codec_gpu_bench" --sizes=$sizes --min_time=0.05 \
+timeout 90 "$bin/bench/cuda/codec_gpu_bench" --sizes=$sizes --min_time=0.05 \
   > "$out/codec_gpu_bench.jsonl" 2> "$out/codec_gpu_bench.err"
 rc=$?
 result "codec_gpu_bench runs" $rc "$(wc -l < "$out/codec_gpu_bench.jsonl") JSON lines"
@@ -104,7 +104,7 @@ done < "$out/codec_gpu_bench.jsonl"
 # where this UCX supports CUDA memory (cuda_copy; Debian's UCX does not) and
 # staged through the host, against the host path (no target: reported).
 timeout 120 env UCX_TLS="${GPU_CHECKS_UCX_TLS:-tcp,cuda_copy}" \
-  "$bin/tests/bench/cuda_transport/transport_gpu_bench" --iterations=5 \
+  "$bin/bench/cuda_transport/transport_gpu_bench" --iterations=5 \
   > "$out/transport_gpu_bench.jsonl" 2> "$out/transport_gpu_bench.err"
 rc=$?
 result "transport_gpu_bench runs" $rc \
@@ -139,7 +139,7 @@ timeout 120 "$bin/server/harrier-server" --host=127.0.0.1 --port=0 --port_file="
   --shard=0 --num_shards=1 --num_workers=4 > "$out/advise_server.log" 2>&1 &
 advise_server=$!
 for _ in $(seq 100); do [ -s "$out/advise_port" ] && break; sleep 0.1; done
-timeout 90 "$bin/worker/advise/harrier-advise" --servers="127.0.0.1:$(cat "$out/advise_port" 2>/dev/null)" \
+timeout 90 "$bin/bench/advise/harrier-advise" --servers="127.0.0.1:$(cat "$out/advise_port" 2>/dev/null)" \
   --device="$device" --compute_ms=1 --syncs=bsp,asp --codecs=none,topk,qsgd8,powersgd2 --pulls=off,on \
   --probe_bytes=1048576 --json > "$out/advise.json" 2> "$out/advise.err"
 rc=$?

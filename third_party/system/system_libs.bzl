@@ -17,11 +17,14 @@ _LIBS = {
     # it by name.
     "prometheus": (["prometheus-cpp-pull", "prometheus-cpp-core"], ["-lcivetweb-cpp", "-lcivetweb"]),
     # Gloo (package libgloo-dev, Debian's 2022 snapshot, tcp transport):
-    # the all-reduce baseline (tests/bench/allreduce). It ships no .pc file,
+    # the all-reduce baseline (bench/allreduce). It ships no .pc file,
     # only CMake config; headers are in /usr/include/gloo and the library in
     # /usr/lib, both on the default search paths. libgloo.so itself records
     # its hiredis and ibverbs dependencies.
     "gloo": ([], ["-lgloo", "-pthread"]),
+    # nlohmann/json 3.11 (package nlohmann-json3-dev, header-only): the one
+    # JSON library for the JSON lines the benches and tools write and read.
+    "nlohmann_json": (["nlohmann_json"], []),
 }
 
 def _split(text):

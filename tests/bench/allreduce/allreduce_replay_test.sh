@@ -8,7 +8,7 @@
 # Ends with "N checks passed, M failed".
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
-bin="$root/tests/bench/allreduce/harrier-allreduce-replay"
+bin="$root/bench/allreduce/harrier-allreduce-replay"
 tmp="$(mktemp -d "${TEST_TMPDIR:-/tmp}/allreduce.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 passed=0

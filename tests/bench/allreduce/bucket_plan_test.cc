@@ -1,4 +1,4 @@
-#include "tests/bench/allreduce/bucket_plan.h"
+#include "bench/allreduce/bucket_plan.h"
 
 #include <catch2/catch.hpp>
 #include <vector>

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "tests/bench/cuda_transport/ucx_push_target.h"
+#include "bench/cuda_transport/ucx_push_target.h"
 
 namespace harrier::bench {
 namespace {

@@ -20,7 +20,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "tests/bench/netem/emulated_network.h"
+#include "bench/netem/emulated_network.h"
 
 namespace harrier::bench {
 namespace {

@@ -8,7 +8,7 @@
 # be made (not root).
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
-bench="$root/tests/bench/harrier-bench"
+bench="$root/bench/harrier-bench"
 tmp="${TEST_TMPDIR:-/tmp}"
 out="$tmp/overlap.jsonl"
 err="$tmp/overlap.err"

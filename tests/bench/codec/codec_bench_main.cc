@@ -1,7 +1,0 @@
-// Standalone driver for RunCodecBench (the real entry point is the codec
-// subcommand of harrier-bench).
-#include "tests/bench/codec/codec_bench.h"
-
-int main(int argc, char** argv) {
-  return harrier::bench::RunCodecBench(argc - 1, argv + 1);
-}

@@ -1,6 +1,0 @@
-// Standalone driver for RunCodecGpuBench.
-#include "tests/bench/cuda/codec_gpu_bench.h"
-
-int main(int argc, char** argv) {
-  return harrier::bench::RunCodecGpuBench(argc - 1, argv + 1);
-}
