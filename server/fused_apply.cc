@@ -8,7 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/crc32c.h"
-#include "common/thread_pool.h"
+#include "common/parallel_for.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -115,67 +115,30 @@ FusedResult RunRange(const FusedArgs& a, size_t begin, size_t end) {
   return {crc, bad == 0};
 }
 
-// One parallel pass: parts handed out by an atomic counter, so whoever runs
-// first takes the next part and a task that starts late finds none left.
-struct ParallelPass {
-  FusedArgs args;
-  size_t part_floats = 0;
-  size_t num_parts = 0;
-  std::atomic<size_t> next{0};
-  absl::Mutex mutex;
-  size_t finished ABSL_GUARDED_BY(mutex) = 0;
-  std::vector<FusedResult> results ABSL_GUARDED_BY(mutex);
-
-  bool AllFinished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) { return finished == num_parts; }
-
-  void Work() {
-    for (;;) {
-      const size_t part = next.fetch_add(1);
-      if (part >= num_parts) return;
-      const size_t begin = part * part_floats;
-      const FusedResult result = RunRange(args, begin, std::min(args.n, begin + part_floats));
-      absl::MutexLock lock(&mutex);
-      results[part] = result;
-      ++finished;
-    }
-  }
-};
-
 }  // namespace
 
 FusedResult FusedApply(const FusedArgs& args) { return RunRange(args, 0, args.n); }
 
-FusedResult FusedApplyParallel(const FusedArgs& args, ThreadPool* pool, int threads,
+FusedResult FusedApplyParallel(const FusedArgs& args, ParallelForPool* pool, int threads,
                                size_t min_parallel_bytes) {
   if (pool == nullptr || threads <= 1 || args.n * sizeof(float) < min_parallel_bytes ||
       args.n <= kBlockFloats) {
     return FusedApply(args);
   }
-  auto pass = std::make_shared<ParallelPass>();
-  pass->args = args;
+  // The split depends on `threads` only, never on the pool: the part CRCs
+  // joined in part order give the same bits for every pool size.
   const size_t per_thread = (args.n + threads - 1) / threads;
-  pass->part_floats = (per_thread + kBlockFloats - 1) / kBlockFloats * kBlockFloats;
-  pass->num_parts = (args.n + pass->part_floats - 1) / pass->part_floats;
-  {
-    absl::MutexLock lock(&pass->mutex);
-    pass->results.resize(pass->num_parts);
-  }
-  // A refused task (queue full) only means the caller does more parts.
-  for (size_t t = 1; t < pass->num_parts; ++t) {
-    if (!pool->Submit([pass] { pass->Work(); }).ok()) break;
-  }
-  pass->Work();
-  // No deadline: every part still unfinished is being computed right now
-  // by a pool thread (parts are claimed only by running code), a bounded
-  // pass over memory the caller holds.
-  absl::MutexLock lock(&pass->mutex);
-  pass->mutex.Await(absl::Condition(pass.get(), &ParallelPass::AllFinished));
-  FusedResult total = pass->results[0];
-  for (size_t part = 1; part < pass->num_parts; ++part) {
-    const size_t begin = part * pass->part_floats;
-    const size_t len = std::min(args.n, begin + pass->part_floats) - begin;
-    total.crc = Crc32cCombine(total.crc, pass->results[part].crc, len * sizeof(float));
-    total.within = total.within && pass->results[part].within;
+  const size_t part_floats = (per_thread + kBlockFloats - 1) / kBlockFloats * kBlockFloats;
+  std::vector<FusedResult> results((args.n + part_floats - 1) / part_floats);
+  pool->RunRanges(args.n, part_floats, [&](size_t part, size_t begin, size_t end) {
+    results[part] = RunRange(args, begin, end);
+  });
+  FusedResult total = results[0];
+  for (size_t part = 1; part < results.size(); ++part) {
+    const size_t begin = part * part_floats;
+    const size_t len = std::min(args.n, begin + part_floats) - begin;
+    total.crc = Crc32cCombine(total.crc, results[part].crc, len * sizeof(float));
+    total.within = total.within && results[part].within;
   }
   return total;
 }

@@ -6,7 +6,7 @@
 
 namespace harrier {
 
-class ThreadPool;
+class ParallelForPool;
 
 // What the pass writes besides checking the payload. Every expression is
 // the one the reference path computes, element for element, so the results
@@ -52,12 +52,11 @@ FusedResult FusedApply(const FusedArgs& args);
 
 // The same over `threads` contiguous parts (sizes multiples of the block,
 // the part CRCs joined with Crc32cCombine): results bit-identical to
-// FusedApply for every thread count. Parts are claimed by the caller and by
-// up to threads - 1 tasks on `pool` (may be null: the caller does all);
-// the caller waits only for parts already being computed by pool threads,
-// never for a queued task, so a busy pool slows a call down but never
-// blocks it. Payloads below `min_parallel_bytes` run on the caller alone.
-FusedResult FusedApplyParallel(const FusedArgs& args, ThreadPool* pool, int threads,
+// FusedApply for every thread count. The parts run on the caller and the
+// idle threads of `pool` (may be null: the caller does all; common/
+// parallel_for.h), so a busy pool slows a call down but never blocks it.
+// Payloads below `min_parallel_bytes` run on the caller alone.
+FusedResult FusedApplyParallel(const FusedArgs& args, ParallelForPool* pool, int threads,
                                size_t min_parallel_bytes = size_t{1} << 20);
 
 // Tests: true forces the scalar kernel even on an AVX2 CPU. Process-wide.

@@ -425,8 +425,8 @@ void ShardService::Resume(const std::shared_ptr<Parked>& parked) {
 }
 
 // The lock is dropped around each firing (Fire and Resume take it, and
-// may finish a call), which the analysis cannot follow.
-void ShardService::RunTimer() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+// may finish a call).
+void ShardService::RunTimer() {
   absl::MutexLock lock(&parking_mutex_);
   while (!timer_stop_ || !run_now_.empty()) {
     if (!run_now_.empty()) {

@@ -4,7 +4,6 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "common/thread_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace harrier {
@@ -51,10 +50,7 @@ ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> opt
               std::chrono::system_clock::now().time_since_epoch())
               .count())) {
   if (options_.apply_threads > 1) {
-    // Bounded by its submitters: a call submits at most apply_threads - 1
-    // tasks and finishes without waiting for queued ones.
-    apply_pool_ = std::make_unique<ThreadPool>(options_.apply_threads - 1, ThreadPool::kUnbounded,
-                                               "apply pool");
+    apply_pool_ = std::make_unique<ParallelForPool>(options_.apply_threads);
   }
   env_.options = &options_;
   env_.controller = &controller_;

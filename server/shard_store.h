@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/parallel_for.h"
 #include "common/partitioner.h"
 #include "proto/harrier.pb.h"
 #include "server/checkpoint.h"
@@ -33,8 +34,6 @@
 #include "server/table.h"
 
 namespace harrier {
-
-class ThreadPool;
 
 class ShardStore {
  public:
@@ -207,9 +206,9 @@ class ShardStore {
   std::atomic<uint64_t> last_view_version_;
   std::atomic<int> blocked_pulls_{0};
   std::atomic<uint64_t> spare_bytes_{0};
-  // Helpers of the pushing threads for large chunks (apply_threads - 1 of
-  // them; null for 1).
-  std::unique_ptr<ThreadPool> apply_pool_;
+  // The pushing thread and apply_threads - 1 helpers for large chunks
+  // (null for 1).
+  std::unique_ptr<ParallelForPool> apply_pool_;
   TableEnvironment env_;
 
   mutable absl::Mutex tables_mutex_;

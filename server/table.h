@@ -33,7 +33,7 @@
 
 namespace harrier {
 
-class ThreadPool;
+class ParallelForPool;
 
 struct ShardStoreOptions {
   int shard = 0;
@@ -153,8 +153,9 @@ struct TableEnvironment {
   CodecCache* codecs = nullptr;
   ShardCounters* counters = nullptr;
   ParamBudget* budget = nullptr;
-  // Helpers of the pushing threads for large dense chunks (null: none).
-  ThreadPool* apply_pool = nullptr;
+  // Where large dense chunks are applied in parts (null: the pushing
+  // thread alone; --apply_threads).
+  ParallelForPool* apply_pool = nullptr;
   // Spare parameter versions held (bytes), for the shard's holdings.
   std::atomic<uint64_t>* spare_bytes = nullptr;
   // Pulls parked now, across every table.

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/crc32c.h"
-#include "common/thread_pool.h"
+#include "common/parallel_for.h"
 #include "server/fused_apply.h"
 #include "server/optimizer.h"
 
@@ -44,14 +44,14 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
 }
 
-FusedResult Run(const FusedArgs& args, ThreadPool* pool, int threads) {
+FusedResult Run(const FusedArgs& args, ParallelForPool* pool, int threads) {
   // min_parallel_bytes 0: every size splits, so 4099 elements take 1 part
   // and 1M + 5 several.
   return FusedApplyParallel(args, pool, threads, 0);
 }
 
 TEST_CASE("fused pass: bit-identical to CRC + check + Optimizer::Step and the round sum") {
-  ThreadPool pool(2, ThreadPool::kUnbounded, "fused test");
+  ParallelForPool pool(3);
   OptimizerOptions options;
   options.lr = 0.037f;
   options.weight_decay = 0.01f;
@@ -106,7 +106,7 @@ TEST_CASE("fused pass: bit-identical to CRC + check + Optimizer::Step and the ro
 }
 
 TEST_CASE("fused pass: a bad element anywhere is seen, first and last included") {
-  ThreadPool pool(2, ThreadPool::kUnbounded, "fused test");
+  ParallelForPool pool(3);
   const size_t n = (1u << 20) + 5;
   for (bool scalar : {false, true}) {
     SetFusedScalarForTesting(scalar);
@@ -136,7 +136,7 @@ TEST_CASE("fused pass: a bad element anywhere is seen, first and last included")
 }
 
 TEST_CASE("fused pass: the CRC sees a flip in the very last byte") {
-  ThreadPool pool(2, ThreadPool::kUnbounded, "fused test");
+  ParallelForPool pool(3);
   const size_t n = (1u << 20) + 5;
   std::vector<float> g = Random(n, 9, 1.0f);
   const uint32_t before = Crc32c(g.data(), n * 4);
