@@ -146,9 +146,9 @@ int main(int argc, char** argv) {
   harrier::ShardServerOptions options;
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
-  options.shard = absl::GetFlag(FLAGS_shard);
-  options.num_shards = absl::GetFlag(FLAGS_num_shards);
-  options.num_workers = absl::GetFlag(FLAGS_num_workers);
+  options.store.shard = absl::GetFlag(FLAGS_shard);
+  options.store.num_shards = absl::GetFlag(FLAGS_num_shards);
+  options.store.num_workers = absl::GetFlag(FLAGS_num_workers);
   options.optimizer.kind = absl::GetFlag(FLAGS_optimizer);
   options.optimizer.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
   options.optimizer.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
@@ -159,9 +159,9 @@ int main(int argc, char** argv) {
   auto sync = harrier::SyncPolicy::FromFlags(absl::GetFlag(FLAGS_sync), absl::GetFlag(FLAGS_staleness),
                                              absl::GetFlag(FLAGS_local_steps));
   if (!sync.ok()) return Fail(std::string(sync.status().message()));
-  options.sync = *sync;
-  options.staleness_aware_lr = absl::GetFlag(FLAGS_staleness_aware_lr);
-  options.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
+  options.store.sync = *sync;
+  options.store.staleness_aware_lr = absl::GetFlag(FLAGS_staleness_aware_lr);
+  options.store.max_pending_rounds = absl::GetFlag(FLAGS_max_pending_rounds);
   const std::string loss_policy = absl::GetFlag(FLAGS_on_worker_loss);
   if (loss_policy == "fail") {
     options.on_worker_loss = harrier::WorkerLossPolicy::kFail;
@@ -179,9 +179,9 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_queued_calls) < 1) {
     return Fail("--push_threads, --pull_threads and --max_queued_calls must be >= 1");
   }
-  options.push_threads = absl::GetFlag(FLAGS_push_threads);
-  options.pull_threads = absl::GetFlag(FLAGS_pull_threads);
-  options.max_queued_calls = static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_calls));
+  options.service.push_threads = absl::GetFlag(FLAGS_push_threads);
+  options.service.pull_threads = absl::GetFlag(FLAGS_pull_threads);
+  options.service.max_queued_calls = static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_calls));
   if (absl::GetFlag(FLAGS_max_request_bytes) < 1 || absl::GetFlag(FLAGS_max_chunks) < 1 ||
       absl::GetFlag(FLAGS_max_connection_bytes) < 1 || absl::GetFlag(FLAGS_max_buffered_bytes) < 1 ||
       absl::GetFlag(FLAGS_max_param_bytes) < 1 || absl::GetFlag(FLAGS_max_chunk_bytes) < 4) {
@@ -189,18 +189,18 @@ int main(int argc, char** argv) {
                 "and --max_param_bytes must be >= 1, "
                 "--max_chunk_bytes >= 4");
   }
-  options.max_request_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_request_bytes));
-  options.max_connection_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_connection_bytes));
-  options.max_buffered_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffered_bytes));
-  options.max_chunks = static_cast<size_t>(absl::GetFlag(FLAGS_max_chunks));
-  options.max_param_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_param_bytes));
-  options.max_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_chunk_bytes));
+  options.service.max_request_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_request_bytes));
+  options.service.max_connection_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_connection_bytes));
+  options.service.max_buffered_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffered_bytes));
+  options.store.max_chunks = static_cast<size_t>(absl::GetFlag(FLAGS_max_chunks));
+  options.store.max_param_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_param_bytes));
+  options.store.max_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_chunk_bytes));
   if (absl::GetFlag(FLAGS_apply_threads) < 0 || absl::GetFlag(FLAGS_apply_threads) > 256) {
     return Fail("--apply_threads must be in [0, 256] (0: from the core count)");
   }
-  options.apply_threads = absl::GetFlag(FLAGS_apply_threads);
-  if (options.apply_threads == 0) {
-    options.apply_threads =
+  options.store.apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  if (options.store.apply_threads == 0) {
+    options.store.apply_threads =
         std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
   }
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
@@ -234,8 +234,8 @@ int main(int argc, char** argv) {
   spdlog::info(
       "serving shard={}/{} port={} workers={} sync={} optimizer={} lr={} metrics_port={} tls={} "
       "token={} health_port={}",
-      options.shard, options.num_shards, (*server)->port(), options.num_workers,
-      options.sync.ToString(), options.optimizer.kind, options.optimizer.lr,
+      options.store.shard, options.store.num_shards, (*server)->port(), options.store.num_workers,
+      options.store.sync.ToString(), options.optimizer.kind, options.optimizer.lr,
       (*server)->metrics_port(),
       options.tls.ca.empty() ? (options.tls.enabled() ? "server" : "off") : "mutual",
       options.job_token.empty() ? "off" : "on", (*server)->health_port());

@@ -15,14 +15,14 @@ namespace harrier {
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const ShardServerOptions& options) {
-  if (options.num_shards < 1) return absl::InvalidArgumentError("--num_shards must be >= 1");
-  if (options.shard < 0 || options.shard >= options.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat("--shard=", options.shard,
+  if (options.store.num_shards < 1) return absl::InvalidArgumentError("--num_shards must be >= 1");
+  if (options.store.shard < 0 || options.store.shard >= options.store.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat("--shard=", options.store.shard,
                                                    " out of range [0, --num_shards=",
-                                                   options.num_shards, ")"));
+                                                   options.store.num_shards, ")"));
   }
-  if (options.num_workers < 1) return absl::InvalidArgumentError("--num_workers must be >= 1");
-  if (options.max_pending_rounds < 1) {
+  if (options.store.num_workers < 1) return absl::InvalidArgumentError("--num_workers must be >= 1");
+  if (options.store.max_pending_rounds < 1) {
     return absl::InvalidArgumentError("--max_pending_rounds must be >= 1");
   }
   if (options.port < 0 || options.port > 65535) {
@@ -40,18 +40,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
 
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->options_ = options;
-  ShardStoreOptions store_options;
-  store_options.shard = options.shard;
-  store_options.num_shards = options.num_shards;
-  store_options.num_workers = options.num_workers;
-  store_options.sync = options.sync;
-  store_options.staleness_aware_lr = options.staleness_aware_lr;
-  store_options.max_pending_rounds = options.max_pending_rounds;
-  store_options.max_chunks = options.max_chunks;
-  store_options.max_param_bytes = options.max_param_bytes;
-  store_options.max_chunk_bytes = options.max_chunk_bytes;
-  store_options.apply_threads = options.apply_threads;
-  server->store_ = std::make_unique<ShardStore>(store_options, std::move(*optimizer));
+  server->store_ = std::make_unique<ShardStore>(options.store, std::move(*optimizer));
   // The run this shard starts with: a resumed one (its job id), a new one
   // (shard 0 of a fresh run), or none yet (other shards of a fresh run learn
   // it from the first call that carries it).
@@ -60,14 +49,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   int64_t restored_unix_ms = 0;
   if (!options.checkpoint_dir.empty()) {
     if (auto status = PrepareCheckpointDir(options.checkpoint_dir); !status.ok()) return status;
-    if (auto legacy = ListCheckpointVersions(options.checkpoint_dir, options.shard);
+    if (auto legacy = ListCheckpointVersions(options.checkpoint_dir, options.store.shard);
         legacy.ok() && !legacy->empty()) {
       spdlog::warn(
           "{} holds checkpoints from before job ids; they are not restored (to resume them, "
           "move {} to {}/shard-{} and start with --resume)",
-          CheckpointShardDir(options.checkpoint_dir, options.shard),
-          CheckpointShardDir(options.checkpoint_dir, options.shard),
-          CheckpointJobDir(options.checkpoint_dir, 1), options.shard);
+          CheckpointShardDir(options.checkpoint_dir, options.store.shard),
+          CheckpointShardDir(options.checkpoint_dir, options.store.shard),
+          CheckpointJobDir(options.checkpoint_dir, 1), options.store.shard);
     }
     const std::vector<uint64_t> jobs = ListCheckpointJobs(options.checkpoint_dir);
     if (!jobs.empty()) newest_job = jobs.back();
@@ -75,16 +64,16 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       for (auto it = jobs.rbegin(); it != jobs.rend() && job_id == 0; ++it) {
         const std::string job_dir = CheckpointJobDir(options.checkpoint_dir, *it);
         std::vector<std::string> warnings;
-        auto checkpoint = LoadLatestCheckpoint(job_dir, options.shard, &warnings);
+        auto checkpoint = LoadLatestCheckpoint(job_dir, options.store.shard, &warnings);
         for (const auto& warning : warnings) spdlog::warn("{}", warning);
         if (absl::IsNotFound(checkpoint.status())) continue;
         if (!checkpoint.ok()) {
-          return absl::DataLossError(absl::StrCat("cannot restore shard ", options.shard, " from ",
+          return absl::DataLossError(absl::StrCat("cannot restore shard ", options.store.shard, " from ",
                                                   job_dir, ": ", checkpoint.status().message()));
         }
         if (auto status = server->store_->Import(*checkpoint); !status.ok()) {
           return absl::Status(status.code(),
-                              absl::StrCat("cannot restore shard ", options.shard, " from ",
+                              absl::StrCat("cannot restore shard ", options.store.shard, " from ",
                                            job_dir, ": ", status.message()));
         }
         job_id = *it;
@@ -96,29 +85,23 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         server->next_checkpoint_version_ = checkpoint->version + 1;
         spdlog::info(
             "event=restore shard={} version={} chunks={} age_seconds={:.3f} dir={} job_id={}",
-            options.shard, checkpoint->version, checkpoint->slots.size(),
+            options.store.shard, checkpoint->version, checkpoint->slots.size(),
             (absl::ToUnixMillis(absl::Now()) - checkpoint->created_unix_ms) / 1000.0, job_dir,
             *it);
       }
       if (job_id == 0) {
         spdlog::warn("--resume: no checkpoint of shard {} in {}: starting a fresh run",
-                     options.shard, options.checkpoint_dir);
+                     options.store.shard, options.checkpoint_dir);
       }
     } else if (!jobs.empty()) {
       spdlog::info(
           "event=fresh_run shard={} kept_aside={} (earlier runs' checkpoints, not restored; "
           "--resume continues the newest)",
-          options.shard, jobs.size());
+          options.store.shard, jobs.size());
     }
   }
-  if (job_id == 0 && options.shard == 0) job_id = NewJobId(newest_job);
-  ShardServiceOptions service_options;
-  service_options.push_threads = options.push_threads;
-  service_options.pull_threads = options.pull_threads;
-  service_options.max_queued_calls = options.max_queued_calls;
-  service_options.max_request_bytes = options.max_request_bytes;
-  service_options.max_connection_bytes = options.max_connection_bytes;
-  service_options.max_buffered_bytes = options.max_buffered_bytes;
+  if (job_id == 0 && options.store.shard == 0) job_id = NewJobId(newest_job);
+  ShardServiceOptions service_options = options.service;
   service_options.job = options.job;
   service_options.job_token = options.job_token;
   if (options.job_token.empty()) {
@@ -142,13 +125,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       server->next_checkpoint_version_ = server->restored_version_ + 1;
     }
   }
-  if (options.shard != 0) {
+  if (options.store.shard != 0) {
     ShardServer* raw = server.get();
     server->shard_service_->sessions().SetNewerRunHandler(
         [raw](uint64_t newer) { raw->AdoptRun(newer); });
   }
   ShardListenerOptions listener_options;
-  listener_options.shard = options.shard;
+  listener_options.shard = options.store.shard;
   listener_options.host = options.host;
   listener_options.port = options.port;
   listener_options.credentials = *credentials;
@@ -159,10 +142,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   // hello secret extends that to UCX endpoints. Without either, anyone
   // may call GetTransportAddress, so a secret would protect nothing.
   listener_options.require_hello_secret = !options.job_token.empty() || options.tls.enabled();
-  if (options.shard == 0) {
+  if (options.store.shard == 0) {
     ControlOptions control;
-    control.num_workers = options.num_workers;
-    control.sync = options.sync;
+    control.num_workers = options.store.num_workers;
+    control.sync = options.store.sync;
     control.shard_addresses = options.shard_addresses;
     control.job_token = options.job_token;
     control.job = options.job;
@@ -191,7 +174,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     admin.checkpoint = [raw]() -> absl::StatusOr<proto::CheckpointResponse> {
       if (raw->options_.checkpoint_dir.empty()) {
         return absl::FailedPreconditionError(
-            absl::StrCat("shard ", raw->options_.shard,
+            absl::StrCat("shard ", raw->options_.store.shard,
                          " has no --checkpoint_dir: there is nowhere to write a checkpoint"));
       }
       CheckpointWritten written;
@@ -316,7 +299,7 @@ void ShardServer::Wait() { stopped_.WaitForNotification(); }
 void ShardServer::RequestShutdown(std::string reason, int exit_code) {
   absl::MutexLock lock(&stop_mutex_);
   if (stop_request_.has_value()) return;
-  spdlog::info("event=shutdown_requested shard={} exit_code={} reason=\"{}\"", options_.shard,
+  spdlog::info("event=shutdown_requested shard={} exit_code={} reason=\"{}\"", options_.store.shard,
                exit_code, reason);
   stop_request_ = StopRequest{std::move(reason), exit_code};
 }
@@ -342,7 +325,7 @@ void ShardServer::BeginRunLocked(uint64_t job_id, absl::string_view why) {
     absl::MutexLock lock(&checkpoint_mutex_);
     next_checkpoint_version_ = 1;
   }
-  spdlog::info("event=job_start shard={} job={} job_id={} reason=\"{}\"", options_.shard,
+  spdlog::info("event=job_start shard={} job={} job_id={} reason=\"{}\"", options_.store.shard,
                options_.job, job_id, std::string(why));
 }
 
@@ -367,7 +350,7 @@ void ShardServer::CheckRunDone() {
   if (!store_->membership().RunDone(options_.heartbeat_timeout)) return;
   run_done_ = true;
   const absl::Status failure = store_->membership().failure();
-  spdlog::info("event=job_done shard={} job_id={} status={}{}", options_.shard, id,
+  spdlog::info("event=job_done shard={} job_id={} status={}{}", options_.store.shard, id,
                failure.ok() ? "ok" : "failed",
                failure.ok() ? "" : absl::StrCat(" failure=\"", failure.message(), "\""));
   // Under run_mutex_: a newer run reaching this shard meanwhile waits until
@@ -404,7 +387,7 @@ absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
     // A shard other than 0 that no run has reached holds nothing of one.
     if (written == nullptr) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.shard, " has no run yet (no worker has reached it): nothing to write"));
+        "shard ", options_.store.shard, " has no run yet (no worker has reached it): nothing to write"));
   }
   const std::string dir = CheckpointJobDir(options_.checkpoint_dir, id);
   absl::MutexLock lock(&checkpoint_mutex_);
@@ -417,7 +400,7 @@ absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
   ++next_checkpoint_version_;
   last_checkpoint_unix_ms_ = checkpoint.created_unix_ms;
   last_checkpoint_version_ = checkpoint.version;
-  const std::string path = CheckpointPath(dir, options_.shard, checkpoint.version);
+  const std::string path = CheckpointPath(dir, options_.store.shard, checkpoint.version);
   if (written != nullptr) {
     written->version = checkpoint.version;
     written->path = path;
@@ -425,7 +408,7 @@ absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
   std::error_code ec;
   const auto bytes = std::filesystem::file_size(path, ec);
   spdlog::info("event=checkpoint shard={} version={} chunks={} bytes={} seconds={:.3f} job_id={}",
-               options_.shard, checkpoint.version, checkpoint.slots.size(),
+               options_.store.shard, checkpoint.version, checkpoint.slots.size(),
                ec ? -1 : static_cast<int64_t>(bytes),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
                id);
@@ -436,17 +419,17 @@ proto::StatusResponse ShardServer::FillStatus() const {
   proto::StatusResponse status;
   status.set_job(options_.job);
   status.set_job_id(job_id());
-  status.set_shard(static_cast<uint32_t>(options_.shard));
-  status.set_num_shards(static_cast<uint32_t>(options_.num_shards));
-  status.set_num_workers(static_cast<uint32_t>(options_.num_workers));
-  FillSyncConfig(options_.sync, status.mutable_sync());
+  status.set_shard(static_cast<uint32_t>(options_.store.shard));
+  status.set_num_shards(static_cast<uint32_t>(options_.store.num_shards));
+  status.set_num_workers(static_cast<uint32_t>(options_.store.num_workers));
+  FillSyncConfig(options_.store.sync, status.mutable_sync());
 
   const Membership& membership = store_->membership();
   const SessionTable& sessions = shard_service_->sessions();
   const std::vector<int64_t> next_clocks = store_->NextClocks();
   const auto now = std::chrono::steady_clock::now();
   int known = 0;     // ranks with a session (registered or heard from)
-  for (int r = 0; r < options_.num_workers; ++r) {
+  for (int r = 0; r < options_.store.num_workers; ++r) {
     const uint32_t rank = static_cast<uint32_t>(r);
     const SessionTable::RankState session = sessions.state(rank);
     proto::RankStatus* out = status.add_ranks();
@@ -508,7 +491,7 @@ proto::StatusResponse ShardServer::FillStatus() const {
 void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
   metrics_ = std::make_unique<MetricsRegistry>();
   const ShardCounters& counters = store_->counters();
-  const MetricLabels shard = {{"shard", std::to_string(options_.shard)}};
+  const MetricLabels shard = {{"shard", std::to_string(options_.store.shard)}};
   auto counter = [&](const std::string& name, const std::string& help,
                      const std::atomic<uint64_t>& value) {
     metrics_->AddCallbackCounter(name, help, [&value] { return static_cast<double>(value.load()); },

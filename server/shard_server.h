@@ -32,14 +32,13 @@ namespace harrier {
 struct ShardServerOptions {
   std::string host = "0.0.0.0";
   int port = 0;  // 0: the kernel picks one; see ShardServer::port()
-  int shard = 0;
-  int num_shards = 1;
-  int num_workers = 1;
+  // The shard, the job's shape and rules, and what a job may Init here.
+  ShardStoreOptions store;
+  // The request path's pools and byte limits, shared by every listener
+  // (its histograms are the server's own).
+  ShardServiceOptions service;
   OptimizerOptions optimizer;
-  SyncPolicy sync;
   std::vector<std::string> shard_addresses;  // optional, for GetShardMap
-  bool staleness_aware_lr = false;
-  int64_t max_pending_rounds = ConsistencyController::kDefaultMaxPendingRounds;
   WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kFail;
   // A worker that heartbeated once and then is silent this long is lost.
   std::chrono::milliseconds heartbeat_timeout{10000};
@@ -53,20 +52,6 @@ struct ShardServerOptions {
   int checkpoint_keep = 3;
   // Prometheus /metrics and /healthz over HTTP; -1 disables, 0 = ephemeral.
   int metrics_port = -1;
-  // The request path's pools, shared by gRPC and UCX (see
-  // ShardServiceOptions; its histograms are the server's own).
-  int push_threads = ShardServiceOptions().push_threads;
-  int pull_threads = ShardServiceOptions().pull_threads;
-  size_t max_queued_calls = ShardServiceOptions().max_queued_calls;
-  uint64_t max_request_bytes = ShardServiceOptions().max_request_bytes;
-  uint64_t max_connection_bytes = ShardServiceOptions().max_connection_bytes;
-  uint64_t max_buffered_bytes = ShardServiceOptions().max_buffered_bytes;
-  // What a job may Init (ShardStoreOptions).
-  size_t max_chunks = ShardStoreOptions().max_chunks;
-  uint64_t max_param_bytes = ShardStoreOptions().max_param_bytes;
-  uint64_t max_chunk_bytes = ShardStoreOptions().max_chunk_bytes;
-  // Threads applying one large pushed chunk (ShardStoreOptions).
-  int apply_threads = ShardStoreOptions().apply_threads;
   // gRPC transport security (common/grpc_security.h): cert + key serve
   // TLS, with ca as well every client must present a certificate of that CA.
   TlsFiles tls;

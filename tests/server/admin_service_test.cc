@@ -128,9 +128,9 @@ std::unique_ptr<proto::AdminService::Stub> StubFor(const ShardServer& server) {
 TEST_CASE("ShardServer: status of an empty shard, a checkpoint, a shutdown request") {
   ShardServerOptions options;
   options.host = "127.0.0.1";
-  options.shard = 1;
-  options.num_shards = 2;
-  options.num_workers = 2;
+  options.store.shard = 1;
+  options.store.num_shards = 2;
+  options.store.num_workers = 2;
   options.checkpoint_dir = TempDir() + "/admin_ckpt";
   auto server = ShardServer::Start(options);
   REQUIRE(server.ok());
