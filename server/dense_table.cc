@@ -100,9 +100,9 @@ class DenseTable::ChunkPush : public StagedPush {
   DenseTable* const table_;
   const proto::TensorChunk& header_;
   const absl::string_view payload_;
-  std::shared_ptr<Slot> slot_;  // kept alive across a new run
-  const float* gradient_ = nullptr;  // into the payload or `decoded_`
-  std::vector<float> decoded_;       // compressed pushes, decoded
+  std::shared_ptr<Slot> slot_;                      // kept alive across a new run
+  const float* gradient_ = nullptr;                 // into the payload or `decoded_`
+  std::vector<float> decoded_;                      // compressed pushes, decoded
   std::shared_ptr<const CodecCache::Entry> codec_;  // compressed pushes
   // Dense: CRC and limit not checked yet; done in the pass that also
   // computes the step (Stage).
@@ -158,10 +158,9 @@ absl::StatusOr<bool> DenseTable::Init(const proto::InitRequest& request) {
   // empty payload.
   if (n > std::numeric_limits<uint64_t>::max() / sizeof(float) ||
       request.initial_values().size() != n * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(chunk), ": ",
-                                                   request.initial_values().size(),
-                                                   " bytes of initial values for ", n,
-                                                   " float32 elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(chunk), ": ", request.initial_values().size(),
+                     " bytes of initial values for ", n, " float32 elements"));
   }
   if (Crc32c(request.initial_values().data(), request.initial_values().size()) !=
       request.checksum()) {
@@ -186,14 +185,13 @@ absl::StatusOr<bool> DenseTable::Init(const proto::InitRequest& request) {
     tensor_elements *= dim;
   }
   if (n * sizeof(float) > env_.options->max_chunk_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        Where(chunk), ": ", n * sizeof(float), " bytes in one chunk, more than ",
-        env_.options->max_chunk_bytes, " (--max_chunk_bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(Where(chunk), ": ", n * sizeof(float), " bytes in one chunk, more than ",
+                     env_.options->max_chunk_bytes, " (--max_chunk_bytes)"));
   }
   if (shape_overflows || n > tensor_elements) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(chunk), ": ", n,
-                                                   " elements do not fit the shape [",
-                                                   absl::StrJoin(shape, ","), "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(chunk), ": ", n, " elements do not fit the shape [", absl::StrJoin(shape, ","), "]"));
   }
 
   absl::MutexLock lock(&mutex_);
@@ -201,10 +199,10 @@ absl::StatusOr<bool> DenseTable::Init(const proto::InitRequest& request) {
   if (existing != slots_.end()) {
     const Slot& slot = *existing->second;
     if (slot.num_elements != n || slot.shape != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(chunk), ": shape [", absl::StrJoin(shape, ","), "] with ", n,
-          " elements disagrees with the registered shape [", absl::StrJoin(slot.shape, ","),
-          "] with ", slot.num_elements, " elements"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(chunk), ": shape [", absl::StrJoin(shape, ","), "] with ", n,
+                       " elements disagrees with the registered shape [",
+                       absl::StrJoin(slot.shape, ","), "] with ", slot.num_elements, " elements"));
     }
     return false;
   }
@@ -266,8 +264,8 @@ absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::Validate(const proto::Te
     if (!codec.ok()) return WithWhere(where, codec.status());
     if (static_cast<uint32_t>((*codec)->spec.id) != chunk.codec()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": codec id ", chunk.codec(),
-                                                     " disagrees with spec '",
-                                                     chunk.codec_params(), "'"));
+                                                     " disagrees with spec '", chunk.codec_params(),
+                                                     "'"));
     }
     push->decoded_.resize(n);
     if (auto status = (*codec)->decoder->Decode(payload, absl::MakeSpan(push->decoded_));
@@ -281,10 +279,9 @@ absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::Validate(const proto::Te
     }
   }
   if (env_.membership->departed(chunk.rank())) {
-    return BadPayloadFirst(
-        chunk, push->gradient_, n, push->deferred_check_,
-        absl::FailedPreconditionError(
-            absl::StrCat(where, ": rank ", chunk.rank(), " has left the job")));
+    return BadPayloadFirst(chunk, push->gradient_, n, push->deferred_check_,
+                           absl::FailedPreconditionError(
+                               absl::StrCat(where, ": rank ", chunk.rank(), " has left the job")));
   }
   absl::Status refusal;
   {
@@ -311,10 +308,10 @@ absl::StatusOr<bool> DenseTable::ChunkPush::Recheck() {
   absl::StatusOr<PushClass> push =
       slot.book.ClassifyPush(header_.rank(), header_.clock(), *table_->env_.membership);
   if (!push.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        WhereOf(header_.key(), header_.chunk()), ": concurrent pushes from rank ",
-        header_.rank(), " for clock ", header_.clock(), " (", push.status().message(),
-        "); this call changed nothing"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(WhereOf(header_.key(), header_.chunk()), ": concurrent pushes from rank ",
+                     header_.rank(), " for clock ", header_.clock(), " (", push.status().message(),
+                     "); this call changed nothing"));
   }
   duplicate_ = *push == PushClass::kDuplicate;
   if (duplicate_) return false;
@@ -533,8 +530,8 @@ absl::StatusOr<PullOutcome> DenseTable::TryPull(const PullQuery& query, proto::T
   if (!verdict.may_answer) {
     if (*env_.closed) return absl::UnavailableError("shard is shutting down");
     if (slot->retired) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "pull of ", Where(ref.chunk()), ": the run ended and a new one started"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("pull of ", Where(ref.chunk()), ": the run ended and a new one started"));
     }
     if (auto failure = env_.membership->failure(); !failure.ok()) return failure;
     return outcome;
@@ -569,8 +566,8 @@ absl::StatusOr<PullOutcome> DenseTable::TryPull(const PullQuery& query, proto::T
     auto compressed = slot->views.Compress(views_env, chunk, query.rank, ref.codec_params(),
                                            ref.view_version(), out, &encoded);
     if (!compressed.ok()) {
-      return absl::Status(compressed.code(), absl::StrCat("pull of ", Where(ref.chunk()), ": ",
-                                                          compressed.message()));
+      return absl::Status(compressed.code(),
+                          absl::StrCat("pull of ", Where(ref.chunk()), ": ", compressed.message()));
     }
     lock.Release();
     bytes = encoded.size();
@@ -618,8 +615,7 @@ void DenseTable::Unpark(const PullQuery& query, const PullWaiter* waiter) {
   }
 }
 
-void DenseTable::ForEachSlot(PullWakeups& wakeups,
-                             const std::function<void(Slot&)>& visit) const {
+void DenseTable::ForEachSlot(PullWakeups& wakeups, const std::function<void(Slot&)>& visit) const {
   absl::ReaderMutexLock lock(&mutex_);
   for (const auto& entry : slots_) {
     Slot& slot = *entry.second;
@@ -698,8 +694,8 @@ void DenseTable::Export(std::vector<SlotCheckpoint>* out) const {
 absl::Status DenseTable::Import(const SlotCheckpoint& saved) {
   ClockBook book = env_.controller->NewClockBook();
   book.Restore(saved.pushed);
-  auto slot = std::make_shared<Slot>(saved.chunk, saved.shape, saved.values.size(),
-                                     std::move(book));
+  auto slot =
+      std::make_shared<Slot>(saved.chunk, saved.shape, saved.values.size(), std::move(book));
   {
     absl::MutexLock slot_lock(&slot->mutex);
     slot->values = std::make_shared<ParamBuffer>(saved.values.size());

@@ -62,7 +62,10 @@ class DenseTable : public Table {
 
   struct Slot {
     Slot(uint32_t chunk, std::vector<uint64_t> shape, size_t num_elements, ClockBook book)
-        : chunk(chunk), shape(std::move(shape)), num_elements(num_elements), book(std::move(book)) {}
+        : chunk(chunk),
+          shape(std::move(shape)),
+          num_elements(num_elements),
+          book(std::move(book)) {}
     // Immutable after creation: read without the lock.
     const uint32_t chunk;
     const std::vector<uint64_t> shape;

@@ -50,8 +50,7 @@ uint32_t ScalarBlock(const FusedArgs& a, size_t begin, size_t end) {
 // Multiplies and adds stay separate (no "fma" in the target): a fused
 // multiply-add rounds once and would differ from the scalar reference.
 template <FusedStep kStep>
-__attribute__((target("avx2"))) uint32_t Avx2Block(const FusedArgs& a, size_t begin,
-                                                   size_t end) {
+__attribute__((target("avx2"))) uint32_t Avx2Block(const FusedArgs& a, size_t begin, size_t end) {
   const __m256i exponent = _mm256_set1_epi32(0x7f800000);
   // Exponent bits are at most 0x7f800000, so a signed compare is exact.
   const __m256i below = _mm256_set1_epi32(static_cast<int>(a.limit_bits - 1));
@@ -96,10 +95,14 @@ BlockFn PickBlock() {
 
 BlockFn PickBlock(FusedStep step) {
   switch (step) {
-    case FusedStep::kCheck: return PickBlock<FusedStep::kCheck>();
-    case FusedStep::kCopy: return PickBlock<FusedStep::kCopy>();
-    case FusedStep::kAdd: return PickBlock<FusedStep::kAdd>();
-    case FusedStep::kSgd: return PickBlock<FusedStep::kSgd>();
+    case FusedStep::kCheck:
+      return PickBlock<FusedStep::kCheck>();
+    case FusedStep::kCopy:
+      return PickBlock<FusedStep::kCopy>();
+    case FusedStep::kAdd:
+      return PickBlock<FusedStep::kAdd>();
+    case FusedStep::kSgd:
+      return PickBlock<FusedStep::kSgd>();
   }
   return &ScalarBlock<FusedStep::kCheck>;
 }

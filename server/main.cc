@@ -73,8 +73,7 @@ ABSL_FLAG(int64_t, max_connection_bytes, int64_t{1} << 30,
 ABSL_FLAG(int64_t, max_buffered_bytes, int64_t{4} << 30,
           "Payload bytes the unfinished push and push-pull calls of all connections may hold "
           "before the shard refuses more (RESOURCE_EXHAUSTED).");
-ABSL_FLAG(int64_t, max_chunks, int64_t{1} << 20,
-          "Tensor chunks a job may Init on this shard.");
+ABSL_FLAG(int64_t, max_chunks, int64_t{1} << 20, "Tensor chunks a job may Init on this shard.");
 ABSL_FLAG(int64_t, max_param_bytes, int64_t{64} << 30,
           "Parameter bytes a job may Init on this shard.");
 ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{32} << 20,
@@ -156,8 +155,8 @@ int main(int argc, char** argv) {
   options.optimizer.beta2 = static_cast<float>(absl::GetFlag(FLAGS_beta2));
   options.optimizer.epsilon = static_cast<float>(absl::GetFlag(FLAGS_epsilon));
   options.optimizer.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
-  auto sync = harrier::SyncPolicy::FromFlags(absl::GetFlag(FLAGS_sync), absl::GetFlag(FLAGS_staleness),
-                                             absl::GetFlag(FLAGS_local_steps));
+  auto sync = harrier::SyncPolicy::FromFlags(
+      absl::GetFlag(FLAGS_sync), absl::GetFlag(FLAGS_staleness), absl::GetFlag(FLAGS_local_steps));
   if (!sync.ok()) return Fail(std::string(sync.status().message()));
   options.store.sync = *sync;
   options.store.staleness_aware_lr = absl::GetFlag(FLAGS_staleness_aware_lr);
@@ -183,15 +182,19 @@ int main(int argc, char** argv) {
   options.service.pull_threads = absl::GetFlag(FLAGS_pull_threads);
   options.service.max_queued_calls = static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_calls));
   if (absl::GetFlag(FLAGS_max_request_bytes) < 1 || absl::GetFlag(FLAGS_max_chunks) < 1 ||
-      absl::GetFlag(FLAGS_max_connection_bytes) < 1 || absl::GetFlag(FLAGS_max_buffered_bytes) < 1 ||
-      absl::GetFlag(FLAGS_max_param_bytes) < 1 || absl::GetFlag(FLAGS_max_chunk_bytes) < 4) {
-    return Fail("--max_request_bytes, --max_connection_bytes, --max_buffered_bytes, --max_chunks "
-                "and --max_param_bytes must be >= 1, "
-                "--max_chunk_bytes >= 4");
+      absl::GetFlag(FLAGS_max_connection_bytes) < 1 ||
+      absl::GetFlag(FLAGS_max_buffered_bytes) < 1 || absl::GetFlag(FLAGS_max_param_bytes) < 1 ||
+      absl::GetFlag(FLAGS_max_chunk_bytes) < 4) {
+    return Fail(
+        "--max_request_bytes, --max_connection_bytes, --max_buffered_bytes, --max_chunks "
+        "and --max_param_bytes must be >= 1, "
+        "--max_chunk_bytes >= 4");
   }
   options.service.max_request_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_request_bytes));
-  options.service.max_connection_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_connection_bytes));
-  options.service.max_buffered_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffered_bytes));
+  options.service.max_connection_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_connection_bytes));
+  options.service.max_buffered_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffered_bytes));
   options.store.max_chunks = static_cast<size_t>(absl::GetFlag(FLAGS_max_chunks));
   options.store.max_param_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_param_bytes));
   options.store.max_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_chunk_bytes));
@@ -222,8 +225,8 @@ int main(int argc, char** argv) {
   options.resume = absl::GetFlag(FLAGS_resume);
   options.exit_when_done = absl::GetFlag(FLAGS_exit_when_done);
   if (absl::GetFlag(FLAGS_rejoin_after_ms) < 0) return Fail("--rejoin_after_ms must be >= 0");
-  options.rejoin_after = std::chrono::milliseconds(std::min(
-      absl::GetFlag(FLAGS_rejoin_after_ms), absl::GetFlag(FLAGS_heartbeat_timeout_ms)));
+  options.rejoin_after = std::chrono::milliseconds(
+      std::min(absl::GetFlag(FLAGS_rejoin_after_ms), absl::GetFlag(FLAGS_heartbeat_timeout_ms)));
   options.job = absl::GetFlag(FLAGS_job);
   if (options.job.empty()) return Fail("--job must not be empty");
   const std::string servers = absl::GetFlag(FLAGS_servers);

@@ -24,20 +24,19 @@ CodecSpec PullEncoderSpec(const CodecSpec& spec, const std::vector<uint64_t>& sh
 
 }  // namespace
 
-absl::Status PullViews::Compress(const PullViewEnvironment& env, const Chunk& chunk,
-                                 uint32_t rank, const std::string& codec_params,
-                                 uint64_t held_version, proto::TensorChunk* out,
-                                 std::string* payload) {
+absl::Status PullViews::Compress(const PullViewEnvironment& env, const Chunk& chunk, uint32_t rank,
+                                 const std::string& codec_params, uint64_t held_version,
+                                 proto::TensorChunk* out, std::string* payload) {
   auto codec = env.codecs->Get(codec_params);
   if (!codec.ok()) return codec.status();
   const CodecSpec& spec = (*codec)->spec;
   const size_t n = chunk.num_elements;
   if (views_.empty()) views_.resize(env.num_workers);
   View& view = views_[rank];
-  const bool holds_current = held_version != 0 && held_version == view.version &&
-                             view.values.size() == n;
-  const bool holds_previous = held_version != 0 && held_version == view.previous_version &&
-                              view.previous.size() == n;
+  const bool holds_current =
+      held_version != 0 && held_version == view.version && view.values.size() == n;
+  const bool holds_previous =
+      held_version != 0 && held_version == view.previous_version && view.previous.size() == n;
   if (!holds_current && !holds_previous) {
     // The rank's first compressed pull, or a view this shard does not hold
     // (version 0, one from before a restart, garbage): dense, and the view

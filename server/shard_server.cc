@@ -8,20 +8,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "spdlog/spdlog.h"
 #include "server/shard_listener_factory.h"
+#include "spdlog/spdlog.h"
 
 namespace harrier {
 
-absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
-    const ShardServerOptions& options) {
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServerOptions& options) {
   if (options.store.num_shards < 1) return absl::InvalidArgumentError("--num_shards must be >= 1");
   if (options.store.shard < 0 || options.store.shard >= options.store.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat("--shard=", options.store.shard,
-                                                   " out of range [0, --num_shards=",
-                                                   options.store.num_shards, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shard=", options.store.shard,
+                     " out of range [0, --num_shards=", options.store.num_shards, ")"));
   }
-  if (options.store.num_workers < 1) return absl::InvalidArgumentError("--num_workers must be >= 1");
+  if (options.store.num_workers < 1)
+    return absl::InvalidArgumentError("--num_workers must be >= 1");
   if (options.store.max_pending_rounds < 1) {
     return absl::InvalidArgumentError("--max_pending_rounds must be >= 1");
   }
@@ -68,8 +68,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         for (const auto& warning : warnings) spdlog::warn("{}", warning);
         if (absl::IsNotFound(checkpoint.status())) continue;
         if (!checkpoint.ok()) {
-          return absl::DataLossError(absl::StrCat("cannot restore shard ", options.store.shard, " from ",
-                                                  job_dir, ": ", checkpoint.status().message()));
+          return absl::DataLossError(absl::StrCat("cannot restore shard ", options.store.shard,
+                                                  " from ", job_dir, ": ",
+                                                  checkpoint.status().message()));
         }
         if (auto status = server->store_->Import(*checkpoint); !status.ok()) {
           return absl::Status(status.code(),
@@ -86,8 +87,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         spdlog::info(
             "event=restore shard={} version={} chunks={} age_seconds={:.3f} dir={} job_id={}",
             options.store.shard, checkpoint->version, checkpoint->slots.size(),
-            (absl::ToUnixMillis(absl::Now()) - checkpoint->created_unix_ms) / 1000.0, job_dir,
-            *it);
+            (absl::ToUnixMillis(absl::Now()) - checkpoint->created_unix_ms) / 1000.0, job_dir, *it);
       }
       if (job_id == 0) {
         spdlog::warn("--resume: no checkpoint of shard {} in {}: starting a fresh run",
@@ -189,7 +189,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     admin.shutdown = [raw](const std::string& reason) {
       raw->RequestShutdown(absl::StrCat("AdminService.Shutdown: ", reason), 0);
     };
-    server->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(admin), options.job_token);
+    server->admin_service_ =
+        std::make_unique<AdminServiceImpl>(std::move(admin), options.job_token);
     listener_options.grpc_services.push_back(server->admin_service_.get());
   }
   // gRPC last: every address GetTransportAddress hands out is live.
@@ -220,14 +221,16 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     }
   }
   if (options.metrics_port >= 0) {
-    auto http = MetricsHttpServer::Start(options.host, options.metrics_port, server->metrics_.get());
+    auto http =
+        MetricsHttpServer::Start(options.host, options.metrics_port, server->metrics_.get());
     if (!http.ok()) return http.status();
     server->metrics_http_ = std::move(*http);
   }
   // The store is restored before the server starts, so the shard reports
   // SERVING only once it holds its parameters.
   for (const auto& listener : server->listeners_) listener->SetServing(true);
-  if (server->health_server_) server->health_server_->GetHealthCheckService()->SetServingStatus(true);
+  if (server->health_server_)
+    server->health_server_->GetHealthCheckService()->SetServingStatus(true);
   ShardServer* self = server.get();
   server->monitor_ = std::thread([self] { self->MonitorLoop(); });
   return server;
@@ -386,8 +389,9 @@ absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
   if (id == 0) {
     // A shard other than 0 that no run has reached holds nothing of one.
     if (written == nullptr) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.store.shard, " has no run yet (no worker has reached it): nothing to write"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.store.shard,
+                     " has no run yet (no worker has reached it): nothing to write"));
   }
   const std::string dir = CheckpointJobDir(options_.checkpoint_dir, id);
   absl::MutexLock lock(&checkpoint_mutex_);
@@ -428,7 +432,7 @@ proto::StatusResponse ShardServer::FillStatus() const {
   const SessionTable& sessions = shard_service_->sessions();
   const std::vector<int64_t> next_clocks = store_->NextClocks();
   const auto now = std::chrono::steady_clock::now();
-  int known = 0;     // ranks with a session (registered or heard from)
+  int known = 0;  // ranks with a session (registered or heard from)
   for (int r = 0; r < options_.store.num_workers; ++r) {
     const uint32_t rank = static_cast<uint32_t>(r);
     const SessionTable::RankState session = sessions.state(rank);
@@ -438,7 +442,8 @@ proto::StatusResponse ShardServer::FillStatus() const {
     out->set_next_clock(r < static_cast<int>(next_clocks.size()) ? next_clocks[r] : -1);
     const int64_t silent_ms =
         session.heard
-            ? std::chrono::duration_cast<std::chrono::milliseconds>(now - session.last_heard).count()
+            ? std::chrono::duration_cast<std::chrono::milliseconds>(now - session.last_heard)
+                  .count()
             : -1;
     out->set_last_heard_ms_ago(silent_ms);
     const Membership::RankView member = membership.view(rank);
@@ -494,8 +499,8 @@ void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
   const MetricLabels shard = {{"shard", std::to_string(options_.store.shard)}};
   auto counter = [&](const std::string& name, const std::string& help,
                      const std::atomic<uint64_t>& value) {
-    metrics_->AddCallbackCounter(name, help, [&value] { return static_cast<double>(value.load()); },
-                                 shard);
+    metrics_->AddCallbackCounter(
+        name, help, [&value] { return static_cast<double>(value.load()); }, shard);
   };
   counter("harrier_server_pushes_total", "Chunks pushed and applied.", counters.pushes);
   counter("harrier_server_pulls_total", "Chunks pulled.", counters.pulls);
@@ -514,9 +519,9 @@ void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
   counter("harrier_server_optimizer_steps_total", "Optimizer steps applied.",
           counters.optimizer_steps);
   ShardStore* store = store_.get();
-  metrics_->AddCallbackGauge("harrier_server_blocked_pulls",
-                             "Pulls waiting for the consistency model (queue depth).",
-                             [store] { return store->blocked_pulls(); }, shard);
+  metrics_->AddCallbackGauge(
+      "harrier_server_blocked_pulls", "Pulls waiting for the consistency model (queue depth).",
+      [store] { return store->blocked_pulls(); }, shard);
   metrics_->AddCallbackGauge(
       "harrier_server_active_workers",
       "Workers in the job now: registered (shard 0) or heard from, and neither left nor lost.",
@@ -536,14 +541,12 @@ void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
       shard);
   // One series per shard whichever transport carried the call: both
   // transports answer through the ShardService, which observes these.
-  service_options->push_seconds =
-      &metrics_->AddHistogram("harrier_server_push_seconds",
-                              "Push call latency, and the push half of each PushPull.",
-                              ExponentialBuckets(1e-5, 4, 10), shard);
-  service_options->pull_seconds =
-      &metrics_->AddHistogram("harrier_server_pull_seconds",
-                              "Pull call latency, including consistency waits.",
-                              ExponentialBuckets(1e-5, 4, 10), shard);
+  service_options->push_seconds = &metrics_->AddHistogram(
+      "harrier_server_push_seconds", "Push call latency, and the push half of each PushPull.",
+      ExponentialBuckets(1e-5, 4, 10), shard);
+  service_options->pull_seconds = &metrics_->AddHistogram(
+      "harrier_server_pull_seconds", "Pull call latency, including consistency waits.",
+      ExponentialBuckets(1e-5, 4, 10), shard);
 }
 
 }  // namespace harrier

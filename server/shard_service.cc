@@ -40,7 +40,7 @@ struct ShardService::PullPlan {
   };
   proto::PullRequest request;  // a Pull's; empty for a push-pull
   std::vector<Item> items;
-  bool after_push = false;     // the pull half of a push-pull
+  bool after_push = false;  // the pull half of a push-pull
 };
 
 struct ShardService::Parked : PullWaiter {
@@ -327,23 +327,21 @@ void ShardService::AnswerPulls(const std::shared_ptr<Work>& work,
     Continue(work, std::move(plan), sink, 0, /*on_pool=*/false);
     return;
   }
-  auto queued = Submit(Pool::kPull, [this, work, plan, sink] {
-    Continue(work, plan, sink, 0, /*on_pool=*/true);
-  });
+  auto queued = Submit(
+      Pool::kPull, [this, work, plan, sink] { Continue(work, plan, sink, 0, /*on_pool=*/true); });
   if (queued.ok()) return;
   if (plan->after_push) {
     // Say that only the pull half failed (a retry of the whole call is
     // answered as a duplicate push, then pulls).
-    queued = absl::Status(queued.code(),
-                          absl::StrCat("the push was applied but its pull half was refused: ",
-                                       queued.message()));
+    queued = absl::Status(
+        queued.code(),
+        absl::StrCat("the push was applied but its pull half was refused: ", queued.message()));
   }
   work->Finish(queued);
 }
 
-void ShardService::Continue(const std::shared_ptr<Work>& work,
-                            std::shared_ptr<const PullPlan> plan, ReplySink* sink, size_t next,
-                            bool on_pool) {
+void ShardService::Continue(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
+                            ReplySink* sink, size_t next, bool on_pool) {
   bool would_wait = false;
   auto status = PullInto(*work, *plan, on_pool, &next, sink, &would_wait);
   if (!would_wait) {
@@ -369,9 +367,9 @@ void ShardService::Park(const std::shared_ptr<Work>& work, std::shared_ptr<const
         return;
       }
       if (parked_.size() >= options_.max_parked_pulls) {
-        work->Finish(absl::ResourceExhaustedError(absl::StrCat(
-            "more than ", options_.max_parked_pulls,
-            " pulls already wait on the consistency model on this shard")));
+        work->Finish(absl::ResourceExhaustedError(
+            absl::StrCat("more than ", options_.max_parked_pulls,
+                         " pulls already wait on the consistency model on this shard")));
         return;
       }
       parked_.emplace(std::make_pair(work->deadline, parked.get()), parked);
@@ -464,14 +462,12 @@ void ShardService::Push(const Call& call, std::vector<ShardStore::PushChunkView>
     work->Finish(status);
     return;
   }
-  auto status = RunPush(*work, [this, work, chunks = std::move(chunks)] {
-    work->Finish(ApplyPush(*work, chunks));
-  });
+  auto status = RunPush(
+      *work, [this, work, chunks = std::move(chunks)] { work->Finish(ApplyPush(*work, chunks)); });
   if (!status.ok()) work->Finish(status);
 }
 
-void ShardService::Pull(const Call& call, proto::PullRequest request, ReplySink* sink,
-                        Done done) {
+void ShardService::Pull(const Call& call, proto::PullRequest request, ReplySink* sink, Done done) {
   auto work = Begin(call, options_.pull_seconds, std::move(done));
   if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(), "pull");
       !status.ok()) {

@@ -45,10 +45,10 @@ ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> opt
                                : std::make_unique<HashPartitioner>(options.num_shards)),
       membership_(options.num_workers),
       budget_(options.shard, options.max_chunks, options.max_param_bytes),
-      last_view_version_(static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(
-              std::chrono::system_clock::now().time_since_epoch())
-              .count())) {
+      last_view_version_(
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count())) {
   if (options_.apply_threads > 1) {
     apply_pool_ = std::make_unique<ParallelForPool>(options_.apply_threads);
   }
@@ -98,8 +98,8 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   if (auto status = CheckOwnership(key, request.chunk()); !status.ok()) return status;
   const TableFactory* make = FindTableKind(request.kind());
   if (make == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(key, request.chunk()),
-                                                   ": unknown table kind ", request.kind()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(key, request.chunk()), ": unknown table kind ", request.kind()));
   }
   // Exclusive for the whole Init: a table and its first part are created
   // together, and a refused Init leaves no empty table behind.
@@ -108,17 +108,16 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   const bool created = table == nullptr;
   if (created) table = (*make)(key, env_);
   if (table->kind() != request.kind()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Where(key, request.chunk()), ": table kind ", request.kind(), " but '", key,
-        "' is a table of kind ", table->kind()));
+    return absl::InvalidArgumentError(absl::StrCat(Where(key, request.chunk()), ": table kind ",
+                                                   request.kind(), " but '", key,
+                                                   "' is a table of kind ", table->kind()));
   }
   absl::StatusOr<bool> init = table->Init(request);
   if (!init.ok() && created) tables_.erase(key);
   return init;
 }
 
-absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks,
-                              PushResult* result) {
+absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks, PushResult* result) {
   std::vector<PushChunkView> views(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) views[i] = {&chunks[i], chunks[i].payload()};
   return Push(views, result);
@@ -150,9 +149,8 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views, PushResul
     }
     const std::shared_ptr<Table> table = FindTable(chunk.key());
     if (table == nullptr) {
-      return refuse(absl::NotFoundError(absl::StrCat(Where(chunk.key(), chunk.chunk()),
-                                                     " is not registered on shard ",
-                                                     options_.shard)));
+      return refuse(absl::NotFoundError(absl::StrCat(
+          Where(chunk.key(), chunk.chunk()), " is not registered on shard ", options_.shard)));
     }
     auto part = table->Validate(chunk, views[i].payload);
     if (!part.ok()) return refuse(part.status());
@@ -199,8 +197,7 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views, PushResul
 }
 
 absl::StatusOr<PullOutcome> ShardStore::TryPull(uint32_t rank, int64_t clock,
-                                                const proto::ChunkRef& ref,
-                                                proto::TensorChunk* out,
+                                                const proto::ChunkRef& ref, proto::TensorChunk* out,
                                                 const PullTarget& target) {
   if (auto status = CheckOwnership(ref.key(), ref.chunk()); !status.ok()) return status;
   if (auto status = membership_.CheckRank(rank, Where(ref.key(), ref.chunk())); !status.ok()) {
@@ -350,21 +347,21 @@ ShardCheckpoint ShardStore::Export() const {
 absl::Status ShardStore::Import(const ShardCheckpoint& checkpoint) {
   if (checkpoint.shard != options_.shard || checkpoint.num_shards != options_.num_shards ||
       checkpoint.num_workers != options_.num_workers) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint is for shard ", checkpoint.shard, "/", checkpoint.num_shards, " with ",
-        checkpoint.num_workers, " workers; this is shard ", options_.shard, "/",
-        options_.num_shards, " with ", options_.num_workers));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint is for shard ", checkpoint.shard, "/", checkpoint.num_shards,
+                     " with ", checkpoint.num_workers, " workers; this is shard ", options_.shard,
+                     "/", options_.num_shards, " with ", options_.num_workers));
   }
   // Optimizer state of another kind would be read as this kind's (Adam's
   // first moment as momentum's velocity, say): refused. A format-1
   // checkpoint does not say its kind and is taken as it is.
   const std::string& kind = optimizer_->options().kind;
   if (!checkpoint.optimizer.empty() && checkpoint.optimizer != kind) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint version ", checkpoint.version, " holds optimizer state of kind '",
-        checkpoint.optimizer, "' but this shard runs optimizer '", kind,
-        "'; start it with --optimizer=", checkpoint.optimizer,
-        " (the same --sync), or with another --checkpoint_dir"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint version ", checkpoint.version, " holds optimizer state of kind '",
+                     checkpoint.optimizer, "' but this shard runs optimizer '", kind,
+                     "'; start it with --optimizer=", checkpoint.optimizer,
+                     " (the same --sync), or with another --checkpoint_dir"));
   }
   absl::MutexLock lock(&tables_mutex_);
   if (!tables_.empty()) return absl::FailedPreconditionError("import into a non-empty shard");

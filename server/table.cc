@@ -6,17 +6,16 @@ namespace harrier {
 
 absl::Status PullWaitExpired(const PullQuery& query, const PullVerdict& verdict) {
   return absl::DeadlineExceededError(absl::StrCat(
-      "pull of key '", query.ref->key(), "' chunk ", query.ref->chunk(), " at clock ",
-      query.clock, " by rank ", query.rank, " waited for min clock >= ",
-      verdict.required_min_clock, "; slowest worker is rank ", verdict.slowest_rank,
-      " at clock ", verdict.min_clock));
+      "pull of key '", query.ref->key(), "' chunk ", query.ref->chunk(), " at clock ", query.clock,
+      " by rank ", query.rank, " waited for min clock >= ", verdict.required_min_clock,
+      "; slowest worker is rank ", verdict.slowest_rank, " at clock ", verdict.min_clock));
 }
 
 absl::Status ParamBudget::Reserve(absl::string_view where, uint64_t bytes) {
   absl::MutexLock lock(&mutex_);
   if (chunks_ >= max_chunks_) {
-    return absl::ResourceExhaustedError(absl::StrCat(where, ": shard ", shard_, " holds ",
-                                                     chunks_, " chunks already (--max_chunks)"));
+    return absl::ResourceExhaustedError(absl::StrCat(where, ": shard ", shard_, " holds ", chunks_,
+                                                     " chunks already (--max_chunks)"));
   }
   if (bytes_ + bytes > max_bytes_) {
     return absl::ResourceExhaustedError(

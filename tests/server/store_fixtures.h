@@ -78,15 +78,14 @@ inline absl::Status PullWaiting(ShardStore& store, uint32_t rank, int64_t clock,
     payload->resize(bytes);
     return payload->data();
   };
-  const absl::Time until =
-      absl::Now() + absl::FromChrono(deadline - ShardStore::Clock::now());
+  const absl::Time until = absl::Now() + absl::FromChrono(deadline - ShardStore::Clock::now());
   for (;;) {
     absl::StatusOr<PullOutcome> outcome = store.TryPull(rank, clock, ref, out, target);
     if (!outcome.ok()) return outcome.status();
     if (outcome->ready) return absl::OkStatus();
     if (cancellation != nullptr && cancellation->cancelled()) {
-      return absl::CancelledError(absl::StrCat("pull of key '", ref.key(), "' chunk ",
-                                               ref.chunk(), " cancelled by the client"));
+      return absl::CancelledError(absl::StrCat("pull of key '", ref.key(), "' chunk ", ref.chunk(),
+                                               " cancelled by the client"));
     }
     if (ShardStore::Clock::now() >= deadline) {
       return PullWaitExpired(PullQuery{rank, clock, &ref}, outcome->verdict);

@@ -3,9 +3,8 @@
 // them through, round sums shared between a clock book and its staged
 // copies, and a push call applied whole across several tables.
 
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,10 +81,9 @@ TEST_CASE("tables: a pull the consistency model holds back is a value, not an er
   REQUIRE(absl::IsDeadlineExceeded(expired));
   REQUIRE(expired.message().find("slowest worker is rank 0 at clock 0") != std::string::npos);
   // Errors stay errors.
-  REQUIRE(absl::IsNotFound(store->TryPull(0, 0, Ref("nope", 4), &out, IntoString(&payload))
-                               .status()));
-  REQUIRE(absl::IsInvalidArgument(
-      store->TryPull(0, -1, ref, &out, IntoString(&payload)).status()));
+  REQUIRE(
+      absl::IsNotFound(store->TryPull(0, 0, Ref("nope", 4), &out, IntoString(&payload)).status()));
+  REQUIRE(absl::IsInvalidArgument(store->TryPull(0, -1, ref, &out, IntoString(&payload)).status()));
 }
 
 TEST_CASE("tables: a parked pull is woken once, by the push that completes its round") {
@@ -129,8 +127,7 @@ TEST_CASE("tables: a push call spanning tables is applied whole or not at all") 
   REQUIRE(*store->Snapshot("a", 0) == std::vector<float>{0, 0});
   REQUIRE(*store->Snapshot("b", 0) == std::vector<float>{0, 0, 0});
   PushResult result;
-  REQUIRE(store->Push({Gradient("a", 0, 0, {1, 1}), Gradient("b", 0, 0, {2, 2, 2})}, &result)
-              .ok());
+  REQUIRE(store->Push({Gradient("a", 0, 0, {1, 1}), Gradient("b", 0, 0, {2, 2, 2})}, &result).ok());
   REQUIRE(result.applied == 2);
   REQUIRE(*store->Snapshot("a", 0) == std::vector<float>{-1, -1});
   REQUIRE(*store->Snapshot("b", 0) == std::vector<float>{-2, -2, -2});
