@@ -44,6 +44,12 @@ absl::Status CheckOptions(const ClientOptions& options, bool with_transport) {
   if (options.rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_timeout must be positive");
   }
+  if (options.partitioner != nullptr &&
+      options.partitioner->num_shards() != static_cast<int>(options.servers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.partitioner places chunks on ", options.partitioner->num_shards(),
+        " shards, but there are ", options.servers.size(), " servers"));
+  }
   return absl::OkStatus();
 }
 
@@ -123,10 +129,13 @@ class Client::Impl {
   Impl(const ClientOptions& options, std::unique_ptr<ControlClient> control,
        std::vector<std::unique_ptr<ShardTransport>> transports, std::unique_ptr<ChunkCodec> codec)
       : options_(options),
-        partitioner_(static_cast<int>(options.servers.size())),
+        partitioner_(options.partitioner != nullptr
+                         ? options.partitioner
+                         : std::make_shared<const HashPartitioner>(
+                               static_cast<int>(options.servers.size()))),
         control_(std::move(control)),
         transports_(std::move(transports)),
-        tensors_(partitioner_, options.chunk_bytes / sizeof(float)),
+        tensors_(*partitioner_, options.chunk_bytes / sizeof(float)),
         codec_(std::move(codec)),
         engine_(EngineOptions(options)) {}
 
@@ -160,7 +169,7 @@ class Client::Impl {
   void CountStart(OpKind kind);
 
   const ClientOptions options_;
-  const HashPartitioner partitioner_;
+  const std::shared_ptr<const Partitioner> partitioner_;
   std::unique_ptr<ControlClient> control_;
   // Pushes and pulls go over these; control, Init, heartbeats and Leave
   // over control_.
@@ -409,6 +418,7 @@ uint64_t Client::session_epoch() const { return impl_->session_.epoch(); }
 int Client::num_workers() const { return impl_->num_workers_; }
 int Client::num_shards() const { return static_cast<int>(impl_->options_.servers.size()); }
 size_t Client::chunk_bytes() const { return impl_->options_.chunk_bytes; }
+const Partitioner& Client::partitioner() const { return *impl_->partitioner_; }
 const SyncInfo& Client::sync() const { return impl_->sync_; }
 void Client::Clock() { impl_->clock_++; }
 int64_t Client::clock() const { return impl_->clock_; }

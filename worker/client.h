@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/codec/codec_backend.h"
+#include "common/partitioner.h"
 #include "worker/operation_handle.h"
 
 namespace harrier {
@@ -100,6 +101,11 @@ struct ClientOptions {
   // Compression of host tensors; null: the CPU codecs
   // (NewHostCodecBackend). Tests put a counting one here.
   std::shared_ptr<CodecBackend> host_backend;
+  // Which shard each tensor chunk lives on. It must be the shards' own
+  // placement (the servers place with HashPartitioner). Null: a
+  // HashPartitioner over `servers`; otherwise its num_shards() must equal
+  // servers.size().
+  std::shared_ptr<const Partitioner> partitioner;
 };
 
 // Which part of a tensor a call covers, and at which clock (the comm
@@ -168,8 +174,10 @@ class Client {
   int num_workers() const;
   int num_shards() const;
   // ClientOptions::chunk_bytes: chunk c of tensor k holds elements
-  // [c * chunk_bytes / 4, ...) and lives on HashPartitioner's shard.
+  // [c * chunk_bytes / 4, ...) and lives on partitioner()'s shard.
   size_t chunk_bytes() const;
+  // The placement of every chunk (ClientOptions::partitioner).
+  const Partitioner& partitioner() const;
   const SyncInfo& sync() const;
 
   // Declares a dense float32 tensor. The first worker to register a name

@@ -243,7 +243,8 @@ absl::Status CommScheduler::Impl::Plan() {
   // bytes between shards (one bucket for a whole small model would put all
   // of its traffic on one shard's link). A bucket closes when the next
   // tensor would take it past fusion_bytes.
-  const HashPartitioner partitioner(client_.num_shards());
+  const Partitioner& partitioner =
+      options_.partitioner != nullptr ? *options_.partitioner : client_.partitioner();
   std::vector<std::vector<int>> groups;
   std::vector<int> group_shard;  // the shard a fused group's name must map to; -1 unfused
   std::vector<std::vector<int>> open(client_.num_shards());
@@ -270,12 +271,14 @@ absl::Status CommScheduler::Impl::Plan() {
     open_bytes[shard] += bytes;
   }
   for (int shard = 0; shard < client_.num_shards(); ++shard) close(shard);
-  // A bucket's name picks its shard: the first free name that maps there.
+  // A bucket's name picks its shard: the partitioner names the keys it
+  // places there; the first one no model tensor has.
   std::set<std::string> taken = names;
   auto fused_name = [&](int shard) {
-    for (int k = 0;; ++k) {
-      std::string name = absl::StrCat("harrier.fused/", shard, "/", k);
-      if (partitioner.ShardFor(name, 0) == shard && taken.insert(name).second) return name;
+    const std::string stem = absl::StrCat("harrier.fused/", shard, "/");
+    for (int index = 0;; ++index) {
+      std::string name = partitioner.KeyOnShard(stem, shard, index);
+      if (taken.insert(name).second) return name;
     }
   };
 
@@ -649,6 +652,12 @@ absl::StatusOr<std::unique_ptr<CommScheduler>> CommScheduler::Create(
     Client& client, std::vector<ScheduledTensor> tensors, const CommSchedulerOptions& options) {
   if (options.wait_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("comm scheduler: wait_timeout must be positive");
+  }
+  if (options.partitioner != nullptr && options.partitioner->num_shards() != client.num_shards()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("comm scheduler: the partitioner places chunks on ",
+                     options.partitioner->num_shards(), " shards, the client has ",
+                     client.num_shards()));
   }
   auto impl = std::make_unique<Impl>(client, std::move(tensors), options);
   if (auto status = impl->Plan(); !status.ok()) return status;
