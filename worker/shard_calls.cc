@@ -5,17 +5,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace harrier {
-namespace {
-
-// Replies that did not land anywhere: host views of transport buffers.
-ChunkViewSink HostSink(const LandedChunkSink& sink) {
-  return [&sink](const proto::TensorChunk& header, const PayloadView& payload) {
-    return sink(header, payload, MemoryKind::kHost);
-  };
-}
-
-}  // namespace
-
 ShardCalls::ShardCalls(ShardCallsConfig config, std::vector<ShardTransport*> transports,
                        ChunkCodec& codec, const OperationEngine& engine)
     : config_(std::move(config)),
@@ -100,7 +89,7 @@ absl::Status ShardCalls::Push(Operation& op, const std::string& name, const Shar
   auto chunks = BuildChunks(name, group, gradient, clock);
   if (!chunks.ok()) return chunks.status();
   absl::Status status = OnShard(op, group.shard, [&] {
-    return transports_[group.shard]->Push(*chunks, Deadline(), op.canceller());
+    return PushBlocking(*transports_[group.shard], *chunks, Deadline(), op.canceller());
   });
   if (status.ok()) Acknowledged(name, group, clock);
   return status;
@@ -147,11 +136,8 @@ absl::Status ShardCalls::Pull(Operation& op, const std::string& name, const Shar
     for (proto::ChunkRef& ref : *request.mutable_chunks()) {
       ref.set_view_version(codec_.ViewVersion(ChunkKey{name, ref.chunk()}));
     }
-    ShardTransport& transport = *transports_[group.shard];
-    if (choose != nullptr) {
-      return transport.PullInto(request, *choose, sink, Deadline(), op.canceller());
-    }
-    return transport.Pull(request, HostSink(sink), Deadline(), op.canceller());
+    return PullBlocking(*transports_[group.shard], request, choose, sink, Deadline(),
+                        op.canceller());
   });
 }
 
@@ -165,11 +151,8 @@ absl::Status ShardCalls::PushPull(Operation& op, const std::string& name, const 
           chunk.header.set_pull_view_version(
               codec_.ViewVersion(ChunkKey{name, chunk.header.chunk()}));
         }
-        ShardTransport& transport = *transports_[group.shard];
-        if (choose != nullptr) {
-          return transport.PushPullInto(*chunks, *choose, sink, Deadline(), op.canceller());
-        }
-        return transport.PushPull(*chunks, HostSink(sink), Deadline(), op.canceller());
+        return PushPullBlocking(*transports_[group.shard], *chunks, choose, sink, Deadline(),
+                                op.canceller());
       });
   if (status.ok()) Acknowledged(name, group, clock);
   return status;
