@@ -17,6 +17,7 @@
 //   }
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -78,10 +79,14 @@ struct ClientOptions {
   // chunks and at least 8 MiB is split into one call per connection, run
   // in parallel (worker/transport/grpc/grpc_transport.h). In [1, 16].
   int grpc_connections = 1;
-  // Shard calls queued per pool (pushes; pulls and push-pulls) behind its
-  // busy threads before an async operation is refused: its Wait() returns
+  // Shard calls queued behind the calls in flight (max_calls_in_flight)
+  // before an async operation is refused: its Wait() returns
   // RESOURCE_EXHAUSTED.
   size_t max_queued_calls = 4096;
+  // Shard calls in flight at once, for pushes and for pulls and push-pulls
+  // each (pulls parked by the consistency model never hold up pushes);
+  // more wait in the queue above.
+  int max_calls_in_flight = 256;
   // Transport security of every gRPC channel (control and gRPC data), PEM
   // file paths: tls_ca_file alone = TLS, the shards' certificates must chain
   // to it and name the host dialled; with tls_cert_file and tls_key_file
@@ -218,6 +223,15 @@ class Client {
   // the cancel (a transport that ignores cancellation: the buffers may then
   // still be in use). NOT_FOUND for a default or already-waited handle.
   absl::Status Wait(const Handle& handle, absl::Time deadline = absl::InfiniteFuture());
+  // Consumes the operation as Wait() does, handing its outcome to `done`
+  // instead of blocking: at once, on this thread, if it has finished (or
+  // for a default or already-waited handle: NOT_FOUND), else on the thread
+  // that completes its last transport call (a transport or timer thread),
+  // so `done` must be quick and must not block or call Wait. At `deadline`
+  // the operation is cancelled and `done` gets DEADLINE_EXCEEDED once its
+  // calls have ended. The buffers are the client's until `done` runs.
+  void WhenDone(const Handle& handle, absl::Time deadline,
+                std::function<void(absl::Status)> done);
 
   absl::Status Push(const std::string& name, absl::Span<const float> gradient);
   absl::Status Pull(const std::string& name, absl::Span<float> out);

@@ -29,9 +29,18 @@ FakeShardTransport::Call Recorded(FakeShardTransport::CallKind kind,
 
 FakeShardTransport::FakeShardTransport() : FakeShardTransport(TransportTraits{}) {}
 
-FakeShardTransport::FakeShardTransport(TransportTraits traits)
+FakeShardTransport::FakeShardTransport(TransportTraits traits, std::shared_ptr<TimerThread> timer)
     : ShardTransport(FakeTraits(std::move(traits))),
-      responder_(&FakeShardTransport::DefaultResponse) {}
+      responder_(&FakeShardTransport::DefaultResponse),
+      timer_(timer != nullptr ? std::move(timer)
+                              : std::make_shared<TimerThread>("fake-transport")) {}
+
+void FakeShardTransport::Later(absl::Time when, std::function<void()> run) {
+  timer_->At(when, [life = life_, run = std::move(run)] {
+    absl::MutexLock lock(&life->mutex);
+    if (life->alive) run();
+  });
+}
 
 FakeShardTransport::~FakeShardTransport() {
   std::vector<uint64_t> ids;
@@ -42,6 +51,8 @@ FakeShardTransport::~FakeShardTransport() {
   for (uint64_t id : ids) {
     EndHeld(id, absl::DeadlineExceededError("fake: transport destroyed while held"), false);
   }
+  absl::MutexLock lock(&life_->mutex);  // waits for a closure running now
+  life_->alive = false;
 }
 
 void FakeShardTransport::StartPush(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
@@ -99,9 +110,10 @@ void FakeShardTransport::Handle(Call call, const ReplyLandingChooser* choose,
       --fail_remaining_;
       failure = fail_status_;
       action = kFail;
-    } else if (blocking_) {
+    } else if (blocking_ || (hold_if_ && hold_if_(pending->call))) {
       action = kHold;
       honour = honour_cancel_;
+      held_[pending->call.id] = pending;
     }
   }
   if (action == kFail) return pending->done(failure);
@@ -110,21 +122,17 @@ void FakeShardTransport::Handle(Call call, const ReplyLandingChooser* choose,
   // canceller ends it.
   const uint64_t id = pending->call.id;
   const absl::Time give_up = honour ? pending->call.deadline : absl::Now() + absl::Minutes(1);
-  {
-    absl::MutexLock lock(&mutex_);
-    held_[id] = pending;
-  }
   if (!canceller.Register(pending.get(), [this, id, honour] {
         if (!honour) return;  // a stuck backend
         // Under the canceller's lock: the call completes on the timer.
-        timer_.At(absl::InfinitePast(), [this, id] {
+        Later(absl::InfinitePast(), [this, id] {
           EndHeld(id, absl::CancelledError("fake: cancelled"), true);
         });
       })) {
     EndHeld(id, absl::CancelledError("fake: cancelled before it started"), false);
     return;
   }
-  timer_.At(give_up, [this, id] {
+  Later(give_up, [this, id] {
     EndHeld(id, absl::DeadlineExceededError("fake: deadline passed while held"), false);
   });
 }
@@ -196,6 +204,11 @@ void FakeShardTransport::FailNext(int n, absl::Status status) {
   fail_status_ = std::move(status);
 }
 
+void FakeShardTransport::SetHoldIf(std::function<bool(const Call& call)> hold) {
+  absl::MutexLock lock(&mutex_);
+  hold_if_ = std::move(hold);
+}
+
 void FakeShardTransport::Block() {
   absl::MutexLock lock(&mutex_);
   blocking_ = true;
@@ -210,7 +223,7 @@ void FakeShardTransport::Release() {
   }
   // On the timer thread, as a transport completes its calls.
   for (uint64_t id : ids) {
-    timer_.At(absl::InfinitePast(), [this, id] { CompleteHeld(id); });
+    Later(absl::InfinitePast(), [this, id] { CompleteHeld(id); });
   }
 }
 

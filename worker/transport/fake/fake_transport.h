@@ -50,8 +50,10 @@ class FakeShardTransport : public ShardTransport {
   FakeShardTransport();
   // Fakes a device with host memory: with traits saying it sends from or
   // receives into device memory, such chunks are sent and kDevice landings
-  // used (traits.name is replaced by "fake").
-  explicit FakeShardTransport(TransportTraits traits);
+  // used (traits.name is replaced by "fake"). `timer` (null: one of its
+  // own) runs held calls' deadlines, cancels and releases: fakes of one
+  // client may share one, as real transports do.
+  explicit FakeShardTransport(TransportTraits traits, std::shared_ptr<TimerThread> timer = nullptr);
   // Completes the calls still held with DEADLINE_EXCEEDED.
   ~FakeShardTransport() override;
 
@@ -77,6 +79,12 @@ class FakeShardTransport : public ShardTransport {
   // stored until Release() (or CompleteHeld) answers it with the responder.
   void Block();
   void Release();
+  // Holds the calls `hold` picks (besides every call while blocked): a shard
+  // that answers some calls only later (a BSP pull waiting for a round).
+  // It runs under the fake's lock when the call is recorded, so a test may
+  // note the call's id there and CompleteHeld it afterwards: it is held by
+  // the time anyone else can look. Quick; it must not call into the fake.
+  void SetHoldIf(std::function<bool(const Call& call)> hold);
   // With false, a call held from now on ignores its deadline and canceller
   // (a stuck backend); it still ends on Release() or after a minute.
   void set_honour_cancel(bool honour);
@@ -126,11 +134,21 @@ class FakeShardTransport : public ShardTransport {
   int fail_remaining_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status fail_status_ ABSL_GUARDED_BY(mutex_);
   bool blocking_ ABSL_GUARDED_BY(mutex_) = false;
+  std::function<bool(const Call& call)> hold_if_ ABSL_GUARDED_BY(mutex_);
   bool honour_cancel_ ABSL_GUARDED_BY(mutex_) = true;
   std::map<uint64_t, std::shared_ptr<Pending>> held_ ABSL_GUARDED_BY(mutex_);
   int cancelled_ ABSL_GUARDED_BY(mutex_) = 0;
-  // Last: destroyed first, ending held calls while the rest is alive.
-  TimerThread timer_{"fake-transport"};
+  // Runs `run` at `when` on the timer while this fake lives.
+  void Later(absl::Time when, std::function<void()> run);
+
+  // Whether the fake still lives: the timer's closures look before they
+  // touch it (the timer may be shared and outlive it).
+  struct Life {
+    absl::Mutex mutex;
+    bool alive ABSL_GUARDED_BY(mutex) = true;
+  };
+  const std::shared_ptr<Life> life_ = std::make_shared<Life>();
+  const std::shared_ptr<TimerThread> timer_;
 };
 
 }  // namespace harrier
