@@ -143,16 +143,16 @@ class PartsJoin {
   }
 
   void PartDone(size_t part, absl::Status status) {
+    absl::Status result;
     {
       absl::MutexLock lock(&mutex_);
       statuses_[part] = std::move(status);
       if (--remaining_ > 0) return;
-    }
-    absl::Status result;
-    for (absl::Status& part_status : statuses_) {
-      if (!part_status.ok()) {
-        result = std::move(part_status);
-        break;
+      for (absl::Status& part_status : statuses_) {
+        if (!part_status.ok()) {
+          result = std::move(part_status);
+          break;
+        }
       }
     }
     done_(std::move(result));
@@ -400,10 +400,12 @@ GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
     : GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>>{std::move(channel)}) {}
 
 GrpcShardTransport::GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                                       size_t spread_min_bytes)
+                                       size_t spread_min_bytes,
+                                       std::shared_ptr<TimerThread> timer)
     : ShardTransport(TransportTraits{"grpc"}),
       spread_min_bytes_(spread_min_bytes),
-      timer_(std::make_unique<TimerThread>("grpc-transport")) {
+      timer_(timer != nullptr ? std::move(timer)
+                              : std::make_shared<TimerThread>("grpc-transport")) {
   for (auto& channel : channels) links_.push_back(std::make_unique<Link>(std::move(channel)));
 }
 

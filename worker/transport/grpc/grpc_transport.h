@@ -35,8 +35,12 @@ class GrpcShardTransport : public ShardTransport {
   // each part is all-or-nothing on the shard, the whole is not (a refused
   // part leaves the parts that were applied; a retry of the whole is then
   // acknowledged as a duplicate for those, see ShardStore::Push).
+  // `timer` (null: one of its own) keeps the calls' slice-release graces
+  // and hands cancels off the canceller's lock: a client's transports share
+  // one.
   GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                     size_t spread_min_bytes = kDefaultSpreadMinBytes);
+                     size_t spread_min_bytes = kDefaultSpreadMinBytes,
+                     std::shared_ptr<TimerThread> timer = nullptr);
   ~GrpcShardTransport() override;
 
   // Host memory only: a chunk in device memory is refused with
@@ -71,7 +75,7 @@ class GrpcShardTransport : public ShardTransport {
   std::vector<std::unique_ptr<Link>> links_;
   const size_t spread_min_bytes_;
   // Slice-release graces, and cancels handed off the canceller's lock.
-  std::unique_ptr<TimerThread> timer_;
+  std::shared_ptr<TimerThread> timer_;
 };
 
 }  // namespace harrier
