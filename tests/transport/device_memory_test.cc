@@ -237,7 +237,7 @@ struct Landed {
   std::vector<float> values;  // read from the view (host memory here)
 };
 
-TEST_CASE("PullInto lands replies in the caller's buffers where the transport can") {
+TEST_CASE("a pull with a landing chooser lands replies in the caller's buffers where the transport can") {
   auto server = testing::ServerProcess::Start({"--num_workers=2", "--sync=asp", "--ucx"});
   INFO(server.status().ToString());
   REQUIRE(server.ok());

@@ -283,7 +283,7 @@ TEST_CASE("a Client pushes device tensors through the device backend (fake trans
 }
 
 // A fake shard whose transport also receives into device memory (UCX with
-// CUDA): PullInto and PushPullInto land replies where the client says.
+// CUDA): pulls and push-pulls land replies where the client says.
 class DeviceLandingTransport : public DeviceSendingTransport {
  public:
   DeviceLandingTransport() : DeviceSendingTransport(TransportTraits{"fake", true, true}) {}

@@ -118,9 +118,4 @@ bool CallCanceller::cancelled() const {
   return cancelled_;
 }
 
-bool CallCanceller::SleepUnlessCancelled(absl::Duration duration) const {
-  absl::MutexLock lock(&mutex_);
-  return mutex_.AwaitWithTimeout(absl::Condition(&cancelled_), duration);
-}
-
 }  // namespace harrier

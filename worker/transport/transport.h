@@ -37,9 +37,6 @@ class CallCanceller {
   // Runs every registered abort; later Register() calls return false.
   void CancelAll();
   bool cancelled() const;
-  // Sleeps for `duration` unless cancelled first (so a retry's backoff ends
-  // at once on cancel). True if cancelled.
-  bool SleepUnlessCancelled(absl::Duration duration) const;
 
  private:
   mutable absl::Mutex mutex_;

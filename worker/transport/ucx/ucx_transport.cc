@@ -541,7 +541,7 @@ ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t hea
   bool receive_into_landing = false;
   bool landed = false;
   {
-    // PullInto: land the payload where the caller chose, if it fits and
+    // A landing: put the payload where the caller chose, if it fits and
     // this UCX can write that memory (device: rendezvous only, no copy
     // here). Decided under the call's lock, so the call cannot end (and its
     // buffers go away) meanwhile: an eager copy happens under it, and a

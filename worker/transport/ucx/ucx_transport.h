@@ -147,8 +147,8 @@ class UcxClientContext {
 // UCP_OP_ATTR_FIELD_MEMORY_TYPE = UCS_MEMORY_TYPE_CUDA, when
 // SendsFromDeviceMemory(); otherwise a chunk in device memory is refused
 // with FAILED_PRECONDITION before anything is sent. Replies are received
-// into host buffers (PullInto: into the caller's landings) and handed to
-// the sink on the calling thread. A shard that dies
+// into host buffers (or the caller's landings) and handed to the sink
+// when the call completes. A shard that dies
 // fails calls with UNAVAILABLE (error mode PEER), never a hang.
 //
 // Reconnecting: with an address provider, the first call after the peer
