@@ -259,10 +259,10 @@ class PushCall : public Stream, public grpc::ClientWriteReactor<grpc::ByteBuffer
   static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
                     const std::vector<const OutgoingChunk*>& chunks,
                     std::shared_ptr<PushCall> self) {
+    if (!self->Register(self)) return;
     for (const OutgoingChunk* chunk : chunks) {
       self->messages_.push_back(EncodeChunk(*chunk, self->borrowed_));
     }
-    if (!self->Register(self)) return;
     PushCall* stream = self.get();
     stream->self_ = std::move(self);
     grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(
@@ -324,10 +324,10 @@ class PushPullCall : public Stream,
   static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
                     const std::vector<const OutgoingChunk*>& chunks,
                     std::shared_ptr<PushPullCall> self) {
+    if (!self->Register(self)) return;
     for (const OutgoingChunk* chunk : chunks) {
       self->messages_.push_back(EncodeChunk(*chunk, self->borrowed_));
     }
-    if (!self->Register(self)) return;
     PushPullCall* stream = self.get();
     stream->self_ = std::move(self);
     grpc::internal::ClientCallbackReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
