@@ -283,6 +283,13 @@ void UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t re
     call->choose = choose;
   }
   const std::weak_ptr<UcxCall> weak = call;
+  // In the table first: a cancel that comes at once ends a call Check can
+  // find there (and stop expecting its reply).
+  {
+    absl::MutexLock lock(&mutex_);
+    calls_[request_id] = call;
+  }
+  worker_->ExpectReplies(1);
   // Under the canceller's lock: the call ends on the timer thread.
   call->registered = true;
   if (!canceller.Register(call.get(), [this, weak] {
@@ -297,13 +304,13 @@ void UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t re
     });
   })) {
     call->registered = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      calls_.erase(request_id);
+    }
+    worker_->ExpectReplies(-1);
     return call->done(absl::CancelledError("operation cancelled"));
   }
-  {
-    absl::MutexLock lock(&mutex_);
-    calls_[request_id] = call;
-  }
-  worker_->ExpectReplies(1);
   if (deadline != absl::InfiniteFuture()) {
     timer_->At(deadline, [this, weak] {
       auto call = weak.lock();
