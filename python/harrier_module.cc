@@ -9,10 +9,7 @@
 // not; outputs must already be). No call copies a payload: the C++ client
 // reads gradients from, and writes pulled parameters into, the caller's
 // memory. Async calls keep a reference to their arrays until they are
-// waited on, so Python cannot free memory a shard call still uses; a handle
-// dropped unwaited hands its arrays to the operation, which gives them back
-// when it ends (no thread waits for it), and they are released at the
-// client's next call.
+// waited on, so Python cannot free memory a shard call still uses.
 //
 // The GIL is released whenever C++ may block (connect, every RPC, Wait,
 // destruction of a client or scheduler), so other Python threads run while
@@ -127,34 +124,6 @@ FloatBuffer ViewOf(const py::object& object, bool writable, const std::string& w
 
 class PyClient;
 
-// Arrays of handles dropped before their operation ended. The operation's
-// completion (on a client thread, without the GIL) moves them here; the
-// Python thread releases them, with the GIL, at the client's next call.
-class Graveyard {
- public:
-  struct Kept {
-    py::object input;
-    py::object result;
-  };
-  // Any thread: touches no Python object.
-  void Add(std::shared_ptr<Kept> kept) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ended_.push_back(std::move(kept));
-  }
-  // With the GIL held.
-  void Collect() {
-    std::vector<std::shared_ptr<Kept>> ended;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ended.swap(ended_);
-    }
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<std::shared_ptr<Kept>> ended_;
-};
-
 // One async push, pull or push-pull. Holds its client and its arrays until
 // waited on; dropped unwaited, it waits (bounded by the client's
 // rpc_timeout) before letting the arrays go.
@@ -195,15 +164,12 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   }
   bool closed() const { return client_ == nullptr; }
   absl::Duration rpc_timeout() const { return rpc_timeout_; }
-  const std::shared_ptr<Graveyard>& graveyard() const { return graveyard_; }
 
   // Gives the session back. Called with the GIL held; releases it while
   // the client shuts down.
   void Close() {
     std::unique_ptr<Client> client = std::move(client_);
     if (client != nullptr) WithoutGilIfHeld([&] { client.reset(); });
-    // Every operation has ended with the client: release what they kept.
-    if (PyGILState_Check()) graveyard_->Collect();
   }
 
   void Register(const std::string& name, const std::vector<int64_t>& shape,
@@ -330,7 +296,6 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   template <typename Start>
   std::unique_ptr<PyHandle> StartWithoutGil(Start&& start, py::object keep_input,
                                             py::object result) {
-    graveyard_->Collect();
     Client::Handle handle;
     {
       py::gil_scoped_release release;
@@ -342,30 +307,15 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
 
   std::unique_ptr<Client> client_;
   absl::Duration rpc_timeout_;
-  const std::shared_ptr<Graveyard> graveyard_ = std::make_shared<Graveyard>();
 };
 
 PyHandle::~PyHandle() {
   if (done_ || client_->closed()) return;  // a closed client touches no buffer
+  // Nobody waited: let the calls finish (or be cancelled at the bound)
+  // before the arrays they use can be freed.
   Client* client = &client_->client();
-  // Bounded as a Wait would be: at the deadline the operation is cancelled.
   const absl::Time deadline = absl::Now() + client_->rpc_timeout();
-  if (!PyGILState_Check()) {
-    // Interpreter shutdown: no Python thread will collect; let the calls
-    // finish here before the arrays go.
-    client->Wait(handle_, deadline).IgnoreError();
-    return;
-  }
-  // Nobody waited: the operation keeps the arrays (moved, so no reference
-  // count changes off the GIL) until it ends, then hands them back.
-  auto kept = std::make_shared<Graveyard::Kept>(
-      Graveyard::Kept{std::move(keep_input_), std::move(result_)});
-  // The completion moves its reference on, so the last one is always the
-  // graveyard's, dropped with the GIL.
-  client->WhenDone(handle_, deadline,
-                   [graveyard = client_->graveyard(), kept](absl::Status) mutable {
-                     graveyard->Add(std::move(kept));
-                   });
+  WithoutGilIfHeld([&] { client->Wait(handle_, deadline).IgnoreError(); });
 }
 
 py::object PyHandle::Wait(std::optional<double> timeout_seconds) {

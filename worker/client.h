@@ -28,10 +28,11 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/codec/codec_backend.h"
-#include "common/partitioner.h"
 #include "worker/operation_handle.h"
 
 namespace harrier {
+
+class Partitioner;  // common/partitioner.h
 
 struct ClientOptions {
   // host:port of every shard, shard 0 (which also serves the control plane)

@@ -123,9 +123,10 @@ struct TransportTraits {
 // (code and message), or the transport's (UNAVAILABLE for a lost peer,
 // DEADLINE_EXCEEDED, CANCELLED). Runs exactly once per started call, on a
 // transport thread (gRPC: its callback thread; UCX: its progress or timer
-// thread; the fake: the thread that completes the call), or on the starting
-// thread when the call fails before it is sent. It must be quick and must
-// not block: hand longer work to an executor.
+// thread; the fake: the thread that completes the call), possibly before
+// Start returns, on the starting thread (a call refused before it is sent,
+// or one the fake answers at once): a caller holds no lock `done` takes.
+// It must be quick and must not block: hand longer work to an executor.
 using CallDone = std::function<void(absl::Status status)>;
 
 // One shard's data path. Calls are asynchronous: a Start method sends the
