@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace harrier {
 namespace {
 
@@ -15,6 +17,14 @@ uint64_t Fnv1a(absl::string_view text) {
 }
 
 }  // namespace
+
+std::string Partitioner::KeyOnShard(absl::string_view stem, int shard, int index) const {
+  if (shard < 0 || shard >= num_shards()) return {};  // no key lives there
+  for (uint64_t k = 0;; ++k) {
+    std::string key = absl::StrCat(stem, k);
+    if (ShardFor(key, 0) == shard && index-- == 0) return key;
+  }
+}
 
 HashPartitioner::HashPartitioner(int num_shards) : num_shards_(std::max(1, num_shards)) {}
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/string_view.h"
 
+
 namespace harrier {
 
 // Maps a tensor's chunk to the shard that owns it. Implementations must be
@@ -17,6 +18,11 @@ class Partitioner {
   virtual ~Partitioner() = default;
   virtual int num_shards() const = 0;
   virtual int ShardFor(absl::string_view key, uint32_t chunk) const = 0;
+  // The `index`-th (from 0) of the keys `stem` + "0", `stem` + "1", ... whose
+  // chunk 0 this partitioner places on `shard` (in [0, num_shards())): how
+  // a worker names a tensor of its own (a fused bucket) that must live on a
+  // given shard; empty for a shard out of range. The default searches the keys in order with ShardFor.
+  virtual std::string KeyOnShard(absl::string_view stem, int shard, int index) const;
 };
 
 // Chunk c of key k lives on shard (fnv1a(k) + c) mod num_shards: a tensor's

@@ -97,7 +97,7 @@ class ChunkCodec {
                           float* tensor, MemoryKind payload_memory = MemoryKind::kHost);
 
   // Dense pull replies of device tensors received in device memory
-  // (ShardTransport::PullInto, PushPullInto where the transport
+  // (a pull's landing chooser, where the transport
   // ReceivesIntoDeviceMemory): each chunk has a landing buffer of the device
   // backend, so a reply goes from the network to the tensor without
   // crossing the host; it is checked (CRC on the device) before the tensor

@@ -44,6 +44,15 @@ absl::Status CheckOptions(const ClientOptions& options, bool with_transport) {
   if (options.rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_timeout must be positive");
   }
+  if (options.max_calls_in_flight < 1) {
+    return absl::InvalidArgumentError("max_calls_in_flight must be at least 1");
+  }
+  if (options.partitioner != nullptr &&
+      options.partitioner->num_shards() != static_cast<int>(options.servers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.partitioner places chunks on ", options.partitioner->num_shards(),
+        " shards, but there are ", options.servers.size(), " servers"));
+  }
   return absl::OkStatus();
 }
 
@@ -116,6 +125,11 @@ absl::StatusOr<std::shared_ptr<const TensorInfo>> ScopeLayout(
 
 }  // namespace
 
+// Threads of the operation engine's executor: they start calls (build and
+// encode chunks) and never wait for one, so their number does not depend on
+// the shards or on the calls in flight.
+constexpr int kExecutorThreads = 4;
+
 // The facade's state: the parts, and how an operation becomes one task per
 // shard group.
 class Client::Impl {
@@ -123,17 +137,22 @@ class Client::Impl {
   Impl(const ClientOptions& options, std::unique_ptr<ControlClient> control,
        std::vector<std::unique_ptr<ShardTransport>> transports, std::unique_ptr<ChunkCodec> codec)
       : options_(options),
-        partitioner_(static_cast<int>(options.servers.size())),
+        partitioner_(options.partitioner != nullptr
+                         ? options.partitioner
+                         : std::make_shared<const HashPartitioner>(
+                               static_cast<int>(options.servers.size()))),
         control_(std::move(control)),
         transports_(std::move(transports)),
-        tensors_(partitioner_, options.chunk_bytes / sizeof(float)),
+        tensors_(*partitioner_, options.chunk_bytes / sizeof(float)),
         codec_(std::move(codec)),
         engine_(EngineOptions(options)) {}
 
   static OperationEngineOptions EngineOptions(const ClientOptions& options) {
     OperationEngineOptions engine;
-    engine.threads_per_pool = 2 * static_cast<int>(options.servers.size()) + 2;
+    // No thread waits for a call, so a few start every shard's calls.
+    engine.threads = kExecutorThreads;
     engine.max_queued = options.max_queued_calls;
+    engine.max_in_flight = options.max_calls_in_flight;
     engine.retry_timeout = options.retry_timeout;
     // Every transport call ends by rpc_timeout, and a cancelled one sooner.
     engine.cancel_grace = options.rpc_timeout;
@@ -142,8 +161,10 @@ class Client::Impl {
 
   absl::Status Register();
 
-  // The work of one operation on one shard group, at a clock.
-  using GroupRun = std::function<absl::Status(Operation&, const ShardGroup&, int64_t clock)>;
+  // Starts the work of one operation on one shard group, at a clock;
+  // `done` ends it.
+  using GroupRun = std::function<void(Operation&, const ShardGroup&, int64_t clock,
+                                      OperationEngine::TaskDone done)>;
   GroupRun PushRun(const std::string& name, const float* gradient);
   GroupRun PullRun(const std::string& name, float* out);
   GroupRun PushPullRun(const std::string& name, const float* gradient, float* out);
@@ -160,7 +181,7 @@ class Client::Impl {
   void CountStart(OpKind kind);
 
   const ClientOptions options_;
-  const HashPartitioner partitioner_;
+  const std::shared_ptr<const Partitioner> partitioner_;
   std::unique_ptr<ControlClient> control_;
   // Pushes and pulls go over these; control, Init, heartbeats and Leave
   // over control_.
@@ -246,21 +267,24 @@ absl::Status Client::Impl::Register() {
 }
 
 Client::Impl::GroupRun Client::Impl::PushRun(const std::string& name, const float* gradient) {
-  return [this, name, gradient](Operation& op, const ShardGroup& group, int64_t clock) {
-    return calls_->Push(op, name, group, gradient, clock);
+  return [this, name, gradient](Operation& op, const ShardGroup& group, int64_t clock,
+                                OperationEngine::TaskDone done) {
+    calls_->Push(op, name, group, gradient, clock, std::move(done));
   };
 }
 
 Client::Impl::GroupRun Client::Impl::PullRun(const std::string& name, float* out) {
-  return [this, name, out](Operation& op, const ShardGroup& group, int64_t clock) {
-    return calls_->Pull(op, name, group, out, clock);
+  return [this, name, out](Operation& op, const ShardGroup& group, int64_t clock,
+                           OperationEngine::TaskDone done) {
+    calls_->Pull(op, name, group, out, clock, std::move(done));
   };
 }
 
 Client::Impl::GroupRun Client::Impl::PushPullRun(const std::string& name, const float* gradient,
                                                  float* out) {
-  return [this, name, gradient, out](Operation& op, const ShardGroup& group, int64_t clock) {
-    return calls_->PushPull(op, name, group, gradient, out, clock);
+  return [this, name, gradient, out](Operation& op, const ShardGroup& group, int64_t clock,
+                                     OperationEngine::TaskDone done) {
+    calls_->PushPull(op, name, group, gradient, out, clock, std::move(done));
   };
 }
 
@@ -278,9 +302,14 @@ Client::Handle Client::Impl::StartGroups(
   if (clock < 0) clock = clock_;
   std::vector<OperationEngine::Task> tasks;
   for (const ShardGroup& group : (*info)->groups) {
-    // The task shares the layout, which outlives a re-registration.
-    tasks.push_back(
-        [layout = *info, &group, run, clock](Operation& op) { return run(op, group, clock); });
+    // The task's done shares the layout, which outlives a re-registration:
+    // the group is read until the task ends.
+    tasks.push_back([layout = *info, &group, run, clock](Operation& op,
+                                                         OperationEngine::TaskDone done) {
+      run(op, group, clock, [layout, done = std::move(done)](absl::Status status) {
+        done(std::move(status));
+      });
+    });
   }
   return engine_.Start(kind, Describe(kind, name), std::move(tasks));
 }
@@ -296,7 +325,9 @@ absl::Status Client::Impl::RunBlocking(
   const ShardGroup& group = (*info)->groups[0];
   const int64_t clock = clock_;
   return engine_.RunHere(kind, Describe(kind, name),
-                         [&](Operation& op) { return run(op, group, clock); });
+                         [&](Operation& op, OperationEngine::TaskDone done) {
+                           run(op, group, clock, std::move(done));
+                         });
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -409,6 +440,7 @@ uint64_t Client::session_epoch() const { return impl_->session_.epoch(); }
 int Client::num_workers() const { return impl_->num_workers_; }
 int Client::num_shards() const { return static_cast<int>(impl_->options_.servers.size()); }
 size_t Client::chunk_bytes() const { return impl_->options_.chunk_bytes; }
+const Partitioner& Client::partitioner() const { return *impl_->partitioner_; }
 const SyncInfo& Client::sync() const { return impl_->sync_; }
 void Client::Clock() { impl_->clock_++; }
 int64_t Client::clock() const { return impl_->clock_; }
@@ -506,6 +538,11 @@ Client::Handle Client::PushPullAsync(const std::string& name, absl::Span<const f
 
 absl::Status Client::Wait(const Handle& handle, absl::Time deadline) {
   return impl_->engine_.Wait(handle, deadline);
+}
+
+void Client::WhenDone(const Handle& handle, absl::Time deadline,
+                      std::function<void(absl::Status)> done) {
+  impl_->engine_.WhenDone(handle, deadline, std::move(done));
 }
 
 absl::Status Client::Push(const std::string& name, absl::Span<const float> gradient) {

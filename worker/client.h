@@ -17,6 +17,7 @@
 //   }
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -30,6 +31,8 @@
 #include "worker/operation_handle.h"
 
 namespace harrier {
+
+class Partitioner;  // common/partitioner.h
 
 struct ClientOptions {
   // host:port of every shard, shard 0 (which also serves the control plane)
@@ -77,10 +80,14 @@ struct ClientOptions {
   // chunks and at least 8 MiB is split into one call per connection, run
   // in parallel (worker/transport/grpc/grpc_transport.h). In [1, 16].
   int grpc_connections = 1;
-  // Shard calls queued per pool (pushes; pulls and push-pulls) behind its
-  // busy threads before an async operation is refused: its Wait() returns
+  // Shard calls queued behind the calls in flight (max_calls_in_flight)
+  // before an async operation is refused: its Wait() returns
   // RESOURCE_EXHAUSTED.
   size_t max_queued_calls = 4096;
+  // Shard calls in flight at once, for pushes and for pulls and push-pulls
+  // each (pulls parked by the consistency model never hold up pushes);
+  // more wait in the queue above.
+  int max_calls_in_flight = 256;
   // Transport security of every gRPC channel (control and gRPC data), PEM
   // file paths: tls_ca_file alone = TLS, the shards' certificates must chain
   // to it and name the host dialled; with tls_cert_file and tls_key_file
@@ -100,6 +107,11 @@ struct ClientOptions {
   // Compression of host tensors; null: the CPU codecs
   // (NewHostCodecBackend). Tests put a counting one here.
   std::shared_ptr<CodecBackend> host_backend;
+  // Which shard each tensor chunk lives on. It must be the shards' own
+  // placement (the servers place with HashPartitioner). Null: a
+  // HashPartitioner over `servers`; otherwise its num_shards() must equal
+  // servers.size().
+  std::shared_ptr<const Partitioner> partitioner;
 };
 
 // Which part of a tensor a call covers, and at which clock (the comm
@@ -168,8 +180,10 @@ class Client {
   int num_workers() const;
   int num_shards() const;
   // ClientOptions::chunk_bytes: chunk c of tensor k holds elements
-  // [c * chunk_bytes / 4, ...) and lives on HashPartitioner's shard.
+  // [c * chunk_bytes / 4, ...) and lives on partitioner()'s shard.
   size_t chunk_bytes() const;
+  // The placement of every chunk (ClientOptions::partitioner).
+  const Partitioner& partitioner() const;
   const SyncInfo& sync() const;
 
   // Declares a dense float32 tensor. The first worker to register a name
@@ -210,6 +224,15 @@ class Client {
   // the cancel (a transport that ignores cancellation: the buffers may then
   // still be in use). NOT_FOUND for a default or already-waited handle.
   absl::Status Wait(const Handle& handle, absl::Time deadline = absl::InfiniteFuture());
+  // Consumes the operation as Wait() does, handing its outcome to `done`
+  // instead of blocking: at once, on this thread, if it has finished (or
+  // for a default or already-waited handle: NOT_FOUND), else on the thread
+  // that completes its last transport call (a transport or timer thread),
+  // so `done` must be quick and must not block or call Wait. At `deadline`
+  // the operation is cancelled and `done` gets DEADLINE_EXCEEDED once its
+  // calls have ended. The buffers are the client's until `done` runs.
+  void WhenDone(const Handle& handle, absl::Time deadline,
+                std::function<void(absl::Status)> done);
 
   absl::Status Push(const std::string& name, absl::Span<const float> gradient);
   absl::Status Pull(const std::string& name, absl::Span<float> out);

@@ -5,7 +5,6 @@
 #include <deque>
 #include <map>
 #include <set>
-#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -15,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/partitioner.h"
+#include "common/thread_pool.h"
 
 namespace harrier {
 
@@ -149,7 +149,10 @@ class CommScheduler::Impl {
   }
 
  private:
-  void Run(Kind kind);
+  // Starts every call that may go now, in queue order: each completes
+  // through Client::WhenDone, which hands it to executor_.
+  void Dispatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Send(Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   bool Dispatchable(Kind kind) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Enqueue(Kind kind, int wire, int piece, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void QueuePushes(int wire) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -178,7 +181,10 @@ class CommScheduler::Impl {
   std::vector<Wire> wires_;  // in backward order (as fusion walks)
   std::vector<int> wires_front_first_;
   std::vector<Member> members_;
-  std::vector<std::thread> threads_;
+  // Calls in flight per kind at most: enough to keep every shard busy, few
+  // enough that queued calls stay here, where priority can still reorder
+  // them, rather than queue inside the client in FIFO order.
+  int max_inflight_per_kind_ = 1;
 
   mutable absl::Mutex mutex_;
   int64_t step_ ABSL_GUARDED_BY(mutex_) = 0;
@@ -186,12 +192,16 @@ class CommScheduler::Impl {
   uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
   size_t inflight_push_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   int inflight_calls_ ABSL_GUARDED_BY(mutex_) = 0;
+  int inflight_[2] ABSL_GUARDED_BY(mutex_) = {0, 0};  // by Kind
   absl::Status error_ ABSL_GUARDED_BY(mutex_);
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   CommSchedulerStats stats_ ABSL_GUARDED_BY(mutex_);
   // The latest kLogLimit calls: a long job must not grow it without bound.
   static constexpr size_t kLogLimit = 1 << 16;
   std::deque<DispatchRecord> log_ ABSL_GUARDED_BY(mutex_);
+  // Last: its threads run completions until it is gone. One thread: a
+  // completion only updates the plan and starts the calls it frees.
+  ThreadPool executor_{1, ThreadPool::kUnbounded, "the comm scheduler's executor"};
 };
 
 std::string CommScheduler::Impl::Describe(const Wire& wire) const {
@@ -243,7 +253,8 @@ absl::Status CommScheduler::Impl::Plan() {
   // bytes between shards (one bucket for a whole small model would put all
   // of its traffic on one shard's link). A bucket closes when the next
   // tensor would take it past fusion_bytes.
-  const HashPartitioner partitioner(client_.num_shards());
+  const Partitioner& partitioner =
+      options_.partitioner != nullptr ? *options_.partitioner : client_.partitioner();
   std::vector<std::vector<int>> groups;
   std::vector<int> group_shard;  // the shard a fused group's name must map to; -1 unfused
   std::vector<std::vector<int>> open(client_.num_shards());
@@ -270,12 +281,14 @@ absl::Status CommScheduler::Impl::Plan() {
     open_bytes[shard] += bytes;
   }
   for (int shard = 0; shard < client_.num_shards(); ++shard) close(shard);
-  // A bucket's name picks its shard: the first free name that maps there.
+  // A bucket's name picks its shard: the partitioner names the keys it
+  // places there; the first one no model tensor has.
   std::set<std::string> taken = names;
   auto fused_name = [&](int shard) {
-    for (int k = 0;; ++k) {
-      std::string name = absl::StrCat("harrier.fused/", shard, "/", k);
-      if (partitioner.ShardFor(name, 0) == shard && taken.insert(name).second) return name;
+    const std::string stem = absl::StrCat("harrier.fused/", shard, "/");
+    for (int index = 0;; ++index) {
+      std::string name = partitioner.KeyOnShard(stem, shard, index);
+      if (taken.insert(name).second) return name;
     }
   };
 
@@ -353,26 +366,20 @@ absl::Status CommScheduler::Impl::Plan() {
 }
 
 void CommScheduler::Impl::Start() {
-  // As many callers of each kind as the client has pool threads for it:
-  // more would only queue inside the client in FIFO order, where priority
-  // can no longer reorder them.
-  const int per_kind = 2 * client_.num_shards() + 2;
-  for (int i = 0; i < per_kind; ++i) {
-    threads_.emplace_back([this] { Run(Kind::kPush); });
-    threads_.emplace_back([this] { Run(Kind::kPull); });
-  }
+  max_inflight_per_kind_ = 2 * client_.num_shards() + 2;
+  absl::MutexLock lock(&mutex_);
+  Dispatch();
 }
 
 CommScheduler::Impl::~Impl() {
-  {
-    absl::MutexLock lock(&mutex_);
-    stopping_ = true;
-    queue_[0].clear();
-    queue_[1].clear();
-  }
-  // A thread still in a call returns within that call's Wait deadline
-  // (wait_timeout; the client then cancels it).
-  for (std::thread& thread : threads_) thread.join();
+  absl::MutexLock lock(&mutex_);
+  stopping_ = true;
+  queue_[0].clear();
+  queue_[1].clear();
+  // A call in flight ends by its WhenDone deadline (wait_timeout; the
+  // client then cancels it); its completion comes through the executor.
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return inflight_calls_ == 0; };
+  mutex_.Await(absl::Condition(&ended));
 }
 
 void CommScheduler::Impl::Enqueue(Kind kind, int wire, int piece, int64_t step) {
@@ -402,7 +409,8 @@ void CommScheduler::Impl::BeginPulls(int wire, int64_t step) {
 
 bool CommScheduler::Impl::Dispatchable(Kind kind) const {
   const auto& queue = queue_[static_cast<int>(kind)];
-  if (queue.empty() || !error_.ok()) return false;
+  if (queue.empty() || !error_.ok() || stopping_) return false;
+  if (inflight_[static_cast<int>(kind)] >= max_inflight_per_kind_) return false;
   if (kind == Kind::kPull || options_.max_inflight_bytes == 0) return true;
   // Credits: a piece larger than the cap goes alone, else a cap below one
   // piece would stop the scheduler for good. Only the queue's head may go,
@@ -412,65 +420,76 @@ bool CommScheduler::Impl::Dispatchable(Kind kind) const {
   return inflight_push_bytes_ == 0 || inflight_push_bytes_ + bytes <= options_.max_inflight_bytes;
 }
 
-void CommScheduler::Impl::Run(Kind kind) {
-  absl::MutexLock lock(&mutex_);
+void CommScheduler::Impl::Dispatch() {
   for (;;) {
-    // A thread idle for want of work waits without a deadline: what it
-    // waits for is the training thread's next call, or the destructor.
-    auto ready = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_ || Dispatchable(kind); };
-    mutex_.Await(absl::Condition(&ready));
-    if (stopping_) return;
-    auto& queue = queue_[static_cast<int>(kind)];
-    const Call call = queue.begin()->second;
-    queue.erase(queue.begin());
-    const Wire& wire = wires_[call.wire];
-    const Piece& piece = wire.pieces[call.piece];
-    ++inflight_calls_;
-    if (options_.keep_dispatch_log) {
-      DispatchRecord record;
-      record.kind = kind == Kind::kPush ? DispatchRecord::kPush : DispatchRecord::kPull;
-      record.step = call.step;
-      record.wire_name = wire.name;
-      record.first_chunk = piece.first_chunk;
-      record.num_chunks = piece.num_chunks;
-      record.shard = piece.shard;
-      record.bytes = piece.bytes;
-      record.tensors = wire.members;
-      log_.push_back(std::move(record));
-      if (log_.size() > kLogLimit) log_.pop_front();
-    }
-    if (kind == Kind::kPush) {
-      inflight_push_bytes_ += piece.bytes;
-      stats_.push_calls++;
-      stats_.bytes_pushed += static_cast<int64_t>(piece.bytes);
-      stats_.peak_inflight_push_bytes =
-          std::max(stats_.peak_inflight_push_bytes, static_cast<int64_t>(inflight_push_bytes_));
-    } else {
-      stats_.pull_calls++;
-      stats_.bytes_pulled += static_cast<int64_t>(piece.bytes);
-    }
-    CallScope scope;
-    scope.clock = base_clock_ + call.step;
-    scope.first_chunk = piece.first_chunk;
-    scope.num_chunks = piece.num_chunks;
-    const std::string name = wire.name;
-    const float* gradient = wire.gradient;
-    float* parameters = wire.parameters;
-    const size_t elements = wire.elements;
-    mutex_.Unlock();
-    Client::Handle handle =
-        kind == Kind::kPush
-            ? client_.PushAsync(name, absl::MakeConstSpan(gradient, elements), scope)
-            : client_.PullAsync(name, absl::MakeSpan(parameters, elements), scope);
-    absl::Status status = client_.Wait(handle, absl::Now() + options_.wait_timeout);
-    mutex_.Lock();
-    Complete(call, status);
+    const bool push = Dispatchable(Kind::kPush);
+    const bool pull = Dispatchable(Kind::kPull);
+    if (!push && !pull) return;
+    if (push) Send(Kind::kPush);
+    if (pull) Send(Kind::kPull);
   }
+}
+
+void CommScheduler::Impl::Send(Kind kind) {
+  auto& queue = queue_[static_cast<int>(kind)];
+  const Call call = queue.begin()->second;
+  queue.erase(queue.begin());
+  const Wire& wire = wires_[call.wire];
+  const Piece& piece = wire.pieces[call.piece];
+  ++inflight_calls_;
+  ++inflight_[static_cast<int>(kind)];
+  if (options_.keep_dispatch_log) {
+    DispatchRecord record;
+    record.kind = kind == Kind::kPush ? DispatchRecord::kPush : DispatchRecord::kPull;
+    record.step = call.step;
+    record.wire_name = wire.name;
+    record.first_chunk = piece.first_chunk;
+    record.num_chunks = piece.num_chunks;
+    record.shard = piece.shard;
+    record.bytes = piece.bytes;
+    record.tensors = wire.members;
+    log_.push_back(std::move(record));
+    if (log_.size() > kLogLimit) log_.pop_front();
+  }
+  if (kind == Kind::kPush) {
+    inflight_push_bytes_ += piece.bytes;
+    stats_.push_calls++;
+    stats_.bytes_pushed += static_cast<int64_t>(piece.bytes);
+    stats_.peak_inflight_push_bytes =
+        std::max(stats_.peak_inflight_push_bytes, static_cast<int64_t>(inflight_push_bytes_));
+  } else {
+    stats_.pull_calls++;
+    stats_.bytes_pulled += static_cast<int64_t>(piece.bytes);
+  }
+  CallScope scope;
+  scope.clock = base_clock_ + call.step;
+  scope.first_chunk = piece.first_chunk;
+  scope.num_chunks = piece.num_chunks;
+  // Starting a call only queues its shard calls in the client (nothing
+  // calls back into the scheduler meanwhile), so it happens under the lock
+  // and calls start in dispatch order.
+  Client::Handle handle =
+      kind == Kind::kPush
+          ? client_.PushAsync(wire.name, absl::MakeConstSpan(wire.gradient, wire.elements), scope)
+          : client_.PullAsync(wire.name, absl::MakeSpan(wire.parameters, wire.elements), scope);
+  // The completion runs on a client thread: it only hands over.
+  client_.WhenDone(handle, absl::Now() + options_.wait_timeout,
+                   [this, call](absl::Status status) {
+                     absl::Status submitted = executor_.Submit([this, call, status] {
+                       absl::MutexLock lock(&mutex_);
+                       Complete(call, status);
+                       Dispatch();
+                     });
+                     // Unbounded: refused only while the executor stops,
+                     // which waits for every call first.
+                     submitted.IgnoreError();
+                   });
 }
 
 void CommScheduler::Impl::Complete(const Call& call, const absl::Status& status) {
   Wire& wire = wires_[call.wire];
   --inflight_calls_;
+  --inflight_[static_cast<int>(call.kind)];
   if (call.kind == Kind::kPush) inflight_push_bytes_ -= wire.pieces[call.piece].bytes;
   if (!status.ok()) {
     Fail(absl::Status(status.code(),
@@ -504,7 +523,7 @@ void CommScheduler::Impl::Fail(absl::Status status) {
 
 template <typename Ready>
 absl::Status CommScheduler::Impl::AwaitOrFail(const Ready& ready, const std::string& what) {
-  auto done = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !error_.ok() || ready(); };
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !error_.ok() || ready(); };
   const bool in_time =
       mutex_.AwaitWithDeadline(absl::Condition(&done), absl::Now() + options_.wait_timeout);
   if (!error_.ok()) return error_;
@@ -531,7 +550,7 @@ absl::Status CommScheduler::Impl::WaitParameters(int tensor) {
   Member& member = members_[tensor];
   const int64_t step = step_;
   // Plain: every tensor is pulled before forward starts.
-  auto ready = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     if (!options_.wait_free_backprop) {
       for (const Wire& wire : wires_) {
         if (!Pulled(wire, step)) return false;
@@ -569,7 +588,7 @@ absl::Status CommScheduler::Impl::GradientReady(int tensor, absl::Span<const flo
   Wire& wire = wires_[member.wire];
   // The previous step's push must be off the staging buffer (it is, unless
   // WaitParameters was skipped: that waits for it).
-  auto pushed = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return wire.pushes_remaining == 0; };
+  auto pushed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return wire.pushes_remaining == 0; };
   if (auto status = AwaitOrFail(pushed, absl::StrCat("the previous push of ", Describe(wire)));
       !status.ok()) {
     return status;
@@ -588,6 +607,7 @@ absl::Status CommScheduler::Impl::GradientReady(int tensor, absl::Span<const flo
   ++wire.ready_members;
   if (options_.wait_free_backprop && wire.ready_members == wire.members.size()) {
     QueuePushes(member.wire);
+    Dispatch();
   }
   return absl::OkStatus();
 }
@@ -612,6 +632,7 @@ absl::Status CommScheduler::Impl::EndBackward() {
       QueuePushes(w);
     }
     ++step_;
+    Dispatch();
   }
   // The calls carry explicit clocks; the client's own clock follows the
   // steps for what reads it (heartbeats, Leave).
@@ -621,7 +642,7 @@ absl::Status CommScheduler::Impl::EndBackward() {
 
 absl::Status CommScheduler::Impl::Drain() {
   absl::MutexLock lock(&mutex_);
-  auto idle = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Idle(); };
+  auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return Idle(); };
   if (auto status = AwaitOrFail(idle, "draining the calls in flight"); !status.ok()) {
     return status;
   }
@@ -631,9 +652,10 @@ absl::Status CommScheduler::Impl::Drain() {
 
 absl::Status CommScheduler::Impl::Refresh() {
   absl::MutexLock lock(&mutex_);
-  auto idle = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Idle(); };
+  auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return Idle(); };
   if (auto status = AwaitOrFail(idle, "draining before a refresh"); !status.ok()) return status;
   for (int w : wires_front_first_) BeginPulls(w, step_);
+  Dispatch();
   if (auto status = AwaitOrFail(idle, "refreshing every tensor"); !status.ok()) return status;
   for (Member& member : members_) {
     member.copied_step = -1;
@@ -649,6 +671,12 @@ absl::StatusOr<std::unique_ptr<CommScheduler>> CommScheduler::Create(
     Client& client, std::vector<ScheduledTensor> tensors, const CommSchedulerOptions& options) {
   if (options.wait_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("comm scheduler: wait_timeout must be positive");
+  }
+  if (options.partitioner != nullptr && options.partitioner->num_shards() != client.num_shards()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("comm scheduler: the partitioner places chunks on ",
+                     options.partitioner->num_shards(), " shards, the client has ",
+                     client.num_shards()));
   }
   auto impl = std::make_unique<Impl>(client, std::move(tensors), options);
   if (auto status = impl->Plan(); !status.ok()) return status;

@@ -43,6 +43,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/partitioner.h"
 #include "worker/client.h"
 
 namespace harrier {
@@ -62,6 +63,10 @@ struct CommSchedulerOptions {
   // Record the latest calls for dispatch_log_for_testing(); off in training
   // runs, which need no record (a name and a member list) per call.
   bool keep_dispatch_log = false;
+  // Where fused buckets live: the shard a bucket's members would live on
+  // unfused. Null: the client's own (Client::partitioner()); otherwise it
+  // must place chunks as the client does.
+  std::shared_ptr<const Partitioner> partitioner;
 };
 
 // Defaults of the techniques when named without a size.

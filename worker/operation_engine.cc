@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 
 namespace harrier {
 
@@ -17,20 +18,50 @@ Operation::Operation(uint64_t id, OpKind kind, std::string description,
 
 Operation::~Operation() { --*live_; }
 
-bool Operation::Finish(const absl::Status& task_status) {
-  absl::MutexLock lock(&mutex_);
-  if (!task_status.ok() && status_.ok()) status_ = task_status;
-  return --remaining_ == 0;
+absl::Status Operation::Outcome() const {
+  if (expired_) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "operation ", id_, " (", description_, ") did not finish by its deadline and was cancelled"));
+  }
+  return status_;
 }
+
+bool Operation::Finish(const absl::Status& task_status) {
+  OperationDone then;
+  absl::Status outcome;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (!task_status.ok() && status_.ok()) status_ = task_status;
+    if (--remaining_ > 0) return false;
+    then = std::move(then_);
+    then_ = nullptr;
+    if (then) outcome = Outcome();
+  }
+  if (then) then(std::move(outcome));
+  return true;
+}
+
+// One call's tries: the state the backoff timer and the canceller share.
+struct OperationEngine::Retry {
+  CallCanceller* canceller = nullptr;
+  Attempt attempt;
+  CallDone done;
+  absl::Time give_up;
+  absl::Duration backoff;
+  absl::Status last;  // the latest try's status
+  // Claimed by whichever ends the current backoff first: its timer or a
+  // cancel.
+  std::atomic<bool> waiting{false};
+};
 
 OperationEngine::OperationEngine(const OperationEngineOptions& options)
     : options_(options),
       live_(std::make_shared<std::atomic<int64_t>>(0)),
-      push_pool_(options.threads_per_pool, options.max_queued, "the client's push pool"),
-      pull_pool_(options.threads_per_pool, options.max_queued, "the client's pull pool") {}
+      executor_(std::max(1, options.threads), ThreadPool::kUnbounded, "the client's executor") {}
 
 OperationEngine::~OperationEngine() {
-  // Cancel whatever is still in flight so the pools drain quickly.
+  // Cancel whatever is still in flight, then wait for its tasks to end:
+  // the transports and buffers they use go after the engine.
   std::vector<std::shared_ptr<Operation>> running;
   {
     absl::MutexLock lock(&mutex_);
@@ -39,6 +70,10 @@ OperationEngine::~OperationEngine() {
     }
   }
   for (auto& op : running) op->canceller().CancelAll();
+  running.clear();
+  absl::MutexLock lock(&mutex_);
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return running_.empty(); };
+  mutex_.Await(absl::Condition(&ended));
 }
 
 std::shared_ptr<Operation> OperationEngine::NewOperation(OpKind kind, std::string description) {
@@ -50,6 +85,35 @@ OperationHandle OperationEngine::Failed(OpKind kind, std::string description, ab
   absl::MutexLock lock(&op->mutex_);
   op->status_ = std::move(status);
   return OperationHandle(std::move(op));
+}
+
+void OperationEngine::Launch(const std::shared_ptr<Operation>& op, int lane, Task task) {
+  // The task's done holds the operation, not the engine's registry: an
+  // operation nobody waits for is freed when its last task ends. (The
+  // executor's queue is unbounded: admission bounds it.)
+  executor_
+      .Submit([this, op, lane, task = std::move(task)] {
+        task(*op, [this, op, lane](absl::Status status) { TaskEnded(op, lane, status); });
+      })
+      .IgnoreError();
+}
+
+void OperationEngine::TaskEnded(const std::shared_ptr<Operation>& op, int lane,
+                                const absl::Status& status) {
+  const bool last = op->Finish(status);
+  Waiting next;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (last) running_.erase(op.get());
+    if (lane < 0) return;  // never admitted
+    if (waiting_[lane].empty()) {
+      --in_flight_[lane];
+      return;
+    }
+    next = std::move(waiting_[lane].front());
+    waiting_[lane].pop_front();
+  }
+  Launch(next.op, lane, std::move(next.task));
 }
 
 OperationHandle OperationEngine::Start(OpKind kind, std::string description,
@@ -64,31 +128,41 @@ OperationHandle OperationEngine::Start(OpKind kind, std::string description,
     absl::MutexLock lock(&mutex_);
     running_[op.get()] = op;
   }
-  ThreadPool& pool = kind == OpKind::kPush ? push_pool_ : pull_pool_;
+  const int lane = kind == OpKind::kPush ? 0 : 1;
   for (Task& task : tasks) {
-    // The task holds the operation, not the engine's registry: an operation
-    // nobody waits for is freed when its last task ends.
-    absl::Status submitted = pool.Submit([this, op, task = std::move(task)] {
-      if (op->Finish(task(*op))) Untrack(op.get());
-    });
-    if (!submitted.ok()) {
-      const absl::Status refused = absl::ResourceExhaustedError(absl::StrCat(
-          "operation ", op->id(), " (", op->description(), ") not started: ", submitted.message()));
-      if (op->Finish(refused)) Untrack(op.get());
+    enum { kLaunch, kQueued, kRefused } admitted = kLaunch;
+    {
+      absl::MutexLock lock(&mutex_);
+      if (in_flight_[lane] < std::max(1, options_.max_in_flight)) {
+        ++in_flight_[lane];
+      } else if (waiting_[lane].size() < options_.max_queued) {
+        waiting_[lane].push_back({op, std::move(task)});
+        admitted = kQueued;
+      } else {
+        admitted = kRefused;
+      }
+    }
+    if (admitted == kLaunch) Launch(op, lane, std::move(task));
+    if (admitted == kRefused) {
+      TaskEnded(op, -1, absl::ResourceExhaustedError(absl::StrCat(
+                            "operation ", op->id(), " (", op->description(),
+                            ") not started: ", options_.max_queued, " calls already wait for ",
+                            kind == OpKind::kPush ? "the pushes" : "the pulls", " in flight")));
     }
   }
   return OperationHandle(std::move(op));
 }
 
-void OperationEngine::Untrack(const Operation* op) {
-  absl::MutexLock lock(&mutex_);
-  running_.erase(op);
-}
-
 absl::Status OperationEngine::RunHere(OpKind kind, std::string description, const Task& task) {
   auto op = NewOperation(kind, std::move(description));
   const absl::Time start = absl::Now();
-  absl::Status status = task(*op);
+  absl::Status status;
+  absl::Notification done;
+  task(*op, [&status, &done](absl::Status task_status) {
+    status = std::move(task_status);
+    done.Notify();
+  });
+  done.WaitForNotification();
   AddWait(kind, absl::Now() - start);
   return status;
 }
@@ -114,7 +188,7 @@ absl::Status OperationEngine::Wait(const OperationHandle& handle, absl::Time dea
     op->canceller().CancelAll();
     absl::MutexLock lock(&op->mutex_);
     // The tasks end promptly once cancelled (transports abort their calls,
-    // retries stop sleeping); after that no buffer of this operation is
+    // retries stop waiting); after that no buffer of this operation is
     // touched again. The grace bounds the wait on a transport that does not.
     if (op->mutex_.AwaitWithTimeout(done, options_.cancel_grace)) {
       result = absl::DeadlineExceededError(
@@ -134,18 +208,83 @@ absl::Status OperationEngine::Wait(const OperationHandle& handle, absl::Time dea
   return result;
 }
 
-absl::Status OperationEngine::WithRetries(CallCanceller& canceller,
-                                          const std::function<absl::Status()>& attempt) const {
-  const absl::Time give_up = absl::Now() + options_.retry_timeout;
-  absl::Duration backoff = options_.initial_backoff;
-  for (;;) {
-    absl::Status status = attempt();
-    if (!absl::IsUnavailable(status) || canceller.cancelled() || absl::Now() + backoff > give_up) {
-      return status;
-    }
-    if (canceller.SleepUnlessCancelled(backoff)) return status;
-    backoff = std::min(backoff * 2, options_.max_backoff);
+void OperationEngine::WhenDone(const OperationHandle& handle, absl::Time deadline,
+                               OperationDone done) {
+  const std::shared_ptr<Operation>& op = handle.op_;
+  if (op == nullptr) {
+    return done(absl::NotFoundError(absl::StrCat("unknown or already waited handle ", handle.id())));
   }
+  absl::Status outcome;
+  {
+    absl::MutexLock lock(&op->mutex_);
+    if (op->waited_) {
+      outcome = absl::NotFoundError(absl::StrCat("unknown or already waited handle ", op->id()));
+    } else {
+      op->waited_ = true;
+      if (op->done()) {
+        outcome = op->Outcome();
+      } else {
+        op->then_ = std::move(done);
+      }
+    }
+  }
+  if (done) return done(std::move(outcome));  // not handed to the operation
+  if (deadline == absl::InfiniteFuture()) return;
+  std::weak_ptr<Operation> weak = op;
+  timer_.At(deadline, [weak] {
+    auto expired = weak.lock();
+    if (expired == nullptr) return;
+    {
+      absl::MutexLock lock(&expired->mutex_);
+      if (expired->done()) return;
+      expired->expired_ = true;
+    }
+    expired->canceller().CancelAll();
+  });
+}
+
+void OperationEngine::WithRetries(CallCanceller& canceller, Attempt attempt, CallDone done) {
+  auto retry = std::make_shared<Retry>();
+  retry->canceller = &canceller;
+  retry->attempt = std::move(attempt);
+  retry->done = std::move(done);
+  retry->give_up = absl::Now() + options_.retry_timeout;
+  retry->backoff = options_.initial_backoff;
+  TryAgain(retry);
+}
+
+void OperationEngine::TryAgain(const std::shared_ptr<Retry>& retry) {
+  // The try's done holds the retry; nothing else does while it runs.
+  retry->attempt([this, retry](absl::Status status) {
+    if (!absl::IsUnavailable(status) || retry->canceller->cancelled() ||
+        absl::Now() + retry->backoff > retry->give_up) {
+      CallDone done = std::move(retry->done);
+      return done(std::move(status));
+    }
+    retry->last = std::move(status);
+    retry->waiting = true;
+    // Whichever comes first ends the backoff: its timer, or a cancel (whose
+    // abort runs under the canceller's lock, so it only schedules).
+    auto resume = [this, retry] {
+      if (!retry->waiting.exchange(false)) return;
+      retry->canceller->Unregister(retry.get());
+      if (retry->canceller->cancelled()) {
+        CallDone done = std::move(retry->done);
+        return done(std::move(retry->last));
+      }
+      retry->backoff = std::min(retry->backoff * 2, options_.max_backoff);
+      absl::Status submitted = executor_.Submit([this, retry] { TryAgain(retry); });
+      if (!submitted.ok()) {
+        CallDone done = std::move(retry->done);
+        done(std::move(retry->last));
+      }
+    };
+    if (!retry->canceller->Register(
+            retry.get(), [this, resume] { timer_.At(absl::InfinitePast(), resume); })) {
+      return resume();  // cancelled meanwhile
+    }
+    timer_.After(retry->backoff, resume);
+  });
 }
 
 void OperationEngine::AddWait(OpKind kind, absl::Duration waited) {

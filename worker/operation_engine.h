@@ -2,12 +2,15 @@
 #define HARRIER_WORKER_OPERATION_ENGINE_H_
 
 // Runs the client's async operations: each is a set of tasks (one per shard
-// group) on a bounded pool (pushes on one, pulls and push-pulls on the
-// other, so pulls blocked by the consistency model never delay pushes),
-// with retries on UNAVAILABLE and Wait() with a deadline that cancels.
+// group) that start their transport calls on a small fixed executor and
+// end through completion callbacks, so no thread waits per call in flight.
+// Calls that fail UNAVAILABLE are retried after a backoff kept on a timer;
+// Wait() blocks its caller with a deadline that cancels, WhenDone() hands
+// the outcome to a callback instead.
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,11 +23,15 @@
 #include "absl/time/time.h"
 #include "common/thread_pool.h"
 #include "worker/operation_handle.h"
+#include "worker/transport/timer_thread.h"
 #include "worker/transport/transport.h"
 
 namespace harrier {
 
 enum class OpKind { kPush, kPull, kPushPull };
+
+// An operation's outcome, handed to a WhenDone callback.
+using OperationDone = std::function<void(absl::Status status)>;
 
 // One async operation: it owns its outcome (the first task error wins) and
 // the canceller its transport calls register with. Thread-safe.
@@ -45,9 +52,13 @@ class Operation {
  private:
   friend class OperationEngine;
 
-  // Records one task's status; true for the last task.
+  // Records one task's status; true for the last task. The last one hands
+  // the outcome to the WhenDone callback, if one is set.
   bool Finish(const absl::Status& task_status);
   bool done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return remaining_ == 0; }
+  // The outcome once done: DEADLINE_EXCEEDED if a WhenDone deadline
+  // cancelled it.
+  absl::Status Outcome() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const uint64_t id_;
   const OpKind kind_;
@@ -58,11 +69,21 @@ class Operation {
   int remaining_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status status_ ABSL_GUARDED_BY(mutex_);
   bool waited_ ABSL_GUARDED_BY(mutex_) = false;
+  bool expired_ ABSL_GUARDED_BY(mutex_) = false;  // cancelled at its WhenDone deadline
+  OperationDone then_ ABSL_GUARDED_BY(mutex_);
 };
 
 struct OperationEngineOptions {
-  int threads_per_pool = 4;
-  // Tasks queued per pool before new ones are refused (RESOURCE_EXHAUSTED).
+  // Threads that start tasks (build and encode their chunks, start their
+  // transport calls): a fixed number, whatever the shards and calls in
+  // flight, since no thread waits for a call.
+  int threads = 4;
+  // Tasks in flight at once per class (pushes; pulls and push-pulls, so
+  // pulls parked by the consistency model never hold up pushes): each is
+  // one shard group's call, with its retries. Tasks beyond wait in their
+  // class's queue, and beyond max_queued of those new ones are refused
+  // (RESOURCE_EXHAUSTED).
+  int max_in_flight = 256;
   size_t max_queued = 4096;
   // A call that fails UNAVAILABLE is retried with exponential backoff
   // (initial_backoff doubling to max_backoff) until this has passed.
@@ -75,25 +96,32 @@ struct OperationEngineOptions {
 };
 
 // Thread-safe. The destructor cancels the operations still running and
-// waits for the pools to drain; handles may outlive the engine (Wait() on
-// them is then not allowed: the Client documents this).
+// waits until their tasks have ended; handles may outlive the engine
+// (Wait() on them is then not allowed: the Client documents this).
 class OperationEngine {
  public:
-  // One shard group's part of an operation; runs on a pool thread.
-  using Task = std::function<absl::Status(Operation& op)>;
+  // Ends a task with its status; call exactly once, from any thread.
+  using TaskDone = std::function<void(absl::Status status)>;
+  // One shard group's part of an operation: starts its work (on an
+  // executor thread, or the calling thread for RunHere) and returns without
+  // waiting for it; `done` ends it.
+  using Task = std::function<void(Operation& op, TaskDone done)>;
+  // Starts one try of a call; `done` ends the try (a transport's CallDone).
+  using Attempt = std::function<void(CallDone done)>;
 
   explicit OperationEngine(const OperationEngineOptions& options);
   ~OperationEngine();
   OperationEngine(const OperationEngine&) = delete;
   OperationEngine& operator=(const OperationEngine&) = delete;
 
-  // Runs `tasks` on the kind's pool. A task the pool refuses finishes the
-  // operation with RESOURCE_EXHAUSTED naming it.
+  // Starts `tasks` on the executor. A task the executor refuses finishes
+  // the operation with RESOURCE_EXHAUSTED naming it.
   OperationHandle Start(OpKind kind, std::string description, std::vector<Task> tasks);
   // An operation that finished before it started (a bad argument, say).
   OperationHandle Failed(OpKind kind, std::string description, absl::Status status);
-  // The blocking form of a one-task operation, on the calling thread: two
-  // thread hand-offs fewer, which is most of a small operation's cost.
+  // The blocking form of a one-task operation, started on the calling
+  // thread: a thread hand-off fewer, which is much of a small operation's
+  // cost.
   absl::Status RunHere(OpKind kind, std::string description, const Task& task);
 
   // Waits for the operation and consumes it. At `deadline` it is cancelled:
@@ -102,11 +130,19 @@ class OperationEngine {
   // cancel_grace later (a transport ignoring cancellation: the buffers may
   // still be in use). NOT_FOUND for a default or already-waited handle.
   absl::Status Wait(const OperationHandle& handle, absl::Time deadline);
+  // Consumes the operation as Wait does, handing its outcome to `done`
+  // instead: at once (on this thread) if it has finished, else on the
+  // thread that ends its last task (a transport or timer thread: `done`
+  // must be quick and must not block). At `deadline` the operation is
+  // cancelled, and `done` gets DEADLINE_EXCEEDED once its tasks have ended.
+  void WhenDone(const OperationHandle& handle, absl::Time deadline, OperationDone done);
 
-  // Runs `attempt` until it succeeds, fails with anything but UNAVAILABLE,
-  // the operation is cancelled, or retry_timeout has passed.
-  absl::Status WithRetries(CallCanceller& canceller,
-                           const std::function<absl::Status()>& attempt) const;
+  // Runs `attempt` until a try succeeds, fails with anything but
+  // UNAVAILABLE, the operation is cancelled, or retry_timeout has passed;
+  // then `done` gets the last try's status. The backoff between tries is
+  // kept on the engine's timer (cut short by a cancel), and each retry
+  // starts on the executor.
+  void WithRetries(CallCanceller& canceller, Attempt attempt, CallDone done);
 
   // Time callers spent waiting: on pushes, and on pulls and push-pulls.
   absl::Duration push_wait() const;
@@ -115,9 +151,15 @@ class OperationEngine {
   int64_t live_operations() const { return live_->load(); }
 
  private:
+  struct Retry;
   std::shared_ptr<Operation> NewOperation(OpKind kind, std::string description);
   void AddWait(OpKind kind, absl::Duration waited);
-  void Untrack(const Operation* op);
+  // Runs a task admitted to its class (started on the executor).
+  void Launch(const std::shared_ptr<Operation>& op, int lane, Task task);
+  // Ends one task of `op` (tracked by running_) and admits the next one
+  // waiting in its class.
+  void TaskEnded(const std::shared_ptr<Operation>& op, int lane, const absl::Status& status);
+  void TryAgain(const std::shared_ptr<Retry>& retry);
 
   const OperationEngineOptions options_;
   const std::shared_ptr<std::atomic<int64_t>> live_;
@@ -126,13 +168,21 @@ class OperationEngine {
   std::atomic<int64_t> pull_wait_ns_{0};
 
   absl::Mutex mutex_;
-  // Operations with tasks still running, so the destructor can cancel them.
+  // Operations with tasks still running, so the destructor can cancel them
+  // and wait for them.
   absl::flat_hash_map<const Operation*, std::weak_ptr<Operation>> running_ ABSL_GUARDED_BY(mutex_);
+  // Per class (0: pushes, 1: pulls and push-pulls): tasks in flight, and
+  // those waiting for a place.
+  struct Waiting {
+    std::shared_ptr<Operation> op;
+    Task task;
+  };
+  int in_flight_[2] ABSL_GUARDED_BY(mutex_) = {0, 0};
+  std::deque<Waiting> waiting_[2] ABSL_GUARDED_BY(mutex_);
 
-  // Last: destroyed first, running queued tasks to completion while
-  // everything they use is still alive.
-  ThreadPool push_pool_;
-  ThreadPool pull_pool_;
+  // Last: destroyed first (the destructor has ended every task by then).
+  TimerThread timer_{"harrier-retries"};
+  ThreadPool executor_;
 };
 
 }  // namespace harrier

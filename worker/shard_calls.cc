@@ -5,19 +5,8 @@
 #include "absl/strings/str_cat.h"
 
 namespace harrier {
-namespace {
-
-// Replies that did not land anywhere: host views of transport buffers.
-ChunkViewSink HostSink(const LandedChunkSink& sink) {
-  return [&sink](const proto::TensorChunk& header, const PayloadView& payload) {
-    return sink(header, payload, MemoryKind::kHost);
-  };
-}
-
-}  // namespace
-
 ShardCalls::ShardCalls(ShardCallsConfig config, std::vector<ShardTransport*> transports,
-                       ChunkCodec& codec, const OperationEngine& engine)
+                       ChunkCodec& codec, OperationEngine& engine)
     : config_(std::move(config)),
       transports_(std::move(transports)),
       codec_(codec),
@@ -55,21 +44,41 @@ absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::st
   return chunks;
 }
 
-absl::Status ShardCalls::OnShard(Operation& op, int shard,
-                                 const std::function<absl::Status()>& attempt) {
-  absl::Status status = engine_.WithRetries(op.canceller(), attempt);
-  if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat(config_.shard_name(shard), ": ", status.message()));
+void ShardCalls::OnShard(Operation& op, int shard, OperationEngine::Attempt attempt, Done done) {
+  engine_.WithRetries(op.canceller(), std::move(attempt),
+                      [this, shard, done = std::move(done)](absl::Status status) {
+                        if (!status.ok()) {
+                          status = absl::Status(status.code(), absl::StrCat(config_.shard_name(shard),
+                                                                            ": ", status.message()));
+                        }
+                        done(std::move(status));
+                      });
 }
 
-absl::Status ShardCalls::ReceiveInto(Operation& op, const std::string& name,
-                                     const ShardGroup& group, float* out,
-                                     const ReceivingCall& call) {
-  size_t received = 0;
-  const LandedChunkSink sink = [&](const proto::TensorChunk& reply, const PayloadView& payload,
-                                   MemoryKind memory) {
-    ++received;
+namespace {
+
+// A pull-like call's reading state, shared by its tries.
+struct Receiving {
+  std::atomic<size_t> received{0};
+  LandedChunkSink sink;
+};
+
+// One try's landing buffers and the chooser that hands them out.
+struct TryLandings {
+  ChunkCodec::Landings landings;
+  ReplyLandingChooser choose;
+};
+
+}  // namespace
+
+void ShardCalls::ReceiveInto(Operation& op, const std::string& name, const ShardGroup& group,
+                             float* out, ReceivingCall call, Done done) {
+  auto receiving = std::make_shared<Receiving>();
+  Receiving* state = receiving.get();
+  receiving->sink = [this, state, name, &group, out](const proto::TensorChunk& reply,
+                                                     const PayloadView& payload,
+                                                     MemoryKind memory) {
+    ++state->received;
     if (auto status = codec_.DecodePull(name, group.spans, reply, payload, out, memory);
         !status.ok()) {
       return status;
@@ -80,30 +89,51 @@ absl::Status ShardCalls::ReceiveInto(Operation& op, const std::string& name,
   };
   const bool land = transports_[group.shard]->ReceivesIntoDeviceMemory() &&
                     codec_.LandsInDeviceMemory(name);
-  absl::Status status = OnShard(op, group.shard, [&] {
-    received = 0;  // a retried call starts over
-    if (!land) return call(nullptr, sink);
-    // Per attempt: the buffers go back once the transport call returned.
-    ChunkCodec::Landings landings;
-    const ReplyLandingChooser choose = [&](const proto::TensorChunk& header, size_t bytes) {
-      return codec_.Land(name, group.spans, header, bytes, &landings);
-    };
-    return call(&choose, sink);
-  });
-  if (!status.ok() || received == group.spans.size()) return status;
-  return absl::DataLossError(absl::StrCat(config_.shard_name(group.shard), ": ", received, " of ",
-                                          group.spans.size(), " chunks of '", name, "' arrived"));
+  OnShard(
+      op, group.shard,
+      [this, receiving, call = std::move(call), land, name, &group](CallDone try_done) {
+        receiving->received = 0;  // a retried call starts over
+        if (!land) return call(nullptr, receiving->sink, std::move(try_done));
+        // Per try: the buffers go back once the transport call completed.
+        auto landings = std::make_shared<TryLandings>();
+        TryLandings* raw = landings.get();
+        landings->choose = [this, raw, name, &group](const proto::TensorChunk& header,
+                                                     size_t bytes) {
+          return codec_.Land(name, group.spans, header, bytes, &raw->landings);
+        };
+        call(&landings->choose, receiving->sink,
+             [landings, try_done = std::move(try_done)](absl::Status status) mutable {
+               landings.reset();
+               try_done(std::move(status));
+             });
+      },
+      [this, receiving, name, &group, done = std::move(done)](absl::Status status) {
+        const size_t received = receiving->received;
+        if (status.ok() && received != group.spans.size()) {
+          status = absl::DataLossError(absl::StrCat(config_.shard_name(group.shard), ": ",
+                                                    received, " of ", group.spans.size(),
+                                                    " chunks of '", name, "' arrived"));
+        }
+        done(std::move(status));
+      });
 }
 
-absl::Status ShardCalls::Push(Operation& op, const std::string& name, const ShardGroup& group,
-                              const float* gradient, int64_t clock) {
-  auto chunks = BuildChunks(name, group, gradient, clock);
-  if (!chunks.ok()) return chunks.status();
-  absl::Status status = OnShard(op, group.shard, [&] {
-    return transports_[group.shard]->Push(*chunks, Deadline(), op.canceller());
-  });
-  if (status.ok()) Acknowledged(name, group, clock);
-  return status;
+void ShardCalls::Push(Operation& op, const std::string& name, const ShardGroup& group,
+                      const float* gradient, int64_t clock, Done done) {
+  auto built = BuildChunks(name, group, gradient, clock);
+  if (!built.ok()) return done(built.status());
+  auto chunks = std::make_shared<std::vector<OutgoingChunk>>(std::move(*built));
+  ShardTransport* transport = transports_[group.shard];
+  CallCanceller* canceller = &op.canceller();
+  OnShard(
+      op, group.shard,
+      [this, chunks, transport, canceller](CallDone try_done) {
+        transport->StartPush(*chunks, Deadline(), *canceller, std::move(try_done));
+      },
+      [this, chunks, name, &group, clock, done = std::move(done)](absl::Status status) {
+        if (status.ok()) Acknowledged(name, group, clock);
+        done(std::move(status));
+      });
 }
 
 void ShardCalls::Acknowledged(const std::string& name, const ShardGroup& group, int64_t clock) {
@@ -126,53 +156,58 @@ void ShardCalls::AddAcknowledgedClocks(int shard, proto::HeartbeatRequest* reque
   }
 }
 
-absl::Status ShardCalls::Pull(Operation& op, const std::string& name, const ShardGroup& group,
-                              float* out, int64_t clock) {
-  proto::PullRequest request;
-  request.set_job(config_.job);
-  request.set_rank(config_.rank);
-  *request.mutable_session() = config_.session;
-  request.set_clock(clock);
+void ShardCalls::Pull(Operation& op, const std::string& name, const ShardGroup& group, float* out,
+                      int64_t clock, Done done) {
+  auto request = std::make_shared<proto::PullRequest>();
+  request->set_job(config_.job);
+  request->set_rank(config_.rank);
+  *request->mutable_session() = config_.session;
+  request->set_clock(clock);
   for (const ChunkSpan& span : group.spans) {
-    proto::ChunkRef* ref = request.add_chunks();
+    proto::ChunkRef* ref = request->add_chunks();
     ref->set_key(name);
     ref->set_chunk(span.chunk);
     ref->set_num_elements(span.num_elements);
     const std::string& pull_params = codec_.PullParams(ChunkKey{name, span.chunk});
     if (!pull_params.empty()) ref->set_codec_params(pull_params);
   }
-  return ReceiveInto(op, name, group, out,
-                     [&](const ReplyLandingChooser* choose, const LandedChunkSink& sink) {
-    // Each attempt says which pull views it holds now (ChunkCodec::ViewVersion).
-    for (proto::ChunkRef& ref : *request.mutable_chunks()) {
-      ref.set_view_version(codec_.ViewVersion(ChunkKey{name, ref.chunk()}));
-    }
-    ShardTransport& transport = *transports_[group.shard];
-    if (choose != nullptr) {
-      return transport.PullInto(request, *choose, sink, Deadline(), op.canceller());
-    }
-    return transport.Pull(request, HostSink(sink), Deadline(), op.canceller());
-  });
+  ShardTransport* transport = transports_[group.shard];
+  CallCanceller* canceller = &op.canceller();
+  ReceiveInto(
+      op, name, group, out,
+      [this, request, name, transport, canceller](const ReplyLandingChooser* choose,
+                                                  const LandedChunkSink& sink, CallDone try_done) {
+        // Each try says which pull views it holds now (ChunkCodec::ViewVersion).
+        for (proto::ChunkRef& ref : *request->mutable_chunks()) {
+          ref.set_view_version(codec_.ViewVersion(ChunkKey{name, ref.chunk()}));
+        }
+        transport->StartPull(*request, choose, sink, Deadline(), *canceller, std::move(try_done));
+      },
+      std::move(done));
 }
 
-absl::Status ShardCalls::PushPull(Operation& op, const std::string& name, const ShardGroup& group,
-                                  const float* gradient, float* out, int64_t clock) {
-  auto chunks = BuildChunks(name, group, gradient, clock);
-  if (!chunks.ok()) return chunks.status();
-  absl::Status status = ReceiveInto(
-      op, name, group, out, [&](const ReplyLandingChooser* choose, const LandedChunkSink& sink) {
+void ShardCalls::PushPull(Operation& op, const std::string& name, const ShardGroup& group,
+                          const float* gradient, float* out, int64_t clock, Done done) {
+  auto built = BuildChunks(name, group, gradient, clock);
+  if (!built.ok()) return done(built.status());
+  auto chunks = std::make_shared<std::vector<OutgoingChunk>>(std::move(*built));
+  ShardTransport* transport = transports_[group.shard];
+  CallCanceller* canceller = &op.canceller();
+  ReceiveInto(
+      op, name, group, out,
+      [this, chunks, name, transport, canceller](const ReplyLandingChooser* choose,
+                                                 const LandedChunkSink& sink, CallDone try_done) {
         for (OutgoingChunk& chunk : *chunks) {  // as in Pull
           chunk.header.set_pull_view_version(
               codec_.ViewVersion(ChunkKey{name, chunk.header.chunk()}));
         }
-        ShardTransport& transport = *transports_[group.shard];
-        if (choose != nullptr) {
-          return transport.PushPullInto(*chunks, *choose, sink, Deadline(), op.canceller());
-        }
-        return transport.PushPull(*chunks, HostSink(sink), Deadline(), op.canceller());
+        transport->StartPushPull(*chunks, choose, sink, Deadline(), *canceller,
+                                 std::move(try_done));
+      },
+      [this, chunks, name, &group, clock, done = std::move(done)](absl::Status status) {
+        if (status.ok()) Acknowledged(name, group, clock);
+        done(std::move(status));
       });
-  if (status.ok()) Acknowledged(name, group, clock);
-  return status;
 }
 
 }  // namespace harrier

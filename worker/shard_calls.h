@@ -42,14 +42,18 @@ struct ShardCallsConfig {
 class ShardCalls {
  public:
   ShardCalls(ShardCallsConfig config, std::vector<ShardTransport*> transports, ChunkCodec& codec,
-             const OperationEngine& engine);
+             OperationEngine& engine);
 
-  absl::Status Push(Operation& op, const std::string& name, const ShardGroup& group,
-                    const float* gradient, int64_t clock);
-  absl::Status Pull(Operation& op, const std::string& name, const ShardGroup& group, float* out,
-                    int64_t clock);
-  absl::Status PushPull(Operation& op, const std::string& name, const ShardGroup& group,
-                        const float* gradient, float* out, int64_t clock);
+  // Each starts the group's call (with retries) and returns; `done` ends
+  // it, on a transport or timer thread. `group` and the buffers must stay
+  // valid until then.
+  using Done = OperationEngine::TaskDone;
+  void Push(Operation& op, const std::string& name, const ShardGroup& group,
+            const float* gradient, int64_t clock, Done done);
+  void Pull(Operation& op, const std::string& name, const ShardGroup& group, float* out,
+            int64_t clock, Done done);
+  void PushPull(Operation& op, const std::string& name, const ShardGroup& group,
+                const float* gradient, float* out, int64_t clock, Done done);
 
   // Payload bytes sent and received, and the min clock the latest reply
   // carried.
@@ -72,15 +76,15 @@ class ShardCalls {
                                                          const ShardGroup& group,
                                                          const float* gradient, int64_t clock);
   // Retries, then the shard's name in front of any error.
-  absl::Status OnShard(Operation& op, int shard, const std::function<absl::Status()>& attempt);
+  void OnShard(Operation& op, int shard, OperationEngine::Attempt attempt, Done done);
   // Runs a pull-like call with retries, reading every reply chunk into
-  // `out`; DATA_LOSS if a chunk did not arrive. `call` gets a landing
-  // chooser (device tensors over a transport that receives into device
-  // memory: use PullInto / PushPullInto) or null (Pull / PushPull).
-  using ReceivingCall = std::function<absl::Status(const ReplyLandingChooser* choose,
-                                                   const LandedChunkSink& sink)>;
-  absl::Status ReceiveInto(Operation& op, const std::string& name, const ShardGroup& group,
-                           float* out, const ReceivingCall& call);
+  // `out`; DATA_LOSS if a chunk did not arrive. `call` starts one try with
+  // a landing chooser (device tensors over a transport that receives into
+  // device memory) or null.
+  using ReceivingCall = std::function<void(const ReplyLandingChooser* choose,
+                                           const LandedChunkSink& sink, CallDone done)>;
+  void ReceiveInto(Operation& op, const std::string& name, const ShardGroup& group, float* out,
+                   ReceivingCall call, Done done);
   absl::Time Deadline() const { return absl::Now() + config_.rpc_timeout; }
   // The group's push of `clock` was acknowledged.
   void Acknowledged(const std::string& name, const ShardGroup& group, int64_t clock);
@@ -88,7 +92,7 @@ class ShardCalls {
   const ShardCallsConfig config_;
   const std::vector<ShardTransport*> transports_;
   ChunkCodec& codec_;
-  const OperationEngine& engine_;
+  OperationEngine& engine_;
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
   std::atomic<int64_t> last_min_clock_{0};

@@ -237,7 +237,10 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
   if (!pull_spec.ok()) return pull_spec.status();
   const std::shared_ptr<CodecBackend> backend =
       options.backend != nullptr ? options.backend : NewHostCodecBackend();
-  const HashPartitioner partitioner(std::max(1, options.shards));
+  const std::shared_ptr<const Partitioner> partitioner =
+      options.partitioner != nullptr
+          ? options.partitioner
+          : std::make_shared<const HashPartitioner>(std::max(1, options.shards));
   const size_t chunk_elements = std::max<size_t>(1, options.chunk_bytes / sizeof(float));
 
   // Timings per distinct (elements, push cols, pushed compressed): the
@@ -334,7 +337,7 @@ absl::StatusOr<CodecCost> MeasureCodec(const std::vector<TensorShape>& tensors,
   for (const TensorShape& tensor : tensors) {
     const size_t elements = static_cast<size_t>(tensor.num_elements());
     for (const ChunkSpan& span :
-         SplitIntoChunks(tensor.name, elements, chunk_elements, partitioner)) {
+         SplitIntoChunks(tensor.name, elements, chunk_elements, *partitioner)) {
       const size_t n = span.num_elements;
       // As ChunkCodec: small chunks and codec none travel dense; PowerSGD
       // factors the layer's matrix, a 1-D tensor travels dense, a chunk that

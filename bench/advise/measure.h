@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "bench/advise/cost_model.h"
 #include "common/codec/codec_backend.h"
+#include "common/partitioner.h"
 
 namespace harrier::advise {
 
@@ -74,6 +75,8 @@ struct CodecMeasureOptions {
   size_t chunk_bytes = 4u << 20;         // ClientOptions::chunk_bytes
   size_t compress_min_bytes = 16u << 10;  // chunks below travel dense
   int shards = 2;                         // for the chunks' placement
+  // Where each chunk lives; null: a HashPartitioner over `shards`.
+  std::shared_ptr<const Partitioner> partitioner;
   // Each distinct chunk is encoded and decoded this many times; the
   // fastest counts (the others pay for caches and page faults).
   int repeats = 3;

@@ -1,6 +1,6 @@
 // transport_gpu_bench: pushes of a dense tensor that lives in device memory
 // to one harrier-server shard over UCX, and pulls of it back, two ways:
-//   direct: UCX reads (push) or writes (pull, PullInto with a device
+//   direct: UCX reads (push) or writes (pull, a landing chooser with a device
 //           landing) the device buffer itself (UCS_MEMORY_TYPE_CUDA), only
 //           when the UCX in use supports CUDA memory;
 //   staged: push: cudaMemcpy device-to-host into a host buffer, then a host

@@ -113,7 +113,7 @@ absl::Status UcxPushTarget::Push(const std::string& key, const void* data, Memor
     chunks.push_back(std::move(out));
   }
   CallCanceller canceller;
-  absl::Status status = transport_->Push(chunks, absl::Now() + timeout, canceller);
+  absl::Status status = PushBlocking(*transport_, chunks, absl::Now() + timeout, canceller);
   // Only an applied push uses up its clock; a refused one may be retried.
   if (status.ok()) ++tensor.next_clock;
   return status;
@@ -169,7 +169,7 @@ absl::StatusOr<size_t> UcxPushTarget::Pull(const std::string& key, void* dest,
   };
   CallCanceller canceller;
   absl::Status status =
-      transport_->PullInto(request, choose, sink, absl::Now() + timeout, canceller);
+      PullBlocking(*transport_, request, &choose, sink, absl::Now() + timeout, canceller);
   if (!status.ok()) return status;
   return landed;
 }

@@ -2,7 +2,7 @@
 // the shard (a real process, --ucx, one worker, ASP), registers rank 0,
 // creates dense tensors chunk by chunk over gRPC, pushes them over a
 // UcxShardTransport from host or device memory and pulls them back into it
-// (PullInto). No CUDA here: the caller owns the memory, so this builds and
+// (a landing chooser). No CUDA here: the caller owns the memory, so this builds and
 // is tested on any machine.
 
 #ifndef HARRIER_BENCH_CUDA_TRANSPORT_UCX_PUSH_TARGET_H_
@@ -49,7 +49,7 @@ class UcxPushTarget {
   bool receives_into_device_memory() const { return transport_->ReceivesIntoDeviceMemory(); }
 
   // One pull of the whole tensor into `dest` (as many bytes as AddTensor's
-  // values, in `memory`) with PullInto, each reply landing in place where
+  // values, in `memory`) with a landing chooser, each reply landing in place where
   // the transport can. A host reply that did not land is copied in; a reply
   // meant for device memory that did not land is an error (FAILED_PRECONDITION:
   // there is no CUDA here to copy it). Returns the bytes that landed in

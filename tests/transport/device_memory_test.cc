@@ -182,13 +182,13 @@ TEST_CASE("gRPC and UCX refuse a device-memory chunk and change nothing") {
     CallCanceller canceller;
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     const auto device = Chunks(header, gradient, MemoryKind::kDevice);
-    RequireRefused(transport->Push(device, deadline, canceller), name);
+    RequireRefused(PushBlocking(*transport, device, deadline, canceller), name);
     int sink_calls = 0;
     const ChunkViewSink sink = [&](const proto::TensorChunk&, const PayloadView&) {
       ++sink_calls;
       return absl::OkStatus();
     };
-    RequireRefused(transport->PushPull(device, sink, deadline, canceller), name);
+    RequireRefused(PushPullBlocking(*transport, device, sink, deadline, canceller), name);
     REQUIRE(sink_calls == 0);
     REQUIRE((*client)->Pull("w", absl::MakeSpan(after)).ok());
     for (size_t i = 0; i < kElements; ++i) REQUIRE(after[i] == before[i] - step);
@@ -196,7 +196,7 @@ TEST_CASE("gRPC and UCX refuse a device-memory chunk and change nothing") {
     // The same chunk from host memory is accepted and applied: the refusal,
     // not the chunk, kept the parameters unchanged.
     const absl::Status pushed =
-        transport->Push(Chunks(header, gradient, MemoryKind::kHost), deadline, canceller);
+        PushBlocking(*transport, Chunks(header, gradient, MemoryKind::kHost), deadline, canceller);
     INFO(pushed.ToString());
     REQUIRE(pushed.ok());
     step += 0.5f;
@@ -212,12 +212,12 @@ TEST_CASE("the fake transport refuses a device-memory chunk without recording it
   proto::TensorChunk header;
   header.set_key("w");
   CallCanceller canceller;
-  RequireRefused(fake.Push(Chunks(header, gradient, MemoryKind::kDevice),
-                           absl::Now() + absl::Seconds(5), canceller),
+  RequireRefused(PushBlocking(fake, Chunks(header, gradient, MemoryKind::kDevice),
+                              absl::Now() + absl::Seconds(5), canceller),
                  "fake");
   REQUIRE(fake.num_calls() == 0);
-  REQUIRE(fake.Push(Chunks(header, gradient, MemoryKind::kHost), absl::Now() + absl::Seconds(5),
-                    canceller)
+  REQUIRE(PushBlocking(fake, Chunks(header, gradient, MemoryKind::kHost),
+                       absl::Now() + absl::Seconds(5), canceller)
               .ok());
   REQUIRE(fake.num_calls() == 1);
 }
@@ -237,7 +237,7 @@ struct Landed {
   std::vector<float> values;  // read from the view (host memory here)
 };
 
-TEST_CASE("PullInto lands replies in the caller's buffers where the transport can") {
+TEST_CASE("a pull with a landing chooser lands replies in the caller's buffers where the transport can") {
   auto server = testing::ServerProcess::Start({"--num_workers=2", "--sync=asp", "--ucx"});
   INFO(server.status().ToString());
   REQUIRE(server.ok());
@@ -297,7 +297,8 @@ TEST_CASE("PullInto lands replies in the caller's buffers where the transport ca
       return absl::OkStatus();
     };
     CallCanceller canceller;
-    return transport.PullInto(request, choose, sink, absl::Now() + absl::Seconds(10), canceller);
+    return PullBlocking(transport, request, &choose, sink, absl::Now() + absl::Seconds(10),
+                        canceller);
   };
   auto check_values = [&](const std::vector<Landed>& landed) {
     REQUIRE(landed.size() == 3);

@@ -239,7 +239,10 @@ TEST_CASE("pull replies into a device tensor: dense by the backend, compressed i
 // A fake shard whose transport sends from device memory (UCX with CUDA).
 class DeviceSendingTransport : public FakeShardTransport {
  public:
-  bool SendsFromDeviceMemory() const override { return true; }
+  DeviceSendingTransport() : FakeShardTransport(TransportTraits{"fake", true, false}) {}
+
+ protected:
+  explicit DeviceSendingTransport(TransportTraits traits) : FakeShardTransport(traits) {}
 };
 
 TEST_CASE("a Client pushes device tensors through the device backend (fake transport)") {
@@ -280,10 +283,10 @@ TEST_CASE("a Client pushes device tensors through the device backend (fake trans
 }
 
 // A fake shard whose transport also receives into device memory (UCX with
-// CUDA): PullInto and PushPullInto land replies where the client says.
+// CUDA): pulls and push-pulls land replies where the client says.
 class DeviceLandingTransport : public DeviceSendingTransport {
  public:
-  bool ReceivesIntoDeviceMemory() const override { return true; }
+  DeviceLandingTransport() : DeviceSendingTransport(TransportTraits{"fake", true, true}) {}
 };
 
 std::unique_ptr<Client> LandingClient(const std::string& pull_codec,

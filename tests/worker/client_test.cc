@@ -434,6 +434,7 @@ TEST_CASE("Wait on a default or an already-waited handle is NOT_FOUND") {
 TEST_CASE("a full pool refuses an operation with RESOURCE_EXHAUSTED") {
   ClientOptions options = TestOptions(1);
   options.max_queued_calls = 1;
+  options.max_calls_in_flight = 2 * 1 + 2;
   FakeCluster cluster = MakeClusterWithW(options);
   cluster.shards[0]->Block();
   const std::vector<float> gradient = Iota(4);

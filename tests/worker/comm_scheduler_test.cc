@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <list>
 #include <map>
 #include <memory>
 #include <set>
@@ -377,42 +378,62 @@ TEST_CASE("plain waits for every tensor's pull before forward; wfbp only for the
 // Shards shared by two workers that answer a pull at clock t only once
 // both workers pushed that chunk at t - 1 (BSP), or fail at the call's
 // deadline: a scheduler whose cap or order made workers wait on each other
-// would fail here by timeout, not hang.
+// would fail here by timeout, not hang. A pull that must wait is held by
+// its fake shard (no thread waits) and completed by the push that
+// completes its round.
 class BspShards {
  public:
   explicit BspShards(int workers) : workers_(workers) {}
 
-  FakeShardTransport::Responder ResponderFor() {
-    return [this](const FakeShardTransport::Call& call, const ChunkViewSink* sink) {
+  void Serve(FakeShardTransport* shard) {
+    shard->SetHoldIf([this, shard](const FakeShardTransport::Call& call) {
+      if (call.kind != FakeShardTransport::CallKind::kPull) return false;
+      absl::MutexLock lock(&mutex_);
+      if (AllPushed(call)) return false;
+      waiting_.push_back({shard, call});
+      return true;
+    });
+    shard->SetResponder([this](const FakeShardTransport::Call& call, const ChunkViewSink* sink) {
       if (call.kind == FakeShardTransport::CallKind::kPush) {
-        absl::MutexLock lock(&mutex_);
-        for (const proto::TensorChunk& chunk : call.chunks) {
-          pushed_[{chunk.key(), chunk.chunk(), chunk.clock()}]++;
+        std::vector<std::pair<FakeShardTransport*, uint64_t>> ready;
+        {
+          absl::MutexLock lock(&mutex_);
+          for (const proto::TensorChunk& chunk : call.chunks) {
+            pushed_[{chunk.key(), chunk.chunk(), chunk.clock()}]++;
+          }
+          for (auto it = waiting_.begin(); it != waiting_.end();) {
+            if (AllPushed(it->second)) {
+              ready.emplace_back(it->first, it->second.id);
+              it = waiting_.erase(it);
+            } else {
+              ++it;
+            }
+          }
         }
+        // A pull held past its deadline has ended already: nothing to do.
+        for (auto& [shard, id] : ready) shard->CompleteHeld(id);
         return absl::OkStatus();
       }
-      {
-        absl::MutexLock lock(&mutex_);
-        auto all_pushed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-          if (call.pull.clock() == 0) return true;
-          for (const proto::ChunkRef& ref : call.pull.chunks()) {
-            auto it = pushed_.find({ref.key(), ref.chunk(), call.pull.clock() - 1});
-            if (it == pushed_.end() || it->second < workers_) return false;
-          }
-          return true;
-        };
-        if (!mutex_.AwaitWithDeadline(absl::Condition(&all_pushed), call.deadline)) {
-          return absl::DeadlineExceededError("BSP fake: not every worker pushed");
-        }
-      }
       return FakeShardTransport::DefaultResponse(call, sink);
-    };
+    });
   }
 
  private:
+  bool AllPushed(const FakeShardTransport::Call& call) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (call.pull.clock() == 0) return true;
+    for (const proto::ChunkRef& ref : call.pull.chunks()) {
+      auto it = pushed_.find({ref.key(), ref.chunk(), call.pull.clock() - 1});
+      if (it == pushed_.end() || it->second < workers_) return false;
+    }
+    return true;
+  }
+
   const int workers_;
   absl::Mutex mutex_;
   std::map<std::tuple<std::string, uint32_t, int64_t>, int> pushed_ ABSL_GUARDED_BY(mutex_);
+  std::list<std::pair<FakeShardTransport*, FakeShardTransport::Call>> waiting_
+      ABSL_GUARDED_BY(mutex_);
 };
 
 TEST_CASE("credits: the cap is never exceeded and two workers in different orders never "
@@ -431,7 +452,7 @@ TEST_CASE("credits: the cap is never exceeded and two workers in different order
       client_options.rpc_timeout = absl::Seconds(5);
       clusters.push_back(MakeFakeCluster(client_options, 2));
       for (FakeShardTransport* shard : clusters.back().shards) {
-        shard->SetResponder(bsp.ResponderFor());
+        bsp.Serve(shard);
       }
     }
     std::vector<absl::Status> results(2);

@@ -13,6 +13,7 @@
 #include "worker/client.h"
 #include "worker/fake_control_client.h"
 #include "worker/transport/fake/fake_transport.h"
+#include "worker/transport/timer_thread.h"
 #include "worker/transport/transport.h"
 
 namespace harrier {
@@ -31,8 +32,10 @@ inline FakeCluster MakeFakeCluster(const ClientOptions& options, int num_workers
   auto control = std::make_unique<FakeControlClient>(num_shards, num_workers);
   cluster.control = control.get();
   std::vector<std::unique_ptr<ShardTransport>> transports;
+  // One timer for every shard, as a client's real transports share theirs.
+  auto timer = std::make_shared<TimerThread>("fake-shards");
   for (int i = 0; i < num_shards; ++i) {
-    auto shard = std::make_unique<FakeShardTransport>();
+    auto shard = std::make_unique<FakeShardTransport>(TransportTraits{}, timer);
     cluster.shards.push_back(shard.get());
     transports.push_back(std::move(shard));
   }

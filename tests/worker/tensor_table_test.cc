@@ -50,5 +50,23 @@ TEST_CASE("ChunkKey hashes by name and chunk") {
   CHECK(map[ChunkKey{"a", 1}] == 2);
 }
 
+TEST_CASE("KeyOnShard names, in order, the keys of a stem that live on a shard") {
+  const HashPartitioner partitioner(3);
+  for (int shard = 0; shard < 3; ++shard) {
+    // The keys a search over the stem's suffixes finds, in the same order.
+    std::vector<std::string> searched;
+    for (int k = 0; searched.size() < 4; ++k) {
+      const std::string key = "bucket/" + std::to_string(k);
+      if (partitioner.ShardFor(key, 0) == shard) searched.push_back(key);
+    }
+    for (int index = 0; index < 4; ++index) {
+      const std::string key = partitioner.KeyOnShard("bucket/", shard, index);
+      CHECK(key == searched[index]);
+      CHECK(partitioner.ShardFor(key, 0) == shard);
+    }
+  }
+  CHECK(partitioner.KeyOnShard("bucket/", 3, 0).empty());
+}
+
 }  // namespace
 }  // namespace harrier

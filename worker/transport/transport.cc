@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 
 namespace harrier {
 
@@ -19,28 +20,75 @@ absl::Status RefuseDeviceChunks(absl::string_view transport,
   return absl::OkStatus();
 }
 
-absl::Status ShardTransport::PullInto(const proto::PullRequest& request,
-                                      const ReplyLandingChooser& /*choose*/,
-                                      const LandedChunkSink& sink, absl::Time deadline,
-                                      CallCanceller& canceller) {
-  return Pull(
-      request,
-      [&sink](const proto::TensorChunk& header, const PayloadView& payload) {
-        return sink(header, payload, MemoryKind::kHost);
-      },
-      deadline, canceller);
+absl::Status RunBlocking(const std::function<void(CallDone done)>& start, absl::Time deadline) {
+  // Shared with the done, which may (for a transport that overran the
+  // grace) run after this returned.
+  struct Outcome {
+    absl::Notification done;
+    absl::Status status;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  start([outcome](absl::Status status) {
+    outcome->status = std::move(status);
+    outcome->done.Notify();
+  });
+  const absl::Time give_up =
+      deadline == absl::InfiniteFuture() ? deadline : deadline + kBlockingGrace;
+  if (!outcome->done.WaitForNotificationWithDeadline(give_up)) {
+    return absl::InternalError(absl::StrCat(
+        "the transport did not complete a call ", absl::FormatDuration(kBlockingGrace),
+        " after its deadline; its buffers may still be in use"));
+  }
+  return outcome->status;
 }
 
-absl::Status ShardTransport::PushPullInto(const std::vector<OutgoingChunk>& chunks,
-                                          const ReplyLandingChooser& /*choose*/,
-                                          const LandedChunkSink& sink, absl::Time deadline,
-                                          CallCanceller& canceller) {
-  return PushPull(
-      chunks,
-      [&sink](const proto::TensorChunk& header, const PayloadView& payload) {
-        return sink(header, payload, MemoryKind::kHost);
+namespace {
+
+LandedChunkSink HostViews(const ChunkViewSink& sink) {
+  return [&sink](const proto::TensorChunk& header, const PayloadView& payload, MemoryKind) {
+    return sink(header, payload);
+  };
+}
+
+}  // namespace
+
+absl::Status PushBlocking(ShardTransport& transport, const std::vector<OutgoingChunk>& chunks,
+                          absl::Time deadline, CallCanceller& canceller) {
+  return RunBlocking(
+      [&](CallDone done) { transport.StartPush(chunks, deadline, canceller, std::move(done)); },
+      deadline);
+}
+
+absl::Status PullBlocking(ShardTransport& transport, const proto::PullRequest& request,
+                          const ChunkViewSink& sink, absl::Time deadline,
+                          CallCanceller& canceller) {
+  return PullBlocking(transport, request, nullptr, HostViews(sink), deadline, canceller);
+}
+
+absl::Status PullBlocking(ShardTransport& transport, const proto::PullRequest& request,
+                          const ReplyLandingChooser* choose, const LandedChunkSink& sink,
+                          absl::Time deadline, CallCanceller& canceller) {
+  return RunBlocking(
+      [&](CallDone done) {
+        transport.StartPull(request, choose, sink, deadline, canceller, std::move(done));
       },
-      deadline, canceller);
+      deadline);
+}
+
+absl::Status PushPullBlocking(ShardTransport& transport, const std::vector<OutgoingChunk>& chunks,
+                              const ChunkViewSink& sink, absl::Time deadline,
+                              CallCanceller& canceller) {
+  return PushPullBlocking(transport, chunks, nullptr, HostViews(sink), deadline, canceller);
+}
+
+absl::Status PushPullBlocking(ShardTransport& transport, const std::vector<OutgoingChunk>& chunks,
+                              const ReplyLandingChooser* choose, const LandedChunkSink& sink,
+                              absl::Time deadline, CallCanceller& canceller) {
+  return RunBlocking(
+      [&](CallDone done) {
+        transport.StartPushPull(chunks, choose, sink, deadline, canceller, std::move(done));
+      },
+      deadline);
 }
 
 bool CallCanceller::Register(const void* call, std::function<void()> abort) {
@@ -68,11 +116,6 @@ void CallCanceller::CancelAll() {
 bool CallCanceller::cancelled() const {
   absl::MutexLock lock(&mutex_);
   return cancelled_;
-}
-
-bool CallCanceller::SleepUnlessCancelled(absl::Duration duration) const {
-  absl::MutexLock lock(&mutex_);
-  return mutex_.AwaitWithTimeout(absl::Condition(&cancelled_), duration);
 }
 
 }  // namespace harrier

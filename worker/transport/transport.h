@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/codec/codec_backend.h"
 #include "common/payload_view.h"
@@ -25,7 +26,9 @@
 namespace harrier {
 
 // Lets a waiting caller abort calls in flight. A transport registers how to
-// abort its call while it runs. Thread-safe.
+// abort its call while it runs. Thread-safe. An abort runs under the
+// canceller's lock: it only tells its call to end (the call completes
+// later, on a transport thread) and never calls into the canceller.
 class CallCanceller {
  public:
   // False if already cancelled: the transport must not start the call.
@@ -34,9 +37,6 @@ class CallCanceller {
   // Runs every registered abort; later Register() calls return false.
   void CancelAll();
   bool cancelled() const;
-  // Sleeps for `duration` unless cancelled first (so a retry's backoff ends
-  // at once on cancel). True if cancelled.
-  bool SleepUnlessCancelled(absl::Duration duration) const;
 
  private:
   mutable absl::Mutex mutex_;
@@ -45,15 +45,14 @@ class CallCanceller {
 };
 
 // Receives each reply chunk of a pull as its header (ignore its payload
-// field: a backend may leave it set) and a view of its payload, on the
-// transport's calling thread. Both are borrowed and valid only during the
-// call: a sink copies what it keeps.
+// field: a backend may leave it set) and a view of its payload. Both are
+// borrowed and valid only during the call: a sink copies what it keeps.
 using ChunkViewSink =
     std::function<absl::Status(const proto::TensorChunk& header, const PayloadView& payload)>;
 
 // Where one reply chunk's payload should land, chosen by the receiver
-// before its data arrives (PullInto). `data == nullptr`: nowhere, the
-// payload arrives in a transport buffer as with Pull.
+// before its data arrives. `data == nullptr`: nowhere, the payload arrives
+// in a transport buffer.
 struct ReplyLanding {
   void* data = nullptr;
   size_t capacity = 0;  // bytes at `data`; a larger payload does not land
@@ -66,10 +65,12 @@ struct ReplyLanding {
 // calling into the transport.
 using ReplyLandingChooser =
     std::function<ReplyLanding(const proto::TensorChunk& header, size_t bytes)>;
-// As ChunkViewSink, plus where `payload` is: in the landing buffer that was
-// chosen for it (in that landing's memory, kDevice included: then the view's
-// bytes are a device address, not readable on the host), or, when it did
-// not land, a host view of a transport buffer (kHost).
+// Receives each reply chunk: `payload` is in the landing buffer that was
+// chosen for it (in that landing's memory, kDevice included: then the
+// view's bytes are a device address, not readable on the host), or, when it
+// did not land (or no chooser was given), a host view of a transport buffer
+// (kHost). Runs on a transport thread, one reply at a time per call, before
+// the call's done; what it returns other than OK fails the call.
 using LandedChunkSink = std::function<absl::Status(
     const proto::TensorChunk& header, const PayloadView& payload, MemoryKind memory)>;
 
@@ -78,13 +79,14 @@ using LandedChunkSink = std::function<absl::Status(
 // (compressed payloads, produced by the codec).
 //
 // Lifetime: a borrowed payload must stay valid and unchanged until the
-// transport call that sends it has returned. The client guarantees this: a
-// push's gradient belongs to the caller until the operation's Wait()
-// returns, and every transport call of the operation returns first. A
-// transport, in turn, does not return while its network stack still reads
-// the bytes: it waits for their release, for a bounded time (gRPC: its
-// slices; UCX: its sends, closing the endpoint if they stall), and says in
-// its status when the bound passed first (see each backend).
+// transport call that sends it has completed (its done has run). The client
+// guarantees this: a push's gradient belongs to the caller until the
+// operation's Wait() returns, and every transport call of the operation
+// completes first. A transport, in turn, does not complete a call while its
+// network stack still reads the bytes: it waits for their release, for a
+// bounded time (gRPC: its slices; UCX: its sends, closing the endpoint if
+// they stall), and says in its status when the bound passed first (see
+// each backend).
 struct OutgoingChunk {
   proto::TensorChunk header;  // payload field empty; checksum covers payload()
   absl::string_view borrowed;
@@ -104,52 +106,101 @@ struct OutgoingChunk {
 absl::Status RefuseDeviceChunks(absl::string_view transport,
                                 const std::vector<OutgoingChunk>& chunks);
 
-// One shard's data path. Calls are synchronous and thread-safe: several
-// run at once on the client's pools. Every call ends by `deadline`.
-// Errors carry the shard's status code and message.
+// What a transport is and can do; fixed when it is built.
+struct TransportTraits {
+  std::string name;  // "grpc", "ucx" or "fake"
+  // Pushes accept borrowed payloads in device memory
+  // (OutgoingChunk::borrowed_memory == kDevice): UCX built with CUDA
+  // support. Otherwise the client stages device chunks through host memory.
+  bool sends_from_device_memory = false;
+  // Replies land in device memory when a chooser names a kDevice landing
+  // (UCX built with CUDA, rendezvous-sized replies); otherwise a kDevice
+  // landing is not used and the sink gets a host view.
+  bool receives_into_device_memory = false;
+};
+
+// Completes one transport call with its status: OK, the shard's status
+// (code and message), or the transport's (UNAVAILABLE for a lost peer,
+// DEADLINE_EXCEEDED, CANCELLED). Runs exactly once per started call, on a
+// transport thread (gRPC: its callback thread; UCX: its progress or timer
+// thread; the fake: the thread that completes the call), possibly before
+// Start returns, on the starting thread (a call refused before it is sent,
+// or one the fake answers at once): a caller holds no lock `done` takes.
+// It must be quick and must not block: hand longer work to an executor.
+using CallDone = std::function<void(absl::Status status)>;
+
+// One shard's data path. Calls are asynchronous: a Start method sends the
+// call and returns at once; the call completes through its `done`. Nothing
+// blocks a thread per call in flight. Thread-safe: calls of many
+// operations run at once.
+//
+// Every call ends by its `deadline` (DEADLINE_EXCEEDED) and as soon as
+// `canceller` aborts it (CANCELLED); a call started on a cancelled
+// canceller completes with CANCELLED at once. Everything a call borrows
+// (the chunks and their payloads, the request, the chooser, the sink, the
+// landing buffers, the canceller) must stay valid and unchanged until its
+// done has run; the transport touches none of it afterwards.
 class ShardTransport {
  public:
   virtual ~ShardTransport() = default;
 
-  virtual std::string name() const = 0;  // "grpc", "ucx" or "fake"
+  const TransportTraits& traits() const { return traits_; }
+  const std::string& name() const { return traits_.name; }
+  bool SendsFromDeviceMemory() const { return traits_.sends_from_device_memory; }
+  bool ReceivesIntoDeviceMemory() const { return traits_.receives_into_device_memory; }
 
-  // True if Push and PushPull accept borrowed payloads in device memory
-  // (OutgoingChunk::borrowed_memory == kDevice): UCX built with CUDA
-  // support. Otherwise the client stages device chunks through host memory.
-  virtual bool SendsFromDeviceMemory() const { return false; }
+  // Sends `chunks` (payloads from their own bytes, not copied) to be
+  // applied at their clock.
+  virtual void StartPush(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                         CallCanceller& canceller, CallDone done) = 0;
+  // Fetches the requested chunks, handing each reply to `sink`. With a
+  // chooser (may be null), each reply's payload is received straight into
+  // the buffer it names where the backend can (UCX: rendezvous replies into
+  // host or, with ReceivesIntoDeviceMemory(), device memory; small eager
+  // replies are copied into a host landing, and stay host views for a
+  // device one); without one, every payload is a host view of a transport
+  // buffer. Checksums are the sink's to check.
+  virtual void StartPull(const proto::PullRequest& request, const ReplyLandingChooser* choose,
+                         const LandedChunkSink& sink, absl::Time deadline,
+                         CallCanceller& canceller, CallDone done) = 0;
+  // Push, then receive each pushed chunk's parameters at clock + 1, landed
+  // as StartPull lands them.
+  virtual void StartPushPull(const std::vector<OutgoingChunk>& chunks,
+                             const ReplyLandingChooser* choose, const LandedChunkSink& sink,
+                             absl::Time deadline, CallCanceller& canceller, CallDone done) = 0;
 
-  // Payloads go out from the chunks' bytes and replies reach the sink as
-  // views of the received buffers, so a backend can avoid copying both.
-  virtual absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
-                            CallCanceller& canceller) = 0;
-  virtual absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
-                            absl::Time deadline, CallCanceller& canceller) = 0;
-  // True if PullInto lands payloads in device memory (UCX built with CUDA,
-  // rendezvous-sized replies); otherwise a kDevice landing is not used and
-  // the sink gets a host view.
-  virtual bool ReceivesIntoDeviceMemory() const { return false; }
-  // Pull, with each reply's payload received straight into the buffer
-  // `choose` names for it where the backend can (UCX: rendezvous replies
-  // into host or, with ReceivesIntoDeviceMemory(), device memory; small
-  // eager replies are copied into a host landing, and stay host views for a
-  // device one). The landing buffers must stay valid and untouched by the
-  // caller until the call returns; the call does not return while the
-  // transport may still write into them. Checksums are the sink's to check,
-  // as with Pull. The default is Pull with nothing landed.
-  virtual absl::Status PullInto(const proto::PullRequest& request,
-                                const ReplyLandingChooser& choose, const LandedChunkSink& sink,
-                                absl::Time deadline, CallCanceller& canceller);
-  // Push, then receive each pushed chunk's parameters at clock + 1.
-  virtual absl::Status PushPull(const std::vector<OutgoingChunk>& chunks,
-                                const ChunkViewSink& sink, absl::Time deadline,
-                                CallCanceller& canceller) = 0;
-  // PushPull with the replies landed as PullInto lands them. The default is
-  // PushPull with nothing landed.
-  virtual absl::Status PushPullInto(const std::vector<OutgoingChunk>& chunks,
-                                    const ReplyLandingChooser& choose,
-                                    const LandedChunkSink& sink, absl::Time deadline,
-                                    CallCanceller& canceller);
+ protected:
+  explicit ShardTransport(TransportTraits traits) : traits_(std::move(traits)) {}
+
+ private:
+  const TransportTraits traits_;
 };
+
+// The blocking form of a call, written once: runs `start` with a done that
+// wakes this thread, and returns the call's status. A transport completes
+// every call by its deadline (plus the bounded waits for its buffers), so
+// the wait ends; should a transport not complete the call by `deadline` +
+// kBlockingGrace, this returns INTERNAL (the call's buffers may then still
+// be in use).
+inline constexpr absl::Duration kBlockingGrace = absl::Seconds(30);
+absl::Status RunBlocking(const std::function<void(CallDone done)>& start, absl::Time deadline);
+
+// Blocking calls for callers that need them (tools, tests, benches).
+absl::Status PushBlocking(ShardTransport& transport, const std::vector<OutgoingChunk>& chunks,
+                          absl::Time deadline, CallCanceller& canceller);
+// Replies as host views, as StartPull without a chooser.
+absl::Status PullBlocking(ShardTransport& transport, const proto::PullRequest& request,
+                          const ChunkViewSink& sink, absl::Time deadline,
+                          CallCanceller& canceller);
+absl::Status PullBlocking(ShardTransport& transport, const proto::PullRequest& request,
+                          const ReplyLandingChooser* choose, const LandedChunkSink& sink,
+                          absl::Time deadline, CallCanceller& canceller);
+absl::Status PushPullBlocking(ShardTransport& transport, const std::vector<OutgoingChunk>& chunks,
+                              const ChunkViewSink& sink, absl::Time deadline,
+                              CallCanceller& canceller);
+absl::Status PushPullBlocking(ShardTransport& transport, const std::vector<OutgoingChunk>& chunks,
+                              const ReplyLandingChooser* choose, const LandedChunkSink& sink,
+                              absl::Time deadline, CallCanceller& canceller);
 
 }  // namespace harrier
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/transport/grpc/grpc_transport.h"
+#include "worker/transport/timer_thread.h"
 #include "worker/transport/ucx/ucx_transport.h"
 
 namespace harrier {
@@ -42,10 +43,13 @@ absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateShardTranspor
   if (auto status = CheckTransportName(backend); !status.ok()) return status;
   if (backend == "ucx") return CreateUcx(client_name, links, deadline);
   std::vector<std::unique_ptr<ShardTransport>> transports;
+  // One timer thread for every shard's calls.
+  auto timer = std::make_shared<TimerThread>("grpc-transport");
   for (const ShardLink& link : links) {
     std::vector<std::shared_ptr<grpc::Channel>> channels = {link.channel};
     channels.insert(channels.end(), link.extra_channels.begin(), link.extra_channels.end());
-    transports.push_back(std::make_unique<GrpcShardTransport>(std::move(channels)));
+    transports.push_back(std::make_unique<GrpcShardTransport>(
+        std::move(channels), GrpcShardTransport::kDefaultSpreadMinBytes, timer));
   }
   return transports;
 }

@@ -6,9 +6,12 @@
 #include "common/crc32c.h"
 
 namespace harrier {
-FakeShardTransport::FakeShardTransport() : responder_(&FakeShardTransport::DefaultResponse) {}
-
 namespace {
+
+TransportTraits FakeTraits(TransportTraits traits) {
+  traits.name = "fake";
+  return traits;
+}
 
 FakeShardTransport::Call Recorded(FakeShardTransport::CallKind kind,
                                   const std::vector<OutgoingChunk>& chunks, absl::Time deadline) {
@@ -24,37 +27,130 @@ FakeShardTransport::Call Recorded(FakeShardTransport::CallKind kind,
 
 }  // namespace
 
-absl::Status FakeShardTransport::Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
-                                      CallCanceller& canceller) {
-  // Refused before recording: recording copies the payload. A subclass
-  // that says it sends from device memory fakes the device with host memory.
-  if (!SendsFromDeviceMemory()) {
-    if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
-  }
-  return Handle(Recorded(CallKind::kPush, chunks, deadline), nullptr, canceller);
+FakeShardTransport::FakeShardTransport() : FakeShardTransport(TransportTraits{}) {}
+
+FakeShardTransport::FakeShardTransport(TransportTraits traits, std::shared_ptr<TimerThread> timer)
+    : ShardTransport(FakeTraits(std::move(traits))),
+      responder_(&FakeShardTransport::DefaultResponse),
+      timer_(timer != nullptr ? std::move(timer)
+                              : std::make_shared<TimerThread>("fake-transport")) {}
+
+void FakeShardTransport::Later(absl::Time when, std::function<void()> run) {
+  timer_->At(when, [life = life_, run = std::move(run)] {
+    absl::MutexLock lock(&life->mutex);
+    if (life->alive) run();
+  });
 }
 
-absl::Status FakeShardTransport::Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
-                                      absl::Time deadline, CallCanceller& canceller) {
+FakeShardTransport::~FakeShardTransport() {
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& entry : held_) ids.push_back(entry.first);
+  }
+  for (uint64_t id : ids) {
+    EndHeld(id, absl::DeadlineExceededError("fake: transport destroyed while held"), false);
+  }
+  absl::MutexLock lock(&life_->mutex);  // waits for a closure running now
+  life_->alive = false;
+}
+
+void FakeShardTransport::StartPush(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                                   CallCanceller& canceller, CallDone done) {
+  // Refused before recording: recording copies the payload. A fake whose
+  // traits say it sends from device memory fakes the device with host memory.
+  if (!SendsFromDeviceMemory()) {
+    if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) {
+      return done(refused);
+    }
+  }
+  Handle(Recorded(CallKind::kPush, chunks, deadline), nullptr, nullptr, canceller,
+         std::move(done));
+}
+
+void FakeShardTransport::StartPull(const proto::PullRequest& request,
+                                   const ReplyLandingChooser* choose, const LandedChunkSink& sink,
+                                   absl::Time deadline, CallCanceller& canceller, CallDone done) {
   Call call = Recorded(CallKind::kPull, {}, deadline);
   call.pull = request;
-  return Handle(std::move(call), &sink, canceller);
+  Handle(std::move(call), choose, &sink, canceller, std::move(done));
 }
 
-absl::Status FakeShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
-                                          const ChunkViewSink& sink, absl::Time deadline,
-                                          CallCanceller& canceller) {
+void FakeShardTransport::StartPushPull(const std::vector<OutgoingChunk>& chunks,
+                                       const ReplyLandingChooser* choose,
+                                       const LandedChunkSink& sink, absl::Time deadline,
+                                       CallCanceller& canceller, CallDone done) {
   if (!SendsFromDeviceMemory()) {
-    if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+    if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) {
+      return done(refused);
+    }
   }
-  return Handle(Recorded(CallKind::kPushPull, chunks, deadline), &sink, canceller);
+  Handle(Recorded(CallKind::kPushPull, chunks, deadline), choose, &sink, canceller,
+         std::move(done));
 }
 
-ChunkViewSink FakeShardTransport::Landing(const ReplyLandingChooser& choose,
-                                          const LandedChunkSink& sink) const {
+void FakeShardTransport::Handle(Call call, const ReplyLandingChooser* choose,
+                                const LandedChunkSink* sink, CallCanceller& canceller,
+                                CallDone done) {
+  call.started = absl::Now();
+  auto pending = std::make_shared<Pending>();
+  pending->choose = choose;
+  pending->sink = sink;
+  pending->canceller = &canceller;
+  pending->done = std::move(done);
+  enum { kFail, kAnswer, kHold } action = kAnswer;
+  absl::Status failure;
+  bool honour = true;
+  {
+    absl::MutexLock lock(&mutex_);
+    call.id = calls_.size();
+    calls_.push_back(call);
+    pending->call = std::move(call);
+    if (fail_remaining_ > 0) {
+      --fail_remaining_;
+      failure = fail_status_;
+      action = kFail;
+    } else if (blocking_ || (hold_if_ && hold_if_(pending->call))) {
+      action = kHold;
+      honour = honour_cancel_;
+      held_[pending->call.id] = pending;
+    }
+  }
+  if (action == kFail) return pending->done(failure);
+  if (action == kAnswer) return Answer(*pending);
+  // Held: the completion is stored until the test, the deadline or the
+  // canceller ends it.
+  const uint64_t id = pending->call.id;
+  const absl::Time give_up = honour ? pending->call.deadline : absl::Now() + absl::Minutes(1);
+  if (!canceller.Register(pending.get(), [this, id, honour] {
+        if (!honour) return;  // a stuck backend
+        // Under the canceller's lock: the call completes on the timer.
+        Later(absl::InfinitePast(), [this, id] {
+          EndHeld(id, absl::CancelledError("fake: cancelled"), true);
+        });
+      })) {
+    EndHeld(id, absl::CancelledError("fake: cancelled before it started"), false);
+    return;
+  }
+  Later(give_up, [this, id] {
+    EndHeld(id, absl::DeadlineExceededError("fake: deadline passed while held"), false);
+  });
+}
+
+void FakeShardTransport::Answer(const Pending& pending) {
+  Responder responder;
+  {
+    absl::MutexLock lock(&mutex_);
+    responder = responder_;
+  }
+  if (pending.sink == nullptr) return pending.done(responder(pending.call, nullptr));
+  const LandedChunkSink& sink = *pending.sink;
+  const ReplyLandingChooser* choose = pending.choose;
   const bool device = ReceivesIntoDeviceMemory();
-  return [&choose, &sink, device](const proto::TensorChunk& header, const PayloadView& payload) {
-    const ReplyLanding landing = choose(header, payload.size());
+  const ChunkViewSink landing = [&sink, choose, device](const proto::TensorChunk& header,
+                                                        const PayloadView& payload) {
+    if (choose == nullptr) return sink(header, payload, MemoryKind::kHost);
+    const ReplyLanding landing = (*choose)(header, payload.size());
     const bool lands = landing.data != nullptr && landing.capacity >= payload.size() &&
                        (landing.memory == MemoryKind::kHost || device);
     if (!lands) return sink(header, payload, MemoryKind::kHost);
@@ -64,72 +160,37 @@ ChunkViewSink FakeShardTransport::Landing(const ReplyLandingChooser& choose,
                                               payload.size())),
                 landing.memory);
   };
+  pending.done(responder(pending.call, &landing));
 }
 
-absl::Status FakeShardTransport::PullInto(const proto::PullRequest& request,
-                                          const ReplyLandingChooser& choose,
-                                          const LandedChunkSink& sink, absl::Time deadline,
-                                          CallCanceller& canceller) {
-  return Pull(request, Landing(choose, sink), deadline, canceller);
-}
-
-absl::Status FakeShardTransport::PushPullInto(const std::vector<OutgoingChunk>& chunks,
-                                              const ReplyLandingChooser& choose,
-                                              const LandedChunkSink& sink, absl::Time deadline,
-                                              CallCanceller& canceller) {
-  return PushPull(chunks, Landing(choose, sink), deadline, canceller);
-}
-
-absl::Status FakeShardTransport::Handle(Call call, const ChunkViewSink* sink,
-                                        CallCanceller& canceller) {
-  call.started = absl::Now();
-  Responder responder;
-  bool hold = false;
+std::shared_ptr<FakeShardTransport::Pending> FakeShardTransport::TakeHeld(uint64_t id) {
+  std::shared_ptr<Pending> pending;
   {
     absl::MutexLock lock(&mutex_);
-    calls_.push_back(call);
-    if (fail_remaining_ > 0) {
-      --fail_remaining_;
-      return fail_status_;
-    }
-    responder = responder_;
-    hold = blocking_;
+    auto it = held_.find(id);
+    if (it == held_.end()) return nullptr;
+    pending = std::move(it->second);
+    held_.erase(it);
   }
-  if (hold) {
-    if (absl::Status status = Hold(call.deadline, canceller); !status.ok()) return status;
-  }
-  return responder(call, sink);
+  pending->canceller->Unregister(pending.get());
+  return pending;
 }
 
-absl::Status FakeShardTransport::Hold(absl::Time deadline, CallCanceller& canceller) {
-  // Set by the canceller's abort, read under mutex_.
-  auto cancelled = std::make_shared<bool>(false);
-  if (!canceller.Register(cancelled.get(), [this, cancelled] {
-        absl::MutexLock lock(&mutex_);
-        *cancelled = true;
-      })) {
-    return absl::CancelledError("fake: cancelled before it started");
-  }
-  absl::Status result;
-  {
+void FakeShardTransport::EndHeld(uint64_t id, absl::Status status, bool cancelled) {
+  std::shared_ptr<Pending> pending = TakeHeld(id);
+  if (pending == nullptr) return;  // completed already
+  if (cancelled) {
     absl::MutexLock lock(&mutex_);
-    ++held_;
-    const bool honour = honour_cancel_;
-    const uint64_t generation = release_generation_;
-    auto ends = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-      return release_generation_ != generation || (honour && *cancelled);
-    };
-    const absl::Time give_up = honour ? deadline : absl::Now() + absl::Minutes(1);
-    if (!mutex_.AwaitWithDeadline(absl::Condition(&ends), give_up)) {
-      result = absl::DeadlineExceededError("fake: deadline passed while held");
-    } else if (release_generation_ == generation) {
-      result = absl::CancelledError("fake: cancelled");
-      ++cancelled_;
-    }
-    --held_;
+    ++cancelled_;
   }
-  canceller.Unregister(cancelled.get());
-  return result;
+  pending->done(std::move(status));
+}
+
+bool FakeShardTransport::CompleteHeld(uint64_t id) {
+  std::shared_ptr<Pending> pending = TakeHeld(id);
+  if (pending == nullptr) return false;
+  Answer(*pending);
+  return true;
 }
 
 void FakeShardTransport::SetResponder(Responder responder) {
@@ -143,15 +204,27 @@ void FakeShardTransport::FailNext(int n, absl::Status status) {
   fail_status_ = std::move(status);
 }
 
+void FakeShardTransport::SetHoldIf(std::function<bool(const Call& call)> hold) {
+  absl::MutexLock lock(&mutex_);
+  hold_if_ = std::move(hold);
+}
+
 void FakeShardTransport::Block() {
   absl::MutexLock lock(&mutex_);
   blocking_ = true;
 }
 
 void FakeShardTransport::Release() {
-  absl::MutexLock lock(&mutex_);
-  blocking_ = false;
-  ++release_generation_;
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&mutex_);
+    blocking_ = false;
+    for (const auto& entry : held_) ids.push_back(entry.first);
+  }
+  // On the timer thread, as a transport completes its calls.
+  for (uint64_t id : ids) {
+    Later(absl::InfinitePast(), [this, id] { CompleteHeld(id); });
+  }
 }
 
 void FakeShardTransport::set_honour_cancel(bool honour) {
@@ -176,7 +249,14 @@ int FakeShardTransport::cancelled_calls() const {
 
 int FakeShardTransport::held_calls() const {
   absl::MutexLock lock(&mutex_);
-  return held_;
+  return static_cast<int>(held_.size());
+}
+
+std::vector<FakeShardTransport::Call> FakeShardTransport::held() const {
+  absl::MutexLock lock(&mutex_);
+  std::vector<Call> held;
+  for (const auto& entry : held_) held.push_back(entry.second->call);
+  return held;
 }
 
 bool FakeShardTransport::AwaitHeld(int n, absl::Duration timeout) const {

@@ -1,10 +1,10 @@
 #include "worker/transport/grpc/grpc_transport.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -13,7 +13,6 @@
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_wire.h"
 #include "common/grpc_status.h"
-#include "common/parallel_for.h"
 
 namespace harrier {
 namespace {
@@ -22,45 +21,25 @@ namespace {
 // release tracking are cheaper than a borrowed slice for small messages.
 constexpr size_t kBorrowThresholdBytes = 32 << 10;
 
-// Registers the call's context for cancellation for the scope's lifetime.
-class CancelScope {
- public:
-  CancelScope(CallCanceller& canceller, grpc::ClientContext* context)
-      : canceller_(canceller), context_(context) {
-    registered_ = canceller_.Register(context_, [context] { context->TryCancel(); });
-  }
-  ~CancelScope() {
-    if (registered_) canceller_.Unregister(context_);
-  }
-  bool registered() const { return registered_; }
-
- private:
-  CallCanceller& canceller_;
-  grpc::ClientContext* context_;
-  bool registered_ = false;
-};
-
-absl::Status Cancelled() { return absl::CancelledError("operation cancelled"); }
-
 // How long a call waits, after its call object is destroyed, for gRPC to
-// release the payload slices it borrowed. gRPC may hold a slice after
+// release the payload slices it borrowed (no thread waits: the release or
+// the timer completes the call). gRPC may hold a slice after
 // Finish() returned (the bytes may still sit in the TCP write queue); a
 // healthy connection drains in milliseconds. A message a stream never sent
 // stays with the call until the call is destroyed, so the wait comes after
-// that: a call to a stopped shard then returns at its deadline (1.0 s after a
-// 1 s deadline, 6.0 s when it waited first). After a shard is killed, gRPC
+// that: a call to a stopped shard then completes at its deadline. After a shard is killed, gRPC
 // still holds a slice past the call in some runs (4 of 6 of
 // //tests/integration:shard_kill_training_grpc_test), so the grace stays:
-// past it the call returns an error instead of hanging; gRPC only ever reads
+// past it the call completes with an error instead of hanging; gRPC only ever reads
 // the bytes, and a dead connection never sends them, so the caller reusing
 // its buffer cannot corrupt anything that is still delivered. (The count
 // itself outlives the call, see below.)
 constexpr absl::Duration kSliceReleaseGrace = absl::Seconds(5);
 
-// Counts borrowed payload slices gRPC still references. A call waits for
-// the count to reach zero before it returns and its caller may reuse the
-// memory. The count lives in a shared block that every slice's destroy
-// callback holds, so a release after a timed-out wait touches live memory.
+// Counts borrowed payload slices gRPC still references; a call completes
+// once the count is zero. The count lives in a shared block that every
+// slice's destroy callback holds, so a release after the grace passed
+// touches live memory.
 class BorrowedSlices {
  public:
   BorrowedSlices() : state_(std::make_shared<State>()) {}
@@ -75,35 +54,56 @@ class BorrowedSlices {
                        new std::shared_ptr<State>(state_));
   }
 
-  // OK once every borrowed slice is released; DEADLINE_EXCEEDED if gRPC
-  // still holds some at `deadline`.
-  absl::Status WaitReleased(absl::Time deadline) {
-    absl::MutexLock lock(&state_->mutex);
-    State* state = state_.get();
-    auto released = [state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mutex) {
-      return state->outstanding == 0;
-    };
-    if (state_->mutex.AwaitWithDeadline(absl::Condition(&released), deadline)) {
-      return absl::OkStatus();
+  // Runs `then` once: with OK when every borrowed slice is released (at
+  // once if none is held), or with DEADLINE_EXCEEDED if gRPC still holds
+  // some `grace` later (on `timer`). Call once, after the stream ended.
+  void WhenReleased(TimerThread& timer, absl::Duration grace,
+                    std::function<void(absl::Status)> then) {
+    {
+      absl::MutexLock lock(&state_->mutex);
+      if (state_->outstanding > 0) {
+        state_->then = std::move(then);
+        timer.After(grace, [state = state_] {
+          std::function<void(absl::Status)> late;
+          int outstanding = 0;
+          {
+            absl::MutexLock lock(&state->mutex);
+            late = std::move(state->then);
+            state->then = nullptr;
+            outstanding = state->outstanding;
+          }
+          if (late) {
+            late(absl::DeadlineExceededError(
+                absl::StrCat("gRPC still holds ", outstanding,
+                             " payload slices of this call; gave up waiting for their release")));
+          }
+        });
+        return;
+      }
     }
-    return absl::DeadlineExceededError(
-        absl::StrCat("gRPC still holds ", state_->outstanding,
-                     " payload slices of this call; gave up waiting for their release"));
+    then(absl::OkStatus());
   }
 
  private:
   struct State {
     absl::Mutex mutex;
     int outstanding ABSL_GUARDED_BY(mutex) = 0;
+    std::function<void(absl::Status)> then ABSL_GUARDED_BY(mutex);
   };
 
   static void Release(void* arg) {
     auto* holder = static_cast<std::shared_ptr<State>*>(arg);
+    std::function<void(absl::Status)> then;
     {
-      absl::MutexLock lock(&(*holder)->mutex);
-      --(*holder)->outstanding;
+      State& state = **holder;
+      absl::MutexLock lock(&state.mutex);
+      if (--state.outstanding == 0 && state.then) {
+        then = std::move(state.then);
+        state.then = nullptr;
+      }
     }
     delete holder;
+    if (then) then(absl::OkStatus());
   }
 
   std::shared_ptr<State> state_;
@@ -111,8 +111,7 @@ class BorrowedSlices {
 
 // The stream's status, which keeps its code (UNAVAILABLE stays retryable)
 // if the borrowed payloads could not be reclaimed either.
-absl::Status AfterRelease(BorrowedSlices& borrowed, absl::Status status) {
-  absl::Status released = borrowed.WaitReleased(absl::Now() + kSliceReleaseGrace);
+absl::Status WithRelease(absl::Status status, const absl::Status& released) {
   if (released.ok()) return status;
   if (status.ok()) return released;
   return absl::Status(status.code(), absl::StrCat(status.message(), " (", released.message(), ")"));
@@ -130,74 +129,234 @@ grpc::ByteBuffer EncodeChunk(const OutgoingChunk& chunk, BorrowedSlices& borrowe
   return grpc::ByteBuffer(slices, 2);
 }
 
-// Reads every reply, handing each to the sink; the first error (a malformed
-// reply or the sink's) wins, but the stream is drained so Finish() reports
-// the shard's own status.
-template <typename Reader>
-absl::Status ReadReplies(Reader* reader, const ChunkViewSink& sink) {
-  grpc::ByteBuffer buffer;
-  std::vector<grpc::Slice> slices;
-  proto::TensorChunk header;
-  PayloadView payload;
-  absl::Status status;
-  while (reader->Read(&buffer)) {
-    if (!status.ok()) continue;
-    slices.clear();
-    if (!buffer.Dump(&slices).ok()) {
-      status = absl::DataLossError("unreadable reply from the shard");
-      continue;
-    }
-    header.Clear();
-    status = DecodeChunk(slices, &header, &payload);
-    if (!status.ok()) {
-      status = absl::DataLossError(absl::StrCat("reply from the shard: ", status.message()));
-      continue;
-    }
-    status = sink(header, payload);
+// Joins the parts of one call (one stream per channel): completes the
+// call when the last part ended, with the first error by part order, and
+// hands the parts' replies to the sink one at a time.
+class PartsJoin {
+ public:
+  PartsJoin(size_t parts, const LandedChunkSink* sink, CallDone done)
+      : sink_(sink), statuses_(parts), remaining_(static_cast<int>(parts)), done_(std::move(done)) {}
+
+  absl::Status Reply(const proto::TensorChunk& header, const PayloadView& payload) {
+    absl::MutexLock lock(&sink_mutex_);
+    return (*sink_)(header, payload, MemoryKind::kHost);
   }
-  return status;
-}
 
-}  // namespace
+  void PartDone(size_t part, absl::Status status) {
+    absl::Status result;
+    {
+      absl::MutexLock lock(&mutex_);
+      statuses_[part] = std::move(status);
+      if (--remaining_ > 0) return;
+      for (absl::Status& part_status : statuses_) {
+        if (!part_status.ok()) {
+          result = std::move(part_status);
+          break;
+        }
+      }
+    }
+    done_(std::move(result));
+  }
 
-struct GrpcShardTransport::Link {
-  explicit Link(std::shared_ptr<grpc::Channel> channel_in)
-      : channel(std::move(channel_in)),
-        push_method("/harrier.proto.ParameterService/Push",
-                    grpc::internal::RpcMethod::CLIENT_STREAMING, channel),
-        pull_method("/harrier.proto.ParameterService/Pull",
-                    grpc::internal::RpcMethod::SERVER_STREAMING, channel),
-        push_pull_method("/harrier.proto.ParameterService/PushPull",
-                         grpc::internal::RpcMethod::BIDI_STREAMING, channel) {}
-
-  absl::Status Push(const std::vector<const OutgoingChunk*>& chunks, absl::Time deadline,
-                    CallCanceller& canceller);
-  absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
-                    absl::Time deadline, CallCanceller& canceller);
-  absl::Status PushPull(const std::vector<const OutgoingChunk*>& chunks,
-                        const ChunkViewSink& sink, absl::Time deadline,
-                        CallCanceller& canceller);
-
-  const std::shared_ptr<grpc::Channel> channel;
-  const grpc::internal::RpcMethod push_method;
-  const grpc::internal::RpcMethod pull_method;
-  const grpc::internal::RpcMethod push_pull_method;
+ private:
+  const LandedChunkSink* const sink_;
+  absl::Mutex sink_mutex_;
+  absl::Mutex mutex_;
+  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mutex_);
+  int remaining_ ABSL_GUARDED_BY(mutex_);
+  const CallDone done_;
 };
 
-namespace {
-
-// Runs part(i) for i in [0, parts) on this thread and the shared
-// parallel-for pool, and returns the first error by part order (every part
-// runs to its end: each holds borrowed payloads until it has).
-absl::Status RunParts(size_t parts, const std::function<absl::Status(size_t)>& part) {
-  if (parts == 1) return part(0);
-  std::vector<absl::Status> statuses(parts);
-  ParallelFor(parts, [&](size_t i) { statuses[i] = part(i); });
-  for (auto& status : statuses) {
-    if (!status.ok()) return status;
+// One stream of a call, whatever its kind: owns its context and messages,
+// registers with the canceller, reads replies, and on gRPC's OnDone waits
+// (without a thread) for its borrowed slices, then ends its part. Owns
+// itself from Start until OnDone.
+class Stream {
+ public:
+  Stream(absl::Time deadline, CallCanceller& canceller, TimerThread& timer,
+         std::shared_ptr<PartsJoin> join, size_t part)
+      : canceller_(canceller), timer_(timer), join_(std::move(join)), part_(part) {
+    context_.set_deadline(absl::ToChronoTime(deadline));
   }
-  return absl::OkStatus();
-}
+  virtual ~Stream() = default;
+
+ protected:
+  // Registers the stream with the canceller (false: already cancelled, and
+  // the part has ended). The abort hands TryCancel to the timer thread: it
+  // runs under the canceller's lock, where gRPC must not run our OnDone.
+  template <typename Self>
+  bool Register(const std::shared_ptr<Self>& self) {
+    std::weak_ptr<Self> weak = self;
+    TimerThread* timer = &timer_;
+    registered_ = canceller_.Register(this, [timer, weak] {
+      timer->At(absl::InfinitePast(), [weak] {
+        if (auto stream = weak.lock()) stream->context_.TryCancel();
+      });
+    });
+    if (!registered_) join_->PartDone(part_, absl::CancelledError("operation cancelled"));
+    return registered_;
+  }
+
+  // One reply message: decoded and handed to the sink; after the first
+  // error the rest are drained unread, so the stream's own status is
+  // reported when it is not OK.
+  void OnReply(bool ok) {
+    if (!ok || !sink_status_.ok()) return;
+    slices_.clear();
+    if (!buffer_.Dump(&slices_).ok()) {
+      sink_status_ = absl::DataLossError("unreadable reply from the shard");
+      return;
+    }
+    header_.Clear();
+    PayloadView payload;
+    absl::Status status = DecodeChunk(slices_, &header_, &payload);
+    if (!status.ok()) {
+      sink_status_ = absl::DataLossError(absl::StrCat("reply from the shard: ", status.message()));
+      return;
+    }
+    sink_status_ = join_->Reply(header_, payload);
+  }
+
+  // gRPC's OnDone: the last reaction. Drops the stream (its context and
+  // call, which may still hold unsent messages) and ends the part once the
+  // borrowed slices are back.
+  void Finish(const grpc::Status& grpc_status, std::shared_ptr<Stream> self) {
+    if (registered_) canceller_.Unregister(this);
+    absl::Status status = FromGrpcStatus(grpc_status);
+    if (status.ok()) status = sink_status_;
+    BorrowedSlices borrowed = borrowed_;
+    TimerThread& timer = timer_;
+    std::shared_ptr<PartsJoin> join = join_;
+    const size_t part = part_;
+    self.reset();  // may destroy this stream
+    borrowed.WhenReleased(timer, kSliceReleaseGrace,
+                          [join, part, status](absl::Status released) {
+                            join->PartDone(part, WithRelease(status, released));
+                          });
+  }
+
+  grpc::ClientContext context_;
+  BorrowedSlices borrowed_;
+  std::vector<grpc::ByteBuffer> messages_;
+  size_t next_ = 0;  // the next message to write
+  grpc::ByteBuffer buffer_;  // the reply being read
+
+ private:
+  CallCanceller& canceller_;
+  TimerThread& timer_;
+  const std::shared_ptr<PartsJoin> join_;
+  const size_t part_;
+  bool registered_ = false;
+  std::vector<grpc::Slice> slices_;
+  proto::TensorChunk header_;
+  absl::Status sink_status_;
+};
+
+class PushCall : public Stream, public grpc::ClientWriteReactor<grpc::ByteBuffer> {
+ public:
+  using Stream::Stream;
+
+  static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
+                    const std::vector<const OutgoingChunk*>& chunks,
+                    std::shared_ptr<PushCall> self) {
+    if (!self->Register(self)) return;
+    for (const OutgoingChunk* chunk : chunks) {
+      self->messages_.push_back(EncodeChunk(*chunk, self->borrowed_));
+    }
+    PushCall* stream = self.get();
+    stream->self_ = std::move(self);
+    grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(
+        channel, method, &stream->context_, &stream->response_, stream);
+    stream->WriteNext();
+    stream->StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (ok) WriteNext();  // else the stream failed: OnDone says why
+  }
+  void OnDone(const grpc::Status& status) override { Finish(status, std::move(self_)); }
+
+ private:
+  void WriteNext() {
+    if (next_ < messages_.size()) {
+      StartWrite(&messages_[next_++]);
+    } else {
+      StartWritesDone();
+    }
+  }
+
+  grpc::ByteBuffer response_;  // a PushResponse; nothing in it is needed
+  std::shared_ptr<Stream> self_;
+};
+
+class PullCall : public Stream, public grpc::ClientReadReactor<grpc::ByteBuffer> {
+ public:
+  using Stream::Stream;
+
+  static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
+                    proto::PullRequest request, std::shared_ptr<PullCall> self) {
+    self->request_ = std::move(request);
+    if (!self->Register(self)) return;
+    PullCall* stream = self.get();
+    stream->self_ = std::move(self);
+    grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(
+        channel, method, &stream->context_, &stream->request_, stream);
+    stream->StartRead(&stream->buffer_);
+    stream->StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    OnReply(ok);
+    if (ok) StartRead(&buffer_);
+  }
+  void OnDone(const grpc::Status& status) override { Finish(status, std::move(self_)); }
+
+ private:
+  proto::PullRequest request_;
+  std::shared_ptr<Stream> self_;
+};
+
+class PushPullCall : public Stream,
+                       public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  using Stream::Stream;
+
+  static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
+                    const std::vector<const OutgoingChunk*>& chunks,
+                    std::shared_ptr<PushPullCall> self) {
+    if (!self->Register(self)) return;
+    for (const OutgoingChunk* chunk : chunks) {
+      self->messages_.push_back(EncodeChunk(*chunk, self->borrowed_));
+    }
+    PushPullCall* stream = self.get();
+    stream->self_ = std::move(self);
+    grpc::internal::ClientCallbackReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+        channel, method, &stream->context_, stream);
+    stream->WriteNext();
+    stream->StartRead(&stream->buffer_);
+    stream->StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (ok) WriteNext();
+  }
+  void OnReadDone(bool ok) override {
+    OnReply(ok);
+    if (ok) StartRead(&buffer_);
+  }
+  void OnDone(const grpc::Status& status) override { Finish(status, std::move(self_)); }
+
+ private:
+  void WriteNext() {
+    if (next_ < messages_.size()) {
+      StartWrite(&messages_[next_++]);
+    } else {
+      StartWritesDone();
+    }
+  }
+
+  std::shared_ptr<Stream> self_;
+};
 
 // Part `part` of `parts` over [0, count): a contiguous range, so each
 // connection carries neighbouring chunks.
@@ -213,15 +372,6 @@ std::vector<const OutgoingChunk*> PartOf(const std::vector<OutgoingChunk>& chunk
   return out;
 }
 
-// One sink call at a time: the parts' replies arrive on their own threads.
-ChunkViewSink Serialised(const ChunkViewSink& sink, absl::Mutex* mutex, size_t parts) {
-  if (parts == 1) return sink;
-  return [&sink, mutex](const proto::TensorChunk& header, const PayloadView& payload) {
-    absl::MutexLock lock(mutex);
-    return sink(header, payload);
-  };
-}
-
 uint64_t PayloadBytes(const std::vector<OutgoingChunk>& chunks) {
   uint64_t bytes = 0;
   for (const auto& chunk : chunks) bytes += chunk.payload().size();
@@ -230,12 +380,32 @@ uint64_t PayloadBytes(const std::vector<OutgoingChunk>& chunks) {
 
 }  // namespace
 
+struct GrpcShardTransport::Link {
+  explicit Link(std::shared_ptr<grpc::Channel> channel_in)
+      : channel(std::move(channel_in)),
+        push_method("/harrier.proto.ParameterService/Push",
+                    grpc::internal::RpcMethod::CLIENT_STREAMING, channel),
+        pull_method("/harrier.proto.ParameterService/Pull",
+                    grpc::internal::RpcMethod::SERVER_STREAMING, channel),
+        push_pull_method("/harrier.proto.ParameterService/PushPull",
+                         grpc::internal::RpcMethod::BIDI_STREAMING, channel) {}
+
+  const std::shared_ptr<grpc::Channel> channel;
+  const grpc::internal::RpcMethod push_method;
+  const grpc::internal::RpcMethod pull_method;
+  const grpc::internal::RpcMethod push_pull_method;
+};
+
 GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
     : GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>>{std::move(channel)}) {}
 
 GrpcShardTransport::GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                                       size_t spread_min_bytes)
-    : spread_min_bytes_(spread_min_bytes) {
+                                       size_t spread_min_bytes,
+                                       std::shared_ptr<TimerThread> timer)
+    : ShardTransport(TransportTraits{"grpc"}),
+      spread_min_bytes_(spread_min_bytes),
+      timer_(timer != nullptr ? std::move(timer)
+                              : std::make_shared<TimerThread>("grpc-transport")) {
   for (auto& channel : channels) links_.push_back(std::make_unique<Link>(std::move(channel)));
 }
 
@@ -246,106 +416,58 @@ size_t GrpcShardTransport::PartsFor(size_t count, uint64_t bytes) const {
   return std::min(links_.size(), count);
 }
 
-absl::Status GrpcShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
-                                      absl::Time deadline, CallCanceller& canceller) {
-  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+void GrpcShardTransport::StartPush(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                                   CallCanceller& canceller, CallDone done) {
+  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) {
+    return done(refused);
+  }
   const size_t parts = PartsFor(chunks.size(), PayloadBytes(chunks));
-  return RunParts(parts, [&](size_t part) {
-    return links_[part]->Push(PartOf(chunks, parts, part), deadline, canceller);
-  });
+  auto join = std::make_shared<PartsJoin>(parts, nullptr, std::move(done));
+  for (size_t part = 0; part < parts; ++part) {
+    const Link& link = *links_[part];
+    PushCall::Start(link.push_method, link.channel.get(), PartOf(chunks, parts, part),
+                      std::make_shared<PushCall>(deadline, canceller, *timer_, join, part));
+  }
 }
 
-absl::Status GrpcShardTransport::Pull(const proto::PullRequest& request,
-                                      const ChunkViewSink& sink, absl::Time deadline,
-                                      CallCanceller& canceller) {
+void GrpcShardTransport::StartPull(const proto::PullRequest& request,
+                                   const ReplyLandingChooser* /*choose*/,
+                                   const LandedChunkSink& sink, absl::Time deadline,
+                                   CallCanceller& canceller, CallDone done) {
   uint64_t bytes = 0;
   for (const auto& ref : request.chunks()) bytes += ref.num_elements() * sizeof(float);
   const size_t parts = PartsFor(request.chunks_size(), bytes);
-  if (parts == 1) return links_[0]->Pull(request, sink, deadline, canceller);
-  absl::Mutex mutex;
-  const ChunkViewSink serialised = Serialised(sink, &mutex, parts);
-  return RunParts(parts, [&](size_t part) {
+  auto join = std::make_shared<PartsJoin>(parts, &sink, std::move(done));
+  for (size_t part = 0; part < parts; ++part) {
     proto::PullRequest sub = request;
-    sub.clear_chunks();
-    const auto range = PartRange(request.chunks_size(), parts, part);
-    for (size_t i = range.first; i < range.second; ++i) {
-      *sub.add_chunks() = request.chunks(static_cast<int>(i));
+    if (parts > 1) {
+      sub.clear_chunks();
+      const auto range = PartRange(request.chunks_size(), parts, part);
+      for (size_t i = range.first; i < range.second; ++i) {
+        *sub.add_chunks() = request.chunks(static_cast<int>(i));
+      }
     }
-    return links_[part]->Pull(sub, serialised, deadline, canceller);
-  });
+    const Link& link = *links_[part];
+    PullCall::Start(link.pull_method, link.channel.get(), std::move(sub),
+                      std::make_shared<PullCall>(deadline, canceller, *timer_, join, part));
+  }
 }
 
-absl::Status GrpcShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
-                                          const ChunkViewSink& sink, absl::Time deadline,
-                                          CallCanceller& canceller) {
-  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+void GrpcShardTransport::StartPushPull(const std::vector<OutgoingChunk>& chunks,
+                                       const ReplyLandingChooser* /*choose*/,
+                                       const LandedChunkSink& sink, absl::Time deadline,
+                                       CallCanceller& canceller, CallDone done) {
+  if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) {
+    return done(refused);
+  }
   const size_t parts = PartsFor(chunks.size(), PayloadBytes(chunks));
-  absl::Mutex mutex;
-  const ChunkViewSink serialised = Serialised(sink, &mutex, parts);
-  return RunParts(parts, [&](size_t part) {
-    return links_[part]->PushPull(PartOf(chunks, parts, part), serialised, deadline, canceller);
-  });
-}
-
-absl::Status GrpcShardTransport::Link::Push(const std::vector<const OutgoingChunk*>& chunks,
-                                            absl::Time deadline, CallCanceller& canceller) {
-  BorrowedSlices borrowed;  // declared first: outlives the call's objects
-  absl::Status status;
-  {
-    // The call (owned by the context) keeps a message it could not send,
-    // slices included, until it is destroyed: a stream to a killed shard
-    // releases them only here, so the wait below comes after this scope.
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    CancelScope scope(canceller, &context);
-    if (!scope.registered()) return Cancelled();
-    grpc::ByteBuffer response;  // a PushResponse; nothing in it is needed
-    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), push_method,
-                                                                      &context, &response));
-    for (const OutgoingChunk* chunk : chunks) {
-      if (!writer->Write(EncodeChunk(*chunk, borrowed))) break;  // Finish() says why
-    }
-    writer->WritesDone();
-    status = FromGrpcStatus(writer->Finish());
+  auto join = std::make_shared<PartsJoin>(parts, &sink, std::move(done));
+  for (size_t part = 0; part < parts; ++part) {
+    const Link& link = *links_[part];
+    PushPullCall::Start(
+        link.push_pull_method, link.channel.get(), PartOf(chunks, parts, part),
+        std::make_shared<PushPullCall>(deadline, canceller, *timer_, join, part));
   }
-  return AfterRelease(borrowed, status);
-}
-
-absl::Status GrpcShardTransport::Link::Pull(const proto::PullRequest& request,
-                                            const ChunkViewSink& sink, absl::Time deadline,
-                                            CallCanceller& canceller) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
-  CancelScope scope(canceller, &context);
-  if (!scope.registered()) return Cancelled();
-  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), pull_method,
-                                                                    &context, request));
-  absl::Status sink_status = ReadReplies(reader.get(), sink);
-  absl::Status status = FromGrpcStatus(reader->Finish());
-  return status.ok() ? sink_status : status;
-}
-
-absl::Status GrpcShardTransport::Link::PushPull(const std::vector<const OutgoingChunk*>& chunks,
-                                                const ChunkViewSink& sink, absl::Time deadline,
-                                                CallCanceller& canceller) {
-  BorrowedSlices borrowed;  // declared first: outlives the call's objects
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
-  CancelScope scope(canceller, &context);
-  if (!scope.registered()) return Cancelled();
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
-      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-          channel.get(), push_pull_method, &context));
-  for (const OutgoingChunk* chunk : chunks) {
-    if (!stream->Write(EncodeChunk(*chunk, borrowed))) break;
-  }
-  stream->WritesDone();
-  absl::Status sink_status = ReadReplies(stream.get(), sink);
-  absl::Status status = FromGrpcStatus(stream->Finish());
-  stream.reset();
-  return AfterRelease(borrowed, status.ok() ? sink_status : status);
 }
 
 }  // namespace harrier

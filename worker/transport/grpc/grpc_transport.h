@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "proto/harrier.grpc.pb.h"
+#include "worker/transport/timer_thread.h"
 #include "worker/transport/transport.h"
 
 namespace harrier {
@@ -34,25 +35,33 @@ class GrpcShardTransport : public ShardTransport {
   // each part is all-or-nothing on the shard, the whole is not (a refused
   // part leaves the parts that were applied; a retry of the whole is then
   // acknowledged as a duplicate for those, see ShardStore::Push).
+  // `timer` (null: one of its own) keeps the calls' slice-release graces
+  // and hands cancels off the canceller's lock: a client's transports share
+  // one.
   GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                     size_t spread_min_bytes = kDefaultSpreadMinBytes);
+                     size_t spread_min_bytes = kDefaultSpreadMinBytes,
+                     std::shared_ptr<TimerThread> timer = nullptr);
   ~GrpcShardTransport() override;
 
-  std::string name() const override { return "grpc"; }
   // Host memory only: a chunk in device memory is refused with
   // FAILED_PRECONDITION before anything is sent (RefuseDeviceChunks).
-
-  // Returns once gRPC has released every borrowed payload, so the caller
-  // may reuse its buffers as soon as the call returns; the wait for the
-  // release is bounded (kSliceReleaseGrace after the stream ended), see
-  // grpc_transport.cc. With several channels the sink of Pull and
-  // PushPull is called from several threads, one call at a time.
-  absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
-                    CallCanceller& canceller) override;
-  absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
-                    absl::Time deadline, CallCanceller& canceller) override;
-  absl::Status PushPull(const std::vector<OutgoingChunk>& chunks, const ChunkViewSink& sink,
-                        absl::Time deadline, CallCanceller& canceller) override;
+  // Replies are host views (a landing chooser is not used).
+  //
+  // Each call is a stream driven by gRPC's callback API: its sink and its
+  // done run on gRPC's callback threads (with several channels, the parts'
+  // sinks one call at a time). A call completes once gRPC has released
+  // every borrowed payload, so the caller may reuse its buffers as soon as
+  // done runs; the wait for the release is bounded (kSliceReleaseGrace
+  // after the stream ended, on the transport's timer thread), see
+  // grpc_transport.cc.
+  void StartPush(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                 CallCanceller& canceller, CallDone done) override;
+  void StartPull(const proto::PullRequest& request, const ReplyLandingChooser* choose,
+                 const LandedChunkSink& sink, absl::Time deadline, CallCanceller& canceller,
+                 CallDone done) override;
+  void StartPushPull(const std::vector<OutgoingChunk>& chunks, const ReplyLandingChooser* choose,
+                     const LandedChunkSink& sink, absl::Time deadline, CallCanceller& canceller,
+                     CallDone done) override;
 
   size_t num_channels() const { return links_.size(); }
 
@@ -65,6 +74,8 @@ class GrpcShardTransport : public ShardTransport {
 
   std::vector<std::unique_ptr<Link>> links_;
   const size_t spread_min_bytes_;
+  // Slice-release graces, and cancels handed off the canceller's lock.
+  std::shared_ptr<TimerThread> timer_;
 };
 
 }  // namespace harrier

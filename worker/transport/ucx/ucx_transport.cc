@@ -29,10 +29,17 @@ struct UcxPeer {
   absl::Status failure ABSL_GUARDED_BY(mutex);
 };
 
-// One request in flight. The calling thread waits on its mutex (Await);
-// the progress thread fills it in.
+// One request in flight: the progress thread fills it in; whichever thread
+// sees it end (the progress thread, or the timer thread at its deadline or
+// cancel) ends and completes it (UcxClientContext::Check).
 struct UcxCall {
   std::shared_ptr<UcxPeer> peer;
+  uint64_t request_id = 0;
+  const LandedChunkSink* sink = nullptr;  // null: nothing to read (a push, a hello)
+  CallCanceller* canceller = nullptr;
+  bool registered = false;  // with the canceller
+  CallDone done;
+
   absl::Mutex mutex;
   bool have_status ABSL_GUARDED_BY(mutex) = false;
   absl::Status status ABSL_GUARDED_BY(mutex);    // the shard's
@@ -41,28 +48,36 @@ struct UcxCall {
   struct Reply {
     proto::TensorChunk header;
     transport::PayloadBuffer payload;
-    // PullInto: the payload is at `landed` instead (in `landed_memory`).
+    // Landed: the payload is at `landed` instead (in `landed_memory`).
     const char* landed = nullptr;
     size_t landed_bytes = 0;
     MemoryKind landed_memory = MemoryKind::kHost;
   };
   std::vector<Reply> replies ABSL_GUARDED_BY(mutex);  // by index
-  // PullInto: picks each reply's landing; cleared when the call ends, so a
-  // reply that comes later never touches the caller's buffers (or chooser).
+  // Picks each reply's landing; cleared when the call ends, so a reply that
+  // comes later never touches the caller's buffers (or chooser).
   const ReplyLandingChooser* choose ABSL_GUARDED_BY(mutex) = nullptr;
   // Rendezvous receives into landing buffers not yet complete: the call
-  // does not return while UCX may still write into them.
+  // does not complete while UCX may still write into them.
   int landings_in_flight ABSL_GUARDED_BY(mutex) = 0;
   // Transport-level: peer lost, send failed.
   absl::Status failure ABSL_GUARDED_BY(mutex);
   bool cancelled ABSL_GUARDED_BY(mutex) = false;
+  bool expired ABSL_GUARDED_BY(mutex) = false;  // its deadline passed
   int sends_in_flight ABSL_GUARDED_BY(mutex) = 0;
+
+  // kRunning -> kDraining (ended: its result is decided; UCX may still
+  // read its payloads) -> kDone (completed, or about to be).
+  enum class Stage { kRunning, kDraining, kDone };
+  Stage stage ABSL_GUARDED_BY(mutex) = Stage::kRunning;
+  absl::Status result ABSL_GUARDED_BY(mutex);
+  bool answered ABSL_GUARDED_BY(mutex) = false;
 
   bool Complete() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
     return have_status && received >= expected;
   }
   bool Ended() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
-    return Complete() || cancelled || !failure.ok();
+    return Complete() || cancelled || expired || !failure.ok();
   }
   // UCX no longer reads the payloads nor writes into the landing buffers.
   bool SendsDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
@@ -73,17 +88,12 @@ struct UcxCall {
 namespace {
 
 // How long a call that ended (answered, cancelled, expired or failed) waits
-// for UCX to finish reading its payloads before it force-closes the peer's
-// endpoint, which completes the outstanding sends with an error. Sends to a
+// (on the timer, no thread held) for UCX to finish reading its payloads
+// before it force-closes the peer's endpoint, which completes the outstanding sends with an error. Sends to a
 // live shard end in milliseconds; this bounds the wait on one that stopped
-// reading (killed, stuck) without ever returning while UCX reads the
+// reading (killed, stuck) without ever completing while UCX reads the
 // caller's bytes.
 constexpr absl::Duration kSendDrainGrace = absl::Seconds(2);
-
-// How long a calling thread progresses the worker itself while it waits
-// for its reply (UcxWorker::BeginDriving): a few small round trips (a
-// 4 KiB one is 20-100 us here), so large calls soon sleep instead.
-constexpr absl::Duration kDriveFor = absl::Microseconds(300);
 
 uint64_t RandomConnectionId() {
   static std::atomic<uint64_t> counter{0};
@@ -154,6 +164,7 @@ absl::StatusOr<std::shared_ptr<UcxClientContext>> UcxClientContext::Create(
         "no cuda_copy/cuda_ipc; UCX must be built with CUDA)"));
   }
   context->sends_from_device_memory_ = cuda && device_memory != UcxDeviceMemory::kOff;
+  context->timer_ = std::make_unique<TimerThread>("ucx-calls");
   if (cuda && device_memory == UcxDeviceMemory::kOff) {
     spdlog::info("ucx: {}=off, device memory is staged through the host", kUcxDeviceMemoryEnv);
   }
@@ -161,6 +172,8 @@ absl::StatusOr<std::shared_ptr<UcxClientContext>> UcxClientContext::Create(
 }
 
 UcxClientContext::~UcxClientContext() {
+  // First: the calls' timers (all ended by now) must not outlive the worker.
+  timer_.reset();
   if (!worker_) return;
   worker_->Post([this] {
     absl::MutexLock lock(&mutex_);
@@ -223,8 +236,12 @@ absl::StatusOr<std::shared_ptr<UcxPeer>> UcxClientContext::ConnectPeer(
                       worker_->address().data(),
                       worker_->address().size()});
   CallCanceller canceller;
-  absl::Status status =
-      Execute(peer, frame.request_id, std::move(messages), nullptr, deadline, canceller);
+  absl::Status status = RunBlocking(
+      [&](CallDone done) {
+        Execute(peer, frame.request_id, std::move(messages), nullptr, nullptr, deadline,
+                canceller, std::move(done));
+      },
+      deadline);
   if (!status.ok()) {
     status = absl::Status(status.code(),
                           absl::StrCat("UCX connect to ", peer_name, ": ", status.message()));
@@ -242,185 +259,259 @@ std::shared_ptr<UcxCall> UcxClientContext::FindCall(uint64_t request_id) {
   return it == calls_.end() ? nullptr : it->second;
 }
 
-absl::Status UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t request_id,
-                                       std::vector<Message> messages,
-                                       const ChunkViewSink* sink, absl::Time deadline,
-                                       CallCanceller& canceller, const Landing* landing) {
+void UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t request_id,
+                               std::vector<Message> messages, const ReplyLandingChooser* choose,
+                               const LandedChunkSink* sink, absl::Time deadline,
+                               CallCanceller& canceller, CallDone done) {
   if (peer->failed) {
-    absl::MutexLock lock(&peer->mutex);
-    return peer->failure;
+    absl::Status failure;
+    {
+      absl::MutexLock lock(&peer->mutex);
+      failure = peer->failure;
+    }
+    return done(failure);
   }
   auto call = std::make_shared<UcxCall>();
   call->peer = peer;
+  call->request_id = request_id;
+  call->sink = sink;
+  call->canceller = &canceller;
+  call->done = std::move(done);
   {
     absl::MutexLock lock(&call->mutex);
     call->sends_in_flight = static_cast<int>(messages.size());
-    if (landing != nullptr) call->choose = landing->choose;
+    call->choose = choose;
   }
-  if (!canceller.Register(call.get(), [call] {
-        absl::MutexLock lock(&call->mutex);
-        call->cancelled = true;
-      })) {
-    return absl::CancelledError("operation cancelled");
-  }
+  const std::weak_ptr<UcxCall> weak = call;
+  // In the table first: a cancel that comes at once ends a call Check can
+  // find there (and stop expecting its reply).
   {
     absl::MutexLock lock(&mutex_);
     calls_[request_id] = call;
   }
   worker_->ExpectReplies(1);
+  // Under the canceller's lock: the call ends on the timer thread.
+  call->registered = true;
+  if (!canceller.Register(call.get(), [this, weak] {
+    timer_->At(absl::InfinitePast(), [this, weak] {
+      auto call = weak.lock();
+      if (call == nullptr) return;
+      {
+        absl::MutexLock lock(&call->mutex);
+        call->cancelled = true;
+      }
+      Check(call);
+    });
+  })) {
+    call->registered = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      calls_.erase(request_id);
+    }
+    worker_->ExpectReplies(-1);
+    return call->done(absl::CancelledError("operation cancelled"));
+  }
+  if (deadline != absl::InfiniteFuture()) {
+    timer_->At(deadline, [this, weak] {
+      auto call = weak.lock();
+      if (call == nullptr) return;
+      {
+        absl::MutexLock lock(&call->mutex);
+        call->expired = true;
+      }
+      Check(call);
+    });
+  }
+  // UCX cannot tell us when a shared-memory peer dies: ask its probe.
+  if (!peer->detects_failure && peer->peer_alive) WatchPeer(weak);
   worker_->Post([this, call, peer, messages = std::move(messages)]() mutable {
     for (Message& message : messages) {
       if (peer->ep == nullptr) {  // failed meanwhile: these sends never start
-        absl::MutexLock lock(&call->mutex);
-        --call->sends_in_flight;
-        if (call->failure.ok()) {
-          absl::MutexLock peer_lock(&peer->mutex);
-          call->failure = peer->failure.ok()
-                              ? absl::UnavailableError("UCX endpoint not connected")
-                              : peer->failure;
+        {
+          absl::MutexLock lock(&call->mutex);
+          --call->sends_in_flight;
+          if (call->failure.ok()) {
+            absl::MutexLock peer_lock(&peer->mutex);
+            call->failure = peer->failure.ok()
+                                ? absl::UnavailableError("UCX endpoint not connected")
+                                : peer->failure;
+          }
         }
+        Check(call);
         continue;
       }
       worker_->SendAm(
           peer->ep, transport::kRequestAmId, std::move(message.header), message.data,
           message.bytes,
-          [call](ucs_status_t status) {
-            absl::MutexLock lock(&call->mutex);
-            --call->sends_in_flight;
-            if (status != UCS_OK && call->failure.ok()) {
-              call->failure = absl::UnavailableError(
-                  absl::StrCat("UCX send failed: ", ucs_status_string(status)));
+          [this, call](ucs_status_t status) {
+            {
+              absl::MutexLock lock(&call->mutex);
+              --call->sends_in_flight;
+              if (status != UCS_OK && call->failure.ok()) {
+                call->failure = absl::UnavailableError(
+                    absl::StrCat("UCX send failed: ", ucs_status_string(status)));
+              }
             }
+            CheckLater(call);
           },
           message.data_memory);
     }
   });
+}
 
-  // Drive the worker from this thread for a short while: a small call's
-  // reply is then handled here (no hand-off from the progress thread and no
-  // futex wake-up); a longer one falls back to sleeping on the call.
-  {
-    worker_->BeginDriving();
-    const absl::Time drive_until = std::min(deadline, absl::Now() + kDriveFor);
-    bool ended = false;
-    while (!ended && absl::Now() < drive_until) {
-      if (!worker_->TryProgress()) sched_yield();
+void UcxClientContext::WatchPeer(const std::weak_ptr<UcxCall>& weak) {
+  timer_->After(absl::Milliseconds(500), [this, weak] {
+    auto call = weak.lock();
+    if (call == nullptr) return;
+    {
       absl::MutexLock lock(&call->mutex);
-      ended = call->Ended();
+      if (call->stage != UcxCall::Stage::kRunning) return;
     }
-    worker_->EndDriving();
-  }
-  UcxCall* raw_call = call.get();
-  const absl::Condition ended(+[](UcxCall* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mutex) {
-    return c->Ended();
-  }, raw_call);
-  absl::Status result;
-  std::vector<UcxCall::Reply> replies;
-  bool answered = false;
+    if (call->peer->peer_alive()) return WatchPeer(weak);
+    const absl::Status failure = absl::UnavailableError(
+        "shard unreachable (its gRPC channel failed; shared-memory UCX cannot detect a "
+        "dead peer itself)");
+    UcxPeer* raw_peer = call->peer.get();
+    worker_->Post([this, raw_peer, failure] { FailPeer(raw_peer, failure); });
+  });
+}
+
+void UcxClientContext::Check(const std::shared_ptr<UcxCall>& call) {
+  bool send_cancel = false;
+  bool ended_now = false;
   {
-    bool finished = false;
-    if (peer->detects_failure || !peer->peer_alive) {
-      absl::MutexLock lock(&call->mutex);
-      finished = call->mutex.AwaitWithDeadline(ended, deadline);
-    } else {
-      // UCX cannot tell us the shard died: ask the probe now and then.
-      while (!finished && absl::Now() < deadline) {
-        {
-          absl::MutexLock lock(&call->mutex);
-          finished = call->mutex.AwaitWithDeadline(
-              ended, std::min(deadline, absl::Now() + absl::Milliseconds(500)));
+    absl::MutexLock lock(&call->mutex);
+    switch (call->stage) {
+      case UcxCall::Stage::kDone:
+        return;
+      case UcxCall::Stage::kDraining:
+        if (!call->SendsDone()) return;
+        call->stage = UcxCall::Stage::kDone;
+        break;
+      case UcxCall::Stage::kRunning: {
+        if (!call->Ended()) return;
+        call->stage = UcxCall::Stage::kDraining;
+        ended_now = true;
+        call->choose = nullptr;  // from now on replies land nowhere
+        call->answered = call->Complete();
+        if (call->answered) {
+          call->result = call->status;
+        } else if (!call->failure.ok()) {
+          call->result = call->failure;
+        } else if (call->cancelled) {
+          call->result = absl::CancelledError("operation cancelled");
+        } else {
+          call->result = absl::DeadlineExceededError("no UCX reply before the deadline");
         }
-        if (finished) break;
-        if (!peer->peer_alive()) {
-          const absl::Status failure = absl::UnavailableError(
-              "shard unreachable (its gRPC channel failed; shared-memory UCX cannot detect a "
-              "dead peer itself)");
-          UcxPeer* raw_peer = peer.get();
-          worker_->Post([this, raw_peer, failure] { FailPeer(raw_peer, failure); });
-        }
+        send_cancel = !call->answered && (absl::IsCancelled(call->result) ||
+                                          absl::IsDeadlineExceeded(call->result));
+        break;
       }
     }
-    absl::MutexLock lock(&call->mutex);
-    call->choose = nullptr;  // from now on replies land nowhere
-    answered = finished && call->Complete();
-    if (answered) {
-      result = call->status;
-      replies = std::move(call->replies);
-    } else if (!call->failure.ok()) {
-      result = call->failure;
-    } else if (call->cancelled) {
-      result = absl::CancelledError("operation cancelled");
-    } else {
-      result = absl::DeadlineExceededError(
-          "no UCX reply before the deadline");
+  }
+  if (call->registered) {
+    // Ended: no reply is handled any more, nor counted as expected.
+    bool erased = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      auto it = calls_.find(call->request_id);
+      if (it != calls_.end() && it->second == call) {
+        calls_.erase(it);
+        erased = true;
+      }
     }
+    if (erased) worker_->ExpectReplies(-1);
   }
-  {
-    absl::MutexLock lock(&mutex_);
-    calls_.erase(request_id);
-  }
-  worker_->ExpectReplies(-1);
-  if (!answered && (result.code() == absl::StatusCode::kCancelled ||
-                    result.code() == absl::StatusCode::kDeadlineExceeded)) {
+  if (send_cancel) {
     // Best effort: let the shard stop waiting for us.
     Frame frame;
     frame.op = Op::kCancel;
-    frame.connection_id = peer->id;
-    frame.request_id = request_id;
+    frame.connection_id = call->peer->id;
+    frame.request_id = call->request_id;
+    std::shared_ptr<UcxPeer> peer = call->peer;
     worker_->Post([this, peer, header = transport::EncodeHeader(frame, {})]() mutable {
       if (peer->ep == nullptr) return;
       worker_->SendAm(peer->ep, transport::kRequestAmId, std::move(header), nullptr, 0,
                       [](ucs_status_t) {});
     });
   }
-  // The payloads belong to the caller: wait until UCX is done reading them.
-  if (absl::Status drained = WaitSendsDone(call, peer); !drained.ok()) result = drained;
-  canceller.Unregister(call.get());
-  if (!result.ok()) return result;
-  if (landing != nullptr) {
+  {
+    absl::MutexLock lock(&call->mutex);
+    if (call->stage == UcxCall::Stage::kDraining) {
+      if (!call->SendsDone()) {
+        // The payloads belong to the caller: wait (on the timer) until UCX
+        // is done reading them; each send that completes checks again.
+        if (ended_now) {
+          std::weak_ptr<UcxCall> weak = call;
+          timer_->After(kSendDrainGrace, [this, weak] {
+            if (auto overdue = weak.lock()) DrainOverdue(overdue, false);
+          });
+        }
+        return;
+      }
+      call->stage = UcxCall::Stage::kDone;
+    }
+  }
+  Complete(call);
+}
+
+void UcxClientContext::CheckLater(const std::shared_ptr<UcxCall>& call) {
+  worker_->Post([this, call] { Check(call); });
+}
+
+void UcxClientContext::DrainOverdue(const std::shared_ptr<UcxCall>& call, bool second) {
+  const std::string& peer_name = call->peer->name;
+  {
+    absl::MutexLock lock(&call->mutex);
+    if (call->stage != UcxCall::Stage::kDraining) return;
+    if (second) {
+      call->stage = UcxCall::Stage::kDone;
+      call->result = absl::InternalError(absl::StrCat(
+          "UCX still reads ", call->sends_in_flight, " payloads of a call to ", peer_name,
+          " after closing its endpoint; the caller's buffers may still be read"));
+    } else {
+      // The shard stopped reading. Closing the endpoint completes the sends
+      // with an error; later calls reconnect (see UcxShardTransport).
+      call->result = absl::UnavailableError(
+          absl::StrCat("UCX sends to ", peer_name, " did not complete within ",
+                       absl::FormatDuration(kSendDrainGrace), "; endpoint closed"));
+      call->answered = false;
+    }
+  }
+  if (second) return Complete(call);
+  spdlog::warn("ucx peer={} closed: sends stalled", peer_name);
+  const absl::Status failure = absl::UnavailableError(
+      absl::StrCat("UCX sends to ", peer_name, " did not complete within ",
+                   absl::FormatDuration(kSendDrainGrace), "; endpoint closed"));
+  UcxPeer* raw_peer = call->peer.get();
+  worker_->Post([this, raw_peer, failure] { FailPeer(raw_peer, failure); });
+  std::weak_ptr<UcxCall> weak = call;
+  timer_->After(kSendDrainGrace, [this, weak] {
+    if (auto overdue = weak.lock()) DrainOverdue(overdue, true);
+  });
+}
+
+void UcxClientContext::Complete(const std::shared_ptr<UcxCall>& call) {
+  if (call->registered) call->canceller->Unregister(call.get());
+  absl::Status result;
+  std::vector<UcxCall::Reply> replies;
+  {
+    absl::MutexLock lock(&call->mutex);
+    result = call->result;
+    if (call->answered && result.ok()) replies = std::move(call->replies);
+  }
+  if (result.ok() && call->sink != nullptr) {
     for (const UcxCall::Reply& reply : replies) {
       const bool landed = reply.landed != nullptr;
       const PayloadView view(landed ? absl::string_view(reply.landed, reply.landed_bytes)
                                     : reply.payload.view());
-      if (auto status = (*landing->sink)(reply.header, view,
-                                         landed ? reply.landed_memory : MemoryKind::kHost);
-          !status.ok()) {
-        return status;
-      }
-    }
-    return absl::OkStatus();
-  }
-  if (sink == nullptr) return result;
-  for (const UcxCall::Reply& reply : replies) {
-    if (auto status = (*sink)(reply.header, PayloadView(reply.payload.view())); !status.ok()) {
-      return status;
+      result = (*call->sink)(reply.header, view, landed ? reply.landed_memory : MemoryKind::kHost);
+      if (!result.ok()) break;
     }
   }
-  return absl::OkStatus();
-}
-
-absl::Status UcxClientContext::WaitSendsDone(const std::shared_ptr<UcxCall>& call,
-                                             const std::shared_ptr<UcxPeer>& peer) {
-  const absl::Condition sends_done(+[](UcxCall* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mutex) {
-    return c->SendsDone();
-  }, call.get());
-  {
-    absl::MutexLock lock(&call->mutex);
-    if (call->mutex.AwaitWithTimeout(sends_done, kSendDrainGrace)) return absl::OkStatus();
-  }
-  // The shard stopped reading. Closing the endpoint completes the sends with
-  // an error; later calls reconnect (see UcxShardTransport).
-  const absl::Status failure = absl::UnavailableError(
-      absl::StrCat("UCX sends to ", peer->name, " did not complete within ",
-                   absl::FormatDuration(kSendDrainGrace), "; endpoint closed"));
-  spdlog::warn("ucx peer={} closed: sends stalled", peer->name);
-  UcxPeer* raw_peer = peer.get();
-  worker_->Post([this, raw_peer, failure] { FailPeer(raw_peer, failure); });
-  absl::MutexLock lock(&call->mutex);
-  if (call->mutex.AwaitWithTimeout(sends_done, kSendDrainGrace)) return failure;
-  return absl::InternalError(absl::StrCat(
-      "UCX still reads ", call->sends_in_flight, " payloads of a call to ", peer->name,
-      " after closing its endpoint; the caller's buffers may still be read"));
+  replies.clear();  // UCX's receive buffers go back before the caller hears
+  CallDone done = std::move(call->done);
+  done(std::move(result));
 }
 
 ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t header_length,
@@ -436,23 +527,28 @@ ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t hea
   auto call = self->FindCall(frame.request_id);
   if (call == nullptr) return UCS_OK;  // abandoned (deadline, cancel): dropped
   if (frame.op == Op::kStatus) {
-    absl::MutexLock lock(&call->mutex);
-    call->have_status = true;
-    call->status = transport::DecodeStatus(frame, body);
-    call->expected = frame.count;
+    {
+      absl::MutexLock lock(&call->mutex);
+      call->have_status = true;
+      call->status = transport::DecodeStatus(frame, body);
+      call->expected = frame.count;
+    }
+    self->CheckLater(call);
     return UCS_OK;
   }
   proto::TensorChunk chunk;
   if (frame.op != Op::kReplyChunk || frame.index >= transport::kMaxChunksPerCall ||
       frame.payload_bytes != length || !chunk.ParseFromArray(body.data(), body.size())) {
     Fail(*call, absl::InternalError("malformed UCX reply"));
+    self->CheckLater(call);
     return UCS_OK;
   }
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   ReplyLanding landing;
   bool receive_into_landing = false;
+  bool landed = false;
   {
-    // PullInto: land the payload where the caller chose, if it fits and
+    // A landing: put the payload where the caller chose, if it fits and
     // this UCX can write that memory (device: rendezvous only, no copy
     // here). Decided under the call's lock, so the call cannot end (and its
     // buffers go away) meanwhile: an eager copy happens under it, and a
@@ -464,12 +560,15 @@ ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t hea
     if (fits && !device && !rendezvous) {
       if (length > 0) std::memcpy(landing.data, data, length);
       DeliverLandedLocked(*call, frame.index, std::move(chunk), landing, length);
-      return UCS_OK;
-    }
-    if (fits && rendezvous && (!device || self->sends_from_device_memory_)) {
+      landed = true;
+    } else if (fits && rendezvous && (!device || self->sends_from_device_memory_)) {
       ++call->landings_in_flight;
       receive_into_landing = true;
     }
+  }
+  if (landed) {
+    self->CheckLater(call);
+    return UCS_OK;
   }
   if (receive_into_landing) {
     // Not under the lock: the completion may run inside ReceiveData.
@@ -477,17 +576,20 @@ ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t hea
     auto header = std::make_shared<proto::TensorChunk>(std::move(chunk));
     self->worker_->ReceiveData(
         data, landing.data, length,
-        [call, header, landing, length, index](ucs_status_t status) {
-          absl::MutexLock lock(&call->mutex);
-          --call->landings_in_flight;
-          if (status != UCS_OK) {
-            if (call->failure.ok()) {
-              call->failure = absl::UnavailableError(
-                  absl::StrCat("UCX receive failed: ", ucs_status_string(status)));
+        [self, call, header, landing, length, index](ucs_status_t status) {
+          {
+            absl::MutexLock lock(&call->mutex);
+            --call->landings_in_flight;
+            if (status != UCS_OK) {
+              if (call->failure.ok()) {
+                call->failure = absl::UnavailableError(
+                    absl::StrCat("UCX receive failed: ", ucs_status_string(status)));
+              }
+            } else {
+              DeliverLandedLocked(*call, index, std::move(*header), landing, length);
             }
-            return;
           }
-          DeliverLandedLocked(*call, index, std::move(*header), landing, length);
+          self->CheckLater(call);
         },
         landing.memory == MemoryKind::kDevice ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
     return UCS_OK;
@@ -503,11 +605,13 @@ ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t hea
               transport::PayloadBuffer::Borrow(
                   static_cast<char*>(data), length,
                   std::shared_ptr<void>(data, [worker](void* d) { worker->ReleaseData(d); })));
+      self->CheckLater(call);
       return UCS_INPROGRESS;
     }
     auto payload = transport::PayloadBuffer::Allocate(length);
     if (length > 0) std::memcpy(payload.data(), data, length);
     Deliver(*call, frame.index, std::move(chunk), std::move(payload));
+    self->CheckLater(call);
     return UCS_OK;
   }
   // Rendezvous: UCX writes the payload straight into the reply's buffer.
@@ -520,14 +624,15 @@ ucs_status_t UcxClientContext::OnReply(void* arg, const void* header, size_t hea
   reply->payload = transport::PayloadBuffer::Allocate(length);
   const uint32_t index = frame.index;
   self->worker_->ReceiveData(data, reply->payload.data(), length,
-                             [call, reply, index](ucs_status_t status) {
+                             [self, call, reply, index](ucs_status_t status) {
                                if (status != UCS_OK) {
                                  Fail(*call, absl::UnavailableError(absl::StrCat(
                                                  "UCX receive failed: ", ucs_status_string(status))));
-                                 return;
+                               } else {
+                                 Deliver(*call, index, std::move(reply->header),
+                                         std::move(reply->payload));
                                }
-                               Deliver(*call, index, std::move(reply->header),
-                                       std::move(reply->payload));
+                               self->CheckLater(call);
                              });
   return UCS_OK;
 }
@@ -554,14 +659,19 @@ void UcxClientContext::FailPeer(UcxPeer* peer, const absl::Status& failure) {
       if (entry.second->peer.get() == peer) affected.push_back(entry.second);
     }
   }
-  for (auto& call : affected) Fail(*call, failure);
+  for (auto& call : affected) {
+    Fail(*call, failure);
+    CheckLater(call);
+  }
 }
 
 UcxShardTransport::UcxShardTransport(std::shared_ptr<UcxClientContext> context,
                                      std::shared_ptr<UcxPeer> peer, std::string peer_name,
                                      std::function<bool()> peer_alive,
                                      UcxAddressProvider address_provider)
-    : context_(std::move(context)),
+    : ShardTransport(TransportTraits{"ucx", context->sends_from_device_memory(),
+                                     context->sends_from_device_memory()}),
+      context_(std::move(context)),
       peer_name_(std::move(peer_name)),
       peer_alive_(std::move(peer_alive)),
       address_provider_(std::move(address_provider)),
@@ -613,20 +723,17 @@ absl::StatusOr<std::shared_ptr<UcxPeer>> UcxShardTransport::CurrentPeer(absl::Ti
 
 UcxShardTransport::~UcxShardTransport() = default;  // the context closes the endpoint
 
-bool UcxShardTransport::SendsFromDeviceMemory() const {
-  return context_->sends_from_device_memory();
-}
-
-absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks,
-                                           bool then_pull, const ChunkViewSink* sink,
-                                           absl::Time deadline, CallCanceller& canceller,
-                                           const UcxClientContext::Landing* landing) {
+void UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks, bool then_pull,
+                                   const ReplyLandingChooser* choose, const LandedChunkSink* sink,
+                                   absl::Time deadline, CallCanceller& canceller, CallDone done) {
   // Before the peer too: a refused call must not even reconnect.
   if (!SendsFromDeviceMemory()) {
-    if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) return refused;
+    if (absl::Status refused = RefuseDeviceChunks(name(), chunks); !refused.ok()) {
+      return done(refused);
+    }
   }
   auto peer = CurrentPeer(deadline);
-  if (!peer.ok()) return peer.status();
+  if (!peer.ok()) return done(peer.status());
   Frame frame;
   frame.op = then_pull ? Op::kPushPull : Op::kPush;
   frame.connection_id = (*peer)->id;
@@ -649,48 +756,27 @@ absl::Status UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chu
                         payload.data(), payload.size(),
                         device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST});
   }
-  return context_->Execute(*peer, frame.request_id, std::move(messages), sink, deadline,
-                           canceller, landing);
+  context_->Execute(*peer, frame.request_id, std::move(messages), choose, sink, deadline,
+                    canceller, std::move(done));
 }
 
-absl::Status UcxShardTransport::Push(const std::vector<OutgoingChunk>& chunks,
-                                     absl::Time deadline, CallCanceller& canceller) {
-  return SendChunks(chunks, false, nullptr, deadline, canceller);
+void UcxShardTransport::StartPush(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                                  CallCanceller& canceller, CallDone done) {
+  SendChunks(chunks, false, nullptr, nullptr, deadline, canceller, std::move(done));
 }
 
-absl::Status UcxShardTransport::PushPull(const std::vector<OutgoingChunk>& chunks,
-                                         const ChunkViewSink& sink, absl::Time deadline,
-                                         CallCanceller& canceller) {
-  return SendChunks(chunks, true, &sink, deadline, canceller);
+void UcxShardTransport::StartPushPull(const std::vector<OutgoingChunk>& chunks,
+                                      const ReplyLandingChooser* choose,
+                                      const LandedChunkSink& sink, absl::Time deadline,
+                                      CallCanceller& canceller, CallDone done) {
+  SendChunks(chunks, true, choose, &sink, deadline, canceller, std::move(done));
 }
 
-absl::Status UcxShardTransport::PushPullInto(const std::vector<OutgoingChunk>& chunks,
-                                             const ReplyLandingChooser& choose,
-                                             const LandedChunkSink& sink, absl::Time deadline,
-                                             CallCanceller& canceller) {
-  const UcxClientContext::Landing landing{&choose, &sink};
-  return SendChunks(chunks, true, nullptr, deadline, canceller, &landing);
-}
-
-absl::Status UcxShardTransport::Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
-                                     absl::Time deadline, CallCanceller& canceller) {
-  return StartPull(request, &sink, nullptr, deadline, canceller);
-}
-
-absl::Status UcxShardTransport::PullInto(const proto::PullRequest& request,
-                                         const ReplyLandingChooser& choose,
-                                         const LandedChunkSink& sink, absl::Time deadline,
-                                         CallCanceller& canceller) {
-  const UcxClientContext::Landing landing{&choose, &sink};
-  return StartPull(request, nullptr, &landing, deadline, canceller);
-}
-
-absl::Status UcxShardTransport::StartPull(const proto::PullRequest& request,
-                                          const ChunkViewSink* sink,
-                                          const UcxClientContext::Landing* landing,
-                                          absl::Time deadline, CallCanceller& canceller) {
+void UcxShardTransport::StartPull(const proto::PullRequest& request,
+                                  const ReplyLandingChooser* choose, const LandedChunkSink& sink,
+                                  absl::Time deadline, CallCanceller& canceller, CallDone done) {
   auto peer = CurrentPeer(deadline);
-  if (!peer.ok()) return peer.status();
+  if (!peer.ok()) return done(peer.status());
   Frame frame;
   frame.op = Op::kPull;
   frame.connection_id = (*peer)->id;
@@ -698,8 +784,8 @@ absl::Status UcxShardTransport::StartPull(const proto::PullRequest& request,
   frame.arg = TimeoutMs(deadline);
   std::vector<UcxClientContext::Message> messages;
   messages.push_back({transport::EncodeHeader(frame, request.SerializeAsString()), nullptr, 0});
-  return context_->Execute(*peer, frame.request_id, std::move(messages), sink, deadline,
-                           canceller, landing);
+  context_->Execute(*peer, frame.request_id, std::move(messages), choose, &sink, deadline,
+                    canceller, std::move(done));
 }
 
 }  // namespace harrier

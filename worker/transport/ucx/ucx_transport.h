@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/transport/framing.h"
 #include "common/transport/ucx_worker.h"
+#include "worker/transport/timer_thread.h"
 #include "worker/transport/transport.h"
 
 namespace harrier {
@@ -42,13 +43,12 @@ enum class UcxDeviceMemory { kAuto, kOff, kOn };
 absl::StatusOr<UcxDeviceMemory> ParseUcxDeviceMemory(absl::string_view value);
 inline constexpr char kUcxDeviceMemoryEnv[] = "HARRIER_UCX_DEVICE_MEMORY";
 
-// One UCP worker and progress thread shared by a Client's shard transports.
-// The reply handler and completions run on whichever thread progresses the
-// worker: the progress thread, or a calling thread that sends its own
-// messages and progresses the worker itself for a short while as it waits
-// for its reply (UcxWorker::Post, BeginDriving); then it sleeps on its
-// call. Thread-safe. Lives as
-// long as the longest-lived transport made from it (they share ownership).
+// One UCP worker and progress thread shared by a Client's shard transports,
+// and one timer thread for their calls' deadlines, cancels and send-drain
+// graces. The reply handler runs on the progress thread (or a thread that
+// Post()s while the worker is free); a call completes there, or on the
+// timer thread when it expires or is cancelled. Thread-safe. Lives as long
+// as the longest-lived transport made from it (they share ownership).
 class UcxClientContext {
  public:
   // The device-memory mode comes from HARRIER_UCX_DEVICE_MEMORY (above);
@@ -96,26 +96,33 @@ class UcxClientContext {
                                                        absl::Time deadline,
                                                        std::function<bool()> peer_alive);
 
-  // Sends `messages` as one call to `peer` and waits for its reply until
-  // `deadline` or cancellation; hands reply chunks to `sink` (if any) in
-  // order. Never returns while UCX still reads the messages' data: sends
-  // still in flight a grace after the call ended force-close the peer's
+  // Sends `messages` as one call to `peer` and completes it with `done`
+  // when its reply is in, at `deadline`, on cancellation or when the peer
+  // fails; hands reply chunks to `sink` (if any) in order first. With
+  // `choose`, reply payloads land where it says. Never completes while UCX
+  // still reads the messages' data or writes into a landing: sends still
+  // in flight a grace after the call ended force-close the peer's
   // endpoint, which completes them (see ucx_transport.cc).
-  // With `landing` (PullInto), reply payloads land where its chooser says
-  // and go to its sink instead of `sink`.
-  struct Landing {
-    const ReplyLandingChooser* choose;
-    const LandedChunkSink* sink;
-  };
-  absl::Status Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t request_id,
-                       std::vector<Message> messages, const ChunkViewSink* sink,
-                       absl::Time deadline, CallCanceller& canceller,
-                       const Landing* landing = nullptr);
+  void Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t request_id,
+               std::vector<Message> messages, const ReplyLandingChooser* choose,
+               const LandedChunkSink* sink, absl::Time deadline, CallCanceller& canceller,
+               CallDone done);
   uint64_t NextRequestId() { return next_request_id_++; }
-  // Waits (bounded) until UCX no longer reads the call's payloads nor
-  // writes into its landing buffers; see kSendDrainGrace in ucx_transport.cc.
-  absl::Status WaitSendsDone(const std::shared_ptr<UcxCall>& call,
-                             const std::shared_ptr<UcxPeer>& peer);
+  // Looks at a call after anything about it changed: ends it once it is
+  // answered, failed, cancelled or expired, and completes it once UCX no
+  // longer reads its payloads nor writes into its landings. Any thread but
+  // one holding the call's canceller's lock.
+  void Check(const std::shared_ptr<UcxCall>& call);
+  // Check on the progress thread, in its next round: from UCP callbacks,
+  // which may neither complete a call nor make UCP calls.
+  void CheckLater(const std::shared_ptr<UcxCall>& call);
+  // The send-drain grace of an ended call passed (`second`: twice).
+  void DrainOverdue(const std::shared_ptr<UcxCall>& call, bool second);
+  // Hands the replies to the sink and runs the call's done.
+  void Complete(const std::shared_ptr<UcxCall>& call);
+  // While a call to a peer that cannot detect failures runs: asks the
+  // peer's probe every 500 ms.
+  void WatchPeer(const std::weak_ptr<UcxCall>& call);
 
   // Progress thread.
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
@@ -132,6 +139,7 @@ class UcxClientContext {
   std::vector<std::shared_ptr<UcxPeer>> peers_ ABSL_GUARDED_BY(mutex_);
   std::unique_ptr<transport::UcxWorker> worker_;
   bool sends_from_device_memory_ = false;
+  std::unique_ptr<TimerThread> timer_;
 };
 
 // A shard's data path over UCX active messages. Payloads are sent from the
@@ -139,8 +147,8 @@ class UcxClientContext {
 // UCP_OP_ATTR_FIELD_MEMORY_TYPE = UCS_MEMORY_TYPE_CUDA, when
 // SendsFromDeviceMemory(); otherwise a chunk in device memory is refused
 // with FAILED_PRECONDITION before anything is sent. Replies are received
-// into host buffers (PullInto: into the caller's landings) and handed to
-// the sink on the calling thread. A shard that dies
+// into host buffers (or the caller's landings) and handed to the sink
+// when the call completes. A shard that dies
 // fails calls with UNAVAILABLE (error mode PEER), never a hang.
 //
 // Reconnecting: with an address provider, the first call after the peer
@@ -157,40 +165,28 @@ class UcxShardTransport : public ShardTransport {
                     UcxAddressProvider address_provider = nullptr);
   ~UcxShardTransport() override;
 
-  std::string name() const override { return "ucx"; }
-  // The context's sends_from_device_memory(): false with Debian's UCX
-  // (no CUDA transports) and with HARRIER_UCX_DEVICE_MEMORY=off.
-  bool SendsFromDeviceMemory() const override;
-
-  // Payloads go out from the caller's bytes; replies reach the sink as
-  // views of the received buffers.
-  absl::Status Push(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
-                    CallCanceller& canceller) override;
-  absl::Status Pull(const proto::PullRequest& request, const ChunkViewSink& sink,
-                    absl::Time deadline, CallCanceller& canceller) override;
-  absl::Status PushPull(const std::vector<OutgoingChunk>& chunks, const ChunkViewSink& sink,
-                        absl::Time deadline, CallCanceller& canceller) override;
-  // Same as SendsFromDeviceMemory(): the same UCX support and mode.
-  bool ReceivesIntoDeviceMemory() const override { return SendsFromDeviceMemory(); }
-  // Rendezvous replies are received (ucp_am_recv_data_nbx) straight into
-  // their landing, with UCS_MEMORY_TYPE_CUDA for a device one; eager ones
-  // are copied into a host landing (a device landing gets a host view).
-  absl::Status PullInto(const proto::PullRequest& request, const ReplyLandingChooser& choose,
-                        const LandedChunkSink& sink, absl::Time deadline,
-                        CallCanceller& canceller) override;
-  // The same landing for the pull half of a push-pull.
-  absl::Status PushPullInto(const std::vector<OutgoingChunk>& chunks,
-                            const ReplyLandingChooser& choose, const LandedChunkSink& sink,
-                            absl::Time deadline, CallCanceller& canceller) override;
+  // Replies reach the sink as views of the received buffers, or in their
+  // landings: rendezvous replies are received (ucp_am_recv_data_nbx)
+  // straight into their landing, with UCS_MEMORY_TYPE_CUDA for a device one
+  // (ReceivesIntoDeviceMemory(), the same UCX support and mode as
+  // SendsFromDeviceMemory()); eager ones are copied into a host landing (a
+  // device landing gets a host view). The sink and done run on the
+  // progress thread (or the timer thread, for a call that expired or was
+  // cancelled). A call that finds its peer failed reconnects first (see
+  // above), on the starting thread.
+  void StartPush(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                 CallCanceller& canceller, CallDone done) override;
+  void StartPull(const proto::PullRequest& request, const ReplyLandingChooser* choose,
+                 const LandedChunkSink& sink, absl::Time deadline, CallCanceller& canceller,
+                 CallDone done) override;
+  void StartPushPull(const std::vector<OutgoingChunk>& chunks, const ReplyLandingChooser* choose,
+                     const LandedChunkSink& sink, absl::Time deadline, CallCanceller& canceller,
+                     CallDone done) override;
 
  private:
-  absl::Status StartPull(const proto::PullRequest& request, const ChunkViewSink* sink,
-                         const UcxClientContext::Landing* landing, absl::Time deadline,
-                         CallCanceller& canceller);
-  absl::Status SendChunks(const std::vector<OutgoingChunk>& chunks, bool then_pull,
-                          const ChunkViewSink* sink, absl::Time deadline,
-                          CallCanceller& canceller,
-                          const UcxClientContext::Landing* landing = nullptr);
+  void SendChunks(const std::vector<OutgoingChunk>& chunks, bool then_pull,
+                  const ReplyLandingChooser* choose, const LandedChunkSink* sink,
+                  absl::Time deadline, CallCanceller& canceller, CallDone done);
   // The peer to use now: the current one if it has not failed (or cannot be
   // replaced), else a freshly connected one; UNAVAILABLE if reconnecting
   // failed.
