@@ -297,7 +297,7 @@ absl::StatusOr<Summary> ReadSummary(const HostProcess& process) {
       !number("bytes_pulled_per_iter", &summary.bytes_pulled) ||
       !number("bytes_per_iter", &summary.bytes_per_iter) || !number("steps", &steps)) {
     return absl::InternalError(absl::StrCat(
-        process.label(), ": replay_summary lacks a field the contract names: ", text));
+        process.label(), ": replay_summary lacks a field the overlap bench reads: ", text));
   }
   summary.rank = static_cast<int>(rank);
   summary.steps = static_cast<int>(steps);

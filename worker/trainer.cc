@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/json.h"
 
 namespace harrier {
 namespace {
@@ -402,16 +403,19 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     if (metrics != nullptr) {
       // One line per step: the clock it pulled at, the min clock it saw, how
       // long it waited for the servers, and cumulative traffic.
-      std::fprintf(metrics,
-                   "{\"rank\":%d,\"epoch\":%d,\"step\":%lld,\"loss\":%.6f,\"pull_clock\":%lld,"
-                   "\"min_clock\":%lld,\"staleness\":%lld,\"wait_ms\":%.3f,\"bytes_pushed\":%llu,"
-                   "\"bytes_pulled\":%llu,\"elapsed_s\":%.3f}\n",
-                   rank, epoch, static_cast<long long>(step + 1), *loss,
-                   static_cast<long long>(pull_clock), static_cast<long long>(min_clock),
-                   static_cast<long long>(pull_clock - min_clock), wait_ms,
-                   static_cast<unsigned long long>(stats.bytes_pushed),
-                   static_cast<unsigned long long>(stats.bytes_pulled),
-                   absl::ToDoubleSeconds(absl::Now() - start));
+      Json line;
+      line["rank"] = rank;
+      line["epoch"] = epoch;
+      line["step"] = step + 1;
+      line["loss"] = RoundTo(*loss, 6);
+      line["pull_clock"] = pull_clock;
+      line["min_clock"] = min_clock;
+      line["staleness"] = pull_clock - min_clock;
+      line["wait_ms"] = RoundTo(wait_ms, 3);
+      line["bytes_pushed"] = stats.bytes_pushed;
+      line["bytes_pulled"] = stats.bytes_pulled;
+      line["elapsed_s"] = RoundTo(absl::ToDoubleSeconds(absl::Now() - start), 3);
+      std::fprintf(metrics, "%s\n", DumpJson(line).c_str());
     }
     if ((step + 1) % options.log_every == 0 || last) {
       const absl::Time now = absl::Now();

@@ -129,7 +129,7 @@ def load_runs(grid_dir):
         with open(csv_path, newline="") as f:
             reader = csv.DictReader(f)
             if reader.fieldnames != RUN_KEYS:
-                raise InputError(f"{csv_path}: header is not the contract's {len(RUN_KEYS)} columns")
+                raise InputError(f"{csv_path}: header is not the {len(RUN_KEYS)} columns runs.csv has")
             for number, raw in enumerate(reader, 2):
                 rows.append(normalise_run(raw, f"{csv_path}:{number}"))
     else:

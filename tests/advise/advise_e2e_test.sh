@@ -48,7 +48,7 @@ check "calibration A: exit 0 (rc $rc)" "[ $rc -eq 0 ]"
 [ $rc -eq 0 ] || cat "$tmp/a.err"
 check "one JSON line on stdout" "[ \$(wc -l <'$tmp/a.json') -eq 1 ] && json_get '$tmp/a.json' 1 >/dev/null"
 keys=$(json_get "$tmp/a.json" "','.join(list(j)[:7])")
-check "top-level keys in contract D's order ($keys)" \
+check "top-level keys in the documented order ($keys)" \
   "[ '$keys' = 'bench,model,link_gbps_measured_up,link_gbps_measured_down,rtt_ms,pick,options' ]"
 pick_keys=$(json_get "$tmp/a.json" "','.join(list(j['pick'])[:6])")
 check "pick keys ($pick_keys)" \

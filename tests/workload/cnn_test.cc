@@ -190,7 +190,7 @@ Cnn NudgedCnn(uint64_t seed) {
   return std::move(*cnn);
 }
 
-TEST_CASE("layout: names, shapes and 215,370 parameters in contract order") {
+TEST_CASE("layout: names, shapes and 215,370 parameters in the documented order") {
   absl::StatusOr<Cnn> cnn = Cnn::Create(CnnOptions{});
   REQUIRE(cnn.ok());
   const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {

@@ -255,7 +255,7 @@ TEST_CASE("the compute pacer never runs short, and restarts after a wait on the 
   CHECK(ms(Clock::now() - start) < 100.0);
 }
 
-TEST_CASE("the summary line has the contract's fields in order") {
+TEST_CASE("the summary line has its documented fields in order") {
   ReplaySummary s;
   s.model = "resnet50";
   s.techniques = "all";

@@ -70,7 +70,7 @@ for r in 0 1 2; do
               compute_ms bytes_pushed_per_iter bytes_pulled_per_iter bytes_per_iter checked; do
     [ -n "$(field "$line" "$name")" ] || missing="$missing $name"
   done
-  if [ -z "$missing" ]; then pass "rank $r: every contract field"; else fail "rank $r: missing$missing"; fi
+  if [ -z "$missing" ]; then pass "rank $r: every summary field"; else fail "rank $r: missing$missing"; fi
   if [ "$(field "$line" checked)" = true ]; then
     pass "rank $r: checked=true (sampled parameters bit-exact)"
   else
