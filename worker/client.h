@@ -86,8 +86,14 @@ struct ClientOptions {
   size_t max_queued_calls = 4096;
   // Shard calls in flight at once, for pushes and for pulls and push-pulls
   // each (pulls parked by the consistency model never hold up pushes);
-  // more wait in the queue above.
-  int max_calls_in_flight = 256;
+  // more wait in the queue above. A call holds no thread, but a few at a
+  // time keep both directions of a link busy: with every call of a step in
+  // flight at once, HTTP/2 shares the uplink among them all, so no reply
+  // starts before nearly every push has arrived and a step costs a push
+  // time plus a pull time (measured: 1.8 s against 1.5 s per replayed
+  // ResNet-50 step at 1 Gbit/s with 161 push-pulls in flight, `harrier-bench
+  // overlap --techniques=none`).
+  int max_calls_in_flight = 4;
   // Transport security of every gRPC channel (control and gRPC data), PEM
   // file paths: tls_ca_file alone = TLS, the shards' certificates must chain
   // to it and name the host dialled; with tls_cert_file and tls_key_file

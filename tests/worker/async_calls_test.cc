@@ -40,6 +40,8 @@ ClientOptions Options(int shards) {
   for (int i = 0; i < shards; ++i) options.servers.push_back(absl::StrCat("fake:", i));
   options.heartbeat_interval = absl::ZeroDuration();
   options.rpc_timeout = absl::Seconds(30);
+  // Every call in flight at once: the thread counts must not depend on it.
+  options.max_calls_in_flight = 256;
   return options;
 }
 
