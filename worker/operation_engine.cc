@@ -158,6 +158,7 @@ absl::Status OperationEngine::RunHere(OpKind kind, std::string description, cons
   const absl::Time start = absl::Now();
   absl::Status status;
   absl::Notification done;
+  CallerWaitsScope caller_waits_here;
   task(*op, [&status, &done](absl::Status task_status) {
     status = std::move(task_status);
     done.Notify();

@@ -49,8 +49,30 @@ ClientOptions Options(const std::vector<std::unique_ptr<testing::ServerProcess>>
     REQUIRE(status_.ok());                        \
   } while (false)
 
+// Both forms of each call: blocking, which a transport may run on the
+// calling thread (CallerWaitsScope), and async with Wait(), which completes
+// on the transport's own threads.
+struct Calls {
+  bool async;
+  absl::Status Pull(Client& client, const std::string& name, std::vector<float>& out) const {
+    if (!async) return client.Pull(name, absl::MakeSpan(out));
+    return client.Wait(client.PullAsync(name, absl::MakeSpan(out)));
+  }
+  absl::Status Push(Client& client, const std::string& name, const std::vector<float>& grad) const {
+    if (!async) return client.Push(name, grad);
+    return client.Wait(client.PushAsync(name, grad));
+  }
+  absl::Status PushPull(Client& client, const std::string& name, const std::vector<float>& grad,
+                        std::vector<float>& out) const {
+    if (!async) return client.PushPull(name, grad, absl::MakeSpan(out));
+    return client.Wait(client.PushPullAsync(name, grad, absl::MakeSpan(out)));
+  }
+};
+
 TEST_CASE("push, pull and push-pull round trip exactly") {
   INFO("transport " << Transport());
+  const Calls calls{GENERATE(false, true)};
+  INFO((calls.async ? "async calls" : "blocking calls"));
   auto servers = testing::StartCluster(1, 1, ServerFlags({"--optimizer=sgd", "--lr=1"}));
   REQUIRE(servers.ok());
   auto client = Client::Create(Options(*servers));
@@ -65,24 +87,24 @@ TEST_CASE("push, pull and push-pull round trip exactly") {
       grad[i] = static_cast<float>(i % 7);
     }
     REQUIRE_OK((*client)->RegisterTensor(name, {static_cast<int64_t>(n)}, init));
-    REQUIRE_OK((*client)->Pull(name, absl::MakeSpan(out)));
+    REQUIRE_OK(calls.Pull(**client, name, out));
     REQUIRE(out == init);
   }
   for (size_t n : {size_t{1}, size_t{1000}, size_t{1500000}}) {
     const std::string name = "t" + std::to_string(n);
     std::vector<float> grad(n), out(n);
     for (size_t i = 0; i < n; ++i) grad[i] = static_cast<float>(i % 7);
-    REQUIRE_OK((*client)->Push(name, grad));
+    REQUIRE_OK(calls.Push(**client, name, grad));
   }
   (*client)->Clock();
   for (size_t n : {size_t{1}, size_t{1000}, size_t{1500000}}) {
     const std::string name = "t" + std::to_string(n);
     std::vector<float> grad(n), out(n);
-    REQUIRE_OK((*client)->Pull(name, absl::MakeSpan(out)));
+    REQUIRE_OK(calls.Pull(**client, name, out));
     for (size_t i = 0; i < n; ++i) REQUIRE(out[i] == static_cast<float>(i % 101) - (i % 7));
     // Push-pull: a second step, answered with the parameters after it.
     for (size_t i = 0; i < n; ++i) grad[i] = 1.0f;
-    REQUIRE_OK((*client)->PushPull(name, grad, absl::MakeSpan(out)));
+    REQUIRE_OK(calls.PushPull(**client, name, grad, out));
     for (size_t i = 0; i < n; ++i) {
       REQUIRE(out[i] == static_cast<float>(i % 101) - (i % 7) - 1.0f);
     }

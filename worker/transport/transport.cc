@@ -20,6 +20,19 @@ absl::Status RefuseDeviceChunks(absl::string_view transport,
   return absl::OkStatus();
 }
 
+namespace {
+thread_local bool caller_waits = false;
+}  // namespace
+
+CallerWaitsScope::CallerWaitsScope() : outer_(caller_waits) { caller_waits = true; }
+CallerWaitsScope::~CallerWaitsScope() { caller_waits = outer_; }
+
+bool TakeCallerWaits() {
+  const bool waits = caller_waits;
+  caller_waits = false;
+  return waits;
+}
+
 absl::Status RunBlocking(const std::function<void(CallDone done)>& start, absl::Time deadline) {
   // Shared with the done, which may (for a transport that overran the
   // grace) run after this returned.
@@ -28,6 +41,7 @@ absl::Status RunBlocking(const std::function<void(CallDone done)>& start, absl::
     absl::Status status;
   };
   auto outcome = std::make_shared<Outcome>();
+  CallerWaitsScope caller_waits_here;
   start([outcome](absl::Status status) {
     outcome->status = std::move(status);
     outcome->done.Notify();

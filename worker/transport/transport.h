@@ -176,6 +176,29 @@ class ShardTransport {
   const TransportTraits traits_;
 };
 
+// Said by a caller that starts one call and then blocks until it completes
+// (RunBlocking, the client's blocking Push, Pull and PushPull): while the
+// scope lives, the first call started on this thread may run on it and
+// complete before its Start returns. That saves the hand-offs to the
+// transport's threads and back, much of a call's cost when it is small;
+// gRPC then drives the stream from the calling thread (its synchronous
+// API). A transport that does not look keeps completing on its own
+// threads; later calls of the scope and calls of other threads are
+// ordinary asynchronous calls.
+class CallerWaitsScope {
+ public:
+  CallerWaitsScope();
+  ~CallerWaitsScope();
+  CallerWaitsScope(const CallerWaitsScope&) = delete;
+  CallerWaitsScope& operator=(const CallerWaitsScope&) = delete;
+
+ private:
+  const bool outer_;
+};
+// For a transport's Start: true once per CallerWaitsScope, for the first
+// call of its thread that asks.
+bool TakeCallerWaits();
+
 // The blocking form of a call, written once: runs `start` with a done that
 // wakes this thread, and returns the call's status. A transport completes
 // every call by its deadline (plus the bounded waits for its buffers), so

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/chunk_wire.h"
 #include "common/grpc_status.h"
 
@@ -117,6 +118,22 @@ absl::Status WithRelease(absl::Status status, const absl::Status& released) {
   return absl::Status(status.code(), absl::StrCat(status.message(), " (", released.message(), ")"));
 }
 
+// WithRelease once the borrowed slices are back or the grace has passed,
+// waiting on this thread (the calls a waiting caller runs itself).
+absl::Status AfterRelease(BorrowedSlices& borrowed, TimerThread& timer, absl::Status status) {
+  struct Released {
+    absl::Notification done;
+    absl::Status status;
+  };
+  auto released = std::make_shared<Released>();
+  borrowed.WhenReleased(timer, kSliceReleaseGrace, [released](absl::Status release_status) {
+    released->status = std::move(release_status);
+    released->done.Notify();
+  });
+  released->done.WaitForNotification();
+  return WithRelease(std::move(status), released->status);
+}
+
 grpc::ByteBuffer EncodeChunk(const OutgoingChunk& chunk, BorrowedSlices& borrowed) {
   const absl::string_view payload = chunk.payload();
   std::string prefix = EncodeChunkPrefix(chunk.header, payload.size());
@@ -128,6 +145,35 @@ grpc::ByteBuffer EncodeChunk(const OutgoingChunk& chunk, BorrowedSlices& borrowe
   grpc::Slice slices[2] = {grpc::Slice(prefix), borrowed.Borrow(payload)};
   return grpc::ByteBuffer(slices, 2);
 }
+
+// Decodes a call's reply messages and hands each to a sink; after the
+// first error (a malformed reply or the sink's) the rest are drained
+// unread, so the stream's own status is still reported when it is not OK.
+class ReplyReader {
+ public:
+  void Take(grpc::ByteBuffer& message, const ChunkViewSink& sink) {
+    if (!status_.ok()) return;
+    slices_.clear();
+    if (!message.Dump(&slices_).ok()) {
+      status_ = absl::DataLossError("unreadable reply from the shard");
+      return;
+    }
+    header_.Clear();
+    PayloadView payload;
+    status_ = DecodeChunk(slices_, &header_, &payload);
+    if (!status_.ok()) {
+      status_ = absl::DataLossError(absl::StrCat("reply from the shard: ", status_.message()));
+      return;
+    }
+    status_ = sink(header_, payload);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  std::vector<grpc::Slice> slices_;
+  proto::TensorChunk header_;
+  absl::Status status_;
+};
 
 // Joins the parts of one call (one stream per channel): completes the
 // call when the last part ended, with the first error by part order, and
@@ -197,24 +243,26 @@ class Stream {
     return registered_;
   }
 
-  // One reply message: decoded and handed to the sink; after the first
-  // error the rest are drained unread, so the stream's own status is
-  // reported when it is not OK.
+  // Registers the stream and encodes its messages (false: cancelled
+  // already, and the part has ended).
+  template <typename Self>
+  bool Prepare(const std::shared_ptr<Self>& self, const std::vector<const OutgoingChunk*>& chunks) {
+    if (!Register(self)) return false;
+    for (const OutgoingChunk* chunk : chunks) messages_.push_back(EncodeChunk(*chunk, borrowed_));
+    return true;
+  }
+
+  // The next message to write, or null once every one was written.
+  grpc::ByteBuffer* NextMessage() {
+    return next_ < messages_.size() ? &messages_[next_++] : nullptr;
+  }
+
+  // One reply message (`ok`: one was read).
   void OnReply(bool ok) {
-    if (!ok || !sink_status_.ok()) return;
-    slices_.clear();
-    if (!buffer_.Dump(&slices_).ok()) {
-      sink_status_ = absl::DataLossError("unreadable reply from the shard");
-      return;
-    }
-    header_.Clear();
-    PayloadView payload;
-    absl::Status status = DecodeChunk(slices_, &header_, &payload);
-    if (!status.ok()) {
-      sink_status_ = absl::DataLossError(absl::StrCat("reply from the shard: ", status.message()));
-      return;
-    }
-    sink_status_ = join_->Reply(header_, payload);
+    if (ok) replies_.Take(buffer_, [this](const proto::TensorChunk& header,
+                                          const PayloadView& payload) {
+      return join_->Reply(header, payload);
+    });
   }
 
   // gRPC's OnDone: the last reaction. Drops the stream (its context and
@@ -223,7 +271,7 @@ class Stream {
   void Finish(const grpc::Status& grpc_status, std::shared_ptr<Stream> self) {
     if (registered_) canceller_.Unregister(this);
     absl::Status status = FromGrpcStatus(grpc_status);
-    if (status.ok()) status = sink_status_;
+    if (status.ok()) status = replies_.status();
     BorrowedSlices borrowed = borrowed_;
     TimerThread& timer = timer_;
     std::shared_ptr<PartsJoin> join = join_;
@@ -236,9 +284,6 @@ class Stream {
   }
 
   grpc::ClientContext context_;
-  BorrowedSlices borrowed_;
-  std::vector<grpc::ByteBuffer> messages_;
-  size_t next_ = 0;  // the next message to write
   grpc::ByteBuffer buffer_;  // the reply being read
 
  private:
@@ -247,9 +292,10 @@ class Stream {
   const std::shared_ptr<PartsJoin> join_;
   const size_t part_;
   bool registered_ = false;
-  std::vector<grpc::Slice> slices_;
-  proto::TensorChunk header_;
-  absl::Status sink_status_;
+  BorrowedSlices borrowed_;
+  std::vector<grpc::ByteBuffer> messages_;
+  size_t next_ = 0;  // the next message to write
+  ReplyReader replies_;
 };
 
 class PushCall : public Stream, public grpc::ClientWriteReactor<grpc::ByteBuffer> {
@@ -259,10 +305,7 @@ class PushCall : public Stream, public grpc::ClientWriteReactor<grpc::ByteBuffer
   static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
                     const std::vector<const OutgoingChunk*>& chunks,
                     std::shared_ptr<PushCall> self) {
-    if (!self->Register(self)) return;
-    for (const OutgoingChunk* chunk : chunks) {
-      self->messages_.push_back(EncodeChunk(*chunk, self->borrowed_));
-    }
+    if (!self->Prepare(self, chunks)) return;
     PushCall* stream = self.get();
     stream->self_ = std::move(self);
     grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(
@@ -278,8 +321,8 @@ class PushCall : public Stream, public grpc::ClientWriteReactor<grpc::ByteBuffer
 
  private:
   void WriteNext() {
-    if (next_ < messages_.size()) {
-      StartWrite(&messages_[next_++]);
+    if (grpc::ByteBuffer* message = NextMessage()) {
+      StartWrite(message);
     } else {
       StartWritesDone();
     }
@@ -324,10 +367,7 @@ class PushPullCall : public Stream,
   static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
                     const std::vector<const OutgoingChunk*>& chunks,
                     std::shared_ptr<PushPullCall> self) {
-    if (!self->Register(self)) return;
-    for (const OutgoingChunk* chunk : chunks) {
-      self->messages_.push_back(EncodeChunk(*chunk, self->borrowed_));
-    }
+    if (!self->Prepare(self, chunks)) return;
     PushPullCall* stream = self.get();
     stream->self_ = std::move(self);
     grpc::internal::ClientCallbackReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
@@ -348,8 +388,8 @@ class PushPullCall : public Stream,
 
  private:
   void WriteNext() {
-    if (next_ < messages_.size()) {
-      StartWrite(&messages_[next_++]);
+    if (grpc::ByteBuffer* message = NextMessage()) {
+      StartWrite(message);
     } else {
       StartWritesDone();
     }
@@ -390,11 +430,127 @@ struct GrpcShardTransport::Link {
         push_pull_method("/harrier.proto.ParameterService/PushPull",
                          grpc::internal::RpcMethod::BIDI_STREAMING, channel) {}
 
+  // The calls a waiting caller runs on its own thread (CallerWaitsScope):
+  // gRPC's synchronous API drives the stream from this thread, and the
+  // status is the call's done's.
+  absl::Status PushHere(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                        CallCanceller& canceller, TimerThread& timer) const;
+  absl::Status PullHere(const proto::PullRequest& request, const LandedChunkSink& sink,
+                        absl::Time deadline, CallCanceller& canceller) const;
+  absl::Status PushPullHere(const std::vector<OutgoingChunk>& chunks, const LandedChunkSink& sink,
+                            absl::Time deadline, CallCanceller& canceller,
+                            TimerThread& timer) const;
+
   const std::shared_ptr<grpc::Channel> channel;
   const grpc::internal::RpcMethod push_method;
   const grpc::internal::RpcMethod pull_method;
   const grpc::internal::RpcMethod push_pull_method;
 };
+
+namespace {
+
+// Registers a call run on the caller's thread with the canceller for the
+// scope's lifetime. Its abort may cancel the context under the canceller's
+// lock: the synchronous API runs no reaction of ours from TryCancel.
+class CancelScope {
+ public:
+  CancelScope(CallCanceller& canceller, grpc::ClientContext* context)
+      : canceller_(canceller), context_(context) {
+    registered_ = canceller_.Register(context_, [context] { context->TryCancel(); });
+  }
+  ~CancelScope() {
+    if (registered_) canceller_.Unregister(context_);
+  }
+  bool registered() const { return registered_; }
+
+ private:
+  CallCanceller& canceller_;
+  grpc::ClientContext* const context_;
+  bool registered_ = false;
+};
+
+ChunkViewSink HostSink(const LandedChunkSink& sink) {
+  return [&sink](const proto::TensorChunk& header, const PayloadView& payload) {
+    return sink(header, payload, MemoryKind::kHost);
+  };
+}
+
+template <typename Reader>
+absl::Status ReadAll(Reader& reader, const LandedChunkSink& sink) {
+  ReplyReader replies;
+  const ChunkViewSink host = HostSink(sink);
+  grpc::ByteBuffer message;
+  while (reader.Read(&message)) replies.Take(message, host);
+  return replies.status();
+}
+
+}  // namespace
+
+absl::Status GrpcShardTransport::Link::PushHere(const std::vector<OutgoingChunk>& chunks,
+                                                absl::Time deadline, CallCanceller& canceller,
+                                                TimerThread& timer) const {
+  BorrowedSlices borrowed;
+  absl::Status status;
+  {
+    // The call (owned by the context) keeps a message it could not send,
+    // slices included, until it is destroyed, so the release wait comes
+    // after this scope.
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    CancelScope scope(canceller, &context);
+    if (!scope.registered()) return absl::CancelledError("operation cancelled");
+    grpc::ByteBuffer response;  // a PushResponse; nothing in it is needed
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), push_method,
+                                                                      &context, &response));
+    for (const OutgoingChunk& chunk : chunks) {
+      if (!writer->Write(EncodeChunk(chunk, borrowed))) break;  // Finish() says why
+    }
+    writer->WritesDone();
+    status = FromGrpcStatus(writer->Finish());
+  }
+  return AfterRelease(borrowed, timer, std::move(status));
+}
+
+absl::Status GrpcShardTransport::Link::PullHere(const proto::PullRequest& request,
+                                                const LandedChunkSink& sink, absl::Time deadline,
+                                                CallCanceller& canceller) const {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  CancelScope scope(canceller, &context);
+  if (!scope.registered()) return absl::CancelledError("operation cancelled");
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), pull_method,
+                                                                    &context, request));
+  absl::Status sink_status = ReadAll(*reader, sink);
+  absl::Status status = FromGrpcStatus(reader->Finish());
+  return status.ok() ? sink_status : status;
+}
+
+absl::Status GrpcShardTransport::Link::PushPullHere(const std::vector<OutgoingChunk>& chunks,
+                                                    const LandedChunkSink& sink,
+                                                    absl::Time deadline, CallCanceller& canceller,
+                                                    TimerThread& timer) const {
+  BorrowedSlices borrowed;
+  absl::Status status;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    CancelScope scope(canceller, &context);
+    if (!scope.registered()) return absl::CancelledError("operation cancelled");
+    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channel.get(), push_pull_method, &context));
+    for (const OutgoingChunk& chunk : chunks) {
+      if (!stream->Write(EncodeChunk(chunk, borrowed))) break;
+    }
+    stream->WritesDone();
+    absl::Status sink_status = ReadAll(*stream, sink);
+    status = FromGrpcStatus(stream->Finish());
+    if (status.ok()) status = std::move(sink_status);
+  }
+  return AfterRelease(borrowed, timer, std::move(status));
+}
 
 GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
     : GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>>{std::move(channel)}) {}
@@ -422,6 +578,9 @@ void GrpcShardTransport::StartPush(const std::vector<OutgoingChunk>& chunks, abs
     return done(refused);
   }
   const size_t parts = PartsFor(chunks.size(), PayloadBytes(chunks));
+  if (parts == 1 && TakeCallerWaits()) {
+    return done(links_[0]->PushHere(chunks, deadline, canceller, *timer_));
+  }
   auto join = std::make_shared<PartsJoin>(parts, nullptr, std::move(done));
   for (size_t part = 0; part < parts; ++part) {
     const Link& link = *links_[part];
@@ -437,6 +596,9 @@ void GrpcShardTransport::StartPull(const proto::PullRequest& request,
   uint64_t bytes = 0;
   for (const auto& ref : request.chunks()) bytes += ref.num_elements() * sizeof(float);
   const size_t parts = PartsFor(request.chunks_size(), bytes);
+  if (parts == 1 && TakeCallerWaits()) {
+    return done(links_[0]->PullHere(request, sink, deadline, canceller));
+  }
   auto join = std::make_shared<PartsJoin>(parts, &sink, std::move(done));
   for (size_t part = 0; part < parts; ++part) {
     proto::PullRequest sub = request;
@@ -461,6 +623,9 @@ void GrpcShardTransport::StartPushPull(const std::vector<OutgoingChunk>& chunks,
     return done(refused);
   }
   const size_t parts = PartsFor(chunks.size(), PayloadBytes(chunks));
+  if (parts == 1 && TakeCallerWaits()) {
+    return done(links_[0]->PushPullHere(chunks, sink, deadline, canceller, *timer_));
+  }
   auto join = std::make_shared<PartsJoin>(parts, &sink, std::move(done));
   for (size_t part = 0; part < parts; ++part) {
     const Link& link = *links_[part];

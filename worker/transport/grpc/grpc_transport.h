@@ -49,7 +49,9 @@ class GrpcShardTransport : public ShardTransport {
   //
   // Each call is a stream driven by gRPC's callback API: its sink and its
   // done run on gRPC's callback threads (with several channels, the parts'
-  // sinks one call at a time). A call completes once gRPC has released
+  // sinks one call at a time). The first one-channel call of a
+  // CallerWaitsScope runs on the calling thread instead (gRPC's synchronous
+  // API) and completes before Start returns. A call completes once gRPC has released
   // every borrowed payload, so the caller may reuse its buffers as soon as
   // done runs; the wait for the release is bounded (kSliceReleaseGrace
   // after the stream ended, on the transport's timer thread), see
