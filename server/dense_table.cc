@@ -222,31 +222,32 @@ absl::StatusOr<bool> DenseTable::Init(const proto::InitRequest& request) {
 
 absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::Validate(const proto::TensorChunk& chunk,
                                                                  absl::string_view payload) {
-  const std::string where = Where(chunk.chunk());
+  // Named only in refusals: a push that is accepted builds no string.
+  const auto where = [this, &chunk] { return Where(chunk.chunk()); };
   if (chunk.dtype() != proto::DTYPE_FLOAT32) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": unsupported dtype ", chunk.dtype()));
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": unsupported dtype ", chunk.dtype()));
   }
   auto push = std::make_unique<ChunkPush>(this, chunk, payload);
   push->slot_ = FindSlot(chunk.chunk());
   Slot* slot = push->slot_.get();
   if (slot == nullptr) {
     return absl::NotFoundError(
-        absl::StrCat(where, " is not registered on shard ", env_.options->shard));
+        absl::StrCat(where(), " is not registered on shard ", env_.options->shard));
   }
   const size_t n = slot->num_elements;
   if (chunk.num_elements() != n) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": ", chunk.num_elements(), " elements, expected ", n));
+        absl::StrCat(where(), ": ", chunk.num_elements(), " elements, expected ", n));
   }
   const bool dense = chunk.codec() == static_cast<uint32_t>(CodecId::kNone);
   if (dense && !IsDense(chunk.codec_params())) {
     // A round is keyed by its codec parameters: a dense gradient that names
     // a vote codec would join the vote's round and be dropped from it.
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": dense payload (codec id 0) with codec '", chunk.codec_params(), "'"));
+        where(), ": dense payload (codec id 0) with codec '", chunk.codec_params(), "'"));
   }
   if (dense && payload.size() != n * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": payload of ", payload.size(),
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": payload of ", payload.size(),
                                                    " bytes, expected ", n * sizeof(float)));
   }
   if (dense) {
@@ -256,32 +257,32 @@ absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::Validate(const proto::Te
     push->deferred_check_ = true;
   } else {
     if (Crc32c(payload.data(), payload.size()) != chunk.checksum()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": payload checksum mismatch"));
+      return absl::InvalidArgumentError(absl::StrCat(where(), ": payload checksum mismatch"));
     }
     // Compressed: the codec validates the whole payload while decoding it,
     // before anything is applied.
     auto codec = env_.codecs->Get(chunk.codec_params());
-    if (!codec.ok()) return WithWhere(where, codec.status());
+    if (!codec.ok()) return WithWhere(where(), codec.status());
     if (static_cast<uint32_t>((*codec)->spec.id) != chunk.codec()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": codec id ", chunk.codec(),
+      return absl::InvalidArgumentError(absl::StrCat(where(), ": codec id ", chunk.codec(),
                                                      " disagrees with spec '", chunk.codec_params(),
                                                      "'"));
     }
     push->decoded_.resize(n);
     if (auto status = (*codec)->decoder->Decode(payload, absl::MakeSpan(push->decoded_));
         !status.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", status.message()));
+      return absl::InvalidArgumentError(absl::StrCat(where(), ": ", status.message()));
     }
     push->gradient_ = push->decoded_.data();
     push->codec_ = std::move(*codec);
     if (!AllWithin(push->gradient_, n, kGradientLimitBits)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, OutOfRange(push->gradient_, n)));
+      return absl::InvalidArgumentError(absl::StrCat(where(), OutOfRange(push->gradient_, n)));
     }
   }
   if (env_.membership->departed(chunk.rank())) {
     return BadPayloadFirst(chunk, push->gradient_, n, push->deferred_check_,
                            absl::FailedPreconditionError(
-                               absl::StrCat(where, ": rank ", chunk.rank(), " has left the job")));
+                               absl::StrCat(where(), ": rank ", chunk.rank(), " has left the job")));
   }
   absl::Status refusal;
   {
@@ -289,7 +290,7 @@ absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::Validate(const proto::Te
     absl::StatusOr<PushClass> push_class =
         slot->book.ClassifyPush(chunk.rank(), chunk.clock(), *env_.membership);
     if (!push_class.ok()) {
-      refusal = WithWhere(where, push_class.status());
+      refusal = WithWhere(where(), push_class.status());
     } else if (*push_class == PushClass::kNew) {
       refusal = CheckRoundCodecLocked(*slot, chunk);
     }
