@@ -407,7 +407,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   auto transports =
       CreateShardTransports(options.transport, absl::StrCat("harrier-worker-", options.worker_name),
                             links, connect_deadline);
-  if (!transports.ok()) return ExplainPlaintextFailure(transports.status(), options);
+  // Not explained as a TLS mismatch: the control channel, over the same
+  // addresses and credentials, has just connected.
+  if (!transports.ok()) return transports.status();
   auto impl = std::make_unique<Impl>(options, std::move(*control), std::move(*transports),
                                      std::move(*codec));
   if (auto status = impl->Register(); !status.ok()) {

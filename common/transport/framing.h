@@ -61,12 +61,17 @@ enum class Op : uint16_t {
   kStatus = 7,
 };
 
+// A hello's `count`: the error mode of the client's endpoint, which the
+// shard's endpoint back must match. kUnstated (older clients): the shard
+// chooses as for any peer.
+enum class HelloErrorMode : uint32_t { kUnstated = 0, kNone = 1, kPeer = 2 };
+
 struct Frame {
   Op op = Op::kStatus;
   uint64_t connection_id = 0;  // chosen by the client, names its endpoint
   uint64_t request_id = 0;     // unique per client context
   uint32_t index = 0;          // this chunk's place in the request / reply
-  uint32_t count = 0;          // chunks in the request / reply
+  uint32_t count = 0;          // chunks in the request / reply; kHello: HelloErrorMode
   uint64_t payload_bytes = 0;  // AM data bytes that come with this frame
   // Requests: the client's remaining time in milliseconds (-1: none).
   // kStatus: the absl::StatusCode.

@@ -391,7 +391,7 @@ void UcxWorker::Loop() {
 
 absl::StatusOr<ucp_ep_h> UcxWorker::Connect(const std::string& address,
                                             ucp_err_handler_cb_t on_error, void* arg,
-                                            bool* detects_failure) {
+                                            bool* detects_failure, ErrorMode mode) {
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -408,11 +408,15 @@ absl::StatusOr<ucp_ep_h> UcxWorker::Connect(const std::string& address,
   // without PEER error handling (the measured default, README "Choosing":
   // posix/sysv for messages and cma for rendezvous beat tcp over loopback).
   const bool shared_memory =
-      OnlySharedMemory() || (same_host && !UserChoseTransports());
+      mode == ErrorMode::kNone ||
+      (mode == ErrorMode::kChoose &&
+       (OnlySharedMemory() || (same_host && !UserChoseTransports())));
   ucs_status_t status = shared_memory ? UCS_ERR_UNREACHABLE
                                       : ucp_ep_create(worker_, &params, &ep);
   *detects_failure = status == UCS_OK;
-  if (status == UCS_ERR_UNREACHABLE) {
+  // A mode the peer asked for is kept: falling back would make the pair
+  // asymmetric, which UCX refuses later with a less clear error.
+  if (status == UCS_ERR_UNREACHABLE && mode != ErrorMode::kPeer) {
     params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     status = ucp_ep_create(worker_, &params, &ep);
     if (status == UCS_OK) {

@@ -116,8 +116,15 @@ class UcxWorker {
   // must then notice a dead peer some other way. Without UCX_TLS in the
   // environment, a peer whose address names this host gets error mode NONE
   // at once, so UCX picks shared memory for it (tcp otherwise).
+  //
+  // Both ends of a connection must use the same error mode (UCX refuses an
+  // "asymmetric endpoint configuration"), whatever each side's environment
+  // says: the side that connects back (the shard, after a client's hello)
+  // passes the mode the client's endpoint uses instead of choosing.
+  enum class ErrorMode { kChoose, kNone, kPeer };
   absl::StatusOr<ucp_ep_h> Connect(const std::string& address, ucp_err_handler_cb_t on_error,
-                                   void* arg, bool* detects_failure);
+                                   void* arg, bool* detects_failure,
+                                   ErrorMode mode = ErrorMode::kChoose);
   // Force-closes `ep` (outstanding sends complete with an error); the close
   // request is progressed by this object.
   void CloseEndpoint(ucp_ep_h ep);

@@ -369,7 +369,21 @@ void UcxListener::OnHello(const Frame& frame, const std::string& secret,
   peer->server = this;
   peer->id = frame.connection_id;
   bool detects_failure = false;
-  auto ep = worker_->Connect(address, &UcxListener::OnPeerError, peer.get(), &detects_failure);
+  // The client's endpoint mode, which ours must match whatever this
+  // shard's environment would choose.
+  transport::UcxWorker::ErrorMode mode = transport::UcxWorker::ErrorMode::kChoose;
+  switch (static_cast<transport::HelloErrorMode>(frame.count)) {
+    case transport::HelloErrorMode::kNone:
+      mode = transport::UcxWorker::ErrorMode::kNone;
+      break;
+    case transport::HelloErrorMode::kPeer:
+      mode = transport::UcxWorker::ErrorMode::kPeer;
+      break;
+    default:
+      break;
+  }
+  auto ep = worker_->Connect(address, &UcxListener::OnPeerError, peer.get(), &detects_failure,
+                             mode);
   if (!ep.ok()) {
     spdlog::warn("ucx cannot connect back to connection={}: {}", frame.connection_id,
                  std::string(ep.status().message()));

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/transport/framing.h"
 #include "spdlog/spdlog.h"
 
@@ -208,24 +209,35 @@ absl::StatusOr<std::shared_ptr<UcxPeer>> UcxClientContext::ConnectPeer(
     absl::MutexLock lock(&mutex_);
     peers_.push_back(peer);  // kept until the context ends: the error handler's arg
   }
-  worker_->Post([this, peer, address] {
+  // The endpoint first: the hello says which error mode it got, so the
+  // shard's endpoint back matches it (UCX refuses a pair that differs,
+  // e.g. a worker with UCX_TLS=tcp and a shard that picked shared memory).
+  auto opened = std::make_shared<absl::Notification>();
+  worker_->Post([this, peer, address, opened] {
     bool detects_failure = false;
     auto ep = worker_->Connect(address, &UcxClientContext::OnPeerError, peer.get(),
                                &detects_failure);
     if (ep.ok()) {
       peer->ep = *ep;
       peer->detects_failure = detects_failure;
-      return;
+    } else {
+      absl::MutexLock lock(&peer->mutex);
+      peer->failure = absl::UnavailableError(
+          absl::StrCat("cannot open a UCX endpoint: ", ep.status().message()));
+      peer->failed = true;
     }
-    absl::MutexLock lock(&peer->mutex);
-    peer->failure = absl::UnavailableError(
-        absl::StrCat("cannot open a UCX endpoint: ", ep.status().message()));
-    peer->failed = true;
+    opened->Notify();
   });
+  if (!opened->WaitForNotificationWithDeadline(deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("UCX connect to ", peer_name, ": the endpoint was not opened in time"));
+  }
   // Hello: our worker address, so the shard can open an endpoint back.
   Frame frame;
   frame.op = Op::kHello;
   frame.connection_id = peer->id;
+  frame.count = static_cast<uint32_t>(peer->detects_failure ? transport::HelloErrorMode::kPeer
+                                                            : transport::HelloErrorMode::kNone);
   frame.request_id = NextRequestId();
   frame.payload_bytes = worker_->address().size();
   frame.arg = TimeoutMs(deadline);
