@@ -76,7 +76,7 @@ TEST_CASE("AdminService: the token first, then the hooks' answers") {
     absl::MutexLock lock(&reason_mutex);
     shutdown_reason = reason;
   };
-  AdminServiceImpl service(hooks, "secret");
+  AdminServiceImpl service(hooks, AdminAccess{"secret"});
   Served served = Serve(&service);
 
   for (const std::string token : {"", "wrong"}) {
@@ -112,7 +112,7 @@ TEST_CASE("AdminService: the token first, then the hooks' answers") {
 }
 
 TEST_CASE("AdminService: no checkpoint hook is FAILED_PRECONDITION") {
-  AdminServiceImpl service(AdminHooks{}, "");
+  AdminServiceImpl service(AdminHooks{}, AdminAccess{});
   Served served = Serve(&service);
   proto::CheckpointResponse checkpoint;
   const grpc::Status s = served.stub->Checkpoint(Context("").get(), {}, &checkpoint);
