@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/grpc_limits.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/job_token.h"
@@ -28,14 +29,40 @@ struct AdminHooks {
   // Asks the process to stop (final checkpoint, exit 0). Must return at
   // once: the call is answered before the process stops.
   std::function<void(const std::string& reason)> shutdown;
+  // The operator's run change (NewRunRequest): ends the run this shard
+  // serves and starts (shard 0, job_id 0: a new id) or adopts (`job_id`)
+  // the next one. Returns the job id now served and the one before.
+  std::function<absl::StatusOr<proto::NewRunResponse>(const proto::NewRunRequest&)> new_run;
 };
 
-// The operator's service (harrier-ctl), on every shard. With a job token
-// every call must carry it (the check runs first, so a refused call
-// changes nothing). Thread-safe as far as the hooks are.
+// Who may make admin calls. With a job token, whoever presents it (from any
+// host). Without one, only callers on the shard's own host (a loopback
+// peer: 127.0.0.0/8, ::1, or a unix socket), unless `open` says any peer
+// may: on a shard without a token, anything that reaches the port could
+// otherwise stop it, checkpoint it or read its job's layout.
+struct AdminAccess {
+  std::string job_token;
+  bool open = false;  // --admin_open
+};
+
+// Whether a gRPC peer string (grpc::ServerContext::peer(): "ipv4:127.0.0.1:5",
+// "ipv6:[::1]:5" or its percent-encoded form "ipv6:%5B::1%5D:5",
+// "unix:/path") names a caller on this host: an IPv4 loopback address
+// (127.0.0.0/8), ::1, an IPv4-mapped IPv6 loopback address, or a unix
+// socket. Anything unparsable is not.
+bool IsLoopbackPeer(absl::string_view peer);
+
+// The operator's service (harrier-ctl), on every shard. Every call but
+// Probe is checked against `access` first (with a job token every call
+// must carry it: UNAUTHENTICATED; without one a peer that is not on this
+// host is refused PERMISSION_DENIED naming --admin_open), so a refused call
+// changes nothing. Probe (harrier-advise measures the link from the worker
+// hosts with it) needs the token when there is one and is served to any
+// peer otherwise: it reads and changes nothing. Thread-safe as far as the
+// hooks are.
 class AdminServiceImpl final : public proto::AdminService::Service {
  public:
-  AdminServiceImpl(AdminHooks hooks, std::string job_token);
+  AdminServiceImpl(AdminHooks hooks, AdminAccess access);
 
   grpc::Status GetStatus(grpc::ServerContext* context, const proto::StatusRequest* request,
                          proto::StatusResponse* response) override;
@@ -43,13 +70,19 @@ class AdminServiceImpl final : public proto::AdminService::Service {
                           proto::CheckpointResponse* response) override;
   grpc::Status Shutdown(grpc::ServerContext* context, const proto::ShutdownRequest* request,
                         proto::ShutdownResponse* response) override;
+  grpc::Status NewRun(grpc::ServerContext* context, const proto::NewRunRequest* request,
+                      proto::NewRunResponse* response) override;
   // Token-checked; the payload is dropped unread and reply_bytes zero
   // bytes come back. No hook: it never touches the shard's state.
   grpc::Status Probe(grpc::ServerContext* context, const proto::ProbeRequest* request,
                      proto::ProbeResponse* response) override;
 
  private:
+  // The token, then (without one) the peer: OK or the refusal naming `call`.
+  grpc::Status CheckOperator(const grpc::ServerContext& context, absl::string_view call) const;
+
   const AdminHooks hooks_;
+  const AdminAccess access_;
   const JobTokenCheck token_check_;
 };
 

@@ -153,8 +153,9 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "release: requested_rank names the rank to give back");
     }
-    if (auto status = sessions_->Verify(request->job(), static_cast<uint32_t>(rank),
-                                        request->previous_session(), "release");
+    if (auto status = sessions_->VerifyHolder(
+            request->job(), static_cast<uint32_t>(rank), request->previous_session(), "release",
+            std::min(options_.rejoin_after, options_.heartbeat_timeout));
         !status.ok()) {
       return ToGrpcStatus(status);
     }

@@ -1,5 +1,5 @@
 // harrier-ctl: the operator's command line for a running job. It asks every
-// shard's AdminService (status, checkpoint, shutdown) or grpc.health.v1
+// shard's AdminService (status, checkpoint, shutdown, new-run) or grpc.health.v1
 // (health, which the Kubernetes probes run).
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -56,6 +56,9 @@ constexpr char kUsage[] =
     "  health      grpc.health.v1 on every shard: exit 0 only when all are SERVING\n"
     "  checkpoint  every shard writes a checkpoint now\n"
     "  shutdown    every shard (shard 0 last) writes a final checkpoint and exits\n"
+    "  new-run     end the running job and start a new run: shard 0 picks its job id, the\n"
+    "              others adopt it; the old run's workers are refused from then on (its\n"
+    "              state is checkpointed first where the shards have a --checkpoint_dir)\n"
     "Exit status: 0 done, 1 a shard failed or did not answer, 2 a usage error.";
 
 int Usage(const std::string& why) {
@@ -67,6 +70,32 @@ int Usage(const std::string& why) {
 std::string Describe(const grpc::Status& status) {
   return absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
                       ": ", status.error_message());
+}
+
+// What the operator can do about a refusal, or "" when the message says it.
+std::string Remedy(const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    return "the shards have a job token: pass the file they were started with as "
+           "--auth_token_file";
+  }
+  if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
+      status.error_message().find("--admin_open") != std::string::npos) {
+    return "without a job token the shards serve admin calls only on their own host: run "
+           "harrier-ctl there with --servers=127.0.0.1:PORT, or start the shards with "
+           "--auth_token_file (and pass it here), or with --admin_open=true";
+  }
+  return "";
+}
+
+// Says each distinct remedy of `statuses` once, on stderr.
+void PrintRemedies(const std::vector<grpc::Status>& statuses) {
+  std::vector<std::string> said;
+  for (const grpc::Status& status : statuses) {
+    const std::string remedy = Remedy(status);
+    if (remedy.empty() || std::find(said.begin(), said.end(), remedy) != said.end()) continue;
+    std::fprintf(stderr, "harrier-ctl: what to do: %s\n", remedy.c_str());
+    said.push_back(remedy);
+  }
 }
 
 struct Shard {
@@ -176,6 +205,11 @@ int Status(Ctl& ctl, bool json) {
   int exit_code = 0;
   std::vector<std::string> errors(replies.size());
   const std::string job = absl::GetFlag(FLAGS_job);
+  {
+    std::vector<grpc::Status> statuses;
+    for (const StatusReply& reply : replies) statuses.push_back(reply.status);
+    PrintRemedies(statuses);
+  }
   for (size_t i = 0; i < replies.size(); ++i) {
     const Shard& shard = ctl.shards()[i];
     if (!replies[i].status.ok()) {
@@ -380,6 +414,62 @@ int Checkpoint(Ctl& ctl) {
                 static_cast<unsigned long long>(replies[i].response.version()),
                 replies[i].response.path().c_str());
   }
+  std::vector<grpc::Status> statuses;
+  for (const Reply& reply : replies) statuses.push_back(reply.status);
+  PrintRemedies(statuses);
+  return exit_code;
+}
+
+int NewRun(Ctl& ctl) {
+  // Shard 0 (the control plane) starts the run and says its job id; the
+  // others adopt that one.
+  auto ask = [&ctl](Shard& shard, uint64_t job_id, proto::NewRunResponse* response) {
+    grpc::ClientContext context;
+    ctl.Prepare(&context, ctl.timeout(), true);
+    proto::NewRunRequest request;
+    request.set_job_id(job_id);
+    request.set_reason("harrier-ctl new-run");
+    return shard.admin->NewRun(&context, request, response);
+  };
+  Shard& control = ctl.shards().front();
+  proto::NewRunResponse started;
+  const grpc::Status status = ask(control, 0, &started);
+  if (!status.ok()) {
+    std::fprintf(stderr, "harrier-ctl: %s: new run refused: %s\n", control.name.c_str(),
+                 Describe(status).c_str());
+    PrintRemedies({status});
+    return 1;
+  }
+  std::printf("%s: job id %llu ended, job id %llu started\n", control.name.c_str(),
+              static_cast<unsigned long long>(started.previous_job_id()),
+              static_cast<unsigned long long>(started.job_id()));
+  struct Reply {
+    grpc::Status status;
+    proto::NewRunResponse response;
+  };
+  std::vector<Reply> replies = ctl.ForEach<Reply>([&](Shard& shard) {
+    Reply reply;
+    if (shard.index == 0) return reply;
+    reply.status = ask(shard, started.job_id(), &reply.response);
+    return reply;
+  });
+  int exit_code = 0;
+  std::vector<grpc::Status> statuses;
+  for (size_t i = 1; i < replies.size(); ++i) {
+    const Shard& shard = ctl.shards()[i];
+    statuses.push_back(replies[i].status);
+    if (!replies[i].status.ok()) {
+      std::fprintf(stderr, "harrier-ctl: %s: new run refused: %s\n", shard.name.c_str(),
+                   Describe(replies[i].status).c_str());
+      exit_code = 1;
+      continue;
+    }
+    std::printf("%s: job id %llu ended, job id %llu adopted\n", shard.name.c_str(),
+                static_cast<unsigned long long>(replies[i].response.previous_job_id()),
+                static_cast<unsigned long long>(replies[i].response.job_id()));
+  }
+  PrintRemedies(statuses);
+  std::fflush(stdout);
   return exit_code;
 }
 
@@ -399,6 +489,7 @@ int Shutdown(Ctl& ctl) {
     if (!status.ok()) {
       std::fprintf(stderr, "harrier-ctl: %s: shutdown refused: %s\n", shard.name.c_str(),
                    Describe(status).c_str());
+      PrintRemedies({status});
       exit_code = 1;
       continue;
     }
@@ -444,7 +535,7 @@ int main(int argc, char** argv) {
   if (args.size() > 2) return harrier::Usage(absl::StrCat("one command, got ", args.size() - 1));
   const std::string command = args[1];
   if (command != "status" && command != "health" && command != "checkpoint" &&
-      command != "shutdown") {
+      command != "shutdown" && command != "new-run") {
     return harrier::Usage(absl::StrCat("unknown command '", command, "'"));
   }
   const int timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
@@ -491,5 +582,6 @@ int main(int argc, char** argv) {
   if (command == "status") return harrier::Status(ctl, absl::GetFlag(FLAGS_json));
   if (command == "health") return harrier::Health(ctl);
   if (command == "checkpoint") return harrier::Checkpoint(ctl);
+  if (command == "new-run") return harrier::NewRun(ctl);
   return harrier::Shutdown(ctl);
 }

@@ -99,6 +99,11 @@ ABSL_FLAG(std::string, auth_token_file, "",
 ABSL_FLAG(std::string, job, "harrier",
           "Job name: a message naming another job is refused (FAILED_PRECONDITION); session "
           "credentials are bound to it. Must match the workers' --job.");
+ABSL_FLAG(bool, admin_open, false,
+          "Without --auth_token_file, serve admin calls (harrier-ctl status, checkpoint, "
+          "shutdown, new-run) to any host that reaches the port. false: only to callers on this "
+          "host (loopback: 127.0.0.1, ::1), others are refused PERMISSION_DENIED. With a token, "
+          "admin calls need it from any host and this flag changes nothing.");
 ABSL_FLAG(int, health_port, -1,
           "Also serve grpc.health.v1 alone on this port, plaintext and without a token, for "
           "probes that cannot do TLS (-1: off, 0: ephemeral).");
@@ -222,6 +227,7 @@ int main(int argc, char** argv) {
     options.job_token = *token;
   }
   options.health_port = absl::GetFlag(FLAGS_health_port);
+  options.admin_open = absl::GetFlag(FLAGS_admin_open);
   options.resume = absl::GetFlag(FLAGS_resume);
   options.exit_when_done = absl::GetFlag(FLAGS_exit_when_done);
   if (absl::GetFlag(FLAGS_rejoin_after_ms) < 0) return Fail("--rejoin_after_ms must be >= 0");

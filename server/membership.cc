@@ -77,6 +77,18 @@ bool Membership::RunDone(std::chrono::milliseconds timeout) const {
   return true;
 }
 
+std::vector<uint32_t> Membership::LiveRanks(std::chrono::milliseconds timeout) const {
+  std::vector<uint32_t> live;
+  absl::MutexLock lock(&mutex_);
+  const auto now = Clock::now();
+  for (int r = 0; r < num_workers_; ++r) {
+    if (joined_[r] && ever_seen_[r] && now - last_seen_[r] <= timeout) {
+      live.push_back(static_cast<uint32_t>(r));
+    }
+  }
+  return live;
+}
+
 void Membership::Reset() {
   absl::MutexLock lock(&mutex_);
   for (int r = 0; r < num_workers_; ++r) {

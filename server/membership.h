@@ -82,6 +82,10 @@ class Membership {
   // silent for more than `timeout` (a worker that left and then died).
   bool RunDone(std::chrono::milliseconds timeout) const;
 
+  // Ranks in the job now (joined, neither departed, released nor lost) and
+  // heard from within `timeout`: the workers a run change would cut off.
+  std::vector<uint32_t> LiveRanks(std::chrono::milliseconds timeout) const;
+
   // A new run: every rank as at construction (nobody joined, departed,
   // released or lost; no failure).
   void Reset();

@@ -74,6 +74,18 @@ absl::Status SessionTable::CheckJob(absl::string_view job, absl::string_view wha
 
 absl::Status SessionTable::Verify(absl::string_view job, uint32_t rank,
                                   const proto::Session& session, absl::string_view what) {
+  return VerifyImpl(job, rank, session, what, nullptr);
+}
+
+absl::Status SessionTable::VerifyHolder(absl::string_view job, uint32_t rank,
+                                        const proto::Session& session, absl::string_view what,
+                                        std::chrono::milliseconds live_window) {
+  return VerifyImpl(job, rank, session, what, &live_window);
+}
+
+absl::Status SessionTable::VerifyImpl(absl::string_view job, uint32_t rank,
+                                      const proto::Session& session, absl::string_view what,
+                                      const std::chrono::milliseconds* live_window) {
   if (auto status = CheckJob(job, what); !status.ok()) return status;
   if (rank >= static_cast<uint32_t>(num_workers_)) {
     return absl::InvalidArgumentError(
@@ -100,7 +112,11 @@ absl::Status SessionTable::Verify(absl::string_view job, uint32_t rank,
           absl::StrCat(what, ": rank ", rank, ": session of job id ", session.job_id(),
                        ", which this shard did not start (it runs job id ", current, ")"));
     }
-    newer_run_handler_(session.job_id());
+    if (auto status = newer_run_handler_(session.job_id()); !status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat(what, ": rank ", rank, ": session of job id ",
+                                       session.job_id(), " refused: ", status.message()));
+    }
     if (job_id_ != session.job_id()) {
       return absl::FailedPreconditionError(absl::StrCat(
           what, ": rank ", rank, ": session of job id ", session.job_id(),
@@ -126,6 +142,18 @@ absl::Status SessionTable::Verify(absl::string_view job, uint32_t rank,
     if (!CredentialValid(rank, session)) {
       return absl::PermissionDeniedError(
           absl::StrCat(what, ": rank ", rank, ": bad session credential"));
+    }
+    if (live_window != nullptr && session.epoch() > state.epoch && state.epoch != 0 &&
+        !state.released) {
+      const auto now = Clock::now();
+      const bool live = (state.heard && now - state.last_heard <= *live_window) ||
+                        (!state.heard && state.issued && now - state.issued_at <= *live_window);
+      if (live) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            what, ": rank ", rank, ": session epoch ", session.epoch(),
+            " would replace the rank's live session (epoch ", state.epoch,
+            "): only the worker holding that session may end it"));
+      }
     }
     if (session.epoch() > state.epoch) {
       // A newer session than this shard knew of (the worker re-registered,

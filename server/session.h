@@ -68,10 +68,11 @@ class SessionTable {
   void StartRun(uint64_t job_id);
   // Shards other than 0 learn each run from the first verified call that
   // carries it: `handler` is called (outside every lock here) with a newer
-  // job id than job_id(), after the credential verified, and is expected to
-  // StartRun it. Unset (shard 0, which issues the runs): a newer job id is
-  // refused. Set before serving.
-  void SetNewerRunHandler(std::function<void(uint64_t job_id)> handler) {
+  // job id than job_id(), after the credential verified, and either
+  // StartRuns it (OK) or says why the shard keeps its run (the call is
+  // refused with that status). Unset (shard 0, which issues the runs): a
+  // newer job id is refused. Set before serving.
+  void SetNewerRunHandler(std::function<absl::Status(uint64_t job_id)> handler) {
     newer_run_handler_ = std::move(handler);
   }
 
@@ -90,6 +91,15 @@ class SessionTable {
   // nothing.
   absl::Status Verify(absl::string_view job, uint32_t rank, const proto::Session& session,
                       absl::string_view what);
+
+  // Verify, for a call that ends the rank's part in the job (Leave, a
+  // release): a session above the rank's current one is refused with
+  // PERMISSION_DENIED while the current one is live (heard from, or issued,
+  // within `live_window`, and not released). Only the holder of a live
+  // session may end it; a newer epoch alone does not say the worker
+  // re-registered (without a job token anyone can mint one).
+  absl::Status VerifyHolder(absl::string_view job, uint32_t rank, const proto::Session& session,
+                            absl::string_view what, std::chrono::milliseconds live_window);
 
   // A new session for `rank` at `epoch` (which must be above the rank's
   // current one): from now on lower epochs are refused here. The rank is
@@ -120,6 +130,11 @@ class SessionTable {
     std::string credential ABSL_GUARDED_BY(mutex);  // verified (or issued) for state.epoch
   };
 
+  // Verify; with `live_window`, VerifyHolder.
+  absl::Status VerifyImpl(absl::string_view job, uint32_t rank, const proto::Session& session,
+                          absl::string_view what,
+                          const std::chrono::milliseconds* live_window);
+
   // Whether `credential` is the credential of (rank, epoch, job_id).
   bool CredentialValid(uint32_t rank, const proto::Session& session) const;
 
@@ -129,7 +144,7 @@ class SessionTable {
   const std::unique_ptr<Rank[]> ranks_;
   std::atomic<uint64_t> job_id_{0};
   std::atomic<uint64_t> epoch_floor_{0};  // the highest epoch before the last StartRun
-  std::function<void(uint64_t)> newer_run_handler_;
+  std::function<absl::Status(uint64_t)> newer_run_handler_;
 };
 
 }  // namespace harrier

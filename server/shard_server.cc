@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "server/shard_listener_factory.h"
 #include "spdlog/spdlog.h"
@@ -104,11 +105,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   ShardServiceOptions service_options = options.service;
   service_options.job = options.job;
   service_options.job_token = options.job_token;
+  service_options.rejoin_after = std::min(options.rejoin_after, options.heartbeat_timeout);
   if (options.job_token.empty()) {
     spdlog::warn(
         "no job token (--auth_token_file): session credentials are keyed from the job name "
         "alone; they guard against mistakes (a wrong rank, a stale process of a restarted "
-        "worker) but not against a hostile client");
+        "worker) but not against a hostile client; admin calls are served {}",
+        options.admin_open ? "to any host (--admin_open)" : "only on this host (loopback)");
   }
   server->RegisterMetrics(&service_options);
   server->shard_service_ = std::make_unique<ShardService>(server->store_.get(), service_options);
@@ -128,7 +131,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   if (options.store.shard != 0) {
     ShardServer* raw = server.get();
     server->shard_service_->sessions().SetNewerRunHandler(
-        [raw](uint64_t newer) { raw->AdoptRun(newer); });
+        [raw](uint64_t newer) { return raw->AdoptRun(newer); });
   }
   ShardListenerOptions listener_options;
   listener_options.shard = options.store.shard;
@@ -189,8 +192,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
     admin.shutdown = [raw](const std::string& reason) {
       raw->RequestShutdown(absl::StrCat("AdminService.Shutdown: ", reason), 0);
     };
-    server->admin_service_ =
-        std::make_unique<AdminServiceImpl>(std::move(admin), options.job_token);
+    admin.new_run = [raw](const proto::NewRunRequest& request) {
+      return raw->NewRunByOperator(request);
+    };
+    AdminAccess access;
+    access.job_token = options.job_token;
+    access.open = options.admin_open;
+    server->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(admin), access);
     listener_options.grpc_services.push_back(server->admin_service_.get());
   }
   // gRPC last: every address GetTransportAddress hands out is live.
@@ -332,18 +340,75 @@ void ShardServer::BeginRunLocked(uint64_t job_id, absl::string_view why) {
                options_.job, job_id, std::string(why));
 }
 
-void ShardServer::AdoptRun(uint64_t job_id) {
+absl::Status ShardServer::AdoptRun(uint64_t job_id) {
   absl::MutexLock lock(&run_mutex_);
   const uint64_t current = this->job_id();
-  if (job_id <= current) return;
-  if (current != 0) {
-    // Shard 0 started a newer run: whatever this shard held belongs to the
-    // old one (its checkpoints stay in their job folder).
-    store_->StartRun();
-    BeginRunLocked(job_id, absl::StrCat("a newer run than job id ", current, " reached the shard"));
-  } else {
+  // Adopted meanwhile by another call (or a newer one was): the caller
+  // compares the job ids again.
+  if (job_id <= current) return absl::OkStatus();
+  if (current == 0) {
     BeginRunLocked(job_id, "the run's first call reached the shard");
+    return absl::OkStatus();
   }
+  // Anyone who can mint a session (without a job token: anyone) could
+  // otherwise end a running job on this shard with one call, dropping its
+  // parameters: a newer run replaces this one only once its workers are
+  // gone.
+  if (!run_done_) {
+    const std::vector<uint32_t> live = store_->membership().LiveRanks(options_.heartbeat_timeout);
+    if (!live.empty()) {
+      spdlog::warn("event=run_change_refused shard={} job_id={} newer_job_id={} live_ranks={}",
+                   options_.store.shard, current, job_id, absl::StrJoin(live, ","));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", options_.store.shard, " runs job id ", current, ", whose rank",
+          live.size() == 1 ? " " : "s ", absl::StrJoin(live, ", "), live.size() == 1 ? " is" : " are",
+          " live (heard from within --heartbeat_timeout_ms=", options_.heartbeat_timeout.count(),
+          "): a newer run starts on this shard once they are done or lost, or when the operator "
+          "starts it (harrier-ctl new-run)"));
+    }
+  }
+  // Shard 0 started a newer run: whatever this shard held belongs to the
+  // old one (its checkpoints stay in their job folder).
+  store_->StartRun();
+  BeginRunLocked(job_id, absl::StrCat("a newer run than job id ", current, " reached the shard"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<proto::NewRunResponse> ShardServer::NewRunByOperator(
+    const proto::NewRunRequest& request) {
+  absl::MutexLock lock(&run_mutex_);
+  const uint64_t current = job_id();
+  const bool control_plane = options_.store.shard == 0;
+  uint64_t next = request.job_id();
+  if (next == 0) {
+    if (!control_plane) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", options_.store.shard,
+          ": a new run's job id comes from shard 0 (harrier-ctl new-run asks shard 0 first)"));
+    }
+    next = NewJobId(current);
+  }
+  if (next <= current) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", options_.store.shard,
+                                                      " already runs job id ", current,
+                                                      ", not below the new run's ", next));
+  }
+  // The ended run's state stays on disk, as a finished run's does.
+  if (current != 0 && !run_done_) {
+    if (auto status = WriteCheckpointNow(); !status.ok()) {
+      spdlog::error("final checkpoint of job id {} failed: {}", current, status.ToString());
+    }
+  }
+  const std::string reason = request.reason().empty() ? std::string("no reason given")
+                                                      : request.reason();
+  store_->StartRun();
+  if (control_service_) control_service_->StartRun();
+  BeginRunLocked(next, absl::StrCat("the operator ended job id ", current,
+                                    " (AdminService.NewRun: ", reason, ")"));
+  proto::NewRunResponse response;
+  response.set_job_id(next);
+  response.set_previous_job_id(current);
+  return response;
 }
 
 void ShardServer::CheckRunDone() {

@@ -75,6 +75,9 @@ struct ShardServerOptions {
   // A Register for a rank whose session has been silent this long replaces
   // that session (a restarted worker rejoins); at most heartbeat_timeout.
   std::chrono::milliseconds rejoin_after{3000};
+  // Without a job token, serve admin calls (AdminService) to any peer, not
+  // only to callers on this host (loopback); --admin_open.
+  bool admin_open = false;
 };
 
 // One shard: a ShardStore behind one ShardService, reached through its
@@ -144,8 +147,17 @@ class ShardServer {
   void BeginRunLocked(uint64_t job_id, absl::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mutex_);
   // Shards other than 0: a verified call carries a newer run than this
-  // shard's (SessionTable's newer-run handler).
-  void AdoptRun(uint64_t job_id);
+  // shard's (SessionTable's newer-run handler). Adopted when this shard has
+  // no run yet, or its run is done, or none of its ranks is live
+  // (Membership::LiveRanks within heartbeat_timeout); else refused with
+  // FAILED_PRECONDITION: a call to one shard alone never ends a run whose
+  // workers are still at it (the operator can: NewRun).
+  absl::Status AdoptRun(uint64_t job_id);
+  // AdminService.NewRun: the operator ends the current run (its state
+  // checkpointed first when there is a checkpoint dir) and starts, on
+  // shard 0, a new one (`request.job_id` 0: a new id), or adopts, on the
+  // others, shard 0's `request.job_id`.
+  absl::StatusOr<proto::NewRunResponse> NewRunByOperator(const proto::NewRunRequest& request);
   // The monitor's check: once every rank is done (Membership::RunDone),
   // the final checkpoint, then shutdown (--exit_when_done) or, on shard 0,
   // a new run.

@@ -251,8 +251,9 @@ void ShardService::CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPo
 }
 
 absl::Status ShardService::Leave(const proto::LeaveRequest& request) {
-  if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(),
-                                     request.release() ? "release" : "leave");
+  if (auto status = sessions_.VerifyHolder(request.job(), request.rank(), request.session(),
+                                           request.release() ? "release" : "leave",
+                                           options_.rejoin_after);
       !status.ok()) {
     return status;
   }

@@ -38,6 +38,10 @@ struct ShardServiceOptions {
   // key is derived from (empty: from the job name alone; server/session.h).
   std::string job = kDefaultJob;
   std::string job_token;
+  // A Leave (or release) carrying a newer session than a rank's current
+  // one is refused while that one has been heard from within this
+  // (SessionTable::VerifyHolder); the shard's --rejoin_after_ms.
+  std::chrono::milliseconds rejoin_after{3000};
   // Pushes never wait for other workers, so their own small pool keeps them
   // moving (they are what unblocks waiting pulls) while every pull thread is
   // blocked on the consistency model. Used by callers that may not apply a

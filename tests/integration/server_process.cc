@@ -93,9 +93,13 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
       absl::StrCat(TempDir(), "/server-", getpid(), "-", counter++, ".port");
   std::remove(port_file.c_str());
   std::vector<std::string> args = flags;
-  args.push_back("--host=127.0.0.1");
   bool has_port = false;
-  for (const auto& flag : flags) has_port |= flag.rfind("--port=", 0) == 0;
+  bool has_host = false;
+  for (const auto& flag : flags) {
+    has_port |= flag.rfind("--port=", 0) == 0;
+    has_host |= flag.rfind("--host=", 0) == 0;
+  }
+  if (!has_host) args.push_back("--host=127.0.0.1");
   if (!has_port) args.push_back("--port=0");
   args.push_back(absl::StrCat("--port_file=", port_file));
   auto child = ChildProcess::Start(RunfilePath("server/harrier-server"), args, output_path);

@@ -43,7 +43,9 @@ class ChildProcess {
 // A real harrier-server on 127.0.0.1 with an ephemeral port.
 class ServerProcess {
  public:
-  // `flags` are passed as they are; --host, --port and --port_file are added.
+  // `flags` are passed as they are; --port_file is added, and --host
+  // (127.0.0.1) and --port (0) unless `flags` set them. address() is on
+  // 127.0.0.1 whatever --host says (0.0.0.0 serves it too).
   // `output_path` as for ChildProcess::Start.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::vector<std::string>& flags,
                                                               const std::string& output_path = "");

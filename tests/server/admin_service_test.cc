@@ -76,7 +76,7 @@ TEST_CASE("AdminService: the token first, then the hooks' answers") {
     absl::MutexLock lock(&reason_mutex);
     shutdown_reason = reason;
   };
-  AdminServiceImpl service(hooks, "secret");
+  AdminServiceImpl service(hooks, AdminAccess{"secret"});
   Served served = Serve(&service);
 
   for (const std::string token : {"", "wrong"}) {
@@ -111,8 +111,45 @@ TEST_CASE("AdminService: the token first, then the hooks' answers") {
   CHECK(calls.load() == 3);
 }
 
+TEST_CASE("IsLoopbackPeer: loopback addresses in gRPC's peer forms, and nothing else") {
+  for (const char* peer :
+       {"ipv4:127.0.0.1:5000", "ipv4:127.1.2.3:1", "ipv6:[::1]:5000", "ipv6:%5B::1%5D:5000",
+        "ipv6:[::ffff:127.0.0.1]:5000", "ipv6:%5B::ffff:127.0.0.1%5D:5000", "unix:/tmp/s",
+        "unix-abstract:harrier"}) {
+    INFO(peer);
+    CHECK(IsLoopbackPeer(peer));
+  }
+  for (const char* peer :
+       {"ipv4:192.0.2.2:5000", "ipv4:10.0.0.1:1", "ipv4:128.0.0.1:1", "ipv6:[fd00::2]:5000",
+        "ipv6:%5B::ffff:192.0.2.2%5D:5000", "ipv6:[fe80::1%25eth0]:1", "ipv6:::1:5000",
+        "ipv4:localhost:1", "", "127.0.0.1:5000", "tcp:127.0.0.1:1"}) {
+    INFO(peer);
+    CHECK_FALSE(IsLoopbackPeer(peer));
+  }
+}
+
+TEST_CASE("AdminService: without a token, a peer that is not loopback is refused") {
+  // The in-process server is reached over 127.0.0.1, so the refusal of
+  // remote peers is checked through real processes (authority_test); here,
+  // that loopback callers are served and Probe stays open.
+  std::atomic<int> calls{0};
+  AdminHooks hooks;
+  hooks.status = [&calls] {
+    ++calls;
+    return proto::StatusResponse();
+  };
+  AdminServiceImpl service(hooks, AdminAccess{});
+  Served served = Serve(&service);
+  proto::StatusResponse status;
+  CHECK(served.stub->GetStatus(Context("").get(), {}, &status).ok());
+  CHECK(calls.load() == 1);
+  proto::NewRunResponse new_run;
+  CHECK(served.stub->NewRun(Context("").get(), {}, &new_run).error_code() ==
+        grpc::StatusCode::UNIMPLEMENTED);
+}
+
 TEST_CASE("AdminService: no checkpoint hook is FAILED_PRECONDITION") {
-  AdminServiceImpl service(AdminHooks{}, "");
+  AdminServiceImpl service(AdminHooks{}, AdminAccess{});
   Served served = Serve(&service);
   proto::CheckpointResponse checkpoint;
   const grpc::Status s = served.stub->Checkpoint(Context("").get(), {}, &checkpoint);

@@ -2,7 +2,9 @@
 // without processes.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "server/session.h"
 
@@ -110,6 +112,31 @@ TEST_CASE("session: a newer epoch replaces the older one, which is refused from 
   REQUIRE_FALSE(table.Release(0, 9));
   REQUIRE(table.Release(0, 10));
   REQUIRE(table.state(0).released);
+}
+
+TEST_CASE("session: a Leave with a newer epoch ends a live session only when it has gone silent") {
+  using namespace std::chrono_literals;
+  const std::string key = DeriveSessionKey("", "job");
+  SessionTable table("job", key, 2);
+  REQUIRE(table.Verify("job", 0, Minted(key, "job", 0, 5), "push").ok());
+  const absl::Status refused = table.VerifyHolder("job", 0, Minted(key, "job", 0, 6), "leave", 1h);
+  REQUIRE(absl::IsPermissionDenied(refused));
+  REQUIRE(Contains(refused, "leave: rank 0: session epoch 6 would replace the rank's live "
+                            "session (epoch 5)"));
+  REQUIRE(table.state(0).epoch == 5);  // nothing changed
+  // The holder may; so may a newer session once the live one is silent
+  // past the window, or given back, or for a rank no session holds.
+  REQUIRE(table.VerifyHolder("job", 0, Minted(key, "job", 0, 5), "leave", 1h).ok());
+  std::this_thread::sleep_for(5ms);
+  REQUIRE(table.VerifyHolder("job", 0, Minted(key, "job", 0, 6), "leave", 1ms).ok());
+  REQUIRE(table.state(0).epoch == 6);
+  REQUIRE(table.Release(0, 6));
+  REQUIRE(table.VerifyHolder("job", 0, Minted(key, "job", 0, 7), "release", 1h).ok());
+  REQUIRE(table.VerifyHolder("job", 1, Minted(key, "job", 1, 3), "leave", 1h).ok());
+  // Any other call with a newer epoch still replaces the session (a
+  // re-registered worker's first call).
+  REQUIRE(table.Verify("job", 1, Minted(key, "job", 1, 4), "heartbeat").ok());
+  REQUIRE(table.state(1).epoch == 4);
 }
 
 TEST_CASE("session: a message of another job is refused naming both jobs") {
