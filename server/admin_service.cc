@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/grpc_status.h"
+#include "common/request_limits.h"
 
 namespace harrier {
 
@@ -96,6 +97,7 @@ grpc::Status AdminServiceImpl::Shutdown(grpc::ServerContext* context,
   if (!hooks_.shutdown) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard cannot be shut down remotely");
   }
+  if (auto status = CheckShutdownLimits(*request); !status.ok()) return ToGrpcStatus(status);
   hooks_.shutdown(request->reason());
   return grpc::Status::OK;
 }

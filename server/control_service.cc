@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/request_limits.h"
 #include "spdlog/spdlog.h"
 
 namespace harrier {
@@ -137,6 +138,7 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
                                           const proto::RegisterRequest* request,
                                           proto::RegisterResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
+  if (auto status = CheckRegisterLimits(*request); !status.ok()) return ToGrpcStatus(status);
   if (auto status = sessions_->CheckJob(request->job(), "register"); !status.ok()) {
     return ToGrpcStatus(status);
   }
@@ -211,10 +213,11 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
   if (options_.membership != nullptr) options_.membership->Join(static_cast<uint32_t>(rank));
   if (previous_epoch == 0) {
     spdlog::info("event=register shard=0 rank={} epoch={} worker={} job_id={}", rank, epoch,
-                 request->worker_name(), sessions_->job_id());
+                 TruncatedForLog(request->worker_name()), sessions_->job_id());
   } else {
     spdlog::info("event=rejoin shard=0 rank={} epoch={} previous_epoch={} worker={} job_id={}",
-                 rank, epoch, previous_epoch, request->worker_name(), sessions_->job_id());
+                 rank, epoch, previous_epoch, TruncatedForLog(request->worker_name()),
+                 sessions_->job_id());
   }
   response->set_rank(static_cast<uint32_t>(rank));
   response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
@@ -232,6 +235,11 @@ grpc::ServerUnaryReactor* ControlServiceImpl::Barrier(grpc::CallbackServerContex
     refused->Finish(status);
     return refused;
   }
+  if (auto status = CheckBarrierLimits(*request); !status.ok()) {
+    grpc::ServerUnaryReactor* refused = context->DefaultReactor();
+    refused->Finish(ToGrpcStatus(status));
+    return refused;
+  }
   const uint32_t rank = request->rank();
   if (auto status = sessions_->Verify(request->job(), rank, request->session(),
                                       absl::StrCat("barrier '", request->name(), "'"));
@@ -246,22 +254,30 @@ grpc::ServerUnaryReactor* ControlServiceImpl::Barrier(grpc::CallbackServerContex
   grpc::Status refusal;
   {
     absl::MutexLock lock(&mutex_);
-    BarrierState& barrier = barriers_[request->name()];
-    if (barrier.arrived.empty()) barrier.arrived.assign(options_.num_workers, false);
-    if (barrier.arrived[rank]) {
+    BarrierState* barrier = FindOrAddLocked(request->name());
+    if (barrier == nullptr) {
+      refusal = grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("barrier '", TruncatedForLog(request->name()), "': ranks wait at ",
+                       barriers_.size(), " other barriers already, the limit of ",
+                       kMaxPendingBarriers, " pending barriers on this shard"));
+    } else if (barrier->arrived[rank]) {
       refusal = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                              absl::StrCat("barrier '", request->name(), "': rank ", rank,
                                           " is already waiting"));
     } else {
-      barrier.arrived[rank] = true;
-      ++barrier.count;
-      if (CompleteLocked(barrier)) {
-        barrier.waiting.push_back(wait);
-        ReleaseLocked(&barrier, &released, &generation);
+      barrier->arrived[rank] = true;
+      ++barrier->count;
+      if (CompleteLocked(*barrier)) {
+        barrier->waiting.push_back(wait);
+        ReleaseLocked(barrier, &released, &generation);
       } else if (closed_) {
+        barrier->arrived[rank] = false;
+        --barrier->count;
+        DropAbandonedLocked();
         refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down");
       } else {
-        barrier.waiting.push_back(wait);
+        barrier->waiting.push_back(wait);
       }
     }
   }
@@ -290,6 +306,31 @@ bool ControlServiceImpl::RemoveLocked(Wait* wait, grpc::Status* status) {
   return true;
 }
 
+void ControlServiceImpl::DropAbandonedLocked() {
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    if (it->second.waiting.empty() && it->second.generation == 0) {
+      it = barriers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+ControlServiceImpl::BarrierState* ControlServiceImpl::FindOrAddLocked(const std::string& name) {
+  if (auto it = barriers_.find(name); it != barriers_.end()) return &it->second;
+  if (barriers_.size() >= kMaxPendingBarriers) {
+    // Idle barriers (completed, nobody waiting) give way: only their
+    // generation count is lost.
+    for (auto it = barriers_.begin(); it != barriers_.end();) {
+      it = it->second.waiting.empty() ? barriers_.erase(it) : std::next(it);
+    }
+    if (barriers_.size() >= kMaxPendingBarriers) return nullptr;
+  }
+  BarrierState& barrier = barriers_[name];
+  barrier.arrived.assign(options_.num_workers, false);
+  return &barrier;
+}
+
 int ControlServiceImpl::WaitingAt(const std::string& name) {
   absl::MutexLock lock(&mutex_);
   const auto it = barriers_.find(name);
@@ -301,6 +342,7 @@ void ControlServiceImpl::Withdraw(Wait* wait) {
   {
     absl::MutexLock lock(&mutex_);
     if (!RemoveLocked(wait, &status)) return;
+    DropAbandonedLocked();
   }
   wait->Finish(status);
 }
@@ -327,6 +369,7 @@ void ControlServiceImpl::ExpireBarriers() {
         }
       }
     }
+    if (!expired.empty()) DropAbandonedLocked();
   }
   for (auto& [wait, status] : expired) wait->Finish(status);
   for (auto& [waits, generation] : completed) {
@@ -338,6 +381,9 @@ grpc::Status ControlServiceImpl::Heartbeat(grpc::ServerContext* context,
                                            const proto::HeartbeatRequest* request,
                                            proto::HeartbeatResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
+  if (auto status = CheckHeartbeatLimits(*request, options_.max_chunk_clocks); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
   // A verified session counts as heard: what Register reads to tell a live
   // session from a silent or unused one.
   if (auto status =

@@ -33,6 +33,9 @@ struct ControlOptions {
   std::string job_token;
   // The job every request must name (--job).
   std::string job = kDefaultJob;
+  // Most ChunkClocks a Heartbeat may list: the chunks a shard may hold
+  // (--max_chunks).
+  size_t max_chunk_clocks = size_t{1} << 20;
   // Shard 0's sessions (its ShardService's), through which Register issues
   // new ones, so shard 0's data path refuses a replaced epoch at once, and
   // whose record of when each rank was last heard (control heartbeats and
@@ -72,7 +75,12 @@ struct ControlOptions {
 // at once; a waiter whose client cancels or whose deadline passes is
 // answered DEADLINE_EXCEEDED at once (gRPC cancels the call) and no longer
 // counts as arrived; one without a deadline ends so after max_barrier_wait
-// (at the next ExpireBarriers).
+// (at the next ExpireBarriers). Barrier state is bounded
+// (common/request_limits.h): names are at most kMaxBarrierNameBytes; at most
+// kMaxPendingBarriers names are kept at once (a completed barrier's idle
+// state is dropped to make room; a new name while every kept one has a rank
+// waiting is refused RESOURCE_EXHAUSTED); a barrier whose last waiter
+// leaves (its deadline, a cancel) before it ever completed is dropped.
 class ControlServiceImpl final
     : public proto::ControlService::WithCallbackMethod_Barrier<proto::ControlService::Service> {
  public:
@@ -138,8 +146,17 @@ class ControlServiceImpl final
   // it was answered already.
   void Withdraw(Wait* wait);
   // Removes `wait` from its barrier, undoing its arrival; false if it is not
-  // waiting (any more). Returns the status to answer it with.
+  // waiting (any more). Returns the status to answer it with. The barrier's
+  // state stays (see DropIfAbandonedLocked).
   bool RemoveLocked(Wait* wait, grpc::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Drops every barrier nobody waits at that never completed (its
+  // generation would start again at 0 anyway): an abandoned barrier keeps
+  // nothing.
+  void DropAbandonedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The state of barrier `name`, made if new: when kMaxPendingBarriers
+  // names are kept already, idle ones (nobody waiting) are dropped to make
+  // room first; null when every kept one has a rank waiting.
+  BarrierState* FindOrAddLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ControlOptions options_;
   const JobTokenCheck token_check_;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/crc32c.h"
+#include "common/request_limits.h"
 
 namespace harrier {
 namespace {
@@ -172,27 +173,18 @@ absl::StatusOr<bool> DenseTable::Init(const proto::InitRequest& request) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(chunk), ": initial values contain NaN or Inf"));
   }
-  std::vector<uint64_t> shape(request.shape().begin(), request.shape().end());
-  // A chunk holds part of its tensor: never more elements than the shape
-  // has (the product is taken without overflow; a shape of [] is a scalar).
-  uint64_t tensor_elements = 1;
-  bool shape_overflows = false;
-  for (uint64_t dim : shape) {
-    if (dim != 0 && tensor_elements > std::numeric_limits<uint64_t>::max() / dim) {
-      shape_overflows = true;
-      break;
-    }
-    tensor_elements *= dim;
-  }
   if (n * sizeof(float) > env_.options->max_chunk_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat(Where(chunk), ": ", n * sizeof(float), " bytes in one chunk, more than ",
                      env_.options->max_chunk_bytes, " (--max_chunk_bytes)"));
   }
-  if (shape_overflows || n > tensor_elements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Where(chunk), ": ", n, " elements do not fit the shape [", absl::StrJoin(shape, ","), "]"));
+  // The rank is bounded before the shape is copied (common/request_limits.h).
+  if (auto status = CheckShape(Where(chunk), request.shape().data(),
+                               static_cast<size_t>(request.shape_size()), n);
+      !status.ok()) {
+    return status;
   }
+  std::vector<uint64_t> shape(request.shape().begin(), request.shape().end());
 
   absl::MutexLock lock(&mutex_);
   auto existing = slots_.find(chunk);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/process.h"
+#include "common/request_limits.h"
 #include "server/shard_server.h"
 #include "spdlog/spdlog.h"
 
@@ -98,7 +99,7 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "keyed from it; without it they guard against mistakes, not a hostile client.");
 ABSL_FLAG(std::string, job, "harrier",
           "Job name: a message naming another job is refused (FAILED_PRECONDITION); session "
-          "credentials are bound to it. Must match the workers' --job.");
+          "credentials are bound to it. Must match the workers' --job. At most 256 bytes.");
 ABSL_FLAG(bool, admin_open, false,
           "Without --auth_token_file, serve admin calls (harrier-ctl status, checkpoint, "
           "shutdown, new-run) to any host that reaches the port. false: only to callers on this "
@@ -235,6 +236,10 @@ int main(int argc, char** argv) {
       std::min(absl::GetFlag(FLAGS_rejoin_after_ms), absl::GetFlag(FLAGS_heartbeat_timeout_ms)));
   options.job = absl::GetFlag(FLAGS_job);
   if (options.job.empty()) return Fail("--job must not be empty");
+  if (options.job.size() > harrier::kMaxJobNameBytes) {
+    return Fail(absl::StrCat("--job must be at most ", harrier::kMaxJobNameBytes,
+                             " bytes (every request names it)"));
+  }
   const std::string servers = absl::GetFlag(FLAGS_servers);
   if (!servers.empty()) options.shard_addresses = absl::StrSplit(servers, ',', absl::SkipEmpty());
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/request_limits.h"
 #include "server/shard_listener_factory.h"
 #include "spdlog/spdlog.h"
 
@@ -152,6 +153,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
     control.shard_addresses = options.shard_addresses;
     control.job_token = options.job_token;
     control.job = options.job;
+    control.max_chunk_clocks = options.store.max_chunks;
     control.sessions = &server->shard_service_->sessions();
     control.membership = &server->store_->membership();
     control.heartbeat_timeout = options.heartbeat_timeout;
@@ -189,8 +191,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
     };
     // Only recorded here: harrier-server's main loop stops the shard, after
     // this call has been answered.
+    // The client's reason is logged (twice): cut short and escaped.
     admin.shutdown = [raw](const std::string& reason) {
-      raw->RequestShutdown(absl::StrCat("AdminService.Shutdown: ", reason), 0);
+      raw->RequestShutdown(absl::StrCat("AdminService.Shutdown: ", TruncatedForLog(reason)), 0);
     };
     admin.new_run = [raw](const proto::NewRunRequest& request) {
       return raw->NewRunByOperator(request);

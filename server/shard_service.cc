@@ -127,9 +127,7 @@ ShardService::Clock::time_point ShardService::ServerDeadline(Clock::time_point c
 }
 
 absl::Status ShardService::CheckChunkCount(size_t chunks) {
-  if (chunks <= kMaxChunksPerCall) return absl::OkStatus();
-  return absl::ResourceExhaustedError(
-      absl::StrCat("more than ", kMaxChunksPerCall, " chunks in one call"));
+  return harrier::CheckChunkCount(chunks);
 }
 
 absl::Status ShardService::CheckRequestBytes(uint64_t bytes) const {
@@ -176,8 +174,13 @@ absl::Status ShardService::ApplyPush(const Work& work,
   return store_->Push(chunks, work.push_result);
 }
 
-absl::Status ShardService::CheckSessions(const std::vector<ShardStore::PushChunkView>& chunks,
-                                         absl::string_view what) {
+absl::Status ShardService::CheckChunks(const std::vector<ShardStore::PushChunkView>& chunks,
+                                       absl::string_view what) {
+  // Every header within its limits before anything else reads it (the
+  // transports check each as it arrives too, so as not to buffer the rest).
+  for (const ShardStore::PushChunkView& chunk : chunks) {
+    if (auto status = CheckChunkLimits(what, *chunk.header); !status.ok()) return status;
+  }
   const proto::TensorChunk* verified = nullptr;
   for (const ShardStore::PushChunkView& chunk : chunks) {
     const proto::TensorChunk& header = *chunk.header;
@@ -199,6 +202,9 @@ absl::Status ShardService::CheckSessions(const std::vector<ShardStore::PushChunk
 
 absl::Status ShardService::Heartbeat(const proto::HeartbeatRequest& request,
                                      proto::HeartbeatResponse* response) {
+  if (auto status = CheckHeartbeatLimits(request, store_->options().max_chunks); !status.ok()) {
+    return status;
+  }
   if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(), "heartbeat");
       !status.ok()) {
     return status;
@@ -215,6 +221,7 @@ absl::Status ShardService::Heartbeat(const proto::HeartbeatRequest& request,
 }
 
 absl::Status ShardService::CheckInit(const proto::InitRequest& request) {
+  if (auto status = CheckInitLimits(request); !status.ok()) return status;
   // Clients from before sessions in Init send none; a session that is sent
   // must verify (and a newer run's starts that run here first).
   if (!request.has_session()) return absl::OkStatus();
@@ -251,6 +258,7 @@ void ShardService::CheckLiveness(std::chrono::milliseconds timeout, WorkerLossPo
 }
 
 absl::Status ShardService::Leave(const proto::LeaveRequest& request) {
+  if (auto status = CheckLeaveLimits(request); !status.ok()) return status;
   if (auto status = sessions_.VerifyHolder(request.job(), request.rank(), request.session(),
                                            request.release() ? "release" : "leave",
                                            options_.rejoin_after);
@@ -459,7 +467,7 @@ void ShardService::Push(const Call& call, std::vector<ShardStore::PushChunkView>
     work->Finish(status);
     return;
   }
-  if (auto status = CheckSessions(chunks, "push"); !status.ok()) {
+  if (auto status = CheckChunks(chunks, "push"); !status.ok()) {
     work->Finish(status);
     return;
   }
@@ -470,6 +478,10 @@ void ShardService::Push(const Call& call, std::vector<ShardStore::PushChunkView>
 
 void ShardService::Pull(const Call& call, proto::PullRequest request, ReplySink* sink, Done done) {
   auto work = Begin(call, options_.pull_seconds, std::move(done));
+  if (auto status = CheckPullLimits(request); !status.ok()) {
+    work->Finish(status);
+    return;
+  }
   if (auto status = sessions_.Verify(request.job(), request.rank(), request.session(), "pull");
       !status.ok()) {
     work->Finish(status);
@@ -492,7 +504,7 @@ void ShardService::PushPull(const Call& call, std::vector<ShardStore::PushChunkV
     work->Finish(status);
     return;
   }
-  if (auto status = CheckSessions(chunks, "push-pull"); !status.ok()) {
+  if (auto status = CheckChunks(chunks, "push-pull"); !status.ok()) {
     work->Finish(status);
     return;
   }

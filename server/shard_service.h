@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cancellation.h"
 #include "common/metrics/metrics.h"
+#include "common/request_limits.h"
 #include "common/thread_pool.h"
 #include "proto/harrier.pb.h"
 #include "server/buffer_budget.h"
@@ -83,9 +84,10 @@ class ShardService {
   using Clock = ShardStore::Clock;
   using Done = std::function<void(const absl::Status&)>;
 
-  // Most chunks one push or push-pull may carry: bounds the memory a single
-  // call holds (chunks are at most 32 MiB, ClientOptions' upper bound).
-  static constexpr uint32_t kMaxChunksPerCall = 256;
+  // Most chunks one push, push-pull or pull may carry: bounds the memory a
+  // single call holds (chunks are at most 32 MiB, ClientOptions' upper
+  // bound). common/request_limits.h states it.
+  static constexpr uint32_t kMaxChunksPerCall = static_cast<uint32_t>(harrier::kMaxChunksPerCall);
 
   // What a transport knows about a call besides its messages.
   struct Call {
@@ -175,10 +177,14 @@ class ShardService {
   // buffers are freed.
   BufferBudget& buffer_budget() { return buffer_budget_; }
 
-  // Every call that names a rank is first checked against the sessions
-  // (SessionTable::Verify: the job, the rank's session): a refused call gets
-  // FAILED_PRECONDITION (another job) or PERMISSION_DENIED (no, an old or a
-  // bad credential) and changes nothing.
+  // Every request is first checked against the size limits on its strings
+  // and lists (common/request_limits.h: INVALID_ARGUMENT, or
+  // RESOURCE_EXHAUSTED for more than kMaxChunksPerCall chunks), before
+  // anything is allocated or kept for it. Then every call that names a rank
+  // is checked against the sessions (SessionTable::Verify: the job, the
+  // rank's session): a refused call gets FAILED_PRECONDITION (another job)
+  // or PERMISSION_DENIED (no, an old or a bad credential) and changes
+  // nothing.
 
   // Applies one worker's chunks (validated whole first; see
   // ShardStore::Push). The views' memory stays the caller's and valid until
@@ -271,10 +277,11 @@ class ShardService {
   // those the pull pool refused.
   void RunTimer();
   absl::Status ApplyPush(const Work& work, const std::vector<ShardStore::PushChunkView>& chunks);
-  // Verifies the job and session of every chunk (runs of chunks with the
-  // same identity are verified once).
-  absl::Status CheckSessions(const std::vector<ShardStore::PushChunkView>& chunks,
-                             absl::string_view what);
+  // Checks every chunk's header against its limits (common/request_limits.h),
+  // then verifies the job and session of every chunk (runs of chunks with
+  // the same identity are verified once).
+  absl::Status CheckChunks(const std::vector<ShardStore::PushChunkView>& chunks,
+                           absl::string_view what);
 
   ShardStore* const store_;
   const ShardServiceOptions options_;

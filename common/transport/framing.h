@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/request_limits.h"
 #include "proto/harrier.pb.h"
 
 namespace harrier::transport {
@@ -41,8 +42,8 @@ constexpr unsigned kRequestAmId = 17;
 constexpr unsigned kReplyAmId = 18;
 constexpr uint32_t kFrameMagic = 0x31585248;  // "HRX1" little-endian
 constexpr size_t kFrameBytes = 48;
-// Most chunks one call may carry; the same bound as the gRPC service.
-constexpr uint32_t kMaxChunksPerCall = 256;
+// Most chunks one call may carry (common/request_limits.h).
+constexpr uint32_t kMaxChunksPerCall = static_cast<uint32_t>(harrier::kMaxChunksPerCall);
 
 // What a client needs to connect to a shard's UCX worker, from
 // GetTransportAddress over the (authenticated) gRPC channel.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
 #include "common/grpc_status.h"
+#include "common/request_limits.h"
 
 namespace harrier {
 namespace {
@@ -126,6 +127,9 @@ class PushReader : public Base {
     if (auto status = DecodeChunk(chunk.slices, &chunk.header, &payload); !status.ok()) {
       return status;
     }
+    // Each header within its limits as it arrives: an oversized one ends
+    // the call before the rest of it is buffered.
+    if (auto status = CheckChunkLimits("push", chunk.header); !status.ok()) return status;
     request_bytes_ += payload.size();
     if (auto status = this->service_->CheckRequestBytes(request_bytes_); !status.ok()) {
       return status;
@@ -461,6 +465,9 @@ grpc::Status ParameterServiceImpl::GetTransportAddress(
     grpc::ServerContext* context, const proto::TransportAddressRequest* request,
     proto::TransportAddressResponse* response) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
+  if (auto status = CheckTransportAddressLimits(*request); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
   // Empty names "ucx" (harrier.proto). The gRPC listener has no address to
   // give: the client already holds the channel this call came on.
   const std::string name = request->transport().empty() ? "ucx" : request->transport();

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_security.h"
+#include "common/request_limits.h"
 #include "spdlog/spdlog.h"
 
 namespace harrier {
@@ -222,7 +223,7 @@ ucs_status_t UcxListener::OnRequest(void* arg, const void* header, size_t header
   if (auto status = transport::DecodeHeader(header, header_length, &frame, &body); !status.ok()) {
     // Without a frame there is no connection to answer on: drop it (a
     // rendezvous message is dropped by returning UCS_OK).
-    spdlog::warn("ucx dropped a request: {}", std::string(status.message()));
+    spdlog::warn("ucx dropped a request: {}", TruncatedForLog(status.message()));
     return UCS_OK;
   }
   // The call's payloads so far plus this one, counted before it is copied or
@@ -501,6 +502,12 @@ void UcxListener::OnChunk(const Frame& frame, const std::string& body, transport
       pending.error = frame_status;
     } else if (!pending.chunks[frame.index].ParseFromString(body)) {
       pending.error = absl::InvalidArgumentError("malformed frame: chunk header does not parse");
+    } else if (auto limits = CheckChunkLimits("push", pending.chunks[frame.index]);
+               !limits.ok()) {
+      // Not kept (Clear would keep the strings' memory); the request's
+      // later frames are dropped as they come.
+      pending.error = limits;
+      proto::TensorChunk().Swap(&pending.chunks[frame.index]);
     } else {
       // The payload stays in its receive buffer; the store reads it there.
       pending.payloads[frame.index] = std::move(data);
