@@ -162,6 +162,7 @@ check "third start exits 0 and prints nothing" test "$code|$(grep -c . "$tmp/thi
 check "third start leaves the files as they were" test \
   "$(cat "$dir/runs.jsonl" "$dir/runs.csv" "$dir/curves.csv" | md5sum)" = "$sum_before"
 check "no logs of ok runs left" test ! -e "$dir/logs"
+[ -e "$dir/logs" ] && find "$dir/logs" -ls | head -n 20
 # A run the binaries refuse is recorded as failed, with the error, and
 # not dropped.
 fdir="$tmp/failgrid"
