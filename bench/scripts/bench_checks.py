@@ -25,7 +25,7 @@ Exits 0 when nothing failed, 1 otherwise, 2 on a usage error.
   advisor  bench/scripts/results.sh --quick into --work_dir, then
            advice_rank_check.py: the advisor's pick among the 3 fastest
            measured runs on each link, or within 10 % of the third (a miss
-           is measured once more).                           (root, ~15 min)
+           is measured once more).                           (root, ~2 min)
 
 Binaries come from --bin_dir (build them first: bazel build -c opt
 //bench:harrier-bench //bench/netem:measure-link //bench/advise:harrier-advise
