@@ -29,7 +29,7 @@ for shard in 0 1; do
     --num_workers=4 --auth_token_file="$tmp/token" --exit_when_done=false 2>"$tmp/server$shard.log" &
   pids+=($!)
 done
-for _ in $(seq 100); do [ -s "$tmp/port0" ] && [ -s "$tmp/port1" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -s "$tmp/port0" ] && [ -s "$tmp/port1" ] && break; sleep 0.1; done
 servers="127.0.0.1:$(cat "$tmp/port0"),127.0.0.1:$(cat "$tmp/port1")"
 # Small probes keep the test in seconds on 2 shared cores.
 common=(--servers="$servers" --auth_token_file="$tmp/token" --probe_bytes=2097152 --probe_repeats=3
@@ -117,7 +117,7 @@ run_recommendation() {  # name advise-output
     rec_pids+=($!)
     pids+=($!)
   done
-  for _ in $(seq 100); do [ -s "$tmp/rec_port0" ] && [ -s "$tmp/rec_port1" ] && break; sleep 0.1; done
+  for _ in $(seq 300); do [ -s "$tmp/rec_port0" ] && [ -s "$tmp/rec_port1" ] && break; sleep 0.1; done
   rec_servers="127.0.0.1:$(cat "$tmp/rec_port0"),127.0.0.1:$(cat "$tmp/rec_port1")"
   # shellcheck disable=SC2086
   timeout 120 "$worker" --servers="$rec_servers" $worker_args --max_steps=8 --train_examples=1000 \
@@ -140,7 +140,7 @@ for i in 0 1; do
     --num_workers=1 --sync=asp --exit_when_done=false 2>"$tmp/job_server$i.log" &
   pids+=($!)
 done
-for _ in $(seq 100); do [ -s "$tmp/job_port0" ] && [ -s "$tmp/job_port1" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -s "$tmp/job_port0" ] && [ -s "$tmp/job_port1" ] && break; sleep 0.1; done
 job_servers="127.0.0.1:$(cat "$tmp/job_port0"),127.0.0.1:$(cat "$tmp/job_port1")"
 job_common=(--servers="$job_servers" --probe_bytes=1048576 --probe_repeats=2 --rtt_probes=5 --timeout_ms=20000
             --syncs=bsp --codecs=none,topk --pulls=off --compute_ms=1)

@@ -138,9 +138,12 @@ for codec in none topk fp16; do
     'BEGIN { exit !(a >= 0.3 && a <= 1 && b >= a && b <= 1) }' &&
     pass "$codec: accuracy final $(field "$line" final_accuracy) best $(field "$line" best_accuracy)" ||
     fail "$codec: accuracy $line"
+  # The 1 Gbit/s link: never above it (a stream timed to its last byte errs
+  # low), and at least 0.1 of it however busy the CPU (within 10 % is the
+  # bench check `bench/scripts/bench_checks.sh links`).
   awk -v u="$(field "$line" bytes_up_per_step)" -v d="$(field "$line" bytes_down_per_step)" \
     -v s="$(field "$line" step_s)" -v g="$(field "$line" link_measured_gbps)" \
-    'BEGIN { exit !(u > 0 && d >= 1077288 && s > 0 && g > 0.2 && g < 1.1) }' &&
+    'BEGIN { exit !(u > 0 && d >= 1077288 && s > 0 && g >= 0.1 && g < 1.1) }' &&
     pass "$codec: bytes, step_s, link" || fail "$codec: bytes, step_s or link: $line"
   check "$codec: 2 workers, 1 shard, batch 64" test \
     "$(field "$line" workers)/$(field "$line" shards)/$(field "$line" batch_size)" = "2/1/64"
@@ -159,6 +162,7 @@ check "third start exits 0 and prints nothing" test "$code|$(grep -c . "$tmp/thi
 check "third start leaves the files as they were" test \
   "$(cat "$dir/runs.jsonl" "$dir/runs.csv" "$dir/curves.csv" | md5sum)" = "$sum_before"
 check "no logs of ok runs left" test ! -e "$dir/logs"
+[ -e "$dir/logs" ] && find "$dir/logs" -ls | head -n 20
 # A run the binaries refuse is recorded as failed, with the error, and
 # not dropped.
 fdir="$tmp/failgrid"

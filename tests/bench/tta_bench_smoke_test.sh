@@ -56,7 +56,10 @@ for line in "$none" "$topk"; do
     fail "$name final_accuracy $(field "$line" final_accuracy)"
   # 6400 examples / 2 workers / batch 64, all of one epoch.
   [ "$(field "$line" steps)" = 50 ] && pass "$name 50 steps" || fail "$name steps $(field "$line" steps)"
-  awk -v g="$(field "$line" link_measured_gbps)" 'BEGIN { exit !(g > 0.2 && g < 1.1) }' &&
+  # The 1 Gbit/s link: never above it (a stream timed to its last byte errs
+  # low), and at least 0.1 of it however busy the CPU (within 10 % is the
+  # bench check `bench/scripts/bench_checks.sh links`).
+  awk -v g="$(field "$line" link_measured_gbps)" 'BEGIN { exit !(g >= 0.1 && g < 1.1) }' &&
     pass "$name link measured $(field "$line" link_measured_gbps) Gbit/s" ||
     fail "$name link measured $(field "$line" link_measured_gbps) Gbit/s"
 done

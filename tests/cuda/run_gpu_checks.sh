@@ -138,7 +138,7 @@ rm -f "$out/advise_port"
 timeout 120 "$bin/server/harrier-server" --host=127.0.0.1 --port=0 --port_file="$out/advise_port" \
   --shard=0 --num_shards=1 --num_workers=4 > "$out/advise_server.log" 2>&1 &
 advise_server=$!
-for _ in $(seq 100); do [ -s "$out/advise_port" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -s "$out/advise_port" ] && break; sleep 0.1; done
 timeout 90 "$bin/bench/advise/harrier-advise" --servers="127.0.0.1:$(cat "$out/advise_port" 2>/dev/null)" \
   --device="$device" --compute_ms=1 --syncs=bsp,asp --codecs=none,topk,qsgd8,powersgd2 --pulls=off,on \
   --probe_bytes=1048576 --json > "$out/advise.json" 2> "$out/advise.err"

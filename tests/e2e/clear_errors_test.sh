@@ -89,7 +89,7 @@ fi
 "$server" --host=127.0.0.1 --port=0 --port_file="$TEST_TMPDIR/port_ckpt" \
   --checkpoint_dir="$TEST_TMPDIR/new/checkpoints" 2>"$TEST_TMPDIR/ckpt.log" &
 pids+=($!)
-for _ in $(seq 100); do [ -s "$TEST_TMPDIR/port_ckpt" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -s "$TEST_TMPDIR/port_ckpt" ] && break; sleep 0.1; done
 report "a missing checkpoint dir is created at start" \
   "$([ -s "$TEST_TMPDIR/port_ckpt" ] && [ -d "$TEST_TMPDIR/new/checkpoints" ] && echo yes)" \
   "$(tail -n 3 "$TEST_TMPDIR/ckpt.log")"

@@ -33,7 +33,7 @@ for shard in 0 1; do
   pids+=($!)
   server_pid[$shard]=$!
 done
-for _ in $(seq 100); do [ -s "$tmp/port0" ] && [ -s "$tmp/port1" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -s "$tmp/port0" ] && [ -s "$tmp/port1" ] && break; sleep 0.1; done
 a0="127.0.0.1:$(cat "$tmp/port0")"
 a1="127.0.0.1:$(cat "$tmp/port1")"
 servers="$a0,$a1"
@@ -153,7 +153,7 @@ check "openssl made the test certificates" "[ -s '$tmp/server.pem' ]"
   --exit_when_done=false --tls_cert="$tmp/server.pem" --tls_key="$tmp/server.key" 2>"$tmp/tls.log" &
 tls=$!
 pids+=("$tls")
-for _ in $(seq 100); do [ -s "$tmp/port_tls" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -s "$tmp/port_tls" ] && break; sleep 0.1; done
 tls_address="127.0.0.1:$(cat "$tmp/port_tls")"
 "$ctl" --servers="$tls_address" --tls_ca="$tmp/ca.pem" --timeout_ms=3000 health >"$tmp/tls_health.out" 2>&1
 check "health over TLS with --tls_ca: SERVING" "[ $? -eq 0 ] && grep -qx '$tls_address SERVING' '$tmp/tls_health.out'"
@@ -171,7 +171,7 @@ check "shutdown over TLS stops that shard (exit $rc)" "[ $rc -eq 0 ]"
   --exit_when_done=false 2>"$tmp/plain.log" &
 plain=$!
 pids+=("$plain")
-for _ in $(seq 100); do [ -s "$tmp/port_plain" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -s "$tmp/port_plain" ] && break; sleep 0.1; done
 plain_address="127.0.0.1:$(cat "$tmp/port_plain")"
 "$ctl" --servers="$plain_address" checkpoint >/dev/null 2>"$tmp/plain.err"
 check "checkpoint without --checkpoint_dir: exit 1, FAILED_PRECONDITION naming the flag" "[ $? -eq 1 ] && grep -q 'FAILED_PRECONDITION: shard 0 has no --checkpoint_dir' '$tmp/plain.err'"

@@ -133,7 +133,7 @@ trains() {  # program
   "$root/server/harrier-server" --host=127.0.0.1 --port=0 --port_file="$port_file" \
     --num_workers=1 2>>"$TEST_TMPDIR/server.log" &
   server_pid=$!
-  for _ in $(seq 100); do [ -s "$port_file" ] && break; sleep 0.1; done
+  for _ in $(seq 300); do [ -s "$port_file" ] && break; sleep 0.1; done
   [ -s "$port_file" ] || { echo "server did not start"; tail -n 5 "$TEST_TMPDIR/server.log"; return 1; }
   timeout 60 "$1" "127.0.0.1:$(cat "$port_file")" >"$out"
   rc=$?

@@ -31,7 +31,7 @@ start_server() {
   "$server" --host=127.0.0.1 --port=0 --port_file="$tmp/$name.port" "$@" 2>"$tmp/$name.log" &
   pid=$!
   pids+=("$pid")
-  for _ in $(seq 100); do [ -s "$tmp/$name.port" ] && break; sleep 0.1; done
+  for _ in $(seq 300); do [ -s "$tmp/$name.port" ] && break; sleep 0.1; done
   port=$(cat "$tmp/$name.port")
 }
 job_ids() { sed -n 's/.*event=job_start .*job_id=\([0-9]*\).*/\1/p' "$1" | sort -u | tr '\n' ' '; }
@@ -95,7 +95,9 @@ for run in 1 2 3; do
   "$worker" --servers="127.0.0.1:$port" "${fast[@]}" --max_steps=60 >"$tmp/c.$run.out" 2>"$tmp/c.$run.err"
   rc=$?
   check "C: run $run exits 0 and trains from step 0" "[ $rc -eq 0 ] && ! grep -q resumes '$tmp/c.$run.err' && grep -q '^test_accuracy=' '$tmp/c.$run.out'"
-  sleep 0.5  # the shard's monitor ends the run within 200 ms
+  # The shard's monitor ends the run within 200 ms on a quiet machine: wait
+  # for its job_done line before the next run.
+  for _ in $(seq 100); do [ "$(grep -c 'event=job_done' "$tmp/c0.log")" -ge "$run" ] && break; sleep 0.1; done
 done
 ids=$(job_ids "$tmp/c0.log")
 check "C: each run had its own job id (${ids})" "[ \$(echo $ids | wc -w) -ge 3 ]"

@@ -24,7 +24,7 @@ last=$(tail -n 20 "$run_dir/worker0.jsonl" | mean_loss)
 echo "mean loss of the first 20 steps $first, of the last 20 $last"
 check "loss falls" "awk -v f='$first' -v l='$last' 'BEGIN { exit !(l < 0.8 * f) }'"
 check "progress lines on stderr" "grep -q 'samples/s' '$TEST_TMPDIR/quickstart.err'"
-sleep 0.2
+for _ in $(seq 100); do pgrep -f "$root/(server|worker)/harrier-" >/dev/null || break; sleep 0.1; done
 check "no process left behind" "! pgrep -f '$root/(server|worker)/harrier-' >/dev/null"
 
 # A worker that fails (its data directory is missing) stops the whole job

@@ -26,7 +26,7 @@ check "test accuracy well above chance" "awk -v a='$accuracy' 'BEGIN { exit !(a 
 check "the shards ran the example's optimizer" "grep -q 'optimizer=nesterov' '$TEST_TMPDIR'/harrier-quickstart.*/shard0.log"
 check "progress of both workers on stderr" "grep -q '^\[worker 1\].*step=' '$err' && grep -q '^\[worker 0\].*step=' '$err'"
 check "ms_per_step reported" "grep -q '^ms_per_step=' '$out'"
-sleep 0.2
+for _ in $(seq 100); do pgrep -f "$root/(server/harrier-server|examples/torch_fashion_mnist)" >/dev/null || break; sleep 0.1; done
 check "no process left behind" "! pgrep -f '$root/(server/harrier-server|examples/torch_fashion_mnist)' >/dev/null"
 
 echo "$passed checks passed, $failed failed"

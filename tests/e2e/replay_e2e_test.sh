@@ -33,7 +33,7 @@ start_shards() {
       --num_workers=2 "$@" 2>"$dir/shard$s.log" &
     shard_pids+=($!); pids+=($!)
   done
-  for _ in $(seq 100); do [ -s "$dir/port0" ] && [ -s "$dir/port1" ] && break; sleep 0.1; done
+  for _ in $(seq 300); do [ -s "$dir/port0" ] && [ -s "$dir/port1" ] && break; sleep 0.1; done
 }
 
 # One run: 2 fresh shards, 2 workers with the given extra flags, each worker

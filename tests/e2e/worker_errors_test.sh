@@ -24,7 +24,7 @@ expect_error() {  # name, expected stderr text, command...
   2>"$TEST_TMPDIR/server.log" &
 server_pid=$!
 trap 'kill $server_pid 2>/dev/null; wait 2>/dev/null' EXIT
-for _ in $(seq 100); do [ -s "$TEST_TMPDIR/port" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -s "$TEST_TMPDIR/port" ] && break; sleep 0.1; done
 address="127.0.0.1:$(cat "$TEST_TMPDIR/port")"
 
 mkdir -p "$TEST_TMPDIR/corrupt"
@@ -46,6 +46,10 @@ expect_error "worker count disagrees with the servers" "num_workers" \
 "$worker" --servers="$address" --rank=0 --max_steps=1 --train_examples=1000 --rpc_timeout_s=5 \
   >/dev/null 2>"$TEST_TMPDIR/first.err" &
 first=$!
+# Rank 0 registers its tensors right after its client is up (its "[worker 0]"
+# lines): wait for those, then a second for the registration itself, rather
+# than a fixed second from the start that a busy machine can outlast.
+for _ in $(seq 300); do grep -q '^\[worker 0\] compression' "$TEST_TMPDIR/first.err" && break; sleep 0.1; done
 sleep 1
 expect_error "model shape disagrees with the shard" "fc0.weight" \
   "$worker" --servers="$address" --rank=1 --layers=784,128,10 --train_examples=1000

@@ -19,7 +19,7 @@ check() { if eval "$2"; then echo "PASS $1"; passed=$((passed + 1)); else echo "
 server_pid=$!
 pids=("$server_pid")
 trap 'kill -KILL "${pids[@]}" 2>/dev/null; wait 2>/dev/null' EXIT
-for _ in $(seq 100); do [ -s "$tmp/port" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -s "$tmp/port" ] && break; sleep 0.1; done
 address="127.0.0.1:$(cat "$tmp/port")"
 
 common=(--servers="$address" --num_workers=2 --train_examples=12000 --batch_size=32 --log_every=10 --epochs=100)
@@ -51,7 +51,13 @@ check "the server lost no worker" "! grep -qi 'lost' '$tmp/server.log'"
 "$worker" --servers=127.0.0.1:1 --connect_timeout_s=30 >/dev/null 2>"$tmp/early.err" &
 early=$!
 pids+=("$early")
-sleep 0.5
+# Once its SIGTERM handler is in (SigCgt bit 15 in /proc), not after a
+# fixed sleep a busy machine can outlast.
+for _ in $(seq 300); do
+  caught=$(awk '/^SigCgt:/ { print $2 }' "/proc/$early/status" 2>/dev/null)
+  [ -n "$caught" ] && (( 0x$caught & 0x4000 )) && break
+  sleep 0.05
+done
 kill -TERM "$early"
 wait_for "$early" 10
 check "a signal while connecting exits 143 at once" "[ $? -eq 143 ] && grep -q 'exiting now' '$tmp/early.err'"

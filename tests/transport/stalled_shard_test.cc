@@ -42,8 +42,9 @@ TEST_CASE("a push to a stalled shard returns within its deadline plus the releas
   (*servers)[0]->process().Signal(SIGKILL);
   INFO(status.ToString() << " after " << absl::FormatDuration(took));
   CHECK_FALSE(status.ok());
-  // 1 s deadline + at most 5 s (gRPC) or 2 x 2 s (UCX) for the payloads.
-  CHECK(took < absl::Seconds(15));
+  // 1 s deadline + at most 5 s (gRPC) or 2 x 2 s (UCX) for the payloads;
+  // a busy machine may stretch that, a hang would not end at all.
+  CHECK(took < absl::Seconds(30));
 }
 
 }  // namespace

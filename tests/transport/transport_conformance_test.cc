@@ -401,7 +401,7 @@ TEST_CASE("a dead shard fails calls with UNAVAILABLE instead of hanging") {
   REQUIRE(status.code() == absl::StatusCode::kUnavailable);
   const absl::Duration took = absl::Now() - start;
   INFO("took " << absl::FormatDuration(took));
-  REQUIRE(took < absl::Seconds(15));
+  REQUIRE(took < absl::Seconds(30));  // bounded (a busy machine may be slow), not a hang
 }
 
 }  // namespace

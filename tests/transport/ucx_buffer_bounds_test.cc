@@ -159,7 +159,7 @@ TEST_CASE("a UCX call whose frames stop coming is refused at its deadline and gi
   REQUIRE(absl::IsDeadlineExceeded(refused));
   // The shard's answer, not the local wait's: it says what arrived.
   REQUIRE(refused.message().find("only 2 of the call's 3 chunks") != absl::string_view::npos);
-  REQUIRE(took < absl::Seconds(5));
+  REQUIRE(took < absl::Seconds(10));  // the call's 300 ms, not the 15 s local wait
 
   // Nothing applied, and the 2 MiB are free again: a whole 3 MiB call on
   // the same connection fits the 4 MiB bound and is applied.

@@ -333,8 +333,10 @@ TEST_CASE("retries stop at retry_timeout and the error names the shard") {
   CHECK(absl::Now() - start < absl::Seconds(2));
   CHECK(absl::IsUnavailable(status));
   CHECK(status.message().find("shard 0 (fake:0)") != absl::string_view::npos);
-  // 50 ms then 100 ms of backoff fit in 300 ms; the next 200 ms do not.
-  CHECK(cluster.shards[0]->num_calls() == 3);
+  // 50 ms then 100 ms of backoff fit in 300 ms; the next 200 ms do not. (A
+  // busy machine that oversleeps the first two by 150 ms leaves 2 calls.)
+  CHECK(cluster.shards[0]->num_calls() >= 2);
+  CHECK(cluster.shards[0]->num_calls() <= 3);
 }
 
 TEST_CASE("errors other than UNAVAILABLE are not retried") {
@@ -376,9 +378,11 @@ TEST_CASE("every call carries the rpc_timeout deadline; an expired one names its
         absl::string_view::npos);
   const auto calls = cluster.shards[shard]->calls();
   REQUIRE(calls.size() == 1);  // DEADLINE_EXCEEDED is not retried
+  // The whole rpc_timeout, less what passed between setting the deadline and
+  // the call's start (a busy machine may take tens of milliseconds there).
   const absl::Duration budget = calls[0].deadline - calls[0].started;
   CHECK(budget <= absl::Milliseconds(300));
-  CHECK(budget >= absl::Milliseconds(250));
+  CHECK(budget >= absl::Milliseconds(150));
   cluster.shards[shard]->Release();
 }
 

@@ -248,11 +248,12 @@ TEST_CASE("the compute pacer never runs short, and restarts after a wait on the 
   start = Clock::now();
   pacer.Run(1.5);
   CHECK(ms(Clock::now() - start) >= 3.0);
-  // Scale 0 and negative times cost nothing.
+  // Scale 0 and negative times cost nothing: far from the 10 s that 1000
+  // layers of 10 ms would take, however busy the machine.
   ComputePacer none(0.0);
   start = Clock::now();
   for (int i = 0; i < 1000; ++i) none.Run(10.0);
-  CHECK(ms(Clock::now() - start) < 100.0);
+  CHECK(ms(Clock::now() - start) < 2000.0);
 }
 
 TEST_CASE("the summary line has its documented fields in order") {

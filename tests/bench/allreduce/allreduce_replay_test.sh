@@ -135,12 +135,13 @@ else
 fi
 
 # --- buckets are reduced while backward goes on ---------------------------------
-# At ResNet-50's modelled speed (backward ~142 ms) the buckets of the last
-# layers are complete long before backward ends and the communication thread
-# starts the first at once: at least 1 of the 4 must begin before backward
-# ends (how many more depends on how fast the first ones finish on this
-# shared CPU); with bucket_bytes=0 none can.
-run_ranks overlap 2 --model=resnet50 --compute_scale=1 --steps=2
+# At 3x ResNet-50's modelled speed (backward ~430 ms, slept) the buckets of
+# the last layers are complete long before backward ends and the
+# communication thread starts the first at once: at least 1 of the 4 must
+# begin before backward ends (how many more depends on how fast the first
+# ones finish on this shared CPU; the 3x leaves a busy scheduler hundreds
+# of ms to start the thread); with bucket_bytes=0 none can.
+run_ranks overlap 2 --model=resnet50 --compute_scale=3 --steps=2
 line=$(summary overlap 0)
 echo "overlap: $line"
 if [ "$(cat "$tmp/overlap.0.rc")" = 0 ] && [ "$(field "$line" checked)" = true ] &&

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # CI case of `harrier-bench overlap`: ResNet-50 replayed by 2 real workers
 # and 2 real shards, each host on its own emulated 1 Gbit/s link, plain and
-# all. Asserts the JSON fields, that the link measured within 10 % of its
-# set rate, that the bytes are ResNet-50's, that comm_ms and ideal follow
-# the cost model from those figures, and that no iteration beat the link
-# (which fails if shaping is lost). Prints SKIPPED where namespaces cannot
-# be made (not root).
+# all. Asserts the JSON fields, that the link measured between 0.1x and 2x
+# of its set rate, that the bytes are ResNet-50's, that comm_ms and ideal
+# follow the cost model from those figures, and that no iteration beat the
+# set rate of the link (which fails if shaping is lost). Only what a busy
+# machine keeps: the link within 10 % of its rate and the iteration against
+# the measured link are `bench/scripts/bench_checks.sh overlap`
+# (docs/experiments.md, "Bench checks"). Prints SKIPPED where namespaces
+# cannot be made (not root).
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
 bench="$root/bench/harrier-bench"
@@ -44,8 +47,8 @@ for l in lines:
     if not all(f in l for f in fields): continue
     check(l["bench"] == "overlap" and l["model"] == "resnet50", f"{t}: bench and model")
     check(l["workers"] == 2 and l["shards"] == 2 and l["link_gbps"] == 1, f"{t}: shape of the run")
-    check(abs(l["link_measured_gbps"] - 1) <= 0.10,
-          f"{t}: link measured {l['link_measured_gbps']:.3f} Gbit/s, within 10 % of 1")
+    check(0.1 <= l["link_measured_gbps"] <= 2,
+          f"{t}: link measured {l['link_measured_gbps']:.3f} Gbit/s, within 0.1x-2x of 1")
     check(l["checked"] is True, f"{t}: the BSP check passed")
     m = max(l["bytes_pushed_per_iter"], l["bytes_pulled_per_iter"])
     check(m >= resnet50_bytes and l["bytes_per_iter"] >= 2 * resnet50_bytes,
@@ -53,8 +56,11 @@ for l in lines:
     comm = max(m, 2 * m / 2) * 8 / (l["link_measured_gbps"] * 1e9) * 1e3
     check(abs(l["comm_ms"] - comm) <= 0.01 * comm, f"{t}: comm_ms {l['comm_ms']:.1f} = cost model {comm:.1f}")
     check(abs(l["ideal_iter_ms"] - max(comm, l["compute_ms"])) <= 0.01 * comm, f"{t}: ideal = max(compute, comm)")
-    check(l["iter_ms"] >= 0.9 * l["comm_ms"],
-          f"{t}: iteration {l['iter_ms']:.1f} ms not faster than the link allows ({l['comm_ms']:.1f} ms)")
+    # At the set rate, not the measured one: a stream measured on a busy
+    # CPU comes out slow, which would make a quick iteration look too quick.
+    at_set_rate = m * 8 / (l["link_gbps"] * 1e9) * 1e3
+    check(l["iter_ms"] >= 0.9 * at_set_rate,
+          f"{t}: iteration {l['iter_ms']:.1f} ms not faster than the set rate allows ({at_set_rate:.1f} ms)")
     check(l["iter_ms"] < 20 * l["comm_ms"], f"{t}: iteration within 20x of the cost model")
     sps = 2 * l["batch"] / (l["iter_ms"] / 1e3)
     check(abs(l["samples_per_s"] - sps) <= 0.01 * sps, f"{t}: samples_per_s = workers * batch / iter")
