@@ -24,6 +24,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "bench/flags.h"
@@ -543,6 +545,19 @@ std::string OneLine(absl::string_view text) {
   return line;
 }
 
+// Removes a run's log folder. A process of the run that is still exiting
+// (a shell in the emulated network flushing its redirect) may write into
+// it while it goes: tried again for up to 5 s until it is gone.
+void RemoveLogs(const std::string& logs) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  std::error_code error_code;
+  while (true) {
+    std::filesystem::remove_all(logs, error_code);
+    if (!std::filesystem::exists(logs, error_code) || absl::Now() > give_up) return;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
 absl::StatusOr<Measured> RunOne(const Options& options, const TrainingRunner& runner,
                                 const RunSpec& run, const std::string& tag) {
   TrainingJob job;
@@ -760,7 +775,7 @@ int RunConvergenceBench(int argc, char** argv) {
                      FieldText(r, "bytes_down_per_step")->c_str());
         // The logs of a failed run stay for diagnosis; an ok run's are in
         // the files.
-        std::filesystem::remove_all(logs, error_code);
+        RemoveLogs(logs);
       } else {
         std::fprintf(stderr, "convergence: %s FAILED: %s (logs in %s)\n", run_id.c_str(),
                      error.c_str(), logs.c_str());
