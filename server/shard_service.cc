@@ -56,6 +56,8 @@ struct ShardService::Parked : PullWaiter {
   const std::shared_ptr<const PullPlan> plan;
   ReplySink* const sink;
   const size_t next;  // the chunk it waits for
+  // Held in the memory account's parked-pull budget while parked.
+  uint64_t charged_bytes = 0;
   std::weak_ptr<Parked> self;
   std::atomic<bool> fired{false};
   // Held while Park registers the call, so Resume never runs before the
@@ -74,7 +76,9 @@ absl::Status ClientWentAway() { return absl::CancelledError("the client cancelle
 ShardService::ShardService(ShardStore* store, const ShardServiceOptions& options)
     : store_(store),
       options_(options),
-      buffer_budget_(options.max_connection_bytes, options.max_buffered_bytes),
+      memory_(MemoryAccountOptions{options.max_connection_bytes, options.max_buffered_bytes,
+                                   options.max_parked_pull_bytes,
+                                   options.max_probe_bytes_in_flight}),
       sessions_(options.job, DeriveSessionKey(options.job_token, options.job),
                 store->options().num_workers) {
   absl::MutexLock lock(&mutex_);
@@ -351,11 +355,31 @@ void ShardService::Continue(const std::shared_ptr<Work>& work, std::shared_ptr<c
   Park(work, std::move(plan), sink, next);
 }
 
+uint64_t ShardService::ParkedBytes(const PullPlan& plan, size_t next) {
+  uint64_t bytes = sizeof(PullPlan) + plan.request.SpaceUsedLong() +
+                   plan.items.capacity() * sizeof(PullPlan::Item);
+  for (const PullPlan::Item& item : plan.items) bytes += item.ref.SpaceUsedLong();
+  // Chunks answered before the wait may still be queued in the sink.
+  for (size_t i = 0; i < next && i < plan.items.size(); ++i) {
+    bytes += plan.items[i].ref.num_elements() * sizeof(float);
+  }
+  return bytes;
+}
+
 void ShardService::Park(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
                         ReplySink* sink, size_t next) {
   auto parked = std::make_shared<Parked>(this, work, std::move(plan), sink, next);
   parked->self = parked;
   const PullPlan::Item& item = parked->plan->items[next];
+  // A parked pull holds its request (the chunk list) and the reply chunks
+  // it queued before it parked, for as long as it waits: charged so that
+  // many waiting pulls cannot hold the shard's memory unbounded.
+  parked->charged_bytes = ParkedBytes(*parked->plan, next);
+  if (auto status = memory_.parked_pulls().Reserve(parked->charged_bytes); !status.ok()) {
+    parked->charged_bytes = 0;
+    work->Finish(status);
+    return;
+  }
   {
     absl::MutexLock hold(&parked->registering);
     {
@@ -363,10 +387,12 @@ void ShardService::Park(const std::shared_ptr<Work>& work, std::shared_ptr<const
       // ends the wait whatever else happens.
       absl::MutexLock lock(&parking_mutex_);
       if (parking_closed_) {
+        memory_.parked_pulls().Release(parked->charged_bytes);
         work->Finish(absl::UnavailableError("shard is shutting down"));
         return;
       }
       if (parked_.size() >= options_.max_parked_pulls) {
+        memory_.parked_pulls().Release(parked->charged_bytes);
         work->Finish(absl::ResourceExhaustedError(
             absl::StrCat("more than ", options_.max_parked_pulls,
                          " pulls already wait on the consistency model on this shard")));
@@ -397,6 +423,8 @@ void ShardService::Park(const std::shared_ptr<Work>& work, std::shared_ptr<const
 
 void ShardService::Fire(const std::shared_ptr<Parked>& parked, Wake why) {
   if (parked == nullptr || parked->fired.exchange(true)) return;
+  // No longer parked: Resume answers it, or parks it again (charged anew).
+  memory_.parked_pulls().Release(parked->charged_bytes);
   if (why != Wake::kSlot) store_->Unpark(parked->ref(), parked.get());
   {
     absl::MutexLock lock(&parking_mutex_);
