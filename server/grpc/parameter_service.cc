@@ -3,6 +3,7 @@
 #include <grpc/slice.h>
 
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <vector>
@@ -119,10 +120,10 @@ class PushReader : public Base {
     if (auto status = ShardService::CheckChunkCount(chunks_.size() + 1); !status.ok()) {
       return status;
     }
-    // The whole message is in memory now (gRPC read it): charged before it
-    // is kept. HTTP/2 flow control bounds what may arrive unasked, so a
-    // connection overshoots by at most one message per call, and the
-    // refused call ends now.
+    // The whole message is in memory now (gRPC read it): charged, header
+    // and all, before it is kept. HTTP/2 flow control bounds what may
+    // arrive unasked, so a connection overshoots by at most one message per
+    // call, and the refused call ends now.
     const uint64_t message_bytes = buffer_.Length();
     if (auto status = Reserve(message_bytes); !status.ok()) return status;
     ReceivedChunk& chunk = chunks_.emplace_back();
@@ -143,18 +144,34 @@ class PushReader : public Base {
       chunk.payload = first;
       return absl::OkStatus();
     }
-    // The aligned copy is held beside the slices until the copy is made,
-    // then the slices go: charged for that moment, so the budget bounds
-    // the peak, not half of it.
-    if (auto status = Reserve(payload.size()); !status.ok()) return status;
+    // Copied into aligned memory slice by slice, each slice let go once
+    // copied: the call holds the payload once (plus one slice), which is
+    // what the budget charged, never the slices and the copy together.
     chunk.aligned =
         std::make_unique<float[]>((payload.size() + sizeof(float) - 1) / sizeof(float));
-    payload.CopyTo(chunk.aligned.get());
+    CopyReleasingSlices(payload, &chunk.slices, reinterpret_cast<char*>(chunk.aligned.get()));
     chunk.payload =
         absl::string_view(reinterpret_cast<const char*>(chunk.aligned.get()), payload.size());
-    chunk.slices.clear();
-    Unreserve(message_bytes);
     return absl::OkStatus();
+  }
+
+  // Copies `payload` (pieces of `slices`, in order) to `dest`, dropping each
+  // slice as soon as nothing more is copied from it; all are gone after.
+  static void CopyReleasingSlices(const PayloadView& payload, std::vector<grpc::Slice>* slices,
+                                  char* dest) {
+    size_t next_slice = 0;
+    auto within = [](const grpc::Slice& slice, const char* at) {
+      const char* begin = reinterpret_cast<const char*>(slice.begin());
+      return at >= begin && at < begin + slice.size();
+    };
+    for (absl::string_view piece : payload.pieces()) {
+      while (next_slice < slices->size() && !within((*slices)[next_slice], piece.data())) {
+        (*slices)[next_slice++] = grpc::Slice();
+      }
+      std::memcpy(dest, piece.data(), piece.size());
+      dest += piece.size();
+    }
+    slices->clear();
   }
 
   // The service's BufferBudget for this connection, and what the call holds
@@ -165,10 +182,6 @@ class PushReader : public Base {
     }
     reserved_ += bytes;
     return absl::OkStatus();
-  }
-  void Unreserve(uint64_t bytes) {
-    this->service_->buffer_budget().Release(peer_, bytes);
-    reserved_ -= bytes;
   }
 
   const std::string peer_;  // one HTTP/2 connection: address and port of the client's end
