@@ -185,6 +185,22 @@ TEST_CASE("Probe replies are capped and charged while in flight") {
   REQUIRE(full.error_message().find("--max_probe_bytes_in_flight") != std::string::npos);
   // Unbounded, the 16 replies held 16 x 16 MiB.
   REQUIRE(grown < 128 * kMiB);
+  // The shard's status shows the budget full.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    proto::StatusResponse status;
+    REQUIRE(stub->GetStatus(&context, proto::StatusRequest(), &status).ok());
+    bool listed = false;
+    for (const proto::MemoryBudget& budget : status.memory()) {
+      if (budget.name() != "probes in flight") continue;
+      listed = true;
+      CHECK(budget.flag() == "--max_probe_bytes_in_flight");
+      CHECK(budget.limit_bytes() == uint64_t{32} << 20);
+      CHECK(budget.held_bytes() == uint64_t{32} << 20);  // two replies, each twice 8 MiB
+    }
+    REQUIRE(listed);
+  }
   // The readers go: their replies are let go, probes are answered again.
   readers_of_nothing.clear();
   bool answered = false;
