@@ -96,10 +96,20 @@ TEST_CASE("unary calls without the job token are refused before their body is re
   const uint32_t message = static_cast<uint32_t>(60 * kMiB);
   const std::string body =
       testing::RawHttp2Connection::MessagePrefix(message) + std::string(message - 1, '\x07');
-  const std::vector<uint32_t> streams = {1, 3, 5, 7};
-  for (uint32_t id : streams) {
-    REQUIRE(connection->OpenStream(id, "/harrier.proto.ParameterService/Init", {}));
+  // Four Init calls, and one each of the other services' unary methods
+  // (shard 0 serves the ControlService).
+  const std::vector<std::pair<uint32_t, std::string>> calls = {
+      {1, "/harrier.proto.ParameterService/Init"},
+      {3, "/harrier.proto.ParameterService/Init"},
+      {5, "/harrier.proto.ParameterService/Init"},
+      {7, "/harrier.proto.ParameterService/Init"},
+      {9, "/harrier.proto.ControlService/Register"},
+      {11, "/harrier.proto.AdminService/Probe"}};
+  std::vector<uint32_t> streams;
+  for (const auto& [id, path] : calls) {
+    REQUIRE(connection->OpenStream(id, path, {}));
     connection->SendData(id, body, /*end_stream=*/false, absl::Now() + absl::Seconds(2));
+    streams.push_back(id);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const int64_t grown = Rss(shard) - before;
@@ -108,7 +118,7 @@ TEST_CASE("unary calls without the job token are refused before their body is re
     INFO("stream " << id);
     REQUIRE(connection->WaitEnded(id, absl::Now() + absl::Seconds(1)));
   }
-  // Taken in, the bodies would be 4 x 60 MiB.
+  // Taken in, the bodies would be 6 x 60 MiB.
   REQUIRE(grown < 100 * kMiB);
 
   // A typed call without the token gets the refusal's status.
