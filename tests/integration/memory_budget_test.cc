@@ -142,6 +142,32 @@ TEST_CASE("unary calls without the job token are refused before their body is re
   REQUIRE((*client)->RegisterTensor("w", {1 << 20}).ok());  // 4 MiB of initial values
 }
 
+// On a shard without a job token anyone may send unary calls: gRPC takes
+// their bodies in before any handler runs, bounded by its resource quota
+// (--grpc_memory_bytes). Six Init calls announcing 60 MiB each, all but the
+// last byte sent, against a 128 MiB quota: gRPC stops reading and cancels
+// streams, and the shard holds about the quota, not 360 MiB.
+TEST_CASE("--grpc_memory_bytes bounds the unary bodies gRPC buffers") {
+  auto servers = testing::StartCluster(1, 1, {"--grpc_memory_bytes=134217728"});
+  REQUIRE(servers.ok());
+  testing::ServerProcess& shard = *(*servers)[0];
+  const int64_t before = Rss(shard);
+  auto connection = testing::RawHttp2Connection::Connect(shard.port(), absl::Seconds(5));
+  REQUIRE(connection != nullptr);
+  const uint32_t message = static_cast<uint32_t>(60 * kMiB);
+  const std::string body =
+      testing::RawHttp2Connection::MessagePrefix(message) + std::string(message - 1, '\x07');
+  size_t sent = 0;
+  for (uint32_t id : {1u, 3u, 5u, 7u, 9u, 11u}) {
+    REQUIRE(connection->OpenStream(id, "/harrier.proto.ParameterService/Init", {}));
+    sent += connection->SendData(id, body, false, absl::Now() + absl::Seconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int64_t grown = Rss(shard) - before;
+  INFO("sent " << sent / kMiB << " MiB; RSS grew by " << grown / kMiB << " MiB");
+  REQUIRE(grown < 200 * kMiB);
+}
+
 proto::ProbeRequest ProbeFor(uint64_t reply_bytes) {
   proto::ProbeRequest request;
   request.set_reply_bytes(reply_bytes);
