@@ -275,5 +275,58 @@ TEST_CASE("parked pulls are charged to --max_parked_pull_bytes") {
   REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(4));
 }
 
+// What the shard's status says the parked-pull budget holds.
+uint64_t ParkedPullBytes(const std::string& address) {
+  auto stub = proto::AdminService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  proto::StatusResponse status;
+  REQUIRE(stub->GetStatus(&context, proto::StatusRequest(), &status).ok());
+  for (const proto::MemoryBudget& budget : status.memory()) {
+    if (budget.name() == "parked pulls") return budget.held_bytes();
+  }
+  FAIL("no parked pulls budget in the status");
+  return 0;
+}
+
+// Within the budget a pull parks, is charged while it waits, and gives the
+// bytes back once its round completes and it is answered.
+TEST_CASE("a parked pull's charge is given back when it is answered") {
+  auto servers = testing::StartCluster(1, 2, {"--sync=bsp", "--lr=1"});
+  REQUIRE(servers.ok());
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int rank = 0; rank < 2; ++rank) {
+    ClientOptions options;
+    options.servers = testing::Addresses(*servers);
+    options.rank = rank;
+    options.rpc_timeout = absl::Seconds(10);
+    options.retry_timeout = absl::ZeroDuration();
+    auto client = Client::Create(options);
+    INFO(client.status().ToString());
+    REQUIRE(client.ok());
+    REQUIRE((*client)->RegisterTensor("w", {16}).ok());
+    clients.push_back(std::move(*client));
+  }
+  REQUIRE(clients[0]->Push("w", std::vector<float>(16, 1.0f)).ok());
+  clients[0]->Clock();
+  std::vector<float> values(16);
+  absl::Status pulled = absl::UnknownError("not answered");
+  std::thread waiter([&] { pulled = clients[0]->Pull("w", absl::MakeSpan(values)); });
+  const std::string address = (*servers)[0]->address();
+  uint64_t held = 0;
+  for (int i = 0; i < 100 && held == 0; ++i) {
+    held = ParkedPullBytes(address);
+    if (held == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(held > 0);
+  REQUIRE(clients[1]->Push("w", std::vector<float>(16, 3.0f)).ok());
+  waiter.join();
+  INFO(pulled.ToString());
+  REQUIRE(pulled.ok());
+  REQUIRE(values == std::vector<float>(16, -2.0f));  // lr 1, the mean of 1 and 3
+  REQUIRE(ParkedPullBytes(address) == 0);
+}
+
 }  // namespace
 }  // namespace harrier
