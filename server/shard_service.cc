@@ -41,6 +41,10 @@ struct ShardService::PullPlan {
   proto::PullRequest request;  // a Pull's; empty for a push-pull
   std::vector<Item> items;
   bool after_push = false;  // the pull half of a push-pull
+  // Set by AnswerPulls: the plan's own memory (request and items) and the
+  // parameter bytes its reply carries, for the parked-pull budget.
+  uint64_t plan_bytes = 0;
+  uint64_t reply_bytes = 0;
 };
 
 struct ShardService::Parked : PullWaiter {
@@ -321,11 +325,19 @@ constexpr uint64_t kInlinePullBytes = 256u << 10;
 
 }  // namespace
 
-void ShardService::AnswerPulls(const std::shared_ptr<Work>& work,
-                               std::shared_ptr<const PullPlan> plan, ReplySink* sink) {
-  uint64_t plan_bytes = 0;
-  for (const auto& item : plan->items) plan_bytes += item.ref.num_elements() * sizeof(float);
-  if (work->on_caller_thread && plan_bytes <= kInlinePullBytes) {
+void ShardService::AnswerPulls(const std::shared_ptr<Work>& work, std::shared_ptr<PullPlan> plan,
+                               ReplySink* sink) {
+  // The plan's memory, counted without reflection (this runs for every
+  // pull): the items with their keys, and a Pull's request holding a copy
+  // of each reference.
+  const uint64_t request_refs = plan->after_push ? 0 : 1;
+  plan->plan_bytes = sizeof(PullPlan) + plan->items.capacity() * sizeof(PullPlan::Item) +
+                     request_refs * plan->items.size() * sizeof(proto::ChunkRef);
+  for (const auto& item : plan->items) {
+    plan->reply_bytes += item.ref.num_elements() * sizeof(float);
+    plan->plan_bytes += (1 + request_refs) * item.ref.key().capacity();
+  }
+  if (work->on_caller_thread && plan->reply_bytes <= kInlinePullBytes) {
     // What can be answered now is, without a hand-off; at the first chunk
     // that has to wait the call parks, still without one.
     Continue(work, std::move(plan), sink, 0, /*on_pool=*/false);
@@ -356,14 +368,11 @@ void ShardService::Continue(const std::shared_ptr<Work>& work, std::shared_ptr<c
 }
 
 uint64_t ShardService::ParkedBytes(const PullPlan& plan, size_t next) {
-  uint64_t bytes = sizeof(PullPlan) + plan.request.SpaceUsedLong() +
-                   plan.items.capacity() * sizeof(PullPlan::Item);
-  for (const PullPlan::Item& item : plan.items) bytes += item.ref.SpaceUsedLong();
-  // Chunks answered before the wait may still be queued in the sink.
-  for (size_t i = 0; i < next && i < plan.items.size(); ++i) {
-    bytes += plan.items[i].ref.num_elements() * sizeof(float);
-  }
-  return bytes;
+  // Reply chunks answered before the wait may still be queued in the sink:
+  // all of them when answered inline (at most kInlinePullBytes), one at a
+  // time on the pull pool (AwaitSent).
+  const uint64_t queued = next == 0 ? 0 : std::min<uint64_t>(plan.reply_bytes, kInlinePullBytes);
+  return plan.plan_bytes + queued;
 }
 
 void ShardService::Park(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,

@@ -259,7 +259,7 @@ class ShardService {
                         ReplySink* sink, bool* would_wait);
   // The pull part of Pull and PushPull: where the call allows, what is
   // ready now on this thread; the rest on the pull pool.
-  void AnswerPulls(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
+  void AnswerPulls(const std::shared_ptr<Work>& work, std::shared_ptr<PullPlan> plan,
                    ReplySink* sink);
   // Answers from chunk `next` on; parks the call at the first that waits.
   void Continue(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
