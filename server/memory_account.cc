@@ -9,9 +9,9 @@ namespace harrier {
 absl::Status NamedBudget::Reserve(uint64_t bytes) {
   absl::MutexLock lock(&mutex_);
   if (bytes > limit_bytes_ || held_ > limit_bytes_ - bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the shard's ", name_, " would hold more than ", limit_bytes_, " bytes (", flag_,
-        "); retry later or raise the bound"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the shard's ", name_, " would hold more than ", limit_bytes_, " bytes (",
+                     flag_, "); retry later or raise the bound"));
   }
   held_ += bytes;
   return absl::OkStatus();
@@ -36,8 +36,8 @@ MemoryAccount::MemoryAccount(const MemoryAccountOptions& options)
 
 std::vector<MemoryAccount::Figure> MemoryAccount::Figures() const {
   std::vector<Figure> figures;
-  figures.push_back({"push payloads", "--max_buffered_bytes", payloads_.buffered(),
-                     options_.max_buffered_bytes});
+  figures.push_back(
+      {"push payloads", "--max_buffered_bytes", payloads_.buffered(), options_.max_buffered_bytes});
   for (const NamedBudget* budget : {&parked_pulls_, &probes_}) {
     figures.push_back(
         {budget->name(), budget->flag(), budget->held_bytes(), budget->limit_bytes()});

@@ -4,11 +4,10 @@
 // Probe replies capped and charged, parked pulls charged. Each bound
 // refuses with RESOURCE_EXHAUSTED naming its flag, and the shard's
 // resident set stays well below what the unbounded case holds.
-#include <catch2/catch.hpp>
-
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -99,12 +98,9 @@ TEST_CASE("unary calls without the job token are refused before their body is re
   // Four Init calls, and one each of the other services' unary methods
   // (shard 0 serves the ControlService).
   const std::vector<std::pair<uint32_t, std::string>> calls = {
-      {1, "/harrier.proto.ParameterService/Init"},
-      {3, "/harrier.proto.ParameterService/Init"},
-      {5, "/harrier.proto.ParameterService/Init"},
-      {7, "/harrier.proto.ParameterService/Init"},
-      {9, "/harrier.proto.ControlService/Register"},
-      {11, "/harrier.proto.AdminService/Probe"}};
+      {1, "/harrier.proto.ParameterService/Init"},   {3, "/harrier.proto.ParameterService/Init"},
+      {5, "/harrier.proto.ParameterService/Init"},   {7, "/harrier.proto.ParameterService/Init"},
+      {9, "/harrier.proto.ControlService/Register"}, {11, "/harrier.proto.AdminService/Probe"}};
   std::vector<uint32_t> streams;
   for (const auto& [id, path] : calls) {
     REQUIRE(connection->OpenStream(id, path, {}));
@@ -122,8 +118,8 @@ TEST_CASE("unary calls without the job token are refused before their body is re
   REQUIRE(grown < 100 * kMiB);
 
   // A typed call without the token gets the refusal's status.
-  auto stub = proto::ParameterService::NewStub(grpc::CreateChannel(
-      shard.address(), grpc::InsecureChannelCredentials()));
+  auto stub = proto::ParameterService::NewStub(
+      grpc::CreateChannel(shard.address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   proto::InitResponse response;
@@ -182,8 +178,8 @@ TEST_CASE("Probe replies are capped and charged while in flight") {
   testing::ServerProcess& shard = *(*servers)[0];
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
-  auto stub = proto::AdminService::NewStub(grpc::CreateCustomChannel(
-      shard.address(), grpc::InsecureChannelCredentials(), args));
+  auto stub = proto::AdminService::NewStub(
+      grpc::CreateCustomChannel(shard.address(), grpc::InsecureChannelCredentials(), args));
   auto probe = [&stub](uint64_t reply_bytes) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -207,10 +203,9 @@ TEST_CASE("Probe replies are capped and charged while in flight") {
     REQUIRE(connection != nullptr);
     REQUIRE(connection->OpenStream(1, "/harrier.proto.AdminService/Probe", {}));
     const std::string message =
-        testing::RawHttp2Connection::MessagePrefix(static_cast<uint32_t>(request.size())) +
-        request;
-    REQUIRE(connection->SendData(1, message, /*end_stream=*/true,
-                                 absl::Now() + absl::Seconds(5)) == message.size());
+        testing::RawHttp2Connection::MessagePrefix(static_cast<uint32_t>(request.size())) + request;
+    REQUIRE(connection->SendData(1, message, /*end_stream=*/true, absl::Now() + absl::Seconds(5)) ==
+            message.size());
     readers_of_nothing.push_back(std::move(connection));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));

@@ -14,8 +14,8 @@
 namespace harrier::testing {
 namespace {
 
-constexpr uint8_t kData = 0, kHeaders = 1, kRstStream = 3, kSettings = 4, kPing = 6,
-                  kGoAway = 7, kWindowUpdate = 8;
+constexpr uint8_t kData = 0, kHeaders = 1, kRstStream = 3, kSettings = 4, kPing = 6, kGoAway = 7,
+                  kWindowUpdate = 8;
 constexpr uint8_t kEndStream = 0x1, kAck = 0x1, kEndHeaders = 0x4;
 constexpr size_t kMaxFrame = 16384;
 

@@ -1,9 +1,9 @@
 // MemoryAccount: each named budget refuses past its bound, naming itself and
 // its flag, reserves nothing when it refuses, and the figures say what each
 // holds.
-#include <catch2/catch.hpp>
-
 #include "server/memory_account.h"
+
+#include <catch2/catch.hpp>
 
 namespace harrier {
 namespace {
