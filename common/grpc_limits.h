@@ -13,11 +13,15 @@ namespace harrier {
 inline constexpr size_t kDefaultChunkBytes = 4u << 20;
 inline constexpr int kMaxGrpcMessageBytes = 64 << 20;
 
-// AdminService.Probe's bound on its payload and on reply_bytes, each
-// (64 MiB): a probe costs the shard at most this much memory per call.
-// Here, not in server/, because the prober (bench/advise) must send within
-// it and may not include server/.
+// AdminService.Probe's bound on its payload (64 MiB). Here, not in
+// server/, because the prober (bench/advise) must send within it and may
+// not include server/.
 inline constexpr uint64_t kMaxProbeBytes = 64u << 20;
+// AdminService.Probe's bound on reply_bytes (8 MiB): a few bytes of request
+// must not make the shard build and hold a large reply (a client that does
+// not read would pin it); larger transfers are measured with payloads,
+// which the prober sends itself.
+inline constexpr uint64_t kMaxProbeReplyBytes = 8u << 20;
 // What a Probe message carries on top of its bytes (field tags, lengths):
 // the shard's gRPC message limit leaves this room above kMaxProbeBytes so
 // that a probe at the bound goes through and one just over it reaches the

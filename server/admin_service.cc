@@ -7,11 +7,12 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "common/grpc_status.h"
 #include "common/request_limits.h"
+#include "server/streamed_unary.h"
 
 namespace harrier {
 
@@ -45,8 +46,12 @@ bool IsLoopbackPeer(absl::string_view peer) {
   return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
 }
 
-AdminServiceImpl::AdminServiceImpl(AdminHooks hooks, AdminAccess access)
-    : hooks_(std::move(hooks)), access_(std::move(access)), token_check_(access_.job_token) {}
+AdminServiceImpl::AdminServiceImpl(AdminHooks hooks, AdminAccess access,
+                                   NamedBudget* probe_budget)
+    : hooks_(std::move(hooks)),
+      access_(std::move(access)),
+      token_check_(access_.job_token),
+      probe_budget_(probe_budget) {}
 
 grpc::Status AdminServiceImpl::CheckOperator(const grpc::ServerContext& context,
                                              absl::string_view call) const {
@@ -64,73 +69,105 @@ grpc::Status AdminServiceImpl::CheckOperator(const grpc::ServerContext& context,
                    "to serve admin calls to any host that reaches the port"));
 }
 
-grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* context,
-                                         const proto::StatusRequest* request,
-                                         proto::StatusResponse* response) {
+grpc::Status AdminServiceImpl::StreamedGetStatus(
+    grpc::ServerContext* context, Streamer<proto::StatusRequest, proto::StatusResponse>* streamer) {
   if (auto status = CheckOperator(*context, "GetStatus"); !status.ok()) return status;
-  if (!hooks_.status) {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard reports no status");
-  }
-  *response = hooks_.status();
-  if (request->include_tensors() && hooks_.tensors) hooks_.tensors(response);
-  return grpc::Status::OK;
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this](const proto::StatusRequest& request, proto::StatusResponse* response) {
+        if (!hooks_.status) {
+          return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard reports no status");
+        }
+        *response = hooks_.status();
+        if (request.include_tensors() && hooks_.tensors) hooks_.tensors(response);
+        return grpc::Status::OK;
+      });
 }
 
-grpc::Status AdminServiceImpl::Checkpoint(grpc::ServerContext* context,
-                                          const proto::CheckpointRequest*,
-                                          proto::CheckpointResponse* response) {
+grpc::Status AdminServiceImpl::StreamedCheckpoint(
+    grpc::ServerContext* context,
+    Streamer<proto::CheckpointRequest, proto::CheckpointResponse>* streamer) {
   if (auto status = CheckOperator(*context, "Checkpoint"); !status.ok()) return status;
-  if (!hooks_.checkpoint) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "this shard writes no checkpoints (no --checkpoint_dir)");
-  }
-  auto written = hooks_.checkpoint();
-  if (!written.ok()) return ToGrpcStatus(written.status());
-  *response = *std::move(written);
-  return grpc::Status::OK;
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this](const proto::CheckpointRequest&, proto::CheckpointResponse* response) {
+        if (!hooks_.checkpoint) {
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              "this shard writes no checkpoints (no --checkpoint_dir)");
+        }
+        auto written = hooks_.checkpoint();
+        if (!written.ok()) return ToGrpcStatus(written.status());
+        *response = *std::move(written);
+        return grpc::Status::OK;
+      });
 }
 
-grpc::Status AdminServiceImpl::Shutdown(grpc::ServerContext* context,
-                                        const proto::ShutdownRequest* request,
-                                        proto::ShutdownResponse*) {
+grpc::Status AdminServiceImpl::StreamedShutdown(
+    grpc::ServerContext* context,
+    Streamer<proto::ShutdownRequest, proto::ShutdownResponse>* streamer) {
   if (auto status = CheckOperator(*context, "Shutdown"); !status.ok()) return status;
-  if (!hooks_.shutdown) {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard cannot be shut down remotely");
-  }
-  if (auto status = CheckShutdownLimits(*request); !status.ok()) return ToGrpcStatus(status);
-  hooks_.shutdown(request->reason());
-  return grpc::Status::OK;
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this](const proto::ShutdownRequest& request, proto::ShutdownResponse*) {
+        if (!hooks_.shutdown) {
+          return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                              "this shard cannot be shut down remotely");
+        }
+        if (auto status = CheckShutdownLimits(request); !status.ok()) {
+          return ToGrpcStatus(status);
+        }
+        hooks_.shutdown(request.reason());
+        return grpc::Status::OK;
+      });
 }
 
-grpc::Status AdminServiceImpl::NewRun(grpc::ServerContext* context,
-                                      const proto::NewRunRequest* request,
-                                      proto::NewRunResponse* response) {
+grpc::Status AdminServiceImpl::StreamedNewRun(
+    grpc::ServerContext* context, Streamer<proto::NewRunRequest, proto::NewRunResponse>* streamer) {
   if (auto status = CheckOperator(*context, "NewRun"); !status.ok()) return status;
-  if (!hooks_.new_run) {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard cannot change its run");
-  }
-  auto changed = hooks_.new_run(*request);
-  if (!changed.ok()) return ToGrpcStatus(changed.status());
-  *response = *std::move(changed);
-  return grpc::Status::OK;
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this](const proto::NewRunRequest& request, proto::NewRunResponse* response) {
+        if (!hooks_.new_run) {
+          return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard cannot change its run");
+        }
+        auto changed = hooks_.new_run(request);
+        if (!changed.ok()) return ToGrpcStatus(changed.status());
+        *response = *std::move(changed);
+        return grpc::Status::OK;
+      });
 }
 
-grpc::Status AdminServiceImpl::Probe(grpc::ServerContext* context,
-                                     const proto::ProbeRequest* request,
-                                     proto::ProbeResponse* response) {
+grpc::Status AdminServiceImpl::StreamedProbe(
+    grpc::ServerContext* context, Streamer<proto::ProbeRequest, proto::ProbeResponse>* streamer) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  if (request->payload().size() > kMaxProbeBytes) {
+  proto::ProbeRequest request;
+  if (!streamer->Read(&request)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the request message did not arrive");
+  }
+  if (request.payload().size() > kMaxProbeBytes) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("probe payload of ", request->payload().size(),
+                        absl::StrCat("probe payload of ", request.payload().size(),
                                      " bytes is over the limit of ", kMaxProbeBytes,
                                      " bytes (64 MiB)"));
   }
-  if (request->reply_bytes() > kMaxProbeBytes) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("probe reply_bytes ", request->reply_bytes(),
-                                     " is over the limit of ", kMaxProbeBytes, " bytes (64 MiB)"));
+  if (request.reply_bytes() > kMaxProbeReplyBytes) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("probe reply_bytes ", request.reply_bytes(), " is over the limit of ",
+                     kMaxProbeReplyBytes, " bytes (8 MiB)"));
   }
-  response->mutable_payload()->assign(request->reply_bytes(), '\0');
+  // Held until the reply is written: the request's payload, the reply
+  // message and its serialised copy that gRPC sends from.
+  const uint64_t held = request.payload().size() + 2 * request.reply_bytes();
+  if (probe_budget_ != nullptr) {
+    if (auto status = probe_budget_->Reserve(held); !status.ok()) return ToGrpcStatus(status);
+  }
+  request.clear_payload();
+  proto::ProbeResponse response;
+  response.mutable_payload()->assign(request.reply_bytes(), '\0');
+  const bool written = streamer->Write(response);
+  if (probe_budget_ != nullptr) probe_budget_->Release(held);
+  if (!written) return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
   return grpc::Status::OK;
 }
 

@@ -10,6 +10,7 @@
 #include "common/grpc_limits.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/job_token.h"
+#include "server/memory_account.h"
 
 namespace harrier {
 
@@ -52,38 +53,62 @@ struct AdminAccess {
 // socket. Anything unparsable is not.
 bool IsLoopbackPeer(absl::string_view peer);
 
-// The operator's service (harrier-ctl), on every shard. Every call but
-// Probe is checked against `access` first (with a job token every call
-// must carry it: UNAUTHENTICATED; without one a peer that is not on this
-// host is refused PERMISSION_DENIED naming --admin_open), so a refused call
-// changes nothing. Probe (harrier-advise measures the link from the worker
-// hosts with it) needs the token when there is one and is served to any
-// peer otherwise: it reads and changes nothing. Thread-safe as far as the
-// hooks are.
-class AdminServiceImpl final : public proto::AdminService::Service {
- public:
-  AdminServiceImpl(AdminHooks hooks, AdminAccess access);
+namespace internal_admin_service {
+using AS = proto::AdminService;
+// Streamed unary (server/streamed_unary.h): the token is checked at the
+// headers, before a request body is read.
+using StreamedAdminService = AS::WithStreamedUnaryMethod_GetStatus<
+    AS::WithStreamedUnaryMethod_Checkpoint<AS::WithStreamedUnaryMethod_Shutdown<
+        AS::WithStreamedUnaryMethod_NewRun<AS::WithStreamedUnaryMethod_Probe<AS::Service>>>>>;
+}  // namespace internal_admin_service
 
-  grpc::Status GetStatus(grpc::ServerContext* context, const proto::StatusRequest* request,
-                         proto::StatusResponse* response) override;
-  grpc::Status Checkpoint(grpc::ServerContext* context, const proto::CheckpointRequest* request,
-                          proto::CheckpointResponse* response) override;
-  grpc::Status Shutdown(grpc::ServerContext* context, const proto::ShutdownRequest* request,
-                        proto::ShutdownResponse* response) override;
-  grpc::Status NewRun(grpc::ServerContext* context, const proto::NewRunRequest* request,
-                      proto::NewRunResponse* response) override;
+// The operator's service (harrier-ctl), on every shard. Every call but
+// Probe is checked against `access` first, at the call's headers, before
+// its request is read (with a job token every call must carry it:
+// UNAUTHENTICATED; without one a peer that is not on this host is refused
+// PERMISSION_DENIED naming --admin_open), so a refused call changes and
+// holds nothing. Probe (harrier-advise measures the link from the worker
+// hosts with it) needs the token when there is one and is served to any
+// peer otherwise: it reads and changes nothing, and its replies are
+// bounded and charged. Thread-safe as far as the hooks are.
+class AdminServiceImpl final : public internal_admin_service::StreamedAdminService {
+ public:
+  // `probe_budget` (not owned; null: not charged) holds each Probe's
+  // payload and reply while the call is in flight.
+  AdminServiceImpl(AdminHooks hooks, AdminAccess access, NamedBudget* probe_budget = nullptr);
+
+  template <class Request, class Response>
+  using Streamer = grpc::ServerUnaryStreamer<Request, Response>;
+  grpc::Status StreamedGetStatus(
+      grpc::ServerContext* context,
+      Streamer<proto::StatusRequest, proto::StatusResponse>* streamer) override;
+  grpc::Status StreamedCheckpoint(
+      grpc::ServerContext* context,
+      Streamer<proto::CheckpointRequest, proto::CheckpointResponse>* streamer) override;
+  grpc::Status StreamedShutdown(
+      grpc::ServerContext* context,
+      Streamer<proto::ShutdownRequest, proto::ShutdownResponse>* streamer) override;
+  grpc::Status StreamedNewRun(
+      grpc::ServerContext* context,
+      Streamer<proto::NewRunRequest, proto::NewRunResponse>* streamer) override;
   // Token-checked; the payload is dropped unread and reply_bytes zero
-  // bytes come back. No hook: it never touches the shard's state.
-  grpc::Status Probe(grpc::ServerContext* context, const proto::ProbeRequest* request,
-                     proto::ProbeResponse* response) override;
+  // bytes come back (at most kMaxProbeReplyBytes). Payload and reply are
+  // charged to the probe budget until the reply is sent (a client that
+  // does not read holds them): RESOURCE_EXHAUSTED naming
+  // --max_probe_bytes_in_flight when full. No hook: it never touches the
+  // shard's state.
+  grpc::Status StreamedProbe(grpc::ServerContext* context,
+                             Streamer<proto::ProbeRequest, proto::ProbeResponse>* streamer) override;
 
  private:
-  // The token, then (without one) the peer: OK or the refusal naming `call`.
+  // The token, then (without one) the caller's host; `call` names the
+  // method in the refusal.
   grpc::Status CheckOperator(const grpc::ServerContext& context, absl::string_view call) const;
 
   const AdminHooks hooks_;
   const AdminAccess access_;
   const JobTokenCheck token_check_;
+  NamedBudget* const probe_budget_;
 };
 
 }  // namespace harrier

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/request_limits.h"
+#include "server/streamed_unary.h"
 #include "spdlog/spdlog.h"
 
 namespace harrier {
@@ -132,6 +133,36 @@ void FillSyncConfig(const SyncPolicy& policy, proto::SyncConfig* sync) {
   }
   sync->set_staleness(policy.staleness);
   sync->set_local_steps(policy.local_steps);
+}
+
+grpc::Status ControlServiceImpl::StreamedRegister(
+    grpc::ServerContext* context,
+    Streamer<proto::RegisterRequest, proto::RegisterResponse>* streamer) {
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this, context](const proto::RegisterRequest& request, proto::RegisterResponse* response) {
+        return Register(context, &request, response);
+      });
+}
+
+grpc::Status ControlServiceImpl::StreamedHeartbeat(
+    grpc::ServerContext* context,
+    Streamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) {
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this, context](const proto::HeartbeatRequest& request, proto::HeartbeatResponse* response) {
+        return Heartbeat(context, &request, response);
+      });
+}
+
+grpc::Status ControlServiceImpl::StreamedGetShardMap(
+    grpc::ServerContext* context,
+    Streamer<proto::ShardMapRequest, proto::ShardMapResponse>* streamer) {
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this, context](const proto::ShardMapRequest& request, proto::ShardMapResponse* response) {
+        return GetShardMap(context, &request, response);
+      });
 }
 
 grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,

@@ -81,11 +81,31 @@ struct ControlOptions {
 // state is dropped to make room; a new name while every kept one has a rank
 // waiting is refused RESOURCE_EXHAUSTED); a barrier whose last waiter
 // leaves (its deadline, a cancel) before it ever completed is dropped.
+// Register, Heartbeat and GetShardMap are served as streamed unary
+// (server/streamed_unary.h): the token is checked at a call's headers,
+// before its request body is read.
 class ControlServiceImpl final
-    : public proto::ControlService::WithCallbackMethod_Barrier<proto::ControlService::Service> {
+    : public proto::ControlService::WithCallbackMethod_Barrier<
+          proto::ControlService::WithStreamedUnaryMethod_Register<
+              proto::ControlService::WithStreamedUnaryMethod_Heartbeat<
+                  proto::ControlService::WithStreamedUnaryMethod_GetShardMap<
+                      proto::ControlService::Service>>>> {
  public:
   explicit ControlServiceImpl(ControlOptions options);
 
+  template <class Request, class Response>
+  using Streamer = grpc::ServerUnaryStreamer<Request, Response>;
+  grpc::Status StreamedRegister(
+      grpc::ServerContext* context,
+      Streamer<proto::RegisterRequest, proto::RegisterResponse>* streamer) override;
+  grpc::Status StreamedHeartbeat(
+      grpc::ServerContext* context,
+      Streamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) override;
+  grpc::Status StreamedGetShardMap(
+      grpc::ServerContext* context,
+      Streamer<proto::ShardMapRequest, proto::ShardMapResponse>* streamer) override;
+  // What the streamed methods run once the request is read (each checks the
+  // token again: they may also be called directly).
   grpc::Status Register(grpc::ServerContext* context, const proto::RegisterRequest* request,
                         proto::RegisterResponse* response) override;
   grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* context,

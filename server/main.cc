@@ -74,6 +74,24 @@ ABSL_FLAG(int64_t, max_connection_bytes, int64_t{1} << 30,
 ABSL_FLAG(int64_t, max_buffered_bytes, int64_t{4} << 30,
           "Payload bytes the unfinished push and push-pull calls of all connections may hold "
           "before the shard refuses more (RESOURCE_EXHAUSTED).");
+ABSL_FLAG(int64_t, max_parked_pull_bytes, int64_t{256} << 20,
+          "Bytes the pulls waiting on the consistency model may hold (their chunk lists and "
+          "the reply chunks queued before they waited); one more is refused "
+          "(RESOURCE_EXHAUSTED).");
+ABSL_FLAG(int64_t, max_probe_bytes_in_flight, int64_t{64} << 20,
+          "Bytes AdminService.Probe calls in flight may hold (payload, plus twice the reply: "
+          "the message and the copy gRPC sends); more are refused (RESOURCE_EXHAUSTED).");
+ABSL_FLAG(int64_t, grpc_memory_bytes, int64_t{8} << 30,
+          "Bytes gRPC's connections may hold in all (its resource quota: messages being "
+          "received, unary request bodies, replies being sent, and the push payloads the "
+          "shard keeps); past it gRPC reads less and cancels streams. Keep it above "
+          "--max_buffered_bytes. 0: unbounded.");
+ABSL_FLAG(int32_t, grpc_max_threads, 256,
+          "Threads gRPC may run for the unary calls (Init, Heartbeat, the admin and control "
+          "calls); further calls wait. 0: unbounded.");
+ABSL_FLAG(int32_t, max_streams_per_connection, 1024,
+          "Calls one client connection may have open at once (HTTP/2 streams); its further "
+          "calls wait. 0: gRPC's default (unbounded).");
 ABSL_FLAG(int64_t, max_chunks, int64_t{1} << 20, "Tensor chunks a job may Init on this shard.");
 ABSL_FLAG(int64_t, max_param_bytes, int64_t{64} << 30,
           "Parameter bytes a job may Init on this shard.");
@@ -201,6 +219,22 @@ int main(int argc, char** argv) {
       static_cast<uint64_t>(absl::GetFlag(FLAGS_max_connection_bytes));
   options.service.max_buffered_bytes =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffered_bytes));
+  if (absl::GetFlag(FLAGS_max_parked_pull_bytes) < 1 ||
+      absl::GetFlag(FLAGS_max_probe_bytes_in_flight) < 1 ||
+      absl::GetFlag(FLAGS_grpc_memory_bytes) < 0 || absl::GetFlag(FLAGS_grpc_max_threads) < 0 ||
+      absl::GetFlag(FLAGS_max_streams_per_connection) < 0) {
+    return Fail(
+        "--max_parked_pull_bytes and --max_probe_bytes_in_flight must be >= 1, "
+        "--grpc_memory_bytes, --grpc_max_threads and --max_streams_per_connection >= 0");
+  }
+  options.service.max_parked_pull_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_parked_pull_bytes));
+  options.service.max_probe_bytes_in_flight =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_probe_bytes_in_flight));
+  options.grpc_limits.memory_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_grpc_memory_bytes));
+  options.grpc_limits.max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
+  options.grpc_limits.max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
   options.store.max_chunks = static_cast<size_t>(absl::GetFlag(FLAGS_max_chunks));
   options.store.max_param_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_param_bytes));
   options.store.max_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_chunk_bytes));

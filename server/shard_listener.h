@@ -1,6 +1,7 @@
 #ifndef HARRIER_SERVER_SHARD_LISTENER_H_
 #define HARRIER_SERVER_SHARD_LISTENER_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -10,6 +11,24 @@
 #include "absl/time/time.h"
 
 namespace harrier {
+
+// What a gRPC server may hold for its clients before any handler has
+// accounted for it: the library's own buffers (messages being received,
+// unary request bodies, replies being sent) and its threads.
+struct GrpcServerLimits {
+  // grpc::ResourceQuota size (--grpc_memory_bytes): the bytes gRPC's
+  // connections may hold in all; past it gRPC shrinks its reads and cancels
+  // streams (RESOURCE_EXHAUSTED). Also counts the received push payloads
+  // the shard keeps, so it should stay above --max_buffered_bytes.
+  // 0: unbounded.
+  uint64_t memory_bytes = uint64_t{8} << 30;
+  // Threads of the synchronous methods (unary calls), --grpc_max_threads;
+  // 0: gRPC's default (unbounded).
+  int max_threads = 256;
+  // HTTP/2 streams one connection may have open (--max_streams_per_connection);
+  // a client's further calls wait for one to end. 0: gRPC's default.
+  int max_streams_per_connection = 1024;
+};
 
 class ShardService;
 

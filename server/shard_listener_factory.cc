@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<ShardListener>> CreateShardListener(
   grpc.store = options.store;
   grpc.services = options.grpc_services;
   grpc.find_listener = options.find_listener;
+  grpc.limits = options.grpc_limits;
   return std::unique_ptr<ShardListener>(std::make_unique<GrpcListener>(std::move(grpc)));
 }
 

@@ -41,6 +41,8 @@ struct ShardListenerOptions {
   // gRPC: the shard's other listeners, whose addresses GetTransportAddress
   // hands out (called on gRPC's threads). Null: none.
   ShardListenerLookup find_listener;
+  // gRPC: the library's memory, threads and streams.
+  GrpcServerLimits grpc_limits;
   // UCX: a hello must carry a secret from IssueHelloSecret, so that only
   // clients that fetched the address over the authenticated gRPC channel
   // get an endpoint. Off: any hello is accepted.

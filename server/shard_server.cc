@@ -145,6 +145,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   // With a token or TLS the gRPC channel authenticates its clients; the
   // hello secret extends that to UCX endpoints. Without either, anyone
   // may call GetTransportAddress, so a secret would protect nothing.
+  listener_options.grpc_limits = options.grpc_limits;
   listener_options.require_hello_secret = !options.job_token.empty() || options.tls.enabled();
   if (options.store.shard == 0) {
     ControlOptions control;
@@ -201,7 +202,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
     AdminAccess access;
     access.job_token = options.job_token;
     access.open = options.admin_open;
-    server->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(admin), access);
+    server->admin_service_ = std::make_unique<AdminServiceImpl>(
+        std::move(admin), access, &server->shard_service_->memory().probes());
     listener_options.grpc_services.push_back(server->admin_service_.get());
   }
   // gRPC last: every address GetTransportAddress hands out is live.
@@ -558,6 +560,13 @@ proto::StatusResponse ShardServer::FillStatus() const {
       last == 0 ? -1.0 : std::max<int64_t>(0, absl::ToUnixMillis(absl::Now()) - last) / 1000.0);
   status.set_checkpoint_version(last_checkpoint_version_.load());
   status.set_uptime_seconds(std::chrono::duration<double>(now - started_).count());
+  for (const MemoryAccount::Figure& figure : shard_service_->memory().Figures()) {
+    proto::MemoryBudget* budget = status.add_memory();
+    budget->set_name(figure.name);
+    budget->set_flag(figure.flag);
+    budget->set_held_bytes(figure.held_bytes);
+    budget->set_limit_bytes(figure.limit_bytes);
+  }
   return status;
 }
 
@@ -607,6 +616,27 @@ void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
         return std::max<int64_t>(0, absl::ToUnixMillis(absl::Now()) - last) / 1000.0;
       },
       shard);
+  // The memory account, one series per budget. The service is made after
+  // the metrics: read through the server, which outlives the registry.
+  for (const char* budget : {"push payloads", "parked pulls", "probes in flight"}) {
+    MetricLabels labels = shard;
+    labels.emplace_back("budget", budget);
+    const std::string name = budget;
+    auto figure = [this, name](bool held) {
+      if (shard_service_ == nullptr) return 0.0;
+      for (const MemoryAccount::Figure& f : shard_service_->memory().Figures()) {
+        if (f.name == name) return static_cast<double>(held ? f.held_bytes : f.limit_bytes);
+      }
+      return 0.0;
+    };
+    metrics_->AddCallbackGauge(
+        "harrier_server_memory_held_bytes",
+        "Bytes a budget of the shard's memory account holds now (docs/deploy.md).",
+        [figure] { return figure(true); }, labels);
+    metrics_->AddCallbackGauge("harrier_server_memory_limit_bytes",
+                               "The bound of a budget of the shard's memory account.",
+                               [figure] { return figure(false); }, labels);
+  }
   // One series per shard whichever transport carried the call: both
   // transports answer through the ShardService, which observes these.
   service_options->push_seconds = &metrics_->AddHistogram(

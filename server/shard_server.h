@@ -37,6 +37,8 @@ struct ShardServerOptions {
   // The request path's pools and byte limits, shared by every listener
   // (its histograms are the server's own).
   ShardServiceOptions service;
+  // The gRPC library's own memory, threads and streams (shard_listener.h).
+  GrpcServerLimits grpc_limits;
   OptimizerOptions optimizer;
   std::vector<std::string> shard_addresses;  // optional, for GetShardMap
   WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kFail;

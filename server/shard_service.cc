@@ -41,6 +41,10 @@ struct ShardService::PullPlan {
   proto::PullRequest request;  // a Pull's; empty for a push-pull
   std::vector<Item> items;
   bool after_push = false;  // the pull half of a push-pull
+  // Set by AnswerPulls: the plan's own memory (request and items) and the
+  // parameter bytes its reply carries, for the parked-pull budget.
+  uint64_t plan_bytes = 0;
+  uint64_t reply_bytes = 0;
 };
 
 struct ShardService::Parked : PullWaiter {
@@ -56,6 +60,8 @@ struct ShardService::Parked : PullWaiter {
   const std::shared_ptr<const PullPlan> plan;
   ReplySink* const sink;
   const size_t next;  // the chunk it waits for
+  // Held in the memory account's parked-pull budget while parked.
+  uint64_t charged_bytes = 0;
   std::weak_ptr<Parked> self;
   std::atomic<bool> fired{false};
   // Held while Park registers the call, so Resume never runs before the
@@ -74,7 +80,9 @@ absl::Status ClientWentAway() { return absl::CancelledError("the client cancelle
 ShardService::ShardService(ShardStore* store, const ShardServiceOptions& options)
     : store_(store),
       options_(options),
-      buffer_budget_(options.max_connection_bytes, options.max_buffered_bytes),
+      memory_(MemoryAccountOptions{options.max_connection_bytes, options.max_buffered_bytes,
+                                   options.max_parked_pull_bytes,
+                                   options.max_probe_bytes_in_flight}),
       sessions_(options.job, DeriveSessionKey(options.job_token, options.job),
                 store->options().num_workers) {
   absl::MutexLock lock(&mutex_);
@@ -326,11 +334,19 @@ constexpr uint64_t kInlinePullBytes = 256u << 10;
 
 }  // namespace
 
-void ShardService::AnswerPulls(const std::shared_ptr<Work>& work,
-                               std::shared_ptr<const PullPlan> plan, ReplySink* sink) {
-  uint64_t plan_bytes = 0;
-  for (const auto& item : plan->items) plan_bytes += item.ref.num_elements() * sizeof(float);
-  if (work->on_caller_thread && plan_bytes <= kInlinePullBytes) {
+void ShardService::AnswerPulls(const std::shared_ptr<Work>& work, std::shared_ptr<PullPlan> plan,
+                               ReplySink* sink) {
+  // The plan's memory, counted without reflection (this runs for every
+  // pull): the items with their keys, and a Pull's request holding a copy
+  // of each reference.
+  const uint64_t request_refs = plan->after_push ? 0 : 1;
+  plan->plan_bytes = sizeof(PullPlan) + plan->items.capacity() * sizeof(PullPlan::Item) +
+                     request_refs * plan->items.size() * sizeof(proto::ChunkRef);
+  for (const auto& item : plan->items) {
+    plan->reply_bytes += item.ref.num_elements() * sizeof(float);
+    plan->plan_bytes += (1 + request_refs) * item.ref.key().capacity();
+  }
+  if (work->on_caller_thread && plan->reply_bytes <= kInlinePullBytes) {
     // What can be answered now is, without a hand-off; at the first chunk
     // that has to wait the call parks, still without one.
     Continue(work, std::move(plan), sink, 0, /*on_pool=*/false);
@@ -360,11 +376,28 @@ void ShardService::Continue(const std::shared_ptr<Work>& work, std::shared_ptr<c
   Park(work, std::move(plan), sink, next);
 }
 
+uint64_t ShardService::ParkedBytes(const PullPlan& plan, size_t next) {
+  // Reply chunks answered before the wait may still be queued in the sink:
+  // all of them when answered inline (at most kInlinePullBytes), one at a
+  // time on the pull pool (AwaitSent).
+  const uint64_t queued = next == 0 ? 0 : std::min<uint64_t>(plan.reply_bytes, kInlinePullBytes);
+  return plan.plan_bytes + queued;
+}
+
 void ShardService::Park(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
                         ReplySink* sink, size_t next) {
   auto parked = std::make_shared<Parked>(this, work, std::move(plan), sink, next);
   parked->self = parked;
   const PullPlan::Item& item = parked->plan->items[next];
+  // A parked pull holds its request (the chunk list) and the reply chunks
+  // it queued before it parked, for as long as it waits: charged so that
+  // many waiting pulls cannot hold the shard's memory unbounded.
+  parked->charged_bytes = ParkedBytes(*parked->plan, next);
+  if (auto status = memory_.parked_pulls().Reserve(parked->charged_bytes); !status.ok()) {
+    parked->charged_bytes = 0;
+    work->Finish(status);
+    return;
+  }
   {
     absl::MutexLock hold(&parked->registering);
     {
@@ -372,10 +405,12 @@ void ShardService::Park(const std::shared_ptr<Work>& work, std::shared_ptr<const
       // ends the wait whatever else happens.
       absl::MutexLock lock(&parking_mutex_);
       if (parking_closed_) {
+        memory_.parked_pulls().Release(parked->charged_bytes);
         work->Finish(absl::UnavailableError("shard is shutting down"));
         return;
       }
       if (parked_.size() >= options_.max_parked_pulls) {
+        memory_.parked_pulls().Release(parked->charged_bytes);
         work->Finish(absl::ResourceExhaustedError(
             absl::StrCat("more than ", options_.max_parked_pulls,
                          " pulls already wait on the consistency model on this shard")));
@@ -406,6 +441,8 @@ void ShardService::Park(const std::shared_ptr<Work>& work, std::shared_ptr<const
 
 void ShardService::Fire(const std::shared_ptr<Parked>& parked, Wake why) {
   if (parked == nullptr || parked->fired.exchange(true)) return;
+  // No longer parked: Resume answers it, or parks it again (charged anew).
+  memory_.parked_pulls().Release(parked->charged_bytes);
   if (why != Wake::kSlot) store_->Unpark(parked->ref(), parked.get());
   {
     absl::MutexLock lock(&parking_mutex_);

@@ -29,6 +29,7 @@
 #include "common/thread_pool.h"
 #include "proto/harrier.pb.h"
 #include "server/buffer_budget.h"
+#include "server/memory_account.h"
 #include "server/session.h"
 #include "server/shard_store.h"
 
@@ -68,6 +69,11 @@ struct ShardServiceOptions {
   // see BufferBudget.
   uint64_t max_connection_bytes = uint64_t{1} << 30;
   uint64_t max_buffered_bytes = uint64_t{4} << 30;
+  // Bytes parked pulls may hold (their chunk lists and queued reply
+  // chunks; --max_parked_pull_bytes) and AdminService.Probe calls in flight
+  // (--max_probe_bytes_in_flight): see MemoryAccount.
+  uint64_t max_parked_pull_bytes = uint64_t{256} << 20;
+  uint64_t max_probe_bytes_in_flight = uint64_t{64} << 20;
   // Call latencies (seconds) are observed into these for every transport;
   // null: not measured. Not owned; must outlive the service.
   Histogram* push_seconds = nullptr;  // Push, and PushPull up to its push applied
@@ -175,7 +181,11 @@ class ShardService {
   // Where transports reserve each payload they buffer before the call is
   // validated, per connection and in all, and release it when the call's
   // buffers are freed.
-  BufferBudget& buffer_budget() { return buffer_budget_; }
+  BufferBudget& buffer_budget() { return memory_.payloads(); }
+  // The shard's memory account: every budget, for the transports, the
+  // AdminService and the status and metrics.
+  MemoryAccount& memory() { return memory_; }
+  const MemoryAccount& memory() const { return memory_; }
 
   // Every request is first checked against the size limits on its strings
   // and lists (common/request_limits.h: INVALID_ARGUMENT, or
@@ -259,13 +269,15 @@ class ShardService {
                         ReplySink* sink, bool* would_wait);
   // The pull part of Pull and PushPull: where the call allows, what is
   // ready now on this thread; the rest on the pull pool.
-  void AnswerPulls(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
+  void AnswerPulls(const std::shared_ptr<Work>& work, std::shared_ptr<PullPlan> plan,
                    ReplySink* sink);
   // Answers from chunk `next` on; parks the call at the first that waits.
   void Continue(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
                 ReplySink* sink, size_t next, bool on_pool);
   // Registers the call on its slot, its cancellation and the deadline
   // timer; whichever fires first hands it to the pull pool (Fire).
+  // What a pull parked at item `next` of `plan` holds while it waits.
+  static uint64_t ParkedBytes(const PullPlan& plan, size_t next);
   void Park(const std::shared_ptr<Work>& work, std::shared_ptr<const PullPlan> plan,
             ReplySink* sink, size_t next);
   // Once per Park: takes the call off what else it is registered with and
@@ -285,7 +297,7 @@ class ShardService {
 
   ShardStore* const store_;
   const ShardServiceOptions options_;
-  BufferBudget buffer_budget_;
+  MemoryAccount memory_;
   SessionTable sessions_;
 
   // Submitters hold it shared; Shutdown exclusively, to retire the pools.

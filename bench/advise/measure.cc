@@ -98,6 +98,9 @@ absl::StatusOr<std::vector<ShardLink>> MeasureLinks(const LinkOptions& options) 
   const auto credentials =
       options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
   const std::string large(options.probe_bytes, '\x5a');
+  // The shard builds a reply of at most kMaxProbeReplyBytes: larger probes
+  // measure the way down with replies of that size.
+  const uint64_t reply_bytes = std::min<uint64_t>(options.probe_bytes, kMaxProbeReplyBytes);
   std::vector<ShardLink> links;
   for (size_t i = 0; i < options.servers.size(); ++i) {
     const std::string name = absl::StrCat("shard ", i, " (", options.servers[i], ")");
@@ -129,11 +132,12 @@ absl::StatusOr<std::vector<ShardLink>> MeasureLinks(const LinkOptions& options) 
                          bytes);
       up.push_back(bytes / std::max(*sent - link.rtt_s, 1e-9));
       cpu_before = ProcessCpuSeconds();
-      auto received = Probe(*stub, options, name, "", options.probe_bytes);
+      auto received = Probe(*stub, options, name, "", reply_bytes);
       if (!received.ok()) return received.status();
+      const double down_bytes = static_cast<double>(reply_bytes);
       byte_cpu.push_back(std::max(0.0, ProcessCpuSeconds() - cpu_before - link.cpu_s_per_call) /
-                         bytes);
-      down.push_back(bytes / std::max(*received - link.rtt_s, 1e-9));
+                         down_bytes);
+      down.push_back(down_bytes / std::max(*received - link.rtt_s, 1e-9));
     }
     link.cpu_s_per_byte = Median(byte_cpu);
     link.up_bytes_per_s = Median(up);

@@ -1,6 +1,7 @@
 #include "server/grpc/grpc_listener.h"
 
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,23 @@ absl::Status GrpcListener::Start(ShardService* service) {
   builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
   builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes + kProbeEnvelopeBytes);
   ApplyServerTuning(builder);
+  // gRPC buffers what clients send before any handler sees it (a message
+  // being received, a unary request body) and what it sends: the resource
+  // quota bounds those bytes for every connection together, the thread
+  // cap the synchronous handlers, the stream cap how many calls one
+  // connection may hold open at once.
+  if (options_.limits.memory_bytes > 0 || options_.limits.max_threads > 0) {
+    grpc::ResourceQuota quota("harrier-shard");
+    if (options_.limits.memory_bytes > 0) {
+      quota.Resize(static_cast<size_t>(options_.limits.memory_bytes));
+    }
+    if (options_.limits.max_threads > 0) quota.SetMaxThreads(options_.limits.max_threads);
+    builder.SetResourceQuota(quota);
+  }
+  if (options_.limits.max_streams_per_connection > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               options_.limits.max_streams_per_connection);
+  }
   builder.RegisterService(parameter_service_.get());
   for (grpc::Service* extra : options_.services) builder.RegisterService(extra);
   server_ = builder.BuildAndStart();

@@ -28,6 +28,8 @@ struct GrpcListenerOptions {
   std::vector<grpc::Service*> services;
   // The other listeners GetTransportAddress hands out (ParameterServiceImpl).
   ShardListenerLookup find_listener;
+  // gRPC's own memory, threads and streams (shard_listener.h).
+  GrpcServerLimits limits;
 };
 
 // The "grpc" ShardListener: one grpc::Server on host:port serving the

@@ -3,6 +3,7 @@
 #include <grpc/slice.h>
 
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "common/chunk_wire.h"
 #include "common/grpc_status.h"
 #include "common/request_limits.h"
+#include "server/streamed_unary.h"
 
 namespace harrier {
 namespace {
@@ -58,8 +60,9 @@ class DataCall : public Reactor {
   ShardService::Call call_;
 };
 
-// One received push chunk. `slices` own the bytes `payload` points into
-// (or `aligned` does, when the payload had to be made contiguous).
+// One received push chunk. `slices` own the bytes `payload` points into,
+// or `aligned` does when the payload had to be made contiguous (the slices
+// are then let go: the header is decoded, nothing else refers to them).
 struct ReceivedChunk {
   std::vector<grpc::Slice> slices;
   proto::TensorChunk header;
@@ -118,6 +121,12 @@ class PushReader : public Base {
     if (auto status = ShardService::CheckChunkCount(chunks_.size() + 1); !status.ok()) {
       return status;
     }
+    // The whole message is in memory now (gRPC read it): charged, header
+    // and all, before it is kept. HTTP/2 flow control bounds what may
+    // arrive unasked, so a connection overshoots by at most one message per
+    // call, and the refused call ends now.
+    const uint64_t message_bytes = buffer_.Length();
+    if (auto status = Reserve(message_bytes); !status.ok()) return status;
     ReceivedChunk& chunk = chunks_.emplace_back();
     if (!buffer_.Dump(&chunk.slices).ok()) {
       return absl::InvalidArgumentError("unreadable TensorChunk message");
@@ -134,31 +143,55 @@ class PushReader : public Base {
     if (auto status = this->service_->CheckRequestBytes(request_bytes_); !status.ok()) {
       return status;
     }
-    // Counted once gRPC has read the message: HTTP/2 flow control bounds
-    // what may arrive unasked, so a connection overshoots by at most one
-    // message per call, and the refused call ends now.
-    if (auto status = this->service_->buffer_budget().Reserve(peer_, payload.size());
-        !status.ok()) {
-      return status;
-    }
-    reserved_ += payload.size();
     const absl::string_view first = payload.first();
     if (payload.contiguous() && reinterpret_cast<uintptr_t>(first.data()) % alignof(float) == 0) {
       chunk.payload = first;
       return absl::OkStatus();
     }
+    // Copied into aligned memory slice by slice, each slice let go once
+    // copied: the call holds the payload once (plus one slice), which is
+    // what the budget charged, never the slices and the copy together.
     chunk.aligned =
         std::make_unique<float[]>((payload.size() + sizeof(float) - 1) / sizeof(float));
-    payload.CopyTo(chunk.aligned.get());
+    CopyReleasingSlices(payload, &chunk.slices, reinterpret_cast<char*>(chunk.aligned.get()));
     chunk.payload =
         absl::string_view(reinterpret_cast<const char*>(chunk.aligned.get()), payload.size());
+    return absl::OkStatus();
+  }
+
+  // Copies `payload` (pieces of `slices`, in order) to `dest`, dropping each
+  // slice as soon as nothing more is copied from it; all are gone after.
+  static void CopyReleasingSlices(const PayloadView& payload, std::vector<grpc::Slice>* slices,
+                                  char* dest) {
+    size_t next_slice = 0;
+    auto within = [](const grpc::Slice& slice, const char* at) {
+      const char* begin = reinterpret_cast<const char*>(slice.begin());
+      return at >= begin && at < begin + slice.size();
+    };
+    for (absl::string_view piece : payload.pieces()) {
+      while (next_slice < slices->size() && !within((*slices)[next_slice], piece.data())) {
+        (*slices)[next_slice++] = grpc::Slice();
+      }
+      std::memcpy(dest, piece.data(), piece.size());
+      dest += piece.size();
+    }
+    slices->clear();
+  }
+
+  // The service's BufferBudget for this connection, and what the call holds
+  // of it.
+  absl::Status Reserve(uint64_t bytes) {
+    if (auto status = this->service_->buffer_budget().Reserve(peer_, bytes); !status.ok()) {
+      return status;
+    }
+    reserved_ += bytes;
     return absl::OkStatus();
   }
 
   const std::string peer_;  // one HTTP/2 connection: address and port of the client's end
   grpc::ByteBuffer buffer_;
   uint64_t request_bytes_ = 0;  // payload bytes of the chunks read so far
-  uint64_t reserved_ = 0;       // of those, held in the service's BufferBudget
+  uint64_t reserved_ = 0;       // bytes the kept chunks hold in the service's BufferBudget
   // Reactions only (one read at a time); the views handed to the service
   // are taken once reading is over.
   std::vector<ReceivedChunk> chunks_;
@@ -438,21 +471,61 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ParameterServiceImp
   return new PushPullReactor(service_, context);
 }
 
-grpc::Status ParameterServiceImpl::Init(grpc::ServerContext* context,
-                                        const proto::InitRequest* request,
+grpc::Status ParameterServiceImpl::StreamedInit(
+    grpc::ServerContext* context, Streamer<proto::InitRequest, proto::InitResponse>* streamer) {
+  return ServeStreamedUnary(token_check_, context, streamer,
+                            [this](const proto::InitRequest& request,
+                                   proto::InitResponse* response) { return Init(request, response); });
+}
+
+grpc::Status ParameterServiceImpl::StreamedHeartbeat(
+    grpc::ServerContext* context,
+    Streamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) {
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this](const proto::HeartbeatRequest& request, proto::HeartbeatResponse* response) {
+        return Heartbeat(request, response);
+      });
+}
+
+grpc::Status ParameterServiceImpl::StreamedLeave(
+    grpc::ServerContext* context, Streamer<proto::LeaveRequest, proto::LeaveResponse>* streamer) {
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this](const proto::LeaveRequest& request, proto::LeaveResponse*) { return Leave(request); });
+}
+
+grpc::Status ParameterServiceImpl::StreamedGetShardInfo(
+    grpc::ServerContext* context,
+    Streamer<proto::ShardInfoRequest, proto::ShardInfoResponse>* streamer) {
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this](const proto::ShardInfoRequest&, proto::ShardInfoResponse* response) {
+        return GetShardInfo(response);
+      });
+}
+
+grpc::Status ParameterServiceImpl::StreamedGetTransportAddress(
+    grpc::ServerContext* context,
+    Streamer<proto::TransportAddressRequest, proto::TransportAddressResponse>* streamer) {
+  return ServeStreamedUnary(token_check_, context, streamer,
+                            [this](const proto::TransportAddressRequest& request,
+                                   proto::TransportAddressResponse* response) {
+                              return GetTransportAddress(request, response);
+                            });
+}
+
+grpc::Status ParameterServiceImpl::Init(const proto::InitRequest& request,
                                         proto::InitResponse* response) {
-  if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  auto created = service_->Init(*request);
+  auto created = service_->Init(request);
   if (!created.ok()) return ToGrpcStatus(created.status());
   response->set_created(*created);
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext* context,
-                                             const proto::HeartbeatRequest* request,
+grpc::Status ParameterServiceImpl::Heartbeat(const proto::HeartbeatRequest& request,
                                              proto::HeartbeatResponse* response) {
-  if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  if (auto status = service_->Heartbeat(*request, response); !status.ok()) {
+  if (auto status = service_->Heartbeat(request, response); !status.ok()) {
     return ToGrpcStatus(status);
   }
   response->set_server_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -462,15 +535,13 @@ grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext* context,
 }
 
 grpc::Status ParameterServiceImpl::GetTransportAddress(
-    grpc::ServerContext* context, const proto::TransportAddressRequest* request,
-    proto::TransportAddressResponse* response) {
-  if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  if (auto status = CheckTransportAddressLimits(*request); !status.ok()) {
+    const proto::TransportAddressRequest& request, proto::TransportAddressResponse* response) {
+  if (auto status = CheckTransportAddressLimits(request); !status.ok()) {
     return ToGrpcStatus(status);
   }
   // Empty names "ucx" (harrier.proto). The gRPC listener has no address to
   // give: the client already holds the channel this call came on.
-  const std::string name = request->transport().empty() ? "ucx" : request->transport();
+  const std::string name = request.transport().empty() ? "ucx" : request.transport();
   if (name == "grpc") {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("unknown transport '", name, "'"));
@@ -484,24 +555,18 @@ grpc::Status ParameterServiceImpl::GetTransportAddress(
   response->set_transport(name);
   // Only to a request naming the transport: reachability probes (empty
   // name) do not pile secrets up.
-  if (request->transport() == name) response->set_hello_secret((*listener)->IssueHelloSecret());
+  if (request.transport() == name) response->set_hello_secret((*listener)->IssueHelloSecret());
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::GetShardInfo(grpc::ServerContext* context,
-                                                const proto::ShardInfoRequest*,
-                                                proto::ShardInfoResponse* response) {
-  if (auto status = token_check_.Check(*context); !status.ok()) return status;
+grpc::Status ParameterServiceImpl::GetShardInfo(proto::ShardInfoResponse* response) {
   response->set_shard(static_cast<uint32_t>(store_->options().shard));
   response->set_num_shards(static_cast<uint32_t>(store_->options().num_shards));
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Leave(grpc::ServerContext* context,
-                                         const proto::LeaveRequest* request,
-                                         proto::LeaveResponse*) {
-  if (auto status = token_check_.Check(*context); !status.ok()) return status;
-  return ToGrpcStatus(service_->Leave(*request));
+grpc::Status ParameterServiceImpl::Leave(const proto::LeaveRequest& request) {
+  return ToGrpcStatus(service_->Leave(request));
 }
 
 }  // namespace harrier

@@ -13,10 +13,14 @@
 namespace harrier {
 
 namespace internal_parameter_service {
-using RawDataService = proto::ParameterService::WithRawCallbackMethod_Push<
-    proto::ParameterService::WithRawCallbackMethod_Pull<
-        proto::ParameterService::WithRawCallbackMethod_PushPull<
-            proto::ParameterService::Service>>>;
+using PS = proto::ParameterService;
+// The unary methods are streamed unary (server/streamed_unary.h): the token
+// is checked at the headers, before the request body is read.
+using RawDataService = PS::WithRawCallbackMethod_Push<PS::WithRawCallbackMethod_Pull<
+    PS::WithRawCallbackMethod_PushPull<PS::WithStreamedUnaryMethod_Init<
+        PS::WithStreamedUnaryMethod_Heartbeat<PS::WithStreamedUnaryMethod_Leave<
+            PS::WithStreamedUnaryMethod_GetShardInfo<
+                PS::WithStreamedUnaryMethod_GetTransportAddress<PS::Service>>>>>>>>;
 }  // namespace internal_parameter_service
 
 // gRPC framing of a shard: Push, Pull and PushPull are served through the
@@ -30,7 +34,8 @@ using RawDataService = proto::ParameterService::WithRawCallbackMethod_Push<
 // The bytes on the wire are unchanged, so typed clients are served alike.
 // A client's cancel wakes its blocked pull at once (OnCancel cancels the
 // call's Cancellation). The small control calls (Init, Heartbeat, Leave,
-// GetTransportAddress) stay synchronous. Thread-safe.
+// GetTransportAddress) stay synchronous, served as streamed unary so that
+// the job token is checked before their request body is read. Thread-safe.
 class ParameterServiceImpl final : public internal_parameter_service::RawDataService {
  public:
   // Neither is owned; both must outlive the service (and the gRPC server).
@@ -40,17 +45,21 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
   ParameterServiceImpl(ShardStore* store, ShardService* service, std::string job_token = "",
                        ShardListenerLookup find_listener = nullptr);
 
-  grpc::Status Init(grpc::ServerContext* context, const proto::InitRequest* request,
-                    proto::InitResponse* response) override;
-  grpc::Status Heartbeat(grpc::ServerContext* context, const proto::HeartbeatRequest* request,
-                         proto::HeartbeatResponse* response) override;
-  grpc::Status Leave(grpc::ServerContext* context, const proto::LeaveRequest* request,
-                     proto::LeaveResponse* response) override;
-  grpc::Status GetShardInfo(grpc::ServerContext* context, const proto::ShardInfoRequest* request,
-                            proto::ShardInfoResponse* response) override;
-  grpc::Status GetTransportAddress(grpc::ServerContext* context,
-                                   const proto::TransportAddressRequest* request,
-                                   proto::TransportAddressResponse* response) override;
+  template <class Request, class Response>
+  using Streamer = grpc::ServerUnaryStreamer<Request, Response>;
+  grpc::Status StreamedInit(grpc::ServerContext* context,
+                            Streamer<proto::InitRequest, proto::InitResponse>* streamer) override;
+  grpc::Status StreamedHeartbeat(
+      grpc::ServerContext* context,
+      Streamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) override;
+  grpc::Status StreamedLeave(grpc::ServerContext* context,
+                             Streamer<proto::LeaveRequest, proto::LeaveResponse>* streamer) override;
+  grpc::Status StreamedGetShardInfo(
+      grpc::ServerContext* context,
+      Streamer<proto::ShardInfoRequest, proto::ShardInfoResponse>* streamer) override;
+  grpc::Status StreamedGetTransportAddress(
+      grpc::ServerContext* context,
+      Streamer<proto::TransportAddressRequest, proto::TransportAddressResponse>* streamer) override;
 
   using internal_parameter_service::RawDataService::Pull;
   using internal_parameter_service::RawDataService::Push;
@@ -63,6 +72,15 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
       grpc::CallbackServerContext* context) override;
 
  private:
+  // The methods' work once the token passed and the request was read.
+  grpc::Status Init(const proto::InitRequest& request, proto::InitResponse* response);
+  grpc::Status Heartbeat(const proto::HeartbeatRequest& request,
+                         proto::HeartbeatResponse* response);
+  grpc::Status Leave(const proto::LeaveRequest& request);
+  grpc::Status GetShardInfo(proto::ShardInfoResponse* response);
+  grpc::Status GetTransportAddress(const proto::TransportAddressRequest& request,
+                                   proto::TransportAddressResponse* response);
+
   ShardStore* store_;      // not owned
   ShardService* service_;  // not owned
   const JobTokenCheck token_check_;

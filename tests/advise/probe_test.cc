@@ -1,6 +1,6 @@
 // AdminService.Probe against a real harrier-server with a job token: the
-// reply has the size asked for (up to the 64 MiB bound), payload and
-// reply_bytes over the bound are INVALID_ARGUMENT naming it, a call
+// reply has the size asked for (up to the 8 MiB bound), a payload over 64
+// MiB and reply_bytes over 8 MiB are INVALID_ARGUMENT naming the bound, a call
 // without the token is refused, and probes change no parameter and no
 // byte counter (GetStatus and /metrics). And GetStatus's tensor list, as
 // harrier-advise --tensors_from_job reads a running job's model: only when
@@ -64,7 +64,7 @@ proto::StatusResponse Status(proto::AdminService::Stub& stub) {
   return status;
 }
 
-TEST_CASE("Probe: echo sizes, the 64 MiB bounds, the token, and no parameter touched") {
+TEST_CASE("Probe: echo sizes, the 64 MiB and 8 MiB bounds, the token, and no parameter touched") {
   const std::string token_path = testing::TempDir() + "/probe_token";
   {
     std::ofstream token(token_path);
@@ -131,10 +131,10 @@ TEST_CASE("Probe: echo sizes, the 64 MiB bounds, the token, and no parameter tou
     INFO(up.status.error_message());
     REQUIRE(up.status.ok());
     REQUIRE(up.reply_size == 0);
-    const ProbeResult down = Probe(*stub, 0, kMaxProbeBytes);
+    const ProbeResult down = Probe(*stub, 0, kMaxProbeReplyBytes);
     INFO(down.status.error_message());
     REQUIRE(down.status.ok());
-    REQUIRE(down.reply_size == kMaxProbeBytes);
+    REQUIRE(down.reply_size == kMaxProbeReplyBytes);
   }
   // One byte over: refused by the handler, naming the limit.
   {
@@ -142,10 +142,10 @@ TEST_CASE("Probe: echo sizes, the 64 MiB bounds, the token, and no parameter tou
     REQUIRE(up.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     REQUIRE(up.status.error_message().find("limit of 67108864 bytes (64 MiB)") !=
             std::string::npos);
-    const ProbeResult down = Probe(*stub, 0, kMaxProbeBytes + 1);
+    const ProbeResult down = Probe(*stub, 0, kMaxProbeReplyBytes + 1);
     REQUIRE(down.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    REQUIRE(down.status.error_message().find("reply_bytes 67108865") != std::string::npos);
-    REQUIRE(down.status.error_message().find("limit of 67108864 bytes (64 MiB)") !=
+    REQUIRE(down.status.error_message().find("reply_bytes 8388609") != std::string::npos);
+    REQUIRE(down.status.error_message().find("limit of 8388608 bytes (8 MiB)") !=
             std::string::npos);
     const ProbeResult huge = Probe(*stub, 0, uint64_t{1} << 40);
     REQUIRE(huge.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
