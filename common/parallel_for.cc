@@ -63,6 +63,7 @@ void ParallelForPool::Run(size_t n_parts, absl::FunctionRef<void(size_t part)> f
   ParallelForPool* pool = this;
   Job* self = &job;
   auto helpers_left = [pool, self]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool->mutex_) {
+    (void)pool;  // named by the annotation only
     return self->helpers == 0;
   };
   mutex_.Await(absl::Condition(&helpers_left));

@@ -12,10 +12,12 @@ namespace harrier::testing {
 // this code several times slower, and CI runs it on 2 shared cores). The
 // plain build keeps the tight bound, which is what tells a wake-up from a
 // poll.
-inline std::chrono::milliseconds AtOnce(int ms) {
+inline int SlowdownFactor() {
   const char* slowdown = std::getenv("HARRIER_TEST_SLOWDOWN");
-  const int factor = slowdown != nullptr ? std::max(1, std::atoi(slowdown)) : 1;
-  return std::chrono::milliseconds(ms * factor);
+  return slowdown != nullptr ? std::max(1, std::atoi(slowdown)) : 1;
+}
+inline std::chrono::milliseconds AtOnce(int ms) {
+  return std::chrono::milliseconds(ms * SlowdownFactor());
 }
 
 }  // namespace harrier::testing

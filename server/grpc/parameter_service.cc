@@ -475,7 +475,7 @@ grpc::Status ParameterServiceImpl::StreamedInit(
     grpc::ServerContext* context, Streamer<proto::InitRequest, proto::InitResponse>* streamer) {
   return ServeStreamedUnary(token_check_, context, streamer,
                             [this](const proto::InitRequest& request,
-                                   proto::InitResponse* response) { return Init(request, response); });
+                                   proto::InitResponse* response) { return AnswerInit(request, response); });
 }
 
 grpc::Status ParameterServiceImpl::StreamedHeartbeat(
@@ -484,7 +484,7 @@ grpc::Status ParameterServiceImpl::StreamedHeartbeat(
   return ServeStreamedUnary(
       token_check_, context, streamer,
       [this](const proto::HeartbeatRequest& request, proto::HeartbeatResponse* response) {
-        return Heartbeat(request, response);
+        return AnswerHeartbeat(request, response);
       });
 }
 
@@ -492,7 +492,7 @@ grpc::Status ParameterServiceImpl::StreamedLeave(
     grpc::ServerContext* context, Streamer<proto::LeaveRequest, proto::LeaveResponse>* streamer) {
   return ServeStreamedUnary(
       token_check_, context, streamer,
-      [this](const proto::LeaveRequest& request, proto::LeaveResponse*) { return Leave(request); });
+      [this](const proto::LeaveRequest& request, proto::LeaveResponse*) { return AnswerLeave(request); });
 }
 
 grpc::Status ParameterServiceImpl::StreamedGetShardInfo(
@@ -501,7 +501,7 @@ grpc::Status ParameterServiceImpl::StreamedGetShardInfo(
   return ServeStreamedUnary(
       token_check_, context, streamer,
       [this](const proto::ShardInfoRequest&, proto::ShardInfoResponse* response) {
-        return GetShardInfo(response);
+        return AnswerShardInfo(response);
       });
 }
 
@@ -511,11 +511,11 @@ grpc::Status ParameterServiceImpl::StreamedGetTransportAddress(
   return ServeStreamedUnary(token_check_, context, streamer,
                             [this](const proto::TransportAddressRequest& request,
                                    proto::TransportAddressResponse* response) {
-                              return GetTransportAddress(request, response);
+                              return AnswerTransportAddress(request, response);
                             });
 }
 
-grpc::Status ParameterServiceImpl::Init(const proto::InitRequest& request,
+grpc::Status ParameterServiceImpl::AnswerInit(const proto::InitRequest& request,
                                         proto::InitResponse* response) {
   auto created = service_->Init(request);
   if (!created.ok()) return ToGrpcStatus(created.status());
@@ -523,7 +523,7 @@ grpc::Status ParameterServiceImpl::Init(const proto::InitRequest& request,
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Heartbeat(const proto::HeartbeatRequest& request,
+grpc::Status ParameterServiceImpl::AnswerHeartbeat(const proto::HeartbeatRequest& request,
                                              proto::HeartbeatResponse* response) {
   if (auto status = service_->Heartbeat(request, response); !status.ok()) {
     return ToGrpcStatus(status);
@@ -534,7 +534,7 @@ grpc::Status ParameterServiceImpl::Heartbeat(const proto::HeartbeatRequest& requ
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::GetTransportAddress(
+grpc::Status ParameterServiceImpl::AnswerTransportAddress(
     const proto::TransportAddressRequest& request, proto::TransportAddressResponse* response) {
   if (auto status = CheckTransportAddressLimits(request); !status.ok()) {
     return ToGrpcStatus(status);
@@ -559,13 +559,13 @@ grpc::Status ParameterServiceImpl::GetTransportAddress(
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::GetShardInfo(proto::ShardInfoResponse* response) {
+grpc::Status ParameterServiceImpl::AnswerShardInfo(proto::ShardInfoResponse* response) {
   response->set_shard(static_cast<uint32_t>(store_->options().shard));
   response->set_num_shards(static_cast<uint32_t>(store_->options().num_shards));
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Leave(const proto::LeaveRequest& request) {
+grpc::Status ParameterServiceImpl::AnswerLeave(const proto::LeaveRequest& request) {
   return ToGrpcStatus(service_->Leave(request));
 }
 

@@ -73,13 +73,13 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
 
  private:
   // The methods' work once the token passed and the request was read.
-  grpc::Status Init(const proto::InitRequest& request, proto::InitResponse* response);
-  grpc::Status Heartbeat(const proto::HeartbeatRequest& request,
-                         proto::HeartbeatResponse* response);
-  grpc::Status Leave(const proto::LeaveRequest& request);
-  grpc::Status GetShardInfo(proto::ShardInfoResponse* response);
-  grpc::Status GetTransportAddress(const proto::TransportAddressRequest& request,
-                                   proto::TransportAddressResponse* response);
+  grpc::Status AnswerInit(const proto::InitRequest& request, proto::InitResponse* response);
+  grpc::Status AnswerHeartbeat(const proto::HeartbeatRequest& request,
+                               proto::HeartbeatResponse* response);
+  grpc::Status AnswerLeave(const proto::LeaveRequest& request);
+  grpc::Status AnswerShardInfo(proto::ShardInfoResponse* response);
+  grpc::Status AnswerTransportAddress(const proto::TransportAddressRequest& request,
+                                      proto::TransportAddressResponse* response);
 
   ShardStore* store_;      // not owned
   ShardService* service_;  // not owned

@@ -20,6 +20,7 @@
 #include "server/checkpoint.h"
 #include "tests/integration/fault_proxy.h"
 #include "tests/integration/server_process.h"
+#include "tests/slowdown.h"
 #include "worker/client.h"
 
 namespace harrier {
@@ -45,8 +46,11 @@ ClientOptions Options(const std::string& address, int rank) {
   options.servers = {address};
   options.rank = rank;
   options.chunk_bytes = kChunkBytes;
-  options.rpc_timeout = absl::Seconds(10);
-  options.retry_timeout = absl::Seconds(30);
+  // Under BSP a rank's push-pull waits for the other rank's push, which may
+  // be retrying through cut connections: the deadline must outlast those
+  // retries, which a sanitizer build (HARRIER_TEST_SLOWDOWN) makes slower.
+  options.rpc_timeout = absl::Seconds(10 * testing::SlowdownFactor());
+  options.retry_timeout = absl::Seconds(30 * testing::SlowdownFactor());
   options.heartbeat_interval = absl::Milliseconds(500);
   return options;
 }

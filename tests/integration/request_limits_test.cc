@@ -348,30 +348,54 @@ TEST_CASE("Barrier: names and pending barriers are bounded; abandoned barriers a
     REQUIRE(expired == kPendingBarrierLimit);
   }
   // Abandoned at their deadline, they hold no room: as many new ones wait.
+  // The shard drops an abandoned barrier when gRPC tells it of the cancel,
+  // which on a busy machine may come a little after the client saw its
+  // deadline: a batch that still found some kept is tried again (the
+  // earlier batch's barriers are abandoned too by then), up to 10 times.
   {
-    const auto statuses = BarriersAtOnce(*control, sessions, "again-", kPendingBarrierLimit,
-                                         std::chrono::milliseconds(1000));
-    for (const grpc::Status& status : statuses) {
-      INFO(status.error_message());
-      REQUIRE(status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+    bool all_waited = false;
+    std::string last_refusal;
+    for (int attempt = 0; attempt < 10 && !all_waited; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500 * attempt));
+      const auto statuses =
+          BarriersAtOnce(*control, sessions, absl::StrCat("again-", attempt, "-"),
+                         kPendingBarrierLimit, std::chrono::milliseconds(1000));
+      all_waited = true;
+      for (const grpc::Status& status : statuses) {
+        if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) continue;
+        all_waited = false;
+        last_refusal = status.error_message();
+        // Only the bound itself may refuse them.
+        REQUIRE(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+      }
+    }
+    INFO(last_refusal);
+    REQUIRE(all_waited);
+  }
+  // Both workers meet at a barrier (once the last batch's abandoned
+  // barriers are dropped: a refusal for room is tried again, as above).
+  std::vector<grpc::Status> met(2);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500 * attempt));
+    std::vector<std::thread> ranks;
+    for (uint32_t rank : {0u, 1u}) {
+      ranks.emplace_back([&, rank, attempt] {
+        grpc::ClientContext context;
+        SetDeadline(&context, kCallTimeout);
+        proto::BarrierRequest request;
+        request.set_rank(rank);
+        sessions.Attach(&request);
+        request.set_name(absl::StrCat("together-", attempt));
+        proto::BarrierResponse response;
+        met[rank] = control->Barrier(&context, request, &response);
+      });
+    }
+    for (auto& thread : ranks) thread.join();
+    if (met[0].error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        met[1].error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      break;
     }
   }
-  // Both workers meet at a barrier.
-  std::vector<grpc::Status> met(2);
-  std::vector<std::thread> ranks;
-  for (uint32_t rank : {0u, 1u}) {
-    ranks.emplace_back([&, rank] {
-      grpc::ClientContext context;
-      SetDeadline(&context, kCallTimeout);
-      proto::BarrierRequest request;
-      request.set_rank(rank);
-      sessions.Attach(&request);
-      request.set_name("together");
-      proto::BarrierResponse response;
-      met[rank] = control->Barrier(&context, request, &response);
-    });
-  }
-  for (auto& thread : ranks) thread.join();
   INFO(met[0].error_message() << " / " << met[1].error_message());
   REQUIRE(met[0].ok());
   REQUIRE(met[1].ok());

@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "server/checkpoint.h"
 #include "tests/integration/server_process.h"
+#include "tests/slowdown.h"
 
 namespace harrier {
 namespace {
@@ -48,8 +49,10 @@ constexpr double kAccuracyTolerance = 0.01;
 // The fault-free run takes 12-15 s on 2 idle cores, up to 39 s seen when
 // other builds load them. With this cap the worst case, 90 + (3 x 90 + 30) s plus two
 // stack dumps, stays inside a large test's 900 s, so a hang ends in this
-// test's stacks, not in Bazel's timeout.
-constexpr double kReferenceDeadlineS = 90;
+// test's stacks, not in Bazel's timeout. A sanitizer build runs the job
+// several times slower: the cap scales with HARRIER_TEST_SLOWDOWN (3 under
+// ASan: 270 + (3 x 270 + 30) s, inside an enormous test's 3600 s).
+const double kReferenceDeadlineS = 90.0 * testing::SlowdownFactor();
 constexpr int kStackDumpTimeoutS = 20;
 // Checkpoints are written every second. Killed early in an interval: on an
 // idle machine the job runs 100-150 steps/s, and losing 0.8 s of it (about
