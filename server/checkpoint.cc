@@ -297,7 +297,7 @@ absl::StatusOr<ShardCheckpoint> DecodePayload(absl::string_view payload, uint32_
   }
   if (d.ok() && d.remaining() != 0) {
     d.Fail(absl::StrCat(d.remaining(), format >= 3 ? " unexpected bytes after the sessions"
-                                                    : " unexpected bytes after the last slot"));
+                                                   : " unexpected bytes after the last slot"));
   }
   if (!d.ok()) return absl::DataLossError(d.error());
   return c;

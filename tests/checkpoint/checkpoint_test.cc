@@ -68,8 +68,8 @@ ShardCheckpoint MakeCheckpoint(int shard, uint64_t version) {
 
   c.slots = {a, b};
   // Rank 0 live, rank 1 gave its session back, rank 2 only handed out.
-  c.sessions = {{1700000000500, false, true}, {1700000000400, true, true},
-                {1700000000600, false, false}};
+  c.sessions = {
+      {1700000000500, false, true}, {1700000000400, true, true}, {1700000000600, false, false}};
   c.session_epoch_floor = 1700000000100;
   return c;
 }
@@ -409,7 +409,8 @@ void ErasePayload(std::string* bytes, size_t at, size_t n) {
     payload_size |= static_cast<uint64_t>(static_cast<unsigned char>((*bytes)[16 + i])) << (8 * i);
   }
   payload_size -= n;
-  for (int i = 0; i < 8; ++i) (*bytes)[16 + i] = static_cast<char>((payload_size >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    (*bytes)[16 + i] = static_cast<char>((payload_size >> (8 * i)) & 0xff);
 }
 
 // A format-2 file of `c` (no sessions), as the previous release wrote.

@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <grpcpp/grpcpp.h>
-
 #include <signal.h>
 
 #include <chrono>
@@ -341,10 +340,15 @@ TEST_CASE("identity: a shard restarted from its checkpoint still refuses a repla
   const std::string dir = testing::TempDir() + "/sessions-restart";
   std::filesystem::remove_all(dir);
   // No periodic checkpoint: the test writes the one the restart reads.
-  const std::vector<std::string> flags = {
-      "--shard=0", "--num_shards=1", "--num_workers=1", "--sync=asp", "--lr=1",
-      absl::StrCat("--port=", testing::FreePort()), "--checkpoint_dir=" + dir, "--resume",
-      "--checkpoint_every_s=0"};
+  const std::vector<std::string> flags = {"--shard=0",
+                                          "--num_shards=1",
+                                          "--num_workers=1",
+                                          "--sync=asp",
+                                          "--lr=1",
+                                          absl::StrCat("--port=", testing::FreePort()),
+                                          "--checkpoint_dir=" + dir,
+                                          "--resume",
+                                          "--checkpoint_every_s=0"};
   auto server = testing::ServerProcess::Start(flags);
   INFO(server.status().ToString());
   REQUIRE(server.ok());
