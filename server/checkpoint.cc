@@ -34,6 +34,10 @@ constexpr char kFileSuffix[] = ".hck";
 constexpr char kTempMarker[] = ".tmp.";
 constexpr int kVersionDigits = 20;  // enough for any uint64_t
 
+// Flags of a rank's session entry (format 3).
+constexpr uint32_t kSessionReleased = 1;
+constexpr uint32_t kSessionHeard = 2;
+
 constexpr bool kLittleEndianHost = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
 
 // ---------------------------------------------------------------------------
@@ -203,7 +207,7 @@ class Decoder {
 };
 
 std::string EncodePayload(const ShardCheckpoint& c) {
-  size_t estimate = 64 + c.sync.size() + c.optimizer.size();
+  size_t estimate = 64 + c.sync.size() + c.optimizer.size() + 12 * c.sessions.size();
   for (const auto& s : c.slots) {
     estimate += 64 + s.key.size() + 8 * (s.shape.size() + s.pushed.size()) +
                 4 * (s.values.size() + s.optimizer_first.size() + s.optimizer_second.size());
@@ -228,6 +232,13 @@ std::string EncodePayload(const ShardCheckpoint& c) {
     e.Floats(s.optimizer_second);
     e.I64(s.optimizer_steps);
     e.Words(s.pushed);
+  }
+  // Format 3: the ranks' sessions.
+  e.U64(c.session_epoch_floor);
+  e.U64(c.sessions.size());
+  for (const auto& session : c.sessions) {
+    e.U64(session.epoch);
+    e.U32((session.released ? kSessionReleased : 0u) | (session.heard ? kSessionHeard : 0u));
   }
   return out;
 }
@@ -262,8 +273,31 @@ absl::StatusOr<ShardCheckpoint> DecodePayload(absl::string_view payload, uint32_
     s.pushed = d.Words<int64_t>(where + "pushed");
     c.slots.push_back(std::move(s));
   }
+  if (format >= 3) {
+    c.session_epoch_floor = d.U64("session epoch floor");
+    const uint64_t num_sessions = d.U64("session count");
+    // Each entry is an epoch and its flags: 12 bytes.
+    if (d.ok() && num_sessions > d.remaining() / 12) {
+      d.Fail(absl::StrCat("session count ", num_sessions, " does not fit in ", d.remaining(),
+                          " payload bytes"));
+    }
+    if (d.ok()) c.sessions.reserve(num_sessions);
+    for (uint64_t rank = 0; d.ok() && rank < num_sessions; ++rank) {
+      const std::string where = absl::StrCat("rank ", rank, " session ");
+      RankSessionCheckpoint session;
+      session.epoch = d.U64(where + "epoch");
+      const uint32_t flags = d.U32(where + "flags");
+      if (d.ok() && (flags & ~(kSessionReleased | kSessionHeard)) != 0) {
+        d.Fail(absl::StrFormat("%sflags 0x%08x: unknown bits", where, flags));
+      }
+      session.released = (flags & kSessionReleased) != 0;
+      session.heard = (flags & kSessionHeard) != 0;
+      c.sessions.push_back(session);
+    }
+  }
   if (d.ok() && d.remaining() != 0) {
-    d.Fail(absl::StrCat(d.remaining(), " unexpected bytes after the last slot"));
+    d.Fail(absl::StrCat(d.remaining(), format >= 3 ? " unexpected bytes after the sessions"
+                                                   : " unexpected bytes after the last slot"));
   }
   if (!d.ok()) return absl::DataLossError(d.error());
   return c;
@@ -484,6 +518,11 @@ absl::Status CheckCheckpointConsistency(const ShardCheckpoint& c) {
   }
   if (c.num_workers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_workers ", c.num_workers, " < 1"));
+  }
+  if (!c.sessions.empty() && c.sessions.size() != static_cast<size_t>(c.num_workers)) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", c.shard, ": ", c.sessions.size(),
+                                                   " rank sessions for ", c.num_workers,
+                                                   " workers"));
   }
   std::set<std::pair<absl::string_view, uint32_t>> seen;
   for (const auto& s : c.slots) {

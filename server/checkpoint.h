@@ -14,7 +14,8 @@
 //   magic "HRRCKPT\n" (8 bytes) | format version u32 | flags u32 (0) |
 //   payload size u64 | payload | CRC-32C u32 of every preceding byte.
 // Format versions: 1 (no optimizer kind), 2 (adds the optimizer kind after
-// the sync policy's name). This build writes 2 and reads both.
+// the sync policy's name), 3 (adds the ranks' sessions after the slots).
+// This build writes 3 and reads all three.
 // The payload is a plain length-prefixed encoding of ShardCheckpoint (see
 // checkpoint.cc); no protobuf, because the bulk is float arrays that are
 // written with one memcpy each and protobuf's 2 GiB message limit would cap
@@ -46,6 +47,16 @@ struct SlotCheckpoint {
   std::vector<int64_t> pushed;  // iterations pushed, one entry per worker rank
 };
 
+// What a shard keeps of one rank's session across a restart
+// (SessionTable): the highest epoch it had seen, so that a session of an
+// older epoch (a stale process of a worker that re-registered) is refused
+// after the restart as it was before.
+struct RankSessionCheckpoint {
+  uint64_t epoch = 0;     // 0: no session seen for the rank
+  bool released = false;  // its worker gave the session back
+  bool heard = false;     // a call had carried it (else only handed out)
+};
+
 // A whole shard at one version. `version` is chosen by the caller and must
 // grow from one checkpoint to the next (pruning keeps the highest versions).
 struct ShardCheckpoint {
@@ -61,10 +72,16 @@ struct ShardCheckpoint {
   uint64_t version = 0;
   int64_t created_unix_ms = 0;
   std::vector<SlotCheckpoint> slots;
+  // One entry per worker rank, or none (format versions 1 and 2, which
+  // did not keep sessions: the restarted shard then knows no epoch).
+  std::vector<RankSessionCheckpoint> sessions;
+  // The highest epoch seen before the run's sessions were last forgotten
+  // (SessionTable::epoch_floor); 0 in format versions 1 and 2.
+  uint64_t session_epoch_floor = 0;
 };
 
 // The format version this build writes, and the oldest it still reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 2;
+inline constexpr uint32_t kCheckpointFormatVersion = 3;
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 inline constexpr int kDefaultCheckpointsKept = 3;
 
@@ -93,7 +110,8 @@ absl::StatusOr<ShardCheckpoint> DecodeCheckpoint(absl::string_view bytes);
 
 // Sizes and ranges that must hold for any checkpoint: shard in
 // [0, num_shards), num_workers >= 1, optimizer vectors empty or as long as
-// values, one `pushed` entry per worker, no duplicate (key, chunk).
+// values, one `pushed` entry per worker, no duplicate (key, chunk), no
+// session entries or one per worker.
 // INVALID_ARGUMENT naming the slot otherwise.
 absl::Status CheckCheckpointConsistency(const ShardCheckpoint& checkpoint);
 

@@ -186,6 +186,31 @@ proto::Session SessionTable::Issue(uint32_t rank, uint64_t epoch) {
   return session;
 }
 
+void SessionTable::Restore(uint32_t rank, uint64_t epoch, bool released, bool heard) {
+  if (rank >= static_cast<uint32_t>(num_workers_) || epoch == 0) return;
+  Rank& entry = ranks_[rank];
+  absl::MutexLock lock(&entry.mutex);
+  const auto now = Clock::now();
+  entry.state = RankState();
+  entry.state.epoch = epoch;
+  entry.state.released = released;
+  // Its credential is verified by the first call that carries it.
+  entry.credential.clear();
+  if (heard) {
+    entry.state.heard = true;
+    entry.state.last_heard = now;
+  } else {
+    entry.state.issued = true;
+    entry.state.issued_at = now;
+  }
+}
+
+void SessionTable::RaiseEpochFloor(uint64_t floor) {
+  uint64_t current = epoch_floor_.load();
+  while (floor > current && !epoch_floor_.compare_exchange_weak(current, floor)) {
+  }
+}
+
 bool SessionTable::Release(uint32_t rank, uint64_t epoch) {
   Rank& entry = ranks_[rank];
   absl::MutexLock lock(&entry.mutex);

@@ -110,6 +110,20 @@ class SessionTable {
   // free for a new session. False if `epoch` is not the rank's current one.
   bool Release(uint32_t rank, uint64_t epoch);
 
+  // A restarted shard takes back what its checkpoint kept of `rank`'s
+  // session: `epoch` is the rank's current one again (lower ones are
+  // refused as before the restart), released or not as it was. The
+  // restore counts as the moment the session was last heard from (`heard`:
+  // a call had carried it) or handed out (not yet), so a worker that lost
+  // its session rejoins by the same rules as without a restart, the time
+  // counted from the restore. Call before serving; out-of-range ranks and
+  // epoch 0 are ignored.
+  void Restore(uint32_t rank, uint64_t epoch, bool released, bool heard);
+  // The highest epoch seen before the last StartRun (max_epoch() counts
+  // it); RaiseEpochFloor restores a checkpoint's.
+  uint64_t epoch_floor() const { return epoch_floor_.load(); }
+  void RaiseEpochFloor(uint64_t floor);
+
   struct RankState {
     uint64_t epoch = 0;          // 0: no session known
     bool issued = false;         // issued here (else learned from a call, or none)

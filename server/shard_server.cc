@@ -49,6 +49,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   uint64_t job_id = 0;
   uint64_t newest_job = 0;
   int64_t restored_unix_ms = 0;
+  // The restored checkpoint's sessions, taken back once the run has begun
+  // (BeginRunLocked forgets every session).
+  std::vector<RankSessionCheckpoint> restored_sessions;
+  uint64_t restored_epoch_floor = 0;
   if (!options.checkpoint_dir.empty()) {
     if (auto status = PrepareCheckpointDir(options.checkpoint_dir); !status.ok()) return status;
     if (auto legacy = ListCheckpointVersions(options.checkpoint_dir, options.store.shard);
@@ -84,12 +88,17 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
         // The age gauge then shows the restored checkpoint's age: the state
         // served is that old, whatever the restart took.
         restored_unix_ms = checkpoint->created_unix_ms;
+        restored_sessions = std::move(checkpoint->sessions);
+        restored_epoch_floor = checkpoint->session_epoch_floor;
         absl::MutexLock lock(&server->checkpoint_mutex_);
         server->next_checkpoint_version_ = checkpoint->version + 1;
         spdlog::info(
-            "event=restore shard={} version={} chunks={} age_seconds={:.3f} dir={} job_id={}",
+            "event=restore shard={} version={} chunks={} age_seconds={:.3f} dir={} job_id={} "
+            "session_ranks={}",
             options.store.shard, checkpoint->version, checkpoint->slots.size(),
-            (absl::ToUnixMillis(absl::Now()) - checkpoint->created_unix_ms) / 1000.0, job_dir, *it);
+            (absl::ToUnixMillis(absl::Now()) - checkpoint->created_unix_ms) / 1000.0, job_dir, *it,
+            std::count_if(restored_sessions.begin(), restored_sessions.end(),
+                          [](const RankSessionCheckpoint& session) { return session.epoch != 0; }));
       }
       if (job_id == 0) {
         spdlog::warn("--resume: no checkpoint of shard {} in {}: starting a fresh run",
@@ -127,6 +136,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
       server->last_checkpoint_unix_ms_ = restored_unix_ms;
       absl::MutexLock checkpoint_lock(&server->checkpoint_mutex_);
       server->next_checkpoint_version_ = server->restored_version_ + 1;
+      // The epochs the shard had seen: a stale process of a worker that
+      // re-registered before the restart stays refused after it.
+      SessionTable& sessions = server->shard_service_->sessions();
+      sessions.RaiseEpochFloor(restored_epoch_floor);
+      for (size_t rank = 0; rank < restored_sessions.size(); ++rank) {
+        const RankSessionCheckpoint& saved = restored_sessions[rank];
+        sessions.Restore(static_cast<uint32_t>(rank), saved.epoch, saved.released, saved.heard);
+      }
     }
   }
   if (options.store.shard != 0) {
@@ -467,6 +484,13 @@ absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
   absl::MutexLock lock(&checkpoint_mutex_);
   const auto started = std::chrono::steady_clock::now();
   ShardCheckpoint checkpoint = store_->Export();
+  const SessionTable& sessions = shard_service_->sessions();
+  checkpoint.session_epoch_floor = sessions.epoch_floor();
+  checkpoint.sessions.resize(static_cast<size_t>(checkpoint.num_workers));
+  for (size_t rank = 0; rank < checkpoint.sessions.size(); ++rank) {
+    const SessionTable::RankState state = sessions.state(static_cast<uint32_t>(rank));
+    checkpoint.sessions[rank] = {state.epoch, state.released, state.heard};
+  }
   checkpoint.version = next_checkpoint_version_;
   checkpoint.created_unix_ms = absl::ToUnixMillis(absl::Now());
   auto status = WriteCheckpoint(dir, checkpoint, options_.checkpoint_keep);

@@ -230,9 +230,8 @@ absl::Status ShardService::Heartbeat(const proto::HeartbeatRequest& request,
 
 absl::Status ShardService::CheckInit(const proto::InitRequest& request) {
   if (auto status = CheckInitLimits(request); !status.ok()) return status;
-  // Clients from before sessions in Init send none; a session that is sent
-  // must verify (and a newer run's starts that run here first).
-  if (!request.has_session()) return absl::OkStatus();
+  // Like every call that names a rank: no session, no tensor (a session of
+  // a newer run starts that run here first, before anything is created).
   return sessions_.Verify(request.job(), request.rank(), request.session(),
                           absl::StrCat("init '", request.key(), "'"));
 }

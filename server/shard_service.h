@@ -217,8 +217,10 @@ class ShardService {
   // request asks for it.
   absl::Status Heartbeat(const proto::HeartbeatRequest& request,
                          proto::HeartbeatResponse* response = nullptr);
-  // Init's job, and its session when it carries one (a newer run's starts
-  // that run on this shard before anything is created).
+  // Init's limits, job and session (SessionTable::Verify): an Init without
+  // a session is refused PERMISSION_DENIED ("register first") and creates
+  // nothing; a newer run's session starts that run on this shard before
+  // anything is created.
   absl::Status CheckInit(const proto::InitRequest& request);
   // CheckInit, then the store's Init: created (true) or matched (false).
   absl::StatusOr<bool> Init(const proto::InitRequest& request);

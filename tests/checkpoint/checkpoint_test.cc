@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "server/shard_store.h"
 
@@ -66,6 +67,10 @@ ShardCheckpoint MakeCheckpoint(int shard, uint64_t version) {
   b.pushed = {0, 0, 0};
 
   c.slots = {a, b};
+  // Rank 0 live, rank 1 gave its session back, rank 2 only handed out.
+  c.sessions = {
+      {1700000000500, false, true}, {1700000000400, true, true}, {1700000000600, false, false}};
+  c.session_epoch_floor = 1700000000100;
   return c;
 }
 
@@ -94,6 +99,13 @@ void RequireSame(const ShardCheckpoint& x, const ShardCheckpoint& y) {
     REQUIRE(BitwiseEqual(a.optimizer_second, b.optimizer_second));
     REQUIRE(a.optimizer_steps == b.optimizer_steps);
     REQUIRE(a.pushed == b.pushed);
+  }
+  REQUIRE(x.session_epoch_floor == y.session_epoch_floor);
+  REQUIRE(x.sessions.size() == y.sessions.size());
+  for (size_t rank = 0; rank < x.sessions.size(); ++rank) {
+    REQUIRE(x.sessions[rank].epoch == y.sessions[rank].epoch);
+    REQUIRE(x.sessions[rank].released == y.sessions[rank].released);
+    REQUIRE(x.sessions[rank].heard == y.sessions[rank].heard);
   }
 }
 
@@ -256,12 +268,15 @@ TEST_CASE("a corrupt newest file falls back to the previous version", "[checkpoi
 }
 
 TEST_CASE("a file of another format version is refused", "[checkpoint]") {
-  // A well-formed file whose header names format version 3 (CRC recomputed).
+  // A well-formed file whose header names the next format version (CRC
+  // recomputed).
   std::string bytes = EncodeCheckpoint(MakeCheckpoint(0, 1));
-  bytes[8] = 3;
+  bytes[8] = static_cast<char>(kCheckpointFormatVersion + 1);
   auto decoded = DecodeCheckpoint(Reseal(bytes));
   REQUIRE(absl::IsFailedPrecondition(decoded.status()));
-  REQUIRE(std::string(decoded.status().message()).find("format version 3") != std::string::npos);
+  REQUIRE(std::string(decoded.status().message())
+              .find(absl::StrCat("format version ", kCheckpointFormatVersion + 1)) !=
+          std::string::npos);
 }
 
 TEST_CASE("all checkpoints corrupt is an error naming each file", "[checkpoint]") {
@@ -385,22 +400,68 @@ TEST_CASE("damaged lengths do not allocate or crash", "[checkpoint]") {
 namespace harrier {
 namespace {
 
-// A format-1 file of `c` (no optimizer kind), as the previous release wrote.
+// Removes `n` payload bytes at `at` from an encoded file, fixing the
+// header's payload size; the CRC is left for Reseal.
+void ErasePayload(std::string* bytes, size_t at, size_t n) {
+  bytes->erase(at, n);
+  uint64_t payload_size = 0;
+  for (int i = 0; i < 8; ++i) {
+    payload_size |= static_cast<uint64_t>(static_cast<unsigned char>((*bytes)[16 + i])) << (8 * i);
+  }
+  payload_size -= n;
+  for (int i = 0; i < 8; ++i)
+    (*bytes)[16 + i] = static_cast<char>((payload_size >> (8 * i)) & 0xff);
+}
+
+// A format-2 file of `c` (no sessions), as the previous release wrote.
+std::string FormatTwoFile(ShardCheckpoint c) {
+  c.sessions.clear();
+  c.session_epoch_floor = 0;
+  std::string bytes = EncodeCheckpoint(c);
+  // Format 3 ends the payload with the sessions: the epoch floor and the
+  // entry count (8 bytes each, here no entries), before the 4-byte CRC.
+  ErasePayload(&bytes, bytes.size() - 4 - 16, 16);
+  bytes[8] = 2;
+  return Reseal(bytes);
+}
+
+// A format-1 file of `c` (no optimizer kind, no sessions).
 std::string FormatOneFile(ShardCheckpoint c) {
   c.optimizer.clear();
-  std::string bytes = EncodeCheckpoint(c);
+  std::string bytes = FormatTwoFile(c);
   // Payload: shard, num_shards, num_workers (4 bytes each), sync (8-byte
   // length + bytes), then format 2's optimizer (8-byte length, here 0).
   const size_t header = 24, optimizer_at = header + 12 + 8 + c.sync.size();
-  bytes.erase(optimizer_at, 8);
-  uint64_t payload_size = 0;
-  for (int i = 0; i < 8; ++i) {
-    payload_size |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[16 + i])) << (8 * i);
-  }
-  payload_size -= 8;
-  for (int i = 0; i < 8; ++i) bytes[16 + i] = static_cast<char>((payload_size >> (8 * i)) & 0xff);
+  ErasePayload(&bytes, optimizer_at, 8);
   bytes[8] = 1;
   return Reseal(bytes);
+}
+
+TEST_CASE("a checkpoint records the ranks' sessions; format 2 files load without them",
+          "[checkpoint]") {
+  auto decoded = DecodeCheckpoint(EncodeCheckpoint(MakeCheckpoint(0, 1)));
+  INFO(decoded.status().ToString());
+  REQUIRE(decoded.ok());
+  REQUIRE(decoded->sessions.size() == 3);
+  REQUIRE(decoded->sessions[1].released);
+  RequireSame(*decoded, MakeCheckpoint(0, 1));
+  auto old = DecodeCheckpoint(FormatTwoFile(MakeCheckpoint(0, 1)));
+  INFO(old.status().ToString());
+  REQUIRE(old.ok());
+  REQUIRE(old->sessions.empty());
+  REQUIRE(old->session_epoch_floor == 0);
+  ShardCheckpoint expected = MakeCheckpoint(0, 1);
+  expected.sessions.clear();
+  expected.session_epoch_floor = 0;
+  RequireSame(expected, *old);
+  // Sessions for another number of workers are neither written nor read.
+  ShardCheckpoint wrong = MakeCheckpoint(0, 1);
+  wrong.sessions.pop_back();
+  REQUIRE(absl::IsInvalidArgument(CheckCheckpointConsistency(wrong)));
+  auto refused = DecodeCheckpoint(EncodeCheckpoint(wrong));
+  REQUIRE(absl::IsDataLoss(refused.status()));
+  REQUIRE(std::string(refused.status().message()).find("2 rank sessions for 3 workers") !=
+          std::string::npos);
 }
 
 TEST_CASE("a checkpoint records its optimizer kind; format 1 files stay readable",
@@ -414,6 +475,8 @@ TEST_CASE("a checkpoint records its optimizer kind; format 1 files stay readable
   REQUIRE(old->optimizer.empty());
   ShardCheckpoint expected = MakeCheckpoint(0, 1);
   expected.optimizer.clear();
+  expected.sessions.clear();
+  expected.session_epoch_floor = 0;
   RequireSame(expected, *old);
 }
 

@@ -5,9 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <string>
 #include <thread>
@@ -57,11 +59,11 @@ class RawShard {
 
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
 
-  grpc::Status Push(const proto::TensorChunk& chunk) {
+  grpc::Status Push(const proto::TensorChunk& chunk, proto::PushResponse* response = nullptr) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    proto::PushResponse response;
-    auto writer = stub_->Push(&context, &response);
+    proto::PushResponse ignored;
+    auto writer = stub_->Push(&context, response != nullptr ? response : &ignored);
     writer->Write(chunk);
     writer->WritesDone();
     return writer->Finish();
@@ -71,6 +73,14 @@ class RawShard {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     proto::HeartbeatResponse response;
     return stub_->Heartbeat(&context, request, &response);
+  }
+  grpc::Status Init(const proto::InitRequest& request, bool* created = nullptr) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::InitResponse response;
+    const grpc::Status status = stub_->Init(&context, request, &response);
+    if (created != nullptr) *created = response.created();
+    return status;
   }
   grpc::Status Leave(const proto::LeaveRequest& request) {
     grpc::ClientContext context;
@@ -99,6 +109,23 @@ proto::TensorChunk Gradient(uint32_t rank, int64_t clock, float value,
                                   values.size() * sizeof(float));
   chunk.set_checksum(Crc32c(chunk.payload().data(), chunk.payload().size()));
   return chunk;
+}
+
+// `session` null: the request carries none at all (not even an empty one).
+proto::InitRequest Creation(uint32_t rank, const std::string& key, const proto::Session* session) {
+  std::vector<float> values(kElements, 7.0f);
+  proto::InitRequest request;
+  request.set_job("harrier");
+  request.set_rank(rank);
+  if (session != nullptr) *request.mutable_session() = *session;
+  request.set_key(key);
+  request.add_shape(kElements);
+  request.set_num_elements(kElements);
+  request.set_dtype(proto::DTYPE_FLOAT32);
+  request.mutable_initial_values()->assign(reinterpret_cast<const char*>(values.data()),
+                                           values.size() * sizeof(float));
+  request.set_checksum(Crc32c(request.initial_values().data(), request.initial_values().size()));
+  return request;
 }
 
 proto::Session Forged(const proto::Session& real) {
@@ -175,6 +202,27 @@ TEST_CASE("identity: a push from a rank that never registered is refused and cha
   REQUIRE(worker->Push("w", std::vector<float>(kElements, 1.0f)).ok());
   worker->Clock();
   REQUIRE(Pulled(*worker) != before);
+}
+
+TEST_CASE("identity: an Init without a session is refused and creates nothing") {
+  auto servers = testing::StartCluster(1, 2, {"--sync=asp", "--lr=1"});
+  REQUIRE(servers.ok());
+  RawShard shard((*servers)[0]->address());
+  bool created = true;
+  RequireDenied(shard.Init(Creation(1, "fresh", nullptr), &created),
+                "init 'fresh': rank 1: no session credential (register first)");
+  REQUIRE_FALSE(created);
+  const proto::Session forged = Forged(proto::Session());
+  RequireDenied(shard.Init(Creation(1, "fresh", &forged), &created),
+                "rank 1: bad session credential");
+  // Registered, the same Init creates the tensor: the refused ones had not.
+  testing::Sessions control(shard.channel());
+  const proto::Session session = control.For(1);
+  REQUIRE_FALSE(session.credential().empty());
+  REQUIRE(shard.Init(Creation(1, "fresh", &session), &created).ok());
+  REQUIRE(created);
+  REQUIRE(shard.Init(Creation(1, "fresh", &session), &created).ok());
+  REQUIRE_FALSE(created);
 }
 
 TEST_CASE("identity: a message of another job is refused, naming both jobs") {
@@ -286,6 +334,76 @@ TEST_CASE("identity: a re-registered rank gets a new epoch, and the old one is r
   leave.set_rank(0);
   *leave.mutable_session() = first.session();
   RequireDenied(shard1.Leave(leave), "was replaced by epoch");
+}
+
+TEST_CASE("identity: a shard restarted from its checkpoint still refuses a replaced epoch") {
+  const std::string dir = testing::TempDir() + "/sessions-restart";
+  std::filesystem::remove_all(dir);
+  // No periodic checkpoint: the test writes the one the restart reads.
+  const std::vector<std::string> flags = {"--shard=0",
+                                          "--num_shards=1",
+                                          "--num_workers=1",
+                                          "--sync=asp",
+                                          "--lr=1",
+                                          absl::StrCat("--port=", testing::FreePort()),
+                                          "--checkpoint_dir=" + dir,
+                                          "--resume",
+                                          "--checkpoint_every_s=0"};
+  auto server = testing::ServerProcess::Start(flags);
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  const std::string address = (*server)->address();
+  RawShard shard(address);
+  testing::Sessions control(shard.channel());
+  proto::RegisterResponse first, second;
+  REQUIRE(control.Register(0, &first).ok());
+  const proto::Session epoch_a = first.session();
+  bool created = false;
+  REQUIRE(shard.Init(Creation(0, "w", &epoch_a), &created).ok());
+  REQUIRE(created);
+  REQUIRE(shard.Push(Gradient(0, 0, 1.0f, epoch_a)).ok());
+  // The worker re-registers (epoch B); its old process keeps epoch A.
+  REQUIRE(control.Register(0, &second, &epoch_a).ok());
+  const proto::Session epoch_b = second.session();
+  REQUIRE(epoch_b.epoch() > epoch_a.epoch());
+  REQUIRE(shard.Push(Gradient(0, 1, 1.0f, epoch_b)).ok());
+  const std::string replaced = absl::StrCat("rank 0: session epoch ", epoch_a.epoch(),
+                                            " was replaced by epoch ", epoch_b.epoch());
+  RequireDenied(shard.Push(Gradient(0, 2, 1.0f, epoch_a)), replaced);
+
+  {
+    auto admin = proto::AdminService::NewStub(shard.channel());
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::CheckpointResponse written;
+    const grpc::Status status = admin->Checkpoint(&context, proto::CheckpointRequest(), &written);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+  }
+  (*server)->process().Signal(SIGKILL);
+  REQUIRE((*server)->process().WaitForExit(5000) >= 0);
+  server = testing::ServerProcess::Start(flags);
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+
+  // After the restart, as before it: epoch A is refused (on every call that
+  // names the rank), epoch B goes on where it was.
+  RawShard restarted(address);
+  RequireDenied(restarted.Push(Gradient(0, 2, 1.0f, epoch_a)), replaced);
+  proto::HeartbeatRequest heartbeat;
+  heartbeat.set_job("harrier");
+  heartbeat.set_rank(0);
+  *heartbeat.mutable_session() = epoch_a;
+  RequireDenied(restarted.Heartbeat(heartbeat), replaced);
+  RequireDenied(restarted.Init(Creation(0, "v", &epoch_a), &created), replaced);
+  proto::PushResponse applied;
+  const grpc::Status pushed = restarted.Push(Gradient(0, 2, 1.0f, epoch_b), &applied);
+  INFO(pushed.error_message());
+  REQUIRE(pushed.ok());
+  REQUIRE(applied.chunks_accepted() == 1);
+  REQUIRE(applied.chunks_duplicate() == 0);
+  *heartbeat.mutable_session() = epoch_b;
+  REQUIRE(restarted.Heartbeat(heartbeat).ok());
 }
 
 TEST_CASE("identity: a worker's rank is free again once it exits, not while it runs") {

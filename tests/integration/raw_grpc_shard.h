@@ -27,9 +27,10 @@ class RawGrpcShard {
         stub_(proto::ParameterService::NewStub(channel_)),
         sessions_(channel_) {}
 
-  grpc::Status Init(const proto::InitRequest& request) {
+  grpc::Status Init(proto::InitRequest request) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    sessions_.Attach(&request);  // the rank's session, as its worker sends it
     proto::InitResponse response;
     return stub_->Init(&context, request, &response);
   }

@@ -203,8 +203,12 @@ class RawShard {
     return context;
   }
 
+  // As rank 1 (the client holds rank 0), with its session when the token
+  // is right (a refused call needs none).
   grpc::Status Init(const std::string& token, const std::string& key, bool* created = nullptr) {
     proto::InitRequest request;
+    request.set_rank(1);
+    if (token == kToken) sessions_.Attach(&request);
     request.set_key(key);
     request.add_shape(kElements);
     request.set_num_elements(kElements);

@@ -150,5 +150,42 @@ TEST_CASE("session: a message of another job is refused naming both jobs") {
   REQUIRE(table.state(0).epoch == 0);
 }
 
+TEST_CASE("session: a restored table refuses the epochs its checkpoint had replaced") {
+  const std::string key = DeriveSessionKey("", "job");
+  SessionTable table("job", key, 3);
+  table.RaiseEpochFloor(40);
+  table.Restore(0, 50, /*released=*/false, /*heard=*/true);
+  table.Restore(1, 60, /*released=*/true, /*heard=*/true);
+  table.Restore(2, 70, /*released=*/false, /*heard=*/false);
+  table.Restore(7, 80, false, true);  // out of range: ignored
+  REQUIRE(table.max_epoch() == 70);
+  REQUIRE(table.epoch_floor() == 40);
+  table.RaiseEpochFloor(30);  // never lowered
+  REQUIRE(table.epoch_floor() == 40);
+
+  const absl::Status stale = table.Verify("job", 0, Minted(key, "job", 0, 49), "push");
+  REQUIRE(absl::IsPermissionDenied(stale));
+  REQUIRE(Contains(stale, "rank 0: session epoch 49 was replaced by epoch 50"));
+  // The restored epoch's credential is checked, then cached.
+  REQUIRE(absl::IsPermissionDenied(
+      table.Verify("job", 0, Minted(DeriveSessionKey("t", "job"), "job", 0, 50), "push")));
+  REQUIRE(table.Verify("job", 0, Minted(key, "job", 0, 50), "push").ok());
+  REQUIRE(table.Verify("job", 0, Minted(key, "job", 0, 50), "push").ok());
+
+  const SessionTable::RankState released = table.state(1);
+  REQUIRE(released.epoch == 60);
+  REQUIRE(released.released);
+  REQUIRE(released.heard);
+  const SessionTable::RankState handed_out = table.state(2);
+  REQUIRE(handed_out.epoch == 70);
+  REQUIRE_FALSE(handed_out.heard);
+  REQUIRE(handed_out.issued);
+  // A live restored session is ended by its holder only.
+  const absl::Status takeover = table.VerifyHolder("job", 0, Minted(key, "job", 0, 51), "leave",
+                                                   std::chrono::milliseconds(60000));
+  REQUIRE(absl::IsPermissionDenied(takeover));
+  REQUIRE(Contains(takeover, "only the worker holding that session may end it"));
+}
+
 }  // namespace
 }  // namespace harrier

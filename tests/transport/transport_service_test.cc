@@ -137,10 +137,13 @@ bool AwaitBlockedPulls(int metrics_port, int n, milliseconds timeout) {
   return true;
 }
 
-// Creates "w" over gRPC, as a worker's registration does.
-void InitOverGrpc(proto::ParameterService::Stub& stub) {
+// Creates "w" over gRPC with rank 0's session, as a worker's registration
+// does.
+void InitOverGrpc(proto::ParameterService::Stub& stub, testing::Sessions& sessions) {
   std::vector<float> zeros(kElements, 0.0f);
   proto::InitRequest init;
+  init.set_rank(0);
+  sessions.Attach(&init);
   init.set_key("w");
   init.add_shape(kElements);
   init.set_num_elements(kElements);
@@ -148,8 +151,11 @@ void InitOverGrpc(proto::ParameterService::Stub& stub) {
   init.set_initial_values(std::string(reinterpret_cast<const char*>(zeros.data()), kElements * 4));
   init.set_checksum(Crc32c(init.initial_values().data(), kElements * 4));
   grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   proto::InitResponse created;
-  REQUIRE(stub.Init(&context, init, &created).ok());
+  const grpc::Status status = stub.Init(&context, init, &created);
+  INFO(status.error_message());
+  REQUIRE(status.ok());
 }
 
 // Under BSP with 2 workers, clock 1 waits for both workers' first push:
@@ -177,7 +183,7 @@ struct BspShard {
     auto channel = grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials());
     stub = proto::ParameterService::NewStub(channel);
     sessions = std::make_unique<testing::Sessions>(channel);
-    InitOverGrpc(*stub);
+    InitOverGrpc(*stub, *sessions);
   }
 
   const int metrics_port = testing::FreePort();
