@@ -60,10 +60,19 @@ class DataCall : public Reactor {
   ShardService::Call call_;
 };
 
-// One received push chunk. `slices` own the bytes `payload` points into,
-// or `aligned` does when the payload had to be made contiguous (the slices
-// are then let go: the header is decoded, nothing else refers to them).
+// One received push chunk. `message` owns the bytes `payload` points into,
+// or `aligned` does when the payload had to be made contiguous (the message
+// is then let go: the header is decoded, nothing else refers to it).
+// `slices` are views of the message's slices, each a reference of its own.
+//
+// The message, not the slices, holds the last reference: gRPC gives the
+// memory back to its resource quota when the last one goes, and under a
+// full quota that must run inside gRPC's execution context, which
+// grpc::ByteBuffer's release sets up and a bare grpc::Slice's does not (a
+// shard under memory pressure crashed in gRPC's reclaimer so, from a
+// callback thread). Declared first, so the slices go before it.
 struct ReceivedChunk {
+  grpc::ByteBuffer message;
   std::vector<grpc::Slice> slices;
   proto::TensorChunk header;
   absl::string_view payload;
@@ -128,10 +137,10 @@ class PushReader : public Base {
     const uint64_t message_bytes = buffer_.Length();
     if (auto status = Reserve(message_bytes); !status.ok()) return status;
     ReceivedChunk& chunk = chunks_.emplace_back();
-    if (!buffer_.Dump(&chunk.slices).ok()) {
+    chunk.message.Swap(&buffer_);
+    if (!chunk.message.Dump(&chunk.slices).ok()) {
       return absl::InvalidArgumentError("unreadable TensorChunk message");
     }
-    buffer_.Clear();
     PayloadView payload;
     if (auto status = DecodeChunk(chunk.slices, &chunk.header, &payload); !status.ok()) {
       return status;
@@ -148,34 +157,22 @@ class PushReader : public Base {
       chunk.payload = first;
       return absl::OkStatus();
     }
-    // Copied into aligned memory slice by slice, each slice let go once
-    // copied: the call holds the payload once (plus one slice), which is
-    // what the budget charged, never the slices and the copy together.
+    // Copied into aligned memory, then the message is let go: the call
+    // holds the payload once (twice only while this one message is copied),
+    // which is what the budget charged, never the message and the copy
+    // together.
     chunk.aligned =
         std::make_unique<float[]>((payload.size() + sizeof(float) - 1) / sizeof(float));
-    CopyReleasingSlices(payload, &chunk.slices, reinterpret_cast<char*>(chunk.aligned.get()));
-    chunk.payload =
-        absl::string_view(reinterpret_cast<const char*>(chunk.aligned.get()), payload.size());
-    return absl::OkStatus();
-  }
-
-  // Copies `payload` (pieces of `slices`, in order) to `dest`, dropping each
-  // slice as soon as nothing more is copied from it; all are gone after.
-  static void CopyReleasingSlices(const PayloadView& payload, std::vector<grpc::Slice>* slices,
-                                  char* dest) {
-    size_t next_slice = 0;
-    auto within = [](const grpc::Slice& slice, const char* at) {
-      const char* begin = reinterpret_cast<const char*>(slice.begin());
-      return at >= begin && at < begin + slice.size();
-    };
+    char* dest = reinterpret_cast<char*>(chunk.aligned.get());
     for (absl::string_view piece : payload.pieces()) {
-      while (next_slice < slices->size() && !within((*slices)[next_slice], piece.data())) {
-        (*slices)[next_slice++] = grpc::Slice();
-      }
       std::memcpy(dest, piece.data(), piece.size());
       dest += piece.size();
     }
-    slices->clear();
+    chunk.slices.clear();
+    chunk.message.Clear();
+    chunk.payload =
+        absl::string_view(reinterpret_cast<const char*>(chunk.aligned.get()), payload.size());
+    return absl::OkStatus();
   }
 
   // The service's BufferBudget for this connection, and what the call holds
