@@ -41,12 +41,14 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/flags.h"
 #include "common/crc32c.h"
 #include "common/grpc_limits.h"
 #include "common/json.h"
+#include "common/request_limits.h"
 #include "proto/harrier.grpc.pb.h"
 #include "tests/integration/raw_http2.h"
 #include "tests/integration/server_process.h"
@@ -67,6 +69,9 @@ ABSL_FLAG(int64_t, max_parked_pull_bytes, int64_t{16} << 20,
 ABSL_FLAG(int64_t, max_probe_bytes_in_flight, int64_t{32} << 20,
           "The shard's --max_probe_bytes_in_flight.");
 ABSL_FLAG(int64_t, grpc_memory_bytes, int64_t{256} << 20, "The shard's --grpc_memory_bytes.");
+ABSL_FLAG(std::string, attacks, "all",
+          "The attacks to run at once, comma-separated: push_streams, unary_no_token, probes, "
+          "parked_pulls, oversized, many_chunks; \"all\" for every one.");
 ABSL_FLAG(int, constant_mb, 256,
           "The allowance beyond the budgets, in MiB: what no budget names (gRPC's threads and "
           "per-connection state, replies being written, allocator slack) on top of the "
@@ -85,7 +90,7 @@ constexpr const char* kUsage =
     "  One shard with low budgets, a worker pushing and pulling a 4 MiB tensor alone and then\n"
     "  while every attack on the shard's memory runs at once; prints one JSON line (RSS,\n"
     "  budgets, steps/s, refusals per attack, verdict). About 2 x --seconds + 10 s.\n"
-    "  --seconds=15 --sync=bsp|asp --job_token=true --constant_mb=256\n"
+    "  --seconds=15 --sync=bsp|asp --job_token=true --constant_mb=256 --attacks=all\n"
     "  --max_buffered_bytes --max_connection_bytes --max_request_bytes\n"
     "  --max_parked_pull_bytes --max_probe_bytes_in_flight --grpc_memory_bytes\n";
 
@@ -345,79 +350,103 @@ void AttackProbes(const Shard& shard, absl::Time end, Tally& tally) {
   }
 }
 
-// Rank 1's pulls for a clock far ahead: parked under BSP until their
-// deadline (3 s), or refused once --max_parked_pull_bytes is full.
+// Rank 1's pulls for a clock far ahead, 256 chunks each with a 256-byte
+// codec spec (70 KiB a request), 400 at a time on one connection: parked
+// under BSP until their deadline (3 s), or refused once
+// --max_parked_pull_bytes is full.
 void AttackParkedPulls(const Shard& shard, testing::Sessions& sessions, int connection,
                        absl::Time end, Tally& tally) {
   auto stub = proto::ParameterService::NewStub(OwnChannel(shard, connection));
-  const proto::PullRequest request = PullOf(sessions, int64_t{1} << 40, 16);
+  proto::PullRequest request = PullOf(sessions, int64_t{1} << 40, kMaxChunksPerCall);
+  std::string spec = "topk:ratio=0.01";
+  spec.resize(kMaxCodecSpecBytes, '0');
+  for (proto::ChunkRef& ref : *request.mutable_chunks()) ref.set_codec_params(spec);
+  constexpr int kAtOnce = 400;
+  struct Call {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientAsyncReader<proto::TensorChunk>> reader;
+    grpc::Status status;
+  };
   while (absl::Now() < end) {
-    tally.Count("parked_pulls",
-                RunPull(*stub, shard, request, std::min(end, absl::Now() + absl::Seconds(3))));
+    grpc::CompletionQueue queue;
+    std::vector<std::unique_ptr<Call>> calls;
+    for (int i = 0; i < kAtOnce; ++i) {
+      auto call = std::make_unique<Call>();
+      Prepare(&call->context, shard, std::min(end, absl::Now() + absl::Seconds(3)));
+      call->reader = stub->PrepareAsyncPull(&call->context, request, &queue);
+      call->reader->StartCall(reinterpret_cast<void*>(uintptr_t{2} * i));
+      call->reader->Finish(&call->status, reinterpret_cast<void*>(uintptr_t{2} * i + 1));
+      calls.push_back(std::move(call));
+    }
+    int finished = 0;
+    void* tag = nullptr;
+    bool ok = false;
+    while (finished < kAtOnce && queue.Next(&tag, &ok)) {
+      const uintptr_t value = reinterpret_cast<uintptr_t>(tag);
+      if (value % 2 == 1) {
+        tally.Count("parked_pulls", calls[value / 2]->status);
+        ++finished;
+      }
+    }
+    queue.Shutdown();
+    while (queue.Next(&tag, &ok)) {
+    }
   }
 }
 
-// Strings and lists over their limits, 16 MiB each, in turn.
+// Strings and lists over their limits, 16 MiB each, in turn (the requests
+// are built once: the bench's own CPU is not the attack).
 void AttackOversized(const Shard& shard, testing::Sessions& sessions, absl::Time end,
                      Tally& tally) {
   auto channel = OwnChannel(shard, 3);
   auto parameters = proto::ParameterService::NewStub(channel);
   auto control = proto::ControlService::NewStub(channel);
   const std::string hostile(16 * kMiB, 'k');
+  proto::InitRequest long_name;
+  long_name.set_rank(1);
+  sessions.Attach(&long_name);
+  long_name.set_key(hostile);
+  long_name.add_shape(4);
+  long_name.set_num_elements(4);
+  long_name.set_dtype(proto::DTYPE_FLOAT32);
+  long_name.mutable_initial_values()->assign(16, '\0');
+  proto::InitRequest wide_shape = long_name;
+  wide_shape.set_key("wide");
+  wide_shape.clear_shape();
+  for (int i = 0; i < (4 << 20); ++i) wide_shape.add_shape(1);
+  wide_shape.set_num_elements(1);
+  wide_shape.mutable_initial_values()->assign(4, '\0');
+  proto::PullRequest long_spec = PullOf(sessions, 0, 1);
+  long_spec.mutable_chunks(0)->set_codec_params(hostile);
+  proto::BarrierRequest long_barrier;
+  long_barrier.set_rank(1);
+  sessions.Attach(&long_barrier);
+  long_barrier.set_name(hostile);
+  proto::RegisterRequest long_worker;
+  long_worker.set_job(sessions.job());
+  long_worker.set_requested_rank(-1);
+  long_worker.set_worker_name(hostile);
+  auto deadline = [] { return absl::Now() + absl::Seconds(10); };
   while (absl::Now() < end) {
-    {
-      proto::InitRequest request;
-      request.set_rank(1);
-      sessions.Attach(&request);
-      request.set_key(hostile);
-      request.add_shape(4);
-      request.set_num_elements(4);
-      request.set_dtype(proto::DTYPE_FLOAT32);
-      request.mutable_initial_values()->assign(16, '\0');
+    for (const proto::InitRequest* request : {&long_name, &wide_shape}) {
       grpc::ClientContext context;
-      Prepare(&context, shard, absl::Now() + absl::Seconds(10));
+      Prepare(&context, shard, deadline());
       proto::InitResponse response;
-      tally.Count("oversized_tensor_name", parameters->Init(&context, request, &response));
+      tally.Count(request == &long_name ? "oversized_tensor_name" : "oversized_shape",
+                  parameters->Init(&context, *request, &response));
     }
+    tally.Count("oversized_codec_spec", RunPull(*parameters, shard, long_spec, deadline()));
     {
-      proto::InitRequest request;
-      request.set_rank(1);
-      sessions.Attach(&request);
-      request.set_key("wide");
-      for (int i = 0; i < (4 << 20); ++i) request.add_shape(1);
-      request.set_num_elements(1);
-      request.set_dtype(proto::DTYPE_FLOAT32);
-      request.mutable_initial_values()->assign(4, '\0');
       grpc::ClientContext context;
-      Prepare(&context, shard, absl::Now() + absl::Seconds(10));
-      proto::InitResponse response;
-      tally.Count("oversized_shape", parameters->Init(&context, request, &response));
-    }
-    {
-      proto::PullRequest request = PullOf(sessions, 0, 1);
-      request.mutable_chunks(0)->set_codec_params(hostile);
-      tally.Count("oversized_codec_spec",
-                  RunPull(*parameters, shard, request, absl::Now() + absl::Seconds(10)));
-    }
-    {
-      proto::BarrierRequest request;
-      request.set_rank(1);
-      sessions.Attach(&request);
-      request.set_name(hostile);
-      grpc::ClientContext context;
-      Prepare(&context, shard, absl::Now() + absl::Seconds(10));
+      Prepare(&context, shard, deadline());
       proto::BarrierResponse response;
-      tally.Count("oversized_barrier_name", control->Barrier(&context, request, &response));
+      tally.Count("oversized_barrier_name", control->Barrier(&context, long_barrier, &response));
     }
     {
-      proto::RegisterRequest request;
-      request.set_job(sessions.job());
-      request.set_requested_rank(-1);
-      request.set_worker_name(hostile);
       grpc::ClientContext context;
-      Prepare(&context, shard, absl::Now() + absl::Seconds(10));
+      Prepare(&context, shard, deadline());
       proto::RegisterResponse response;
-      tally.Count("oversized_worker_name", control->Register(&context, request, &response));
+      tally.Count("oversized_worker_name", control->Register(&context, long_worker, &response));
     }
   }
 }
@@ -439,28 +468,34 @@ struct Phase {
   int64_t steps = 0;
   int64_t failed_calls = 0;
   double seconds = 0;
+  bool stalled = false;  // a call still failed 30 s after the phase's end
 };
 
-// Rank 0's loop for `seconds`: push, clock, pull; a refused call is retried.
+// Rank 0's loop for `seconds`: push, clock, pull; a refused call is retried
+// until 30 s past the phase's end (then the phase ends as stalled).
 Phase RunWorker(Client& client, int seconds) {
   Phase phase;
   std::vector<float> gradient(kElements, 0.001f);
   std::vector<float> values(kElements);
   const absl::Time start = absl::Now();
   const absl::Time end = start + absl::Seconds(seconds);
+  const absl::Time give_up = end + absl::Seconds(30);
+  auto retried = [&](auto call) {
+    while (!call().ok()) {
+      ++phase.failed_calls;
+      if (absl::Now() > give_up) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  };
   while (absl::Now() < end) {
-    while (!client.Push("w", gradient).ok()) {
-      ++phase.failed_calls;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    if (!retried([&] { return client.Push("w", gradient); })) break;
     client.Clock();
-    while (!client.Pull("w", absl::MakeSpan(values)).ok()) {
-      ++phase.failed_calls;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    if (!retried([&] { return client.Pull("w", absl::MakeSpan(values)); })) break;
     ++phase.steps;
   }
   phase.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  phase.stalled = absl::Now() > give_up;
   return phase;
 }
 
@@ -523,23 +558,38 @@ int Run() {
   const Phase alone = RunWorker(**client, seconds);
   const int64_t rss_baseline = rss.ResetPeak();
 
+  const std::string attacks = absl::GetFlag(FLAGS_attacks);
+  const std::vector<std::string> chosen = absl::StrSplit(attacks, ',');
+  auto on = [&](const std::string& name) {
+    return attacks == "all" || std::find(chosen.begin(), chosen.end(), name) != chosen.end();
+  };
   Tally tally;
   const absl::Time end = absl::Now() + absl::Seconds(seconds);
   std::vector<std::thread> attackers;
   for (int connection : {10, 11}) {
+    if (!on("push_streams")) break;
     attackers.emplace_back([&, connection] { AttackPushStreams(shard, connection, end, tally); });
   }
-  attackers.emplace_back([&] { AttackUnaryWithoutToken(shard, end, tally); });
-  attackers.emplace_back([&] { AttackProbes(shard, end, tally); });
-  for (int connection : {20, 21, 22, 23}) {
+  if (on("unary_no_token")) {
+    attackers.emplace_back([&] { AttackUnaryWithoutToken(shard, end, tally); });
+  }
+  if (on("probes")) attackers.emplace_back([&] { AttackProbes(shard, end, tally); });
+  for (int connection : {20, 21}) {
+    if (!on("parked_pulls")) break;
     attackers.emplace_back(
         [&, connection] { AttackParkedPulls(shard, sessions, connection, end, tally); });
   }
-  attackers.emplace_back([&] { AttackOversized(shard, sessions, end, tally); });
-  attackers.emplace_back([&] { AttackManyChunks(shard, sessions, end, tally); });
+  if (on("oversized")) {
+    attackers.emplace_back([&] { AttackOversized(shard, sessions, end, tally); });
+  }
+  if (on("many_chunks")) {
+    attackers.emplace_back([&] { AttackManyChunks(shard, sessions, end, tally); });
+  }
   const Phase attacked = RunWorker(**client, seconds);
   for (std::thread& attacker : attackers) attacker.join();
   const int64_t rss_peak = rss.ResetPeak();
+  // Exited (crashed) under attack: its exit status, else -1.
+  const int shard_exit = (*server)->process().WaitForExit(0);
   // The partner's last pull waits for a push of rank 0 that never comes:
   // it ends at its 2 s deadline.
   stop_partner = true;
@@ -558,6 +608,7 @@ int Run() {
       {"sync", absl::GetFlag(FLAGS_sync)},
       {"job_token", !shard.token.empty()},
       {"seconds", seconds},
+      {"attacks", attacks},
       {"rss_idle_mb", Mib(rss_idle)},
       {"rss_baseline_mb", Mib(rss_baseline)},
       {"rss_peak_mb", Mib(rss_peak)},
@@ -570,10 +621,13 @@ int Run() {
       {"ratio", RoundTo(ratio, 3)},
       {"worker_failed_calls_unattacked", alone.failed_calls},
       {"worker_failed_calls_attacked", attacked.failed_calls},
+      {"shard_exit_status", shard_exit},
+      {"worker_stalled", alone.stalled || attacked.stalled},
       {"partner_failed_calls", partner_failures.load()},
       {"refusals", tally.ToJson()},
       {"shard_log", log_path},
-      {"verdict", rss_within && ratio >= 0.5 ? "pass" : "fail"},
+      {"verdict",
+       shard_exit < 0 && rss_within && ratio >= 0.5 && !attacked.stalled ? "pass" : "fail"},
   };
   std::printf("%s\n", DumpJson(json).c_str());
   return 0;
@@ -598,7 +652,7 @@ int main(int argc, char** argv) {
           argc, argv, harrier::bench::kUsage,
           {"seconds", "sync", "job_token", "max_buffered_bytes", "max_connection_bytes",
            "max_request_bytes", "max_parked_pull_bytes", "max_probe_bytes_in_flight",
-           "grpc_memory_bytes", "constant_mb"})) {
+           "grpc_memory_bytes", "constant_mb", "attacks"})) {
     return *exit_code;
   }
   harrier::bench::UseOwnRunfiles(argv[0]);
