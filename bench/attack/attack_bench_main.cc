@@ -61,8 +61,7 @@ ABSL_FLAG(bool, job_token, true,
           "Start the shard with a job token (--auth_token_file); the worker and the insiders' "
           "attacks hold it, the unary_no_token attack does not.");
 ABSL_FLAG(int64_t, max_buffered_bytes, int64_t{128} << 20, "The shard's --max_buffered_bytes.");
-ABSL_FLAG(int64_t, max_connection_bytes, int64_t{64} << 20,
-          "The shard's --max_connection_bytes.");
+ABSL_FLAG(int64_t, max_connection_bytes, int64_t{64} << 20, "The shard's --max_connection_bytes.");
 ABSL_FLAG(int64_t, max_request_bytes, int64_t{64} << 20, "The shard's --max_request_bytes.");
 ABSL_FLAG(int64_t, max_parked_pull_bytes, int64_t{16} << 20,
           "The shard's --max_parked_pull_bytes.");
@@ -114,19 +113,32 @@ class Tally {
   }
   static std::string CodeName(grpc::StatusCode code) {
     switch (code) {
-      case grpc::StatusCode::OK: return "OK";
-      case grpc::StatusCode::CANCELLED: return "CANCELLED";
-      case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-      case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-      case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-      case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-      case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-      case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-      case grpc::StatusCode::ABORTED: return "ABORTED";
-      case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-      case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-      case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-      default: return absl::StrCat("CODE_", static_cast<int>(code));
+      case grpc::StatusCode::OK:
+        return "OK";
+      case grpc::StatusCode::CANCELLED:
+        return "CANCELLED";
+      case grpc::StatusCode::INVALID_ARGUMENT:
+        return "INVALID_ARGUMENT";
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        return "DEADLINE_EXCEEDED";
+      case grpc::StatusCode::NOT_FOUND:
+        return "NOT_FOUND";
+      case grpc::StatusCode::PERMISSION_DENIED:
+        return "PERMISSION_DENIED";
+      case grpc::StatusCode::RESOURCE_EXHAUSTED:
+        return "RESOURCE_EXHAUSTED";
+      case grpc::StatusCode::FAILED_PRECONDITION:
+        return "FAILED_PRECONDITION";
+      case grpc::StatusCode::ABORTED:
+        return "ABORTED";
+      case grpc::StatusCode::OUT_OF_RANGE:
+        return "OUT_OF_RANGE";
+      case grpc::StatusCode::UNAVAILABLE:
+        return "UNAVAILABLE";
+      case grpc::StatusCode::UNAUTHENTICATED:
+        return "UNAUTHENTICATED";
+      default:
+        return absl::StrCat("CODE_", static_cast<int>(code));
     }
   }
 
@@ -253,8 +265,8 @@ void RunPartner(const Shard& shard, testing::Sessions& sessions, const std::atom
       }
     }
     for (bool pulled = false; !pulled && !stop;) {
-      pulled =
-          RunPull(*stub, shard, PullOf(sessions, clock + 1, 1), absl::Now() + absl::Seconds(2)).ok();
+      pulled = RunPull(*stub, shard, PullOf(sessions, clock + 1, 1), absl::Now() + absl::Seconds(2))
+                   .ok();
       if (!pulled) {
         ++failures;
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -331,8 +343,8 @@ void AttackProbes(const Shard& shard, absl::Time end, Tally& tally) {
   std::vector<std::unique_ptr<testing::RawHttp2Connection>> readers_of_nothing;
   for (int i = 0; i < 16 && absl::Now() < end; ++i) {
     auto connection = testing::RawHttp2Connection::Connect(shard.port, absl::Seconds(5));
-    if (connection == nullptr || !connection->OpenStream(1, "/harrier.proto.AdminService/Probe",
-                                                         metadata)) {
+    if (connection == nullptr ||
+        !connection->OpenStream(1, "/harrier.proto.AdminService/Probe", metadata)) {
       tally.Count("probes_unread", "connect_failed");
       continue;
     }
@@ -523,7 +535,8 @@ int Run() {
     flags.push_back("--auth_token_file=" + path);
     shard.token = kToken;
   }
-  const std::string log_path = absl::StrCat(testing::TempDir(), "/attack_bench_shard_", getpid(), ".log");
+  const std::string log_path =
+      absl::StrCat(testing::TempDir(), "/attack_bench_shard_", getpid(), ".log");
   flags.insert(flags.begin(), {"--shard=0", "--num_shards=1", "--num_workers=2"});
   auto server = testing::ServerProcess::Start(flags, log_path);
   if (!server.ok()) {
@@ -550,8 +563,7 @@ int Run() {
   testing::Sessions sessions(OwnChannel(shard, 0), "harrier", shard.token);
   std::atomic<bool> stop_partner{false};
   std::atomic<int64_t> partner_failures{0};
-  std::thread partner(
-      [&] { RunPartner(shard, sessions, stop_partner, partner_failures); });
+  std::thread partner([&] { RunPartner(shard, sessions, stop_partner, partner_failures); });
 
   RunWorker(**client, 1);  // warm-up
   rss.ResetPeak();
