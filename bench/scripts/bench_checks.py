@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Bench checks: the speed, rate and ranking checks that need a quiet machine.
 
-usage: bench/scripts/bench_checks.sh [links|overlap|advisor|all ...]
+usage: bench/scripts/bench_checks.sh [links|overlap|advisor|attack|all ...]
            [--bin_dir=bazel-bin] [--work_dir=DIR] [--help]
 
 CI (./deploy/test.sh) asserts only what a loaded machine keeps: values,
@@ -26,10 +26,17 @@ Exits 0 when nothing failed, 1 otherwise, 2 on a usage error.
            advice_rank_check.py: the advisor's pick among the 3 fastest
            measured runs on each link, or within 10 % of the third (a miss
            is measured once more).                           (root, ~2 min)
+  attack   bench/attack's harrier-attack-bench (job token, BSP, 15 s per
+           phase): the shard's peak RSS under every memory attack at once
+           within its unattacked RSS + the budgets + 256 MiB, the shard
+           alive, and the worker's steps/s under attack at least half of
+           its steps/s alone (docs/performance.md, "The shard's memory
+           under attack").                                 (no root, ~40 s)
 
 Binaries come from --bin_dir (build them first: bazel build -c opt
 //bench:harrier-bench //bench/netem:measure-link //bench/advise:harrier-advise
-//server:harrier-server //worker:harrier-worker).
+//server:harrier-server //worker:harrier-worker
+//bench/attack:harrier-attack-bench).
 """
 import json
 import os
@@ -146,6 +153,20 @@ def check_advisor(checks, bin_dir, work_dir):
         checks.report(line.pop("check"), verdict, **line)
 
 
+def check_attack(checks, bin_dir):
+    done = subprocess.run([os.path.join(bin_dir, "bench/attack/harrier-attack-bench"), "--seconds=15"],
+                          capture_output=True, text=True, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        sys.stderr.write(done.stderr[-4000:])
+        checks.report("attack", "fail", reason=f"harrier-attack-bench exited {done.returncode}")
+        return
+    line = json.loads(lines[-1])
+    verdict = line.pop("verdict")
+    checks.report("attack", verdict, **line,
+                  bound="rss_peak <= rss_baseline + budget_sum + constant; shard alive; ratio >= 0.5")
+
+
 def main(argv):
     bin_dir, work_dir, which = os.path.join(ROOT, "bazel-bin"), None, []
     for arg in argv[1:]:
@@ -156,20 +177,21 @@ def main(argv):
         elif arg in ("-h", "--help"):
             print(__doc__)
             return 0
-        elif arg in ("links", "overlap", "advisor", "all"):
-            which += ["links", "overlap", "advisor"] if arg == "all" else [arg]
+        elif arg in ("links", "overlap", "advisor", "attack", "all"):
+            which += ["links", "overlap", "advisor", "attack"] if arg == "all" else [arg]
         else:
             print(f"bench_checks: unknown argument {arg} (see --help)", file=sys.stderr)
             return 2
-    which = which or ["links", "overlap", "advisor"]
+    which = which or ["links", "overlap", "advisor", "attack"]
     checks = Checks()
-    if os.geteuid() != 0:
-        for name in which:
+    for name in dict.fromkeys(which):
+        if name == "attack":
+            check_attack(checks, bin_dir)
+        elif os.geteuid() != 0:
             checks.report(name, "not_checked", reason="needs root (network namespaces)")
-    else:
-        work_dir = work_dir or tempfile.mkdtemp(prefix="harrier-bench-checks.")
-        os.makedirs(work_dir, exist_ok=True)
-        for name in dict.fromkeys(which):
+        else:
+            work_dir = work_dir or tempfile.mkdtemp(prefix="harrier-bench-checks.")
+            os.makedirs(work_dir, exist_ok=True)
             {"links": lambda: check_links(checks, bin_dir),
              "overlap": lambda: check_overlap(checks, bin_dir, work_dir),
              "advisor": lambda: check_advisor(checks, bin_dir, work_dir)}[name]()

@@ -4,7 +4,7 @@
 # per check with a "verdict"; see bench_checks.py --help and
 # docs/experiments.md, "Bench checks".
 #
-#   sudo bench/scripts/bench_checks.sh [links|overlap|advisor|all ...] [--bin_dir=bazel-bin]
+#   sudo bench/scripts/bench_checks.sh [links|overlap|advisor|attack|all ...] [--bin_dir=bazel-bin]
 set -euo pipefail
 python=/usr/bin/python3
 [ -x "$python" ] || python=python3
