@@ -338,15 +338,19 @@ TEST_CASE("membership: departures, liveness and the failure of a job") {
 
   // Only ranks heard from once can be lost; each is reported once.
   REQUIRE(membership.FindLost(std::chrono::milliseconds(0), WorkerLossPolicy::kContinue).empty());
+  // Rank 0 silent for a second, rank 2 heard just now: a 500 ms timeout
+  // tells them apart even when a busy machine (or TSan) delays this thread
+  // between the calls by far more than an idle one would.
   membership.Heard(0);
   membership.Heard(2);
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   membership.Heard(2);
-  REQUIRE(membership.FindLost(std::chrono::milliseconds(4), WorkerLossPolicy::kFail) ==
+  REQUIRE(membership.FindLost(std::chrono::milliseconds(500), WorkerLossPolicy::kFail) ==
           std::vector<uint32_t>{0});
   REQUIRE(absl::IsAborted(membership.failure()));
   REQUIRE(std::string(membership.failure().message()).find("rank 0") != std::string::npos);
-  REQUIRE(membership.FindLost(std::chrono::milliseconds(4), WorkerLossPolicy::kFail).size() <= 1);
+  REQUIRE(membership.FindLost(std::chrono::milliseconds(500), WorkerLossPolicy::kFail).size() <=
+          1);
 }
 
 TEST_CASE("membership: present counts ranks that joined and neither left nor were lost") {
