@@ -122,20 +122,55 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   return absl::DeadlineExceededError("harrier-server did not write its port file");
 }
 
-int FreePort() {
+namespace {
+
+// The lowest port the kernel hands out to outgoing connections and bind(0):
+// a test port below it cannot be taken by another test's client between
+// FreePort() and the bind that uses it.
+int EphemeralLow() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  if (range >> low >> high && low > 12000) return low;
+  return 32768;
+}
+
+bool CanListen(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  const int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
   sockaddr_in address{};
   address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
+  address.sin_addr.s_addr = htonl(INADDR_ANY);  // servers may listen on 0.0.0.0
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                     listen(fd, 1) == 0;
   close(fd);
-  return port;
+  return bound;
+}
+
+}  // namespace
+
+int FreePort() {
+  // Picked at random below the ephemeral range, so neither a concurrent
+  // test's outgoing connection nor its bind(0) lands on it; two tests
+  // picking the same port at once is then a one-in-ten-thousand chance
+  // per pair, where a port from bind(0) was soon reused by some connect().
+  static std::atomic<uint64_t> sequence{0};
+  const int low = 10000, high = EphemeralLow();
+  uint64_t state = static_cast<uint64_t>(getpid()) * 0x9E3779B97F4A7C15ull ^
+                   static_cast<uint64_t>(
+                       std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                   (sequence.fetch_add(1) << 32);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    state += 0x9E3779B97F4A7C15ull;  // splitmix64
+    uint64_t mixed = (state ^ (state >> 30)) * 0xBF58476D1CE4E5B9ull;
+    mixed = (mixed ^ (mixed >> 27)) * 0x94D049BB133111EBull;
+    mixed ^= mixed >> 31;
+    const int port = low + static_cast<int>(mixed % static_cast<uint64_t>(high - low));
+    if (CanListen(port)) return port;
+  }
+  return 0;
 }
 
 std::string HttpGet(int port, const std::string& path) {

@@ -63,7 +63,8 @@ class ServerProcess {
 absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
     int num_shards, int num_workers, const std::vector<std::string>& extra_flags);
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port that was free a moment ago, below the kernel's ephemeral range
+// (so no outgoing connection takes it before the caller binds it).
 int FreePort();
 
 // The whole HTTP/1.1 response to GET `path` on 127.0.0.1:`port` ("" if none).
