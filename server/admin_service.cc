@@ -46,8 +46,7 @@ bool IsLoopbackPeer(absl::string_view peer) {
   return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
 }
 
-AdminServiceImpl::AdminServiceImpl(AdminHooks hooks, AdminAccess access,
-                                   NamedBudget* probe_budget)
+AdminServiceImpl::AdminServiceImpl(AdminHooks hooks, AdminAccess access, NamedBudget* probe_budget)
     : hooks_(std::move(hooks)),
       access_(std::move(access)),
       token_check_(access_.job_token),
@@ -70,11 +69,11 @@ grpc::Status AdminServiceImpl::CheckOperator(const grpc::ServerContext& context,
 }
 
 grpc::Status AdminServiceImpl::StreamedGetStatus(
-    grpc::ServerContext* context, Streamer<proto::StatusRequest, proto::StatusResponse>* streamer) {
+    grpc::ServerContext* context,
+    UnaryStreamer<proto::StatusRequest, proto::StatusResponse>* streamer) {
   if (auto status = CheckOperator(*context, "GetStatus"); !status.ok()) return status;
-  return ServeStreamedUnary(
-      token_check_, context, streamer,
-      [this](const proto::StatusRequest& request, proto::StatusResponse* response) {
+  return ServeAdmittedUnary(
+      streamer, [this](const proto::StatusRequest& request, proto::StatusResponse* response) {
         if (!hooks_.status) {
           return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard reports no status");
         }
@@ -86,11 +85,10 @@ grpc::Status AdminServiceImpl::StreamedGetStatus(
 
 grpc::Status AdminServiceImpl::StreamedCheckpoint(
     grpc::ServerContext* context,
-    Streamer<proto::CheckpointRequest, proto::CheckpointResponse>* streamer) {
+    UnaryStreamer<proto::CheckpointRequest, proto::CheckpointResponse>* streamer) {
   if (auto status = CheckOperator(*context, "Checkpoint"); !status.ok()) return status;
-  return ServeStreamedUnary(
-      token_check_, context, streamer,
-      [this](const proto::CheckpointRequest&, proto::CheckpointResponse* response) {
+  return ServeAdmittedUnary(
+      streamer, [this](const proto::CheckpointRequest&, proto::CheckpointResponse* response) {
         if (!hooks_.checkpoint) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                               "this shard writes no checkpoints (no --checkpoint_dir)");
@@ -104,11 +102,10 @@ grpc::Status AdminServiceImpl::StreamedCheckpoint(
 
 grpc::Status AdminServiceImpl::StreamedShutdown(
     grpc::ServerContext* context,
-    Streamer<proto::ShutdownRequest, proto::ShutdownResponse>* streamer) {
+    UnaryStreamer<proto::ShutdownRequest, proto::ShutdownResponse>* streamer) {
   if (auto status = CheckOperator(*context, "Shutdown"); !status.ok()) return status;
-  return ServeStreamedUnary(
-      token_check_, context, streamer,
-      [this](const proto::ShutdownRequest& request, proto::ShutdownResponse*) {
+  return ServeAdmittedUnary(
+      streamer, [this](const proto::ShutdownRequest& request, proto::ShutdownResponse*) {
         if (!hooks_.shutdown) {
           return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                               "this shard cannot be shut down remotely");
@@ -122,11 +119,11 @@ grpc::Status AdminServiceImpl::StreamedShutdown(
 }
 
 grpc::Status AdminServiceImpl::StreamedNewRun(
-    grpc::ServerContext* context, Streamer<proto::NewRunRequest, proto::NewRunResponse>* streamer) {
+    grpc::ServerContext* context,
+    UnaryStreamer<proto::NewRunRequest, proto::NewRunResponse>* streamer) {
   if (auto status = CheckOperator(*context, "NewRun"); !status.ok()) return status;
-  return ServeStreamedUnary(
-      token_check_, context, streamer,
-      [this](const proto::NewRunRequest& request, proto::NewRunResponse* response) {
+  return ServeAdmittedUnary(
+      streamer, [this](const proto::NewRunRequest& request, proto::NewRunResponse* response) {
         if (!hooks_.new_run) {
           return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this shard cannot change its run");
         }
@@ -138,17 +135,18 @@ grpc::Status AdminServiceImpl::StreamedNewRun(
 }
 
 grpc::Status AdminServiceImpl::StreamedProbe(
-    grpc::ServerContext* context, Streamer<proto::ProbeRequest, proto::ProbeResponse>* streamer) {
+    grpc::ServerContext* context,
+    UnaryStreamer<proto::ProbeRequest, proto::ProbeResponse>* streamer) {
   if (auto status = token_check_.Check(*context); !status.ok()) return status;
   proto::ProbeRequest request;
   if (!streamer->Read(&request)) {
     return grpc::Status(grpc::StatusCode::CANCELLED, "the request message did not arrive");
   }
   if (request.payload().size() > kMaxProbeBytes) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("probe payload of ", request.payload().size(),
-                                     " bytes is over the limit of ", kMaxProbeBytes,
-                                     " bytes (64 MiB)"));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("probe payload of ", request.payload().size(), " bytes is over the limit of ",
+                     kMaxProbeBytes, " bytes (64 MiB)"));
   }
   if (request.reply_bytes() > kMaxProbeReplyBytes) {
     return grpc::Status(

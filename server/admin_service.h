@@ -11,6 +11,7 @@
 #include "proto/harrier.grpc.pb.h"
 #include "server/job_token.h"
 #include "server/memory_account.h"
+#include "server/streamed_unary.h"
 
 namespace harrier {
 
@@ -77,28 +78,27 @@ class AdminServiceImpl final : public internal_admin_service::StreamedAdminServi
   // payload and reply while the call is in flight.
   AdminServiceImpl(AdminHooks hooks, AdminAccess access, NamedBudget* probe_budget = nullptr);
 
-  template <class Request, class Response>
-  using Streamer = grpc::ServerUnaryStreamer<Request, Response>;
   grpc::Status StreamedGetStatus(
       grpc::ServerContext* context,
-      Streamer<proto::StatusRequest, proto::StatusResponse>* streamer) override;
+      UnaryStreamer<proto::StatusRequest, proto::StatusResponse>* streamer) override;
   grpc::Status StreamedCheckpoint(
       grpc::ServerContext* context,
-      Streamer<proto::CheckpointRequest, proto::CheckpointResponse>* streamer) override;
+      UnaryStreamer<proto::CheckpointRequest, proto::CheckpointResponse>* streamer) override;
   grpc::Status StreamedShutdown(
       grpc::ServerContext* context,
-      Streamer<proto::ShutdownRequest, proto::ShutdownResponse>* streamer) override;
+      UnaryStreamer<proto::ShutdownRequest, proto::ShutdownResponse>* streamer) override;
   grpc::Status StreamedNewRun(
       grpc::ServerContext* context,
-      Streamer<proto::NewRunRequest, proto::NewRunResponse>* streamer) override;
+      UnaryStreamer<proto::NewRunRequest, proto::NewRunResponse>* streamer) override;
   // Token-checked; the payload is dropped unread and reply_bytes zero
   // bytes come back (at most kMaxProbeReplyBytes). Payload and reply are
   // charged to the probe budget until the reply is sent (a client that
   // does not read holds them): RESOURCE_EXHAUSTED naming
   // --max_probe_bytes_in_flight when full. No hook: it never touches the
   // shard's state.
-  grpc::Status StreamedProbe(grpc::ServerContext* context,
-                             Streamer<proto::ProbeRequest, proto::ProbeResponse>* streamer) override;
+  grpc::Status StreamedProbe(
+      grpc::ServerContext* context,
+      UnaryStreamer<proto::ProbeRequest, proto::ProbeResponse>* streamer) override;
 
  private:
   // The token, then (without one) the caller's host; `call` names the

@@ -44,7 +44,6 @@ class ControlServiceImpl::Wait final : public grpc::ServerUnaryReactor {
   const Clock::time_point expires_;
 };
 
-
 ControlServiceImpl::ControlServiceImpl(ControlOptions options)
     : options_(std::move(options)),
       token_check_(options_.job_token),
@@ -126,10 +125,18 @@ ControlServiceImpl::Clock::time_point ControlServiceImpl::BarrierExpiry(
 
 void FillSyncConfig(const SyncPolicy& policy, proto::SyncConfig* sync) {
   switch (policy.mode) {
-    case SyncMode::kBsp: sync->set_mode(proto::SYNC_BSP); break;
-    case SyncMode::kSsp: sync->set_mode(proto::SYNC_SSP); break;
-    case SyncMode::kAsp: sync->set_mode(proto::SYNC_ASP); break;
-    case SyncMode::kLocal: sync->set_mode(proto::SYNC_LOCAL); break;
+    case SyncMode::kBsp:
+      sync->set_mode(proto::SYNC_BSP);
+      break;
+    case SyncMode::kSsp:
+      sync->set_mode(proto::SYNC_SSP);
+      break;
+    case SyncMode::kAsp:
+      sync->set_mode(proto::SYNC_ASP);
+      break;
+    case SyncMode::kLocal:
+      sync->set_mode(proto::SYNC_LOCAL);
+      break;
   }
   sync->set_staleness(policy.staleness);
   sync->set_local_steps(policy.local_steps);
@@ -137,7 +144,7 @@ void FillSyncConfig(const SyncPolicy& policy, proto::SyncConfig* sync) {
 
 grpc::Status ControlServiceImpl::StreamedRegister(
     grpc::ServerContext* context,
-    Streamer<proto::RegisterRequest, proto::RegisterResponse>* streamer) {
+    UnaryStreamer<proto::RegisterRequest, proto::RegisterResponse>* streamer) {
   return ServeStreamedUnary(
       token_check_, context, streamer,
       [this, context](const proto::RegisterRequest& request, proto::RegisterResponse* response) {
@@ -147,7 +154,7 @@ grpc::Status ControlServiceImpl::StreamedRegister(
 
 grpc::Status ControlServiceImpl::StreamedHeartbeat(
     grpc::ServerContext* context,
-    Streamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) {
+    UnaryStreamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) {
   return ServeStreamedUnary(
       token_check_, context, streamer,
       [this, context](const proto::HeartbeatRequest& request, proto::HeartbeatResponse* response) {
@@ -157,7 +164,7 @@ grpc::Status ControlServiceImpl::StreamedHeartbeat(
 
 grpc::Status ControlServiceImpl::StreamedGetShardMap(
     grpc::ServerContext* context,
-    Streamer<proto::ShardMapRequest, proto::ShardMapResponse>* streamer) {
+    UnaryStreamer<proto::ShardMapRequest, proto::ShardMapResponse>* streamer) {
   return ServeStreamedUnary(
       token_check_, context, streamer,
       [this, context](const proto::ShardMapRequest& request, proto::ShardMapResponse* response) {
@@ -175,9 +182,9 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
   }
   int rank = request->requested_rank();
   if (rank >= options_.num_workers || rank < -1) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("requested rank ", rank, " out of range [0, ",
-                                     options_.num_workers, ")"));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("requested rank ", rank, " out of range [0, ", options_.num_workers, ")"));
   }
   absl::MutexLock lock(&register_mutex_);
   if (request->release()) {
@@ -193,10 +200,10 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
       return ToGrpcStatus(status);
     }
     if (!sessions_->Release(static_cast<uint32_t>(rank), request->previous_session().epoch())) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat("release: rank ", rank, ": session epoch ",
-                                       request->previous_session().epoch(),
-                                       " is not the rank's current one"));
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("release: rank ", rank, ": session epoch ",
+                       request->previous_session().epoch(), " is not the rank's current one"));
     }
     spdlog::info("event=release shard=0 rank={} epoch={}", rank,
                  request->previous_session().epoch());
@@ -231,10 +238,10 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
   }
   // Epochs grow across a restart of shard 0 too: wall-clock milliseconds,
   // and above every epoch the shard has seen since it started.
-  const uint64_t now_ms = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count());
+  const uint64_t now_ms =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count());
   const uint64_t epoch = std::max({last_epoch_ + 1, now_ms, sessions_->max_epoch() + 1});
   last_epoch_ = epoch;
   // A rank that held a session before (a worker restarted, or one taking
@@ -293,9 +300,9 @@ grpc::ServerUnaryReactor* ControlServiceImpl::Barrier(grpc::CallbackServerContex
                        barriers_.size(), " other barriers already, the limit of ",
                        kMaxPendingBarriers, " pending barriers on this shard"));
     } else if (barrier->arrived[rank]) {
-      refusal = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                             absl::StrCat("barrier '", request->name(), "': rank ", rank,
-                                          " is already waiting"));
+      refusal = grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("barrier '", request->name(), "': rank ", rank, " is already waiting"));
     } else {
       barrier->arrived[rank] = true;
       ++barrier->count;

@@ -15,6 +15,7 @@
 #include "server/job_token.h"
 #include "server/membership.h"
 #include "server/session.h"
+#include "server/streamed_unary.h"
 
 namespace harrier {
 
@@ -93,17 +94,15 @@ class ControlServiceImpl final
  public:
   explicit ControlServiceImpl(ControlOptions options);
 
-  template <class Request, class Response>
-  using Streamer = grpc::ServerUnaryStreamer<Request, Response>;
   grpc::Status StreamedRegister(
       grpc::ServerContext* context,
-      Streamer<proto::RegisterRequest, proto::RegisterResponse>* streamer) override;
+      UnaryStreamer<proto::RegisterRequest, proto::RegisterResponse>* streamer) override;
   grpc::Status StreamedHeartbeat(
       grpc::ServerContext* context,
-      Streamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) override;
+      UnaryStreamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) override;
   grpc::Status StreamedGetShardMap(
       grpc::ServerContext* context,
-      Streamer<proto::ShardMapRequest, proto::ShardMapResponse>* streamer) override;
+      UnaryStreamer<proto::ShardMapRequest, proto::ShardMapResponse>* streamer) override;
   // What the streamed methods run once the request is read (each checks the
   // token again: they may also be called directly).
   grpc::Status Register(grpc::ServerContext* context, const proto::RegisterRequest* request,
@@ -157,8 +156,8 @@ class ControlServiceImpl final
   bool CompleteLocked(const BarrierState& barrier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Answers the waiters of `barrier` with its generation and starts the
   // next one; the waiters are added to `released`.
-  void ReleaseLocked(BarrierState* barrier, std::vector<Wait*>* released,
-                     uint32_t* generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void ReleaseLocked(BarrierState* barrier, std::vector<Wait*>* released, uint32_t* generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // When a barrier entered now gives up: the client's deadline, capped.
   Clock::time_point BarrierExpiry(const grpc::CallbackServerContext& context) const;
   // `wait` stops waiting (its client cancelled, or it expired): it no

@@ -144,7 +144,8 @@ class ShardStore {
   // every rank when the shard holds no part. What a restarted worker
   // resumes from (HeartbeatResponse.next_clock) and harrier-ctl shows.
   std::vector<int64_t> NextClocks() const;
-  // NextClocks()[rank] (every heartbeat asks; it merges every rank's, one pass over the chunks).
+  // NextClocks()[rank]: one pass over the chunks, asked by a worker's first
+  // heartbeat (report_next_clock) only, not by the periodic ones.
   int64_t NextClock(uint32_t rank) const;
 
   // A new run (server/README.md, "Job lifecycle"): every table is dropped

@@ -5,7 +5,9 @@
 #   server/  includes no worker/ header; worker/ includes no server/ header
 #            (what both need lives in common/)
 #   bench/   the experiments product sits on top: none of the four above
-#            includes a bench/ header
+#            includes a bench/ header, and bench/ includes no tests/ header
+#            (what benches and tests share lives in testing/)
+#   testing/ helpers for tests and benches: includes no tests/ or bench/ header
 # Prints every offending line (file:line:text) and fails if there is one;
 # ends with "N checks passed, M failed", one check per rule.
 #
@@ -23,7 +25,7 @@ if [ $# -ge 1 ]; then
 else
   root=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 fi
-for dir in cuda common server worker; do
+for dir in cuda common server worker bench testing; do
   if [ ! -d "$root/$dir" ]; then
     echo "layering_test: no $dir/ under $root (pass the source root as \$1)"
     echo "0 checks passed, 1 failed"
@@ -58,6 +60,8 @@ rule cuda worker server bench
 rule common worker server bench
 rule server worker bench
 rule worker server bench
+rule bench tests
+rule testing tests bench
 
 echo "$passed checks passed, $failed failed"
 [ "$failed" -eq 0 ]

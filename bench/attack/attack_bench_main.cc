@@ -50,9 +50,9 @@
 #include "common/json.h"
 #include "common/request_limits.h"
 #include "proto/harrier.grpc.pb.h"
-#include "tests/integration/raw_http2.h"
-#include "tests/integration/server_process.h"
-#include "tests/integration/sessions.h"
+#include "testing/raw_http2.h"
+#include "testing/server_process.h"
+#include "testing/sessions.h"
 #include "worker/client.h"
 
 ABSL_FLAG(int, seconds, 15, "Seconds of each phase: the worker alone, then under attack.");

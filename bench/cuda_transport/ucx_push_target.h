@@ -19,8 +19,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/codec/codec_backend.h"
-#include "tests/integration/server_process.h"
-#include "tests/integration/sessions.h"
+#include "testing/server_process.h"
+#include "testing/sessions.h"
 #include "worker/transport/ucx/ucx_transport.h"
 
 namespace harrier::bench {

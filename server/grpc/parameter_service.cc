@@ -161,8 +161,7 @@ class PushReader : public Base {
     // holds the payload once (twice only while this one message is copied),
     // which is what the budget charged, never the message and the copy
     // together.
-    chunk.aligned =
-        std::make_unique<float[]>((payload.size() + sizeof(float) - 1) / sizeof(float));
+    chunk.aligned = std::make_unique<float[]>((payload.size() + sizeof(float) - 1) / sizeof(float));
     char* dest = reinterpret_cast<char*>(chunk.aligned.get());
     for (absl::string_view piece : payload.pieces()) {
       std::memcpy(dest, piece.data(), piece.size());
@@ -250,11 +249,9 @@ class ReplyWriter : public DataCall<Reactor>, public ShardService::ReplySink {
 
   absl::Status AwaitSent(ShardService::Clock::time_point deadline) override {
     absl::MutexLock lock(&mutex_);
-    auto sent = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-      return broken_ || queue_.empty();
-    };
-    const absl::Time until =
-        absl::Now() + absl::FromChrono(deadline - ShardService::Clock::now());
+    auto sent = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return broken_ || queue_.empty(); };
+    const absl::Time until = absl::Now() + absl::FromChrono(deadline - ShardService::Clock::now());
     if (!mutex_.AwaitWithDeadline(absl::Condition(&sent), until)) {
       return absl::DeadlineExceededError("reply chunk not sent by the call's deadline");
     }
@@ -381,8 +378,7 @@ class PushReactor final : public PushReader<DataCall<grpc::ServerReadReactor<grp
     bool own_buffer = false;
     // The one response travels with the status, as a typed client-streaming
     // handler sends it.
-    if (!grpc::SerializationTraits<proto::PushResponse>::Serialize(response, response_,
-                                                                   &own_buffer)
+    if (!grpc::SerializationTraits<proto::PushResponse>::Serialize(response, response_, &own_buffer)
              .ok()) {
       Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialise the push response"));
       return;
@@ -437,8 +433,7 @@ class RefusedCall final : public Reactor {
 }  // namespace
 
 ParameterServiceImpl::ParameterServiceImpl(ShardStore* store, ShardService* service,
-                                           std::string job_token,
-                                           ShardListenerLookup find_listener)
+                                           std::string job_token, ShardListenerLookup find_listener)
     : store_(store),
       service_(service),
       token_check_(std::move(job_token)),
@@ -469,15 +464,18 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ParameterServiceImp
 }
 
 grpc::Status ParameterServiceImpl::StreamedInit(
-    grpc::ServerContext* context, Streamer<proto::InitRequest, proto::InitResponse>* streamer) {
-  return ServeStreamedUnary(token_check_, context, streamer,
-                            [this](const proto::InitRequest& request,
-                                   proto::InitResponse* response) { return AnswerInit(request, response); });
+    grpc::ServerContext* context,
+    UnaryStreamer<proto::InitRequest, proto::InitResponse>* streamer) {
+  return ServeStreamedUnary(
+      token_check_, context, streamer,
+      [this](const proto::InitRequest& request, proto::InitResponse* response) {
+        return AnswerInit(request, response);
+      });
 }
 
 grpc::Status ParameterServiceImpl::StreamedHeartbeat(
     grpc::ServerContext* context,
-    Streamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) {
+    UnaryStreamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) {
   return ServeStreamedUnary(
       token_check_, context, streamer,
       [this](const proto::HeartbeatRequest& request, proto::HeartbeatResponse* response) {
@@ -486,15 +484,17 @@ grpc::Status ParameterServiceImpl::StreamedHeartbeat(
 }
 
 grpc::Status ParameterServiceImpl::StreamedLeave(
-    grpc::ServerContext* context, Streamer<proto::LeaveRequest, proto::LeaveResponse>* streamer) {
-  return ServeStreamedUnary(
-      token_check_, context, streamer,
-      [this](const proto::LeaveRequest& request, proto::LeaveResponse*) { return AnswerLeave(request); });
+    grpc::ServerContext* context,
+    UnaryStreamer<proto::LeaveRequest, proto::LeaveResponse>* streamer) {
+  return ServeStreamedUnary(token_check_, context, streamer,
+                            [this](const proto::LeaveRequest& request, proto::LeaveResponse*) {
+                              return AnswerLeave(request);
+                            });
 }
 
 grpc::Status ParameterServiceImpl::StreamedGetShardInfo(
     grpc::ServerContext* context,
-    Streamer<proto::ShardInfoRequest, proto::ShardInfoResponse>* streamer) {
+    UnaryStreamer<proto::ShardInfoRequest, proto::ShardInfoResponse>* streamer) {
   return ServeStreamedUnary(
       token_check_, context, streamer,
       [this](const proto::ShardInfoRequest&, proto::ShardInfoResponse* response) {
@@ -504,7 +504,7 @@ grpc::Status ParameterServiceImpl::StreamedGetShardInfo(
 
 grpc::Status ParameterServiceImpl::StreamedGetTransportAddress(
     grpc::ServerContext* context,
-    Streamer<proto::TransportAddressRequest, proto::TransportAddressResponse>* streamer) {
+    UnaryStreamer<proto::TransportAddressRequest, proto::TransportAddressResponse>* streamer) {
   return ServeStreamedUnary(token_check_, context, streamer,
                             [this](const proto::TransportAddressRequest& request,
                                    proto::TransportAddressResponse* response) {
@@ -513,7 +513,7 @@ grpc::Status ParameterServiceImpl::StreamedGetTransportAddress(
 }
 
 grpc::Status ParameterServiceImpl::AnswerInit(const proto::InitRequest& request,
-                                        proto::InitResponse* response) {
+                                              proto::InitResponse* response) {
   auto created = service_->Init(request);
   if (!created.ok()) return ToGrpcStatus(created.status());
   response->set_created(*created);
@@ -521,7 +521,7 @@ grpc::Status ParameterServiceImpl::AnswerInit(const proto::InitRequest& request,
 }
 
 grpc::Status ParameterServiceImpl::AnswerHeartbeat(const proto::HeartbeatRequest& request,
-                                             proto::HeartbeatResponse* response) {
+                                                   proto::HeartbeatResponse* response) {
   if (auto status = service_->Heartbeat(request, response); !status.ok()) {
     return ToGrpcStatus(status);
   }
@@ -544,9 +544,9 @@ grpc::Status ParameterServiceImpl::AnswerTransportAddress(
                         absl::StrCat("unknown transport '", name, "'"));
   }
   absl::StatusOr<ShardListener*> listener =
-      find_listener_ ? find_listener_(name)
-                     : absl::FailedPreconditionError(
-                           absl::StrCat("shard was started without --", name));
+      find_listener_
+          ? find_listener_(name)
+          : absl::FailedPreconditionError(absl::StrCat("shard was started without --", name));
   if (!listener.ok()) return ToGrpcStatus(listener.status());
   response->set_address((*listener)->address());
   response->set_transport(name);

@@ -9,6 +9,7 @@
 #include "server/shard_listener.h"
 #include "server/shard_service.h"
 #include "server/shard_store.h"
+#include "server/streamed_unary.h"
 
 namespace harrier {
 
@@ -16,10 +17,10 @@ namespace internal_parameter_service {
 using PS = proto::ParameterService;
 // The unary methods are streamed unary (server/streamed_unary.h): the token
 // is checked at the headers, before the request body is read.
-using RawDataService = PS::WithRawCallbackMethod_Push<PS::WithRawCallbackMethod_Pull<
-    PS::WithRawCallbackMethod_PushPull<PS::WithStreamedUnaryMethod_Init<
-        PS::WithStreamedUnaryMethod_Heartbeat<PS::WithStreamedUnaryMethod_Leave<
-            PS::WithStreamedUnaryMethod_GetShardInfo<
+using RawDataService = PS::WithRawCallbackMethod_Push<
+    PS::WithRawCallbackMethod_Pull<PS::WithRawCallbackMethod_PushPull<
+        PS::WithStreamedUnaryMethod_Init<PS::WithStreamedUnaryMethod_Heartbeat<
+            PS::WithStreamedUnaryMethod_Leave<PS::WithStreamedUnaryMethod_GetShardInfo<
                 PS::WithStreamedUnaryMethod_GetTransportAddress<PS::Service>>>>>>>>;
 }  // namespace internal_parameter_service
 
@@ -45,21 +46,22 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
   ParameterServiceImpl(ShardStore* store, ShardService* service, std::string job_token = "",
                        ShardListenerLookup find_listener = nullptr);
 
-  template <class Request, class Response>
-  using Streamer = grpc::ServerUnaryStreamer<Request, Response>;
-  grpc::Status StreamedInit(grpc::ServerContext* context,
-                            Streamer<proto::InitRequest, proto::InitResponse>* streamer) override;
+  grpc::Status StreamedInit(
+      grpc::ServerContext* context,
+      UnaryStreamer<proto::InitRequest, proto::InitResponse>* streamer) override;
   grpc::Status StreamedHeartbeat(
       grpc::ServerContext* context,
-      Streamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) override;
-  grpc::Status StreamedLeave(grpc::ServerContext* context,
-                             Streamer<proto::LeaveRequest, proto::LeaveResponse>* streamer) override;
+      UnaryStreamer<proto::HeartbeatRequest, proto::HeartbeatResponse>* streamer) override;
+  grpc::Status StreamedLeave(
+      grpc::ServerContext* context,
+      UnaryStreamer<proto::LeaveRequest, proto::LeaveResponse>* streamer) override;
   grpc::Status StreamedGetShardInfo(
       grpc::ServerContext* context,
-      Streamer<proto::ShardInfoRequest, proto::ShardInfoResponse>* streamer) override;
+      UnaryStreamer<proto::ShardInfoRequest, proto::ShardInfoResponse>* streamer) override;
   grpc::Status StreamedGetTransportAddress(
       grpc::ServerContext* context,
-      Streamer<proto::TransportAddressRequest, proto::TransportAddressResponse>* streamer) override;
+      UnaryStreamer<proto::TransportAddressRequest, proto::TransportAddressResponse>* streamer)
+      override;
 
   using internal_parameter_service::RawDataService::Pull;
   using internal_parameter_service::RawDataService::Push;

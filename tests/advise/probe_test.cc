@@ -22,7 +22,7 @@
 #include "common/grpc_security.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/admin_service.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 
 namespace harrier {

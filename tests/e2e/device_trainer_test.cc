@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "tests/worker/counting_backends.h"
 #include "worker/client.h"
 #include "worker/trainer.h"

@@ -33,7 +33,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 #include "worker/comm_scheduler.h"
 #include "worker/trainer.h"

@@ -13,9 +13,9 @@
 #include "common/crc32c.h"
 #include "common/grpc_limits.h"
 #include "proto/harrier.grpc.pb.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "tests/integration/raw_grpc_shard.h"
-#include "tests/integration/sessions.h"
+#include "testing/sessions.h"
 
 namespace harrier {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <thread>
 
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 
 namespace harrier {

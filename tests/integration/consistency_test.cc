@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 
 namespace harrier {

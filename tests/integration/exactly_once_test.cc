@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/checkpoint.h"
 #include "tests/integration/fault_proxy.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "tests/slowdown.h"
 #include "worker/client.h"
 

@@ -15,9 +15,9 @@
 #include "common/grpc_limits.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/optimizer.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "tests/integration/raw_grpc_shard.h"
-#include "tests/integration/sessions.h"
+#include "testing/sessions.h"
 
 namespace harrier {
 namespace {

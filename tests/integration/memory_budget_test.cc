@@ -20,8 +20,8 @@
 #include "common/grpc_limits.h"
 #include "common/grpc_security.h"
 #include "proto/harrier.grpc.pb.h"
-#include "tests/integration/raw_http2.h"
-#include "tests/integration/server_process.h"
+#include "testing/raw_http2.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 
 namespace harrier {
@@ -33,6 +33,23 @@ int64_t Rss(testing::ServerProcess& server) {
   const int64_t bytes = testing::ResidentBytes(server.process().pid());
   REQUIRE(bytes > 0);
   return bytes;
+}
+
+// Opens each (stream id, method) on `connection` and sends it a message
+// that announces 60 MiB, all of it but the last byte (as far as the flow
+// control windows let it within `per_stream`); returns the bytes sent.
+size_t SendAllButLastByte(testing::RawHttp2Connection& connection,
+                          const std::vector<std::pair<uint32_t, std::string>>& calls,
+                          absl::Duration per_stream) {
+  const uint32_t message = static_cast<uint32_t>(60 * kMiB);
+  const std::string body =
+      testing::RawHttp2Connection::MessagePrefix(message) + std::string(message - 1, '\x07');
+  size_t sent = 0;
+  for (const auto& [id, path] : calls) {
+    REQUIRE(connection.OpenStream(id, path, {}));
+    sent += connection.SendData(id, body, /*end_stream=*/false, absl::Now() + per_stream);
+  }
+  return sent;
 }
 
 // Eight push chunks of 15 MiB on one stream that never half-closes, within
@@ -92,27 +109,19 @@ TEST_CASE("unary calls without the job token are refused before their body is re
 
   auto connection = testing::RawHttp2Connection::Connect(shard.port(), absl::Seconds(5));
   REQUIRE(connection != nullptr);
-  const uint32_t message = static_cast<uint32_t>(60 * kMiB);
-  const std::string body =
-      testing::RawHttp2Connection::MessagePrefix(message) + std::string(message - 1, '\x07');
   // Four Init calls, and one each of the other services' unary methods
   // (shard 0 serves the ControlService).
   const std::vector<std::pair<uint32_t, std::string>> calls = {
       {1, "/harrier.proto.ParameterService/Init"},   {3, "/harrier.proto.ParameterService/Init"},
       {5, "/harrier.proto.ParameterService/Init"},   {7, "/harrier.proto.ParameterService/Init"},
       {9, "/harrier.proto.ControlService/Register"}, {11, "/harrier.proto.AdminService/Probe"}};
-  std::vector<uint32_t> streams;
-  for (const auto& [id, path] : calls) {
-    REQUIRE(connection->OpenStream(id, path, {}));
-    connection->SendData(id, body, /*end_stream=*/false, absl::Now() + absl::Seconds(2));
-    streams.push_back(id);
-  }
+  SendAllButLastByte(*connection, calls, absl::Seconds(2));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const int64_t grown = Rss(shard) - before;
   INFO("RSS grew by " << grown / kMiB << " MiB");
-  for (uint32_t id : streams) {
-    INFO("stream " << id);
-    REQUIRE(connection->WaitEnded(id, absl::Now() + absl::Seconds(1)));
+  for (const auto& call : calls) {
+    INFO("stream " << call.first);
+    REQUIRE(connection->WaitEnded(call.first, absl::Now() + absl::Seconds(1)));
   }
   // Taken in, the bodies would be 6 x 60 MiB.
   REQUIRE(grown < 100 * kMiB);
@@ -150,14 +159,11 @@ TEST_CASE("--grpc_memory_bytes bounds the unary bodies gRPC buffers") {
   const int64_t before = Rss(shard);
   auto connection = testing::RawHttp2Connection::Connect(shard.port(), absl::Seconds(5));
   REQUIRE(connection != nullptr);
-  const uint32_t message = static_cast<uint32_t>(60 * kMiB);
-  const std::string body =
-      testing::RawHttp2Connection::MessagePrefix(message) + std::string(message - 1, '\x07');
-  size_t sent = 0;
+  std::vector<std::pair<uint32_t, std::string>> calls;
   for (uint32_t id : {1u, 3u, 5u, 7u, 9u, 11u}) {
-    REQUIRE(connection->OpenStream(id, "/harrier.proto.ParameterService/Init", {}));
-    sent += connection->SendData(id, body, false, absl::Now() + absl::Seconds(1));
+    calls.emplace_back(id, "/harrier.proto.ParameterService/Init");
   }
+  const size_t sent = SendAllButLastByte(*connection, calls, absl::Seconds(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const int64_t grown = Rss(shard) - before;
   INFO("sent " << sent / kMiB << " MiB; RSS grew by " << grown / kMiB << " MiB");

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/kill_restart.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 
 namespace harrier {

@@ -15,7 +15,7 @@
 
 #include "common/grpc_limits.h"
 #include "proto/harrier.grpc.pb.h"
-#include "tests/integration/sessions.h"
+#include "testing/sessions.h"
 
 namespace harrier::testing {
 

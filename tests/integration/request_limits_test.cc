@@ -22,8 +22,8 @@
 #include "common/crc32c.h"
 #include "common/grpc_limits.h"
 #include "proto/harrier.grpc.pb.h"
-#include "tests/integration/server_process.h"
-#include "tests/integration/sessions.h"
+#include "testing/server_process.h"
+#include "testing/sessions.h"
 #include "worker/client.h"
 
 namespace harrier {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 #include "worker/comm_scheduler.h"
 #include "worker/trainer.h"

@@ -19,8 +19,8 @@
 #include "common/grpc_security.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/session.h"
-#include "tests/integration/server_process.h"
-#include "tests/integration/sessions.h"
+#include "testing/server_process.h"
+#include "testing/sessions.h"
 #include "worker/client.h"
 
 namespace harrier {

@@ -28,7 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/checkpoint.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "tests/slowdown.h"
 
 namespace harrier {

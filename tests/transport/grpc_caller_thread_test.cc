@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "worker/transport/grpc/grpc_transport.h"
 
 namespace harrier {

@@ -10,18 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "tests/integration/server_process.h"
+#include "tests/require_ok.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 
 namespace harrier {
 namespace {
-
-#define REQUIRE_OK(expr)                 \
-  do {                                   \
-    const absl::Status status_ = (expr); \
-    INFO(status_.ToString());            \
-    REQUIRE(status_.ok());               \
-  } while (false)
 
 // Established TCP connections whose local end is `port` (the server's
 // side of each client connection), from /proc/net/tcp.

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 
 namespace harrier {

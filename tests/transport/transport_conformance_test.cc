@@ -11,13 +11,14 @@
 #include <cstdlib>
 #include <thread>
 
+#include "tests/require_ok.h"
 #include "common/crc32c.h"
 #include "common/grpc_limits.h"
 #include "common/transport/framing.h"
 #include "proto/harrier.grpc.pb.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "tests/transport/raw_ucx_client.h"
-#include "tests/integration/sessions.h"
+#include "testing/sessions.h"
 #include "worker/client.h"
 
 namespace harrier {
@@ -41,13 +42,6 @@ ClientOptions Options(const std::vector<std::unique_ptr<testing::ServerProcess>>
   options.heartbeat_interval = absl::ZeroDuration();
   return options;
 }
-
-#define REQUIRE_OK(expr)                          \
-  do {                                            \
-    const absl::Status status_ = (expr);          \
-    INFO(status_.ToString());                     \
-    REQUIRE(status_.ok());                        \
-  } while (false)
 
 // Both forms of each call: blocking, which a transport may run on the
 // calling thread (CallerWaitsScope), and async with Wait(), which completes

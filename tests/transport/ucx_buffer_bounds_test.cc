@@ -13,8 +13,8 @@
 
 #include "common/crc32c.h"
 #include "common/transport/framing.h"
-#include "tests/integration/server_process.h"
-#include "tests/integration/sessions.h"
+#include "testing/server_process.h"
+#include "testing/sessions.h"
 #include "tests/transport/raw_ucx_client.h"
 #include "worker/client.h"
 

@@ -9,18 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "tests/integration/server_process.h"
+#include "tests/require_ok.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 
 namespace harrier {
 namespace {
-
-#define REQUIRE_OK(expr)                 \
-  do {                                   \
-    const absl::Status status_ = (expr); \
-    INFO(status_.ToString());            \
-    REQUIRE(status_.ok());               \
-  } while (false)
 
 // Sets or clears UCX_TLS / UCX_NET_DEVICES for what this process starts
 // next (a shard inherits them; a client's UCX context reads them when made).

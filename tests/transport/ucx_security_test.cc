@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "common/transport/framing.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "tests/transport/raw_ucx_client.h"
 #include "worker/client.h"
 

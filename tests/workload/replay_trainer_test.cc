@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 #include "worker/client.h"
 #include "worker/comm_scheduler.h"
 #include "worker/workload/replay.h"

@@ -181,7 +181,10 @@ class ReplyReader {
 class PartsJoin {
  public:
   PartsJoin(size_t parts, const LandedChunkSink* sink, CallDone done)
-      : sink_(sink), statuses_(parts), remaining_(static_cast<int>(parts)), done_(std::move(done)) {}
+      : sink_(sink),
+        statuses_(parts),
+        remaining_(static_cast<int>(parts)),
+        done_(std::move(done)) {}
 
   absl::Status Reply(const proto::TensorChunk& header, const PayloadView& payload) {
     absl::MutexLock lock(&sink_mutex_);
@@ -259,10 +262,10 @@ class Stream {
 
   // One reply message (`ok`: one was read).
   void OnReply(bool ok) {
-    if (ok) replies_.Take(buffer_, [this](const proto::TensorChunk& header,
-                                          const PayloadView& payload) {
-      return join_->Reply(header, payload);
-    });
+    if (ok)
+      replies_.Take(buffer_, [this](const proto::TensorChunk& header, const PayloadView& payload) {
+        return join_->Reply(header, payload);
+      });
   }
 
   // gRPC's OnDone: the last reaction. Drops the stream (its context and
@@ -277,10 +280,9 @@ class Stream {
     std::shared_ptr<PartsJoin> join = join_;
     const size_t part = part_;
     self.reset();  // may destroy this stream
-    borrowed.WhenReleased(timer, kSliceReleaseGrace,
-                          [join, part, status](absl::Status released) {
-                            join->PartDone(part, WithRelease(status, released));
-                          });
+    borrowed.WhenReleased(timer, kSliceReleaseGrace, [join, part, status](absl::Status released) {
+      join->PartDone(part, WithRelease(status, released));
+    });
   }
 
   grpc::ClientContext context_;
@@ -360,7 +362,7 @@ class PullCall : public Stream, public grpc::ClientReadReactor<grpc::ByteBuffer>
 };
 
 class PushPullCall : public Stream,
-                       public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+                     public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   using Stream::Stream;
 
@@ -484,32 +486,46 @@ absl::Status ReadAll(Reader& reader, const LandedChunkSink& sink) {
   return replies.status();
 }
 
+// Writes `chunks` on the stream `open(context)` makes, half-closes it, and
+// returns `finish(stream)` once gRPC has let go of the borrowed slices. The
+// call (owned by the context) keeps a message it could not send, slices
+// included, until it is destroyed, so the release wait comes after the
+// context's scope.
+template <typename Open, typename Finish>
+absl::Status WriteChunksHere(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                             CallCanceller& canceller, TimerThread& timer, Open open,
+                             Finish finish) {
+  BorrowedSlices borrowed;
+  absl::Status status;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    CancelScope scope(canceller, &context);
+    if (!scope.registered()) return absl::CancelledError("operation cancelled");
+    auto stream = open(&context);
+    for (const OutgoingChunk& chunk : chunks) {
+      if (!stream->Write(EncodeChunk(chunk, borrowed))) break;  // finishing says why
+    }
+    stream->WritesDone();
+    status = finish(*stream);
+  }
+  return AfterRelease(borrowed, timer, std::move(status));
+}
+
 }  // namespace
 
 absl::Status GrpcShardTransport::Link::PushHere(const std::vector<OutgoingChunk>& chunks,
                                                 absl::Time deadline, CallCanceller& canceller,
                                                 TimerThread& timer) const {
-  BorrowedSlices borrowed;
-  absl::Status status;
-  {
-    // The call (owned by the context) keeps a message it could not send,
-    // slices included, until it is destroyed, so the release wait comes
-    // after this scope.
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    CancelScope scope(canceller, &context);
-    if (!scope.registered()) return absl::CancelledError("operation cancelled");
-    grpc::ByteBuffer response;  // a PushResponse; nothing in it is needed
-    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), push_method,
-                                                                      &context, &response));
-    for (const OutgoingChunk& chunk : chunks) {
-      if (!writer->Write(EncodeChunk(chunk, borrowed))) break;  // Finish() says why
-    }
-    writer->WritesDone();
-    status = FromGrpcStatus(writer->Finish());
-  }
-  return AfterRelease(borrowed, timer, std::move(status));
+  grpc::ByteBuffer response;  // a PushResponse; nothing in it is needed
+  return WriteChunksHere(
+      chunks, deadline, canceller, timer,
+      [&](grpc::ClientContext* context) {
+        return std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>>(
+            grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+                channel.get(), push_method, context, &response));
+      },
+      [](grpc::ClientWriter<grpc::ByteBuffer>& writer) { return FromGrpcStatus(writer.Finish()); });
 }
 
 absl::Status GrpcShardTransport::Link::PullHere(const proto::PullRequest& request,
@@ -531,33 +547,26 @@ absl::Status GrpcShardTransport::Link::PushPullHere(const std::vector<OutgoingCh
                                                     const LandedChunkSink& sink,
                                                     absl::Time deadline, CallCanceller& canceller,
                                                     TimerThread& timer) const {
-  BorrowedSlices borrowed;
-  absl::Status status;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    CancelScope scope(canceller, &context);
-    if (!scope.registered()) return absl::CancelledError("operation cancelled");
-    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
-        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-            channel.get(), push_pull_method, &context));
-    for (const OutgoingChunk& chunk : chunks) {
-      if (!stream->Write(EncodeChunk(chunk, borrowed))) break;
-    }
-    stream->WritesDone();
-    absl::Status sink_status = ReadAll(*stream, sink);
-    status = FromGrpcStatus(stream->Finish());
-    if (status.ok()) status = std::move(sink_status);
-  }
-  return AfterRelease(borrowed, timer, std::move(status));
+  using Stream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+  return WriteChunksHere(
+      chunks, deadline, canceller, timer,
+      [&](grpc::ClientContext* context) {
+        return std::unique_ptr<Stream>(
+            grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+                channel.get(), push_pull_method, context));
+      },
+      [&sink](Stream& stream) {
+        absl::Status sink_status = ReadAll(stream, sink);
+        absl::Status status = FromGrpcStatus(stream.Finish());
+        return status.ok() ? sink_status : status;
+      });
 }
 
 GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
     : GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>>{std::move(channel)}) {}
 
 GrpcShardTransport::GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                                       size_t spread_min_bytes,
-                                       std::shared_ptr<TimerThread> timer)
+                                       size_t spread_min_bytes, std::shared_ptr<TimerThread> timer)
     : ShardTransport(TransportTraits{"grpc"}),
       spread_min_bytes_(spread_min_bytes),
       timer_(timer != nullptr ? std::move(timer)
@@ -585,7 +594,7 @@ void GrpcShardTransport::StartPush(const std::vector<OutgoingChunk>& chunks, abs
   for (size_t part = 0; part < parts; ++part) {
     const Link& link = *links_[part];
     PushCall::Start(link.push_method, link.channel.get(), PartOf(chunks, parts, part),
-                      std::make_shared<PushCall>(deadline, canceller, *timer_, join, part));
+                    std::make_shared<PushCall>(deadline, canceller, *timer_, join, part));
   }
 }
 
@@ -611,7 +620,7 @@ void GrpcShardTransport::StartPull(const proto::PullRequest& request,
     }
     const Link& link = *links_[part];
     PullCall::Start(link.pull_method, link.channel.get(), std::move(sub),
-                      std::make_shared<PullCall>(deadline, canceller, *timer_, join, part));
+                    std::make_shared<PullCall>(deadline, canceller, *timer_, join, part));
   }
 }
 
@@ -629,9 +638,8 @@ void GrpcShardTransport::StartPushPull(const std::vector<OutgoingChunk>& chunks,
   auto join = std::make_shared<PartsJoin>(parts, &sink, std::move(done));
   for (size_t part = 0; part < parts; ++part) {
     const Link& link = *links_[part];
-    PushPullCall::Start(
-        link.push_pull_method, link.channel.get(), PartOf(chunks, parts, part),
-        std::make_shared<PushPullCall>(deadline, canceller, *timer_, join, part));
+    PushPullCall::Start(link.push_pull_method, link.channel.get(), PartOf(chunks, parts, part),
+                        std::make_shared<PushPullCall>(deadline, canceller, *timer_, join, part));
   }
 }
 

@@ -1,5 +1,5 @@
-#ifndef HARRIER_TESTS_INTEGRATION_SERVER_PROCESS_H_
-#define HARRIER_TESTS_INTEGRATION_SERVER_PROCESS_H_
+#ifndef HARRIER_TESTING_SERVER_PROCESS_H_
+#define HARRIER_TESTING_SERVER_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -78,4 +78,4 @@ std::vector<std::string> Addresses(const std::vector<std::unique_ptr<ServerProce
 
 }  // namespace harrier::testing
 
-#endif  // HARRIER_TESTS_INTEGRATION_SERVER_PROCESS_H_
+#endif  // HARRIER_TESTING_SERVER_PROCESS_H_

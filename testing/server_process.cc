@@ -1,4 +1,4 @@
-#include "tests/integration/server_process.h"
+#include "testing/server_process.h"
 
 #include <signal.h>
 #include <arpa/inet.h>

@@ -1,5 +1,5 @@
-#ifndef HARRIER_TESTS_INTEGRATION_RAW_HTTP2_H_
-#define HARRIER_TESTS_INTEGRATION_RAW_HTTP2_H_
+#ifndef HARRIER_TESTING_RAW_HTTP2_H_
+#define HARRIER_TESTING_RAW_HTTP2_H_
 
 // A bare HTTP/2 client of one harrier-server for tests of what a client
 // that does not follow gRPC's rules can make the shard hold: streams whose
@@ -64,4 +64,4 @@ int64_t ResidentBytes(int pid);
 
 }  // namespace harrier::testing
 
-#endif  // HARRIER_TESTS_INTEGRATION_RAW_HTTP2_H_
+#endif  // HARRIER_TESTING_RAW_HTTP2_H_

@@ -1,4 +1,4 @@
-#include "tests/integration/raw_http2.h"
+#include "testing/raw_http2.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

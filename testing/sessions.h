@@ -1,5 +1,5 @@
-#ifndef HARRIER_TESTS_INTEGRATION_SESSIONS_H_
-#define HARRIER_TESTS_INTEGRATION_SESSIONS_H_
+#ifndef HARRIER_TESTING_SESSIONS_H_
+#define HARRIER_TESTING_SESSIONS_H_
 
 // For tests that call a real shard with raw stubs rather than through
 // harrier::Client: registers each rank with shard 0 on first use, as a
@@ -71,4 +71,4 @@ class Sessions {
 
 }  // namespace harrier::testing
 
-#endif  // HARRIER_TESTS_INTEGRATION_SESSIONS_H_
+#endif  // HARRIER_TESTING_SESSIONS_H_
