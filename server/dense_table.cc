@@ -273,8 +273,8 @@ absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::Validate(const proto::Te
   }
   if (env_.membership->departed(chunk.rank())) {
     return BadPayloadFirst(chunk, push->gradient_, n, push->deferred_check_,
-                           absl::FailedPreconditionError(
-                               absl::StrCat(where(), ": rank ", chunk.rank(), " has left the job")));
+                           absl::FailedPreconditionError(absl::StrCat(
+                               where(), ": rank ", chunk.rank(), " has left the job")));
   }
   absl::Status refusal;
   {
@@ -415,7 +415,7 @@ void DenseTable::ChunkPush::Commit(PullWakeups& wakeups) {
     }
     table_->FinishRoundsLocked(slot, decision_.completed);
   }
-  wakeups.Take(slot.waiters);
+  TakeAnswerableWaitersLocked(slot, wakeups);
 }
 
 FusedResult DenseTable::RunFused(const FusedArgs& args) const {
@@ -589,9 +589,27 @@ bool DenseTable::Park(const PullQuery& query, std::shared_ptr<PullWaiter> waiter
   // retired and for a membership failure.
   if (*env_.closed || slot.retired || !env_.membership->failure().ok()) return false;
   if (slot.book.CheckPull(query.clock).may_answer) return false;
-  slot.waiters.push_back(std::move(waiter));
+  slot.waiters.push_back({query.clock, std::move(waiter)});
   (*env_.blocked_pulls)++;
   return true;
+}
+
+void DenseTable::TakeAllWaitersLocked(Slot& slot, PullWakeups& wakeups) {
+  for (Slot::Parked& parked : slot.waiters) wakeups.Take(std::move(parked.waiter));
+  slot.waiters.clear();
+}
+
+void DenseTable::TakeAnswerableWaitersLocked(Slot& slot, PullWakeups& wakeups) {
+  auto& waiters = slot.waiters;
+  for (size_t i = 0; i < waiters.size();) {
+    if (!slot.book.CheckPull(waiters[i].clock).may_answer) {
+      ++i;
+      continue;
+    }
+    wakeups.Take(std::move(waiters[i].waiter));
+    waiters[i] = std::move(waiters.back());
+    waiters.pop_back();
+  }
 }
 
 void DenseTable::Unpark(const PullQuery& query, const PullWaiter* waiter) {
@@ -600,7 +618,7 @@ void DenseTable::Unpark(const PullQuery& query, const PullWaiter* waiter) {
   absl::MutexLock lock(&held->mutex);
   auto& waiters = held->waiters;
   for (size_t i = 0; i < waiters.size(); ++i) {
-    if (waiters[i].get() != waiter) continue;
+    if (waiters[i].waiter.get() != waiter) continue;
     waiters[i] = std::move(waiters.back());
     waiters.pop_back();
     (*env_.blocked_pulls)--;
@@ -614,7 +632,7 @@ void DenseTable::ForEachSlot(PullWakeups& wakeups, const std::function<void(Slot
     Slot& slot = *entry.second;
     absl::MutexLock slot_lock(&slot.mutex);
     visit(slot);
-    wakeups.Take(slot.waiters);
+    TakeAllWaitersLocked(slot, wakeups);
   }
 }
 
@@ -637,7 +655,7 @@ void DenseTable::RebaseFromWorker(uint32_t rank, uint32_t part, int64_t next_clo
   std::vector<PushDecision::CompletedRound> completed;
   if (!slot.book.RebaseFromWorker(rank, next_clock, &completed)) return;
   FinishRoundsLocked(slot, completed);
-  wakeups.Take(slot.waiters);
+  TakeAllWaitersLocked(slot, wakeups);
 }
 
 void DenseTable::MergeNextClocks(std::vector<int64_t>* next) const {

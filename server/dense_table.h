@@ -90,11 +90,23 @@ class DenseTable : public Table {
     std::string spare_vote_params ABSL_GUARDED_BY(mutex);
     // Dropped by a new run: a pull still waiting here is refused.
     bool retired ABSL_GUARDED_BY(mutex) = false;
-    // Parked pulls, woken whenever the slot changes.
-    std::vector<std::shared_ptr<PullWaiter>> waiters ABSL_GUARDED_BY(mutex);
+    // Parked pulls with the clock each pulls at: a push wakes those it
+    // lets through, a departure, re-base, new run or Close every one.
+    struct Parked {
+      int64_t clock = 0;
+      std::shared_ptr<PullWaiter> waiter;
+    };
+    std::vector<Parked> waiters ABSL_GUARDED_BY(mutex);
   };
 
   std::shared_ptr<Slot> FindSlot(uint32_t chunk) const;
+  // Takes every parked pull of `slot`, or only those the slot's clocks now
+  // let through (after a push: a parked pull far ahead is not woken by every
+  // round only to park again).
+  static void TakeAllWaitersLocked(Slot& slot, PullWakeups& wakeups)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  static void TakeAnswerableWaitersLocked(Slot& slot, PullWakeups& wakeups)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   absl::Status CheckRoundCodecLocked(Slot& slot, const proto::TensorChunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   // The buffer the next version is written into: the spare, or a new one.

@@ -130,12 +130,10 @@ class PullWakeups {
   }
   PullWakeups(const PullWakeups&) = delete;
   PullWakeups& operator=(const PullWakeups&) = delete;
-  // Takes every waiter of `waiters` (which is left empty).
-  void Take(std::vector<std::shared_ptr<PullWaiter>>& waiters) {
-    if (waiters.empty()) return;
-    blocked_ -= static_cast<int>(waiters.size());
-    for (auto& waiter : waiters) waiters_.push_back(std::move(waiter));
-    waiters.clear();
+  // Takes one waiter off its table's list.
+  void Take(std::shared_ptr<PullWaiter> waiter) {
+    --blocked_;
+    waiters_.push_back(std::move(waiter));
   }
 
  private:

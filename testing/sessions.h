@@ -55,6 +55,13 @@ class Sessions {
     return session;
   }
 
+  // Uses `session` for `rank` from now on (one registered by another
+  // process, say) instead of registering it.
+  void Adopt(uint32_t rank, const proto::Session& session) {
+    absl::MutexLock lock(&mutex_);
+    sessions_[rank] = session;
+  }
+
   template <typename Request>
   void Attach(Request* request) {
     request->set_job(job_);

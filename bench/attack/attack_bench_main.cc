@@ -16,6 +16,12 @@
 //   oversized        names, shapes, codec specs, barrier and worker names
 //                    over common/request_limits.h
 //   many_chunks      pulls of 256 chunks (4 MiB each), read whole, and of 257
+// The attacks run in a child process of their own (this binary with
+// --attack_shard), pinned to CPUs apart from the shard's and the worker's,
+// as attackers on other hosts would be: what the worker loses is what the
+// shard spends on the attacks, not what the attacking clients spend
+// building and reading their traffic. With one CPU nothing is pinned
+// ("cpus" in the JSON says which were used).
 // The shard's VmRSS is sampled throughout. One JSON line: the resident set
 // idle, unattacked (the baseline) and attacked (the peak), the sum of the
 // budgets, the allowance for everything else, the steps per second of both
@@ -23,6 +29,8 @@
 // "pass" when rss_peak <= rss_baseline + budget_sum + constant and the
 // attacked steps per second are at least half the unattacked ones.
 #include <grpcpp/grpcpp.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,7 +48,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -71,6 +81,20 @@ ABSL_FLAG(int64_t, grpc_memory_bytes, int64_t{256} << 20, "The shard's --grpc_me
 ABSL_FLAG(std::string, attacks, "all",
           "The attacks to run at once, comma-separated: push_streams, unary_no_token, probes, "
           "parked_pulls, oversized, many_chunks; \"all\" for every one.");
+ABSL_FLAG(int, attack_every_ms, 1000,
+          "Each attack starts a round (a batch of streams, of calls, of strings) at most this "
+          "often: a round holds what it makes the shard hold until the shard refuses or its "
+          "deadline ends it. 0: the next round at once, a flood of the shard's CPU and "
+          "bandwidth beside the memory.");
+ABSL_FLAG(bool, pin_cpus, true,
+          "Run the attacks on CPUs of their own, apart from the shard and the worker (the "
+          "upper half of the CPUs this process may use; nothing is pinned with one CPU).");
+// The attacking child's flags (the bench sets them; not for a user).
+ABSL_FLAG(std::string, attack_shard, "", "Internal: run only the attacks against this shard.");
+ABSL_FLAG(std::string, attack_token, "", "Internal: the job token the insiders' attacks hold.");
+ABSL_FLAG(std::string, attack_session, "",
+          "Internal: rank 1's session (a serialised proto::Session, base64).");
+ABSL_FLAG(std::string, attack_cpus, "", "Internal: the CPUs the attacks run on (comma-separated).");
 ABSL_FLAG(int, constant_mb, 256,
           "The allowance beyond the budgets, in MiB: what no budget names (gRPC's threads and "
           "per-connection state, replies being written, allocator slack) on top of the "
@@ -90,6 +114,8 @@ constexpr const char* kUsage =
     "  while every attack on the shard's memory runs at once; prints one JSON line (RSS,\n"
     "  budgets, steps/s, refusals per attack, verdict). About 2 x --seconds + 10 s.\n"
     "  --seconds=15 --sync=bsp|asp --job_token=true --constant_mb=256 --attacks=all\n"
+    "  --attack_every_ms=1000 (0: every attack as fast as the shard answers)\n"
+    "  --pin_cpus=true (the attacks on CPUs apart from the shard's and the worker's)\n"
     "  --max_buffered_bytes --max_connection_bytes --max_request_bytes\n"
     "  --max_parked_pull_bytes --max_probe_bytes_in_flight --grpc_memory_bytes\n";
 
@@ -185,6 +211,27 @@ struct Shard {
   std::string address;
   int port = 0;
   std::string token;  // "" on a shard without one
+};
+
+// An attack's rounds until `end`: each starts at least --attack_every_ms
+// after the one before (0: at once, as fast as the shard answers).
+class AttackRounds {
+ public:
+  explicit AttackRounds(absl::Time end)
+      : end_(end), every_(absl::Milliseconds(absl::GetFlag(FLAGS_attack_every_ms))) {}
+  // Waits for the next round's start; false once `end` has come.
+  bool Next() {
+    if (started_) absl::SleepFor(std::min(end_, last_ + every_) - absl::Now());
+    started_ = true;
+    last_ = absl::Now();
+    return last_ < end_;
+  }
+
+ private:
+  const absl::Time end_;
+  const absl::Duration every_;
+  absl::Time last_;
+  bool started_ = false;
 };
 
 // A channel of its own (gRPC shares connections between channels with the
@@ -284,7 +331,7 @@ void AttackPushStreams(const Shard& shard, int connection, absl::Time end, Tally
   chunk.set_num_elements(static_cast<uint64_t>(15 * kMiB / 4));
   chunk.set_dtype(proto::DTYPE_FLOAT32);
   chunk.mutable_payload()->assign(static_cast<size_t>(15 * kMiB), '\x01');
-  while (absl::Now() < end) {
+  for (AttackRounds rounds(end); rounds.Next();) {
     grpc::ClientContext context;
     Prepare(&context, shard, std::min(end, absl::Now() + absl::Seconds(3)));
     proto::PushResponse response;
@@ -303,7 +350,7 @@ void AttackUnaryWithoutToken(const Shard& shard, absl::Time end, Tally& tally) {
   const uint32_t message = static_cast<uint32_t>(60 * kMiB);
   const std::string body =
       testing::RawHttp2Connection::MessagePrefix(message) + std::string(message - 1, '\x07');
-  while (absl::Now() < end) {
+  for (AttackRounds rounds(end); rounds.Next();) {
     auto connection = testing::RawHttp2Connection::Connect(shard.port, absl::Seconds(5));
     if (connection == nullptr) {
       tally.Count("unary_no_token", "connect_failed");
@@ -379,7 +426,7 @@ void AttackParkedPulls(const Shard& shard, testing::Sessions& sessions, int conn
     std::unique_ptr<grpc::ClientAsyncReader<proto::TensorChunk>> reader;
     grpc::Status status;
   };
-  while (absl::Now() < end) {
+  for (AttackRounds rounds(end); rounds.Next();) {
     grpc::CompletionQueue queue;
     std::vector<std::unique_ptr<Call>> calls;
     for (int i = 0; i < kAtOnce; ++i) {
@@ -439,7 +486,7 @@ void AttackOversized(const Shard& shard, testing::Sessions& sessions, absl::Time
   long_worker.set_requested_rank(-1);
   long_worker.set_worker_name(hostile);
   auto deadline = [] { return absl::Now() + absl::Seconds(10); };
-  while (absl::Now() < end) {
+  for (AttackRounds rounds(end); rounds.Next();) {
     for (const proto::InitRequest* request : {&long_name, &wide_shape}) {
       grpc::ClientContext context;
       Prepare(&context, shard, deadline());
@@ -470,10 +517,111 @@ void AttackManyChunks(const Shard& shard, testing::Sessions& sessions, absl::Tim
   auto stub = proto::ParameterService::NewStub(OwnChannel(shard, 4));
   const proto::PullRequest most = PullOf(sessions, 0, 256);
   const proto::PullRequest over = PullOf(sessions, 0, 257);
-  while (absl::Now() < end) {
+  for (AttackRounds rounds(end); rounds.Next();) {
     tally.Count("many_chunks_256", RunPull(*stub, shard, most, absl::Now() + absl::Seconds(20)));
     tally.Count("many_chunks_257", RunPull(*stub, shard, over, absl::Now() + absl::Seconds(20)));
   }
+}
+
+// Every chosen attack at once until `end`, each on threads of its own.
+void RunAttacks(const Shard& shard, testing::Sessions& sessions, absl::Time end, Tally& tally) {
+  const std::string attacks = absl::GetFlag(FLAGS_attacks);
+  const std::vector<std::string> chosen = absl::StrSplit(attacks, ',');
+  auto on = [&](const std::string& name) {
+    return attacks == "all" || std::find(chosen.begin(), chosen.end(), name) != chosen.end();
+  };
+  std::vector<std::thread> attackers;
+  for (int connection : {10, 11}) {
+    if (!on("push_streams")) break;
+    attackers.emplace_back([&, connection] { AttackPushStreams(shard, connection, end, tally); });
+  }
+  if (on("unary_no_token")) {
+    attackers.emplace_back([&] { AttackUnaryWithoutToken(shard, end, tally); });
+  }
+  if (on("probes")) attackers.emplace_back([&] { AttackProbes(shard, end, tally); });
+  for (int connection : {20, 21}) {
+    if (!on("parked_pulls")) break;
+    attackers.emplace_back(
+        [&, connection] { AttackParkedPulls(shard, sessions, connection, end, tally); });
+  }
+  if (on("oversized")) {
+    attackers.emplace_back([&] { AttackOversized(shard, sessions, end, tally); });
+  }
+  if (on("many_chunks")) {
+    attackers.emplace_back([&] { AttackManyChunks(shard, sessions, end, tally); });
+  }
+  for (std::thread& attacker : attackers) attacker.join();
+}
+
+// The CPUs this process may run on.
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+// Pins the calling thread, and every thread and process it starts from now
+// on, to `cpus`.
+bool PinTo(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) CPU_SET(cpu, &set);
+  return sched_setaffinity(0, sizeof(set), &set) == 0;
+}
+
+// The child: the attacks alone against --attack_shard for --seconds; one
+// JSON line of refusals on stdout.
+int RunAttackerProcess() {
+  std::vector<int> cpus;
+  for (absl::string_view cpu :
+       absl::StrSplit(absl::GetFlag(FLAGS_attack_cpus), ',', absl::SkipEmpty())) {
+    int value = 0;
+    if (absl::SimpleAtoi(cpu, &value)) cpus.push_back(value);
+  }
+  if (!cpus.empty() && !PinTo(cpus)) {
+    std::fprintf(stderr, "harrier-attack-bench: cannot pin the attacks to CPUs %s\n",
+                 absl::GetFlag(FLAGS_attack_cpus).c_str());
+  }
+  Shard shard;
+  shard.address = absl::GetFlag(FLAGS_attack_shard);
+  const size_t colon = shard.address.rfind(':');
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(shard.address).substr(colon + 1), &shard.port)) {
+    std::fprintf(stderr, "harrier-attack-bench: --attack_shard=%s is not host:port\n",
+                 shard.address.c_str());
+    return 2;
+  }
+  shard.token = absl::GetFlag(FLAGS_attack_token);
+  std::string bytes;
+  proto::Session session;
+  if (!absl::Base64Unescape(absl::GetFlag(FLAGS_attack_session), &bytes) ||
+      !session.ParseFromString(bytes)) {
+    std::fprintf(stderr, "harrier-attack-bench: --attack_session is not a session\n");
+    return 2;
+  }
+  testing::Sessions sessions(OwnChannel(shard, 0), "harrier", shard.token);
+  sessions.Adopt(1, session);
+  Tally tally;
+  RunAttacks(shard, sessions, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds)), tally);
+  std::printf("%s\n", DumpJson(tally.ToJson()).c_str());
+  return 0;
+}
+
+// The last line of `path` that parses as a JSON object (the child's tally).
+Json LastJsonLine(const std::string& path) {
+  std::ifstream file(path);
+  Json found = Json::object();
+  for (std::string line; std::getline(file, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    Json parsed = ParseJson(line);
+    if (!parsed.is_discarded()) found = std::move(parsed);
+  }
+  return found;
 }
 
 struct Phase {
@@ -513,9 +661,25 @@ Phase RunWorker(Client& client, int seconds) {
 
 double Mib(int64_t bytes) { return RoundTo(static_cast<double>(bytes) / kMiB, 1); }
 
-int Run() {
+int Run(const std::string& self) {
   const int seconds = absl::GetFlag(FLAGS_seconds);
+  // Before any thread or child starts: the shard, the worker and its
+  // partner inherit the lower CPUs; the attacking child pins itself to the
+  // upper ones.
+  const std::vector<int> cpus = AllowedCpus();
+  std::vector<int> job_cpus = cpus, attack_cpus = cpus;
+  if (absl::GetFlag(FLAGS_pin_cpus) && cpus.size() >= 2) {
+    const size_t split = cpus.size() - cpus.size() / 2;
+    job_cpus.assign(cpus.begin(), cpus.begin() + split);
+    attack_cpus.assign(cpus.begin() + split, cpus.end());
+    if (!PinTo(job_cpus)) {
+      std::fprintf(stderr, "harrier-attack-bench: cannot pin to CPUs %s\n",
+                   absl::StrJoin(job_cpus, ",").c_str());
+      return 1;
+    }
+  }
   Shard shard;
+
   std::vector<std::string> flags = {
       "--sync=" + absl::GetFlag(FLAGS_sync),
       "--heartbeat_timeout_ms=600000",
@@ -570,36 +734,30 @@ int Run() {
   const Phase alone = RunWorker(**client, seconds);
   const int64_t rss_baseline = rss.ResetPeak();
 
-  const std::string attacks = absl::GetFlag(FLAGS_attacks);
-  const std::vector<std::string> chosen = absl::StrSplit(attacks, ',');
-  auto on = [&](const std::string& name) {
-    return attacks == "all" || std::find(chosen.begin(), chosen.end(), name) != chosen.end();
-  };
-  Tally tally;
-  const absl::Time end = absl::Now() + absl::Seconds(seconds);
-  std::vector<std::thread> attackers;
-  for (int connection : {10, 11}) {
-    if (!on("push_streams")) break;
-    attackers.emplace_back([&, connection] { AttackPushStreams(shard, connection, end, tally); });
-  }
-  if (on("unary_no_token")) {
-    attackers.emplace_back([&] { AttackUnaryWithoutToken(shard, end, tally); });
-  }
-  if (on("probes")) attackers.emplace_back([&] { AttackProbes(shard, end, tally); });
-  for (int connection : {20, 21}) {
-    if (!on("parked_pulls")) break;
-    attackers.emplace_back(
-        [&, connection] { AttackParkedPulls(shard, sessions, connection, end, tally); });
-  }
-  if (on("oversized")) {
-    attackers.emplace_back([&] { AttackOversized(shard, sessions, end, tally); });
-  }
-  if (on("many_chunks")) {
-    attackers.emplace_back([&] { AttackManyChunks(shard, sessions, end, tally); });
+  std::string session_bytes;
+  sessions.For(1).SerializeToString(&session_bytes);
+  const std::string tally_path =
+      absl::StrCat(testing::TempDir(), "/attack_bench_attacker_", getpid(), ".log");
+  auto attacker = testing::ChildProcess::Start(
+      self,
+      {"--attack_shard=" + shard.address, "--attack_token=" + shard.token,
+       "--attack_session=" + absl::Base64Escape(session_bytes),
+       "--attack_cpus=" + absl::StrJoin(attack_cpus, ","), absl::StrCat("--seconds=", seconds),
+       absl::StrCat("--attack_every_ms=", absl::GetFlag(FLAGS_attack_every_ms)),
+       "--attacks=" + absl::GetFlag(FLAGS_attacks)},
+      tally_path);
+  if (!attacker.ok()) {
+    std::fprintf(stderr, "harrier-attack-bench: attacks: %s\n",
+                 attacker.status().ToString().c_str());
+    return 1;
   }
   const Phase attacked = RunWorker(**client, seconds);
-  for (std::thread& attacker : attackers) attacker.join();
+  // The attacks end --seconds after they started; a call of theirs may run
+  // on to its own deadline (20 s at most).
+  const int attacker_exit = (*attacker)->WaitForExit(60000);
+  if (attacker_exit < 0) (*attacker)->Signal(SIGKILL);
   const int64_t rss_peak = rss.ResetPeak();
+
   // Exited (crashed) under attack: its exit status, else -1.
   const int shard_exit = (*server)->process().WaitForExit(0);
   // The partner's last pull waits for a push of rank 0 that never comes:
@@ -620,7 +778,11 @@ int Run() {
       {"sync", absl::GetFlag(FLAGS_sync)},
       {"job_token", !shard.token.empty()},
       {"seconds", seconds},
-      {"attacks", attacks},
+      {"attacks", absl::GetFlag(FLAGS_attacks)},
+      {"attack_every_ms", absl::GetFlag(FLAGS_attack_every_ms)},
+      {"cpus_shard_and_worker", job_cpus},
+      {"cpus_attacks", attack_cpus},
+      {"attacker_exit_status", attacker_exit},
       {"rss_idle_mb", Mib(rss_idle)},
       {"rss_baseline_mb", Mib(rss_baseline)},
       {"rss_peak_mb", Mib(rss_peak)},
@@ -636,7 +798,7 @@ int Run() {
       {"shard_exit_status", shard_exit},
       {"worker_stalled", alone.stalled || attacked.stalled},
       {"partner_failed_calls", partner_failures.load()},
-      {"refusals", tally.ToJson()},
+      {"refusals", LastJsonLine(tally_path)},
       {"shard_log", log_path},
       {"verdict",
        shard_exit < 0 && rss_within && ratio >= 0.5 && !attacked.stalled ? "pass" : "fail"},
@@ -664,9 +826,13 @@ int main(int argc, char** argv) {
           argc, argv, harrier::bench::kUsage,
           {"seconds", "sync", "job_token", "max_buffered_bytes", "max_connection_bytes",
            "max_request_bytes", "max_parked_pull_bytes", "max_probe_bytes_in_flight",
-           "grpc_memory_bytes", "constant_mb", "attacks"})) {
+           "grpc_memory_bytes", "constant_mb", "attacks", "attack_every_ms", "pin_cpus",
+           "attack_shard", "attack_token", "attack_session", "attack_cpus"})) {
     return *exit_code;
   }
+  if (!absl::GetFlag(FLAGS_attack_shard).empty()) return harrier::bench::RunAttackerProcess();
   harrier::bench::UseOwnRunfiles(argv[0]);
-  return harrier::bench::Run();
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  return harrier::bench::Run(n > 0 ? std::string(self, n) : std::string(argv[0]));
 }

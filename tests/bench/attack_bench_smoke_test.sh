@@ -25,9 +25,15 @@ def check(name, ok):
         failed.append(name)
 fields = ["rss_idle_mb", "rss_baseline_mb", "rss_peak_mb", "budget_sum_mb", "constant_mb",
           "rss_bound_mb", "rss_within_bound", "steps_per_s_unattacked", "steps_per_s_attacked",
-          "ratio", "shard_exit_status", "worker_stalled", "refusals", "verdict"]
+          "ratio", "shard_exit_status", "worker_stalled", "refusals", "verdict",
+          "cpus_shard_and_worker", "cpus_attacks", "attacker_exit_status"]
 check("every field", all(field in line for field in fields))
 check("the shard is alive", line.get("shard_exit_status") == -1)
+check("the attacking process ran to its end", line.get("attacker_exit_status") == 0)
+cpus_job, cpus_attacks = line.get("cpus_shard_and_worker", []), line.get("cpus_attacks", [])
+check("the attacks ran on CPUs of their own (with two or more)",
+      (len(cpus_job) + len(cpus_attacks) == 2 and cpus_job == cpus_attacks) or
+      not set(cpus_job) & set(cpus_attacks))
 check("budget_sum_mb is the four budgets (128 + 16 + 32 + 256)", line.get("budget_sum_mb") == 432)
 check("rss_peak_mb %s <= rss_bound_mb %s" % (line.get("rss_peak_mb"), line.get("rss_bound_mb")),
       line.get("rss_within_bound") is True and line["rss_peak_mb"] <= line["rss_bound_mb"])

@@ -93,13 +93,15 @@ TEST_CASE("tables: a parked pull is woken once, by the push that completes its r
   auto waiter = std::make_shared<CountingWaiter>();
   REQUIRE(store->Park(1, ref, waiter));
   REQUIRE(store->blocked_pulls() == 1);
+  // Rank 0's push leaves the round waiting for rank 1: the pull stays
+  // parked, not woken only to park again.
   REQUIRE(store->Push({Gradient("w", 0, 0, {2, 4})}).ok());
-  REQUIRE(waiter->wakes == 1);  // every change wakes (the pull asks again)
-  REQUIRE(store->blocked_pulls() == 0);
-  // Parked again, and the round completes: woken, and now ready.
-  REQUIRE(store->Park(1, ref, waiter));
+  REQUIRE(waiter->wakes == 0);
+  REQUIRE(store->blocked_pulls() == 1);
+  // Rank 1's push completes the round: woken once, and now ready.
   REQUIRE(store->Push({Gradient("w", 1, 0, {4, 8})}).ok());
-  REQUIRE(waiter->wakes == 2);
+  REQUIRE(waiter->wakes == 1);
+  REQUIRE(store->blocked_pulls() == 0);
   proto::TensorChunk out;
   std::string payload;
   absl::StatusOr<PullOutcome> answer = store->TryPull(0, 1, ref, &out, IntoString(&payload));
@@ -114,7 +116,33 @@ TEST_CASE("tables: a parked pull is woken once, by the push that completes its r
   store->Unpark(ref, waiter.get());
   REQUIRE(store->blocked_pulls() == 0);
   REQUIRE(store->Push({Gradient("w", 0, 1, {1, 1})}).ok());
-  REQUIRE(waiter->wakes == 2);
+  REQUIRE(store->Push({Gradient("w", 1, 1, {1, 1})}).ok());
+  REQUIRE(waiter->wakes == 1);
+}
+
+TEST_CASE("tables: a pull parked far ahead is not woken by the rounds before its own") {
+  auto store = MakeStore("ssp", 2);  // staleness 1
+  REQUIRE(store->Init(Init("w", 2)).ok());
+  const proto::ChunkRef ref = Ref("w", 2);
+  auto near = std::make_shared<CountingWaiter>();
+  auto far = std::make_shared<CountingWaiter>();
+  // SSP with staleness 1: a pull at clock c waits for every rank's c - 2.
+  REQUIRE(store->Park(2, ref, near));
+  REQUIRE(store->Park(5, ref, far));
+  REQUIRE(store->blocked_pulls() == 2);
+  for (int64_t clock = 0; clock < 3; ++clock) {
+    REQUIRE(store->Push({Gradient("w", 0, clock, {1, 1})}).ok());
+    REQUIRE(store->Push({Gradient("w", 1, clock, {1, 1})}).ok());
+    // Clock 0 of both lets the near pull through; the far one waits for 3.
+    REQUIRE(near->wakes == 1);
+    REQUIRE(far->wakes == 0);
+  }
+  REQUIRE(store->blocked_pulls() == 1);
+  REQUIRE(store->Push({Gradient("w", 0, 3, {1, 1})}).ok());
+  REQUIRE(far->wakes == 0);  // rank 1 is still at 3
+  REQUIRE(store->Push({Gradient("w", 1, 3, {1, 1})}).ok());
+  REQUIRE(far->wakes == 1);
+  REQUIRE(store->blocked_pulls() == 0);
 }
 
 TEST_CASE("tables: a push call spanning tables is applied whole or not at all") {
