@@ -1,7 +1,9 @@
 #include "common/request_limits.h"
 
 #include <limits>
+#include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
@@ -45,16 +47,16 @@ absl::Status CheckShape(absl::string_view what, const uint64_t* dims, size_t ran
                         uint64_t num_elements) {
   if (rank > kMaxShapeRank) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": shape of ", rank,
-                                                   " dimensions, over the limit of ",
-                                                   kMaxShapeRank, " dimensions"));
+                                                   " dimensions, over the limit of ", kMaxShapeRank,
+                                                   " dimensions"));
   }
   // A chunk holds part of its tensor: never more elements than the shape
   // has (a shape of [] is a scalar).
   uint64_t elements = 1;
   for (size_t i = 0; i < rank; ++i) {
     if (dims[i] == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": shape dimension ", i, " is 0 (each dimension must be at least 1)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": shape dimension ", i, " is 0 (each dimension must be at least 1)"));
     }
     if (elements > std::numeric_limits<uint64_t>::max() / dims[i]) {
       return absl::InvalidArgumentError(
@@ -63,8 +65,8 @@ absl::Status CheckShape(absl::string_view what, const uint64_t* dims, size_t ran
     elements *= dims[i];
   }
   if (num_elements > elements) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", num_elements,
-                                                   " elements do not fit the shape's ", elements));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", num_elements, " elements do not fit the shape's ", elements));
   }
   return absl::OkStatus();
 }
@@ -114,19 +116,31 @@ absl::Status CheckPullLimits(const proto::PullRequest& request) {
       return status;
     }
   }
+  // A chunk named twice would be read, compressed and sent twice for one
+  // call: no client asks for that, and a compressed pull of one chunk named
+  // 256 times made the shard encode it 256 times.
+  if (request.chunks_size() > 1) {
+    absl::flat_hash_set<std::pair<absl::string_view, uint32_t>> named;
+    named.reserve(static_cast<size_t>(request.chunks_size()));
+    for (const proto::ChunkRef& ref : request.chunks()) {
+      if (!named.emplace(ref.key(), ref.chunk()).second) {
+        return absl::InvalidArgumentError(absl::StrCat(kWhat, ": chunk ", ref.chunk(), " of '",
+                                                       TruncatedForLog(ref.key()),
+                                                       "' is named twice in one call"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
-absl::Status CheckHeartbeatLimits(const proto::HeartbeatRequest& request,
-                                  size_t max_chunk_clocks) {
+absl::Status CheckHeartbeatLimits(const proto::HeartbeatRequest& request, size_t max_chunk_clocks) {
   constexpr absl::string_view kWhat = "heartbeat";
   if (auto status = CheckJob(kWhat, request.job()); !status.ok()) return status;
   if (auto status = CheckSessionLimits(kWhat, request.session()); !status.ok()) return status;
   if (static_cast<size_t>(request.pushed_size()) > max_chunk_clocks) {
     return absl::InvalidArgumentError(
-        absl::StrCat(kWhat, ": ", request.pushed_size(),
-                     " pushed chunks named, over the limit of ", max_chunk_clocks,
-                     " (the chunks this shard may hold, --max_chunks)"));
+        absl::StrCat(kWhat, ": ", request.pushed_size(), " pushed chunks named, over the limit of ",
+                     max_chunk_clocks, " (the chunks this shard may hold, --max_chunks)"));
   }
   for (const proto::ChunkClock& pushed : request.pushed()) {
     if (auto status = CheckTensorName(kWhat, pushed.key()); !status.ok()) return status;
@@ -143,8 +157,7 @@ absl::Status CheckLeaveLimits(const proto::LeaveRequest& request) {
 absl::Status CheckRegisterLimits(const proto::RegisterRequest& request) {
   constexpr absl::string_view kWhat = "register";
   if (auto status = CheckJob(kWhat, request.job()); !status.ok()) return status;
-  if (auto status =
-          CheckLength(kWhat, "worker_name", request.worker_name(), kMaxWorkerNameBytes);
+  if (auto status = CheckLength(kWhat, "worker_name", request.worker_name(), kMaxWorkerNameBytes);
       !status.ok()) {
     return status;
   }
@@ -162,8 +175,7 @@ absl::Status CheckBarrierLimits(const proto::BarrierRequest& request) {
 }
 
 absl::Status CheckTransportAddressLimits(const proto::TransportAddressRequest& request) {
-  return CheckLength("transport address", "transport", request.transport(),
-                     kMaxTransportNameBytes);
+  return CheckLength("transport address", "transport", request.transport(), kMaxTransportNameBytes);
 }
 
 absl::Status CheckShutdownLimits(const proto::ShutdownRequest& request) {

@@ -88,6 +88,7 @@ absl::Status CheckShape(absl::string_view what, const uint64_t* dims, size_t ran
 absl::Status CheckSessionLimits(absl::string_view what, const proto::Session& session);
 absl::Status CheckInitLimits(const proto::InitRequest& request);
 absl::Status CheckChunkLimits(absl::string_view what, const proto::TensorChunk& chunk);
+// A pull also may not name one chunk twice (INVALID_ARGUMENT).
 absl::Status CheckPullLimits(const proto::PullRequest& request);
 // `max_chunk_clocks`: the chunks the shard may hold (--max_chunks).
 absl::Status CheckHeartbeatLimits(const proto::HeartbeatRequest& request,

@@ -12,10 +12,12 @@
 //                    bodies gRPC takes in, bounded by --grpc_memory_bytes)
 //   probes_unread    Probe{reply_bytes = 8 MiB} from connections that read
 //                    nothing, and typed probes beside them
-//   parked_pulls     rank 1's pulls for a clock far ahead (BSP parks them)
+//   parked_pulls     rank 1's pulls of 256 chunks of its own tensor "held"
+//                    for a clock far ahead (BSP parks them)
 //   oversized        names, shapes, codec specs, barrier and worker names
 //                    over common/request_limits.h
-//   many_chunks      pulls of 256 chunks (4 MiB each), read whole, and of 257
+//   many_chunks      pulls of the 256 chunks of "held", read whole, of 257,
+//                    and of 256 that name one chunk twice
 // The attacks run in a child process of their own (this binary with
 // --attack_shard), pinned to CPUs apart from the shard's and the worker's,
 // as attackers on other hosts would be: what the worker loses is what the
@@ -264,6 +266,15 @@ proto::TensorChunk ChunkOf(testing::Sessions& sessions, int64_t clock, float val
   return chunk;
 }
 
+// The attacker's own tensor: kHeldChunks chunks of kHeldChunkElements
+// (4 MiB in all), so that its pulls may name as many distinct chunks as a
+// call carries (a pull naming one chunk twice is refused).
+constexpr char kHeld[] = "held";
+constexpr uint32_t kHeldChunks = 256;
+constexpr uint64_t kHeldChunkElements = 4096;
+
+// Rank 1's pull at `clock` of chunk 0 of "w" (chunks = 1), or of the first
+// `chunks` chunks of "held" (chunk indices past kHeldChunks name none).
 proto::PullRequest PullOf(testing::Sessions& sessions, int64_t clock, size_t chunks) {
   proto::PullRequest request;
   request.set_rank(1);
@@ -271,11 +282,37 @@ proto::PullRequest PullOf(testing::Sessions& sessions, int64_t clock, size_t chu
   request.set_clock(clock);
   for (size_t i = 0; i < chunks; ++i) {
     proto::ChunkRef* ref = request.add_chunks();
-    ref->set_key("w");
-    ref->set_chunk(0);
-    ref->set_num_elements(kElements);
+    ref->set_key(chunks == 1 ? "w" : kHeld);
+    ref->set_chunk(static_cast<uint32_t>(i));
+    ref->set_num_elements(chunks == 1 ? kElements : kHeldChunkElements);
   }
   return request;
+}
+
+// Rank 1 creates "held" (every chunk, zeros).
+absl::Status InitHeld(const Shard& shard, testing::Sessions& sessions) {
+  auto stub = proto::ParameterService::NewStub(OwnChannel(shard, 5));
+  for (uint32_t chunk = 0; chunk < kHeldChunks; ++chunk) {
+    proto::InitRequest request;
+    request.set_rank(1);
+    sessions.Attach(&request);
+    request.set_key(kHeld);
+    request.set_chunk(chunk);
+    request.add_shape(kHeldChunks * kHeldChunkElements);
+    request.set_num_elements(kHeldChunkElements);
+    request.set_dtype(proto::DTYPE_FLOAT32);
+    request.mutable_initial_values()->assign(kHeldChunkElements * sizeof(float), '\0');
+    request.set_checksum(Crc32c(request.initial_values().data(), request.initial_values().size()));
+    grpc::ClientContext context;
+    Prepare(&context, shard, absl::Now() + absl::Seconds(10));
+    proto::InitResponse response;
+    if (grpc::Status status = stub->Init(&context, request, &response); !status.ok()) {
+      return absl::Status(
+          static_cast<absl::StatusCode>(status.error_code()),
+          absl::StrCat("Init of '", kHeld, "' chunk ", chunk, ": ", status.error_message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // A pull's status; its reply chunks are read whole.
@@ -409,8 +446,8 @@ void AttackProbes(const Shard& shard, absl::Time end, Tally& tally) {
   }
 }
 
-// Rank 1's pulls for a clock far ahead, 256 chunks each with a 256-byte
-// codec spec (70 KiB a request), 400 at a time on one connection: parked
+// Rank 1's pulls for a clock far ahead, the 256 chunks of "held" each with a
+// 256-byte codec spec (70 KiB a request), 400 at a time on one connection: parked
 // under BSP until their deadline (3 s), or refused once
 // --max_parked_pull_bytes is full.
 void AttackParkedPulls(const Shard& shard, testing::Sessions& sessions, int connection,
@@ -510,16 +547,22 @@ void AttackOversized(const Shard& shard, testing::Sessions& sessions, absl::Time
   }
 }
 
-// Pulls of 256 chunks of "w" (1 GiB of replies, read whole) at clock 0,
-// which is never waited for, and of 257 (over the per-call limit).
+// Pulls at clock 0 (never waited for) of the 256 chunks of "held", read
+// whole; of 257 chunks (over the per-call limit); and of 256 chunks that
+// name chunk 0 twice (one chunk named 256 times was 1 GiB of replies, or 256
+// encodings of one chunk, for a 70 KiB request).
 void AttackManyChunks(const Shard& shard, testing::Sessions& sessions, absl::Time end,
                       Tally& tally) {
   auto stub = proto::ParameterService::NewStub(OwnChannel(shard, 4));
-  const proto::PullRequest most = PullOf(sessions, 0, 256);
-  const proto::PullRequest over = PullOf(sessions, 0, 257);
+  const proto::PullRequest most = PullOf(sessions, 0, kMaxChunksPerCall);
+  const proto::PullRequest over = PullOf(sessions, 0, kMaxChunksPerCall + 1);
+  proto::PullRequest twice = most;
+  twice.mutable_chunks(kMaxChunksPerCall - 1)->set_chunk(0);
   for (AttackRounds rounds(end); rounds.Next();) {
     tally.Count("many_chunks_256", RunPull(*stub, shard, most, absl::Now() + absl::Seconds(20)));
     tally.Count("many_chunks_257", RunPull(*stub, shard, over, absl::Now() + absl::Seconds(20)));
+    tally.Count("many_chunks_named_twice",
+                RunPull(*stub, shard, twice, absl::Now() + absl::Seconds(20)));
   }
 }
 
@@ -606,6 +649,10 @@ int RunAttackerProcess() {
   }
   testing::Sessions sessions(OwnChannel(shard, 0), "harrier", shard.token);
   sessions.Adopt(1, session);
+  if (absl::Status held = InitHeld(shard, sessions); !held.ok()) {
+    std::fprintf(stderr, "harrier-attack-bench: %s\n", held.ToString().c_str());
+    return 1;
+  }
   Tally tally;
   RunAttacks(shard, sessions, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds)), tally);
   std::printf("%s\n", DumpJson(tally.ToJson()).c_str());

@@ -43,6 +43,9 @@ for name in ["oversized_tensor_name", "oversized_shape", "oversized_codec_spec",
     check(name + " refused INVALID_ARGUMENT", set(refusals.get(name, {})) == {"INVALID_ARGUMENT"})
 check("many_chunks_257 refused RESOURCE_EXHAUSTED",
       set(refusals.get("many_chunks_257", {})) == {"RESOURCE_EXHAUSTED"})
+check("many_chunks_named_twice refused INVALID_ARGUMENT",
+      set(refusals.get("many_chunks_named_twice", {})) == {"INVALID_ARGUMENT"})
+check("many_chunks_256 answered", set(refusals.get("many_chunks_256", {})) == {"OK"})
 check("push_streams met --max_buffered_bytes",
       refusals.get("push_streams", {}).get("RESOURCE_EXHAUSTED", 0) > 0)
 check("unary_no_token streams all ended by the shard",

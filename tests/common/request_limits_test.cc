@@ -3,7 +3,6 @@
 #include "common/request_limits.h"
 
 #include <catch2/catch.hpp>
-
 #include <string>
 #include <vector>
 
@@ -52,12 +51,33 @@ TEST_CASE("CheckShape bounds the rank, refuses zero dimensions and overflowing p
 
 TEST_CASE("a pull of more chunks than a call may carry is a budget refusal") {
   proto::PullRequest pull;
-  for (size_t i = 0; i < kMaxChunksPerCall; ++i) pull.add_chunks()->set_key("w");
+  for (size_t i = 0; i < kMaxChunksPerCall; ++i) {
+    proto::ChunkRef* ref = pull.add_chunks();
+    ref->set_key("w");
+    ref->set_chunk(static_cast<uint32_t>(i));
+  }
   REQUIRE(CheckPullLimits(pull).ok());
   pull.add_chunks()->set_key("w");
   const absl::Status over = CheckPullLimits(pull);
   REQUIRE(absl::IsResourceExhausted(over));
   REQUIRE(over.message().find("limit of 256 chunks per call") != absl::string_view::npos);
+}
+
+TEST_CASE("a pull that names one chunk twice is refused whole") {
+  proto::PullRequest pull;
+  for (uint32_t chunk : {0u, 1u, 2u}) {
+    proto::ChunkRef* ref = pull.add_chunks();
+    ref->set_key("w");
+    ref->set_chunk(chunk);
+  }
+  pull.add_chunks()->set_key("v");  // chunk 0 of another tensor: fine
+  REQUIRE(CheckPullLimits(pull).ok());
+  proto::ChunkRef* again = pull.add_chunks();
+  again->set_key("w");
+  again->set_chunk(1);
+  const absl::Status twice = CheckPullLimits(pull);
+  REQUIRE(absl::IsInvalidArgument(twice));
+  REQUIRE(twice.message().find("chunk 1 of 'w' is named twice") != absl::string_view::npos);
 }
 
 }  // namespace

@@ -3,11 +3,10 @@
 // before the shard keeps anything of it, with a status that names the
 // field, its size and the limit; the shard keeps serving well-behaved
 // workers; and strings the shard logs are cut short.
-#include <catch2/catch.hpp>
-
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -66,8 +65,8 @@ void RequireRefused(const grpc::Status& status, grpc::StatusCode code, const std
   REQUIRE(status.error_message().size() < 4096);
 }
 
-std::vector<std::unique_ptr<testing::ServerProcess>> Start(
-    int num_workers, std::vector<std::string> flags = {}) {
+std::vector<std::unique_ptr<testing::ServerProcess>> Start(int num_workers,
+                                                           std::vector<std::string> flags = {}) {
   flags.push_back("--sync=asp");
   flags.push_back("--lr=1");
   auto servers = testing::StartCluster(1, num_workers, flags);
@@ -162,6 +161,7 @@ proto::PullRequest PullOf(testing::Sessions& sessions, const std::string& key, s
   for (size_t i = 0; i < chunks; ++i) {
     proto::ChunkRef* ref = request.add_chunks();
     ref->set_key(key);
+    ref->set_chunk(static_cast<uint32_t>(i));
     ref->set_num_elements(4);
     ref->set_codec_params(codec);
   }
@@ -191,17 +191,17 @@ TEST_CASE("Init: tensor names, shape rank and dimensions are bounded") {
   // A dimension of 0, and a shape whose product overflows 64 bits.
   RequireRefused(Init(*stub, InitOf(sessions, "empty", {4, 0}, 0)),
                  grpc::StatusCode::INVALID_ARGUMENT, "dimension 1 is 0");
-  RequireRefused(Init(*stub, InitOf(sessions, "huge", {uint64_t{1} << 32, uint64_t{1} << 32, 4}, 1)),
-                 grpc::StatusCode::INVALID_ARGUMENT, "shape");
+  RequireRefused(
+      Init(*stub, InitOf(sessions, "huge", {uint64_t{1} << 32, uint64_t{1} << 32, 4}, 1)),
+      grpc::StatusCode::INVALID_ARGUMENT, "shape");
   // Names over the limit, by one byte and by 16 MiB.
   RequireRefused(Init(*stub, InitOf(sessions, std::string(kTensorNameLimit + 1, 'k'), {4}, 4)),
                  grpc::StatusCode::INVALID_ARGUMENT, LimitText(kTensorNameLimit));
   RequireRefused(Init(*stub, InitOf(sessions, std::string(kHostile, 'k'), {4}, 4)),
                  grpc::StatusCode::INVALID_ARGUMENT, LimitText(kTensorNameLimit));
   // At the limits: accepted.
-  const grpc::Status at_limits = Init(
-      *stub, InitOf(sessions, std::string(kTensorNameLimit, 'k'),
-                    std::vector<uint64_t>(kShapeRankLimit, 1), 1));
+  const grpc::Status at_limits = Init(*stub, InitOf(sessions, std::string(kTensorNameLimit, 'k'),
+                                                    std::vector<uint64_t>(kShapeRankLimit, 1), 1));
   INFO(at_limits.error_message());
   REQUIRE(at_limits.ok());
 
@@ -213,7 +213,12 @@ TEST_CASE("Pull: chunks per call are bounded as a push's are, and so are the nam
   auto channel = Channel(servers[0]->address());
   auto stub = proto::ParameterService::NewStub(channel);
   testing::Sessions sessions(channel);
-  REQUIRE(Init(*stub, InitOf(sessions, "w", {4}, 4)).ok());
+  // "w": as many chunks of 4 elements as a call may name.
+  for (uint32_t chunk = 0; chunk < kChunksPerCallLimit; ++chunk) {
+    proto::InitRequest init = InitOf(sessions, "w", {4 * kChunksPerCallLimit}, 4);
+    init.set_chunk(chunk);
+    REQUIRE(Init(*stub, init).ok());
+  }
 
   RequireRefused(Pull(*stub, PullOf(sessions, "w", kChunksPerCallLimit + 1)),
                  grpc::StatusCode::RESOURCE_EXHAUSTED, LimitText(kChunksPerCallLimit));
@@ -222,6 +227,13 @@ TEST_CASE("Pull: chunks per call are bounded as a push's are, and so are the nam
   INFO(at_limit.error_message());
   REQUIRE(at_limit.ok());
   REQUIRE(replies == static_cast<int>(kChunksPerCallLimit));
+  // One chunk named twice: refused whole, nothing sent.
+  proto::PullRequest twice = PullOf(sessions, "w", 3);
+  twice.mutable_chunks(2)->set_chunk(0);
+  replies = 0;
+  RequireRefused(Pull(*stub, twice, &replies), grpc::StatusCode::INVALID_ARGUMENT,
+                 "chunk 0 of 'w' is named twice in one call");
+  REQUIRE(replies == 0);
   RequireRefused(Pull(*stub, PullOf(sessions, std::string(kTensorNameLimit + 1, 'k'), 1)),
                  grpc::StatusCode::INVALID_ARGUMENT, LimitText(kTensorNameLimit));
 
@@ -357,9 +369,8 @@ TEST_CASE("Barrier: names and pending barriers are bounded; abandoned barriers a
     std::string last_refusal;
     for (int attempt = 0; attempt < 10 && !all_waited; ++attempt) {
       if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500 * attempt));
-      const auto statuses =
-          BarriersAtOnce(*control, sessions, absl::StrCat("again-", attempt, "-"),
-                         kPendingBarrierLimit, std::chrono::milliseconds(1000));
+      const auto statuses = BarriersAtOnce(*control, sessions, absl::StrCat("again-", attempt, "-"),
+                                           kPendingBarrierLimit, std::chrono::milliseconds(1000));
       all_waited = true;
       for (const grpc::Status& status : statuses) {
         if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) continue;
@@ -467,8 +478,9 @@ TEST_CASE("Register: worker_name and job are bounded, and a logged worker_name i
   RequireServesWorker({(*server)->address()}, "w");
 }
 
-TEST_CASE("heartbeats, leaves, push keys, sessions, transport names and shutdown reasons are "
-          "bounded") {
+TEST_CASE(
+    "heartbeats, leaves, push keys, sessions, transport names and shutdown reasons are "
+    "bounded") {
   auto servers = Start(2, {"--max_chunks=16"});
   auto channel = Channel(servers[0]->address());
   auto stub = proto::ParameterService::NewStub(channel);
