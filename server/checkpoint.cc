@@ -37,6 +37,8 @@ constexpr int kVersionDigits = 20;  // enough for any uint64_t
 // Flags of a rank's session entry (format 3).
 constexpr uint32_t kSessionReleased = 1;
 constexpr uint32_t kSessionHeard = 2;
+// Flags of a slot's kind entry (format 4).
+constexpr uint32_t kSlotOwnClock = 1;
 
 constexpr bool kLittleEndianHost = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
 
@@ -240,6 +242,11 @@ std::string EncodePayload(const ShardCheckpoint& c) {
     e.U64(session.epoch);
     e.U32((session.released ? kSessionReleased : 0u) | (session.heard ? kSessionHeard : 0u));
   }
+  // Format 4: each slot's table kind and clock, in slot order.
+  for (const auto& s : c.slots) {
+    e.U32(s.kind);
+    e.U32(s.own_clock ? kSlotOwnClock : 0u);
+  }
   return out;
 }
 
@@ -295,9 +302,21 @@ absl::StatusOr<ShardCheckpoint> DecodePayload(absl::string_view payload, uint32_
       c.sessions.push_back(session);
     }
   }
+  if (format >= 4) {
+    for (size_t i = 0; d.ok() && i < c.slots.size(); ++i) {
+      const std::string where = absl::StrCat("slot ", i, " ");
+      c.slots[i].kind = d.U32(where + "table kind");
+      const uint32_t flags = d.U32(where + "flags");
+      if (d.ok() && (flags & ~kSlotOwnClock) != 0) {
+        d.Fail(absl::StrFormat("%sflags 0x%08x: unknown bits", where, flags));
+      }
+      c.slots[i].own_clock = (flags & kSlotOwnClock) != 0;
+    }
+  }
   if (d.ok() && d.remaining() != 0) {
-    d.Fail(absl::StrCat(d.remaining(), format >= 3 ? " unexpected bytes after the sessions"
-                                                   : " unexpected bytes after the last slot"));
+    d.Fail(absl::StrCat(d.remaining(), format >= 4   ? " unexpected bytes after the slots' kinds"
+                                       : format >= 3 ? " unexpected bytes after the sessions"
+                                                     : " unexpected bytes after the last slot"));
   }
   if (!d.ok()) return absl::DataLossError(d.error());
   return c;

@@ -14,8 +14,9 @@
 //   magic "HRRCKPT\n" (8 bytes) | format version u32 | flags u32 (0) |
 //   payload size u64 | payload | CRC-32C u32 of every preceding byte.
 // Format versions: 1 (no optimizer kind), 2 (adds the optimizer kind after
-// the sync policy's name), 3 (adds the ranks' sessions after the slots).
-// This build writes 3 and reads all three.
+// the sync policy's name), 3 (adds the ranks' sessions after the slots),
+// 4 (adds each slot's table kind and clock after the sessions).
+// This build writes 4 and reads all four.
 // The payload is a plain length-prefixed encoding of ShardCheckpoint (see
 // checkpoint.cc); no protobuf, because the bulk is float arrays that are
 // written with one memcpy each and protobuf's 2 GiB message limit would cap
@@ -45,6 +46,10 @@ struct SlotCheckpoint {
   std::vector<float> optimizer_second;  // empty, or values.size()
   int64_t optimizer_steps = 0;
   std::vector<int64_t> pushed;  // iterations pushed, one entry per worker rank
+  // The table's kind (proto::TableKind) and whether its clock is its own
+  // (InitRequest.own_clock); format versions before 4: dense, training clock.
+  uint32_t kind = 0;
+  bool own_clock = false;
 };
 
 // What a shard keeps of one rank's session across a restart
@@ -81,7 +86,7 @@ struct ShardCheckpoint {
 };
 
 // The format version this build writes, and the oldest it still reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 3;
+inline constexpr uint32_t kCheckpointFormatVersion = 4;
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 inline constexpr int kDefaultCheckpointsKept = 3;
 

@@ -117,13 +117,28 @@ class DenseTable::ChunkPush : public StagedPush {
   bool staged_sum_ = false;                   // next sum in slot.spare_sum
 };
 
-DenseTable::DenseTable(std::string name, const TableEnvironment& env)
-    : name_(std::move(name)), env_(env) {}
+DenseTable::DenseTable(std::string name, const TableEnvironment& env, proto::TableKind kind)
+    : name_(std::move(name)), env_(env), kind_(kind) {
+  absl::MutexLock lock(&mutex_);
+  own_clock_ = kind == proto::TABLE_AVERAGE;
+}
 
 DenseTable::~DenseTable() = default;
 
 std::unique_ptr<Table> MakeDenseTable(std::string name, const TableEnvironment& env) {
   return std::make_unique<DenseTable>(std::move(name), env);
+}
+
+std::unique_ptr<Table> MakeAverageTable(std::string name, const TableEnvironment& env) {
+  TableEnvironment average = env;
+  average.controller = env.round_controller;
+  average.optimizer = env.average_optimizer;
+  return std::make_unique<DenseTable>(std::move(name), average, proto::TABLE_AVERAGE);
+}
+
+bool DenseTable::own_clock() const {
+  absl::ReaderMutexLock lock(&mutex_);
+  return own_clock_;
 }
 
 std::string DenseTable::Where(uint32_t chunk) const { return WhereOf(name_, chunk); }
@@ -187,6 +202,14 @@ absl::StatusOr<bool> DenseTable::Init(const proto::InitRequest& request) {
   std::vector<uint64_t> shape(request.shape().begin(), request.shape().end());
 
   absl::MutexLock lock(&mutex_);
+  const bool own_clock = request.own_clock() || kind_ == proto::TABLE_AVERAGE;
+  if (!slots_.empty() && own_clock != own_clock_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(chunk), own_clock ? ": registered with a clock of its own, but '"
+                                : ": registered on the training clock, but '",
+        name_, own_clock_ ? "' keeps a clock of its own" : "' follows the training clock"));
+  }
+  own_clock_ = own_clock;
   auto existing = slots_.find(chunk);
   if (existing != slots_.end()) {
     const Slot& slot = *existing->second;
@@ -660,6 +683,8 @@ void DenseTable::RebaseFromWorker(uint32_t rank, uint32_t part, int64_t next_clo
 
 void DenseTable::MergeNextClocks(std::vector<int64_t>* next) const {
   absl::ReaderMutexLock lock(&mutex_);
+  // Its clock is not the training clock: a worker resumes from the others.
+  if (own_clock_) return;
   for (const auto& entry : slots_) {
     Slot& slot = *entry.second;
     absl::MutexLock slot_lock(&slot.mutex);
@@ -698,6 +723,8 @@ void DenseTable::Export(std::vector<SlotCheckpoint>* out) const {
     saved.optimizer_second = slot.optimizer_state.second;
     saved.optimizer_steps = slot.optimizer_state.steps;
     saved.pushed = slot.book.CheckpointClocks();
+    saved.kind = static_cast<uint32_t>(kind_);
+    saved.own_clock = own_clock_;
     out->push_back(std::move(saved));
   }
 }
@@ -719,6 +746,15 @@ absl::Status DenseTable::Import(const SlotCheckpoint& saved) {
   }
   const uint64_t bytes = saved.values.size() * sizeof(float);
   absl::MutexLock lock(&mutex_);
+  if (saved.kind != static_cast<uint32_t>(kind_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint holds ", Where(saved.chunk), " as table kind ", saved.kind, ", not ", kind_));
+  }
+  if (!slots_.empty() && saved.own_clock != own_clock_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint holds chunks of '", name_, "' with and without a clock of their own"));
+  }
+  own_clock_ = saved.own_clock;
   if (slots_.count(saved.chunk) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint holds ", Where(saved.chunk), " twice"));

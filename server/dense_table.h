@@ -24,10 +24,15 @@ namespace harrier {
 
 class DenseTable : public Table {
  public:
-  DenseTable(std::string name, const TableEnvironment& env);
+  // kind TABLE_AVERAGE: env's controller and optimizer are the averaging
+  // ones (MakeAverageTable).
+  DenseTable(std::string name, const TableEnvironment& env,
+             proto::TableKind kind = proto::TABLE_DENSE);
   ~DenseTable() override;
 
-  proto::TableKind kind() const override { return proto::TABLE_DENSE; }
+  proto::TableKind kind() const override { return kind_; }
+  // Whether the tensor keeps a clock of its own (InitRequest.own_clock).
+  bool own_clock() const;
   const std::string& name() const override { return name_; }
 
   absl::StatusOr<bool> Init(const proto::InitRequest& request) override;
@@ -137,14 +142,21 @@ class DenseTable : public Table {
 
   const std::string name_;
   const TableEnvironment env_;
+  const proto::TableKind kind_;
 
   mutable absl::Mutex mutex_;
   absl::flat_hash_map<uint32_t, std::shared_ptr<Slot>> slots_ ABSL_GUARDED_BY(mutex_);
   uint64_t bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  // Set by the first Init (or a checkpoint); later ones must agree.
+  bool own_clock_ ABSL_GUARDED_BY(mutex_) = false;
 };
 
 // Tables of the dense kind.
 std::unique_ptr<Table> MakeDenseTable(std::string name, const TableEnvironment& env);
+// A TABLE_AVERAGE table: a dense table whose rounds are BSP's
+// (env.round_controller) and whose step sets the values to the round's
+// average (env.average_optimizer).
+std::unique_ptr<Table> MakeAverageTable(std::string name, const TableEnvironment& env);
 
 }  // namespace harrier
 

@@ -120,9 +120,24 @@ class Delta : public Optimizer {
   OptimizerOptions options_;
 };
 
+class Average : public Optimizer {
+ public:
+  Average() { options_.kind = "average"; }
+  const OptimizerOptions& options() const override { return options_; }
+  void Step(absl::Span<float> w, absl::Span<const float> average, float scale,
+            OptimizerState& state) const override {
+    for (size_t i = 0; i < w.size(); ++i) w[i] = scale * average[i];
+    ++state.steps;
+  }
+
+ private:
+  OptimizerOptions options_;
+};
+
 }  // namespace
 
 std::unique_ptr<Optimizer> CreateDeltaOptimizer() { return std::make_unique<Delta>(); }
+std::unique_ptr<Optimizer> CreateAverageOptimizer() { return std::make_unique<Average>(); }
 
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const OptimizerOptions& options) {
   if (!(options.lr > 0) || !std::isfinite(options.lr)) {

@@ -59,6 +59,11 @@ absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const OptimizerOption
 // beyond the step count. options() reports kind "delta".
 std::unique_ptr<Optimizer> CreateDeltaOptimizer();
 
+// The step of a tensor whose value is the average of its last round
+// (TABLE_AVERAGE): w <- scale * g, no state beyond the step count.
+// options() reports kind "average".
+std::unique_ptr<Optimizer> CreateAverageOptimizer();
+
 }  // namespace harrier
 
 #endif  // HARRIER_SERVER_OPTIMIZER_H_

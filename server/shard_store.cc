@@ -41,6 +41,9 @@ ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> opt
       controller_(options.sync, options.num_workers, options.staleness_aware_lr,
                   options.max_pending_rounds),
       optimizer_(controller_.ShardOptimizer(std::move(optimizer))),
+      round_controller_(SyncPolicy{}, options.num_workers, /*staleness_aware_lr=*/false,
+                        options.max_pending_rounds),
+      average_optimizer_(CreateAverageOptimizer()),
       partitioner_(partitioner ? std::move(partitioner)
                                : std::make_unique<HashPartitioner>(options.num_shards)),
       membership_(options.num_workers),
@@ -55,6 +58,8 @@ ShardStore::ShardStore(ShardStoreOptions options, std::unique_ptr<Optimizer> opt
   env_.options = &options_;
   env_.controller = &controller_;
   env_.optimizer = optimizer_.get();
+  env_.round_controller = &round_controller_;
+  env_.average_optimizer = average_optimizer_.get();
   env_.membership = &membership_;
   env_.codecs = &codecs_;
   env_.counters = &counters_;
@@ -365,11 +370,15 @@ absl::Status ShardStore::Import(const ShardCheckpoint& checkpoint) {
   }
   absl::MutexLock lock(&tables_mutex_);
   if (!tables_.empty()) return absl::FailedPreconditionError("import into a non-empty shard");
-  // Checkpoints hold dense chunks.
-  const TableFactory& make_dense = *FindTableKind(proto::TABLE_DENSE);
   for (const SlotCheckpoint& saved : checkpoint.slots) {
+    const TableFactory* make = FindTableKind(static_cast<proto::TableKind>(saved.kind));
+    if (make == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint holds '", saved.key, "' as table kind ", saved.kind,
+          ", which this shard does not know"));
+    }
     auto& table = tables_[saved.key];
-    if (table == nullptr) table = make_dense(saved.key, env_);
+    if (table == nullptr) table = (*make)(saved.key, env_);
     if (auto status = table->Import(saved); !status.ok()) return status;
   }
   restored_ = true;
@@ -386,7 +395,10 @@ absl::StatusOr<std::vector<float>> ShardStore::Snapshot(const std::string& key,
 ShardStore::BuffersForTesting ShardStore::BuffersOfForTesting(const std::string& key,
                                                               uint32_t chunk) const {
   const std::shared_ptr<Table> table = FindTable(key);
-  if (table == nullptr || table->kind() != proto::TABLE_DENSE) return {};
+  if (table == nullptr ||
+      (table->kind() != proto::TABLE_DENSE && table->kind() != proto::TABLE_AVERAGE)) {
+    return {};
+  }
   return static_cast<const DenseTable&>(*table).BuffersOfForTesting(chunk);
 }
 

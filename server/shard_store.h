@@ -193,6 +193,9 @@ class ShardStore {
   const ShardStoreOptions options_;
   const ConsistencyController controller_;
   const std::unique_ptr<Optimizer> optimizer_;
+  // TABLE_AVERAGE tables' rule and step.
+  const ConsistencyController round_controller_;
+  const std::unique_ptr<Optimizer> average_optimizer_;
   const std::unique_ptr<Partitioner> partitioner_;
   ShardCounters counters_;
   Membership membership_;

@@ -147,6 +147,10 @@ struct TableEnvironment {
   const ShardStoreOptions* options = nullptr;
   const ConsistencyController* controller = nullptr;
   const Optimizer* optimizer = nullptr;
+  // What TABLE_AVERAGE tables use instead: BSP rounds whatever the job's
+  // --sync, and a step that makes the round's average the value.
+  const ConsistencyController* round_controller = nullptr;
+  const Optimizer* average_optimizer = nullptr;
   const Membership* membership = nullptr;
   CodecCache* codecs = nullptr;
   ShardCounters* counters = nullptr;

@@ -9,6 +9,7 @@ namespace harrier {
 const TableFactory* FindTableKind(proto::TableKind kind) {
   static const auto* const kinds = new absl::flat_hash_map<int, TableFactory>{
       {proto::TABLE_DENSE, MakeDenseTable},
+      {proto::TABLE_AVERAGE, MakeAverageTable},
   };
   auto it = kinds->find(static_cast<int>(kind));
   return it == kinds->end() ? nullptr : &it->second;

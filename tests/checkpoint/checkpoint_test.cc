@@ -99,6 +99,8 @@ void RequireSame(const ShardCheckpoint& x, const ShardCheckpoint& y) {
     REQUIRE(BitwiseEqual(a.optimizer_second, b.optimizer_second));
     REQUIRE(a.optimizer_steps == b.optimizer_steps);
     REQUIRE(a.pushed == b.pushed);
+    REQUIRE(a.kind == b.kind);
+    REQUIRE(a.own_clock == b.own_clock);
   }
   REQUIRE(x.session_epoch_floor == y.session_epoch_floor);
   REQUIRE(x.sessions.size() == y.sessions.size());
@@ -413,11 +415,21 @@ void ErasePayload(std::string* bytes, size_t at, size_t n) {
     (*bytes)[16 + i] = static_cast<char>((payload_size >> (8 * i)) & 0xff);
 }
 
-// A format-2 file of `c` (no sessions), as the previous release wrote.
+// A format-3 file of `c` (no table kinds: every slot dense, on the
+// training clock).
+std::string FormatThreeFile(const ShardCheckpoint& c) {
+  std::string bytes = EncodeCheckpoint(c);
+  // Format 4 ends the payload with 8 bytes per slot, before the 4-byte CRC.
+  ErasePayload(&bytes, bytes.size() - 4 - 8 * c.slots.size(), 8 * c.slots.size());
+  bytes[8] = 3;
+  return Reseal(bytes);
+}
+
+// A format-2 file of `c` (no sessions), as an older release wrote.
 std::string FormatTwoFile(ShardCheckpoint c) {
   c.sessions.clear();
   c.session_epoch_floor = 0;
-  std::string bytes = EncodeCheckpoint(c);
+  std::string bytes = FormatThreeFile(c);
   // Format 3 ends the payload with the sessions: the epoch floor and the
   // entry count (8 bytes each, here no entries), before the 4-byte CRC.
   ErasePayload(&bytes, bytes.size() - 4 - 16, 16);
@@ -435,6 +447,31 @@ std::string FormatOneFile(ShardCheckpoint c) {
   ErasePayload(&bytes, optimizer_at, 8);
   bytes[8] = 1;
   return Reseal(bytes);
+}
+
+TEST_CASE("a checkpoint records each table's kind and clock; format 3 files load as dense",
+          "[checkpoint]") {
+  ShardCheckpoint c = MakeCheckpoint(0, 1);
+  REQUIRE(c.slots.size() >= 2);
+  c.slots[0].kind = 1;  // TABLE_AVERAGE
+  c.slots[0].own_clock = true;
+  c.slots[1].own_clock = true;
+  auto decoded = DecodeCheckpoint(EncodeCheckpoint(c));
+  INFO(decoded.status().ToString());
+  REQUIRE(decoded.ok());
+  REQUIRE(decoded->slots[0].kind == 1);
+  REQUIRE(decoded->slots[0].own_clock);
+  REQUIRE(decoded->slots[1].kind == 0);
+  REQUIRE(decoded->slots[1].own_clock);
+  for (size_t i = 2; i < decoded->slots.size(); ++i) REQUIRE_FALSE(decoded->slots[i].own_clock);
+  RequireSame(c, *decoded);
+  auto old = DecodeCheckpoint(FormatThreeFile(c));
+  INFO(old.status().ToString());
+  REQUIRE(old.ok());
+  for (const SlotCheckpoint& slot : old->slots) {
+    REQUIRE(slot.kind == 0);
+    REQUIRE_FALSE(slot.own_clock);
+  }
 }
 
 TEST_CASE("a checkpoint records the ranks' sessions; format 2 files load without them",

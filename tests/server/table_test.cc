@@ -57,6 +57,82 @@ TEST_CASE("tables: Init names a known table kind; one key is one table of one ki
   REQUIRE(store->tensors_held()[0].name == "w");
 }
 
+std::vector<float> Values(const std::string& payload) {
+  std::vector<float> values(payload.size() / 4);
+  std::memcpy(values.data(), payload.data(), payload.size());
+  return values;
+}
+
+TEST_CASE("tables: an average table holds each round's average whatever --sync, on its own clock") {
+  for (const char* sync : {"bsp", "ssp", "asp", "local"}) {
+    INFO(sync);
+    auto store = MakeStore(sync, 2);
+    // The training tensor runs ahead on the training clock.
+    REQUIRE(store->Init(Init("w", 2)).ok());
+    for (int64_t clock = 0; clock < 5; ++clock) {
+      REQUIRE(store->Push({Gradient("w", 0, clock, {1, 1})}).ok());
+      REQUIRE(store->Push({Gradient("w", 1, clock, {1, 1})}).ok());
+    }
+    proto::InitRequest average = Init("loss", 2);
+    average.set_kind(proto::TABLE_AVERAGE);
+    REQUIRE(*store->Init(average));
+    const proto::ChunkRef ref = Ref("loss", 2);
+    proto::TensorChunk out;
+    std::string payload;
+    for (int64_t round = 0; round < 3; ++round) {
+      // Its first push is clock 0 of its own, after five training clocks.
+      const float x = static_cast<float>(round + 1);
+      REQUIRE(store->Push({Gradient("loss", 0, round, {x, 10 * x})}).ok());
+      // Every mode waits for the round: the other rank has not pushed.
+      absl::StatusOr<PullOutcome> waits =
+          store->TryPull(0, round + 1, ref, &out, IntoString(&payload));
+      REQUIRE(waits.ok());
+      REQUIRE_FALSE(waits->ready);
+      REQUIRE(store->Push({Gradient("loss", 1, round, {3 * x, 30 * x})}).ok());
+      absl::StatusOr<PullOutcome> answer =
+          store->TryPull(1, round + 1, ref, &out, IntoString(&payload));
+      REQUIRE((answer.ok() && answer->ready));
+      // The average itself: no optimizer step, no 1/n scaling.
+      REQUIRE(Values(payload) == std::vector<float>{2 * x, 20 * x});
+    }
+    // Its clock does not lower the next clock a worker resumes from.
+    REQUIRE(store->NextClocks() == std::vector<int64_t>{5, 5});
+    // Kept by a checkpoint with its kind: a restored shard averages it still.
+    const ShardCheckpoint saved = store->Export();
+    auto restored = MakeStore(sync, 2);
+    REQUIRE(restored->Import(saved).ok());
+    REQUIRE(*restored->Init(average) == false);
+    REQUIRE(restored->NextClocks() == std::vector<int64_t>{5, 5});
+    REQUIRE(absl::IsInvalidArgument(restored->Init(Init("loss", 2)).status()));  // as dense
+  }
+}
+
+TEST_CASE("tables: every Init of a tensor says the same clock") {
+  auto store = MakeStore("bsp", 2);
+  proto::InitRequest own = Init("late", 4);
+  own.set_own_clock(true);
+  REQUIRE(*store->Init(own));
+  const absl::StatusOr<bool> refused = store->Init(Init("late", 4));
+  REQUIRE(absl::IsInvalidArgument(refused.status()));
+  REQUIRE(refused.status().message().find("keeps a clock of its own") != std::string::npos);
+  // A dense tensor on a clock of its own: pushed from clock 0 while the
+  // training tensor is at clock 3; BSP rounds as usual.
+  REQUIRE(store->Init(Init("w", 4)).ok());
+  for (int64_t clock = 0; clock < 3; ++clock) {
+    REQUIRE(store->Push({Gradient("w", 0, clock, {0, 0, 0, 0})}).ok());
+    REQUIRE(store->Push({Gradient("w", 1, clock, {0, 0, 0, 0})}).ok());
+  }
+  REQUIRE(store->Push({Gradient("late", 0, 0, {2, 2, 2, 2})}).ok());
+  REQUIRE(store->Push({Gradient("late", 1, 0, {4, 4, 4, 4})}).ok());
+  proto::TensorChunk out;
+  std::string payload;
+  absl::StatusOr<PullOutcome> answer =
+      store->TryPull(0, 1, Ref("late", 4), &out, IntoString(&payload));
+  REQUIRE((answer.ok() && answer->ready));
+  REQUIRE(Values(payload) == std::vector<float>{-3, -3, -3, -3});  // SGD lr 1, averaged
+  REQUIRE(store->NextClocks() == std::vector<int64_t>{3, 3});
+}
+
 TEST_CASE("tables: a pull the consistency model holds back is a value, not an error") {
   auto store = MakeStore("bsp", 2);
   REQUIRE(store->Init(Init("w", 4)).ok());
