@@ -172,14 +172,33 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
     if (client != nullptr) WithoutGilIfHeld([&] { client.reset(); });
   }
 
+  // kind: "parameters" or "average" (TensorKind).
   void Register(const std::string& name, const std::vector<int64_t>& shape,
-                const py::object& initial) {
+                const py::object& initial, const std::string& kind, bool own_clock,
+                const std::string& codec, const std::string& pull_codec) {
     Client& c = client();
+    TensorOptions options;
+    if (kind == "average") {
+      options.kind = TensorKind::kAverage;
+    } else if (kind != "parameters") {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': kind must be 'parameters' or 'average', got '", kind, "'")));
+    }
+    options.own_clock = own_clock;
+    options.codec = codec;
+    options.pull_codec = pull_codec;
     FloatBuffer values;
     if (!initial.is_none()) values = ViewOf(initial, /*writable=*/false, "register '" + name + "'");
     WithoutGil([&] {
-      return c.RegisterTensor(name, shape, absl::MakeConstSpan(values.data, values.size));
+      return c.RegisterTensor(name, shape, absl::MakeConstSpan(values.data, values.size),
+                              options);
     });
+  }
+
+  int64_t TensorClock(const std::string& name) {
+    absl::StatusOr<int64_t> clock = client().TensorClock(name);
+    if (!clock.ok()) ThrowIfError(clock.status());
+    return *clock;
   }
 
   void Push(const std::string& name, const py::object& gradient) {
@@ -277,6 +296,10 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
     out["mode"] = sync.mode;
     out["staleness"] = sync.staleness;
     out["local_steps"] = sync.local_steps;
+    out["optimizer"] = sync.optimizer;
+    out["lr"] = sync.lr;
+    out["momentum"] = sync.momentum;
+    out["weight_decay"] = sync.weight_decay;
     return out;
   }
 
@@ -525,7 +548,10 @@ PYBIND11_MODULE(_harrier, m) {
                              [](PyClient& c) { return c.client().session_epoch(); })
       .def_property_readonly("current_clock", [](PyClient& c) { return c.client().clock(); })
       .def("sync", &PyClient::Sync)
-      .def("register", &PyClient::Register, py::arg("name"), py::arg("shape"), py::arg("initial"))
+      .def("register", &PyClient::Register, py::arg("name"), py::arg("shape"), py::arg("initial"),
+           py::arg("kind") = "parameters", py::arg("own_clock") = false, py::arg("codec") = "",
+           py::arg("pull_codec") = "")
+      .def("tensor_clock", &PyClient::TensorClock)
       .def("push", &PyClient::Push)
       .def("pull", &PyClient::Pull)
       .def("push_pull", &PyClient::PushPull)

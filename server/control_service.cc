@@ -123,6 +123,16 @@ ControlServiceImpl::Clock::time_point ControlServiceImpl::BarrierExpiry(
   return now + std::chrono::duration_cast<Clock::duration>(remaining);
 }
 
+static void FillOptimizerConfig(const OptimizerOptions& optimizer, proto::OptimizerConfig* out) {
+  out->set_kind(optimizer.kind);
+  out->set_lr(optimizer.lr);
+  out->set_momentum(optimizer.momentum);
+  out->set_weight_decay(optimizer.weight_decay);
+  out->set_beta1(optimizer.beta1);
+  out->set_beta2(optimizer.beta2);
+  out->set_epsilon(optimizer.epsilon);
+}
+
 void FillSyncConfig(const SyncPolicy& policy, proto::SyncConfig* sync) {
   switch (policy.mode) {
     case SyncMode::kBsp:
@@ -262,6 +272,7 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
   response->set_job_id(response->session().job_id());
   for (const auto& address : options_.shard_addresses) response->add_shard_addresses(address);
   FillSyncConfig(options_.sync, response->mutable_sync());
+  FillOptimizerConfig(options_.optimizer, response->mutable_optimizer());
   return grpc::Status::OK;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/consistency.h"
+#include "server/optimizer.h"
 #include "server/job_token.h"
 #include "server/membership.h"
 #include "server/session.h"
@@ -26,6 +27,8 @@ void FillSyncConfig(const SyncPolicy& policy, proto::SyncConfig* sync);
 struct ControlOptions {
   int num_workers = 1;
   SyncPolicy sync;
+  // The shards' optimizer, told to every worker that registers.
+  OptimizerOptions optimizer;
   std::vector<std::string> shard_addresses;  // may be empty: workers know them
   // A barrier whose client set no deadline (or a later one) ends this long
   // after it began, with DEADLINE_EXCEEDED.

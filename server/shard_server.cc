@@ -168,6 +168,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
     ControlOptions control;
     control.num_workers = options.store.num_workers;
     control.sync = options.store.sync;
+    control.optimizer = options.optimizer;
+    if (options.store.sync.mode == SyncMode::kLocal) control.optimizer = OptimizerOptions{"delta"};
     control.shard_addresses = options.shard_addresses;
     control.job_token = options.job_token;
     control.job = options.job;

@@ -9,10 +9,42 @@
 
 namespace harrier {
 
-// Where a tensor's buffers live, and the backend that compresses them.
+// The codecs of one tensor's pushes and pulls, with the parameters as sent.
+struct ChunkCodec::CodecPair {
+  CodecSpec push_spec;
+  std::string push_params;  // push_spec without worker-only fields
+  CodecSpec pull_spec;
+  std::string pull_params;
+
+  static absl::StatusOr<std::shared_ptr<const CodecPair>> Make(const std::string& push_codec,
+                                                               const std::string& pull_codec) {
+    auto push_spec = CodecSpec::Parse(push_codec);
+    if (!push_spec.ok()) return push_spec.status();
+    auto pull_spec = CodecSpec::Parse(pull_codec);
+    if (!pull_spec.ok()) return pull_spec.status();
+    // Refused specs fail here, not at the first push.
+    if (auto codec = CreateCodec(*push_spec); !codec.ok()) return codec.status();
+    if (auto codec = CreateCodec(*pull_spec); !codec.ok()) return codec.status();
+    auto pair = std::make_shared<CodecPair>();
+    pair->push_spec = *push_spec;
+    // Momentum correction happens on the worker only; the payload is a
+    // plain threshold payload, so the shard (and a BSP round, which needs
+    // one codec from every worker) is told the spec without it.
+    CodecSpec wire = *push_spec;
+    wire.momentum = 0.0;
+    pair->push_params = wire.ToString();
+    pair->pull_spec = *pull_spec;
+    pair->pull_params = pull_spec->ToString();
+    return std::shared_ptr<const CodecPair>(std::move(pair));
+  }
+};
+
+// Where a tensor's buffers live, the backend that compresses them and the
+// codecs it uses.
 struct ChunkCodec::TensorState {
   MemoryKind memory = MemoryKind::kHost;
   std::shared_ptr<CodecBackend> backend;
+  std::shared_ptr<const CodecPair> codecs;
   // Device tensors: a landing buffer per chunk for dense pull replies,
   // made on first use, taken by one transport call at a time.
   mutable absl::Mutex landing_mutex;
@@ -42,6 +74,7 @@ struct ChunkCodec::PushState {
 // The parameters of one chunk as rebuilt from compressed pull replies.
 struct ChunkCodec::Mirror {
   absl::Mutex mutex;
+  std::string params;  // the pull codec's parameters, immutable
   std::unique_ptr<PullMirror> mirror ABSL_GUARDED_BY(mutex);  // empty until a dense reply
   uint64_t version ABSL_GUARDED_BY(mutex) = 0;  // the shard's view version of the mirror
 };
@@ -49,13 +82,8 @@ struct ChunkCodec::Mirror {
 absl::StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(
     const std::string& push_codec, const std::string& pull_codec, size_t compress_min_bytes,
     std::shared_ptr<CodecBackend> host_backend, std::shared_ptr<CodecBackend> device_backend) {
-  auto push_spec = CodecSpec::Parse(push_codec);
-  if (!push_spec.ok()) return push_spec.status();
-  auto pull_spec = CodecSpec::Parse(pull_codec);
-  if (!pull_spec.ok()) return pull_spec.status();
-  // Refused specs fail here, not at the first registration.
-  if (auto codec = CreateCodec(*push_spec); !codec.ok()) return codec.status();
-  if (auto codec = CreateCodec(*pull_spec); !codec.ok()) return codec.status();
+  auto codecs = CodecPair::Make(push_codec, pull_codec);
+  if (!codecs.ok()) return codecs.status();
   if (host_backend == nullptr) host_backend = NewHostCodecBackend();
   if (host_backend->memory() != MemoryKind::kHost) {
     return absl::InvalidArgumentError(
@@ -66,26 +94,31 @@ absl::StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(
                                                    device_backend->name(),
                                                    "' works on host memory"));
   }
-  return std::unique_ptr<ChunkCodec>(new ChunkCodec(*push_spec, *pull_spec, compress_min_bytes,
-                                                    std::move(host_backend),
+  return std::unique_ptr<ChunkCodec>(new ChunkCodec(*std::move(codecs), push_codec, pull_codec,
+                                                    compress_min_bytes, std::move(host_backend),
                                                     std::move(device_backend)));
 }
 
-ChunkCodec::ChunkCodec(CodecSpec push_spec, CodecSpec pull_spec, size_t compress_min_bytes,
+ChunkCodec::ChunkCodec(std::shared_ptr<const CodecPair> codecs, std::string push_codec,
+                       std::string pull_codec, size_t compress_min_bytes,
                        std::shared_ptr<CodecBackend> host_backend,
                        std::shared_ptr<CodecBackend> device_backend)
-    : push_spec_(push_spec),
-      pull_spec_(pull_spec),
-      pull_params_(pull_spec.ToString()),
+    : default_codecs_(std::move(codecs)),
+      default_push_codec_(std::move(push_codec)),
+      default_pull_codec_(std::move(pull_codec)),
       compress_min_bytes_(compress_min_bytes),
       host_backend_(std::move(host_backend)),
-      device_backend_(std::move(device_backend)) {
-  // Momentum correction happens on the worker only; the payload is a plain
-  // threshold payload, so the shard (and a BSP round, which needs one codec
-  // from every worker) is told the spec without it.
-  CodecSpec wire = push_spec;
-  wire.momentum = 0.0;
-  push_params_ = wire.ToString();
+      device_backend_(std::move(device_backend)) {}
+
+absl::StatusOr<std::shared_ptr<const ChunkCodec::CodecPair>> ChunkCodec::CodecsOf(
+    const TensorInfo& info) const {
+  if (info.push_codec.empty() && info.pull_codec.empty()) return default_codecs_;
+  return CodecPair::Make(info.push_codec.empty() ? default_push_codec_ : info.push_codec,
+                         info.pull_codec.empty() ? default_pull_codec_ : info.pull_codec);
+}
+
+absl::Status ChunkCodec::CheckCodecs(const TensorInfo& info) const {
+  return CodecsOf(info).status();
 }
 
 ChunkCodec::~ChunkCodec() = default;
@@ -94,11 +127,11 @@ bool ChunkCodec::Supports(MemoryKind memory) const {
   return memory == MemoryKind::kHost || device_backend_ != nullptr;
 }
 
-bool ChunkCodec::ChunkPushSpec(const TensorInfo& info, const ChunkSpan& span,
-                               CodecSpec* spec) const {
-  if (push_spec_.id == CodecId::kNone) return false;
-  *spec = push_spec_;
-  if (push_spec_.id != CodecId::kPowerSgd || push_spec_.cols != 0) return true;
+bool ChunkCodec::ChunkPushSpec(const TensorInfo& info, const CodecSpec& push_spec,
+                               const ChunkSpan& span, CodecSpec* spec) const {
+  if (push_spec.id == CodecId::kNone) return false;
+  *spec = push_spec;
+  if (push_spec.id != CodecId::kPowerSgd || push_spec.cols != 0) return true;
   // PowerSGD on the layer's matrix: rows of d1*d2*... elements.
   if (info.shape.size() <= 1) return false;  // a bias, say: no matrix to factor
   uint64_t row = 1;
@@ -124,25 +157,30 @@ absl::Status ChunkCodec::AddTensor(const TensorInfo& info) {
                      "' lives in device memory but the client has no device codec backend "
                      "(ClientOptions::device_backend)"));
   }
+  auto codecs = CodecsOf(info);
+  if (!codecs.ok()) return codecs.status();
   auto tensor = std::make_shared<TensorState>();
   tensor->memory = info.memory;
   tensor->backend = backend;
+  tensor->codecs = *codecs;
+  const CodecPair& pair = **codecs;
   std::vector<std::pair<ChunkKey, std::shared_ptr<PushState>>> push;
   std::vector<std::pair<ChunkKey, std::shared_ptr<Mirror>>> mirrored;
   for (const ShardGroup& group : info.groups) {
     for (const ChunkSpan& span : group.spans) {
       if (span.num_elements * sizeof(float) < compress_min_bytes_) continue;
       ChunkKey key{info.name, span.chunk};
-      if (pull_spec_.id != CodecId::kNone) {
-        auto mirror = backend->NewPullMirror(pull_spec_, span.num_elements);
+      if (pair.pull_spec.id != CodecId::kNone) {
+        auto mirror = backend->NewPullMirror(pair.pull_spec, span.num_elements);
         if (!mirror.ok()) return mirror.status();
         auto state = std::make_shared<Mirror>();
+        state->params = pair.pull_params;
         absl::MutexLock lock(&state->mutex);
         state->mirror = std::move(*mirror);
         mirrored.emplace_back(key, std::move(state));
       }
       CodecSpec spec;
-      if (!ChunkPushSpec(info, span, &spec)) continue;
+      if (!ChunkPushSpec(info, pair.push_spec, span, &spec)) continue;
       auto stream = backend->NewPushStream(spec, span.num_elements);
       if (!stream.ok()) return stream.status();
       auto state = std::make_shared<PushState>();
@@ -181,9 +219,9 @@ std::shared_ptr<ChunkCodec::Mirror> ChunkCodec::MirrorFor(const ChunkKey& key) c
   return it == mirrors_.end() ? nullptr : it->second;
 }
 
-const std::string& ChunkCodec::PullParams(const ChunkKey& key) const {
-  static const std::string* const kDense = new std::string();
-  return MirrorFor(key) != nullptr ? pull_params_ : *kDense;
+std::string ChunkCodec::PullParams(const ChunkKey& key) const {
+  std::shared_ptr<Mirror> mirror = MirrorFor(key);
+  return mirror != nullptr ? mirror->params : std::string();
 }
 
 uint64_t ChunkCodec::ViewVersion(const ChunkKey& key) const {
@@ -205,7 +243,7 @@ absl::Status ChunkCodec::EncodePush(const ChunkKey& key, absl::Span<const float>
     return absl::Status(status.code(), absl::StrCat("tensor '", key.name, "' chunk ", key.chunk,
                                                     ": ", status.message()));
   };
-  const std::string& pull_params = PullParams(key);
+  const std::string pull_params = PullParams(key);
   if (!pull_params.empty()) header.set_pull_codec_params(pull_params);
   std::shared_ptr<PushState> state = PushStateFor(key);
   const size_t bytes = values.size() * sizeof(float);
@@ -240,12 +278,12 @@ absl::Status ChunkCodec::EncodePush(const ChunkKey& key, absl::Span<const float>
   } else {
     absl::MutexLock lock(&state->mutex);
     CodecContext context;
-    context.seed = DeriveSeed(key.name, key.chunk, clock, rank, push_spec_.seed);
+    context.seed = DeriveSeed(key.name, key.chunk, clock, rank, tensor->codecs->push_spec.seed);
     absl::Status status = state->stream->Encode(values.data(), values.size(), context, &out->owned);
     out->is_borrowed = false;
     if (!status.ok()) return fail(status);
-    header.set_codec(static_cast<uint32_t>(push_spec_.id));
-    header.set_codec_params(push_params_);
+    header.set_codec(static_cast<uint32_t>(tensor->codecs->push_spec.id));
+    header.set_codec_params(tensor->codecs->push_params);
   }
   const absl::string_view payload = out->payload();
   header.set_checksum(Crc32c(payload.data(), payload.size()));
@@ -402,10 +440,10 @@ absl::Status ChunkCodec::DecodeIntoMirror(const std::string& name, const ChunkSp
                                           float* out) const {
   // A compressed reply is the difference to this worker's view: decode it
   // into the mirror, then hand out the mirror.
-  if (reply.codec_params() != pull_params_) {
+  if (reply.codec_params() != mirror.params) {
     return absl::DataLossError(absl::StrCat("reply for '", name, "' chunk ", reply.chunk(),
                                             " uses codec '", reply.codec_params(), "', requested '",
-                                            pull_params_, "'"));
+                                            mirror.params, "'"));
   }
   // Decoders read one contiguous buffer; replies may arrive in pieces.
   std::string joined;

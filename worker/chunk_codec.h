@@ -56,16 +56,20 @@ class ChunkCodec {
   ~ChunkCodec();
 
   // (Re)creates the state of every chunk of `info` in the backend of
-  // info.memory: fresh push streams and empty mirrors. On error nothing
-  // changes.
+  // info.memory: fresh push streams and empty mirrors, with the tensor's
+  // own codecs (TensorInfo::push_codec, pull_codec) where it names them.
+  // On error nothing changes.
   absl::Status AddTensor(const TensorInfo& info);
+  // INVALID_ARGUMENT if the tensor's own codecs do not parse (AddTensor
+  // would refuse it), before anything is registered.
+  absl::Status CheckCodecs(const TensorInfo& info) const;
 
   // Whether tensors in `memory` can be added (a backend for it exists).
   bool Supports(MemoryKind memory) const;
 
   // The pull-codec parameters a pull of this chunk asks for; empty when the
   // chunk is pulled dense.
-  const std::string& PullParams(const ChunkKey& key) const;
+  std::string PullParams(const ChunkKey& key) const;
 
   // The version of the chunk's pull view (the last reply's view_version;
   // 0: none, or the chunk is pulled dense). A pull sends it so the shard
@@ -132,13 +136,16 @@ class ChunkCodec {
   uint64_t staged_bytes() const { return staged_bytes_; }
 
  private:
+  struct CodecPair;
   struct TensorState;
   struct PushState;
   struct Mirror;
 
-  ChunkCodec(CodecSpec push_spec, CodecSpec pull_spec, size_t compress_min_bytes,
+  ChunkCodec(std::shared_ptr<const CodecPair> codecs, std::string push_codec,
+             std::string pull_codec, size_t compress_min_bytes,
              std::shared_ptr<CodecBackend> host_backend,
              std::shared_ptr<CodecBackend> device_backend);
+  absl::StatusOr<std::shared_ptr<const CodecPair>> CodecsOf(const TensorInfo& info) const;
   // Shared, so a re-registration replacing an entry never frees state that
   // a push or pull in flight still uses.
   std::shared_ptr<const TensorState> TensorStateFor(const std::string& name) const;
@@ -146,7 +153,8 @@ class ChunkCodec {
   std::shared_ptr<Mirror> MirrorFor(const ChunkKey& key) const;
   // The push spec of one chunk of `info` (PowerSGD gets the layer's row
   // length); nullopt-like false: the chunk is pushed dense.
-  bool ChunkPushSpec(const TensorInfo& info, const ChunkSpan& span, CodecSpec* spec) const;
+  bool ChunkPushSpec(const TensorInfo& info, const CodecSpec& push_spec, const ChunkSpan& span,
+                     CodecSpec* spec) const;
   absl::Status DecodeLandedPull(const std::string& name, const ChunkSpan& span,
                                 const TensorState& state, const proto::TensorChunk& reply,
                                 const PayloadView& payload, float* out);
@@ -154,10 +162,11 @@ class ChunkCodec {
                                 const proto::TensorChunk& reply, const PayloadView& payload,
                                 Mirror& mirror, float* tensor) const;
 
-  const CodecSpec push_spec_;
-  std::string push_params_;  // as sent: push_spec_ without worker-only fields
-  const CodecSpec pull_spec_;
-  const std::string pull_params_;
+  // The client's codecs (ClientOptions::codec, pull_codec), for tensors
+  // that name none of their own.
+  const std::shared_ptr<const CodecPair> default_codecs_;
+  const std::string default_push_codec_;
+  const std::string default_pull_codec_;
   const size_t compress_min_bytes_;
   const std::shared_ptr<CodecBackend> host_backend_;
   const std::shared_ptr<CodecBackend> device_backend_;

@@ -103,6 +103,12 @@ absl::StatusOr<std::shared_ptr<const TensorInfo>> ScopeLayout(
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", (*info)->name, "': call scope clock ", scope.clock, " < -1"));
   }
+  if (scope.clock == -1 && (*info)->own_clock != nullptr) {
+    // Which piece would move the tensor's clock on is the caller's to say.
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", (*info)->name,
+                     "' keeps a clock of its own: a call on some of its chunks names its clock"));
+  }
   if (first >= chunks || end > chunks) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", (*info)->name, "': chunks [",
                                                    first, ", ", end, ") out of its ", chunks,
@@ -179,6 +185,9 @@ class Client::Impl {
                            const GroupRun& run);
 
   void CountStart(OpKind kind);
+  // The clock of an operation on `info` that names none (CallScope::clock
+  // -1): the tensor's own (advanced by a push) or the worker's.
+  int64_t ClockFor(OpKind kind, const TensorInfo& info);
 
   const ClientOptions options_;
   const std::shared_ptr<const Partitioner> partitioner_;
@@ -220,6 +229,10 @@ absl::Status Client::Impl::Register() {
   session_ = response->session();
   num_workers_ = static_cast<int>(response->num_workers());
   sync_ = ToSyncInfo(response->sync());
+  sync_.optimizer = response->optimizer().kind();
+  sync_.lr = response->optimizer().lr();
+  sync_.momentum = response->optimizer().momentum();
+  sync_.weight_decay = response->optimizer().weight_decay();
   ShardCallsConfig config;
   config.job = options_.job;
   config.rank = static_cast<uint32_t>(rank_);
@@ -299,7 +312,7 @@ Client::Handle Client::Impl::StartGroups(
     int64_t clock) {
   if (!info.ok()) return engine_.Failed(kind, Describe(kind, name), info.status());
   CountStart(kind);
-  if (clock < 0) clock = clock_;
+  if (clock < 0) clock = ClockFor(kind, **info);
   std::vector<OperationEngine::Task> tasks;
   for (const ShardGroup& group : (*info)->groups) {
     // The task's done shares the layout, which outlives a re-registration:
@@ -323,11 +336,20 @@ absl::Status Client::Impl::RunBlocking(
   }
   CountStart(kind);
   const ShardGroup& group = (*info)->groups[0];
-  const int64_t clock = clock_;
+  const int64_t clock = ClockFor(kind, **info);
   return engine_.RunHere(kind, Describe(kind, name),
                          [&](Operation& op, OperationEngine::TaskDone done) {
                            run(op, group, clock, std::move(done));
                          });
+}
+
+int64_t Client::Impl::ClockFor(OpKind kind, const TensorInfo& info) {
+  if (info.own_clock == nullptr) return clock_;
+  // A push is for the tensor's next clock and moves it on (when it starts,
+  // so pushes of one tensor may be in flight at once); a pull waits for
+  // the round of the tensor's last push.
+  if (kind == OpKind::kPull) return info.own_clock->load();
+  return info.own_clock->fetch_add(1);
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -454,6 +476,21 @@ absl::Status Client::RegisterTensor(const std::string& name, const std::vector<i
 
 absl::Status Client::RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,
                                     absl::Span<const float> initial_values, MemoryKind memory) {
+  TensorOptions options;
+  options.memory = memory;
+  return RegisterTensor(name, shape, initial_values, options);
+}
+
+absl::StatusOr<int64_t> Client::TensorClock(const std::string& name) const {
+  auto info = impl_->tensors_.Find(name);
+  if (!info.ok()) return info.status();
+  return (*info)->own_clock != nullptr ? (*info)->own_clock->load() : impl_->clock_.load();
+}
+
+absl::Status Client::RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,
+                                    absl::Span<const float> initial_values,
+                                    const TensorOptions& options) {
+  const MemoryKind memory = options.memory;
   if (name.empty()) return absl::InvalidArgumentError("tensor name is empty");
   // Before anything reaches the shards: a tensor the client cannot
   // compress is not registered anywhere.
@@ -470,6 +507,20 @@ absl::Status Client::RegisterTensor(const std::string& name, const std::vector<i
   }
   TensorInfo info = impl_->tensors_.Plan(name, shape);
   info.memory = memory;
+  info.push_codec = options.codec;
+  info.pull_codec = options.pull_codec;
+  if (auto status = impl_->codec_->CheckCodecs(info); !status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': ", status.message()));
+  }
+  const bool own_clock = options.own_clock || options.kind == TensorKind::kAverage;
+  if (own_clock) {
+    // A re-registration keeps the clock: the shards' book of it goes on.
+    auto existing = impl_->tensors_.Find(name);
+    info.own_clock = existing.ok() && (*existing)->own_clock != nullptr
+                         ? (*existing)->own_clock
+                         : std::make_shared<std::atomic<int64_t>>(0);
+  }
   if (!initial_values.empty() && initial_values.size() != info.num_elements) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", initial_values.size(),
                                                    " initial values for ", info.num_elements,
@@ -500,6 +551,9 @@ absl::Status Client::RegisterTensor(const std::string& name, const std::vector<i
         reinterpret_cast<const char*>(initial_values.data() + span.offset),
         span.num_elements * sizeof(float));
     request.set_checksum(Crc32c(request.initial_values().data(), request.initial_values().size()));
+    request.set_kind(options.kind == TensorKind::kAverage ? proto::TABLE_AVERAGE
+                                                           : proto::TABLE_DENSE);
+    request.set_own_clock(own_clock);
     if (auto status = impl_->control_->Init(span.shard, request); !status.ok()) return status;
   }
   if (auto status = impl_->codec_->AddTensor(info); !status.ok()) return status;

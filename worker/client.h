@@ -129,6 +129,37 @@ struct CallScope {
   uint32_t num_chunks = 0;   // 0: every chunk from first_chunk
 };
 
+// How a registered tensor's pushes combine on the shards.
+enum class TensorKind {
+  // Parameters: the shards' optimizer steps with the pushes (gradients)
+  // under the job's consistency model.
+  kParameters,
+  // A collective: the tensor's value is the average of each round's pushes
+  // (one push per live worker and clock), what an allreduce gives. Rounds
+  // are BSP's whatever the job's --sync, the shards' optimizer is not
+  // used, and the tensor keeps a clock of its own.
+  kAverage,
+};
+
+// Client::RegisterTensor's choices for one tensor.
+struct TensorOptions {
+  TensorKind kind = TensorKind::kParameters;
+  // Where the caller's push and pull buffers of the tensor live.
+  MemoryKind memory = MemoryKind::kHost;
+  // The tensor keeps a clock of its own instead of following the worker's
+  // (Clock()): a push without an explicit clock is for the tensor's next
+  // clock and advances it; a pull without one waits for the tensor's
+  // clock. So a tensor may be registered at any point of a job and pushed
+  // at its own pace (once an epoch, or never again): its clock counts this
+  // worker's pushes of it, and each worker's n-th push of it meets the
+  // others' n-th. Always true for kAverage.
+  bool own_clock = false;
+  // Codec specs of this tensor's pushes and pulls (as ClientOptions::codec
+  // and pull_codec); empty: the client's.
+  std::string codec;
+  std::string pull_codec;
+};
+
 class ControlClient;   // worker/control_client.h
 class ShardTransport;  // worker/transport/transport.h
 
@@ -137,6 +168,12 @@ struct SyncInfo {
   std::string mode;         // "bsp", "ssp", "asp" or "local"
   int64_t staleness = 0;    // -1: unbounded
   int64_t local_steps = 1;  // H for local SGD
+  // The shards' optimizer (--optimizer, --lr, --momentum, --weight_decay);
+  // "delta" under local SGD, empty from shards that do not say.
+  std::string optimizer;
+  float lr = 0;
+  float momentum = 0;
+  float weight_decay = 0;
 };
 
 // Counters for progress output (monotonic, payload bytes only).
@@ -206,6 +243,14 @@ class Client {
   // the transport sends from device memory.
   absl::Status RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,
                               absl::Span<const float> initial_values, MemoryKind memory);
+  // The same with every choice (TensorOptions). Every worker registers a
+  // name with the same kind and clock (INVALID_ARGUMENT otherwise).
+  absl::Status RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,
+                              absl::Span<const float> initial_values,
+                              const TensorOptions& options);
+  // The clock the tensor's next push is for: its own (TensorOptions::
+  // own_clock) or the worker's. NOT_FOUND for a name not registered.
+  absl::StatusOr<int64_t> TensorClock(const std::string& name) const;
 
   // Sends `gradient` for the current clock. Pushes of one clock may be in
   // flight for many tensors at once.

@@ -168,7 +168,7 @@ void ShardCalls::Pull(Operation& op, const std::string& name, const ShardGroup& 
     ref->set_key(name);
     ref->set_chunk(span.chunk);
     ref->set_num_elements(span.num_elements);
-    const std::string& pull_params = codec_.PullParams(ChunkKey{name, span.chunk});
+    const std::string pull_params = codec_.PullParams(ChunkKey{name, span.chunk});
     if (!pull_params.empty()) ref->set_codec_params(pull_params);
   }
   ShardTransport* transport = transports_[group.shard];

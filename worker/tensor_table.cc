@@ -32,17 +32,21 @@ void TensorTable::Add(TensorInfo info) {
   tensors_[entry->name] = std::move(entry);
 }
 
-absl::StatusOr<std::shared_ptr<const TensorInfo>> TensorTable::Lookup(const std::string& name,
-                                                                      size_t elements) const {
-  std::shared_ptr<const TensorInfo> info;
-  {
-    absl::ReaderMutexLock lock(&mutex_);
-    auto it = tensors_.find(name);
-    if (it != tensors_.end()) info = it->second;
-  }
-  if (info == nullptr) {
+absl::StatusOr<std::shared_ptr<const TensorInfo>> TensorTable::Find(
+    const std::string& name) const {
+  absl::ReaderMutexLock lock(&mutex_);
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
     return absl::NotFoundError(absl::StrCat("tensor '", name, "' is not registered"));
   }
+  return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<const TensorInfo>> TensorTable::Lookup(const std::string& name,
+                                                                      size_t elements) const {
+  absl::StatusOr<std::shared_ptr<const TensorInfo>> found = Find(name);
+  if (!found.ok()) return found.status();
+  std::shared_ptr<const TensorInfo> info = *std::move(found);
   if (info->num_elements != elements) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has ", info->num_elements,
                                                    " elements, got a buffer of ", elements));

@@ -5,6 +5,7 @@
 // chunks (ChunkSpan: element range and shard) and those chunks grouped by
 // shard, the unit of one transport call.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -50,6 +51,12 @@ struct TensorInfo {
   // Where the caller's push and pull buffers of this tensor live
   // (Client::RegisterTensor): picks the codec backend of its chunks.
   MemoryKind memory = MemoryKind::kHost;
+  // Codec specs of this tensor's pushes and pulls; empty: the client's.
+  std::string push_codec;
+  std::string pull_codec;
+  // The tensor's own clock (TensorOptions::own_clock): its next push clock,
+  // shared by every copy of the entry; null: the worker's clock.
+  std::shared_ptr<std::atomic<int64_t>> own_clock;
 };
 
 // Thread-safe. Entries are immutable once added: lookups share them, so an
@@ -65,6 +72,8 @@ class TensorTable {
   // Adds or replaces the entry for info.name.
   void Add(TensorInfo info);
 
+  // NOT_FOUND if unregistered.
+  absl::StatusOr<std::shared_ptr<const TensorInfo>> Find(const std::string& name) const;
   // NOT_FOUND if unregistered; INVALID_ARGUMENT if `elements` (a caller's
   // buffer size) differs from the tensor's.
   absl::StatusOr<std::shared_ptr<const TensorInfo>> Lookup(const std::string& name,
