@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/grpc_security.h"
 #include "worker/client.h"
 #include "worker/comm_scheduler.h"
 
@@ -478,6 +479,13 @@ PYBIND11_MODULE(_harrier, m) {
   m.doc() = "Harrier's C++ client; import the harrier package instead.";
 
   m.def("_set_error_classes", [](py::dict classes) { ErrorClasses() = std::move(classes); });
+  // The job token file as the binaries read it (--auth_token_file): not
+  // readable by every user, trailing newlines dropped, not empty.
+  m.def("read_job_token_file", [](const std::string& path) {
+    absl::StatusOr<std::string> token = ReadJobTokenFile(path);
+    ThrowIfError(token.status());
+    return py::bytes(*token);
+  });
   py::register_exception_translator([](std::exception_ptr pointer) {
     try {
       if (pointer) std::rethrow_exception(pointer);

@@ -191,7 +191,9 @@ class Client:
 
     @property
     def sync(self):
-        """{"mode": "bsp"|"ssp"|"asp"|"local", "staleness": s, "local_steps": H}."""
+        """{"mode": "bsp"|"ssp"|"asp"|"local", "staleness": s, "local_steps": H,
+        "optimizer": the shards' --optimizer ("delta" under local SGD), "lr",
+        "momentum", "weight_decay"}."""
         return self._client.sync()
 
     def shape(self, name):
@@ -201,10 +203,21 @@ class Client:
             raise NotFoundError(f"tensor '{name}' is not registered by this client", "NOT_FOUND", 5)
 
     # -- tensors --------------------------------------------------------------
-    def register(self, name, shape_or_array):
+    def register(self, name, shape_or_array, kind="parameters", own_clock=False, codec="",
+                 pull_codec=""):
         """Declares a float32 tensor: a shape (zeros unless another worker
         registered it first) or an array (its shape and initial values). The
-        first registration wins; later ones must agree on the shape."""
+        first registration wins; later ones must agree on the shape.
+
+        kind: "parameters" (the shards' optimizer steps with the pushes, under
+        the job's sync mode) or "average" (the value is the average of each
+        round's pushes, one per live worker: an allreduce; BSP rounds
+        whatever the sync mode, a clock of its own). own_clock: the tensor
+        counts its own pushes instead of following clock(), so it may be
+        registered at any time and pushed at its own pace; push() is for
+        tensor_clock(name) and moves it on, pull() waits for the round of
+        the last push. codec / pull_codec: this tensor's codecs ("" = the
+        client's)."""
         if isinstance(shape_or_array, (tuple, list)) and all(
                 isinstance(d, int) for d in shape_or_array):
             shape, initial = tuple(shape_or_array), None
@@ -215,8 +228,13 @@ class Client:
         else:
             initial = _readable(shape_or_array, f"register '{name}'")
             shape = tuple(int(d) for d in initial.shape)
-        self._client.register(name, list(shape), initial)
+        self._client.register(name, list(shape), initial, kind, bool(own_clock), codec, pull_codec)
         self._shapes[name] = shape
+
+    def tensor_clock(self, name):
+        """The clock the tensor's next push is for: its own, or clock()."""
+        self.shape(name)
+        return self._client.tensor_clock(name)
 
     def _check_size(self, name, array, what):
         shape = self.shape(name)

@@ -1,35 +1,67 @@
-"""PyTorch on Harrier: DistributedOptimizer and broadcast_parameters, in the
-shape Horovod and BytePS users know.
+"""PyTorch on Harrier, in the shape Horovod and BytePS users write.
 
-    import harrier, harrier.torch as htorch
-    client = harrier.Client(servers=["127.0.0.1:50061", "127.0.0.1:50062"])
-    opt = htorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                      model.named_parameters(), client=client)
+    import harrier.torch as hvd
+    hvd.init()                                    # the job, from harrier-launch's environment
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.5)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=hvd.Compression.fp16)
     for x, y in batches:
-        opt.zero_grad()
+        optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()   # gradients pushed from the hooks
-        opt.step()                                # new parameters pulled into the model
-    opt.finish(); client.barrier("done"); opt.refresh(); client.leave()
+        optimizer.step()                          # your optimizer on the averaged gradients
+    test_loss = hvd.allreduce(torch.tensor(test_loss), name="avg_loss")
 
-Where the update happens (`update`):
-  "server"  each parameter's gradient is pushed from its backward hook as
-            soon as it is ready; the shards' optimizer (their --optimizer,
-            --lr) applies the average; step() pulls the result. The local
-            optimizer only supplies zero_grad and state_dict.
+Run it with `harrier-launch -np 4 -H a:2,b:2 -- python3 train.py` (or
+`-np 2` alone on one machine). The job leaves by itself at exit.
+
+Where the update happens (DistributedOptimizer's `update`):
+  "average" each parameter's gradient goes from its backward hook to the
+            shards, which average each step's gradients over the workers
+            (a round per step, whatever the shards' --sync); step() writes
+            the average into .grad and runs your optimizer as written (its
+            lr, momentum, schedule, param groups). Horovod's and BytePS's
+            model, and the default under init().
+  "server"  the shards' optimizer (their --optimizer, --lr) applies the
+            average under their --sync (BSP, SSP, ASP); step() pulls the
+            parameters. Asked for explicitly, it refuses an optimizer whose
+            settings differ from the shards' where it can tell.
   "worker"  step() runs the local optimizer, then pushes the change of the
             parameters (old - new) and pulls the shards' average: model
             averaging every H steps under --sync=local (the shards subtract
-            the averaged delta as it is), every step otherwise (then run the
-            shards with --optimizer=sgd --lr=1 so they do the same).
-  "auto"    "worker" under local SGD, else "server".
+            the averaged delta as it is), every step otherwise (the shards
+            must run --optimizer=sgd --lr=1, which is checked).
+  "auto"    under init(): "worker" under local SGD, else "average"; with
+            client= or servers= (the older API): "worker" under local SGD,
+            else "server".
 """
+
+import atexit as _atexit
+import contextlib as _contextlib
+import io as _io
+import math as _math
+import os as _os
+import pickle as _pickle
+import sys as _sys
+import threading as _threading
+import weakref as _weakref
 
 import numpy as _np
 import torch as _torch
 
 import harrier as _harrier
+from harrier import _harrier as _native
 
-__all__ = ["DistributedOptimizer", "broadcast_parameters"]
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
+    "DistributedOptimizer", "Compression", "Average", "Sum", "Adasum",
+    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "push_pull",
+    "push_pull_async", "synchronize", "join", "barrier",
+]
 
 _default_client = None
 
@@ -43,61 +75,614 @@ def _numpy_view(tensor):
     return tensor.detach().numpy()
 
 
-class DistributedOptimizer:
-    """Wraps `optimizer` so that step() trains through the parameter servers.
+def _check_device(tensor, what):
+    """CPU tensors only: this build's binding has no device path for
+    PyTorch tensors; say so in one line rather than copy behind the
+    caller's back."""
+    if tensor.device.type != "cpu":
+        raise _bad(f"{what}: a tensor on {tensor.device}; this harrier.torch trains CPU tensors "
+                   "(the installed PyTorch and the Harrier module have no CUDA path together: "
+                   "move it with .cpu(), or see python/README.md, 'CUDA tensors')")
 
-    named_parameters: (name, parameter) pairs, front of the model first (the
-    order gives the comm scheduler's priorities); names must be the same on
-    every worker; every worker starts from rank 0's values (a barrier
-    at construction). client: a harrier.Client, or None to create one from
-    `servers`, `rank`, `codec`, `pull_codec`, `transport` and **client_options.
-    sync: None (whatever the shards run) or the mode this code expects
-    ("bsp", "ssp", "asp", "local"): a mismatch is an error, not a surprise.
-    techniques: None (each gradient pushed from its hook, the parameters
-    pulled in step()) or comm scheduler techniques ("all", "wfbp+fusion",
-    ...). model: with a scheduler, the module whose forward pre-hooks wait for
-    each layer's parameters, so the next forward starts before the last
-    pull arrives; call synchronize() to have every parameter current.
-    backward_passes_per_step: backward() calls accumulated per step().
+
+# -- the job ----------------------------------------------------------------
+
+# Reductions, as Horovod names them.
+Average = "average"
+Sum = "sum"
+Adasum = "adasum"
+
+
+class Compression:
+    """Gradient compression for DistributedOptimizer and allreduce, as
+    Horovod's hvd.Compression: Compression.none, Compression.fp16, or any
+    Harrier codec (common/codec/README.md) through the functions below,
+    e.g. Compression.topk(0.01), Compression.powersgd(2). The values are
+    codec specs; Compression.spec("qsgd:levels=16") passes one through."""
+
+    none = "none"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    efsign = "efsign"
+    onebit = "onebit"
+
+    @staticmethod
+    def topk(ratio):
+        return f"topk:ratio={float(ratio)}"
+
+    @staticmethod
+    def randomk(ratio):
+        return f"randomk:ratio={float(ratio)}"
+
+    @staticmethod
+    def threshold(tau):
+        return f"threshold:tau={float(tau)}"
+
+    @staticmethod
+    def qsgd(levels=16, bucket=512):
+        return f"qsgd:levels={int(levels)},bucket={int(bucket)}"
+
+    @staticmethod
+    def terngrad(clip=2.5):
+        return f"terngrad:clip={float(clip)}"
+
+    @staticmethod
+    def powersgd(rank=2):
+        return f"powersgd:rank={int(rank)}"
+
+    @staticmethod
+    def spec(text):
+        return str(text)
+
+
+# Codecs whose rounds are a vote, not an average: no gradient average to
+# hand to an optimizer.
+_VOTE_CODECS = ("sign", "signum")
+
+
+def _codec_of(compression):
+    if compression is None:
+        return "none"
+    if not isinstance(compression, str):
+        raise _bad(f"compression must be a Compression value or a codec spec, got "
+                   f"{type(compression).__name__}")
+    return compression
+
+
+class _Job:
+    """What init() set up: the client and where this process sits."""
+
+    def __init__(self, client, local_rank, local_size):
+        self.client = client
+        self.local_rank = local_rank
+        self.local_size = local_size
+        self.lock = _threading.Lock()
+        self.registered = {}   # average tensor name -> (elements, codec)
+        self.unnamed = {}      # op -> calls without a name so far
+        self.broadcasts = 0
+        self.optimizers = _weakref.WeakSet()
+        self.left = False
+
+    def collective_name(self, op, name):
+        with self.lock:
+            if name is None:
+                count = self.unnamed.get(op, 0)
+                self.unnamed[op] = count + 1
+                return f"harrier.{op}/noname.{count}"
+            return f"harrier.{op}/{name}"
+
+    def ensure_average(self, key, elements, codec):
+        """Registers the average tensor `key` once per process."""
+        with self.lock:
+            known = self.registered.get(key)
+        if known is not None:
+            if known != (elements, codec):
+                raise _bad(f"'{key}': {elements} elements with compression {codec!r}, but it was "
+                           f"first used with {known[0]} elements and {known[1]!r}")
+            return
+        self.client.register(key, (elements,), kind="average", codec=codec)
+        with self.lock:
+            self.registered[key] = (elements, codec)
+
+
+class _LocalHandle:
+    def __init__(self, out):
+        self.out = out
+
+    def wait(self, timeout=None):
+        return self.out
+
+
+class _LocalClient:
+    """A job of one worker and no shards (`python3 train.py` without a
+    launcher, as Horovod runs it): every collective returns its input, and
+    DistributedOptimizer steps the optimizer on the gradients as they are."""
+
+    rank = 0
+    num_workers = 1
+    num_shards = 0
+    sync = {"mode": "bsp", "staleness": 0, "local_steps": 1, "optimizer": "", "lr": 0.0,
+            "momentum": 0.0, "weight_decay": 0.0}
+
+    def register(self, name, shape_or_array, kind="parameters", own_clock=False, codec="",
+                 pull_codec=""):
+        if kind != "average":
+            raise _bad("a single-process job (no shards) has no parameters on shards: use the "
+                       "default update of DistributedOptimizer, or run under harrier-launch")
+
+    def push_pull_async(self, name, gradient, out):
+        out[...] = _np.asarray(gradient, dtype=_np.float32).reshape(out.shape)
+        return _LocalHandle(out)
+
+    def barrier(self, name):
+        pass
+
+    def leave(self):
+        pass
+
+    def close(self):
+        pass
+
+
+_job = None
+_job_lock = _threading.Lock()
+
+
+def _environment_servers():
+    servers = _os.environ.get("HARRIER_SERVERS", "")
+    if servers:
+        return servers
+    # The Kubernetes manifests' way (deploy/k8s): shard i is at
+    # SERVER_PREFIX i SERVER_SUFFIX.
+    prefix, suffix = _os.environ.get("SERVER_PREFIX"), _os.environ.get("SERVER_SUFFIX")
+    shards = _os.environ.get("HARRIER_NUM_SHARDS", "")
+    if prefix and suffix and shards.isdigit():
+        return ",".join(f"{prefix}{i}{suffix}" for i in range(int(shards)))
+    return ""
+
+
+def _environment_int(names, default=None):
+    for name in names:
+        value = _os.environ.get(name, "")
+        if value != "":
+            try:
+                return int(value)
+            except ValueError:
+                raise _bad(f"{name}={value!r} is not an integer") from None
+    return default
+
+
+def init(servers=None, rank=None, local_rank=None, local_size=None, **client_options):
+    """Joins the job, from arguments or from the environment harrier-launch
+    (and deploy/k8s) sets: HARRIER_SERVERS (every shard's host:port, shard 0
+    first; or SERVER_PREFIX, SERVER_SUFFIX and HARRIER_NUM_SHARDS),
+    HARRIER_RANK (or JOB_COMPLETION_INDEX; neither: the shards pick the
+    lowest free rank), HARRIER_LOCAL_RANK, HARRIER_LOCAL_SIZE,
+    HARRIER_NUM_WORKERS (checked against the shards'), HARRIER_TLS_CA,
+    HARRIER_TLS_CERT, HARRIER_TLS_KEY, HARRIER_AUTH_TOKEN_FILE, HARRIER_JOB
+    and HARRIER_TRANSPORT. client_options go to harrier.Client (codec,
+    rpc_timeout, ...). A second call does nothing. The job is left at exit
+    (shutdown())."""
+    global _job, _default_client
+    with _job_lock:
+        if _job is not None:
+            return
+        servers = servers if servers is not None else _environment_servers()
+        if not servers:
+            expected = _environment_int(["HARRIER_NUM_WORKERS"], 1)
+            if expected != 1 or rank not in (None, 0):
+                raise _bad("harrier.torch.init(): no shards given for a job of "
+                           f"{expected} workers. Run the script under harrier-launch "
+                           "(harrier-launch -np 2 -- python3 train.py), set HARRIER_SERVERS="
+                           "host:port,... (shard 0 first), or pass servers=")
+            print("harrier.torch: no shards (HARRIER_SERVERS is not set): running as a single "
+                  "process, size() == 1; run under harrier-launch to train with many",
+                  file=_sys.stderr)
+            _job = _Job(_LocalClient(), 0, 1)
+            return
+        if rank is None:
+            rank = _environment_int(["HARRIER_RANK", "JOB_COMPLETION_INDEX"])
+        local_rank = local_rank if local_rank is not None else _environment_int(
+            ["HARRIER_LOCAL_RANK"], 0)
+        local_size = local_size if local_size is not None else _environment_int(
+            ["HARRIER_LOCAL_SIZE"], 1)
+        options = dict(client_options)
+        for option, variable in (("tls_ca_file", "HARRIER_TLS_CA"),
+                                 ("tls_cert_file", "HARRIER_TLS_CERT"),
+                                 ("tls_key_file", "HARRIER_TLS_KEY"),
+                                 ("job", "HARRIER_JOB"), ("transport", "HARRIER_TRANSPORT")):
+            if option not in options and _os.environ.get(variable):
+                options[option] = _os.environ[variable]
+        token_file = _os.environ.get("HARRIER_AUTH_TOKEN_FILE", "")
+        if "auth_token" not in options and token_file:
+            options["auth_token"] = _native.read_job_token_file(token_file).decode()
+        client = _harrier.Client(servers=servers, rank=rank, **options)
+        expected = _environment_int(["HARRIER_NUM_WORKERS"])
+        if expected is not None and expected != client.num_workers:
+            client.close()
+            raise _bad(f"HARRIER_NUM_WORKERS={expected}, but the shards run --num_workers="
+                       f"{client.num_workers}")
+        _job = _Job(client, local_rank, local_size)
+        _default_client = client
+        _atexit.register(shutdown)
+
+
+def _need_job(what):
+    if _job is None:
+        raise _bad(f"{what}: call harrier.torch.init() first")
+    return _job
+
+
+def is_initialized():
+    return _job is not None
+
+
+def size():
+    """Workers in the job (the shards' --num_workers)."""
+    return _need_job("size()").client.num_workers
+
+
+def rank():
+    return _need_job("rank()").client.rank
+
+
+def local_rank():
+    """This worker's index among the workers on its host (HARRIER_LOCAL_RANK)."""
+    return _need_job("local_rank()").local_rank
+
+
+def local_size():
+    """Workers on this host (HARRIER_LOCAL_SIZE)."""
+    return _need_job("local_size()").local_size
+
+
+def shutdown():
+    """Finishes every DistributedOptimizer's calls in flight, leaves the job
+    (no round waits for this worker any more) and closes the client. Runs
+    by itself at exit; calling it earlier is fine, and a second call does
+    nothing."""
+    global _job, _default_client
+    with _job_lock:
+        job, _job = _job, None
+    if job is None:
+        return
+    if _default_client is job.client:
+        _default_client = None
+    try:
+        for optimizer in list(job.optimizers):
+            optimizer.finish()
+        if not job.left:
+            job.client.leave()
+    except _harrier.Error as e:
+        print(f"harrier.torch: leaving the job: {e}", file=_sys.stderr)
+    finally:
+        job.client.close()
+
+
+def join():
+    """This worker has no more batches: from now on no round of any tensor
+    waits for it (the others average over the workers still training), as
+    Horovod's join() lets ranks with uneven data finish. Blocks until every
+    worker has joined. Returns this worker's rank."""
+    job = _need_job("join()")
+    for optimizer in list(job.optimizers):
+        optimizer.finish()
+    if not job.left:
+        job.client.leave()
+        job.left = True
+    job.client.barrier("harrier.join")
+    return job.client.rank
+
+
+def barrier(name="harrier.barrier"):
+    """Blocks until every worker has entered the barrier of this name."""
+    _need_job("barrier()").client.barrier(name)
+
+
+# -- collectives --------------------------------------------------------------
+
+def _reduction(average, op):
+    if average is not None:
+        if op is not None:
+            raise _bad("give op= or the older average=, not both")
+        op = Average if average else Sum
+    op = Average if op is None else op
+    if op == Adasum:
+        raise _bad("op=Adasum is not supported: use Average (the default) or Sum")
+    if op not in (Average, Sum):
+        raise _bad(f"op must be harrier.torch.Average or Sum, got {op!r}")
+    return op
+
+
+class _Pending:
+    """An allreduce in flight (allreduce_async's handle)."""
+
+    def __init__(self, job, key, handle, sent, out, tensor, op, postscale, inplace):
+        self.job, self.key, self.handle = job, key, handle
+        self.sent, self.out = sent, out  # kept alive while the call runs
+        self.tensor, self.op, self.postscale, self.inplace = tensor, op, postscale, inplace
+        self.result = None
+
+    def wait(self, timeout=None):
+        if self.result is not None:
+            return self.result
+        try:
+            self.handle.wait(timeout)
+        except _harrier.DeadlineExceededError as e:
+            raise _harrier.DeadlineExceededError(
+                f"{self.key}: not every worker pushed it in time; a rank that never calls it "
+                f"(or left the job) leaves the others waiting: {e.message}",
+                e.code, e.code_value) from None
+        values = _torch.from_numpy(self.out).reshape(self.tensor.shape)
+        scale = self.postscale * (self.job.client.num_workers if self.op == Sum else 1.0)
+        if scale != 1.0:
+            values = values * scale
+        values = values.to(self.tensor.dtype) if self.tensor.is_floating_point() else (
+            values.round().to(self.tensor.dtype))
+        if self.inplace:
+            with _torch.no_grad():
+                self.tensor.copy_(values)
+            self.result = self.tensor
+        else:
+            self.result = values
+        return self.result
+
+
+def allreduce_async(tensor, average=None, name=None, compression=Compression.none, op=None,
+                    prescale_factor=1.0, postscale_factor=1.0, _inplace=False):
+    """Starts an allreduce of `tensor` over every worker; returns a handle
+    for synchronize(). Any tensor, at any time, under any name: each name is
+    a tensor of its own on the shards with a clock of its own, so a name
+    used once an epoch (or never again) waits for nothing else. Every
+    worker calls it the same number of times per name (unnamed calls are
+    named by their order). op: Average (default) or Sum; integer tensors
+    are reduced in float32 and rounded."""
+    job = _need_job("allreduce")
+    _check_device(tensor, "allreduce")
+    op = _reduction(average, op)
+    codec = _codec_of(compression)
+    key = job.collective_name("allreduce", name)
+    sent = tensor.detach().reshape(-1).to(_torch.float32)
+    if prescale_factor != 1.0:
+        sent = sent * float(prescale_factor)
+    sent = _np.ascontiguousarray(sent.numpy(), dtype=_np.float32)
+    job.ensure_average(key, sent.size, codec)
+    out = _np.empty(sent.size, dtype=_np.float32)
+    handle = job.client.push_pull_async(key, sent, out)
+    return _Pending(job, key, handle, sent, out, tensor, op, float(postscale_factor), _inplace)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0):
+    """allreduce_async that writes the result into `tensor`."""
+    return allreduce_async(tensor, average, name, Compression.none, op, prescale_factor,
+                           postscale_factor, _inplace=True)
+
+
+def synchronize(handle, timeout=None):
+    """Waits for an allreduce_async or broadcast_async; returns its tensor."""
+    return handle.wait(timeout)
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0):
+    """The average (or sum) of `tensor` over every worker, as a new tensor."""
+    return synchronize(allreduce_async(tensor, average, name, compression, op, prescale_factor,
+                                       postscale_factor))
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0):
+    """allreduce into `tensor` itself."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor))
+
+
+def push_pull_async(tensor, average=True, name=None, version=0, priority=0,
+                    compression=Compression.none):
+    """BytePS's name for allreduce_async (version and priority are accepted
+    and not used)."""
+    return allreduce_async(tensor, average=average, name=name, compression=compression)
+
+
+def push_pull(tensor, average=True, name=None, version=0, priority=0,
+              compression=Compression.none):
+    """BytePS's name for allreduce."""
+    return synchronize(push_pull_async(tensor, average, name, version, priority, compression))
+
+
+class _Done:
+    """A handle whose result is already there."""
+
+    def __init__(self, result):
+        self.result = result
+
+    def wait(self, timeout=None):
+        return self.result
+
+
+def _broadcast_arrays(client, arrays, root_rank, tag):
+    """Every worker's float32 arrays get root_rank's values, exactly. Each
+    call adds its tensors to the shards (one name each)."""
+    if not 0 <= root_rank < client.num_workers:
+        raise _bad(f"root_rank {root_rank} is not in [0, {client.num_workers})")
+    if isinstance(client, _LocalClient):
+        return  # one worker: it is the root
+    round_ = getattr(client, "_broadcasts", 0)
+    client._broadcasts = round_ + 1
+    prefix = f"harrier.broadcast/{round_}/{tag}"
+    # On clocks of their own (never pushed): a pull at clock 0 is answered
+    # at once, however far training has gone.
+    if client.rank == root_rank:
+        for name, array in arrays:
+            client.register(prefix + name, array.reshape(-1), own_clock=True)
+    client.barrier(prefix + "registered")
+    if client.rank != root_rank:
+        for name, array in arrays:
+            client.register(prefix + name, (array.size,), own_clock=True)
+            client.pull(prefix + name, array.reshape(-1))
+
+
+def broadcast_async(tensor, root_rank, name=None):
+    """broadcast, as a handle for synchronize() (it completes at once)."""
+    return _Done(broadcast(tensor, root_rank, name))
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    return _Done(broadcast_(tensor, root_rank, name))
+
+
+def broadcast(tensor, root_rank, name=None):
+    """root_rank's `tensor`, as a new tensor on every worker."""
+    result = tensor.detach().clone()
+    return broadcast_(result, root_rank, name)
+
+
+def broadcast_(tensor, root_rank, name=None):
+    """Writes root_rank's values into `tensor` on every worker. Values go
+    through the shards as float32 (integers exact below 2**24)."""
+    job = _need_job("broadcast")
+    _check_device(tensor, "broadcast")
+    staged = _np.ascontiguousarray(tensor.detach().reshape(-1).to(_torch.float32).numpy())
+    _broadcast_arrays(job.client, [(name or "tensor", staged)], root_rank, "")
+    with _torch.no_grad():
+        tensor.copy_(_torch.from_numpy(staged).reshape(tensor.shape).to(tensor.dtype))
+    return tensor
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """root_rank's picklable object on every worker (returned)."""
+    job = _need_job("broadcast_object")
+    client = job.client
+    tag = (name or "object") + "/"
+    length = _np.zeros(2, dtype=_np.float32)
+    payload = b""
+    if client.rank == root_rank:
+        payload = _pickle.dumps(obj)
+        # Two bytes per float32 element: every value exact, none NaN.
+        length[0], length[1] = len(payload) % 65536, len(payload) // 65536
+    _broadcast_arrays(client, [("length", length)], root_rank, tag)
+    size_ = int(length[0]) + 65536 * int(length[1])
+    padded = payload + b"\0" * (size_ % 2)
+    words = (_np.frombuffer(padded, dtype="<u2").astype(_np.float32) if client.rank == root_rank
+             else _np.zeros((size_ + 1) // 2, dtype=_np.float32))
+    if size_ > 0:
+        _broadcast_arrays(client, [("bytes", words)], root_rank, tag)
+    if client.rank == root_rank:
+        return obj
+    data = words.astype("<u2").tobytes()[:size_]
+    return _pickle.loads(data)
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Every worker's optimizer gets root_rank's state and hyper-parameters
+    (its state_dict: momentum buffers, step counts, each group's lr)."""
+    job = _need_job("broadcast_optimizer_state")
+    inner = getattr(optimizer, "optimizer", optimizer)
+    mine = job.client.rank == root_rank
+    state = broadcast_object(inner.state_dict() if mine else None, root_rank,
+                             name="optimizer_state")
+    if not mine:
+        inner.load_state_dict(state)
+
+
+class DistributedOptimizer(_torch.optim.Optimizer):
+    """Wraps `optimizer` so that step() trains through the parameter servers.
+    It is a torch.optim.Optimizer sharing the wrapped one's param_groups and
+    state, so learning-rate schedulers take it as they take the original.
+
+    Horovod's arguments: named_parameters ((name, parameter) pairs, front of
+    the model first, the same names on every worker; None: the optimizer's
+    parameters, named by position), compression (Compression.none, .fp16,
+    .topk(0.01), ...: the codec of the gradient pushes), op (Average or
+    Sum), gradient_predivide_factor (gradients divided by f before the
+    average and multiplied by f after: the same average, another rounding),
+    backward_passes_per_step (backward() calls accumulated per step()).
+
+    update: "average", "server", "worker" or "auto" (module docstring).
+    client: a harrier.Client; None: the init() job's, or a new one from
+    `servers`, `rank`, `codec`, `pull_codec`, `transport` and
+    **client_options (the older API, whose "auto" is "server").
+    sync: None or the mode this code expects ("bsp", "ssp", "asp",
+    "local"): a mismatch with the shards' --sync is an error.
+    techniques (update="server"): None (each gradient pushed from its hook,
+    the parameters pulled in step()) or comm scheduler techniques ("all",
+    "wfbp+fusion", ...). model: with a scheduler, the module whose forward
+    pre-hooks wait for each layer's parameters; call synchronize() to have
+    every parameter current.
     """
 
-    def __init__(self, optimizer, named_parameters, client=None, servers=None, rank=None,
-                 codec="none", pull_codec="none", transport="grpc", sync=None, update="auto",
-                 techniques=None, model=None, prefix="", fusion_bytes=0, partition_bytes=0,
-                 max_inflight_bytes=0, wait_timeout=120.0, backward_passes_per_step=1,
-                 **client_options):
+    def __init__(self, optimizer, named_parameters=None, compression=None,
+                 backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                 client=None, servers=None, rank=None, codec="none", pull_codec="none",
+                 transport="grpc", sync=None, update="auto", techniques=None, model=None,
+                 prefix="", fusion_bytes=0, partition_bytes=0, max_inflight_bytes=0,
+                 wait_timeout=120.0, **client_options):
         global _default_client
-        if client is None:
-            if servers is None:
-                raise _bad("DistributedOptimizer needs client= or servers=")
+        from_job = client is None and servers is None
+        if from_job:
+            if _job is None:
+                raise _bad("DistributedOptimizer: call harrier.torch.init() first (or pass "
+                           "client= or servers=)")
+            client = _job.client
+        elif client is None:
             client = _harrier.Client(servers=servers, rank=rank, codec=codec,
                                      pull_codec=pull_codec, transport=transport, **client_options)
         elif servers is not None or codec != "none" or pull_codec != "none" or client_options:
             raise _bad("codec, pull_codec, servers and client options belong to the Client; "
                        "pass them to harrier.Client, or pass no client=")
         self._client = client
-        _default_client = client
+        if _default_client is None:
+            _default_client = client
         self._optimizer = optimizer
         self._sync = client.sync
         mode = self._sync["mode"]
         if sync is not None and sync != mode:
             raise _bad(f"sync={sync!r} was asked for, but the shards run {mode!r} "
                        "(their --sync flag decides)")
+        asked = update
         if update == "auto":
-            update = "worker" if mode == "local" else "server"
-        if update not in ("server", "worker"):
-            raise _bad(f"update must be 'server', 'worker' or 'auto', got {update!r}")
-        if update == "server" and mode == "local":
-            raise _bad("local SGD updates on the worker: use update='worker' (or 'auto')")
-        if update == "worker" and techniques is not None:
-            raise _bad("the comm scheduler overlaps gradient pushes with backward; with "
-                       "update='worker' there are none (deltas go after the local step)")
+            update = "worker" if mode == "local" else ("average" if from_job else "server")
+        if update not in ("average", "server", "worker"):
+            raise _bad(f"update must be 'average', 'server', 'worker' or 'auto', got {update!r}")
+        if update in ("server", "average") and mode == "local":
+            raise _bad(f"local SGD updates on the worker: use update='worker' (or 'auto'), "
+                       f"not {update!r}")
+        if update != "server" and techniques is not None:
+            raise _bad("the comm scheduler (techniques=) pushes gradients for the shards' "
+                       "optimizer: it needs update='server'")
         if int(backward_passes_per_step) < 1:
             raise _bad("backward_passes_per_step must be >= 1")
+        self._op = _reduction(None, op)
+        self._predivide = float(gradient_predivide_factor)
+        if not self._predivide > 0:
+            raise _bad("gradient_predivide_factor must be > 0")
+        self._compression = _codec_of(compression)
+        if update == "average":
+            if self._compression.split(":")[0] in _VOTE_CODECS:
+                raise _bad(f"compression {self._compression!r} votes on signs; its rounds have no "
+                           "average gradient for your optimizer: use update='server'")
+        elif compression is not None and self._compression != "none":
+            raise _bad("compression= compresses the averaged gradients (update='average'); "
+                       "with update='server' or 'worker' the Client's codec does")
+        if update != "average" and (self._op != Average or self._predivide != 1.0):
+            raise _bad("op and gradient_predivide_factor apply to update='average'")
+        if asked == "server":
+            self._check_shard_optimizer(optimizer)
+        if update == "worker" and mode != "local":
+            shard = self._sync.get("optimizer", "")
+            if shard and (shard != "sgd" or not _math.isclose(self._sync["lr"], 1.0)):
+                raise _bad(f"update='worker' pushes parameter changes, which the shards must "
+                           f"subtract as they are: start them with --optimizer=sgd --lr=1 "
+                           f"(they run --optimizer={shard} --lr={self._sync['lr']:g})")
         self._update = update
         self._local_steps = max(1, int(self._sync["local_steps"])) if mode == "local" else 1
         self._passes_per_step = int(backward_passes_per_step)
 
+        if named_parameters is None:
+            named_parameters = [(f"param.{g}.{i}", p)
+                                for g, group in enumerate(optimizer.param_groups)
+                                for i, p in enumerate(group["params"])]
         self._names, self._params = [], []
         seen = set()
         for name, param in named_parameters:
@@ -105,9 +690,10 @@ class DistributedOptimizer:
                 continue
             if name in seen:
                 raise _bad(f"parameter name {name!r} appears twice")
-            if param.device.type != "cpu" or param.dtype != _torch.float32:
-                raise _bad(f"parameter {name!r}: {param.dtype} on {param.device}; the Python "
-                           "client trains float32 CPU parameters")
+            _check_device(param, f"parameter {name!r}")
+            if param.dtype != _torch.float32:
+                raise _bad(f"parameter {name!r}: {param.dtype}; the Python client trains "
+                           "float32 parameters")
             if not param.is_contiguous():
                 raise _bad(f"parameter {name!r} is not contiguous")
             seen.add(name)
@@ -126,9 +712,21 @@ class DistributedOptimizer:
         self._steps = 0
         self._scheduler = None
         self._hooks = []
-        # With a scheduler and a model, parameters are made current layer by
-        # layer in forward pre-hooks instead of at the end of step().
+        self._synchronized = False
+        self._skip_synchronize = False
         self._forward_hooked = model is not None and techniques is not None
+        if _job is not None and client is _job.client:
+            _job.optimizers.add(self)
+
+        if update == "average":
+            # Gradients only: each parameter's average lives on the shards
+            # under a name of its own, with a clock of its own.
+            self._average_names = [f"harrier.gradient/{name}" for name in self._names]
+            for name, param in zip(self._average_names, self._params):
+                client.register(name, tuple(param.shape), kind="average",
+                                codec=self._compression)
+            self._install_gradient_hooks()
+            return
 
         # Every worker starts from rank 0's values: rank 0 registers first
         # (the first registration wins), the others after a barrier.
@@ -160,6 +758,48 @@ class DistributedOptimizer:
             self._install_gradient_hooks()
         if model is not None and self._scheduler is not None:
             self._install_forward_hooks(model)
+
+    def _check_shard_optimizer(self, optimizer):
+        """update='server' runs the shards' optimizer instead of this one:
+        refuse settings that say otherwise, where they can be compared."""
+        shard = self._sync.get("optimizer", "")
+        if not shard:
+            return  # shards that do not say
+        groups = optimizer.param_groups
+        said = (f"--optimizer={shard} --lr={self._sync['lr']:g}"
+                f"{' --momentum=%g' % self._sync['momentum'] if shard in ('momentum', 'nesterov') else ''}"
+                f"{' --weight_decay=%g' % self._sync['weight_decay'] if self._sync['weight_decay'] else ''}")
+        lrs = {float(g["lr"]) for g in groups if "lr" in g}
+        problems = []
+        if len(lrs) > 1:
+            problems.append(f"{len(lrs)} learning rates in its param groups (the shards have one)")
+        if isinstance(optimizer, _torch.optim.SGD):
+            momentum = float(groups[0].get("momentum", 0.0))
+            nesterov = bool(groups[0].get("nesterov", False))
+            kind = "sgd" if momentum == 0 else ("nesterov" if nesterov else "momentum")
+            if kind != shard:
+                problems.append(f"it is {kind}")
+            elif kind != "sgd" and not _math.isclose(momentum, self._sync["momentum"],
+                                                     rel_tol=1e-6):
+                problems.append(f"its momentum is {momentum:g}")
+        elif isinstance(optimizer, _torch.optim.Adam):
+            if shard != "adam":
+                problems.append("it is adam")
+        elif isinstance(optimizer, _torch.optim.Adagrad):
+            if shard != "adagrad":
+                problems.append("it is adagrad")
+        else:
+            return  # another kind: nothing to compare
+        if len(lrs) == 1 and not _math.isclose(lrs.pop(), self._sync["lr"], rel_tol=1e-6):
+            problems.append(f"its lr is {float(groups[0]['lr']):g}")
+        decay = float(groups[0].get("weight_decay", 0.0))
+        if not _math.isclose(decay, self._sync["weight_decay"], rel_tol=1e-6, abs_tol=1e-12):
+            problems.append(f"its weight_decay is {decay:g}")
+        if problems:
+            raise _bad(f"update='server' applies the shards' optimizer ({said}) instead of "
+                       f"{type(optimizer).__name__}, but {', '.join(problems)}: start the shards "
+                       "with matching flags, or leave update to its default (your optimizer on "
+                       "the averaged gradients)")
 
     def _pulled_from_params(self):
         for i, param in enumerate(self._params):
@@ -211,11 +851,16 @@ class DistributedOptimizer:
         if self._scheduler is not None:
             self._make_current(i)  # the scheduler is done with the last gradient buffer
         if param.grad is None:
-            self._grads[i].fill(0.0)  # unused this step: BSP still needs a push
+            self._grads[i].fill(0.0)  # unused this step: the round still needs a push
         else:
             self._grads[i][...] = _numpy_view(param.grad.to(_torch.float32))
         self._handed[i] = True
-        if self._scheduler is not None:
+        if self._update == "average":
+            if self._predivide != 1.0:
+                self._grads[i] /= self._predivide
+            self._handles[i] = self._client.push_pull_async(self._average_names[i],
+                                                            self._grads[i], self._pulled[i])
+        elif self._scheduler is not None:
             self._scheduler.gradient_ready(i, self._grads[i])
         else:
             self._handles[i] = self._client.push_pull_async(self._names[i], self._grads[i],
@@ -224,6 +869,18 @@ class DistributedOptimizer:
     # -- the optimizer API ------------------------------------------------
     def step(self, closure=None):
         loss = None
+        if self._update == "average":
+            if closure is not None:
+                with _torch.enable_grad():
+                    loss = closure()
+            if not self._skip_synchronize:
+                self.synchronize()
+            elif not self._synchronized:
+                raise _bad("step() inside skip_synchronize() needs synchronize() first")
+            self._synchronized = False
+            self._optimizer.step()
+            self._steps += 1
+            return loss
         if self._update == "worker":
             loss = self._optimizer.step(closure)
             self._steps += 1
@@ -279,11 +936,52 @@ class DistributedOptimizer:
                 self._round_start[i][...] = self._pulled[i]
 
     def synchronize(self):
-        """Every parameter current in the model (with a scheduler and a model,
-        forward pre-hooks otherwise do this layer by layer)."""
+        """update='average': waits for this step's averaged gradients and
+        writes them into each parameter's .grad (then clip them, say, and
+        call step() inside skip_synchronize()). Otherwise: every parameter
+        current in the model (with a scheduler and a model, forward
+        pre-hooks otherwise do this layer by layer)."""
+        if self._update == "average":
+            if self._synchronized:
+                return
+            # Parameters without a gradient this step (unused layers) still push.
+            for i in reversed(range(len(self._params))):
+                self._hand_over(i)
+            try:
+                self._wait_all()
+            except _harrier.DeadlineExceededError as e:
+                raise _harrier.DeadlineExceededError(
+                    f"DistributedOptimizer step {self._steps}: not every worker pushed its "
+                    f"gradients in time (a worker that stopped training, or never calls "
+                    f"step(), leaves the others waiting): {e.message}",
+                    e.code, e.code_value) from None
+            scale = self._predivide * (self._client.num_workers if self._op == Sum else 1.0)
+            with _torch.no_grad():
+                for param, pulled in zip(self._params, self._pulled):
+                    averaged = _torch.from_numpy(pulled)
+                    if scale != 1.0:
+                        averaged = averaged * scale
+                    if param.grad is None:
+                        param.grad = averaged.clone()
+                    else:
+                        param.grad.copy_(averaged)
+            self._handed = [False] * len(self._params)
+            self._passes = [0] * len(self._params)
+            self._synchronized = True
+            return
         if self._scheduler is not None:
             for i in range(len(self._params)):
                 self._make_current(i)
+
+    @_contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this block does not synchronize() (call it before,
+        as Horovod's gradient clipping recipe does)."""
+        self._skip_synchronize = True
+        try:
+            yield
+        finally:
+            self._skip_synchronize = False
 
     def finish(self):
         """After the last step: nothing left in flight, the model holds the
@@ -298,7 +996,10 @@ class DistributedOptimizer:
 
     def refresh(self):
         """Pulls every parameter again at the current clock (after a final
-        barrier: every worker's last update included)."""
+        barrier: every worker's last update included). update='average'
+        keeps no parameters on the shards: nothing to pull."""
+        if self._update == "average":
+            return
         if self._scheduler is not None:
             self._scheduler.refresh()  # into the staging arrays
             with _torch.no_grad():
@@ -328,6 +1029,24 @@ class DistributedOptimizer:
     def param_groups(self):
         return self._optimizer.param_groups
 
+    @property
+    def state(self):
+        return self._optimizer.state
+
+    @property
+    def defaults(self):
+        return self._optimizer.defaults
+
+    def add_param_group(self, param_group):
+        raise _bad("DistributedOptimizer: parameters are fixed when it is created; add the group "
+                   "to the optimizer before wrapping it")
+
+    def __repr__(self):
+        return f"DistributedOptimizer({self._optimizer!r}, update={self._update!r})"
+
+    def __getstate__(self):
+        raise TypeError("a DistributedOptimizer holds a connection; save its state_dict()")
+
     def state_dict(self):
         return self._optimizer.state_dict()
 
@@ -355,23 +1074,28 @@ def broadcast_parameters(params, root_rank=0, client=None):
     or (name, tensor) pairs, the same names on every worker. Tensors are
     staged through the shards as float32 (integer entries such as counters
     are exact below 2**24). Each call adds its tensors to the shards."""
-    client = client or _default_client
+    client = client or (_job.client if _job is not None else None) or _default_client
     if client is None:
-        raise _bad("broadcast_parameters needs client= (or a DistributedOptimizer created first)")
+        raise _bad("broadcast_parameters needs harrier.torch.init() (or client=)")
     if not 0 <= root_rank < client.num_workers:
         raise _bad(f"root_rank {root_rank} is not in [0, {client.num_workers})")
     items = list(params.items()) if hasattr(params, "items") else list(params)
+    if isinstance(client, _LocalClient):
+        return
     round_ = getattr(client, "_broadcasts", 0)
     client._broadcasts = round_ + 1
     prefix = f"harrier.broadcast/{round_}/"
     tensors = [(name, t) for name, t in items if isinstance(t, _torch.Tensor) and t.numel() > 0]
+    for name, tensor in tensors:
+        _check_device(tensor, f"broadcast_parameters {name!r}")
     if client.rank == root_rank:
         for name, tensor in tensors:
-            client.register(prefix + name, tensor.detach().reshape(-1).to(_torch.float32).numpy())
+            client.register(prefix + name, tensor.detach().reshape(-1).to(_torch.float32).numpy(),
+                            own_clock=True)
     client.barrier(prefix + "registered")
     if client.rank != root_rank:
         with _torch.no_grad():
             for name, tensor in tensors:
-                client.register(prefix + name, (tensor.numel(),))
+                client.register(prefix + name, (tensor.numel(),), own_clock=True)
                 values = client.pull(prefix + name)
                 tensor.copy_(_torch.from_numpy(values).reshape(tensor.shape).to(tensor.dtype))

@@ -1,0 +1,249 @@
+"""harrier.torch's Horovod surface with worker processes against real
+shards, each joining through init() from the environment harrier-launch
+sets: the user's momentum optimizer and schedule applied as written (N
+steps equal single-process PyTorch on the concatenated batch), broadcasts
+of parameters, optimizer state and objects; metrics averaged by names
+registered after 100 training steps under BSP, SSP and ASP; a name one rank
+never pushes fails in time with a clear error; configuration errors; the
+Horovod-style example reaching the single-process accuracy with 2 and 4
+workers."""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import harrier
+import harrier.torch as hvd
+from harrier_testing import ROOT, Cluster, main
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "horovod_worker.py")
+EXAMPLE = os.path.join(ROOT, "examples", "horovod_style_fashion_mnist.py")
+sys.path.insert(0, HERE)
+import torch_worker  # noqa: E402
+
+
+def environment(cluster, rank, workers):
+    env = dict(os.environ)
+    env.update(HARRIER_SERVERS=",".join(cluster.servers), HARRIER_RANK=str(rank),
+               HARRIER_NUM_WORKERS=str(workers), HARRIER_LOCAL_RANK=str(rank),
+               HARRIER_LOCAL_SIZE=str(workers))
+    env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
+    return env
+
+
+def run_workers(cluster, scenario, workers=2, timeout=180, **flags):
+    directory = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    processes, outs = [], []
+    for rank in range(workers):
+        out = os.path.join(directory, f"worker{rank}.npz")
+        args = [sys.executable, WORKER, f"--scenario={scenario}", f"--out={out}"]
+        args += [f"--{k}={v}" for k, v in flags.items()]
+        processes.append(subprocess.Popen(args, env=environment(cluster, rank, workers),
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outs.append(out)
+    results = []
+    for rank, p in enumerate(processes):
+        try:
+            output, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in processes:
+                q.kill()
+            raise AssertionError(f"worker {rank} did not finish within {timeout} s")
+        if p.returncode != 0:
+            raise AssertionError(f"worker {rank} exited {p.returncode}:\n{output.decode()[-3000:]}")
+        results.append(dict(np.load(outs[rank], allow_pickle=False)))
+    return results
+
+
+class HorovodScriptTest(unittest.TestCase):
+    def test_user_momentum_optimizer_and_schedule_as_written(self):
+        steps, batch, lr = 6, 32, 0.1
+        with Cluster(shards=2, workers=2) as cluster:
+            results = run_workers(cluster, "momentum", steps=steps, batch=batch, lr=lr)
+        # One process: rank 0's initial model, the whole batch, the same
+        # optimizer and schedule.
+        _, inputs, labels = torch_worker.model_and_data(0, steps, batch)
+        torch.manual_seed(100)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(),
+                                    torch.nn.Linear(32, 3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+        for step in range(steps):
+            optimizer.zero_grad()
+            F.cross_entropy(model(inputs[step]), labels[step]).backward()
+            optimizer.step()
+            schedule.step()
+        expected = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+        start = np.concatenate([p.detach().numpy().ravel() for p in
+                                torch_worker_initial(100)])
+        for rank, result in enumerate(results):
+            self.assertEqual(str(result["update"]), "average")
+            self.assertAlmostEqual(float(result["lr"]), lr * 0.5 ** (steps // 2), places=7)
+            np.testing.assert_allclose(result["params"], expected, rtol=0, atol=2e-6,
+                                       err_msg=f"rank {rank}")
+            # It trained: far from where it started.
+            self.assertGreater(np.abs(result["params"] - start).max(), 1e-2)
+
+    def check_metrics(self, sync, server_args=()):
+        lr = 0.05
+        with Cluster(shards=2, workers=2, sync=sync,
+                     server_args=["--optimizer=sgd", f"--lr={lr}", *server_args]) as cluster:
+            results = run_workers(cluster, "metric", steps=101, batch=16, lr=lr)
+        for rank, r in enumerate(results):
+            for epoch in range(3):
+                np.testing.assert_allclose(r[f"metric{epoch}"], [1.5 + epoch, 15.0],
+                                           err_msg=f"rank {rank} epoch {epoch}")
+            np.testing.assert_allclose(r["sum"], [3.0])
+            np.testing.assert_array_equal(r["unnamed"], [2, 5])  # (0 + 3) / 2 rounded, 5
+            self.assertEqual(str(r["int_dtype"]), "torch.int64")
+            np.testing.assert_allclose(r["inplace"], [0.5] * 4)
+            np.testing.assert_allclose(r["async"], [1.0])
+            np.testing.assert_allclose(r["push_pull"], [2.0])
+            self.assertEqual(str(r["object"]),
+                             '{"epoch": 7, "rank": 1, "text": "' + "\\u00e9" * 301 + '"}')
+            np.testing.assert_allclose(r["broadcast"], np.arange(5.0) + 10)
+            self.assertEqual(int(r["size"]), 2)
+            self.assertEqual(list(r["local"]), [rank, 2])
+
+    def test_metrics_registered_after_training_bsp(self):
+        self.check_metrics("bsp")
+
+    def test_metrics_registered_after_training_ssp(self):
+        self.check_metrics("ssp", ["--staleness=3"])
+
+    def test_metrics_registered_after_training_asp(self):
+        self.check_metrics("asp")
+
+    def test_a_name_one_rank_never_pushes_fails_in_time(self):
+        with Cluster(shards=1, workers=2) as cluster:
+            results = run_workers(cluster, "never", rpc_timeout=3)
+        message = str(results[0]["message"])
+        self.assertIn("harrier.allreduce/lonely: not every worker pushed it in time", message)
+        self.assertIn("slowest worker is rank 1", message)
+        self.assertLess(float(results[0]["seconds"]), 30)
+
+
+def torch_worker_initial(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    return list(model.parameters())
+
+
+class ConfigurationTest(unittest.TestCase):
+    def tearDown(self):
+        hvd.shutdown()
+
+    def test_errors(self):
+        with Cluster(shards=1, workers=1,
+                     server_args=["--optimizer=momentum", "--lr=0.05", "--momentum=0.9"]) as c:
+            hvd.init(servers=c.servers)
+            self.assertEqual((hvd.size(), hvd.rank(), hvd.local_rank(), hvd.local_size()),
+                             (1, 0, 0, 1))
+            model = torch.nn.Linear(4, 2)
+
+            def refused(pattern, **kwargs):
+                optimizer = kwargs.pop("optimizer", torch.optim.SGD(model.parameters(), lr=0.1))
+                with self.assertRaises(harrier.InvalidArgumentError) as caught:
+                    hvd.DistributedOptimizer(optimizer, model.named_parameters(), **kwargs)
+                self.assertRegex(str(caught.exception), pattern)
+
+            # The shards' optimizer asked for, but the user's says otherwise.
+            refused(r"--optimizer=momentum --lr=0.05 --momentum=0.9\) instead of SGD, but it "
+                    r"is sgd, its lr is 0.1", update="server")
+            refused(r"its momentum is 0.5", update="server",
+                    optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5))
+            refused(r"it is adam", update="server",
+                    optimizer=torch.optim.Adam(model.parameters(), lr=0.05))
+            refused(r"start them with --optimizer=sgd --lr=1 \(they run --optimizer=momentum",
+                    update="worker")
+            refused(r"votes on signs", compression=hvd.Compression.spec("signum"))
+            refused(r"Adasum is not supported", op=hvd.Adasum)
+            refused(r"compresses the averaged gradients", update="server",
+                    compression=hvd.Compression.fp16,
+                    optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+            # Matching settings are taken.
+            ok = hvd.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                model.named_parameters(), update="server")
+            self.assertEqual(ok.update, "server")
+            with self.assertRaisesRegex(harrier.InvalidArgumentError, "op must be"):
+                hvd.allreduce(torch.ones(2), op="max")
+            # A device the binding cannot read: one line saying so.
+            with self.assertRaisesRegex(harrier.InvalidArgumentError,
+                                        "a tensor on meta; this harrier.torch trains CPU"):
+                hvd.allreduce(torch.empty(3, device="meta"))
+            with self.assertRaisesRegex(harrier.InvalidArgumentError, "first used with 2"):
+                hvd.allreduce(torch.ones(2), name="shape")
+                hvd.allreduce(torch.ones(3), name="shape")
+
+    def test_single_process_without_shards(self):
+        saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("HARRIER_")}
+        try:
+            os.environ["HARRIER_NUM_WORKERS"] = "2"
+            with self.assertRaisesRegex(harrier.InvalidArgumentError, "no shards given for a job "
+                                        "of 2 workers. Run the script under harrier-launch"):
+                hvd.init()
+            del os.environ["HARRIER_NUM_WORKERS"]
+            hvd.init()  # python3 train.py, as Horovod runs it
+            self.assertEqual((hvd.size(), hvd.rank()), (1, 0))
+            np.testing.assert_allclose(hvd.allreduce(torch.tensor([3.0, 4.0])).numpy(), [3, 4])
+            self.assertEqual(hvd.broadcast_object({"a": 1}), {"a": 1})
+            model = torch.nn.Linear(3, 1)
+            optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                                 model.named_parameters())
+            before = model.weight.detach().clone()
+            model(torch.ones(1, 3)).sum().backward()
+            optimizer.step()
+            np.testing.assert_allclose(model.weight.detach().numpy(), before.numpy() - 0.5)
+        finally:
+            os.environ.pop("HARRIER_NUM_WORKERS", None)
+            os.environ.update(saved)
+
+
+class ExampleTest(unittest.TestCase):
+    """The Horovod-style example, unchanged, under harrier-launch with 2 and
+    4 workers and as one plain process: the same accuracy within a point."""
+
+    def run_example(self, workers):
+        flags = ["--epochs=2", "--train-examples=24000"]
+        if workers == 0:
+            run = subprocess.run([sys.executable, EXAMPLE, *flags], capture_output=True,
+                                 timeout=300, env=plain_environment())
+        else:
+            launch = os.path.join(ROOT, "deploy", "launch", "harrier-launch")
+            run = subprocess.run([launch, f"-np={workers}", "--base_port=0", "--", sys.executable,
+                                  EXAMPLE, *flags], capture_output=True, timeout=600,
+                                 env=plain_environment())
+        output = run.stdout.decode() + run.stderr.decode()
+        self.assertEqual(run.returncode, 0, output[-3000:])
+        found = re.findall(r"test_accuracy=([0-9.]+)", run.stdout.decode())
+        self.assertEqual(len(found), 1, output[-3000:])
+        return float(found[0])
+
+    def test_two_and_four_workers_reach_the_single_process_accuracy(self):
+        if not os.path.isdir("/usr/share/datasets/fashion-mnist"):
+            self.skipTest("no dataset-fashion-mnist")
+        single = self.run_example(0)
+        self.assertGreater(single, 0.75)
+        for workers in (2, 4):
+            accuracy = self.run_example(workers)
+            print(f"example: {workers} workers test_accuracy={accuracy:.4f}, "
+                  f"one process {single:.4f}")
+            self.assertGreater(accuracy, single - 0.01, f"{workers} workers")
+
+
+def plain_environment():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARRIER_")}
+    return env
+
+
+if __name__ == "__main__":
+    main()

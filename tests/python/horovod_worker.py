@@ -1,0 +1,111 @@
+"""One worker of horovod_test.py, written against harrier.torch's Horovod
+surface: it joins the job from the environment (HARRIER_SERVERS,
+HARRIER_RANK, ...) with init() and writes what it saw to --out (.npz)."""
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import harrier
+import harrier.torch as hvd
+import torch_worker
+
+
+def momentum(args):
+    """N steps of the user's own SGD with momentum and a step schedule, on
+    this rank's half of each batch; every rank starts from its own seed, so
+    only the broadcasts make them start alike."""
+    _, inputs, labels = torch_worker.model_and_data(0, args.steps, args.batch)
+    torch.manual_seed(100 + hvd.rank())
+    model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    # Rank 0's lr and momentum win through broadcast_optimizer_state.
+    lr = args.lr if hvd.rank() == 0 else 7.0
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    part = args.batch // hvd.size()
+    mine = slice(hvd.rank() * part, (hvd.rank() + 1) * part)
+    for step in range(args.steps):
+        optimizer.zero_grad()
+        F.cross_entropy(model(inputs[step][mine]), labels[step][mine]).backward()
+        optimizer.step()
+        schedule.step()
+    params = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+    np.savez(args.out, params=params, lr=optimizer.param_groups[0]["lr"],
+             update=optimizer.update)
+
+
+def metric(args):
+    """Trains under the shards' optimizer (whatever their --sync) for
+    --steps steps, then averages metrics registered only now."""
+    model, inputs, labels = torch_worker.model_and_data(0, args.steps, args.batch)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
+                                         named_parameters=model.named_parameters(),
+                                         update="server")
+    for step in range(args.steps):
+        optimizer.zero_grad()
+        F.cross_entropy(model(inputs[step]), labels[step]).backward()
+        optimizer.step()
+        if hvd.rank() == 1 and step % 10 == 0:
+            time.sleep(0.01)  # ranks at different paces under SSP and ASP
+    r = hvd.rank()
+    out = {}
+    # After --steps training clocks, three rounds of a new name, then others.
+    for epoch in range(3):
+        value = torch.tensor([r + 1.0 + epoch, 10.0 * (r + 1)])
+        out[f"metric{epoch}"] = hvd.allreduce(value, name="metric").numpy()
+    out["sum"] = hvd.allreduce(torch.tensor([r + 1.0]), name="count", op=hvd.Sum).numpy()
+    counts = torch.tensor([3 * r, 5], dtype=torch.int64)
+    out["unnamed"] = hvd.allreduce(counts).numpy()
+    out["int_dtype"] = str(hvd.allreduce(counts).dtype)
+    inplace = torch.full((4,), float(r))
+    hvd.allreduce_(inplace, name="inplace")
+    out["inplace"] = inplace.numpy()
+    handle = hvd.allreduce_async(torch.tensor([2.0 * r]), name="async")
+    out["async"] = hvd.synchronize(handle).numpy()
+    out["push_pull"] = hvd.push_pull(torch.tensor([4.0 * r]), name="bps").numpy()
+    out["object"] = json.dumps(hvd.broadcast_object({"epoch": 7, "rank": r, "text": "é" * 301},
+                                                    root_rank=1))
+    out["broadcast"] = hvd.broadcast(torch.arange(5.0) + 10 * r, root_rank=1).numpy()
+    out["size"] = hvd.size()
+    out["local"] = (hvd.local_rank(), hvd.local_size())
+    np.savez(args.out, **out)
+
+
+def never(args):
+    """Rank 0 averages a name rank 1 never pushes: a clear error in time."""
+    if hvd.rank() == 0:
+        start = time.monotonic()
+        try:
+            hvd.allreduce(torch.ones(3), name="lonely")
+            message = "no error"
+        except harrier.DeadlineExceededError as e:
+            message = str(e)
+        np.savez(args.out, message=message, seconds=time.monotonic() - start)
+    hvd.barrier("end")
+    if hvd.rank() != 0:
+        np.savez(args.out, message="", seconds=0.0)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scenario", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--rpc_timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    hvd.init(rpc_timeout=args.rpc_timeout)
+    {"momentum": momentum, "metric": metric, "never": never}[args.scenario](args)
+
+
+if __name__ == "__main__":
+    main()
