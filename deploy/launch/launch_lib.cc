@@ -1,8 +1,14 @@
 #include "deploy/launch/launch_lib.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <tuple>
 
@@ -24,6 +30,10 @@ ABSL_FLAG(std::string, hosts, "",
 ABSL_FLAG(std::string, hostfile, "",
           "Hosts from a file instead of -H: one a line, 'host slots=N' or 'host:N'; '#' starts a "
           "comment.");
+ABSL_FLAG(int, np, 0,
+          "-np N for short (also -npN, -np=N). Number of workers: ranks fill the hosts' slots in "
+          "order up to N, hosts past the N-th slot are not used; more than the slots is an error. "
+          "0: every slot. Without -H or --hostfile, -np N runs N workers on localhost.");
 ABSL_FLAG(int, num_servers, 0, "Number of shards (0: one per host).");
 ABSL_FLAG(int, base_port, 50051, "Port of shard 0; shard i listens on base_port+i.");
 ABSL_FLAG(std::string, bin_dir, "",
@@ -45,7 +55,23 @@ ABSL_FLAG(int, grace_ms, 10000,
           "get to exit by themselves after the workers finish.");
 ABSL_FLAG(int, start_timeout_ms, 60000,
           "Deadline for the ssh check of each host and for each shard to accept connections.");
-ABSL_FLAG(bool, dry_run, false, "Print the commands it would run and exit.");
+ABSL_FLAG(bool, dry_run, false,
+          "Print the commands it would run (a command after -- with its HARRIER_* environment) "
+          "and exit.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificates, as harrier-server's and harrier-worker's --tls_ca: passed to every "
+          "shard and harrier-worker, to a command as HARRIER_TLS_CA. The same path on every host; "
+          "relative to the launcher's current folder.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain, as harrier-server's and harrier-worker's --tls_cert: passed to "
+          "every shard and harrier-worker, to a command as HARRIER_TLS_CERT.");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM private key of --tls_cert: passed to every shard and harrier-worker, to a command "
+          "as HARRIER_TLS_KEY.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the job token, as harrier-server's and harrier-worker's "
+          "--auth_token_file: passed to every shard and harrier-worker, to a command as "
+          "HARRIER_AUTH_TOKEN_FILE.");
 
 namespace harrier::launch {
 namespace {
@@ -132,7 +158,7 @@ absl::StatusOr<std::vector<HostSlots>> ParseHostfile(const std::string& text,
   return hosts;
 }
 
-std::vector<std::string> SpellOutShortHosts(const std::vector<std::string>& args) {
+std::vector<std::string> SpellOutShortFlags(const std::vector<std::string>& args) {
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -140,15 +166,22 @@ std::vector<std::string> SpellOutShortHosts(const std::vector<std::string>& args
       out.insert(out.end(), args.begin() + i, args.end());
       break;
     }
-    if (a == "-H") {
-      out.push_back("--hosts");
-      continue;
+    // -H LIST, -HLIST, -H=LIST; -np N, -npN, -np=N.
+    bool short_form = false;
+    for (const auto& [dash, name] : {std::make_pair("-np", "--np"), std::make_pair("-H", "--hosts")}) {
+      if (a == dash) {
+        out.push_back(name);
+        if (i + 1 < args.size()) out.push_back(args[++i]);
+      } else if (absl::StartsWith(a, dash)) {
+        out.push_back(absl::StrCat(
+            name, "=", absl::StripPrefix(absl::string_view(a).substr(strlen(dash)), "=")));
+      } else {
+        continue;
+      }
+      short_form = true;
+      break;
     }
-    if (absl::StartsWith(a, "-H")) {
-      out.push_back(
-          absl::StrCat("--hosts=", absl::StripPrefix(absl::string_view(a).substr(2), "=")));
-      continue;
-    }
+    if (short_form) continue;
     out.push_back(a);
     absl::string_view name = a;
     if (a.find('=') != std::string::npos || !absl::ConsumePrefix(&name, "-")) continue;
@@ -159,9 +192,56 @@ std::vector<std::string> SpellOutShortHosts(const std::vector<std::string>& args
   return out;
 }
 
-absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& worker_args) {
+absl::StatusOr<std::vector<HostSlots>> TakeSlots(const std::vector<HostSlots>& hosts, int np,
+                                                 const std::string& where) {
+  if (np == 0) return hosts;
+  int total = 0;
+  for (const auto& h : hosts) total += h.slots;
+  if (np > total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("-np ", np, ": more workers than the ", total, " slots of ", where));
+  }
+  std::vector<HostSlots> taken;
+  for (const auto& h : hosts) {
+    if (np == 0) break;
+    taken.push_back({h.host, std::min(h.slots, np)});
+    np -= taken.back().slots;
+  }
+  return taken;
+}
+
+namespace {
+
+// One line if `path` is no regular file this process can open for reading.
+absl::Status CheckReadable(const char* flag, const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat("cannot read --", flag, "=", path, ": ", strerror(errno)));
+  }
+  struct stat st {};
+  const bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  close(fd);
+  if (!regular) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read --", flag, "=", path, ": not a file"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& after_dashes,
+                                         const std::string& cwd) {
   Options o;
-  o.worker_args = worker_args;
+  o.workdir = cwd;
+  // A command is any first word that is not a flag: "python3", "./train.sh".
+  if (!after_dashes.empty() && !absl::StartsWith(after_dashes[0], "-")) {
+    if (after_dashes[0].empty()) {
+      return absl::InvalidArgumentError("the command after -- starts with an empty word");
+    }
+    o.command = after_dashes;
+  } else {
+    o.worker_args = after_dashes;
+  }
   auto bad = [](const char* name, const auto& value, const std::string& want) {
     return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, ": want ", want));
   };
@@ -192,16 +272,20 @@ absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& worker_
     return bad("start_timeout_ms", o.start_timeout_ms, "milliseconds >= 1");
   }
   o.dry_run = absl::GetFlag(FLAGS_dry_run);
+  const int np = absl::GetFlag(FLAGS_np);
+  if (np < 0) return bad("np", np, "a number of workers >= 1 (0: every slot)");
 
   const std::string hosts_flag = absl::GetFlag(FLAGS_hosts);
   const std::string hostfile = absl::GetFlag(FLAGS_hostfile);
   if (!hosts_flag.empty() && !hostfile.empty()) {
     return absl::InvalidArgumentError("give -H or --hostfile, not both");
   }
+  std::string where;  // the host list, for -np's error
   if (!hosts_flag.empty()) {
     absl::StatusOr<std::vector<HostSlots>> hosts = ParseHostList(hosts_flag);
     if (!hosts.ok()) return hosts.status();
     o.hosts = *hosts;
+    where = absl::StrCat("-H ", hosts_flag);
   } else if (!hostfile.empty()) {
     std::ifstream in(hostfile);
     if (!in) return absl::NotFoundError(absl::StrCat("cannot read --hostfile=", hostfile));
@@ -210,8 +294,36 @@ absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& worker_
     absl::StatusOr<std::vector<HostSlots>> hosts = ParseHostfile(text.str(), hostfile);
     if (!hosts.ok()) return hosts.status();
     o.hosts = *hosts;
+    where = absl::StrCat("--hostfile=", hostfile);
+  } else if (np > 0) {
+    // As horovodrun -np 4: everything on this machine.
+    o.hosts = {{"localhost", np}};
+    where = "localhost";
   } else {
-    return absl::InvalidArgumentError("no hosts: give -H host1:slots,... or --hostfile=FILE (see --help)");
+    return absl::InvalidArgumentError(
+        "no hosts: give -H host1:slots,... or --hostfile=FILE, or -np N for N workers on this "
+        "host (see --help)");
+  }
+  absl::StatusOr<std::vector<HostSlots>> taken = TakeSlots(o.hosts, np, where);
+  if (!taken.ok()) return taken.status();
+  o.hosts = *taken;
+
+  // TLS and the token: absolute paths, so that they mean the same to every
+  // process wherever it runs. Remote hosts must have the same paths, which
+  // only they can check; when every host is this one, check here.
+  bool all_local = true;
+  for (const auto& h : o.hosts) all_local = all_local && IsLocalHost(h.host);
+  for (auto [name, value, path] :
+       {std::make_tuple("tls_ca", absl::GetFlag(FLAGS_tls_ca), &o.tls_ca),
+        std::make_tuple("tls_cert", absl::GetFlag(FLAGS_tls_cert), &o.tls_cert),
+        std::make_tuple("tls_key", absl::GetFlag(FLAGS_tls_key), &o.tls_key),
+        std::make_tuple("auth_token_file", absl::GetFlag(FLAGS_auth_token_file),
+                        &o.auth_token_file)}) {
+    if (value.empty()) continue;
+    *path = absl::StartsWith(value, "/") || cwd.empty() ? value : absl::StrCat(cwd, "/", value);
+    if (all_local) {
+      if (absl::Status st = CheckReadable(name, *path); !st.ok()) return st;
+    }
   }
   // The launcher owns the job's shape; a second value would silently win or lose.
   for (const std::string& a : o.worker_args) {
@@ -330,13 +442,37 @@ absl::Status ResolveBinaries(Options& o, const std::string& self_dir) {
                                             "): give --bin_dir or --", package, "_bin"));
   };
   if (absl::Status st = find("harrier-server", "server", &o.server_bin); !st.ok()) return st;
+  if (o.RunsCommand()) return absl::OkStatus();
   return find("harrier-worker", "worker", &o.worker_bin);
 }
+
+namespace {
+
+// The TLS and token flags the options give, for harrier-server and
+// harrier-worker.
+std::vector<std::string> SecurityFlags(const Options& o) {
+  std::vector<std::string> flags;
+  for (const auto& [name, value] : {std::make_pair("tls_ca", &o.tls_ca),
+                                    std::make_pair("tls_cert", &o.tls_cert),
+                                    std::make_pair("tls_key", &o.tls_key),
+                                    std::make_pair("auth_token_file", &o.auth_token_file)}) {
+    if (!value->empty()) flags.push_back(absl::StrCat("--", name, "=", *value));
+  }
+  return flags;
+}
+
+}  // namespace
 
 JobPlan MakePlan(const Options& o) {
   JobPlan plan;
   int total = 0;
-  for (const auto& h : o.hosts) total += h.slots;
+  // Local ranks count per host name: a host listed twice is one host.
+  std::map<std::string, int> per_host;
+  for (const auto& h : o.hosts) {
+    total += h.slots;
+    per_host[h.host] += h.slots;
+  }
+  const std::vector<std::string> security = SecurityFlags(o);
   std::vector<std::string> addresses;
   for (int i = 0; i < o.num_servers; ++i) {
     PlannedProcess s;
@@ -351,23 +487,55 @@ JobPlan MakePlan(const Options& o) {
                  absl::StrCat("--num_workers=", total),
                  absl::StrCat("--port=", s.port),
                  "--host=0.0.0.0"};
+    s.command.insert(s.command.end(), security.begin(), security.end());
     for (const auto& a : o.server_args) s.command.push_back(a);
     plan.shards.push_back(s);
   }
   const std::string servers = absl::StrJoin(addresses, ",");
+  std::map<std::string, int> next_local_rank;
   int rank = 0;
   for (size_t h = 0; h < o.hosts.size(); ++h) {
+    const std::string& host = o.hosts[h].host;
     for (int slot = 0; slot < o.hosts[h].slots; ++slot, ++rank) {
       PlannedProcess w;
       w.index = rank;
       w.host = h;
-      w.command = {o.worker_bin, absl::StrCat("--servers=", servers),
-                   absl::StrCat("--num_workers=", total), absl::StrCat("--rank=", rank)};
-      for (const auto& a : o.worker_args) w.command.push_back(a);
+      const int local_rank = next_local_rank[host]++;
+      if (o.RunsCommand()) {
+        w.command = o.command;
+        w.workdir = o.workdir;
+        w.env = {{"HARRIER_SERVERS", servers},
+                 {"HARRIER_NUM_SHARDS", absl::StrCat(o.num_servers)},
+                 {"HARRIER_NUM_WORKERS", absl::StrCat(total)},
+                 {"HARRIER_RANK", absl::StrCat(rank)},
+                 {"HARRIER_LOCAL_RANK", absl::StrCat(local_rank)},
+                 {"HARRIER_LOCAL_SIZE", absl::StrCat(per_host[host])}};
+        for (const auto& [name, value] :
+             {std::make_pair("HARRIER_TLS_CA", &o.tls_ca),
+              std::make_pair("HARRIER_TLS_CERT", &o.tls_cert),
+              std::make_pair("HARRIER_TLS_KEY", &o.tls_key),
+              std::make_pair("HARRIER_AUTH_TOKEN_FILE", &o.auth_token_file)}) {
+          if (!value->empty()) w.env.emplace_back(name, *value);
+        }
+      } else {
+        w.command = {o.worker_bin, absl::StrCat("--servers=", servers),
+                     absl::StrCat("--num_workers=", total), absl::StrCat("--rank=", rank)};
+        w.command.insert(w.command.end(), security.begin(), security.end());
+        for (const auto& a : o.worker_args) w.command.push_back(a);
+      }
       plan.workers.push_back(w);
     }
   }
   return plan;
+}
+
+std::string CommandWithEnv(const PlannedProcess& p) {
+  // NAME='a value', not 'NAME=a value', which sh would not take for an
+  // assignment.
+  std::vector<std::string> words;
+  for (const auto& [name, value] : p.env) words.push_back(absl::StrCat(name, "=", ShellQuote(value)));
+  words.push_back(ShellJoin(p.command));
+  return absl::StrJoin(words, " ");
 }
 
 }  // namespace harrier::launch

@@ -3,9 +3,10 @@
 
 // The parts of harrier-launch that are pure functions: its flags and what
 // they mean, host list parsing, shell quoting, and the plan of which process
-// runs where.
+// runs where, with what command line and environment.
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -13,10 +14,11 @@
 #include "absl/status/statusor.h"
 
 // harrier-launch's flags (absl flags, parsed by harrier::ParseFlags, so each
-// can also come from a --flagfile or HARRIER_<NAME>). -H is --hosts; see
-// SpellOutShortHosts.
+// can also come from a --flagfile or HARRIER_<NAME>). -H is --hosts and -np
+// is --np; see SpellOutShortFlags.
 ABSL_DECLARE_FLAG(std::string, hosts);
 ABSL_DECLARE_FLAG(std::string, hostfile);
+ABSL_DECLARE_FLAG(int, np);
 ABSL_DECLARE_FLAG(int, num_servers);
 ABSL_DECLARE_FLAG(int, base_port);
 ABSL_DECLARE_FLAG(std::string, bin_dir);
@@ -28,6 +30,10 @@ ABSL_DECLARE_FLAG(std::string, server_args);
 ABSL_DECLARE_FLAG(int, grace_ms);
 ABSL_DECLARE_FLAG(int, start_timeout_ms);
 ABSL_DECLARE_FLAG(bool, dry_run);
+ABSL_DECLARE_FLAG(std::string, tls_ca);
+ABSL_DECLARE_FLAG(std::string, tls_cert);
+ABSL_DECLARE_FLAG(std::string, tls_key);
+ABSL_DECLARE_FLAG(std::string, auth_token_file);
 
 namespace harrier::launch {
 
@@ -37,6 +43,8 @@ struct HostSlots {
 };
 
 struct Options {
+  // The hosts that run workers, each with the number it runs (-np already
+  // applied: hosts past the N-th slot are left out).
   std::vector<HostSlots> hosts;
   int num_servers = 0;  // 0: one per host
   int base_port = 50051;
@@ -45,10 +53,23 @@ struct Options {
   std::string ssh = "ssh";
   std::vector<std::string> ssh_args;
   std::vector<std::string> server_args;
+  // What followed "--": harrier-worker's flags (worker_args), or a command
+  // run once per worker slot instead of harrier-worker (command, when its
+  // first word does not start with '-'). At most one of them is non-empty.
   std::vector<std::string> worker_args;
+  std::vector<std::string> command;
+  // TLS and the job token, absolute paths (empty: not given). Passed to the
+  // shards and harrier-worker as the flags of the same names, to a command
+  // as HARRIER_TLS_CA, HARRIER_TLS_CERT, HARRIER_TLS_KEY and
+  // HARRIER_AUTH_TOKEN_FILE.
+  std::string tls_ca, tls_cert, tls_key, auth_token_file;
+  // The launcher's current folder: a remote command runs there.
+  std::string workdir;
   int grace_ms = 10000;
   int start_timeout_ms = 60000;
   bool dry_run = false;
+
+  bool RunsCommand() const { return !command.empty(); }
 };
 
 // "host1:2,host2:1". One-line errors for an empty list, a missing or
@@ -60,15 +81,27 @@ absl::StatusOr<std::vector<HostSlots>> ParseHostfile(const std::string& text,
                                                      const std::string& path);
 
 // The command line with -H's forms ("-H LIST", "-HLIST", "-H=LIST") spelled
-// as --hosts, for absl, which has no short flags. Arguments after "--", and
-// the value of a flag given as "--name VALUE", stay as they are.
-std::vector<std::string> SpellOutShortHosts(const std::vector<std::string>& args);
+// as --hosts and -np's ("-np N", "-npN", "-np=N") as --np, for absl, which
+// has no short flags. Arguments after "--", and the value of a flag given as
+// "--name VALUE", stay as they are.
+std::vector<std::string> SpellOutShortFlags(const std::vector<std::string>& args);
+
+// The first `np` slots of `hosts` in order (np 0: all of them); hosts left
+// without a slot are dropped. `where` names the host list in the error for
+// an np larger than the slots.
+absl::StatusOr<std::vector<HostSlots>> TakeSlots(const std::vector<HostSlots>& hosts, int np,
+                                                 const std::string& where);
 
 // The options the launcher's flags (already parsed) describe, with
-// `worker_args` (what followed "--"). One-line errors for values out of
-// range, no hosts or both -H and --hostfile, an unreadable hostfile, and
-// flags the launcher sets itself given in the worker or server flags.
-absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& worker_args);
+// `after_dashes` (what followed "--": harrier-worker flags or a command) and
+// `cwd` (the launcher's current folder, which relative TLS and token paths
+// are taken from). -np N without -H or --hostfile is localhost:N. One-line
+// errors for values out of range, no hosts or both -H and --hostfile, an
+// unreadable hostfile, -np beyond the slots, TLS or token files that cannot
+// be read when every host is local, and flags the launcher sets itself
+// given in the worker or server flags.
+absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& after_dashes,
+                                         const std::string& cwd);
 
 // Splits like sh would for words, '...' and "..." quotes and backslashes;
 // no expansions.
@@ -83,13 +116,23 @@ bool IsLocalHost(const std::string& host);
 
 // Fills server_bin and worker_bin from bin_dir, or from self_dir (the
 // directory of harrier-launch) and, as in bazel-bin, self_dir/../../server.
+// When the options run a command, harrier-worker is not needed and
+// worker_bin stays as it is.
 absl::Status ResolveBinaries(Options& options, const std::string& self_dir);
+
+using EnvVars = std::vector<std::pair<std::string, std::string>>;
 
 struct PlannedProcess {
   int index = 0;  // shard index or worker rank
   size_t host = 0;  // index into Options::hosts
   int port = 0;  // shards only
-  std::vector<std::string> command;  // the harrier-* command line
+  std::vector<std::string> command;  // the harrier-* command line, or the user's command
+  // Set in the process's environment on top of the launcher's (locally) or
+  // the ssh session's (remotely): the job, for a user's command.
+  EnvVars env;
+  // Where a remote process runs (empty: where ssh starts it, the home
+  // folder). Local processes run in the launcher's current folder.
+  std::string workdir;
 };
 
 struct JobPlan {
@@ -98,8 +141,15 @@ struct JobPlan {
 };
 
 // Shards round-robin over the hosts on base_port+i; workers one per slot,
-// ranks in host order.
+// ranks in host order: harrier-worker with --servers, --num_workers, --rank
+// (and the TLS flags), or the user's command with the job in HARRIER_SERVERS,
+// HARRIER_NUM_SHARDS, HARRIER_NUM_WORKERS, HARRIER_RANK, HARRIER_LOCAL_RANK,
+// HARRIER_LOCAL_SIZE (and the TLS variables).
 JobPlan MakePlan(const Options& options);
+
+// "NAME=value ... command args", shell-quoted: what a process runs, as
+// --dry_run prints it.
+std::string CommandWithEnv(const PlannedProcess& process);
 
 }  // namespace harrier::launch
 

@@ -62,10 +62,109 @@ TEST_CASE("hostfile: both forms, comments, errors with line numbers") {
 }
 
 TEST_CASE("-H spelled out as --hosts; worker flags and flag values untouched") {
-  CHECK(SpellOutShortHosts({"harrier-launch", "-H", "a:1", "--ssh_args", "-Hx", "-Hb:2", "-H=c:3",
+  CHECK(SpellOutShortFlags({"harrier-launch", "-H", "a:1", "--ssh_args", "-Hx", "-Hb:2", "-H=c:3",
                             "--dry_run", "--", "-H", "x:1"}) ==
         std::vector<std::string>{"harrier-launch", "--hosts", "a:1", "--ssh_args", "-Hx",
                                  "--hosts=b:2", "--hosts=c:3", "--dry_run", "--", "-H", "x:1"});
+}
+
+TEST_CASE("-np spelled out as --np; a command after -- untouched") {
+  CHECK(SpellOutShortFlags({"harrier-launch", "-np", "4", "-np4", "-np=4", "--np=4", "--np", "4",
+                            "--", "python3", "-np", "2"}) ==
+        std::vector<std::string>{"harrier-launch", "--np", "4", "--np=4", "--np=4", "--np=4", "--np",
+                                 "4", "--", "python3", "-np", "2"});
+}
+
+TEST_CASE("-np takes the first N slots in host order") {
+  const std::vector<HostSlots> hosts = {{"a", 2}, {"b", 2}, {"c", 1}};
+  auto three = TakeSlots(hosts, 3, "-H a:2,b:2,c:1");
+  REQUIRE(three.ok());
+  REQUIRE(three->size() == 2);
+  CHECK((*three)[0].host == "a");
+  CHECK((*three)[0].slots == 2);
+  CHECK((*three)[1].host == "b");
+  CHECK((*three)[1].slots == 1);
+  auto all = TakeSlots(hosts, 0, "x");
+  REQUIRE(all.ok());
+  CHECK(all->size() == 3);
+  auto exact = TakeSlots(hosts, 5, "x");
+  REQUIRE(exact.ok());
+  CHECK(exact->size() == 3);
+  auto too_many = TakeSlots(hosts, 6, "-H a:2,b:2,c:1");
+  REQUIRE_FALSE(too_many.ok());
+  CHECK(too_many.status().message() == "-np 6: more workers than the 5 slots of -H a:2,b:2,c:1");
+}
+
+TEST_CASE("options: -np alone is localhost:N, with -H it cuts the hosts") {
+  absl::FlagSaver restore;
+  absl::SetFlag(&FLAGS_np, 3);
+  auto local = OptionsFromFlags({}, "/w");
+  REQUIRE(local.ok());
+  REQUIRE(local->hosts.size() == 1);
+  CHECK(local->hosts[0].host == "localhost");
+  CHECK(local->hosts[0].slots == 3);
+  CHECK(local->num_servers == 1);
+  absl::SetFlag(&FLAGS_hosts, "a:2,b:2,c:2");
+  auto cut = OptionsFromFlags({}, "/w");
+  REQUIRE(cut.ok());
+  REQUIRE(cut->hosts.size() == 2);
+  CHECK(cut->hosts[1].slots == 1);
+  CHECK(cut->num_servers == 2);  // one per host used
+  absl::SetFlag(&FLAGS_np, 7);
+  auto over = OptionsFromFlags({}, "/w");
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.status().message() == "-np 7: more workers than the 6 slots of -H a:2,b:2,c:2");
+  absl::SetFlag(&FLAGS_np, -1);
+  auto negative = OptionsFromFlags({}, "/w");
+  REQUIRE_FALSE(negative.ok());
+  CHECK(negative.status().message() == "--np=-1: want a number of workers >= 1 (0: every slot)");
+}
+
+TEST_CASE("options: a command after --, or harrier-worker flags") {
+  absl::FlagSaver restore;
+  absl::SetFlag(&FLAGS_hosts, "a:1");
+  auto command = OptionsFromFlags({"python3", "train.py", "--rank=1"}, "/w");
+  REQUIRE(command.ok());
+  CHECK(command->RunsCommand());
+  CHECK(command->command == std::vector<std::string>{"python3", "train.py", "--rank=1"});
+  CHECK(command->worker_args.empty());
+  CHECK(command->workdir == "/w");
+  auto flags = OptionsFromFlags({"--epochs=2", "train.py"}, "/w");
+  REQUIRE(flags.ok());
+  CHECK_FALSE(flags->RunsCommand());
+  CHECK(flags->worker_args == std::vector<std::string>{"--epochs=2", "train.py"});
+  auto empty = OptionsFromFlags({"", "x"}, "/w");
+  REQUIRE_FALSE(empty.ok());
+  CHECK(empty.status().message() == "the command after -- starts with an empty word");
+}
+
+TEST_CASE("options: TLS and token paths made absolute, checked when every host is local") {
+  absl::FlagSaver restore;
+  char tmpl[] = "/tmp/launch_lib_test.XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  std::ofstream(dir + "/ca.pem") << "x\n";
+  absl::SetFlag(&FLAGS_hosts, "localhost:1");
+  absl::SetFlag(&FLAGS_tls_ca, "ca.pem");
+  auto local = OptionsFromFlags({}, dir);
+  REQUIRE(local.ok());
+  CHECK(local->tls_ca == dir + "/ca.pem");
+  CHECK(local->tls_cert.empty());
+  absl::SetFlag(&FLAGS_auth_token_file, "/nonexistent/token");
+  auto missing = OptionsFromFlags({}, dir);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().message() ==
+        "cannot read --auth_token_file=/nonexistent/token: No such file or directory");
+  absl::SetFlag(&FLAGS_auth_token_file, dir);
+  auto folder = OptionsFromFlags({}, dir);
+  REQUIRE_FALSE(folder.ok());
+  CHECK(folder.status().message() == "cannot read --auth_token_file=" + dir + ": not a file");
+  // Remote hosts have their own files: not checked here.
+  absl::SetFlag(&FLAGS_hosts, "node1:1");
+  absl::SetFlag(&FLAGS_auth_token_file, "/nonexistent/token");
+  auto remote = OptionsFromFlags({}, dir);
+  REQUIRE(remote.ok());
+  CHECK(remote->auth_token_file == "/nonexistent/token");
+  REQUIRE(system(("rm -rf " + dir).c_str()) == 0);
 }
 
 TEST_CASE("options from the flags: worker flags after --, owned flags refused") {
@@ -77,7 +176,7 @@ TEST_CASE("options from the flags: worker flags after --, owned flags refused") 
   absl::SetFlag(&FLAGS_ssh_args, "-i 'my key' -p 2222");
   absl::SetFlag(&FLAGS_server_args, "--lr=0.05");
   absl::SetFlag(&FLAGS_dry_run, true);
-  auto o = OptionsFromFlags({"--max_steps=5", "--batch_size=32"});
+  auto o = OptionsFromFlags({"--max_steps=5", "--batch_size=32"}, "/w");
   REQUIRE(o.ok());
   CHECK(o->hosts.size() == 2);
   CHECK(o->num_servers == 3);
@@ -88,12 +187,12 @@ TEST_CASE("options from the flags: worker flags after --, owned flags refused") 
   CHECK(o->server_args == std::vector<std::string>{"--lr=0.05"});
   CHECK(o->worker_args == std::vector<std::string>{"--max_steps=5", "--batch_size=32"});
   absl::SetFlag(&FLAGS_server_args, "--port=7");
-  auto port = OptionsFromFlags({});
+  auto port = OptionsFromFlags({}, "/w");
   REQUIRE_FALSE(port.ok());
   CHECK(port.status().message() == "--port is set by harrier-launch; drop it from --server_args");
   absl::SetFlag(&FLAGS_server_args, "");
   absl::SetFlag(&FLAGS_base_port, 0);
-  auto bad_port = OptionsFromFlags({});
+  auto bad_port = OptionsFromFlags({}, "/w");
   REQUIRE_FALSE(bad_port.ok());
   CHECK(bad_port.status().message() == "--base_port=0: want a port in [1, 65535]");
 }
@@ -101,26 +200,27 @@ TEST_CASE("options from the flags: worker flags after --, owned flags refused") 
 TEST_CASE("options from the flags: defaults, hosts required, -H or --hostfile") {
   absl::FlagSaver restore;
   absl::SetFlag(&FLAGS_hosts, "a:1,b:1");
-  auto defaults = OptionsFromFlags({});
+  auto defaults = OptionsFromFlags({}, "/w");
   REQUIRE(defaults.ok());
   CHECK(defaults->num_servers == 2);
   CHECK(defaults->base_port == 50051);
   CHECK(defaults->grace_ms == 10000);
   CHECK(defaults->ssh == "ssh");
   CHECK_FALSE(defaults->dry_run);
-  auto rank = OptionsFromFlags({"--rank=2"});
+  auto rank = OptionsFromFlags({"--rank=2"}, "/w");
   REQUIRE_FALSE(rank.ok());
   CHECK(rank.status().message() == "--rank is set by harrier-launch; drop it from the worker flags");
   absl::SetFlag(&FLAGS_hostfile, "x");
-  auto both = OptionsFromFlags({});
+  auto both = OptionsFromFlags({}, "/w");
   REQUIRE_FALSE(both.ok());
   CHECK(both.status().message() == "give -H or --hostfile, not both");
   absl::SetFlag(&FLAGS_hosts, "");
   absl::SetFlag(&FLAGS_hostfile, "");
-  auto none = OptionsFromFlags({"--max_steps=1"});
+  auto none = OptionsFromFlags({"--max_steps=1"}, "/w");
   REQUIRE_FALSE(none.ok());
   CHECK(none.status().message() ==
-        "no hosts: give -H host1:slots,... or --hostfile=FILE (see --help)");
+        "no hosts: give -H host1:slots,... or --hostfile=FILE, or -np N for N workers on this host "
+        "(see --help)");
 }
 
 TEST_CASE("shell quoting survives a real sh") {
@@ -170,6 +270,58 @@ TEST_CASE("plan: shards round-robin on base_port+i, workers ranked in host order
                                  "--num_workers=3", "--rank=2", "--max_steps=3"});
 }
 
+TEST_CASE("plan: TLS flags to shards and harrier-worker") {
+  Options o;
+  o.hosts = {{"h1", 1}};
+  o.num_servers = 1;
+  o.base_port = 7000;
+  o.server_bin = "/b/harrier-server";
+  o.worker_bin = "/b/harrier-worker";
+  o.tls_ca = "/s/ca.pem";
+  o.auth_token_file = "/s/token";
+  o.worker_args = {"--max_steps=3"};
+  const JobPlan plan = MakePlan(o);
+  CHECK(plan.shards[0].command ==
+        std::vector<std::string>{"/b/harrier-server", "--shard=0", "--num_shards=1",
+                                 "--num_workers=1", "--port=7000", "--host=0.0.0.0",
+                                 "--tls_ca=/s/ca.pem", "--auth_token_file=/s/token"});
+  CHECK(plan.workers[0].command ==
+        std::vector<std::string>{"/b/harrier-worker", "--servers=h1:7000", "--num_workers=1",
+                                 "--rank=0", "--tls_ca=/s/ca.pem", "--auth_token_file=/s/token",
+                                 "--max_steps=3"});
+  CHECK(plan.workers[0].env.empty());
+}
+
+TEST_CASE("plan: a command gets the job in its environment") {
+  Options o;
+  o.hosts = {{"h1", 2}, {"h2", 1}, {"h1", 1}};
+  o.num_servers = 2;
+  o.base_port = 7000;
+  o.server_bin = "/b/harrier-server";
+  o.command = {"python3", "train.py", "--lr", "0.1"};
+  o.workdir = "/home/me/job";
+  o.tls_cert = "/s/tls.crt";
+  const JobPlan plan = MakePlan(o);
+  REQUIRE(plan.workers.size() == 4);
+  CHECK(plan.workers[3].command == o.command);
+  CHECK(plan.workers[3].workdir == "/home/me/job");
+  CHECK(plan.workers[1].env ==
+        EnvVars{{"HARRIER_SERVERS", "h1:7000,h2:7001"}, {"HARRIER_NUM_SHARDS", "2"},
+                {"HARRIER_NUM_WORKERS", "4"}, {"HARRIER_RANK", "1"},
+                {"HARRIER_LOCAL_RANK", "1"}, {"HARRIER_LOCAL_SIZE", "3"},
+                {"HARRIER_TLS_CERT", "/s/tls.crt"}});
+  // h1 listed twice is one host: rank 3 is its third worker.
+  CHECK(plan.workers[3].env[3] == std::make_pair(std::string("HARRIER_RANK"), std::string("3")));
+  CHECK(plan.workers[3].env[4] == std::make_pair(std::string("HARRIER_LOCAL_RANK"), std::string("2")));
+  CHECK(plan.workers[2].env[4] == std::make_pair(std::string("HARRIER_LOCAL_RANK"), std::string("0")));
+  CHECK(plan.workers[2].env[5] == std::make_pair(std::string("HARRIER_LOCAL_SIZE"), std::string("1")));
+  CHECK(plan.shards[1].command.back() == "--tls_cert=/s/tls.crt");
+  PlannedProcess p;
+  p.env = {{"HARRIER_RANK", "0"}, {"HARRIER_TLS_CA", "/my certs/ca.pem"}};
+  p.command = {"sh", "-c", "echo $HARRIER_RANK"};
+  CHECK(CommandWithEnv(p) == "HARRIER_RANK=0 HARRIER_TLS_CA='/my certs/ca.pem' sh -c 'echo $HARRIER_RANK'");
+}
+
 TEST_CASE("binaries: next to the launcher, or as in bazel-bin") {
   char tmpl[] = "/tmp/launch_lib_test.XXXXXX";
   const std::string dir = mkdtemp(tmpl);
@@ -188,6 +340,13 @@ TEST_CASE("binaries: next to the launcher, or as in bazel-bin") {
   auto st = ResolveBinaries(missing, "/nonexistent/a/b");
   REQUIRE_FALSE(st.ok());
   CHECK(st.message().find("no harrier-server in") == 0);
+  // A command needs no harrier-worker.
+  REQUIRE(system(("rm " + dir + "/worker/harrier-worker").c_str()) == 0);
+  Options command;
+  command.command = {"python3"};
+  REQUIRE(ResolveBinaries(command, dir + "/deploy/launch").ok());
+  CHECK(command.server_bin == dir + "/server/harrier-server");
+  CHECK(command.worker_bin.empty());
   REQUIRE(system(("rm -rf " + dir).c_str()) == 0);
 }
 

@@ -47,33 +47,54 @@ namespace {
 constexpr char kUsage[] = R"(harrier-launch: run a Harrier job on many hosts over ssh.
 
 Usage:
-  harrier-launch (-H host1:slots,host2:slots | --hostfile=FILE) [options] -- [harrier-worker flags...]
+  harrier-launch (-H host1:slots,host2:slots | --hostfile=FILE | -np N) [options] -- [harrier-worker flags...]
+  harrier-launch (-H ... | --hostfile=FILE | -np N) [options] -- COMMAND [ARGS...]
+
+Examples:
+  harrier-launch -H node1:2,node2:2 --server_args="--lr=0.05" -- --epochs=5
+  harrier-launch -np 4 -H a:2,b:2 -- python3 train.py
+  harrier-launch -np 2 -- python3 train.py --epochs 3      (everything on this host)
 
 Hosts:
   -H host:slots,...     (or --hosts=) Hosts in order; slots = workers on that host (>= 1).
   --hostfile=FILE       One host per line, "host slots=N" or "host:N"; '#' starts a comment.
                         A host named localhost or 127.0.0.1 runs its processes locally, without
                         ssh (then every process must be local: workers reach shards by host name).
+  -np N                 (also -npN, -np=N, --np=N) N workers: ranks fill the slots in host order
+                        up to N (hosts past the N-th slot are not used; more than the slots is an
+                        error). Without -H or --hostfile: localhost:N.
 
 Processes:
-  Workers: one per slot, ranks 0.. in host order, each started with
-    --servers=<every shard's host:port> --num_workers=<total slots> --rank=R
-    followed by the flags after "--".
+  Workers: one per slot, ranks 0.. in host order. After "--", harrier-worker's flags (or
+    nothing): each runs harrier-worker
+    --servers=<every shard's host:port> --num_workers=<workers> --rank=R [TLS flags]
+    followed by those flags. A COMMAND instead (the first word after "--" is no flag) runs once
+    per slot in place of harrier-worker, with the job in its environment:
+      HARRIER_SERVERS      every shard's host:port, comma-separated, shard 0 first
+      HARRIER_NUM_SHARDS   HARRIER_NUM_WORKERS (all workers)   HARRIER_RANK (0..N-1)
+      HARRIER_LOCAL_RANK   (index on its host)   HARRIER_LOCAL_SIZE (workers on its host)
+      HARRIER_TLS_CA, HARRIER_TLS_CERT, HARRIER_TLS_KEY, HARRIER_AUTH_TOKEN_FILE (when given)
+    Locally it runs in the launcher's current folder, found on PATH; over ssh it runs in the
+    same folder on the remote host (hosts sharing a file system), else in the ssh login folder.
   Shards: --num_servers of them (default: one per host), shard i on host i mod (number of
     hosts), port base_port+i, started with
-    --shard=i --num_shards=N --num_workers=<total slots> --port=P --host=0.0.0.0 <--server_args>.
+    --shard=i --num_shards=N --num_workers=<workers> --port=P --host=0.0.0.0 [TLS flags] <--server_args>.
   Every shard is started first; the workers start once each shard accepts a TCP connection
   (deadline --start_timeout_ms).
+  TLS and the job token: --tls_ca, --tls_cert, --tls_key, --auth_token_file (paths that exist on
+  every host) go to every shard and harrier-worker as the same flags, to a COMMAND as the
+  variables above.
 
 Output: each line of each process's stdout (to stdout) and stderr (to stderr), prefixed
 "[shard-0@host] " or "[worker-3@host] "; the launcher's own lines start with "[launch] ".
 
 Failure: when any process exits non-zero, or on SIGINT/SIGTERM, the launcher prints
   [launch] worker-3@host exited with status 1: tearing down
-(or "signal 2 received: tearing down"), sends SIGTERM to every remaining process on its
-host (remote ones through a small sh wrapper that also kills the process when its ssh
-session closes): the workers first, the shards once the workers are gone or half of
---grace_ms has passed; at --grace_ms it SIGKILLs what is left. A second signal skips the grace time.
+(or "signal 2 received: tearing down"), sends SIGTERM to every remaining process (and its
+children, as a process group) on its host (remote ones through a small sh wrapper that also
+kills the process when its ssh session closes): the workers first, the shards once the workers
+are gone or half of --grace_ms has passed; at --grace_ms it SIGKILLs what is left. A second
+signal skips the grace time.
 Exit status: 0 when every worker exited 0 (then the shards get --grace_ms to exit by
 themselves, then SIGTERM), otherwise 1; 2 for bad arguments (1 for an unknown flag or a
 value of the wrong type, which absl reports). A shard that exits 0 before
@@ -84,14 +105,23 @@ the last worker is a failure only if a worker still runs --grace_ms later.
 // session does not signal the remote process, so the wrapper keeps the
 // process's pid and acts on what the launcher writes to ssh's stdin: "TERM"
 // or "KILL" lines, or end of file (the launcher or its ssh died), which
-// means SIGTERM, then SIGKILL after the grace time. $1 is that grace time in
-// seconds; the rest is the command. The watcher's output goes to /dev/null so
-// that only the process itself holds the session's stdout and stderr open.
+// means SIGTERM, then SIGKILL after the grace time. Where setsid(1) exists
+// the process leads a process group of its own and the signals go to the
+// group, so that a command's children (a training script's data loaders)
+// end with it. $1 is that grace time in seconds, $2 the folder to run in
+// (empty: stay in the login folder); the rest is the command. The watcher's
+// output goes to /dev/null so that only the process itself holds the
+// session's stdout and stderr open.
 constexpr char kRemoteWrapper[] =
-    "g=$1; shift; exec 3<&0; \"$@\" </dev/null 3<&- & c=$!; "
+    "g=$1; d=$2; shift 2; "
+    "if [ -n \"$d\" ] && ! cd \"$d\" 2>/dev/null; then "
+    "echo \"harrier-launch: no folder $d on this host: running in $(pwd)\" >&2; fi; "
+    "exec 3<&0; "
+    "if command -v setsid >/dev/null 2>&1; then setsid \"$@\" </dev/null 3<&- & c=$!; t=-$c; "
+    "else \"$@\" </dev/null 3<&- & c=$!; t=$c; fi; "
     "{ while read -r m; do "
-    "if [ \"$m\" = KILL ]; then kill -KILL $c; else kill -TERM $c; fi; done; "
-    "kill -TERM $c; sleep $g; kill -KILL $c; } <&3 >/dev/null 2>&1 & w=$!; "
+    "if [ \"$m\" = KILL ]; then kill -KILL $t; else kill -TERM $t; fi; done; "
+    "kill -TERM $t; sleep $g; kill -KILL $t; } <&3 >/dev/null 2>&1 & w=$!; "
     "exec 3<&-; wait $c; r=$?; kill $w 2>/dev/null; exit $r";
 
 int signal_pipe[2] = {-1, -1};
@@ -122,6 +152,8 @@ struct Proc {
   bool is_shard = false;
   bool remote = false;
   std::vector<std::string> argv;  // what is exec'd here
+  EnvVars env;                    // set in a local child's environment
+  std::string shown;              // its command line as --dry_run prints it
   pid_t pid = -1;
   int out_fd = -1, err_fd = -1, in_fd = -1;  // in_fd: ssh's stdin (remote only)
   std::string out_buf, err_buf;
@@ -160,6 +192,8 @@ absl::Status Spawn(Proc& p) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    // The launcher is single-threaded, so setenv after fork is safe.
+    for (const auto& [name, value] : p.env) setenv(name.c_str(), value.c_str(), 1);
     if (p.remote) {
       dup2(in[0], STDIN_FILENO);
     } else {
@@ -173,6 +207,8 @@ absl::Status Spawn(Proc& p) {
     (void)!write(STDERR_FILENO, msg.data(), msg.size());
     _exit(127);
   }
+  // Also here, so that a signal to the group right after fork finds it.
+  setpgid(pid, pid);
   close(out[1]);
   close(err[1]);
   close(in[0]);
@@ -260,72 +296,94 @@ class Launcher {
  public:
   explicit Launcher(const Options& options) : opt_(options) {}
 
-  std::vector<std::string> Wrap(const HostSlots& host, const std::vector<std::string>& cmd) const {
-    if (IsLocalHost(host.host)) return cmd;
+  std::vector<std::string> SshArgv(const std::string& host) const {
     std::vector<std::string> argv = {opt_.ssh};
     for (const auto& a : opt_.ssh_args) argv.push_back(a);
     // Options the user gave come first: for -o, ssh keeps the first value.
     for (const char* a : {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10"}) argv.push_back(a);
-    argv.push_back(host.host);
+    argv.push_back(host);
     argv.push_back("--");
-    std::vector<std::string> remote = {"sh", "-c", kRemoteWrapper, "harrier-launch-wrapper",
-                                       absl::StrCat(opt_.grace_ms / 1000.0)};
-    for (const auto& a : cmd) remote.push_back(a);
-    argv.push_back(ShellJoin(remote));
     return argv;
+  }
+
+  // The process as a child of the launcher: itself (locally, its variables
+  // set by Spawn) or the ssh client running it under kRemoteWrapper, its
+  // variables set by env(1).
+  Proc MakeProc(const std::string& name, const std::string& host, const PlannedProcess& planned) const {
+    Proc p;
+    p.name = absl::StrCat(name, "@", host);
+    p.host = host;
+    p.remote = !IsLocalHost(host);
+    if (!p.remote) {
+      p.argv = planned.command;
+      p.env = planned.env;
+      p.shown = CommandWithEnv(planned);
+      return p;
+    }
+    p.argv = SshArgv(host);
+    std::vector<std::string> remote = {"sh", "-c", kRemoteWrapper, "harrier-launch-wrapper",
+                                       absl::StrCat(opt_.grace_ms / 1000.0), planned.workdir};
+    if (!planned.env.empty()) {
+      remote.push_back("env");
+      for (const auto& [var, value] : planned.env) remote.push_back(absl::StrCat(var, "=", value));
+    }
+    for (const auto& a : planned.command) remote.push_back(a);
+    p.argv.push_back(ShellJoin(remote));
+    p.shown = ShellJoin(p.argv);
+    return p;
   }
 
   void Plan() {
     const JobPlan plan = MakePlan(opt_);
     for (const auto& s : plan.shards) {
-      Proc p;
-      p.name = absl::StrCat("shard-", s.index, "@", opt_.hosts[s.host].host);
-      p.host = opt_.hosts[s.host].host;
+      Proc p = MakeProc(absl::StrCat("shard-", s.index), opt_.hosts[s.host].host, s);
       p.is_shard = true;
-      p.remote = !IsLocalHost(p.host);
-      p.argv = Wrap(opt_.hosts[s.host], s.command);
       shard_ports_.push_back(s.port);
       procs_.push_back(std::move(p));
     }
     for (const auto& w : plan.workers) {
-      Proc p;
-      p.name = absl::StrCat("worker-", w.index, "@", opt_.hosts[w.host].host);
-      p.host = opt_.hosts[w.host].host;
-      p.remote = !IsLocalHost(p.host);
-      p.argv = Wrap(opt_.hosts[w.host], w.command);
-      procs_.push_back(std::move(p));
+      procs_.push_back(MakeProc(absl::StrCat("worker-", w.index), opt_.hosts[w.host].host, w));
     }
   }
 
   void DryRun() const {
     for (const auto& p : procs_) {
-      const std::string line = absl::StrCat("[", p.name, "] ", ShellJoin(p.argv), "\n");
+      const std::string line = absl::StrCat("[", p.name, "] ", p.shown, "\n");
       (void)!write(STDOUT_FILENO, line.data(), line.size());
     }
   }
 
-  // Before anything starts: every host answers over ssh and has both
-  // binaries, so a typo in a host name fails in one line, not mid-start.
+  // Before anything starts: every host answers over ssh and has the
+  // binaries (harrier-server, and harrier-worker or a command given by its
+  // path), so a typo in a host name fails in one line, not mid-start. A
+  // command found on PATH (python3) is not checked.
   absl::Status CheckHosts() {
+    std::vector<std::string> bins = {opt_.server_bin};
+    std::string hint = "(see --bin_dir, --server_bin, --worker_bin)";
+    std::string workdir;  // where a relative command path is looked up
+    if (!opt_.RunsCommand()) {
+      bins.push_back(opt_.worker_bin);
+    } else {
+      hint = "(see --bin_dir, --server_bin and the command after --)";
+      if (opt_.command[0].find('/') != std::string::npos) bins.push_back(opt_.command[0]);
+      workdir = opt_.workdir;
+    }
     std::set<std::string> seen;
     for (const auto& h : opt_.hosts) {
       if (!seen.insert(h.host).second) continue;
-      for (const std::string& bin : {opt_.server_bin, opt_.worker_bin}) {
+      for (const std::string& bin : bins) {
         if (IsLocalHost(h.host) && access(bin.c_str(), X_OK) != 0) {
-          return absl::NotFoundError(absl::StrCat(h.host, ": no executable ", bin,
-                                                  " (see --bin_dir, --server_bin, --worker_bin)"));
+          return absl::NotFoundError(absl::StrCat(h.host, ": no executable ", bin, " ", hint));
         }
       }
       if (IsLocalHost(h.host)) continue;
       std::vector<std::string> check = {"sh", "-c",
+                                        "[ -z \"$1\" ] || cd \"$1\" 2>/dev/null; shift; "
                                         "for b; do [ -x \"$b\" ] || { echo \"no executable $b\"; "
                                         "exit 3; }; done",
-                                        "check", opt_.server_bin, opt_.worker_bin};
-      std::vector<std::string> argv = {opt_.ssh};
-      for (const auto& a : opt_.ssh_args) argv.push_back(a);
-      for (const char* a : {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10"}) argv.push_back(a);
-      argv.push_back(h.host);
-      argv.push_back("--");
+                                        "check", workdir};
+      check.insert(check.end(), bins.begin(), bins.end());
+      std::vector<std::string> argv = SshArgv(h.host);
       argv.push_back(ShellJoin(check));
       Proc p;
       p.argv = argv;
@@ -354,8 +412,7 @@ class Launcher {
         }
       }
       if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
-        return absl::NotFoundError(absl::StrCat(h.host, ": ", LastLine(out),
-                                                " (see --bin_dir, --server_bin, --worker_bin)"));
+        return absl::NotFoundError(absl::StrCat(h.host, ": ", LastLine(out), " ", hint));
       }
       if (!Succeeded(status)) {
         const std::string why = LastLine(err).empty() ? DescribeStatus(status) : LastLine(err);
@@ -526,8 +583,14 @@ class Launcher {
     if (p.remote) {
       SendRemote(p, "TERM\n");
     } else {
-      kill(p.pid, SIGTERM);
+      SignalLocal(p, SIGTERM);
     }
+  }
+
+  // A local child leads its own process group (Spawn): the signal reaches
+  // its children too (a command's helper processes).
+  static void SignalLocal(const Proc& p, int signo) {
+    if (kill(-p.pid, signo) != 0) kill(p.pid, signo);
   }
 
   void KillAll() {
@@ -539,7 +602,7 @@ class Launcher {
         if (p.in_fd >= 0) close(p.in_fd);
         p.in_fd = -1;
       } else {
-        kill(p.pid, SIGKILL);
+        SignalLocal(p, SIGKILL);
       }
     }
     kill_sent_at_ = Clock::now();
@@ -650,7 +713,7 @@ class Launcher {
         // the ssh client itself.
         if (kill_sent_at_ && MsSince(*kill_sent_at_) > 3000) {
           for (auto& p : procs_) {
-            if (p.pid >= 0 && !p.exited) kill(p.pid, SIGKILL);
+            if (p.pid >= 0 && !p.exited) SignalLocal(p, SIGKILL);
           }
         }
         PollOnce(100);
@@ -697,25 +760,31 @@ std::string SelfDir() {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+std::string CurrentDir() {
+  char buf[4096];
+  return getcwd(buf, sizeof(buf)) != nullptr ? std::string(buf) : std::string();
+}
+
 int Main(int argc, char** argv) {
-  std::vector<std::string> args = SpellOutShortHosts(std::vector<std::string>(argv, argv + argc));
+  std::vector<std::string> args = SpellOutShortFlags(std::vector<std::string>(argv, argv + argc));
   std::vector<char*> pointers;
   for (std::string& a : args) pointers.push_back(a.data());
   pointers.push_back(nullptr);
   const std::vector<std::string> positional =
       harrier::ParseFlags(static_cast<int>(args.size()), pointers.data(), kUsage);
-  // The worker flags are what follows "--"; any other positional argument
-  // is a mistake (a worker flag before "--", or a stray word).
+  // The worker flags or the command are what follows "--"; any other
+  // positional argument is a mistake (a worker flag before "--", or a stray
+  // word).
   const auto dashes = std::find(args.begin() + 1, args.end(), "--");
-  const std::vector<std::string> worker_args(dashes == args.end() ? dashes : dashes + 1,
-                                             args.end());
-  if (positional.size() > worker_args.size() + 1) {
+  const std::vector<std::string> after_dashes(dashes == args.end() ? dashes : dashes + 1,
+                                              args.end());
+  if (positional.size() > after_dashes.size() + 1) {
     fprintf(stderr,
             "harrier-launch: unexpected argument '%s' (worker flags go after --; see --help)\n",
             positional[1].c_str());
     return 2;
   }
-  absl::StatusOr<Options> parsed = OptionsFromFlags(worker_args);
+  absl::StatusOr<Options> parsed = OptionsFromFlags(after_dashes, CurrentDir());
   if (!parsed.ok()) {
     fprintf(stderr, "harrier-launch: %s\n", std::string(parsed.status().message()).c_str());
     return 2;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# harrier-launch's flags through the real binary, with --dry_run on local
-# hosts (no ssh needed): -H's spellings, a flagfile, HARRIER_<NAME>
-# variables and their precedence, --help, one-line errors.
+# harrier-launch's flags through the real binary, with --dry_run (no ssh
+# needed): -H's and -np's spellings, a flagfile, HARRIER_<NAME> variables
+# and their precedence, a command after -- with its environment, the TLS and
+# token flags passed on, --help, one-line errors.
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
 launch="$root/deploy/launch/harrier-launch"
@@ -30,6 +31,81 @@ for spelling in "-Hlocalhost:2" "-H=localhost:2" "--hosts=localhost:2" "--hosts 
     "$(head -c 300 "$tmp/out" "$tmp/err")"
 done
 
+# -np N alone is localhost:N, in every spelling.
+for spelling in "-np 2" "-np2" "-np=2" "--np=2" "--np 2"; do
+  # shellcheck disable=SC2086
+  run "$launch" $spelling --bin_dir=/opt/h --dry_run -- --max_steps=1
+  report "'$spelling' alone means -H localhost:2" "$(commands | cmp -s - "$tmp/expected" && echo yes)" \
+    "$(head -c 300 "$tmp/out" "$tmp/err")"
+done
+run HARRIER_NP=2 "$launch" --bin_dir=/opt/h --dry_run -- --max_steps=1
+report "HARRIER_NP=2 is -np 2" "$(commands | cmp -s - "$tmp/expected" && echo yes)" \
+  "$(head -c 300 "$tmp/out" "$tmp/err")"
+run "$launch" -np 1 -H localhost:2 --bin_dir=/opt/h --dry_run -- --max_steps=1
+report "-np 1 -H localhost:2: one worker of one" \
+  "$([ "$(wc -l <"$tmp/out")" -eq 2 ] &&
+     grep -qx '\[worker-0@localhost\] /opt/h/harrier-worker --servers=127.0.0.1:50051 --num_workers=1 --rank=0 --max_steps=1' "$tmp/out" &&
+     grep -q -- '--num_shards=1 --num_workers=1 ' "$tmp/out" && echo yes)" "$(head -c 300 "$tmp/out" "$tmp/err")"
+# With remote hosts (not contacted by --dry_run): ranks fill a, then b; c is
+# not used (no shard there either).
+run "$launch" -np 3 -H a:2,b:2,c:1 --bin_dir=/opt/h --dry_run -- --max_steps=1
+report "-np 3 -H a:2,b:2,c:1: workers 0 and 1 on a, 2 on b, shards on a and b only" \
+  "$([ "$(wc -l <"$tmp/out")" -eq 5 ] && [ "$(grep -c '^\[worker-[01]@a\] ' "$tmp/out")" -eq 2 ] &&
+     grep '^\[worker-2@b\] ' "$tmp/out" | grep -q -- '--servers=a:50051,b:50052 --num_workers=3 --rank=2 --max_steps=1' &&
+     grep -q '^\[shard-1@b\] ' "$tmp/out" && ! grep -q '@c\]' "$tmp/out" && echo yes)" \
+  "$(head -c 600 "$tmp/out" "$tmp/err")"
+
+# A command after --: run once per slot with the job in its environment.
+mkdir -p "$tmp/job"
+(cd "$tmp/job" && run "$launch" -np 2 --bin_dir=/opt/h --dry_run -- python3 train.py --epochs 3)
+rc=$?
+report "the command form: one shard, each rank's command with HARRIER_* in front" \
+  "$([ $rc -eq 0 ] && [ "$(wc -l <"$tmp/out")" -eq 3 ] &&
+     grep -qx '\[shard-0@localhost\] /opt/h/harrier-server --shard=0 --num_shards=1 --num_workers=2 --port=50051 --host=0.0.0.0' "$tmp/out" &&
+     grep -qx '\[worker-0@localhost\] HARRIER_SERVERS=127.0.0.1:50051 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=2 HARRIER_RANK=0 HARRIER_LOCAL_RANK=0 HARRIER_LOCAL_SIZE=2 python3 train.py --epochs 3' "$tmp/out" &&
+     grep -qx '\[worker-1@localhost\] HARRIER_SERVERS=127.0.0.1:50051 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=2 HARRIER_RANK=1 HARRIER_LOCAL_RANK=1 HARRIER_LOCAL_SIZE=2 python3 train.py --epochs 3' "$tmp/out" &&
+     ! grep -q harrier-worker "$tmp/out" && echo yes)" "exit $rc: $(head -c 600 "$tmp/out" "$tmp/err")"
+run "$launch" -np 1 --bin_dir=/opt/h --dry_run -- sh -c 'echo "$HARRIER_RANK" done'
+report "the command's words are shell-quoted" \
+  "$(grep -qxF "[worker-0@localhost] HARRIER_SERVERS=127.0.0.1:50051 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=1 HARRIER_RANK=0 HARRIER_LOCAL_RANK=0 HARRIER_LOCAL_SIZE=1 sh -c 'echo \"\$HARRIER_RANK\" done'" "$tmp/out" &&
+     echo yes)" "$(head -c 600 "$tmp/out" "$tmp/err")"
+(cd "$tmp/job" && run "$launch" -np 3 -H a:2,b:2 --num_servers=1 --bin_dir=/opt/h --dry_run -- python3 train.py)
+report "the command form over ssh: env VAR=value ... in the launcher's folder on the remote host" \
+  "$([ "$(wc -l <"$tmp/out")" -eq 4 ] &&
+     grep '^\[worker-2@b\] ssh .* b -- ' "$tmp/out" |
+       grep -qF " harrier-launch-wrapper 10 $tmp/job env HARRIER_SERVERS=a:50051 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=3 HARRIER_RANK=2 HARRIER_LOCAL_RANK=0 HARRIER_LOCAL_SIZE=1 python3 train.py'" &&
+     grep '^\[shard-0@a\] ssh .* a -- ' "$tmp/out" | grep -qF " harrier-launch-wrapper 10 '\'''\'' /opt/h/harrier-server --shard=0 " &&
+     echo yes)" "$(head -c 600 "$tmp/out" "$tmp/err")"
+run "$launch" -np 1 --bin_dir=/opt/h --dry_run -- --max_steps=1 train.py
+report "a first word with - after -- means harrier-worker flags" \
+  "$(grep -q '^\[worker-0@localhost\] /opt/h/harrier-worker .* --max_steps=1 train.py$' "$tmp/out" && echo yes)" \
+  "$(head -c 300 "$tmp/out" "$tmp/err")"
+
+# TLS and the job token: flags to the shards and harrier-worker, variables
+# to a command; relative paths from the launcher's folder.
+for f in ca.pem tls.crt tls.key token; do echo x >"$tmp/job/$f"; done
+tls=(--tls_ca="$tmp/job/ca.pem" --tls_cert="$tmp/job/tls.crt" --tls_key="$tmp/job/tls.key" --auth_token_file="$tmp/job/token")
+tls_flags="--tls_ca=$tmp/job/ca.pem --tls_cert=$tmp/job/tls.crt --tls_key=$tmp/job/tls.key --auth_token_file=$tmp/job/token"
+run "$launch" -H localhost:1 "${tls[@]}" --bin_dir=/opt/h --dry_run -- --max_steps=1
+report "TLS and token flags reach the shard and harrier-worker" \
+  "$(grep -qxF "[shard-0@localhost] /opt/h/harrier-server --shard=0 --num_shards=1 --num_workers=1 --port=50051 --host=0.0.0.0 $tls_flags" "$tmp/out" &&
+     grep -qxF "[worker-0@localhost] /opt/h/harrier-worker --servers=127.0.0.1:50051 --num_workers=1 --rank=0 $tls_flags --max_steps=1" "$tmp/out" &&
+     echo yes)" "$(head -c 600 "$tmp/out" "$tmp/err")"
+(cd "$tmp/job" && run "$launch" -np 1 --tls_ca=ca.pem --tls_cert=tls.crt --tls_key=./tls.key --auth_token_file=token \
+  --bin_dir=/opt/h --dry_run -- python3 train.py)
+report "TLS and token reach a command as HARRIER_TLS_* and HARRIER_AUTH_TOKEN_FILE (relative paths made absolute)" \
+  "$(grep -qxF "[worker-0@localhost] HARRIER_SERVERS=127.0.0.1:50051 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=1 HARRIER_RANK=0 HARRIER_LOCAL_RANK=0 HARRIER_LOCAL_SIZE=1 HARRIER_TLS_CA=$tmp/job/ca.pem HARRIER_TLS_CERT=$tmp/job/tls.crt HARRIER_TLS_KEY=$tmp/job/./tls.key HARRIER_AUTH_TOKEN_FILE=$tmp/job/token python3 train.py" "$tmp/out" &&
+     grep -qF -- "--host=0.0.0.0 --tls_ca=$tmp/job/ca.pem --tls_cert=$tmp/job/tls.crt --tls_key=$tmp/job/./tls.key --auth_token_file=$tmp/job/token" "$tmp/out" &&
+     echo yes)" "$(head -c 600 "$tmp/out" "$tmp/err")"
+run HARRIER_TLS_CA="$tmp/job/ca.pem" HARRIER_AUTH_TOKEN_FILE="$tmp/job/token" "$launch" -np 1 --bin_dir=/opt/h --dry_run -- --max_steps=1
+report "HARRIER_TLS_CA and HARRIER_AUTH_TOKEN_FILE set the launcher's flags" \
+  "$(grep -qF -- "--host=0.0.0.0 --tls_ca=$tmp/job/ca.pem --auth_token_file=$tmp/job/token" "$tmp/out" &&
+     grep -qF -- "--rank=0 --tls_ca=$tmp/job/ca.pem --auth_token_file=$tmp/job/token --max_steps=1" "$tmp/out" &&
+     [ ! -s "$tmp/err" ] && echo yes)" "$(head -c 600 "$tmp/out" "$tmp/err")"
+run "$launch" -H node1:1 --tls_key=/nonexistent/tls.key --bin_dir=/opt/h --dry_run -- --max_steps=1
+report "remote hosts: TLS files are theirs, not checked here" \
+  "$(grep -q -- '--tls_key=/nonexistent/tls.key' "$tmp/out" && echo yes)" "$(head -c 300 "$tmp/out" "$tmp/err")"
+
 # --base_port from a flagfile, the environment and the command line.
 printf -- '# the job\n--hosts=localhost:1\n--base_port=6000\n--server_args=--lr=0.1\n' >"$tmp/job.flags"
 port_of_shard() { sed -n 's/.*harrier-server .*--port=\([0-9]*\) .*/\1/p' "$tmp/out"; }
@@ -54,7 +130,10 @@ for help in --help -h; do
   rc=$?
   report "$help exits 0 with the usage and every flag" \
     "$([ $rc -eq 0 ] && grep -q 'tearing down' "$tmp/out" && grep -q '^    --hosts (' "$tmp/out" &&
-       grep -q '^    --start_timeout_ms (' "$tmp/out" && echo yes)" "exit $rc"
+       grep -q '^    --start_timeout_ms (' "$tmp/out" && grep -q '^    --np (' "$tmp/out" &&
+       grep -q '^    --tls_ca (' "$tmp/out" && grep -q '^    --auth_token_file (' "$tmp/out" &&
+       grep -qF 'harrier-launch -np 4 -H a:2,b:2 -- python3 train.py' "$tmp/out" &&
+       grep -q 'HARRIER_LOCAL_RANK' "$tmp/out" && echo yes)" "exit $rc"
 done
 
 expect_error() {  # name, wanted exit status (or "nonzero"), stderr text, [NAME=value...] command...
@@ -77,7 +156,19 @@ expect_error "a bad -H" 2 "harrier-launch: -H a:0: slots of a must be a positive
 expect_error "a worker flag before --" 2 \
   "harrier-launch: unexpected argument 'max_steps=1' (worker flags go after --; see --help)" \
   "$launch" -H localhost:1 max_steps=1
-expect_error "no hosts" 2 "harrier-launch: no hosts: give -H host1:slots,... or --hostfile=FILE" "$launch" -- --max_steps=1
+printf 'hostA slots=1\nhostB:1\n' >"$tmp/job/hosts"
+expect_error "no hosts" 2 "harrier-launch: no hosts: give -H host1:slots,... or --hostfile=FILE, or -np N" "$launch" -- --max_steps=1
+expect_error "-np beyond the slots" 2 "harrier-launch: -np 5: more workers than the 4 slots of -H a:2,b:2" \
+  "$launch" -np 5 -H a:2,b:2 -- python3 train.py
+expect_error "-np beyond a hostfile's slots" 2 "harrier-launch: -np 3: more workers than the 2 slots of --hostfile=$tmp/job/hosts" \
+  "$launch" -np 3 --hostfile="$tmp/job/hosts"
+expect_error "a negative -np" 2 "harrier-launch: --np=-1: want a number of workers >= 1 (0: every slot)" "$launch" -np=-1
+expect_error "-np that is no number" nonzero "Illegal value 'x' specified for flag 'np'" "$launch" -npx
+expect_error "a TLS file that does not exist" 2 \
+  "harrier-launch: cannot read --tls_key=$tmp/job/nope.key: No such file or directory" \
+  "$launch" -np 1 --tls_key="$tmp/job/nope.key" --bin_dir=/opt/h --dry_run -- python3 train.py
+expect_error "a token file that is a folder" 2 "harrier-launch: cannot read --auth_token_file=$tmp/job: not a file" \
+  "$launch" -H localhost:1 --auth_token_file="$tmp/job" --bin_dir=/opt/h --dry_run
 expect_error "a bad HARRIER_ value" 2 "HARRIER_GRACE_MS: bad value 'soon' for --grace_ms" \
   HARRIER_GRACE_MS=soon "$launch" -H localhost:1
 echo "$((total - failures)) checks passed, $failures failed"

@@ -47,7 +47,11 @@ class BindingTest(unittest.TestCase):
             self.assertEqual(c.num_workers, 1)
             self.assertEqual(c.num_shards, 2)
             self.assertEqual(c.chunk_bytes, 1 << 20)
-            self.assertEqual(c.sync, {"mode": "bsp", "staleness": 0, "local_steps": 1})
+            sync = dict(c.sync)
+            self.assertAlmostEqual(sync.pop("momentum"), 0.9, places=6)  # --momentum's default
+            # The shards' optimizer (--optimizer=sgd --lr=0.5) comes with the sync mode.
+            self.assertEqual(sync, {"mode": "bsp", "staleness": 0, "local_steps": 1,
+                                    "optimizer": "sgd", "lr": 0.5, "weight_decay": 0.0})
             self.assertEqual(c.current_clock, 0)
             self.assertEqual(c.clock(), 1)
             self.assertEqual(c.current_clock, 1)
