@@ -56,7 +56,7 @@ fi
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "== CUDA kernels compile and link (nvcc, no GPU needed)"
   if bazel build --config=cuda //cuda/... //tests/cuda/... //bench/cuda/... \
-       //worker/workload/cuda/... //worker:harrier-worker //bench/advise:harrier-advise \
+       //worker/workload/cuda/... //worker:harrier-worker //bench/advise:harrier-advise //python:package \
        >"$logs/cuda-build.log" 2>&1; then
     passed=$((passed + 1)); echo "PASS cuda build"
   else

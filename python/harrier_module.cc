@@ -31,9 +31,16 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_security.h"
 #include "worker/client.h"
 #include "worker/comm_scheduler.h"
+
+#if HARRIER_WITH_CUDA
+#include "cuda/cuda_codec_backend.h"
+#include "cuda/device_memory.h"
+#endif
 
 namespace py = pybind11;
 
@@ -93,9 +100,59 @@ struct FloatBuffer {
   py::buffer_info info;
   float* data = nullptr;
   size_t size = 0;
+  bool device = false;  // CUDA memory (__cuda_array_interface__)
 };
 
+#if HARRIER_WITH_CUDA
+constexpr bool kBuiltWithCuda = true;
+#else
+constexpr bool kBuiltWithCuda = false;
+#endif
+
+// Device memory a Python object exposes through __cuda_array_interface__
+// (PyTorch CUDA tensors, CuPy, Numba): float32, C-contiguous.
+FloatBuffer DeviceViewOf(const py::object& object, bool writable, const std::string& what) {
+  if (!kBuiltWithCuda) {
+    ThrowIfError(absl::FailedPreconditionError(absl::StrCat(
+        what, ": a CUDA array, but this Harrier module was built without CUDA (build it with "
+              "`bazel build --config=cuda //python:package` where the CUDA toolkit is)")));
+  }
+  const py::dict interface = object.attr("__cuda_array_interface__");
+  const std::string type = py::str(interface["typestr"]);
+  if (type != "<f4") {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected float32 device elements, got typestr '", type, "'")));
+  }
+  size_t size = 1;
+  std::vector<ssize_t> shape;
+  for (const py::handle dim : py::tuple(interface["shape"])) {
+    shape.push_back(dim.cast<ssize_t>());
+    size *= static_cast<size_t>(shape.back());
+  }
+  if (interface.contains("strides") && !interface["strides"].is_none()) {
+    ssize_t expected = 4;
+    const py::tuple strides(interface["strides"]);
+    for (ssize_t dim = static_cast<ssize_t>(shape.size()) - 1; dim >= 0; --dim) {
+      if (shape[dim] != 1 && strides[dim].cast<ssize_t>() != expected) {
+        ThrowIfError(
+            absl::InvalidArgumentError(absl::StrCat(what, ": device array is not C-contiguous")));
+      }
+      expected *= shape[dim];
+    }
+  }
+  const py::tuple data(interface["data"]);
+  if (writable && data[1].cast<bool>()) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(what, ": device array is read-only")));
+  }
+  FloatBuffer view;
+  view.data = reinterpret_cast<float*>(data[0].cast<uintptr_t>());
+  view.size = size;
+  view.device = true;
+  return view;
+}
+
 FloatBuffer ViewOf(const py::object& object, bool writable, const std::string& what) {
+  if (py::hasattr(object, "__cuda_array_interface__")) return DeviceViewOf(object, writable, what);
   if (!PyObject_CheckBuffer(object.ptr())) {
     ThrowIfError(absl::InvalidArgumentError(
         absl::StrCat(what, ": expected a float32 array (numpy or torch), got ",
@@ -120,6 +177,15 @@ FloatBuffer ViewOf(const py::object& object, bool writable, const std::string& w
   }
   view.data = static_cast<float*>(info.ptr);
   view.size = static_cast<size_t>(info.size);
+  return view;
+}
+
+// The comm scheduler's buffers are host memory.
+FloatBuffer HostOnly(FloatBuffer view, const std::string& what) {
+  if (view.device) {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat(what, " takes host arrays, not CUDA arrays")));
+  }
   return view;
 }
 
@@ -176,9 +242,25 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   // kind: "parameters" or "average" (TensorKind).
   void Register(const std::string& name, const std::vector<int64_t>& shape,
                 const py::object& initial, const std::string& kind, bool own_clock,
-                const std::string& codec, const std::string& pull_codec) {
+                const std::string& codec, const std::string& pull_codec,
+                const std::string& memory) {
     Client& c = client();
     TensorOptions options;
+    if (memory == "device") {
+      if (!kBuiltWithCuda) {
+        ThrowIfError(absl::FailedPreconditionError(absl::StrCat(
+            "tensor '", name, "' in device memory, but this Harrier module was built without "
+            "CUDA (build it with `bazel build --config=cuda //python:package`)")));
+      }
+      if (!device_backend_error_.empty()) {
+        ThrowIfError(absl::FailedPreconditionError(
+            absl::StrCat("tensor '", name, "' in device memory: ", device_backend_error_)));
+      }
+      options.memory = MemoryKind::kDevice;
+    } else if (memory != "host") {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': memory must be 'host' or 'device', got '", memory, "'")));
+    }
     if (kind == "average") {
       options.kind = TensorKind::kAverage;
     } else if (kind != "parameters") {
@@ -190,10 +272,38 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
     options.pull_codec = pull_codec;
     FloatBuffer values;
     if (!initial.is_none()) values = ViewOf(initial, /*writable=*/false, "register '" + name + "'");
+    if (values.device) {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+          "register '", name, "': initial values are read from host memory (copy them there)")));
+    }
     WithoutGil([&] {
       return c.RegisterTensor(name, shape, absl::MakeConstSpan(values.data, values.size),
                               options);
     });
+    absl::MutexLock lock(&memory_mutex_);
+    device_tensors_[name] = options.memory == MemoryKind::kDevice;
+  }
+
+  // Why device tensors cannot be registered ("" when they can).
+  void set_device_backend_error(std::string error) { device_backend_error_ = std::move(error); }
+
+  // A buffer in the memory `name` was registered in: the client reads a
+  // device tensor's buffers as device pointers and a host tensor's as host
+  // pointers, so a mix-up would read the wrong memory.
+  FloatBuffer Checked(const std::string& name, FloatBuffer view) {
+    bool device = false;
+    {
+      absl::MutexLock lock(&memory_mutex_);
+      auto it = device_tensors_.find(name);
+      if (it == device_tensors_.end()) return view;  // the client says NOT_FOUND
+      device = it->second;
+    }
+    if (device != view.device) {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "' is registered in ", device ? "device" : "host", " memory, but ",
+          view.device ? "a CUDA array" : "a host array", " was given")));
+    }
+    return view;
   }
 
   int64_t TensorClock(const std::string& name) {
@@ -204,21 +314,21 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
 
   void Push(const std::string& name, const py::object& gradient) {
     Client& c = client();
-    FloatBuffer in = ViewOf(gradient, false, "push '" + name + "'");
+    FloatBuffer in = Checked(name, ViewOf(gradient, false, "push '" + name + "'"));
     WithoutGil([&] { return c.Push(name, absl::MakeConstSpan(in.data, in.size)); });
   }
 
   py::object Pull(const std::string& name, const py::object& out) {
     Client& c = client();
-    FloatBuffer view = ViewOf(out, true, "pull '" + name + "' out");
+    FloatBuffer view = Checked(name, ViewOf(out, true, "pull '" + name + "' out"));
     WithoutGil([&] { return c.Pull(name, absl::MakeSpan(view.data, view.size)); });
     return out;
   }
 
   py::object PushPull(const std::string& name, const py::object& gradient, const py::object& out) {
     Client& c = client();
-    FloatBuffer in = ViewOf(gradient, false, "push_pull '" + name + "'");
-    FloatBuffer view = ViewOf(out, true, "push_pull '" + name + "' out");
+    FloatBuffer in = Checked(name, ViewOf(gradient, false, "push_pull '" + name + "'"));
+    FloatBuffer view = Checked(name, ViewOf(out, true, "push_pull '" + name + "' out"));
     WithoutGil([&] {
       return c.PushPull(name, absl::MakeConstSpan(in.data, in.size),
                         absl::MakeSpan(view.data, view.size));
@@ -230,7 +340,7 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
                                       std::optional<int64_t> clock, uint32_t first_chunk,
                                       uint32_t num_chunks) {
     Client& c = client();
-    FloatBuffer in = ViewOf(gradient, false, "push_async '" + name + "'");
+    FloatBuffer in = Checked(name, ViewOf(gradient, false, "push_async '" + name + "'"));
     const auto span = absl::MakeConstSpan(in.data, in.size);
     const std::optional<CallScope> scope = Scope(clock, first_chunk, num_chunks);
     return StartWithoutGil(
@@ -242,7 +352,7 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
                                       std::optional<int64_t> clock, uint32_t first_chunk,
                                       uint32_t num_chunks) {
     Client& c = client();
-    FloatBuffer view = ViewOf(out, true, "pull_async '" + name + "' out");
+    FloatBuffer view = Checked(name, ViewOf(out, true, "pull_async '" + name + "' out"));
     const auto span = absl::MakeSpan(view.data, view.size);
     const std::optional<CallScope> scope = Scope(clock, first_chunk, num_chunks);
     return StartWithoutGil(
@@ -253,8 +363,8 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   std::unique_ptr<PyHandle> PushPullAsync(const std::string& name, const py::object& gradient,
                                           const py::object& out) {
     Client& c = client();
-    FloatBuffer in = ViewOf(gradient, false, "push_pull_async '" + name + "'");
-    FloatBuffer view = ViewOf(out, true, "push_pull_async '" + name + "' out");
+    FloatBuffer in = Checked(name, ViewOf(gradient, false, "push_pull_async '" + name + "'"));
+    FloatBuffer view = Checked(name, ViewOf(out, true, "push_pull_async '" + name + "' out"));
     return StartWithoutGil(
         [&] {
           return c.PushPullAsync(name, absl::MakeConstSpan(in.data, in.size),
@@ -331,6 +441,9 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
 
   std::unique_ptr<Client> client_;
   absl::Duration rpc_timeout_;
+  std::string device_backend_error_;
+  absl::Mutex memory_mutex_;
+  absl::flat_hash_map<std::string, bool> device_tensors_ ABSL_GUARDED_BY(memory_mutex_);
 };
 
 PyHandle::~PyHandle() {
@@ -396,7 +509,7 @@ class PyScheduler {
   void GradientReady(int tensor, const py::object& gradient) {
     CheckIndex(tensor);
     CommScheduler& s = scheduler();
-    FloatBuffer in = ViewOf(gradient, false, "gradient_ready");
+    FloatBuffer in = HostOnly(ViewOf(gradient, false, "gradient_ready"), "gradient_ready");
     gradients_[tensor] = gradient;  // borrowed until the next WaitParameters(tensor)
     WithoutGil([&] { return s.GradientReady(tensor, absl::MakeConstSpan(in.data, in.size)); });
   }
@@ -431,14 +544,37 @@ class PyScheduler {
   std::vector<py::object> gradients_;
 };
 
-std::shared_ptr<PyClient> CreateClient(const ClientOptions& options) {
+// device: "cpu" (host tensors only) or "auto" (in a CUDA build, tensors
+// registered in device memory are compressed by the CUDA codec backend when
+// a device is there).
+std::shared_ptr<PyClient> CreateClient(ClientOptions options, const std::string& device) {
+  if (device != "cpu" && device != "auto") {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat("device must be 'auto' or 'cpu', got '", device, "'")));
+  }
+  std::string device_error = "the client was created with device='cpu'";
+#if HARRIER_WITH_CUDA
+  if (device == "auto") {
+    absl::StatusOr<std::shared_ptr<CodecBackend>> backend = cuda::NewCudaCodecBackend();
+    if (backend.ok()) {
+      options.device_backend = *std::move(backend);
+      device_error.clear();
+    } else {
+      device_error = absl::StrCat("no CUDA codec backend: ", backend.status().message());
+    }
+  }
+#else
+  device_error = "this Harrier module was built without CUDA";
+#endif
   absl::StatusOr<std::unique_ptr<Client>> client;
   {
     py::gil_scoped_release release;
     client = Client::Create(options);
   }
   ThrowIfError(client.status());
-  return std::make_shared<PyClient>(std::move(*client), options.rpc_timeout);
+  auto made = std::make_shared<PyClient>(std::move(*client), options.rpc_timeout);
+  made->set_device_backend_error(std::move(device_error));
+  return made;
 }
 
 std::unique_ptr<PyScheduler> CreateScheduler(const std::shared_ptr<PyClient>& client,
@@ -458,7 +594,8 @@ std::unique_ptr<PyScheduler> CreateScheduler(const std::shared_ptr<PyClient>& cl
   std::vector<ScheduledTensor> tensors;
   std::vector<FloatBuffer> views;
   for (size_t i = 0; i < names.size(); ++i) {
-    views.push_back(ViewOf(parameters[i], true, "scheduler tensor '" + names[i] + "'"));
+    views.push_back(HostOnly(ViewOf(parameters[i], true, "scheduler tensor '" + names[i] + "'"),
+                             "the comm scheduler"));
     tensors.push_back({names[i], shapes[i], absl::MakeSpan(views.back().data, views.back().size)});
   }
   Client& c = client->client();
@@ -478,6 +615,42 @@ PYBIND11_MODULE(_harrier, m) {
   using namespace harrier;
   m.doc() = "Harrier's C++ client; import the harrier package instead.";
 
+  m.attr("built_with_cuda") = kBuiltWithCuda;
+#if HARRIER_WITH_CUDA
+  // Device memory with __cuda_array_interface__, for the GPU checks of a
+  // machine whose PyTorch has no CUDA (tests/cuda/python_device_check.py).
+  py::class_<cuda::DeviceArray>(m, "_DeviceArrayForTesting")
+      .def(py::init([](size_t n) {
+        absl::StatusOr<cuda::DeviceArray> array = cuda::DeviceArray::Create(n);
+        ThrowIfError(array.status());
+        return std::make_unique<cuda::DeviceArray>(*std::move(array));
+      }))
+      .def_property_readonly("__cuda_array_interface__",
+                             [](const cuda::DeviceArray& a) {
+                               py::dict out;
+                               out["shape"] = py::make_tuple(a.size());
+                               out["typestr"] = "<f4";
+                               out["data"] = py::make_tuple(
+                                   reinterpret_cast<uintptr_t>(a.data()), false);
+                               out["version"] = 2;
+                               out["strides"] = py::none();
+                               return out;
+                             })
+      .def("from_host",
+           [](cuda::DeviceArray& a, const py::object& values) {
+             FloatBuffer in = ViewOf(values, false, "from_host");
+             if (in.size != a.size()) {
+               ThrowIfError(absl::InvalidArgumentError("from_host: size differs"));
+             }
+             ThrowIfError(a.CopyFromHost(in.data, in.size));
+           })
+      .def("to_host", [](const cuda::DeviceArray& a, const py::object& out) {
+        FloatBuffer view = ViewOf(out, true, "to_host");
+        if (view.size != a.size()) ThrowIfError(absl::InvalidArgumentError("to_host: size differs"));
+        ThrowIfError(a.CopyToHost(view.data, view.size));
+        return out;
+      });
+#endif
   m.def("_set_error_classes", [](py::dict classes) { ErrorClasses() = std::move(classes); });
   // The job token file as the binaries read it (--auth_token_file): not
   // readable by every user, trailing newlines dropped, not empty.
@@ -545,7 +718,7 @@ PYBIND11_MODULE(_harrier, m) {
       .def_property_readonly("id", &PyHandle::id);
 
   py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client")
-      .def(py::init(&CreateClient), py::arg("options"))
+      .def(py::init(&CreateClient), py::arg("options"), py::arg("device") = "auto")
       .def("close", &PyClient::Close)
       .def_property_readonly("closed", &PyClient::closed)
       .def_property_readonly("rank", [](PyClient& c) { return c.client().rank(); })
@@ -558,7 +731,7 @@ PYBIND11_MODULE(_harrier, m) {
       .def("sync", &PyClient::Sync)
       .def("register", &PyClient::Register, py::arg("name"), py::arg("shape"), py::arg("initial"),
            py::arg("kind") = "parameters", py::arg("own_clock") = false, py::arg("codec") = "",
-           py::arg("pull_codec") = "")
+           py::arg("pull_codec") = "", py::arg("memory") = "host")
       .def("tensor_clock", &PyClient::TensorClock)
       .def("push", &PyClient::Push)
       .def("pull", &PyClient::Pull)

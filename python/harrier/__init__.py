@@ -82,13 +82,29 @@ def _is_torch_tensor(x):
     return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "numpy")
 
 
+def _device_tensor(t, what):
+    """A CUDA tensor as the extension reads it (__cuda_array_interface__),
+    or one clear line saying why it cannot be."""
+    if t.device.type != "cuda":
+        raise _bad(f"{what}: a tensor on {t.device}; the Python client takes CPU and CUDA tensors")
+    if not _harrier.built_with_cuda:
+        raise _bad(f"{what}: a tensor on {t.device}, but this Harrier module was built without "
+                   "CUDA (build it with `bazel build --config=cuda //python:package` where the "
+                   "CUDA toolkit is; python/README.md, 'CUDA tensors')")
+    return t
+
+
 def _readable(x, what):
     """A float32 C-contiguous array with x's values: x's own memory when it
-    already is one, else a copy."""
+    already is one, else a copy. CUDA tensors stay on the device."""
+    if not _is_torch_tensor(x) and hasattr(x, "__cuda_array_interface__"):
+        return x  # CuPy, Numba: the extension reads (and checks) the interface
     if _is_torch_tensor(x):
         t = x.detach()
         if t.device.type != "cpu":
-            raise _bad(f"{what}: the tensor is on {t.device}; the Python client takes CPU tensors")
+            t = _device_tensor(t, what)
+            return t if str(t.dtype) == "torch.float32" and t.is_contiguous() else (
+                t.float().contiguous())
         x = t.numpy()  # complex dtypes are refused below
     array = _np.asarray(x)
     if array.dtype != _np.float32 or not array.flags.c_contiguous:
@@ -101,9 +117,17 @@ def _readable(x, what):
 def _writable(x, what):
     """x itself as a float32 array the pull writes into (no copy: a copy
     would drop the result)."""
+    if not _is_torch_tensor(x) and hasattr(x, "__cuda_array_interface__"):
+        return x
     if _is_torch_tensor(x):
         t = x.detach()
-        if t.device.type != "cpu" or str(t.dtype) != "torch.float32" or not t.is_contiguous():
+        if t.device.type != "cpu":
+            t = _device_tensor(t, what)
+            if str(t.dtype) != "torch.float32" or not t.is_contiguous():
+                raise _bad(f"{what}: expected a contiguous float32 tensor, got {t.dtype}"
+                           f"{'' if t.is_contiguous() else ' (not contiguous)'}")
+            return t
+        if str(t.dtype) != "torch.float32" or not t.is_contiguous():
             raise _bad(f"{what}: expected a contiguous float32 CPU tensor, got {t.dtype} on "
                        f"{t.device}{'' if t.is_contiguous() else ' (not contiguous)'}")
         return t.numpy()
@@ -114,6 +138,14 @@ def _writable(x, what):
                    f"{'' if x.flags.c_contiguous else ' (not contiguous)'}"
                    f"{'' if x.flags.writeable else ' (read-only)'}")
     return x
+
+
+def _elements(x):
+    if _is_torch_tensor(x):
+        return x.numel()
+    if not isinstance(x, _np.ndarray) and hasattr(x, "__cuda_array_interface__"):
+        return int(_np.prod(x.__cuda_array_interface__["shape"], dtype=_np.int64))
+    return x.size
 
 
 def _duration(value, what):
@@ -130,14 +162,16 @@ class Client:
     worker). rank: None lets the control plane pick the lowest free rank.
     codec / pull_codec: compression specs ("topk:ratio=0.01", "powersgd:rank=2",
     see common/codec/README.md). transport: "grpc" or "ucx". Durations are in
-    seconds. Not thread-affine: any thread may call any method.
+    seconds. device: "auto" (in a module built with --config=cuda, tensors
+    registered in device memory are compressed on the GPU) or "cpu". Not
+    thread-affine: any thread may call any method.
     """
 
     def __init__(self, servers, rank=None, codec="none", pull_codec="none", transport="grpc",
                  rpc_timeout=60.0, connect_timeout=30.0, job="harrier", worker_name="",
                  chunk_bytes=4 << 20, compress_min_bytes=16 << 10, heartbeat_interval=1.0,
                  retry_timeout=30.0, max_queued_calls=4096, tls_ca_file="", tls_cert_file="",
-                 tls_key_file="", auth_token=""):
+                 tls_key_file="", auth_token="", device="auto"):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
         servers = list(servers)
@@ -164,8 +198,9 @@ class Client:
         options.tls_cert_file = tls_cert_file
         options.tls_key_file = tls_key_file
         options.auth_token = auth_token
-        self._client = _harrier.Client(options)
+        self._client = _harrier.Client(options, device)
         self._shapes = {}
+        self._memory = {}
 
     # -- who we are ---------------------------------------------------------
     @property
@@ -204,7 +239,7 @@ class Client:
 
     # -- tensors --------------------------------------------------------------
     def register(self, name, shape_or_array, kind="parameters", own_clock=False, codec="",
-                 pull_codec=""):
+                 pull_codec="", memory=None):
         """Declares a float32 tensor: a shape (zeros unless another worker
         registered it first) or an array (its shape and initial values). The
         first registration wins; later ones must agree on the shape.
@@ -217,7 +252,9 @@ class Client:
         registered at any time and pushed at its own pace; push() is for
         tensor_clock(name) and moves it on, pull() waits for the round of
         the last push. codec / pull_codec: this tensor's codecs ("" = the
-        client's)."""
+        client's). memory: "host" or "device" (the buffers of every later
+        call are CUDA arrays, compressed on the device; a module built with
+        --config=cuda); None: "device" for a CUDA tensor, else "host"."""
         if isinstance(shape_or_array, (tuple, list)) and all(
                 isinstance(d, int) for d in shape_or_array):
             shape, initial = tuple(shape_or_array), None
@@ -228,8 +265,14 @@ class Client:
         else:
             initial = _readable(shape_or_array, f"register '{name}'")
             shape = tuple(int(d) for d in initial.shape)
-        self._client.register(name, list(shape), initial, kind, bool(own_clock), codec, pull_codec)
+            if _is_torch_tensor(initial):  # on the device: initial values go from the host
+                memory = memory or "device"
+                initial = initial.cpu().numpy()
+        memory = memory or "host"
+        self._client.register(name, list(shape), initial, kind, bool(own_clock), codec, pull_codec,
+                              memory)
         self._shapes[name] = shape
+        self._memory[name] = memory
 
     def tensor_clock(self, name):
         """The clock the tensor's next push is for: its own, or clock()."""
@@ -239,13 +282,16 @@ class Client:
     def _check_size(self, name, array, what):
         shape = self.shape(name)
         expected = int(_np.prod(shape, dtype=_np.int64))
-        if array.size != expected:
-            raise _bad(f"{what} '{name}': {array.size} elements, the tensor has {expected} "
+        if _elements(array) != expected:
+            raise _bad(f"{what} '{name}': {_elements(array)} elements, the tensor has {expected} "
                        f"(shape {shape})")
         return array
 
     def _out(self, name, out, what):
         if out is None:
+            if self._memory.get(name) == "device":
+                raise _bad(f"{what} '{name}': the tensor is in device memory; give out= (a "
+                           "CUDA tensor)")
             return _np.empty(self.shape(name), dtype=_np.float32), None
         return self._check_size(name, _writable(out, f"{what} '{name}' out"), what), out
 

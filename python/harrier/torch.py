@@ -75,14 +75,22 @@ def _numpy_view(tensor):
     return tensor.detach().numpy()
 
 
-def _check_device(tensor, what):
-    """CPU tensors only: this build's binding has no device path for
-    PyTorch tensors; say so in one line rather than copy behind the
-    caller's back."""
-    if tensor.device.type != "cpu":
-        raise _bad(f"{what}: a tensor on {tensor.device}; this harrier.torch trains CPU tensors "
-                   "(the installed PyTorch and the Harrier module have no CUDA path together: "
-                   "move it with .cpu(), or see python/README.md, 'CUDA tensors')")
+def _check_device(tensor, what, cuda=True, staged=False):
+    """CPU tensors, and CUDA tensors where the module was built with CUDA
+    (`cuda`: where the caller has a device path; `staged`: the caller copies
+    through host memory anyway); otherwise one line saying why, rather than
+    a copy behind the caller's back."""
+    if tensor.device.type == "cpu" or (staged and tensor.device.type == "cuda"):
+        return
+    if tensor.device.type == "cuda" and cuda:
+        if _native.built_with_cuda:
+            return
+        raise _bad(f"{what}: a tensor on {tensor.device}, but this Harrier module was built "
+                   "without CUDA (build it with `bazel build --config=cuda //python:package` "
+                   "where the CUDA toolkit is; python/README.md, 'CUDA tensors')")
+    raise _bad(f"{what}: a tensor on {tensor.device}; this harrier.torch trains CPU tensors"
+               f"{', and CUDA tensors with the default update' if tensor.device.type == 'cuda' else ''}"
+               " (move it with .cpu())")
 
 
 # -- the job ----------------------------------------------------------------
@@ -171,18 +179,19 @@ class _Job:
                 return f"harrier.{op}/noname.{count}"
             return f"harrier.{op}/{name}"
 
-    def ensure_average(self, key, elements, codec):
+    def ensure_average(self, key, elements, codec, memory="host"):
         """Registers the average tensor `key` once per process."""
         with self.lock:
             known = self.registered.get(key)
         if known is not None:
-            if known != (elements, codec):
-                raise _bad(f"'{key}': {elements} elements with compression {codec!r}, but it was "
-                           f"first used with {known[0]} elements and {known[1]!r}")
+            if known != (elements, codec, memory):
+                raise _bad(f"'{key}': {elements} elements in {memory} memory with compression "
+                           f"{codec!r}, but it was first used with {known[0]} elements in "
+                           f"{known[2]} memory and {known[1]!r}")
             return
-        self.client.register(key, (elements,), kind="average", codec=codec)
+        self.client.register(key, (elements,), kind="average", codec=codec, memory=memory)
         with self.lock:
-            self.registered[key] = (elements, codec)
+            self.registered[key] = (elements, codec, memory)
 
 
 class _LocalHandle:
@@ -205,13 +214,17 @@ class _LocalClient:
             "momentum": 0.0, "weight_decay": 0.0}
 
     def register(self, name, shape_or_array, kind="parameters", own_clock=False, codec="",
-                 pull_codec=""):
+                 pull_codec="", memory="host"):
         if kind != "average":
             raise _bad("a single-process job (no shards) has no parameters on shards: use the "
                        "default update of DistributedOptimizer, or run under harrier-launch")
 
     def push_pull_async(self, name, gradient, out):
-        out[...] = _np.asarray(gradient, dtype=_np.float32).reshape(out.shape)
+        if isinstance(out, _torch.Tensor):
+            with _torch.no_grad():
+                out.copy_(gradient.reshape(out.shape))
+        else:
+            out[...] = _np.asarray(gradient, dtype=_np.float32).reshape(out.shape)
         return _LocalHandle(out)
 
     def barrier(self, name):
@@ -413,7 +426,8 @@ class _Pending:
                 f"{self.key}: not every worker pushed it in time; a rank that never calls it "
                 f"(or left the job) leaves the others waiting: {e.message}",
                 e.code, e.code_value) from None
-        values = _torch.from_numpy(self.out).reshape(self.tensor.shape)
+        values = (self.out if isinstance(self.out, _torch.Tensor)
+                  else _torch.from_numpy(self.out)).reshape(self.tensor.shape)
         scale = self.postscale * (self.job.client.num_workers if self.op == Sum else 1.0)
         if scale != 1.0:
             values = values * scale
@@ -445,9 +459,14 @@ def allreduce_async(tensor, average=None, name=None, compression=Compression.non
     sent = tensor.detach().reshape(-1).to(_torch.float32)
     if prescale_factor != 1.0:
         sent = sent * float(prescale_factor)
-    sent = _np.ascontiguousarray(sent.numpy(), dtype=_np.float32)
-    job.ensure_average(key, sent.size, codec)
-    out = _np.empty(sent.size, dtype=_np.float32)
+    if sent.is_cuda:  # stays on the device, compressed there
+        sent = sent.contiguous()
+        job.ensure_average(key, sent.numel(), codec, "device")
+        out = _torch.empty_like(sent)
+    else:
+        sent = _np.ascontiguousarray(sent.numpy(), dtype=_np.float32)
+        job.ensure_average(key, sent.size, codec)
+        out = _np.empty(sent.size, dtype=_np.float32)
     handle = job.client.push_pull_async(key, sent, out)
     return _Pending(job, key, handle, sent, out, tensor, op, float(postscale_factor), _inplace)
 
@@ -542,8 +561,8 @@ def broadcast_(tensor, root_rank, name=None):
     """Writes root_rank's values into `tensor` on every worker. Values go
     through the shards as float32 (integers exact below 2**24)."""
     job = _need_job("broadcast")
-    _check_device(tensor, "broadcast")
-    staged = _np.ascontiguousarray(tensor.detach().reshape(-1).to(_torch.float32).numpy())
+    _check_device(tensor, "broadcast", staged=True)
+    staged = _np.ascontiguousarray(tensor.detach().reshape(-1).to(_torch.float32).cpu().numpy())
     _broadcast_arrays(job.client, [(name or "tensor", staged)], root_rank, "")
     with _torch.no_grad():
         tensor.copy_(_torch.from_numpy(staged).reshape(tensor.shape).to(tensor.dtype))
@@ -690,7 +709,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
                 continue
             if name in seen:
                 raise _bad(f"parameter name {name!r} appears twice")
-            _check_device(param, f"parameter {name!r}")
+            _check_device(param, f"parameter {name!r}", cuda=(update == "average"))
             if param.dtype != _torch.float32:
                 raise _bad(f"parameter {name!r}: {param.dtype}; the Python client trains "
                            "float32 parameters")
@@ -720,11 +739,16 @@ class DistributedOptimizer(_torch.optim.Optimizer):
 
         if update == "average":
             # Gradients only: each parameter's average lives on the shards
-            # under a name of its own, with a clock of its own.
+            # under a name of its own, with a clock of its own. The buffers
+            # are tensors where the parameters are (CUDA ones stay there).
+            self._grads = [_torch.zeros_like(p, memory_format=_torch.contiguous_format)
+                           for p in self._params]
+            self._pulled = [_torch.zeros_like(g) for g in self._grads]
             self._average_names = [f"harrier.gradient/{name}" for name in self._names]
             for name, param in zip(self._average_names, self._params):
                 client.register(name, tuple(param.shape), kind="average",
-                                codec=self._compression)
+                                codec=self._compression,
+                                memory="device" if param.is_cuda else "host")
             self._install_gradient_hooks()
             return
 
@@ -850,17 +874,24 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         param = self._params[i]
         if self._scheduler is not None:
             self._make_current(i)  # the scheduler is done with the last gradient buffer
+        if self._update == "average":
+            with _torch.no_grad():
+                if param.grad is None:
+                    self._grads[i].zero_()  # unused this step: the round still needs a push
+                else:
+                    self._grads[i].copy_(param.grad)
+                if self._predivide != 1.0:
+                    self._grads[i].div_(self._predivide)
+            self._handed[i] = True
+            self._handles[i] = self._client.push_pull_async(self._average_names[i],
+                                                            self._grads[i], self._pulled[i])
+            return
         if param.grad is None:
             self._grads[i].fill(0.0)  # unused this step: the round still needs a push
         else:
             self._grads[i][...] = _numpy_view(param.grad.to(_torch.float32))
         self._handed[i] = True
-        if self._update == "average":
-            if self._predivide != 1.0:
-                self._grads[i] /= self._predivide
-            self._handles[i] = self._client.push_pull_async(self._average_names[i],
-                                                            self._grads[i], self._pulled[i])
-        elif self._scheduler is not None:
+        if self._scheduler is not None:
             self._scheduler.gradient_ready(i, self._grads[i])
         else:
             self._handles[i] = self._client.push_pull_async(self._names[i], self._grads[i],
@@ -958,7 +989,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             scale = self._predivide * (self._client.num_workers if self._op == Sum else 1.0)
             with _torch.no_grad():
                 for param, pulled in zip(self._params, self._pulled):
-                    averaged = _torch.from_numpy(pulled)
+                    averaged = pulled
                     if scale != 1.0:
                         averaged = averaged * scale
                     if param.grad is None:
@@ -1087,10 +1118,11 @@ def broadcast_parameters(params, root_rank=0, client=None):
     prefix = f"harrier.broadcast/{round_}/"
     tensors = [(name, t) for name, t in items if isinstance(t, _torch.Tensor) and t.numel() > 0]
     for name, tensor in tensors:
-        _check_device(tensor, f"broadcast_parameters {name!r}")
+        _check_device(tensor, f"broadcast_parameters {name!r}", staged=True)
     if client.rank == root_rank:
         for name, tensor in tensors:
-            client.register(prefix + name, tensor.detach().reshape(-1).to(_torch.float32).numpy(),
+            client.register(prefix + name,
+                            tensor.detach().reshape(-1).to(_torch.float32).cpu().numpy(),
                             own_clock=True)
     client.barrier(prefix + "registered")
     if client.rank != root_rank:

@@ -18,7 +18,11 @@
 #    on the device;
 # 6. harrier-advise --device=cuda against a shard on 127.0.0.1: the worker's
 #    codecs timed on the GPU (PASS when it exits 0 with one JSON line whose
-#    device is cuda and the report says so).
+#    device is cuda and the report says so);
+# 7. the Python binding's device path (tests/cuda/python_device_check.py):
+#    device arrays averaged and pushed compressed on the GPU through
+#    __cuda_array_interface__, and, where this PyTorch has CUDA, CUDA
+#    tensors through harrier.torch.
 #
 # (Its own settings are not named HARRIER_*: the binaries read HARRIER_*
 # variables as flags and refuse unknown ones.)
@@ -59,7 +63,7 @@ timeout 10 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 
 targets=(//tests/cuda:codec_gpu_test //tests/cuda:mlp_gpu_test //bench/cuda:codec_gpu_bench
   //bench/cuda_transport:transport_gpu_bench //server:harrier-server //worker:harrier-worker
-  //bench/advise:harrier-advise)
+  //bench/advise:harrier-advise //python:package)
 if [ "${GPU_CHECKS_SKIP_BUILD:-0}" != 1 ]; then
   timeout 1500 bazel build --config=cuda "${targets[@]}" > "$out/build.log" 2>&1
   rc=$?
@@ -148,4 +152,11 @@ wait "$advise_server" 2>/dev/null
 [ $rc -eq 0 ] && [ "$(wc -l < "$out/advise.json")" -eq 1 ] && grep -q "\"device\":\"$device\"" "$out/advise.json" &&
   grep -q "the worker's side on $([ "$device" = cuda ] && echo cuda || echo "this host's cpu")" "$out/advise.err"
 result "harrier-advise --device=$device times the worker's codecs there" $? "exit $rc, log: advise.err"
+
+# The Python binding with device memory (one PASS/FAIL line per check).
+PYTHONPATH="$bin/python/pkg" timeout 120 /usr/bin/python3 tests/cuda/python_device_check.py \
+  "$bin/server/harrier-server" > "$out/python_device.log" 2>&1
+rc=$?
+grep -E '^(PASS|FAIL|SKIP) ' "$out/python_device.log" | tee -a "$out/summary.txt"
+result "python device checks" $rc "log: python_device.log"
 finish

@@ -39,6 +39,26 @@ class BindingTest(unittest.TestCase):
         kwargs.setdefault("connect_timeout", 10.0)
         return harrier.Client(servers=self.cluster.servers, **kwargs)
 
+    def test_cuda_arrays_in_a_build_without_cuda(self):
+        if harrier._harrier.built_with_cuda:
+            self.skipTest("a CUDA build: tests/cuda/python_device_check.py covers it")
+
+        class DeviceArray:  # what CuPy or a CUDA tensor shows
+            __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (4096, False),
+                                        "version": 2, "strides": None}
+
+        with self.client() as c:
+            c.register("w", (4,))
+            for call in (lambda: c.push("w", DeviceArray()), lambda: c.pull("w", DeviceArray())):
+                with self.assertRaisesRegex(harrier.FailedPreconditionError,
+                                            "a CUDA array, but this Harrier module was built "
+                                            "without CUDA"):
+                    call()
+            with self.assertRaisesRegex(harrier.FailedPreconditionError,
+                                        "'d' in device memory, but this Harrier module was "
+                                        "built without CUDA"):
+                c.register("d", (4,), memory="device")
+
     def test_identity_and_sync(self):
         with self.assertRaisesRegex(harrier.FailedPreconditionError, "job 'other'"):
             self.client(job="other")
