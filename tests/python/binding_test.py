@@ -359,5 +359,69 @@ class BlockingTest(unittest.TestCase):
             self.assertGreater(time.monotonic() - started, 1.2)
             self.assertGreater(inside[0], 1000)
 
+
+class OwnClockTest(unittest.TestCase):
+    """A tensor registered after 100 training clocks, on a clock of its own,
+    under BSP, SSP and ASP: two workers (one client each, one thread each)
+    push it three times; each pull after both pushed sees every push."""
+
+    def run_mode(self, sync, server_args=()):
+        with Cluster(shards=2, workers=2, sync=sync,
+                     server_args=["--optimizer=sgd", "--lr=1", *server_args]) as cluster:
+            clients = [harrier.Client(servers=cluster.servers, rank=r, rpc_timeout=20.0)
+                       for r in range(2)]
+            seen = [[], []]
+            errors = []
+
+            def worker(rank):
+                try:
+                    c = clients[rank]
+                    c.register("w", (4,))
+                    for _ in range(100):
+                        c.push("w", np.ones(4, dtype=np.float32))
+                        c.clock()
+                    c.register("late", np.full(8, 10.0, dtype=np.float32), own_clock=True)
+                    for k in range(3):
+                        self.assertEqual(c.tensor_clock("late"), k)
+                        c.push("late", np.full(8, float(rank + 1), dtype=np.float32))
+                        c.barrier(f"pushed{k}")  # both pushes of round k are in
+                        seen[rank].append(c.pull("late")[0])
+                        c.barrier(f"pulled{k}")
+                    self.assertEqual(c.current_clock, 100)  # the training clock did not move
+                    self.assertEqual(c.tensor_clock("w"), 100)
+                except Exception as e:  # reported by the main thread
+                    errors.append(e)
+
+            threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            for c in clients:
+                c.close()
+            self.assertFalse(errors, errors)
+            # lr 1, pushes averaged over 2 workers: 10 - (1 + 2) / 2 per round.
+            for rank in range(2):
+                self.assertEqual(seen[rank], [8.5, 7.0, 5.5], f"{sync} rank {rank}")
+
+    def test_bsp(self):
+        self.run_mode("bsp")
+
+    def test_ssp(self):
+        self.run_mode("ssp", ["--staleness=2"])
+
+    def test_asp(self):
+        self.run_mode("asp")
+
+    def test_a_tensor_is_registered_with_one_clock(self):
+        with Cluster(shards=1, workers=1) as cluster:
+            with harrier.Client(servers=cluster.servers) as c:
+                c.register("x", (4,), own_clock=True)
+                with self.assertRaisesRegex(harrier.InvalidArgumentError,
+                                            "keeps a clock of its own"):
+                    c.register("x", (4,))
+                with self.assertRaisesRegex(harrier.InvalidArgumentError, "kind must be"):
+                    c.register("y", (4,), kind="sum")
+
 if __name__ == "__main__":
     main()
