@@ -208,6 +208,53 @@ class ConfigurationTest(unittest.TestCase):
             os.environ.update(saved)
 
 
+class SecurityTest(unittest.TestCase):
+    """init() takes TLS files and the job token from the environment, as
+    harrier-launch and the Kubernetes manifests set them."""
+
+    def test_tls_and_token_from_the_environment(self):
+        directory = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        script = """
+set -e
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:prime256v1 -out ca.key
+openssl req -x509 -new -key ca.key -out ca.pem -days 2 -subj /CN=py-test-ca \
+  -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:prime256v1 -out server.key
+openssl req -new -key server.key -out server.csr -subj /CN=localhost
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > server.ext
+openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem \
+  -days 2 -extfile server.ext
+"""
+        made = subprocess.run(["sh", "-c", script], cwd=directory, capture_output=True, timeout=60)
+        if made.returncode != 0:
+            self.skipTest("openssl could not make certificates: " + made.stderr.decode()[-300:])
+        token = os.path.join(directory, "token")
+        with open(token, "w") as f:
+            f.write("s3cret-token\n")
+        os.chmod(token, 0o600)
+        path = lambda name: os.path.join(directory, name)  # noqa: E731
+        with Cluster(shards=1, workers=1,
+                     server_args=[f"--tls_cert={path('server.pem')}",
+                                  f"--tls_key={path('server.key')}",
+                                  f"--auth_token_file={token}"]) as cluster:
+            code = ("import torch, harrier.torch as hvd; hvd.init(connect_timeout=5, "
+                    "rpc_timeout=10); print('avg=%g' % hvd.allreduce(torch.tensor(3.0)).item())")
+
+            def run(**extra):
+                env = dict(environment(cluster, 0, 1), **extra)
+                return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                      timeout=120)
+
+            ok = run(HARRIER_TLS_CA=path("ca.pem"), HARRIER_AUTH_TOKEN_FILE=token)
+            self.assertEqual(ok.returncode, 0, ok.stderr.decode()[-2000:])
+            self.assertIn("avg=3", ok.stdout.decode())
+            no_token = run(HARRIER_TLS_CA=path("ca.pem"))
+            self.assertNotEqual(no_token.returncode, 0)
+            self.assertRegex(no_token.stderr.decode(), "UNAUTHENTICATED|PERMISSION_DENIED|UNAVAILABLE")
+            no_tls = run(HARRIER_AUTH_TOKEN_FILE=token)
+            self.assertNotEqual(no_tls.returncode, 0)
+
+
 class ExampleTest(unittest.TestCase):
     """The Horovod-style example, unchanged, under harrier-launch with 2 and
     4 workers and as one plain process: the same accuracy within a point."""
