@@ -413,6 +413,28 @@ class OwnClockTest(unittest.TestCase):
     def test_asp(self):
         self.run_mode("asp")
 
+    def test_a_tensor_with_codecs_of_its_own(self):
+        n = 1 << 16
+        with Cluster(shards=1, workers=1, server_args=["--optimizer=sgd", "--lr=1"]) as cluster:
+            with harrier.Client(servers=cluster.servers) as c:  # the client's codec: none
+                c.register("dense", np.zeros(n, dtype=np.float32))
+                c.register("half", np.zeros(n, dtype=np.float32), codec="fp16")
+                with self.assertRaisesRegex(harrier.InvalidArgumentError, "tensor 'bad'"):
+                    c.register("bad", (n,), codec="nope")
+                g = np.full(n, 1.0 / 3.0, dtype=np.float32)
+                before = c.stats()["bytes_pushed"]
+                c.push("dense", g)
+                dense_bytes = c.stats()["bytes_pushed"] - before
+                c.push("half", g)
+                half_bytes = c.stats()["bytes_pushed"] - before - dense_bytes
+                c.clock()
+                self.assertEqual(dense_bytes, 4 * n)
+                self.assertLess(half_bytes, 0.6 * dense_bytes)  # 2 bytes an element and a header
+                np.testing.assert_array_equal(c.pull("dense"), -g)
+                half = c.pull("half")
+                self.assertFalse(np.array_equal(half, -g))  # rounded to fp16 on the way
+                np.testing.assert_allclose(half, -g, rtol=1e-3)
+
     def test_a_tensor_is_registered_with_one_clock(self):
         with Cluster(shards=1, workers=1) as cluster:
             with harrier.Client(servers=cluster.servers) as c:
