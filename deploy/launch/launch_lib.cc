@@ -35,7 +35,9 @@ ABSL_FLAG(int, np, 0,
           "order up to N, hosts past the N-th slot are not used; more than the slots is an error. "
           "0: every slot. Without -H or --hostfile, -np N runs N workers on localhost.");
 ABSL_FLAG(int, num_servers, 0, "Number of shards (0: one per host).");
-ABSL_FLAG(int, base_port, 50051, "Port of shard 0; shard i listens on base_port+i.");
+ABSL_FLAG(int, base_port, 50051,
+          "Port of shard 0; shard i listens on base_port+i. 0: a free port for each shard, "
+          "chosen by the launcher (every host local).");
 ABSL_FLAG(std::string, bin_dir, "",
           "Where harrier-server and harrier-worker are, the same path on every host: DIR, "
           "DIR/server and DIR/worker, or DIR/../../server and DIR/../../worker as in bazel-bin "
@@ -80,7 +82,8 @@ absl::StatusOr<int> ParseSlots(const std::string& where, const std::string& host
                                absl::string_view text) {
   int slots = 0;
   if (!absl::SimpleAtoi(text, &slots) || slots < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": slots of ", host, " must be a positive integer, got '", text, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": slots of ", host, " must be a positive integer, got '", text, "'"));
   }
   return slots;
 }
@@ -132,7 +135,8 @@ absl::StatusOr<std::vector<HostSlots>> ParseHostfile(const std::string& text,
     line = absl::StripAsciiWhitespace(line);
     if (line.empty()) continue;
     const std::string where = absl::StrCat(path, ":", line_no);
-    std::vector<absl::string_view> words = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    std::vector<absl::string_view> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (words.size() == 1) {
       absl::StatusOr<HostSlots> h = ParseHostColonSlots(where, words[0]);
       if (!h.ok()) {
@@ -168,7 +172,8 @@ std::vector<std::string> SpellOutShortFlags(const std::vector<std::string>& args
     }
     // -H LIST, -HLIST, -H=LIST; -np N, -npN, -np=N.
     bool short_form = false;
-    for (const auto& [dash, name] : {std::make_pair("-np", "--np"), std::make_pair("-H", "--hosts")}) {
+    for (const auto& [dash, name] :
+         {std::make_pair("-np", "--np"), std::make_pair("-H", "--hosts")}) {
       if (a == dash) {
         out.push_back(name);
         if (i + 1 < args.size()) out.push_back(args[++i]);
@@ -216,13 +221,15 @@ namespace {
 absl::Status CheckReadable(const char* flag, const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cannot read --", flag, "=", path, ": ", strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat("cannot read --", flag, "=", path, ": ", strerror(errno)));
   }
   struct stat st {};
   const bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
   close(fd);
   if (!regular) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read --", flag, "=", path, ": not a file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read --", flag, "=", path, ": not a file"));
   }
   return absl::OkStatus();
 }
@@ -248,8 +255,8 @@ absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& after_d
   o.num_servers = absl::GetFlag(FLAGS_num_servers);
   if (o.num_servers < 0) return bad("num_servers", o.num_servers, "a positive integer");
   o.base_port = absl::GetFlag(FLAGS_base_port);
-  if (o.base_port < 1 || o.base_port > 65535) {
-    return bad("base_port", o.base_port, "a port in [1, 65535]");
+  if (o.base_port < 0 || o.base_port > 65535) {
+    return bad("base_port", o.base_port, "a port in [1, 65535] (0: free ports, every host local)");
   }
   o.bin_dir = absl::GetFlag(FLAGS_bin_dir);
   o.server_bin = absl::GetFlag(FLAGS_server_bin);
@@ -308,11 +315,16 @@ absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& after_d
   if (!taken.ok()) return taken.status();
   o.hosts = *taken;
 
+  bool all_local = true;
+  for (const auto& h : o.hosts) all_local = all_local && IsLocalHost(h.host);
+  if (o.base_port == 0 && !all_local) {
+    return absl::InvalidArgumentError(
+        "--base_port=0 (free ports) needs every host local: the launcher can only find free "
+        "ports on this one; give a port");
+  }
   // TLS and the token: absolute paths, so that they mean the same to every
   // process wherever it runs. Remote hosts must have the same paths, which
   // only they can check; when every host is this one, check here.
-  bool all_local = true;
-  for (const auto& h : o.hosts) all_local = all_local && IsLocalHost(h.host);
   for (auto [name, value, path] :
        {std::make_tuple("tls_ca", absl::GetFlag(FLAGS_tls_ca), &o.tls_ca),
         std::make_tuple("tls_cert", absl::GetFlag(FLAGS_tls_cert), &o.tls_cert),
@@ -329,20 +341,23 @@ absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& after_d
   for (const std::string& a : o.worker_args) {
     for (const char* owned : {"--servers", "--num_workers", "--rank"}) {
       if (a == owned || absl::StartsWith(a, absl::StrCat(owned, "="))) {
-        return absl::InvalidArgumentError(absl::StrCat(owned, " is set by harrier-launch; drop it from the worker flags"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(owned, " is set by harrier-launch; drop it from the worker flags"));
       }
     }
   }
   for (const std::string& a : o.server_args) {
     for (const char* owned : {"--shard", "--num_shards", "--num_workers", "--port", "--host"}) {
       if (a == owned || absl::StartsWith(a, absl::StrCat(owned, "="))) {
-        return absl::InvalidArgumentError(absl::StrCat(owned, " is set by harrier-launch; drop it from --server_args"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(owned, " is set by harrier-launch; drop it from --server_args"));
       }
     }
   }
   if (o.num_servers == 0) o.num_servers = static_cast<int>(o.hosts.size());
-  if (o.base_port + o.num_servers - 1 > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--base_port=", o.base_port, " + ", o.num_servers, " shards runs past port 65535"));
+  if (o.base_port > 0 && o.base_port + o.num_servers - 1 > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--base_port=", o.base_port, " + ",
+                                                   o.num_servers, " shards runs past port 65535"));
   }
   return o;
 }
@@ -367,7 +382,8 @@ absl::StatusOr<std::vector<std::string>> ShellSplit(const std::string& text) {
       size_t j = i + 1;
       for (; j < text.size() && text[j] != '"'; ++j) {
         if (text[j] == '\\' && j + 1 < text.size() &&
-            (text[j + 1] == '"' || text[j + 1] == '\\' || text[j + 1] == '$' || text[j + 1] == '`')) {
+            (text[j + 1] == '"' || text[j + 1] == '\\' || text[j + 1] == '$' ||
+             text[j + 1] == '`')) {
           ++j;
         }
         word += text[j];
@@ -421,9 +437,9 @@ absl::Status ResolveBinaries(Options& o, const std::string& self_dir) {
   auto find = [&](const std::string& name, const std::string& package,
                   std::string* out) -> absl::Status {
     if (!out->empty()) return absl::OkStatus();
-    const std::vector<std::string> candidates = {
-        absl::StrCat(dir, "/", name), absl::StrCat(dir, "/", package, "/", name),
-        absl::StrCat(dir, "/../../", package, "/", name)};
+    const std::vector<std::string> candidates = {absl::StrCat(dir, "/", name),
+                                                 absl::StrCat(dir, "/", package, "/", name),
+                                                 absl::StrCat(dir, "/../../", package, "/", name)};
     for (const auto& c : candidates) {
       if (access(c.c_str(), X_OK) == 0) {
         char resolved[4096];
@@ -452,10 +468,10 @@ namespace {
 // harrier-worker.
 std::vector<std::string> SecurityFlags(const Options& o) {
   std::vector<std::string> flags;
-  for (const auto& [name, value] : {std::make_pair("tls_ca", &o.tls_ca),
-                                    std::make_pair("tls_cert", &o.tls_cert),
-                                    std::make_pair("tls_key", &o.tls_key),
-                                    std::make_pair("auth_token_file", &o.auth_token_file)}) {
+  for (const auto& [name, value] :
+       {std::make_pair("tls_ca", &o.tls_ca), std::make_pair("tls_cert", &o.tls_cert),
+        std::make_pair("tls_key", &o.tls_key),
+        std::make_pair("auth_token_file", &o.auth_token_file)}) {
     if (!value->empty()) flags.push_back(absl::StrCat("--", name, "=", *value));
   }
   return flags;
@@ -478,7 +494,7 @@ JobPlan MakePlan(const Options& o) {
     PlannedProcess s;
     s.index = i;
     s.host = i % o.hosts.size();
-    s.port = o.base_port + i;
+    s.port = o.shard_ports.empty() ? o.base_port + i : o.shard_ports[i];
     const std::string& host = o.hosts[s.host].host;
     addresses.push_back(absl::StrCat(IsLocalHost(host) ? "127.0.0.1" : host, ":", s.port));
     s.command = {o.server_bin,
@@ -533,7 +549,8 @@ std::string CommandWithEnv(const PlannedProcess& p) {
   // NAME='a value', not 'NAME=a value', which sh would not take for an
   // assignment.
   std::vector<std::string> words;
-  for (const auto& [name, value] : p.env) words.push_back(absl::StrCat(name, "=", ShellQuote(value)));
+  for (const auto& [name, value] : p.env)
+    words.push_back(absl::StrCat(name, "=", ShellQuote(value)));
   words.push_back(ShellJoin(p.command));
   return absl::StrJoin(words, " ");
 }

@@ -46,9 +46,10 @@ struct Options {
   // The hosts that run workers, each with the number it runs (-np already
   // applied: hosts past the N-th slot are left out).
   std::vector<HostSlots> hosts;
-  int num_servers = 0;  // 0: one per host
-  int base_port = 50051;
-  std::string bin_dir;  // empty: next to harrier-launch
+  int num_servers = 0;           // 0: one per host
+  int base_port = 50051;         // 0: shard_ports, chosen by the launcher
+  std::vector<int> shard_ports;  // when not empty, shard i's port (else base_port + i)
+  std::string bin_dir;           // empty: next to harrier-launch
   std::string server_bin, worker_bin;
   std::string ssh = "ssh";
   std::vector<std::string> ssh_args;
@@ -123,9 +124,9 @@ absl::Status ResolveBinaries(Options& options, const std::string& self_dir);
 using EnvVars = std::vector<std::pair<std::string, std::string>>;
 
 struct PlannedProcess {
-  int index = 0;  // shard index or worker rank
-  size_t host = 0;  // index into Options::hosts
-  int port = 0;  // shards only
+  int index = 0;                     // shard index or worker rank
+  size_t host = 0;                   // index into Options::hosts
+  int port = 0;                      // shards only
   std::vector<std::string> command;  // the harrier-* command line, or the user's command
   // Set in the process's environment on top of the launcher's (locally) or
   // the ssh session's (remotely): the job, for a user's command.
@@ -140,11 +141,12 @@ struct JobPlan {
   std::vector<PlannedProcess> workers;
 };
 
-// Shards round-robin over the hosts on base_port+i; workers one per slot,
-// ranks in host order: harrier-worker with --servers, --num_workers, --rank
-// (and the TLS flags), or the user's command with the job in HARRIER_SERVERS,
-// HARRIER_NUM_SHARDS, HARRIER_NUM_WORKERS, HARRIER_RANK, HARRIER_LOCAL_RANK,
-// HARRIER_LOCAL_SIZE (and the TLS variables).
+// Shards round-robin over the hosts on base_port+i (or shard_ports[i]);
+// workers one per slot, ranks in host order: harrier-worker with --servers,
+// --num_workers, --rank (and the TLS flags), or the user's command with the
+// job in HARRIER_SERVERS, HARRIER_NUM_SHARDS, HARRIER_NUM_WORKERS,
+// HARRIER_RANK, HARRIER_LOCAL_RANK, HARRIER_LOCAL_SIZE (and the TLS
+// variables).
 JobPlan MakePlan(const Options& options);
 
 // "NAME=value ... command args", shell-quoted: what a process runs, as

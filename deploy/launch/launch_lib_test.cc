@@ -71,8 +71,8 @@ TEST_CASE("-H spelled out as --hosts; worker flags and flag values untouched") {
 TEST_CASE("-np spelled out as --np; a command after -- untouched") {
   CHECK(SpellOutShortFlags({"harrier-launch", "-np", "4", "-np4", "-np=4", "--np=4", "--np", "4",
                             "--", "python3", "-np", "2"}) ==
-        std::vector<std::string>{"harrier-launch", "--np", "4", "--np=4", "--np=4", "--np=4", "--np",
-                                 "4", "--", "python3", "-np", "2"});
+        std::vector<std::string>{"harrier-launch", "--np", "4", "--np=4", "--np=4", "--np=4",
+                                 "--np", "4", "--", "python3", "-np", "2"});
 }
 
 TEST_CASE("-np takes the first N slots in host order") {
@@ -191,10 +191,21 @@ TEST_CASE("options from the flags: worker flags after --, owned flags refused") 
   REQUIRE_FALSE(port.ok());
   CHECK(port.status().message() == "--port is set by harrier-launch; drop it from --server_args");
   absl::SetFlag(&FLAGS_server_args, "");
-  absl::SetFlag(&FLAGS_base_port, 0);
+  absl::SetFlag(&FLAGS_base_port, -1);
   auto bad_port = OptionsFromFlags({}, "/w");
   REQUIRE_FALSE(bad_port.ok());
-  CHECK(bad_port.status().message() == "--base_port=0: want a port in [1, 65535]");
+  CHECK(bad_port.status().message() ==
+        "--base_port=-1: want a port in [1, 65535] (0: free ports, every host local)");
+  absl::SetFlag(&FLAGS_base_port, 0);
+  auto free_remote = OptionsFromFlags({}, "/w");
+  REQUIRE_FALSE(free_remote.ok());
+  CHECK(free_remote.status().message() ==
+        "--base_port=0 (free ports) needs every host local: the launcher can only find free "
+        "ports on this one; give a port");
+  absl::SetFlag(&FLAGS_hosts, "localhost:2");
+  auto free_local = OptionsFromFlags({}, "/w");
+  REQUIRE(free_local.ok());
+  CHECK(free_local->base_port == 0);
 }
 
 TEST_CASE("options from the flags: defaults, hosts required, -H or --hostfile") {
@@ -209,7 +220,8 @@ TEST_CASE("options from the flags: defaults, hosts required, -H or --hostfile") 
   CHECK_FALSE(defaults->dry_run);
   auto rank = OptionsFromFlags({"--rank=2"}, "/w");
   REQUIRE_FALSE(rank.ok());
-  CHECK(rank.status().message() == "--rank is set by harrier-launch; drop it from the worker flags");
+  CHECK(rank.status().message() ==
+        "--rank is set by harrier-launch; drop it from the worker flags");
   absl::SetFlag(&FLAGS_hostfile, "x");
   auto both = OptionsFromFlags({}, "/w");
   REQUIRE_FALSE(both.ok());
@@ -224,8 +236,8 @@ TEST_CASE("options from the flags: defaults, hosts required, -H or --hostfile") 
 }
 
 TEST_CASE("shell quoting survives a real sh") {
-  const std::vector<std::string> args = {"plain", "with space", "it's", "$HOME", "a\"b", "", "x\\y",
-                                         "--flag=a b;c"};
+  const std::vector<std::string> args = {"plain", "with space", "it's", "$HOME",
+                                         "a\"b",  "",           "x\\y", "--flag=a b;c"};
   auto split = ShellSplit(ShellJoin(args));
   REQUIRE(split.ok());
   CHECK(*split == args);
@@ -290,6 +302,14 @@ TEST_CASE("plan: TLS flags to shards and harrier-worker") {
                                  "--rank=0", "--tls_ca=/s/ca.pem", "--auth_token_file=/s/token",
                                  "--max_steps=3"});
   CHECK(plan.workers[0].env.empty());
+  // Ports the launcher chose (--base_port=0).
+  o.hosts = {{"localhost", 1}};
+  o.num_servers = 2;
+  o.shard_ports = {41234, 40007};
+  const JobPlan chosen = MakePlan(o);
+  CHECK(chosen.shards[1].port == 40007);
+  CHECK(chosen.shards[1].command[4] == "--port=40007");
+  CHECK(chosen.workers[0].command[1] == "--servers=127.0.0.1:41234,127.0.0.1:40007");
 }
 
 TEST_CASE("plan: a command gets the job in its environment") {
@@ -305,21 +325,27 @@ TEST_CASE("plan: a command gets the job in its environment") {
   REQUIRE(plan.workers.size() == 4);
   CHECK(plan.workers[3].command == o.command);
   CHECK(plan.workers[3].workdir == "/home/me/job");
-  CHECK(plan.workers[1].env ==
-        EnvVars{{"HARRIER_SERVERS", "h1:7000,h2:7001"}, {"HARRIER_NUM_SHARDS", "2"},
-                {"HARRIER_NUM_WORKERS", "4"}, {"HARRIER_RANK", "1"},
-                {"HARRIER_LOCAL_RANK", "1"}, {"HARRIER_LOCAL_SIZE", "3"},
-                {"HARRIER_TLS_CERT", "/s/tls.crt"}});
+  CHECK(plan.workers[1].env == EnvVars{{"HARRIER_SERVERS", "h1:7000,h2:7001"},
+                                       {"HARRIER_NUM_SHARDS", "2"},
+                                       {"HARRIER_NUM_WORKERS", "4"},
+                                       {"HARRIER_RANK", "1"},
+                                       {"HARRIER_LOCAL_RANK", "1"},
+                                       {"HARRIER_LOCAL_SIZE", "3"},
+                                       {"HARRIER_TLS_CERT", "/s/tls.crt"}});
   // h1 listed twice is one host: rank 3 is its third worker.
   CHECK(plan.workers[3].env[3] == std::make_pair(std::string("HARRIER_RANK"), std::string("3")));
-  CHECK(plan.workers[3].env[4] == std::make_pair(std::string("HARRIER_LOCAL_RANK"), std::string("2")));
-  CHECK(plan.workers[2].env[4] == std::make_pair(std::string("HARRIER_LOCAL_RANK"), std::string("0")));
-  CHECK(plan.workers[2].env[5] == std::make_pair(std::string("HARRIER_LOCAL_SIZE"), std::string("1")));
+  CHECK(plan.workers[3].env[4] ==
+        std::make_pair(std::string("HARRIER_LOCAL_RANK"), std::string("2")));
+  CHECK(plan.workers[2].env[4] ==
+        std::make_pair(std::string("HARRIER_LOCAL_RANK"), std::string("0")));
+  CHECK(plan.workers[2].env[5] ==
+        std::make_pair(std::string("HARRIER_LOCAL_SIZE"), std::string("1")));
   CHECK(plan.shards[1].command.back() == "--tls_cert=/s/tls.crt");
   PlannedProcess p;
   p.env = {{"HARRIER_RANK", "0"}, {"HARRIER_TLS_CA", "/my certs/ca.pem"}};
   p.command = {"sh", "-c", "echo $HARRIER_RANK"};
-  CHECK(CommandWithEnv(p) == "HARRIER_RANK=0 HARRIER_TLS_CA='/my certs/ca.pem' sh -c 'echo $HARRIER_RANK'");
+  CHECK(CommandWithEnv(p) ==
+        "HARRIER_RANK=0 HARRIER_TLS_CA='/my certs/ca.pem' sh -c 'echo $HARRIER_RANK'");
 }
 
 TEST_CASE("binaries: next to the launcher, or as in bazel-bin") {

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -26,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -76,8 +78,8 @@ Processes:
       HARRIER_TLS_CA, HARRIER_TLS_CERT, HARRIER_TLS_KEY, HARRIER_AUTH_TOKEN_FILE (when given)
     Locally it runs in the launcher's current folder, found on PATH; over ssh it runs in the
     same folder on the remote host (hosts sharing a file system), else in the ssh login folder.
-  Shards: --num_servers of them (default: one per host), shard i on host i mod (number of
-    hosts), port base_port+i, started with
+  Shards: --num_servers of them (default: one per host used), shard i on host i mod (number
+    of hosts), port base_port+i (--base_port=0: free ports, every host local), started with
     --shard=i --num_shards=N --num_workers=<workers> --port=P --host=0.0.0.0 [TLS flags] <--server_args>.
   Every shard is started first; the workers start once each shard accepts a TCP connection
   (deadline --start_timeout_ms).
@@ -158,7 +160,7 @@ struct Proc {
   int out_fd = -1, err_fd = -1, in_fd = -1;  // in_fd: ssh's stdin (remote only)
   std::string out_buf, err_buf;
   bool exited = false;
-  int status = 0;            // raw waitpid status
+  int status = 0;  // raw waitpid status
   bool signalled_by_us = false;
 };
 
@@ -309,7 +311,8 @@ class Launcher {
   // The process as a child of the launcher: itself (locally, its variables
   // set by Spawn) or the ssh client running it under kRemoteWrapper, its
   // variables set by env(1).
-  Proc MakeProc(const std::string& name, const std::string& host, const PlannedProcess& planned) const {
+  Proc MakeProc(const std::string& name, const std::string& host,
+                const PlannedProcess& planned) const {
     Proc p;
     p.name = absl::StrCat(name, "@", host);
     p.host = host;
@@ -321,8 +324,12 @@ class Launcher {
       return p;
     }
     p.argv = SshArgv(host);
-    std::vector<std::string> remote = {"sh", "-c", kRemoteWrapper, "harrier-launch-wrapper",
-                                       absl::StrCat(opt_.grace_ms / 1000.0), planned.workdir};
+    std::vector<std::string> remote = {"sh",
+                                       "-c",
+                                       kRemoteWrapper,
+                                       "harrier-launch-wrapper",
+                                       absl::StrCat(opt_.grace_ms / 1000.0),
+                                       planned.workdir};
     if (!planned.env.empty()) {
       remote.push_back("env");
       for (const auto& [var, value] : planned.env) remote.push_back(absl::StrCat(var, "=", value));
@@ -398,9 +405,9 @@ class Launcher {
         if (MsSince(start) > opt_.start_timeout_ms) {
           kill(p.pid, SIGKILL);
           waitpid(p.pid, &status, 0);
-          return absl::DeadlineExceededError(absl::StrCat(
-              "cannot reach host ", h.host, " over ssh: no answer in ", opt_.start_timeout_ms,
-              " ms (--start_timeout_ms)"));
+          return absl::DeadlineExceededError(
+              absl::StrCat("cannot reach host ", h.host, " over ssh: no answer in ",
+                           opt_.start_timeout_ms, " ms (--start_timeout_ms)"));
         }
         pollfd fds[2] = {{p.out_fd, POLLIN, 0}, {p.err_fd, POLLIN, 0}};
         poll(fds, 2, 100);
@@ -538,8 +545,8 @@ class Launcher {
   void CheckEarlyShardExit() {
     if (!early_shard_exit_ || tearing_down_ || AllWorkersExited()) return;
     if (MsSince(early_shard_exit_->at) < opt_.grace_ms) return;
-    Fail(absl::StrCat(early_shard_exit_->name,
-                      " exited before the workers finished: tearing down"));
+    Fail(
+        absl::StrCat(early_shard_exit_->name, " exited before the workers finished: tearing down"));
   }
 
   void Fail(const std::string& message) {
@@ -649,8 +656,7 @@ class Launcher {
         if (!tearing_down_) {
           tearing_down_ = true;
           failed_ = true;
-          LaunchLine(absl::StrCat("signal ", static_cast<int>(sigs[i]),
-                                  " received: tearing down"));
+          LaunchLine(absl::StrCat("signal ", static_cast<int>(sigs[i]), " received: tearing down"));
           TerminateAll();
         } else if (!kill_sent_at_) {
           LaunchLine(absl::StrCat("signal ", static_cast<int>(sigs[i]),
@@ -704,9 +710,8 @@ class Launcher {
           for (const auto& p : procs_) {
             if (p.pid >= 0 && !p.exited) left.push_back(p.name);
           }
-          LaunchLine(absl::StrCat("still running after ", opt_.grace_ms,
-                                  " ms (--grace_ms): ", absl::StrJoin(left, ", "),
-                                  "; sending SIGKILL"));
+          LaunchLine(absl::StrCat("still running after ", opt_.grace_ms, " ms (--grace_ms): ",
+                                  absl::StrJoin(left, ", "), "; sending SIGKILL"));
           KillAll();
         }
         // The remote wrapper got KILL; if its ssh still has not exited, end
@@ -760,6 +765,52 @@ std::string SelfDir() {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+// The lowest port the kernel hands to outgoing connections and bind(0).
+int EphemeralLow() {
+  FILE* range = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  int low = 0, high = 0;
+  const bool read = range != nullptr && fscanf(range, "%d %d", &low, &high) == 2;
+  if (range != nullptr) fclose(range);
+  return read && low > 12000 ? low : 32768;
+}
+
+bool CanListen(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);  // the shards listen on 0.0.0.0
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok =
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && listen(fd, 1) == 0;
+  close(fd);
+  return ok;
+}
+
+// `n` distinct ports free on this host now, at random below the ephemeral
+// range: a port from bind(0) is soon handed to some outgoing connection,
+// which would take it before its shard listens. One could still be taken
+// before its shard listens; the shard then fails to start, which fails the
+// job in one line.
+absl::StatusOr<std::vector<int>> PickFreePorts(int n) {
+  std::mt19937_64 random(std::random_device{}());
+  const int low = 10000, high = EphemeralLow();
+  std::vector<int> ports;
+  for (int attempt = 0; attempt < 10000 && static_cast<int>(ports.size()) < n; ++attempt) {
+    const int port = low + static_cast<int>(random() % static_cast<uint64_t>(high - low));
+    if (std::find(ports.begin(), ports.end(), port) == ports.end() && CanListen(port)) {
+      ports.push_back(port);
+    }
+  }
+  if (static_cast<int>(ports.size()) < n) {
+    return absl::UnavailableError(absl::StrCat("--base_port=0: no ", n, " free ports in [", low,
+                                               ", ", high, ")"));
+  }
+  return ports;
+}
+
 std::string CurrentDir() {
   char buf[4096];
   return getcwd(buf, sizeof(buf)) != nullptr ? std::string(buf) : std::string();
@@ -793,6 +844,14 @@ int Main(int argc, char** argv) {
   if (absl::Status st = ResolveBinaries(opt, SelfDir()); !st.ok()) {
     fprintf(stderr, "harrier-launch: %s\n", std::string(st.message()).c_str());
     return 2;
+  }
+  if (opt.base_port == 0) {
+    absl::StatusOr<std::vector<int>> ports = PickFreePorts(opt.num_servers);
+    if (!ports.ok()) {
+      fprintf(stderr, "harrier-launch: %s\n", std::string(ports.status().message()).c_str());
+      return 1;
+    }
+    opt.shard_ports = *ports;
   }
   Launcher launcher(opt);
   launcher.Plan();

@@ -106,6 +106,16 @@ run "$launch" -H node1:1 --tls_key=/nonexistent/tls.key --bin_dir=/opt/h --dry_r
 report "remote hosts: TLS files are theirs, not checked here" \
   "$(grep -q -- '--tls_key=/nonexistent/tls.key' "$tmp/out" && echo yes)" "$(head -c 300 "$tmp/out" "$tmp/err")"
 
+# --base_port=0: a free port per shard, chosen by the launcher, the same in
+# the shard's flags and the workers' server list.
+run "$launch" -np 1 --num_servers=2 --base_port=0 --bin_dir=/opt/h --dry_run -- --max_steps=1
+p0=$(sed -n 's/^\[shard-0@localhost\] .* --port=\([0-9]*\) .*/\1/p' "$tmp/out")
+p1=$(sed -n 's/^\[shard-1@localhost\] .* --port=\([0-9]*\) .*/\1/p' "$tmp/out")
+report "--base_port=0: free ports ($p0, $p1), in the worker's --servers" \
+  "$([ -n "$p0" ] && [ -n "$p1" ] && [ "$p0" -gt 0 ] && [ "$p1" -gt 0 ] && [ "$p0" != "$p1" ] &&
+     grep -q -- "--servers=127.0.0.1:$p0,127.0.0.1:$p1 --num_workers=1 --rank=0 --max_steps=1\$" "$tmp/out" && echo yes)" \
+  "$(head -c 600 "$tmp/out" "$tmp/err")"
+
 # --base_port from a flagfile, the environment and the command line.
 printf -- '# the job\n--hosts=localhost:1\n--base_port=6000\n--server_args=--lr=0.1\n' >"$tmp/job.flags"
 port_of_shard() { sed -n 's/.*harrier-server .*--port=\([0-9]*\) .*/\1/p' "$tmp/out"; }
@@ -150,8 +160,10 @@ expect_error() {  # name, wanted exit status (or "nonzero"), stderr text, [NAME=
 expect_error "an unknown flag" nonzero "'nope'" "$launch" -H localhost:1 --nope=1
 expect_error "a value of the wrong type" nonzero "Illegal value 'soon' specified for flag 'grace_ms'" \
   "$launch" -H localhost:1 --grace_ms=soon
-expect_error "a port out of range" 2 "harrier-launch: --base_port=70000: want a port in [1, 65535]" \
+expect_error "a port out of range" 2 "harrier-launch: --base_port=70000: want a port in [1, 65535] (0: free ports, every host local)" \
   "$launch" -H localhost:1 --base_port=70000
+expect_error "--base_port=0 with a remote host" 2 "harrier-launch: --base_port=0 (free ports) needs every host local" \
+  "$launch" -H localhost:1,node1:1 --base_port=0 --bin_dir=/opt/h --dry_run
 expect_error "a bad -H" 2 "harrier-launch: -H a:0: slots of a must be a positive integer, got '0'" "$launch" -H a:0
 expect_error "a worker flag before --" 2 \
   "harrier-launch: unexpected argument 'max_steps=1' (worker flags go after --; see --help)" \

@@ -4,9 +4,10 @@
 # third namespace where the launcher runs. Checks a 2-host job (prefixed
 # lines from both shards and both workers, training progress, rank 0's
 # accuracy), a failing worker (exit 1 naming it, nothing left running on
-# either host), Ctrl-C and a SIGKILLed launcher mid-training (nothing left
-# running), and one-line errors for a bad -H, an unreachable host and a
-# missing binary. Needs root and sshd: prints SKIP and passes otherwise.
+# either host), the command form (a script run on both hosts with the job
+# in its environment, in the launcher's folder), Ctrl-C and a SIGKILLed
+# launcher mid-training (nothing left running), and one-line errors for a
+# bad -H, an unreachable host and a missing binary. Needs root and sshd: prints SKIP and passes otherwise.
 set -uo pipefail
 root="$TEST_SRCDIR/${TEST_WORKSPACE:-harrier}"
 launch="$root/deploy/launch/harrier-launch"
@@ -154,6 +155,54 @@ check "it names the failed worker" \
 check "the worker's own error is shown" "grep -q '^\[worker-[01]@$net\.[12]\] harrier-worker: --batch_size must be >= 1' '$tmp/fail.err'"
 check "nothing left running after the failure" nothing_left
 [ "$(tail -n 1 "$tmp/fail.err")" = "[launch] job failed" ] || tail -n 20 "$tmp/fail.err"
+
+# The command form on both hosts: a script run by its relative path from
+# the launcher's folder (the hosts share this file system), each rank with
+# the job in its environment, in that folder.
+mkdir -p "$tmp/job"
+cat >"$tmp/job/show_env.sh" <<'EOF'
+#!/bin/sh
+echo "rank=$HARRIER_RANK of $HARRIER_NUM_WORKERS local=$HARRIER_LOCAL_RANK/$HARRIER_LOCAL_SIZE shards=$HARRIER_NUM_SHARDS servers=$HARRIER_SERVERS pwd=$(pwd)"
+EOF
+chmod +x "$tmp/job/show_env.sh"
+(cd "$tmp/job" && inbr timeout 60 "$launch" -H "$two_hosts" --num_servers=2 --grace_ms=1000 --ssh_args="$ssh_args" \
+  -- ./show_env.sh) >"$tmp/cmd.out" 2>"$tmp/cmd.err"
+rc=$?
+check "command form on 2 hosts exits 0 (got $rc)" "[ $rc -eq 0 ]"
+[ $rc -eq 0 ] || tail -n 20 "$tmp/cmd.err"
+for r in 0 1; do
+  check "command form: worker-$r@${addrs[$r]} has rank $r, both shards, the launcher's folder" \
+    "grep -qxF '[worker-$r@${addrs[$r]}] rank=$r of 2 local=0/1 shards=2 servers=${addrs[0]}:50051,${addrs[1]}:50052 pwd=$tmp/job' '$tmp/cmd.out'"
+done
+check "command form: the launcher reports success" "grep -q '^\[launch\] job finished: every worker exited 0$' '$tmp/cmd.err'"
+check "command form: nothing left running" nothing_left
+# A failing command on host 2 while rank 0 on host 1 runs a child of its
+# own: the remote wrapper ends rank 0's whole process group.
+(cd "$tmp/job" && inbr timeout 60 "$launch" -H "$two_hosts" --num_servers=2 --grace_ms=3000 --ssh_args="$ssh_args" \
+  -- sh -c 'if [ "$HARRIER_RANK" = 1 ]; then
+              for _ in $(seq 200); do [ -s child0 ] && break; sleep 0.1; done; exit 3
+            fi
+            echo $$ >pid0; sleep 300 & echo $! >child0; wait') >"$tmp/cmdfail.out" 2>"$tmp/cmdfail.err"
+rc=$?
+check "command form: a failing command, launcher exits 1 (got $rc)" \
+  "[ $rc -eq 1 ] && grep -qx '\[launch\] worker-1@${addrs[1]} exited with status 3: tearing down' '$tmp/cmdfail.err'"
+rank0_pids="$(cat "$tmp/job/pid0" "$tmp/job/child0" 2>/dev/null | tr '\n' ' ')"
+gone() { [ ! -e "/proc/$1" ] || grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
+ended=no
+for _ in $(seq 50); do
+  left=no
+  for p in $rank0_pids; do gone "$p" || left=yes; done
+  [ $left = no ] && { ended=yes; break; }
+  sleep 0.1
+done
+check "command form: rank 0 on host 1 and its child (pids $rank0_pids) ended" "[ -n '$rank0_pids' ] && [ $ended = yes ]"
+check "command form: nothing left running after the failure" nothing_left
+
+(cd "$tmp/job" && inbr timeout 60 "$launch" -H "$two_hosts" --ssh_args="$ssh_args" -- ./missing.sh) \
+  >/dev/null 2>"$tmp/cmdmissing.err"
+rc=$?
+check "command form: a command path missing on a host is named before anything starts (exit $rc)" \
+  "[ $rc -eq 1 ] && grep -qx '\[launch\] ${addrs[0]}: no executable ./missing.sh (see --bin_dir, --server_bin and the command after --)' '$tmp/cmdmissing.err'"
 
 # Ctrl-C mid-training, then a SIGKILLed launcher: a long job, signalled once
 # a worker is past step 20.

@@ -2,7 +2,7 @@
 // Validates rendered Kubernetes manifests (multi-document YAML) offline.
 // Usage:
 //
-//   node check.js --check=CHECK [--overlay=cpu|gpu|gpu-rdma|no-jobset]
+//   node check.js --check=CHECK [--overlay=cpu|gpu|gpu-rdma|no-jobset|own-command]
 //                 [--help-dir=DIR] FILE.yaml
 //
 //   schema  JSON-schema validation: the kubernetes-models ajv validators
@@ -17,8 +17,10 @@
 //   refs    cross-references: Service/PDB/NetworkPolicy selectors against
 //           pod template labels, named ports, volume mounts against
 //           volumes, ConfigMap/PVC references, a JobSet's replicated-job
-//           names, and every harrier-config key and every argument of
-//           harrier-server, harrier-worker and harrier-ctl against their
+//           names, the entrypoints containers run against the
+//           harrier-scripts ConfigMap, and every harrier-config key and
+//           every argument of harrier-server, harrier-worker and
+//           harrier-ctl against their
 //           --help texts (DIR/<binary>.txt, made by validate.sh from the
 //           built binaries; a missing text is a failure).
 //   pss     Pod Security Standards, "baseline" and "restricted" levels, on
@@ -472,7 +474,9 @@ function checkRefs(docs) {
     }
   }
 
-  // Inside every pod template: mounts, named ports, ConfigMaps, PVCs.
+  // Inside every pod template: mounts, named ports, ConfigMaps, PVCs, the
+  // entrypoints.
+  const entrypoints = harrierScripts(docs);
   for (const p of pods) {
     const volumes = new Map((p.spec.volumes || []).map((v) => [v.name, v]));
     const claimTemplates = p.owner.kind === "StatefulSet" ? (p.owner.spec.volumeClaimTemplates || []).map((t) => t.metadata.name) : [];
@@ -523,6 +527,12 @@ function checkRefs(docs) {
               if (!commands.has(s)) problems.push(`${at}: ${probe}: '${s}' is no harrier-ctl command (its --help lists ${[...commands].join(", ") || "none"})`);
             }
           }
+        }
+      }
+      for (const w of [].concat(c.command || [], c.args || [])) {
+        const m = /^\/opt\/harrier\/([^/]+)$/.exec(w);
+        if (m && (!entrypoints || !Object.prototype.hasOwnProperty.call(entrypoints.data || {}, m[1]))) {
+          problems.push(`${at}: runs /opt/harrier/${m[1]}, which ConfigMap ${entrypoints ? entrypoints.metadata.name : "harrier-scripts"} does not have`);
         }
       }
       const bin = binaryOf(c);
@@ -754,7 +764,7 @@ function checkPolicy(docs) {
         indexed(job, w);
         if (job.completions !== workers) problems.push(`${w}: completions ${job.completions} != HARRIER_NUM_WORKERS ${workers}`);
         if (job.parallelism !== workers) problems.push(`${w}: parallelism ${job.parallelism} != HARRIER_NUM_WORKERS ${workers}`);
-        worker = { where: w, job, pod: job.template.spec };
+        worker = { where: w, job, pod: job.template.spec, podMeta: job.template.metadata };
       }
       // Pod i of server Job j is <jobset>-server-<j>-<i>.<subdomain>.
       serverPrefix = `${js.metadata.name}-server-`;
@@ -781,7 +791,7 @@ function checkPolicy(docs) {
       indexed(wj.spec, w);
       if (wj.spec.completions !== workers) problems.push(`${w}: completions ${wj.spec.completions} != HARRIER_NUM_WORKERS ${workers}`);
       if (wj.spec.parallelism !== workers) problems.push(`${w}: parallelism ${wj.spec.parallelism} != HARRIER_NUM_WORKERS ${workers}`);
-      worker = { where: w, job: wj.spec, pod: wj.spec.template.spec };
+      worker = { where: w, job: wj.spec, pod: wj.spec.template.spec, podMeta: wj.spec.template.metadata };
     }
     serverPrefix = "harrier-server-";
     serverSuffix = `.${svc ? svc.metadata.name : "?"}:`;
@@ -842,7 +852,17 @@ function checkPolicy(docs) {
   if (worker) {
     const c = (worker.pod.containers || [])[0];
     if (c) {
-      if (!containerWords(c).includes("/opt/harrier/worker.sh")) problems.push(`${worker.where}: must run /opt/harrier/worker.sh`);
+      // harrier-worker (worker.sh), or a command of your own (run.sh, which
+      // execs the container's args).
+      const ownCommand = containerWords(c).includes("/opt/harrier/run.sh");
+      if (!containerWords(c).includes("/opt/harrier/worker.sh") && !ownCommand) {
+        problems.push(`${worker.where}: must run /opt/harrier/worker.sh (harrier-worker) or /opt/harrier/run.sh (a command of your own)`);
+      }
+      const args = c.args || [];
+      if (ownCommand && args.length === 0) problems.push(`${worker.where}: /opt/harrier/run.sh needs a command to run (the container's args)`);
+      if (ownCommand && args.length > 0 && String(args[0]).startsWith("-")) {
+        problems.push(`${worker.where}: /opt/harrier/run.sh runs a command, not harrier-worker flags (args start with ${args[0]})`);
+      }
       const grpc = server && ((server.pod.containers || [])[0].ports || []).find((p) => p.name === "grpc");
       const wantSuffix = serverSuffix + (grpc ? grpc.containerPort : "?");
       if (envValue(c, "SERVER_PREFIX") !== serverPrefix || envValue(c, "SERVER_SUFFIX") !== wantSuffix) {
@@ -891,7 +911,24 @@ function checkOverlay(serverW, workerW) {
   const tag = (c) => (/:([^:/]+)$/.exec(c.image || "") || [])[1] || "";
   const gpu = overlay === "gpu" || overlay === "gpu-rdma";
   const rdma = overlay === "gpu-rdma";
-  if (!["cpu", "gpu", "gpu-rdma", "no-jobset"].includes(overlay)) return [`unknown overlay ${overlay}`];
+  if (!["cpu", "gpu", "gpu-rdma", "no-jobset", "own-command"].includes(overlay)) return [`unknown overlay ${overlay}`];
+  if (overlay === "own-command") {
+    // Your image and command as the workers, Harrier's shards as they are.
+    const repo = (image) => {
+      const s = String(image || "").split("@")[0];
+      const slash = s.lastIndexOf("/");
+      const colon = s.lastIndexOf(":");
+      return (colon > slash ? s.slice(0, colon) : s).slice(slash + 1);
+    };
+    if (!containerWords(worker).includes("/opt/harrier/run.sh")) problems.push("own-command: worker must run /opt/harrier/run.sh with your command");
+    if (repo(worker.image) === "harrier") problems.push(`own-command: worker must run your image, not Harrier's (${worker.image})`);
+    if (repo(server.image) !== "harrier") problems.push(`own-command: servers run Harrier's image, not ${server.image}`);
+    const annotations = (workerW.podMeta && workerW.podMeta.annotations) || {};
+    if (annotations["prometheus.io/scrape"] !== "false") problems.push("own-command: worker pods serve no Harrier metrics (prometheus.io/scrape must be \"false\")");
+    if (hasArg(server, "--ucx")) problems.push("own-command: servers need no --ucx");
+    if (limit(server, "nvidia.com/gpu") !== undefined) problems.push("servers must not ask for a GPU");
+    return problems;
+  }
   if (gpu) {
     if (!hasArg(worker, "--device=cuda")) problems.push("gpu: worker must run with --device=cuda");
     if (!(Number(limit(worker, "nvidia.com/gpu")) >= 1)) problems.push("gpu: worker needs an nvidia.com/gpu limit");

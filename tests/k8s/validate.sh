@@ -21,9 +21,11 @@
 # rejects unknown fields), refs (selectors, named ports, mounts, ConfigMap
 # keys and arguments against --help), pss (Pod Security baseline and
 # restricted), policy (Harrier's rules, and what each overlay promises);
-# scaling through the ConfigMap; broken fixtures and edits that must be
-# rejected; make-secrets.sh; the entrypoints and the TLS settings with the
-# real binaries.
+# scaling through the ConfigMap; your own command as the workers
+# (overlays/own-command, components/own-command on the plain Jobs, run.sh
+# in a shell with the rendered pod's environment); broken fixtures and edits
+# that must be rejected; make-secrets.sh; the entrypoints and the TLS
+# settings with the real binaries.
 set -u
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -112,19 +114,27 @@ done
 
 # Lint the sources (the broken fixtures too: they are broken in content only).
 yamllint -s -c "${here}/yamllint.yaml" "${k8s}" "${here}/fixtures/broken" "${here}/fixtures/scaled" \
-  "${here}/yamllint.yaml" > "${tmp}/lint" 2>&1
+  "${here}/fixtures/own-command-no-jobset" "${here}/yamllint.yaml" > "${tmp}/lint" 2>&1
 report $? "yamllint deploy/k8s" "${tmp}/lint"
 
 # Render and validate the base and every overlay.
-for target in base overlays/cpu overlays/gpu overlays/gpu-rdma overlays/no-jobset; do
+# The own-command component is also checked on the plain Jobs
+# (fixtures/own-command-no-jobset).
+for target in base overlays/cpu overlays/gpu overlays/gpu-rdma overlays/no-jobset overlays/own-command \
+    fixtures/own-command-no-jobset; do
   out="${tmp}/$(echo "${target}" | tr / _).yaml"
-  if ! kubectl kustomize "${k8s}/${target}" > "${out}" 2> "${tmp}/err"; then
+  dir="${k8s}/${target}"
+  case "${target}" in fixtures/*) dir="${here}/${target}" ;; esac
+  if ! kubectl kustomize "${dir}" > "${out}" 2> "${tmp}/err"; then
     report 1 "render ${target}" "${tmp}/err"
     continue
   fi
   report 0 "render ${target}"
   overlay=""
-  case "${target}" in overlays/*) overlay="--overlay=${target#overlays/}" ;; esac
+  case "${target}" in
+    overlays/*) overlay="--overlay=${target#overlays/}" ;;
+    fixtures/own-command-*) overlay="--overlay=own-command" ;;
+  esac
   for c in schema types refs pss policy; do
     check --check="${c}" ${overlay} "${out}" > "${tmp}/err" 2>&1
     report $? "${c} ${target}" "${tmp}/err"
@@ -222,9 +232,11 @@ reject_fixture ipc-lock policy "" \
   "replicatedJob server server: adds capability IPC_LOCK"
 
 # reject_edit NAME RENDERED OVERLAY SED_SCRIPT PATTERN...: the rendered
-# overlay edited by SED_SCRIPT must fail the policy check, naming every
-# PATTERN.
-reject_edit() {
+# overlay edited by SED_SCRIPT must fail the policy check (the refs check
+# with reject_edit_refs), naming every PATTERN.
+reject_edit() { edit_check=policy reject_edit_by "$@"; }
+reject_edit_refs() { edit_check=refs reject_edit_by "$@"; }
+reject_edit_by() {
   local name="$1" rendered="$2" ov="$3" script="$4"
   shift 4
   sed "${script}" "${tmp}/${rendered}.yaml" > "${tmp}/policy-bad.yaml"
@@ -233,7 +245,7 @@ reject_edit() {
     report 1 "${name}" "${tmp}/why"
     return
   fi
-  check --check=policy --overlay="${ov}" "${tmp}/policy-bad.yaml" > "${tmp}/out" 2>&1
+  check --check="${edit_check}" --overlay="${ov}" "${tmp}/policy-bad.yaml" > "${tmp}/out" 2>&1
   expect_reject "${name}" "${tmp}/out" $? "$@"
 }
 
@@ -265,6 +277,18 @@ reject_edit "reject gpu workers on the CPU image" overlays_gpu gpu 's/image: har
   "gpu: worker must run the CUDA image"
 reject_edit "reject gpu-rdma without the memlock error" overlays_gpu-rdma gpu-rdma 's/value: error$/value: warn/' \
   "gpu-rdma: server needs MEMLOCK_CHECK=error" "gpu-rdma: worker needs MEMLOCK_CHECK=error"
+# Your own command as the workers.
+reject_edit "reject own-command workers back on worker.sh" overlays_own-command own-command \
+  's|- /opt/harrier/run.sh$|- /opt/harrier/worker.sh|' "own-command: worker must run /opt/harrier/run.sh with your command"
+reject_edit "reject run.sh without a command" overlays_own-command own-command \
+  '/^ *- python3$/,/^ *- "3"$/d' "JobSet/harrier replicatedJob worker: /opt/harrier/run.sh needs a command to run"
+reject_edit "reject run.sh given harrier-worker flags" overlays_own-command own-command \
+  's|^\( *\)- python3$|\1- --device=cpu|' "/opt/harrier/run.sh runs a command, not harrier-worker flags (args start with --device=cpu)"
+reject_edit "reject own-command workers on Harrier's image" overlays_own-command own-command \
+  's|image: registry.example.com/trainer:1.0$|image: harrier:dev|' "own-command: worker must run your image, not Harrier's (harrier:dev)"
+reject_edit_refs "reject an entrypoint harrier-scripts lacks" overlays_own-command own-command \
+  's|- /opt/harrier/run.sh$|- /opt/harrier/train.sh|' \
+  "JobSet/harrier replicatedJob worker container worker: runs /opt/harrier/train.sh, which ConfigMap harrier-scripts-[a-z0-9]* does not have"
 
 # deploy/k8s/make-secrets.sh: valid Secrets, a certificate every shard
 # name of both forms matches, signed by the CA it ships.
@@ -293,9 +317,54 @@ else
   report 1 "make-secrets.sh: Secrets valid, certificate matches every shard name" "${tmp}/err"
 fi
 
+# run.sh (components/own-command) in a shell, with the environment the
+# rendered own-command worker pod gets (harrier-config's keys, the
+# container's env, JOB_COMPLETION_INDEX): it must export the job as
+# harrier-launch does (HARRIER_SERVERS naming the server pods, shard 0
+# first; HARRIER_RANK; HARRIER_LOCAL_RANK 0 of 1; the ConfigMap's counts and
+# TLS paths) and exec the command in its own place (same pid); without a
+# command or a rank it stops with exit 2 before running anything.
+scripts="${k8s}/base/scripts"
+run_sh="fake pod: run.sh with the rendered own-command worker's environment"
+if [ ! -s "${tmp}/overlays_own-command.yaml" ]; then
+  echo "overlays/own-command did not render" > "${tmp}/err"
+  report 1 "${run_sh}" "${tmp}/err"
+else
+  (
+    mapfile -t pod_env < <(node -e '
+      const YAML = require(process.argv[1]);
+      const docs = YAML.parseAllDocuments(require("fs").readFileSync(process.argv[2], "utf8")).map((d) => d.toJS());
+      const cm = docs.find((d) => d && d.kind === "ConfigMap" && /^harrier-config/.test(d.metadata.name));
+      const js = docs.find((d) => d && d.kind === "JobSet");
+      const c = js.spec.replicatedJobs.find((r) => r.name === "worker").template.spec.template.spec.containers[0];
+      if (c.command.join(" ") !== "/bin/sh /opt/harrier/run.sh") throw new Error(`worker command is ${c.command.join(" ")}`);
+      for (const [k, v] of Object.entries(cm.data)) console.log(`${k}=${v}`);
+      for (const e of c.env || []) if (e.value !== undefined) console.log(`${e.name}=${e.value}`);' \
+      "${here}/node_modules/yaml" "${tmp}/overlays_own-command.yaml")
+    [ "${#pod_env[@]}" -gt 4 ] || { echo "no environment from the rendered overlay"; exit 1; }
+    show='printf "%s\n" "servers=$HARRIER_SERVERS" "rank=$HARRIER_RANK" "local=$HARRIER_LOCAL_RANK/$HARRIER_LOCAL_SIZE" "workers=$HARRIER_NUM_WORKERS" "shards=$HARRIER_NUM_SHARDS" "ca=$HARRIER_TLS_CA" "token=$HARRIER_AUTH_TOKEN_FILE" "pid=$$"'
+    env -i PATH="${PATH}" "${pod_env[@]}" JOB_COMPLETION_INDEX=1 MEMLOCK_CHECK=off \
+      sh "${scripts}/run.sh" sh -c "${show}" > "${tmp}/run.out" 2> "${tmp}/run.err" &
+    pid=$!
+    wait "${pid}" || { echo "run.sh failed (rc=$?):"; cat "${tmp}/run.err"; exit 1; }
+    printf '%s\n' "servers=harrier-server-0-0.harrier:50051,harrier-server-1-0.harrier:50051" "rank=1" "local=0/1" \
+      "workers=2" "shards=2" "ca=/etc/harrier/secrets/ca.crt" "token=/etc/harrier/secrets/token" "pid=${pid}" \
+      > "${tmp}/run.want"
+    diff "${tmp}/run.want" "${tmp}/run.out" || { echo "(want < > got; pid ${pid} is run.sh's: it must exec the command)"; exit 1; }
+    out="$(env -i PATH="${PATH}" "${pod_env[@]}" JOB_COMPLETION_INDEX=1 MEMLOCK_CHECK=off sh "${scripts}/run.sh" 2>&1)"
+    rc=$?
+    [ "${rc}" -eq 2 ] && [ "${out}" = "run.sh: error: no command to run: give it as the container's args, e.g. [python3, /app/train.py]" ] ||
+      { echo "without a command: rc=${rc}, output: ${out}"; exit 1; }
+    out="$(env -i PATH="${PATH}" "${pod_env[@]}" MEMLOCK_CHECK=off sh "${scripts}/run.sh" sh -c 'echo ran' 2>&1)"
+    rc=$?
+    [ "${rc}" -eq 2 ] && [ "${out}" = "run.sh: error: JOB_COMPLETION_INDEX='' is not a rank (not an Indexed Job?)" ] ||
+      { echo "without JOB_COMPLETION_INDEX: rc=${rc}, output: ${out}"; exit 1; }
+  ) > "${tmp}/err" 2>&1
+  report $? "${run_sh}: HARRIER_SERVERS, HARRIER_RANK, HARRIER_LOCAL_* exported, the command exec'd; no command or rank: exit 2" "${tmp}/err"
+fi
+
 server_bin="${bin_dir}/server/harrier-server"
 worker_bin="${bin_dir}/worker/harrier-worker"
-scripts="${k8s}/base/scripts"
 have_bins=1
 if [ ! -x "${server_bin}" ] || [ ! -x "${worker_bin}" ]; then
   have_bins=0
@@ -444,6 +513,23 @@ else
       { echo "MEMLOCK_CHECK=warn with 64 KiB did not warn and start: ${out}" | head -n 5; exit 1; }
   ) > "${tmp}/err" 2>&1
   report $? "${live} a small memlock limit warns, or stops with MEMLOCK_CHECK=error" "${tmp}/err"
+  # run.sh with the real harrier-worker as the command, configured by the
+  # environment run.sh exports (no --servers, no --rank), against a shard
+  # started by server.sh: the job it describes is one Harrier runs.
+  (
+    start_shard run-c "${tmp}/shard4.log"
+    env -i PATH="${PATH}" JOB_COMPLETION_INDEX=0 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=1 \
+      SERVER_PREFIX="127.0.0.1:${q}" SERVER_SUFFIX=0 HARRIER_DATA_DIR="${data_dir}" MEMLOCK_CHECK=off \
+      timeout 90 sh "${scripts}/run.sh" "${bin_dir}/worker/harrier-worker" --max_steps=20 --train_examples=1024 \
+      --log_every=10 --metrics_port=-1 --connect_timeout_s=20 > "${tmp}/worker2.log" 2>&1
+    rc=$?
+    for _ in $(seq 1 300); do kill -0 "${shard_pid}" 2>/dev/null || break; sleep 0.1; done
+    kill "${shard_pid}" 2>/dev/null; wait "${shard_pid}" 2>/dev/null
+    [ "${rc}" -eq 0 ] || { echo "run.sh harrier-worker failed (rc=${rc}):"; tail -n 20 "${tmp}/worker2.log"; exit 1; }
+    grep -q '^test_accuracy=' "${tmp}/worker2.log" || { echo "no test_accuracy= line"; tail -n 20 "${tmp}/worker2.log"; exit 1; }
+    grep -q "worker_done shard=0 rank=0" "${tmp}/shard4.log" || { echo "the shard saw no rank 0 finish:"; tail -n 5 "${tmp}/shard4.log"; exit 1; }
+  ) > "${tmp}/err" 2>&1
+  report $? "${live} run.sh runs harrier-worker, configured by HARRIER_SERVERS and HARRIER_RANK alone, against a shard started by server.sh" "${tmp}/err"
 fi
 
 # The same files with the real binaries, configured the way the pods are:

@@ -260,15 +260,15 @@ class ExampleTest(unittest.TestCase):
     4 workers and as one plain process: the same accuracy within a point."""
 
     def run_example(self, workers):
-        flags = ["--epochs=2", "--train-examples=24000"]
+        flags = ["--epochs=4"]
         if workers == 0:
             run = subprocess.run([sys.executable, EXAMPLE, *flags], capture_output=True,
                                  timeout=300, env=plain_environment())
         else:
             launch = os.path.join(ROOT, "deploy", "launch", "harrier-launch")
-            run = subprocess.run([launch, f"-np={workers}", "--base_port=0", "--", sys.executable,
-                                  EXAMPLE, *flags], capture_output=True, timeout=600,
-                                 env=plain_environment())
+            run = subprocess.run([launch, f"-np={workers}", "--base_port=0",
+                                  "--grace_ms=5000", "--", sys.executable, EXAMPLE, *flags],
+                                 capture_output=True, timeout=600, env=plain_environment())
         output = run.stdout.decode() + run.stderr.decode()
         self.assertEqual(run.returncode, 0, output[-3000:])
         found = re.findall(r"test_accuracy=([0-9.]+)", run.stdout.decode())

@@ -13,23 +13,11 @@
 #   BIN_DIR          where the binaries are (default /usr/local/bin)
 set -eu
 
+# shellcheck source=common.sh
 . "$(dirname "$0")/common.sh"
 
-case "${JOB_COMPLETION_INDEX:-}" in
-  '' | *[!0-9]*) die "JOB_COMPLETION_INDEX='${JOB_COMPLETION_INDEX:-}' is not a rank (not an Indexed Job?)" ;;
-esac
-case "${HARRIER_NUM_SHARDS:-}" in
-  '' | *[!0-9]* | 0) die "HARRIER_NUM_SHARDS='${HARRIER_NUM_SHARDS:-}' is not a positive shard count" ;;
-esac
-[ -n "${SERVER_PREFIX:-}" ] && [ -n "${SERVER_SUFFIX:-}" ] || die "SERVER_PREFIX and SERVER_SUFFIX must be set"
+worker_job
 check_memlock
 
-servers=""
-i=0
-while [ "${i}" -lt "${HARRIER_NUM_SHARDS}" ]; do
-  servers="${servers:+${servers},}${SERVER_PREFIX}${i}${SERVER_SUFFIX}"
-  i=$((i + 1))
-done
-
 exec "${BIN_DIR:-/usr/local/bin}/harrier-worker" --servers="${servers}" \
-  --rank="${JOB_COMPLETION_INDEX}" --metrics_port=9100 "$@"
+  --rank="${rank}" --metrics_port=9100 "$@"
