@@ -152,7 +152,9 @@ struct TensorOptions {
   // clock. So a tensor may be registered at any point of a job and pushed
   // at its own pace (once an epoch, or never again): its clock counts this
   // worker's pushes of it, and each worker's n-th push of it meets the
-  // others' n-th. Always true for kAverage.
+  // others' n-th. A push uses its clock when it starts, so a push that
+  // fails has used it too: send it again with an explicit CallScope clock.
+  // Always true for kAverage.
   bool own_clock = false;
   // Codec specs of this tensor's pushes and pulls (as ClientOptions::codec
   // and pull_codec); empty: the client's.
