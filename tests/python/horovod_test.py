@@ -122,6 +122,23 @@ class HorovodScriptTest(unittest.TestCase):
     def test_metrics_registered_after_training_asp(self):
         self.check_metrics("asp")
 
+    def test_compression_of_the_averaged_gradients(self):
+        steps = 40
+        # Chunks under 16 KiB (the biases, the last layer) travel dense.
+        for codec, most in (("none", 1.0), ("fp16", 0.6), ("topk", 0.3), ("powersgd", 0.3)):
+            with Cluster(shards=2, workers=2) as cluster:  # a job ends with its workers
+                results = run_workers(cluster, "compressed", steps=steps, batch=32, lr=0.05,
+                                      codec=codec)
+                for rank, r in enumerate(results):
+                    losses = r["losses"]
+                    self.assertTrue(np.all(np.isfinite(losses)), f"{codec} rank {rank}")
+                    self.assertLess(losses[-5:].mean(), 0.8 * losses[:5].mean(),
+                                    f"{codec} rank {rank}: {losses}")
+                    dense = 4 * int(r["elements"]) * steps
+                    ratio = int(r["bytes_pushed"]) / dense
+                    print(f"compression {codec}: pushed {ratio:.3f} of dense")
+                    self.assertLessEqual(ratio, most + 0.01, codec)
+
     def test_a_name_one_rank_never_pushes_fails_in_time(self):
         with Cluster(shards=1, workers=2) as cluster:
             results = run_workers(cluster, "never", rpc_timeout=3)

@@ -78,6 +78,31 @@ def metric(args):
     np.savez(args.out, **out)
 
 
+def compressed(args):
+    """--steps of the user's SGD with gradients averaged through a codec:
+    the loss falls, and what was pushed shrinks by the codec's ratio."""
+    model, inputs, labels = torch_worker.model_and_data(0, args.steps, args.batch)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 256), torch.nn.Tanh(), torch.nn.Linear(256, 3))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    codec = {"fp16": hvd.Compression.fp16, "topk": hvd.Compression.topk(0.05),
+             "powersgd": hvd.Compression.powersgd(2), "none": hvd.Compression.none}[args.codec]
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr,
+                                                         momentum=0.9),
+                                         named_parameters=model.named_parameters(),
+                                         compression=codec)
+    losses = []
+    for step in range(args.steps):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs[step]), labels[step])
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    np.savez(args.out, losses=np.array(losses),
+             bytes_pushed=optimizer.client.stats()["bytes_pushed"],
+             elements=sum(p.numel() for p in model.parameters()))
+
+
 def never(args):
     """Rank 0 averages a name rank 1 never pushes: a clear error in time."""
     if hvd.rank() == 0:
@@ -101,10 +126,12 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--rpc_timeout", type=float, default=60.0)
+    parser.add_argument("--codec", default="none")
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init(rpc_timeout=args.rpc_timeout)
-    {"momentum": momentum, "metric": metric, "never": never}[args.scenario](args)
+    {"momentum": momentum, "metric": metric, "never": never,
+     "compressed": compressed}[args.scenario](args)
 
 
 if __name__ == "__main__":
