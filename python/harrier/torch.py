@@ -60,7 +60,8 @@ __all__ = [
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "push_pull",
-    "push_pull_async", "synchronize", "join", "barrier",
+    "push_pull_async", "synchronize", "join", "barrier", "nccl_built", "mpi_built",
+    "gloo_built", "mpi_threads_supported", "cuda_built",
 ]
 
 _default_client = None
@@ -385,6 +386,28 @@ def join():
         job.left = True
     job.client.barrier("harrier.join")
     return job.client.rank
+
+
+# What Horovod scripts ask about their build (e.g. `if hvd.nccl_built():`).
+def nccl_built():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def mpi_threads_supported():
+    return False
+
+
+def cuda_built():
+    """True where this module was built with --config=cuda."""
+    return bool(_native.built_with_cuda)
 
 
 def barrier(name="harrier.barrier"):
