@@ -277,7 +277,7 @@ class ExampleTest(unittest.TestCase):
     4 workers and as one plain process: the same accuracy within a point."""
 
     def run_example(self, workers):
-        flags = ["--epochs=4"]
+        flags = ["--epochs=4", "--momentum=0.9"]
         if workers == 0:
             run = subprocess.run([sys.executable, EXAMPLE, *flags], capture_output=True,
                                  timeout=300, env=plain_environment())
