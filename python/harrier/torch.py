@@ -866,6 +866,12 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             self._passes[i] += 1
             if self._passes[i] == self._passes_per_step:
                 self._hand_over(i)
+            elif self._passes[i] > self._passes_per_step:
+                # Its gradient has gone already: this pass would be lost.
+                raise _bad(f"parameter {self._names[i]!r}: gradients computed "
+                           f"{self._passes[i]} times before step(), more than "
+                           f"backward_passes_per_step={self._passes_per_step}; raise it, or call "
+                           "step() after each backward()")
         return hook
 
     def _install_forward_hooks(self, model):

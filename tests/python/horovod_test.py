@@ -191,6 +191,15 @@ class ConfigurationTest(unittest.TestCase):
                 torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                 model.named_parameters(), update="server")
             self.assertEqual(ok.update, "server")
+            # A backward more than backward_passes_per_step before step().
+            passes = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                              model.named_parameters(), prefix="passes/")
+            model(torch.ones(1, 4)).sum().backward()
+            with self.assertRaisesRegex(harrier.InvalidArgumentError,
+                                        "computed 2 times before step\\(\\), more than "
+                                        "backward_passes_per_step=1"):
+                model(torch.ones(1, 4)).sum().backward()
+            passes.close()
             with self.assertRaisesRegex(harrier.InvalidArgumentError, "op must be"):
                 hvd.allreduce(torch.ones(2), op="max")
             # A device the binding cannot read: one line saying so.
@@ -200,6 +209,7 @@ class ConfigurationTest(unittest.TestCase):
             with self.assertRaisesRegex(harrier.InvalidArgumentError, "first used with 2"):
                 hvd.allreduce(torch.ones(2), name="shape")
                 hvd.allreduce(torch.ones(3), name="shape")
+            hvd.shutdown()  # while the shard is there to be left
 
     def test_single_process_without_shards(self):
         saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("HARRIER_")}
