@@ -642,6 +642,8 @@ class DistributedOptimizer(_torch.optim.Optimizer):
     backward_passes_per_step (backward() calls accumulated per step()).
 
     update: "average", "server", "worker" or "auto" (module docstring).
+    fusion_bytes (update="average"): gradients travel in buckets of up to
+    this many bytes (0: 4 MiB; -1: one parameter each).
     client: a harrier.Client; None: the init() job's, or a new one from
     `servers`, `rank`, `codec`, `pull_codec`, `transport` and
     **client_options (the older API, whose "auto" is "server").
@@ -761,17 +763,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             _job.optimizers.add(self)
 
         if update == "average":
-            # Gradients only: each parameter's average lives on the shards
-            # under a name of its own, with a clock of its own. The buffers
-            # are tensors where the parameters are (CUDA ones stay there).
-            self._grads = [_torch.zeros_like(p, memory_format=_torch.contiguous_format)
-                           for p in self._params]
-            self._pulled = [_torch.zeros_like(g) for g in self._grads]
-            self._average_names = [f"harrier.gradient/{name}" for name in self._names]
-            for name, param in zip(self._average_names, self._params):
-                client.register(name, tuple(param.shape), kind="average",
-                                codec=self._compression,
-                                memory="device" if param.is_cuda else "host")
+            self._make_buckets(int(fusion_bytes))
             self._install_gradient_hooks()
             return
 
@@ -805,6 +797,60 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             self._install_gradient_hooks()
         if model is not None and self._scheduler is not None:
             self._install_forward_hooks(model)
+
+    def _make_buckets(self, fusion_bytes):
+        """update='average': the gradients travel in buckets, filled in
+        backward order (the last parameter's gradient is ready first) up to
+        fusion_bytes (0: 4 MiB; -1: one parameter each), one push-pull per
+        bucket once its last gradient is in, as DDP's buckets and Horovod's
+        fusion buffer do: a small model's step is one call, not one per
+        parameter. Codecs that need a layer's shape (PowerSGD) or keep
+        per-element state of their own choosing get one parameter per
+        bucket. Each bucket is an average tensor on the shards with a
+        clock of its own; its buffers are where the parameters are (CUDA
+        ones stay on the device)."""
+        codec = self._compression.split(":")[0]
+        fuse = fusion_bytes >= 0 and codec in ("none", "fp16", "bf16")
+        limit = fusion_bytes or (4 << 20)
+        buckets, current, size = [], [], 0
+        for i in reversed(range(len(self._params))):
+            param = self._params[i]
+            bytes_ = 4 * param.numel()
+            if current and (not fuse or size + bytes_ > limit or
+                            param.device != self._params[current[0]].device):
+                buckets.append(current)
+                current, size = [], 0
+            current.append(i)
+            size += bytes_
+        if current:
+            buckets.append(current)
+        self._buckets = buckets
+        self._bucket_of = [0] * len(self._params)
+        self._offset = [0] * len(self._params)
+        self._bucket_grads, self._bucket_pulled, self._bucket_names = [], [], []
+        for k, members in enumerate(buckets):
+            offset = 0
+            for i in members:
+                self._bucket_of[i], self._offset[i] = k, offset
+                offset += self._params[i].numel()
+            device = self._params[members[0]].device
+            self._bucket_grads.append(_torch.zeros(offset, dtype=_torch.float32, device=device))
+            self._bucket_pulled.append(_torch.zeros(offset, dtype=_torch.float32, device=device))
+            if len(members) == 1:
+                name, shape = f"harrier.gradient/{self._names[members[0]]}", tuple(
+                    self._params[members[0]].shape)
+            else:  # the same on every worker: the same parameters, in the same order
+                name, shape = (f"harrier.gradient/{self._names[members[0]]}+{len(members) - 1}",
+                               (offset,))
+            self._bucket_names.append(name)
+            self._client.register(name, shape, kind="average", codec=self._compression,
+                                  memory="device" if device.type == "cuda" else "host")
+        self._bucket_filled = [0] * len(buckets)
+        self._handles = [None] * len(buckets)
+
+    def _bucket_view(self, buffers, i):
+        k, offset, param = self._bucket_of[i], self._offset[i], self._params[i]
+        return buffers[k][offset:offset + param.numel()].view(param.shape)
 
     def _check_shard_optimizer(self, optimizer):
         """update='server' runs the shards' optimizer instead of this one:
@@ -904,16 +950,20 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         if self._scheduler is not None:
             self._make_current(i)  # the scheduler is done with the last gradient buffer
         if self._update == "average":
+            staged = self._bucket_view(self._bucket_grads, i)
             with _torch.no_grad():
                 if param.grad is None:
-                    self._grads[i].zero_()  # unused this step: the round still needs a push
+                    staged.zero_()  # unused this step: the round still needs a push
                 else:
-                    self._grads[i].copy_(param.grad)
+                    staged.copy_(param.grad)
                 if self._predivide != 1.0:
-                    self._grads[i].div_(self._predivide)
+                    staged.div_(self._predivide)
             self._handed[i] = True
-            self._handles[i] = self._client.push_pull_async(self._average_names[i],
-                                                            self._grads[i], self._pulled[i])
+            k = self._bucket_of[i]
+            self._bucket_filled[k] += 1
+            if self._bucket_filled[k] == len(self._buckets[k]):
+                self._handles[k] = self._client.push_pull_async(
+                    self._bucket_names[k], self._bucket_grads[k], self._bucket_pulled[k])
             return
         if param.grad is None:
             self._grads[i].fill(0.0)  # unused this step: the round still needs a push
@@ -1017,8 +1067,8 @@ class DistributedOptimizer(_torch.optim.Optimizer):
                     e.code, e.code_value) from None
             scale = self._predivide * (self._client.num_workers if self._op == Sum else 1.0)
             with _torch.no_grad():
-                for param, pulled in zip(self._params, self._pulled):
-                    averaged = pulled
+                for i, param in enumerate(self._params):
+                    averaged = self._bucket_view(self._bucket_pulled, i)
                     if scale != 1.0:
                         averaged = averaged * scale
                     if param.grad is None:
@@ -1027,6 +1077,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
                         param.grad.copy_(averaged)
             self._handed = [False] * len(self._params)
             self._passes = [0] * len(self._params)
+            self._bucket_filled = [0] * len(self._buckets)
             self._synchronized = True
             return
         if self._scheduler is not None:

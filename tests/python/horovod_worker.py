@@ -100,6 +100,7 @@ def compressed(args):
         losses.append(loss.item())
     np.savez(args.out, losses=np.array(losses),
              bytes_pushed=optimizer.client.stats()["bytes_pushed"],
+             pushes=optimizer.client.stats()["pushes"],
              elements=sum(p.numel() for p in model.parameters()))
 
 
