@@ -144,6 +144,18 @@ class HorovodScriptTest(unittest.TestCase):
                     # The broadcast's calls are pulls; every push is a bucket's.
                     self.assertEqual(int(r["pushes"]), calls * steps, codec)
 
+    def test_join_with_uneven_data_and_clipping(self):
+        with Cluster(shards=1, workers=2) as cluster:
+            results = run_workers(cluster, "join")
+        # Steps 1-3 average (1 + 2) / 2 = 1.5 per element; rank 1's steps 4
+        # and 5 average its own 2 alone.
+        np.testing.assert_array_equal(results[0]["weight"], [[-4.5, -4.5]])
+        np.testing.assert_array_equal(results[1]["weight"], [[-8.5, -8.5]])
+        # The clipped norm is the averaged gradient's: sqrt(2) * 1.5, then sqrt(2) * 2.
+        np.testing.assert_allclose(results[1]["norms"], [1.5 * 2 ** 0.5] * 3 + [2 * 2 ** 0.5] * 2,
+                                   rtol=1e-6)
+        self.assertEqual([int(r["joined"]) for r in results], [0, 1])
+
     def test_a_name_one_rank_never_pushes_fails_in_time(self):
         with Cluster(shards=1, workers=2) as cluster:
             results = run_workers(cluster, "never", rpc_timeout=3)

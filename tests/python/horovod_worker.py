@@ -104,6 +104,28 @@ def compressed(args):
              elements=sum(p.numel() for p in model.parameters()))
 
 
+def join(args):
+    """Uneven data: rank 0 has 3 batches, rank 1 has 5; rank 0 joins, and
+    rank 1's last 2 steps average over itself alone. Gradient clipping the
+    Horovod way (synchronize, clip, step inside skip_synchronize)."""
+    r = hvd.rank()
+    model = torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                         named_parameters=model.named_parameters())
+    norms = []
+    for step in range(3 if r == 0 else 5):
+        optimizer.zero_grad()
+        (model(torch.ones(1, 2)) * (r + 1)).sum().backward()
+        optimizer.synchronize()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 100.0)))
+        with optimizer.skip_synchronize():
+            optimizer.step()
+    joined = hvd.join()
+    np.savez(args.out, weight=model.weight.detach().numpy(), norms=np.array(norms),
+             joined=joined)
+
+
 def never(args):
     """Rank 0 averages a name rank 1 never pushes: a clear error in time."""
     if hvd.rank() == 0:
@@ -131,7 +153,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init(rpc_timeout=args.rpc_timeout)
-    {"momentum": momentum, "metric": metric, "never": never,
+    {"momentum": momentum, "metric": metric, "never": never, "join": join,
      "compressed": compressed}[args.scenario](args)
 
 
