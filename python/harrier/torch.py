@@ -735,9 +735,14 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             if name in seen:
                 raise _bad(f"parameter name {name!r} appears twice")
             _check_device(param, f"parameter {name!r}", cuda=(update == "average"))
-            if param.dtype != _torch.float32:
-                raise _bad(f"parameter {name!r}: {param.dtype}; the Python client trains "
-                           "float32 parameters")
+            if update == "average":
+                # Gradients are averaged in float32 and handed back in the
+                # parameter's own dtype (float64, float16, bfloat16).
+                if not param.is_floating_point():
+                    raise _bad(f"parameter {name!r}: {param.dtype} is not a floating type")
+            elif param.dtype != _torch.float32:
+                raise _bad(f"parameter {name!r}: {param.dtype}; update={update!r} trains "
+                           "float32 parameters (the default update takes any floating type)")
             if not param.is_contiguous():
                 raise _bad(f"parameter {name!r} is not contiguous")
             seen.add(name)

@@ -109,14 +109,14 @@ def join(args):
     rank 1's last 2 steps average over itself alone. Gradient clipping the
     Horovod way (synchronize, clip, step inside skip_synchronize)."""
     r = hvd.rank()
-    model = torch.nn.Linear(2, 1, bias=False)
+    model = torch.nn.Linear(2, 1, bias=False).double()  # any floating dtype
     torch.nn.init.zeros_(model.weight)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
                                          named_parameters=model.named_parameters())
     norms = []
     for step in range(3 if r == 0 else 5):
         optimizer.zero_grad()
-        (model(torch.ones(1, 2)) * (r + 1)).sum().backward()
+        (model(torch.ones(1, 2, dtype=torch.float64)) * (r + 1)).sum().backward()
         optimizer.synchronize()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 100.0)))
         with optimizer.skip_synchronize():
