@@ -195,12 +195,14 @@ class _Job:
             self.registered[key] = (elements, codec, memory)
 
 
-class _LocalHandle:
-    def __init__(self, out):
-        self.out = out
+class _Done:
+    """A handle whose result is already there."""
+
+    def __init__(self, result):
+        self.result = result
 
     def wait(self, timeout=None):
-        return self.out
+        return self.result
 
 
 class _LocalClient:
@@ -226,7 +228,7 @@ class _LocalClient:
                 out.copy_(gradient.reshape(out.shape))
         else:
             out[...] = _np.asarray(gradient, dtype=_np.float32).reshape(out.shape)
-        return _LocalHandle(out)
+        return _Done(out)
 
     def barrier(self, name):
         pass
@@ -533,16 +535,6 @@ def push_pull(tensor, average=True, name=None, version=0, priority=0,
     return synchronize(push_pull_async(tensor, average, name, version, priority, compression))
 
 
-class _Done:
-    """A handle whose result is already there."""
-
-    def __init__(self, result):
-        self.result = result
-
-    def wait(self, timeout=None):
-        return self.result
-
-
 def _broadcast_arrays(client, arrays, root_rank, tag):
     """Every worker's float32 arrays get root_rank's values, exactly. Each
     call adds its tensors to the shards (one name each)."""
@@ -750,10 +742,6 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             self._params.append(param)
         if not self._params:
             raise _bad("no parameters that require gradients")
-        # Own copies of each gradient as pushed: the hook's p.grad may be
-        # zeroed or accumulated into before the push has left.
-        self._grads = [_np.zeros(p.shape, dtype=_np.float32) for p in self._params]
-        self._pulled = [_np.zeros(p.shape, dtype=_np.float32) for p in self._params]
         self._passes = [0] * len(self._params)
         self._handed = [False] * len(self._params)
         self._handles = [None] * len(self._params)
@@ -768,9 +756,14 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             _job.optimizers.add(self)
 
         if update == "average":
-            self._make_buckets(int(fusion_bytes))
+            self._make_buckets(int(fusion_bytes))  # the buckets are its copies
             self._install_gradient_hooks()
             return
+
+        # Own copies of each gradient as pushed: the hook's p.grad may be
+        # zeroed or accumulated into before the push has left.
+        self._grads = [_np.zeros(p.shape, dtype=_np.float32) for p in self._params]
+        self._pulled = [_np.zeros(p.shape, dtype=_np.float32) for p in self._params]
 
         # Every worker starts from rank 0's values: rank 0 registers first
         # (the first registration wins), the others after a barrier.
