@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -16,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/crc32c.h"
@@ -39,6 +41,10 @@ constexpr uint32_t kSessionReleased = 1;
 constexpr uint32_t kSessionHeard = 2;
 // Flags of a slot's kind entry (format 4).
 constexpr uint32_t kSlotOwnClock = 1;
+// proto::TABLE_SPARSE: slots of this kind carry rows (format 5).
+constexpr uint32_t kSparseTableKind = 2;
+// Header flag of an incremental checkpoint (format 5).
+constexpr uint32_t kIncrementalFlag = 1;
 
 constexpr bool kLittleEndianHost = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
 
@@ -247,6 +253,15 @@ std::string EncodePayload(const ShardCheckpoint& c) {
     e.U32(s.kind);
     e.U32(s.own_clock ? kSlotOwnClock : 0u);
   }
+  // Format 5: the sparse tables' settings and row ids, in slot order.
+  for (const auto& s : c.slots) {
+    if (s.kind != kSparseTableKind) continue;
+    e.Bytes(s.sparse_config);
+    e.Words(s.row_ids);
+    e.Words(s.row_steps);
+    e.Words(s.removed_row_ids);
+  }
+  e.U64(c.base_version);
   return out;
 }
 
@@ -313,8 +328,25 @@ absl::StatusOr<ShardCheckpoint> DecodePayload(absl::string_view payload, uint32_
       c.slots[i].own_clock = (flags & kSlotOwnClock) != 0;
     }
   }
+  if (format >= 5) {
+    for (size_t i = 0; d.ok() && i < c.slots.size(); ++i) {
+      SlotCheckpoint& s = c.slots[i];
+      if (s.kind != kSparseTableKind) continue;
+      const std::string where = absl::StrCat("slot ", i, " ");
+      s.sparse_config = d.Bytes(where + "sparse settings");
+      s.row_ids = d.Words<int64_t>(where + "row ids");
+      s.row_steps = d.Words<uint64_t>(where + "row steps");
+      s.removed_row_ids = d.Words<int64_t>(where + "removed row ids");
+      if (d.ok() && s.row_steps.size() != s.row_ids.size()) {
+        d.Fail(absl::StrCat(where, s.row_ids.size(), " row ids but ", s.row_steps.size(),
+                            " row step counts"));
+      }
+    }
+    c.base_version = d.U64("base version");
+  }
   if (d.ok() && d.remaining() != 0) {
-    d.Fail(absl::StrCat(d.remaining(), format >= 4   ? " unexpected bytes after the slots' kinds"
+    d.Fail(absl::StrCat(d.remaining(), format >= 5   ? " unexpected bytes after the sparse rows"
+                                       : format >= 4 ? " unexpected bytes after the slots' kinds"
                                        : format >= 3 ? " unexpected bytes after the sessions"
                                                      : " unexpected bytes after the last slot"));
   }
@@ -401,6 +433,17 @@ absl::Status WriteFileDurably(const std::string& dir, const std::string& final_p
   return SyncDirectory(dir);
 }
 
+// Whether the file's header carries the incremental flag (false for a file
+// that cannot be read: pruning then keeps nothing for it).
+bool IsIncrementalFile(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) return false;
+  char header[kHeaderSize];
+  const bool read = std::fread(header, 1, kHeaderSize, file) == kHeaderSize;
+  std::fclose(file);
+  return read && (LoadU32(header + 12) & kIncrementalFlag) != 0;
+}
+
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot open: ", ErrnoText()));
@@ -469,7 +512,8 @@ std::string EncodeCheckpoint(const ShardCheckpoint& checkpoint) {
   out.append(kMagic, sizeof(kMagic));
   Encoder e(&out);
   e.U32(kCheckpointFormatVersion);
-  e.U32(0);  // flags: none defined yet (reserved for compression)
+  // Flags: kIncrementalFlag, so that pruning can tell without decoding.
+  e.U32(checkpoint.base_version != 0 ? kIncrementalFlag : 0u);
   e.U64(payload.size());
   out.append(payload);
   e.U32(Crc32c(out.data(), out.size()));
@@ -515,12 +559,15 @@ absl::StatusOr<ShardCheckpoint> DecodeCheckpoint(absl::string_view bytes) {
         absl::StrCat("format version ", format, "; this build reads versions ",
                      kOldestCheckpointFormatVersion, " to ", kCheckpointFormatVersion));
   }
-  if (flags != 0) {
+  if ((flags & ~kIncrementalFlag) != 0) {
     return absl::FailedPreconditionError(absl::StrFormat("unknown flags 0x%08x", flags));
   }
   absl::StatusOr<ShardCheckpoint> checkpoint =
       DecodePayload(bytes.substr(kHeaderSize, payload_size), format);
   if (!checkpoint.ok()) return checkpoint.status();
+  if (((flags & kIncrementalFlag) != 0) != (checkpoint->base_version != 0)) {
+    return absl::DataLossError("the incremental flag disagrees with the base version");
+  }
   // The CRC matched, so an inconsistency here was written that way: still
   // refused, since restoring it would corrupt the shard.
   absl::Status consistent = CheckCheckpointConsistency(*checkpoint);
@@ -528,6 +575,67 @@ absl::StatusOr<ShardCheckpoint> DecodeCheckpoint(absl::string_view bytes) {
     return absl::DataLossError(absl::StrCat("inconsistent contents: ", consistent.message()));
   }
   return checkpoint;
+}
+
+absl::StatusOr<ShardCheckpoint> ApplyIncremental(const ShardCheckpoint& base,
+                                                 const ShardCheckpoint& delta) {
+  if (delta.base_version != base.version || delta.shard != base.shard ||
+      delta.num_workers != base.num_workers) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("incremental checkpoint ", delta.version, " builds on version ",
+                     delta.base_version, ", not on version ", base.version));
+  }
+  ShardCheckpoint out = delta;
+  for (SlotCheckpoint& slot : out.slots) {
+    if (slot.kind != kSparseTableKind) continue;
+    const SlotCheckpoint* before = nullptr;
+    for (const SlotCheckpoint& candidate : base.slots) {
+      if (candidate.key == slot.key && candidate.chunk == slot.chunk) before = &candidate;
+    }
+    // Merged onto a complete base the result is complete; onto an
+    // incremental one it is still a change set, whose evictions must reach
+    // the complete checkpoint further down.
+    const bool complete = base.base_version == 0;
+    if (before == nullptr) {
+      if (complete) slot.removed_row_ids.clear();
+      continue;  // the table was created after the base: all its rows are here
+    }
+    const size_t rows = before->row_ids.size();
+    const size_t width = rows == 0 ? 0 : before->values.size() / rows;
+    const size_t state = rows == 0 ? 0 : before->optimizer_first.size() / rows;
+    if (!slot.row_ids.empty() &&
+        (slot.values.size() / slot.row_ids.size() != width && rows > 0)) {
+      return absl::FailedPreconditionError(absl::StrCat("sparse table '", slot.key,
+                                                        "': rows of another width than its base's"));
+    }
+    absl::flat_hash_map<int64_t, bool> replaced;
+    for (int64_t id : slot.row_ids) replaced[id] = true;
+    for (int64_t id : slot.removed_row_ids) replaced.emplace(id, true);
+    SlotCheckpoint merged = slot;
+    merged.removed_row_ids.clear();
+    if (!complete) {
+      absl::flat_hash_map<int64_t, bool> written;
+      for (int64_t id : slot.row_ids) written[id] = true;
+      const std::vector<int64_t>* lists[] = {&slot.removed_row_ids, &before->removed_row_ids};
+      for (const std::vector<int64_t>* list : lists) {
+        for (int64_t id : *list) {
+          if (written.emplace(id, true).second) merged.removed_row_ids.push_back(id);
+        }
+      }
+    }
+    for (size_t i = 0; i < rows; ++i) {
+      if (replaced.contains(before->row_ids[i])) continue;
+      merged.row_ids.push_back(before->row_ids[i]);
+      merged.row_steps.push_back(before->row_steps[i]);
+      merged.values.insert(merged.values.end(), before->values.begin() + i * width,
+                           before->values.begin() + (i + 1) * width);
+      merged.optimizer_first.insert(merged.optimizer_first.end(),
+                                    before->optimizer_first.begin() + i * state,
+                                    before->optimizer_first.begin() + (i + 1) * state);
+    }
+    slot = std::move(merged);
+  }
+  return out;
 }
 
 absl::Status CheckCheckpointConsistency(const ShardCheckpoint& c) {
@@ -549,7 +657,17 @@ absl::Status CheckCheckpointConsistency(const ShardCheckpoint& c) {
     if (!seen.emplace(s.key, s.chunk).second) {
       return absl::InvalidArgumentError(absl::StrCat(name, " appears twice"));
     }
-    if (!s.optimizer_first.empty() && s.optimizer_first.size() != s.values.size()) {
+    if (s.kind == kSparseTableKind) {
+      // Rows: values and state are whole rows, one set per id.
+      const size_t rows = s.row_ids.size();
+      if (s.row_steps.size() != rows || (rows == 0 && !s.values.empty()) ||
+          (rows > 0 && (s.values.size() % rows != 0 || s.optimizer_first.size() % rows != 0)) ||
+          !s.optimizer_second.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": ", rows, " rows with ", s.values.size(), " values and ",
+            s.optimizer_first.size(), " optimizer floats"));
+      }
+    } else if (!s.optimizer_first.empty() && s.optimizer_first.size() != s.values.size()) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": optimizer_first has ",
                                                      s.optimizer_first.size(), " values, expected ",
                                                      s.values.size()));
@@ -633,6 +751,16 @@ absl::Status WriteCheckpoint(const std::string& dir, const ShardCheckpoint& chec
   // the newest; older ones fill the remaining places, highest first.
   size_t places = static_cast<size_t>(keep) - 1;
   if (!older.empty() && older.front() > checkpoint.version) places = static_cast<size_t>(keep);
+  places = std::min(places, older.size());
+  // An incremental checkpoint needs every version below it down to a
+  // complete one: those are kept too.
+  bool needs_base = places == 0 ? checkpoint.base_version != 0
+                                : IsIncrementalFile(CheckpointPath(dir, checkpoint.shard,
+                                                                   older[places - 1]));
+  while (needs_base && places < older.size()) {
+    ++places;
+    needs_base = IsIncrementalFile(CheckpointPath(dir, checkpoint.shard, older[places - 1]));
+  }
   for (size_t i = places; i < older.size(); ++i) {
     ::unlink(CheckpointPath(dir, checkpoint.shard, older[i]).c_str());
   }
@@ -693,6 +821,33 @@ absl::StatusOr<ShardCheckpoint> LoadLatestCheckpoint(const std::string& dir, int
     } else if (checkpoint.ok() && checkpoint->version != *it) {
       checkpoint = absl::FailedPreconditionError(
           absl::StrCat("holds version ", checkpoint->version, " but is named version ", *it));
+    }
+    // An incremental checkpoint is loaded on top of its base, and that on
+    // its own, down to a complete one.
+    while (checkpoint.ok() && checkpoint->base_version != 0) {
+      const uint64_t base_version = checkpoint->base_version;
+      absl::StatusOr<std::string> base_bytes =
+          ReadWholeFile(CheckpointPath(dir, shard, base_version));
+      absl::StatusOr<ShardCheckpoint> base =
+          base_bytes.ok() ? DecodeCheckpoint(*base_bytes) : base_bytes.status();
+      if (base.ok() && (base->shard != shard || base->version != base_version)) {
+        base = absl::FailedPreconditionError(
+            absl::StrCat("holds shard ", base->shard, " version ", base->version));
+      }
+      if (!base.ok()) {
+        checkpoint = absl::DataLossError(absl::StrCat("its base, version ", base_version, ": ",
+                                                      base.status().message()));
+        break;
+      }
+      // The base may itself be incremental: the loop goes on from the
+      // merged result's base.
+      auto merged = ApplyIncremental(*base, *checkpoint);
+      if (!merged.ok()) {
+        checkpoint = merged.status();
+        break;
+      }
+      merged->base_version = base->base_version;
+      checkpoint = std::move(merged);
     }
     if (checkpoint.ok()) return checkpoint;
     std::string fault = absl::StrCat(path, ": ", checkpoint.status().message());

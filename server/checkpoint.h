@@ -15,8 +15,9 @@
 //   payload size u64 | payload | CRC-32C u32 of every preceding byte.
 // Format versions: 1 (no optimizer kind), 2 (adds the optimizer kind after
 // the sync policy's name), 3 (adds the ranks' sessions after the slots),
-// 4 (adds each slot's table kind and clock after the sessions).
-// This build writes 4 and reads all four.
+// 4 (adds each slot's table kind and clock after the sessions), 5 (adds
+// the rows of sparse tables after the kinds). This build writes 5 and reads
+// all five.
 // The payload is a plain length-prefixed encoding of ShardCheckpoint (see
 // checkpoint.cc); no protobuf, because the bulk is float arrays that are
 // written with one memcpy each and protobuf's 2 GiB message limit would cap
@@ -50,6 +51,16 @@ struct SlotCheckpoint {
   // (InitRequest.own_clock); format versions before 4: dense, training clock.
   uint32_t kind = 0;
   bool own_clock = false;
+  // Sparse tables (format 5): the table's settings (a serialized
+  // proto::SparseTableConfig), and per row its id and optimizer step count;
+  // `values` holds the rows (row_ids.size() x dim) and optimizer_first
+  // their optimizer state.
+  std::string sparse_config;
+  std::vector<int64_t> row_ids;
+  std::vector<uint64_t> row_steps;
+  // In an incremental checkpoint (ShardCheckpoint::base_version): the ids
+  // evicted since the base; row_ids then holds only the rows written since.
+  std::vector<int64_t> removed_row_ids;
 };
 
 // What a shard keeps of one rank's session across a restart
@@ -83,10 +94,16 @@ struct ShardCheckpoint {
   // The highest epoch seen before the run's sessions were last forgotten
   // (SessionTable::epoch_floor); 0 in format versions 1 and 2.
   uint64_t session_epoch_floor = 0;
+  // 0: the checkpoint is complete. Otherwise it is incremental (format 5):
+  // its sparse tables hold only the rows written (and the ids evicted)
+  // since checkpoint `base_version`, the previous one, which a restore
+  // loads first (and its base, down to a complete one). Dense tensors are
+  // always whole.
+  uint64_t base_version = 0;
 };
 
 // The format version this build writes, and the oldest it still reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 4;
+inline constexpr uint32_t kCheckpointFormatVersion = 5;
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 inline constexpr int kDefaultCheckpointsKept = 3;
 
@@ -127,8 +144,16 @@ absl::Status CheckCheckpointConsistency(const ShardCheckpoint& checkpoint);
 // inconsistent checkpoint or keep < 1; INTERNAL for an I/O error, naming the
 // path. A failure to delete an old version is not an error (the next write
 // tries again).
+// Incremental checkpoints: the newest `keep` are kept, and below them every
+// version down to the complete one they build on.
 absl::Status WriteCheckpoint(const std::string& dir, const ShardCheckpoint& checkpoint,
                              int keep = kDefaultCheckpointsKept);
+
+// `delta` (incremental, base_version == base.version) applied to `base`: a
+// complete checkpoint at delta's version. FAILED_PRECONDITION when they do
+// not fit together.
+absl::StatusOr<ShardCheckpoint> ApplyIncremental(const ShardCheckpoint& base,
+                                                 const ShardCheckpoint& delta);
 
 // Versions present for the shard (final names only; temporary files are
 // ignored), ascending. Empty when the directory does not exist.

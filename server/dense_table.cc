@@ -709,7 +709,8 @@ void DenseTable::Retire(PullWakeups& wakeups) {
   });
 }
 
-void DenseTable::Export(std::vector<SlotCheckpoint>* out) const {
+void DenseTable::Export(std::vector<SlotCheckpoint>* out, bool /*changes_only*/) const {
+  // Always whole: a dense tensor's every value changes with every step.
   absl::ReaderMutexLock lock(&mutex_);
   for (const auto& entry : slots_) {
     Slot& slot = *entry.second;

@@ -48,7 +48,7 @@ class DenseTable : public Table {
   void MergeNextClocks(std::vector<int64_t>* next) const override;
   void WakeAll(PullWakeups& wakeups) override;
   void Retire(PullWakeups& wakeups) override;
-  void Export(std::vector<SlotCheckpoint>* out) const override;
+  void Export(std::vector<SlotCheckpoint>* out, bool changes_only = false) const override;
   absl::Status Import(const SlotCheckpoint& saved) override;
   TensorHeld held() const override;
   uint64_t param_bytes() const override;

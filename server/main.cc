@@ -53,6 +53,10 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(int, checkpoint_every_s, 0,
           "Seconds between checkpoints (0: only at shutdown; needs --checkpoint_dir).");
 ABSL_FLAG(int, checkpoint_keep, 3, "Checkpoint versions kept per shard.");
+ABSL_FLAG(int, checkpoint_full_every, 1,
+          "Every N-th checkpoint is complete; the ones between hold only the sparse tables' "
+          "rows written (and ids evicted) since the previous checkpoint, and a restore loads "
+          "them on top of it. 1: every checkpoint complete.");
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics and /healthz over HTTP on this port (-1: off, 0: ephemeral).");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "On SIGTERM/SIGINT, time in-flight calls get to finish.");
@@ -252,6 +256,12 @@ int main(int argc, char** argv) {
   }
   options.checkpoint_every = std::chrono::seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  if (absl::GetFlag(FLAGS_checkpoint_full_every) < 1) {
+    return Fail("--checkpoint_full_every must be >= 1");
+  }
+  options.checkpoint_full_every = absl::GetFlag(FLAGS_checkpoint_full_every);
+  options.store.track_sparse_changes =
+      options.checkpoint_full_every > 1 && !absl::GetFlag(FLAGS_checkpoint_dir).empty();
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key = absl::GetFlag(FLAGS_tls_key);

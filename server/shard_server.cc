@@ -485,7 +485,11 @@ absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
   const std::string dir = CheckpointJobDir(options_.checkpoint_dir, id);
   absl::MutexLock lock(&checkpoint_mutex_);
   const auto started = std::chrono::steady_clock::now();
-  ShardCheckpoint checkpoint = store_->Export();
+  const bool incremental = options_.checkpoint_full_every > 1 && last_written_version_ != 0 &&
+                           last_written_version_ + 1 == next_checkpoint_version_ &&
+                           incremental_since_full_ + 1 < options_.checkpoint_full_every;
+  ShardCheckpoint checkpoint = store_->Export(incremental);
+  checkpoint.base_version = incremental ? last_written_version_ : 0;
   const SessionTable& sessions = shard_service_->sessions();
   checkpoint.session_epoch_floor = sessions.epoch_floor();
   checkpoint.sessions.resize(static_cast<size_t>(checkpoint.num_workers));
@@ -496,7 +500,12 @@ absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
   checkpoint.version = next_checkpoint_version_;
   checkpoint.created_unix_ms = absl::ToUnixMillis(absl::Now());
   auto status = WriteCheckpoint(dir, checkpoint, options_.checkpoint_keep);
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    last_written_version_ = 0;  // the changes taken are lost: the next is complete
+    return status;
+  }
+  last_written_version_ = checkpoint.version;
+  incremental_since_full_ = incremental ? incremental_since_full_ + 1 : 0;
   ++next_checkpoint_version_;
   last_checkpoint_unix_ms_ = checkpoint.created_unix_ms;
   last_checkpoint_version_ = checkpoint.version;
@@ -507,8 +516,10 @@ absl::Status ShardServer::WriteCheckpointNow(CheckpointWritten* written) {
   }
   std::error_code ec;
   const auto bytes = std::filesystem::file_size(path, ec);
-  spdlog::info("event=checkpoint shard={} version={} chunks={} bytes={} seconds={:.3f} job_id={}",
-               options_.store.shard, checkpoint.version, checkpoint.slots.size(),
+  spdlog::info("event=checkpoint shard={} version={} base={} chunks={} bytes={} seconds={:.3f} "
+               "job_id={}",
+               options_.store.shard, checkpoint.version, checkpoint.base_version,
+               checkpoint.slots.size(),
                ec ? -1 : static_cast<int64_t>(bytes),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
                id);

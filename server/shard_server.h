@@ -52,6 +52,9 @@ struct ShardServerOptions {
   std::string checkpoint_dir;
   std::chrono::milliseconds checkpoint_every{0};
   int checkpoint_keep = 3;
+  // Every N-th checkpoint is complete; those between are incremental (sparse
+  // tables' changed rows only). 1: every checkpoint complete.
+  int checkpoint_full_every = 1;
   // Prometheus /metrics and /healthz over HTTP; -1 disables, 0 = ephemeral.
   int metrics_port = -1;
   // gRPC transport security (common/grpc_security.h): cert + key serve
@@ -175,6 +178,12 @@ class ShardServer {
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   absl::Mutex checkpoint_mutex_;  // serialises checkpoint writes
   uint64_t next_checkpoint_version_ ABSL_GUARDED_BY(checkpoint_mutex_) = 1;
+  // The version this process last wrote (0: none yet) and the incremental
+  // ones written since the last complete one: an incremental checkpoint
+  // builds only on one this process wrote, and after a failed write the
+  // next is complete (the failed one's changes were taken).
+  uint64_t last_written_version_ ABSL_GUARDED_BY(checkpoint_mutex_) = 0;
+  int incremental_since_full_ ABSL_GUARDED_BY(checkpoint_mutex_) = 0;
   uint64_t restored_version_ = 0;
   // When the last checkpoint written (or the one restored) was made, Unix
   // milliseconds; 0: none yet.

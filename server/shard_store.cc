@@ -337,7 +337,7 @@ std::vector<TensorHeld> ShardStore::tensors_held() const {
   return out;
 }
 
-ShardCheckpoint ShardStore::Export() const {
+ShardCheckpoint ShardStore::Export(bool changes_only) const {
   ShardCheckpoint checkpoint;
   checkpoint.shard = options_.shard;
   checkpoint.num_shards = options_.num_shards;
@@ -345,7 +345,7 @@ ShardCheckpoint ShardStore::Export() const {
   checkpoint.sync = options_.sync.ToString();
   checkpoint.optimizer = optimizer_->options().kind;
   absl::ReaderMutexLock lock(&tables_mutex_);
-  for (const auto& entry : tables_) entry.second->Export(&checkpoint.slots);
+  for (const auto& entry : tables_) entry.second->Export(&checkpoint.slots, changes_only);
   return checkpoint;
 }
 

@@ -132,7 +132,9 @@ class ShardStore {
   // state and, per rank, the iterations applied. Pushes buffered in an
   // incomplete BSP round are not included; their ranks' clocks are rolled
   // back to that round, so a restored shard simply waits for it again.
-  ShardCheckpoint Export() const;
+  // With `changes_only`: sparse tables give the rows changed since the
+  // previous Export (an incremental checkpoint).
+  ShardCheckpoint Export(bool changes_only = false) const;
   // Loads a checkpoint into an empty store (before serving). Each rank's
   // first push afterwards may be for a later clock than the checkpoint's
   // (the worker ran on while the shard was down): the shard re-bases that

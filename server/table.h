@@ -56,6 +56,9 @@ struct ShardStoreOptions {
   // (server/fused_apply.h); results are bit-identical for every count. 1:
   // the pushing thread alone.
   int apply_threads = 1;
+  // Sparse tables keep the set of rows changed since the last checkpoint
+  // (incremental checkpoints, --checkpoint_full_every above 1).
+  bool track_sparse_changes = false;
 };
 
 // Counters a shard exposes (monotonic; read without locks).
@@ -272,8 +275,11 @@ class Table {
   // A new run dropped the table: parked pulls fail, spares are freed.
   virtual void Retire(PullWakeups& wakeups) = 0;
 
-  // Appends a consistent copy of every part for a checkpoint.
-  virtual void Export(std::vector<SlotCheckpoint>* out) const = 0;
+  // Appends a consistent copy of every part for a checkpoint. With
+  // `changes_only` a kind that can (sparse tables) gives only what changed
+  // since its previous Export (an incremental checkpoint); every Export
+  // starts the next change set.
+  virtual void Export(std::vector<SlotCheckpoint>* out, bool changes_only = false) const = 0;
   // Loads one saved part into the table (before serving).
   virtual absl::Status Import(const SlotCheckpoint& saved) = 0;
 

@@ -12,6 +12,7 @@
 #include "worker/control_client.h"
 #include "worker/operation_engine.h"
 #include "worker/shard_calls.h"
+#include "worker/sparse_tables.h"
 #include "worker/tensor_table.h"
 #include "worker/transport/transport.h"
 #include "worker/transport/transport_factory.h"
@@ -204,6 +205,7 @@ class Client::Impl {
   std::atomic<int64_t> clock_{0};
   std::atomic<uint64_t> pushes_{0}, pulls_{0};
   std::unique_ptr<ShardCalls> calls_;         // made once the rank is known
+  std::unique_ptr<SparseTables> sparse_;      // likewise
   // After control_ and calls_, which it reads: stops before they go.
   std::unique_ptr<HeartbeatLoop> heartbeat_;
   OperationEngine engine_;                    // last: cancels and drains before the parts go
@@ -241,6 +243,14 @@ absl::Status Client::Impl::Register() {
   config.shard_name = [control = control_.get()](int shard) { return control->ShardName(shard); };
   std::vector<ShardTransport*> transports;
   for (const auto& transport : transports_) transports.push_back(transport.get());
+  SparseTablesConfig sparse;
+  sparse.job = config.job;
+  sparse.rank = config.rank;
+  sparse.session = config.session;
+  sparse.rpc_timeout = config.rpc_timeout;
+  sparse.shard_name = config.shard_name;
+  sparse_ = std::make_unique<SparseTables>(std::move(sparse), transports, *control_, engine_,
+                                           *partitioner_);
   calls_ = std::make_unique<ShardCalls>(std::move(config), std::move(transports), *codec_, engine_);
   // One heartbeat round now: the shards learn the run (a shard other than 0
   // starts it from this call) and say where this rank is, so that a worker
@@ -482,9 +492,45 @@ absl::Status Client::RegisterTensor(const std::string& name, const std::vector<i
 }
 
 absl::StatusOr<int64_t> Client::TensorClock(const std::string& name) const {
+  if (impl_->sparse_ != nullptr && impl_->sparse_->Has(name)) return impl_->sparse_->Clock(name);
   auto info = impl_->tensors_.Find(name);
   if (!info.ok()) return info.status();
   return (*info)->own_clock != nullptr ? (*info)->own_clock->load() : impl_->clock_.load();
+}
+
+absl::Status Client::RegisterSparseTable(const std::string& name,
+                                         const SparseTableOptions& options) {
+  if (impl_->tensors_.Find(name).ok()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("'", name, "' is registered as a dense tensor by this worker"));
+  }
+  return impl_->sparse_->Register(name, options);
+}
+
+Client::Handle Client::PullRowsAsync(const std::string& name, absl::Span<const int64_t> ids,
+                                     absl::Span<float> out) {
+  impl_->CountStart(OpKind::kPull);
+  return impl_->sparse_->PullRows(name, ids, out);
+}
+
+Client::Handle Client::PushRowsAsync(const std::string& name, absl::Span<const int64_t> ids,
+                                     absl::Span<const float> gradients) {
+  impl_->CountStart(OpKind::kPush);
+  return impl_->sparse_->PushRows(name, ids, gradients);
+}
+
+absl::Status Client::PullRows(const std::string& name, absl::Span<const int64_t> ids,
+                              absl::Span<float> out) {
+  return Wait(PullRowsAsync(name, ids, out));
+}
+
+absl::Status Client::PushRows(const std::string& name, absl::Span<const int64_t> ids,
+                              absl::Span<const float> gradients) {
+  return Wait(PushRowsAsync(name, ids, gradients));
+}
+
+absl::StatusOr<SparseTableStats> Client::SparseStats(const std::string& name) const {
+  return impl_->sparse_->Stats(name);
 }
 
 absl::Status Client::RegisterTensor(const std::string& name, const std::vector<int64_t>& shape,

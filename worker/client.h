@@ -162,6 +162,65 @@ struct TensorOptions {
   std::string pull_codec;
 };
 
+// A sparse table: rows of `dim` floats keyed by any int64 id (an
+// embedding), created on the shards on first use. Each shard holds the ids
+// SparseRowShard() gives it; each row keeps its own optimizer state there.
+// The table keeps a clock of its own: a worker's n-th PushRows meets the
+// others' n-th, and PullRows waits as the table's consistency says.
+struct SparseTableOptions {
+  int64_t dim = 0;
+  // Per-row optimizer on the shards: "sgd", "adagrad" (an accumulator per
+  // element), "rowwise_adagrad" (one per row) or "adam".
+  std::string optimizer = "sgd";
+  float lr = 0.01f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  float initial_accumulator = 0.0f;
+  // New rows are uniform in [-init_scale, init_scale), a function of
+  // (seed, table name, id) alone: every shard and restart agrees.
+  float init_scale = 0.01f;
+  uint64_t seed = 0;
+  // Rows each shard keeps at most (0: only the shards' --max_param_bytes);
+  // past it "lru" or "lfu" picks the row evicted. ttl_steps: a row unused
+  // for that many of the table's clocks is evicted (0: never).
+  uint64_t max_rows = 0;
+  std::string eviction = "lru";
+  int64_t ttl_steps = 0;
+  // Admission: a new id is stored after this many pushes of it (0 or 1: at
+  // once), then with probability admit_probability. Until then its pulls
+  // get the initializer's row and its pushes are counted only.
+  uint32_t admit_after = 0;
+  float admit_probability = 1.0f;
+  // The table's consistency: "" the job's --sync; "asp"; "ssp" with
+  // `staleness` (a hybrid job: sparse tables asynchronous, dense BSP).
+  std::string sync;
+  int64_t staleness = 0;
+  // Rows on the wire: "float32", "fp16" or "bf16" (both directions).
+  std::string wire_dtype = "float32";
+  // The worker's hot-row cache: up to cache_rows rows pulled within the
+  // last cache_staleness clocks of the table are served without a call
+  // (0 rows: no cache). Pushed rows are dropped from it.
+  size_t cache_rows = 0;
+  int64_t cache_staleness = 0;
+};
+
+// What a worker's sparse table did (Client::SparseStats).
+struct SparseTableStats {
+  uint64_t rows_pulled = 0;   // distinct ids asked of the shards
+  uint64_t rows_pushed = 0;   // distinct ids pushed
+  uint64_t ids_requested = 0; // ids asked by the caller, repeats included
+  uint64_t cache_hits = 0;
+  uint64_t cache_misses = 0;
+  uint64_t bytes_pushed = 0;
+  uint64_t bytes_pulled = 0;
+};
+
+// The shard of `num_shards` that holds row `id` of every sparse table: a
+// mixing hash (splitmix64's finalizer) of the id, so that hot or
+// consecutive ids do not pile onto one shard.
+int SparseRowShard(int64_t id, int num_shards);
+
 class ControlClient;   // worker/control_client.h
 class ShardTransport;  // worker/transport/transport.h
 
@@ -253,6 +312,27 @@ class Client {
   // The clock the tensor's next push is for: its own (TensorOptions::
   // own_clock) or the worker's. NOT_FOUND for a name not registered.
   absl::StatusOr<int64_t> TensorClock(const std::string& name) const;
+
+  // Declares a sparse table on every shard (the first worker creates it;
+  // later registrations must agree on its options: INVALID_ARGUMENT).
+  absl::Status RegisterSparseTable(const std::string& name, const SparseTableOptions& options);
+  // The rows of `ids` (any int64, repeats allowed) into `out` (ids.size()
+  // x dim floats, row i for ids[i]), at the table's current clock. Each
+  // distinct id is asked once, of the shard that holds it.
+  Handle PullRowsAsync(const std::string& name, absl::Span<const int64_t> ids,
+                       absl::Span<float> out);
+  // Gradients for the rows of `ids` (ids.size() x dim floats); the
+  // gradients of a repeated id are summed before they leave. One push per
+  // shard, empty where a shard holds none of the ids, so that every shard
+  // sees the table's clock advance; the table's clock advances by one.
+  Handle PushRowsAsync(const std::string& name, absl::Span<const int64_t> ids,
+                       absl::Span<const float> gradients);
+  absl::Status PullRows(const std::string& name, absl::Span<const int64_t> ids,
+                        absl::Span<float> out);
+  absl::Status PushRows(const std::string& name, absl::Span<const int64_t> ids,
+                        absl::Span<const float> gradients);
+  // NOT_FOUND for a name not registered as a sparse table.
+  absl::StatusOr<SparseTableStats> SparseStats(const std::string& name) const;
 
   // Sends `gradient` for the current clock. Pushes of one clock may be in
   // flight for many tensors at once.

@@ -1,0 +1,480 @@
+// Sparse tables through real shards and the real client: exact values under
+// BSP, SSP and ASP (and a hybrid job whose dense tensor runs BSP), repeated
+// ids summed on the worker, per-row optimizers against a reference,
+// admission, the row budget, 16-bit rows on the wire, and hostile pushes
+// and pulls refused whole with nothing changed.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "common/crc32c.h"
+#include "common/partitioner.h"
+#include "common/row_placement.h"
+#include "proto/harrier.grpc.pb.h"
+#include "testing/server_process.h"
+#include "tests/integration/raw_grpc_shard.h"
+#include "worker/client.h"
+
+namespace harrier {
+namespace {
+
+constexpr int kDim = 4;
+
+// Worker r's ids at step t: 0..9 for everyone (id 3 twice, each with half
+// its gradient), and 100 + r for r alone.
+std::vector<int64_t> IdsOf(int rank) {
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 10; ++id) ids.push_back(id);
+  ids.push_back(3);
+  ids.push_back(100 + rank);
+  return ids;
+}
+
+// The gradient of one element of `id` from `rank` (integers: averages and
+// sums stay exact in fp32 with lr = 1).
+float GradientOf(int rank, int64_t id, int j) {
+  return static_cast<float>((rank + 1) * (id % 5 + 1) * (j + 1));
+}
+
+std::vector<float> GradientsOf(int rank, const std::vector<int64_t>& ids) {
+  std::vector<float> g(ids.size() * kDim);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    for (int j = 0; j < kDim; ++j) {
+      // id 3 appears twice: half each, summed by the client.
+      g[i * kDim + j] = GradientOf(rank, ids[i], j) * (ids[i] == 3 ? 0.5f : 1.0f);
+    }
+  }
+  return g;
+}
+
+// The value of element j of `id` after `steps` steps of every worker (SGD,
+// lr 1, rows starting at 0, each push scaled 1/n or averaged in a round).
+float Expected(int workers, int64_t id, int j, int steps) {
+  float per_step = 0;
+  if (id >= 100) {
+    per_step = GradientOf(static_cast<int>(id - 100), id, j) / workers;
+  } else {
+    for (int r = 0; r < workers; ++r) per_step += GradientOf(r, id, j);
+    per_step /= workers;
+  }
+  return -per_step * steps;
+}
+
+ClientOptions OptionsFor(const std::vector<std::unique_ptr<testing::ServerProcess>>& servers) {
+  ClientOptions options;
+  options.servers = testing::Addresses(servers);
+  options.rpc_timeout = absl::Seconds(60);
+  return options;
+}
+
+SparseTableOptions ExactTable() {
+  SparseTableOptions table;
+  table.dim = kDim;
+  table.optimizer = "sgd";
+  table.lr = 1.0f;
+  table.init_scale = 0.0f;
+  return table;
+}
+
+// Runs `workers` threads, each with its own client; returns the first
+// failure ("" if none).
+std::string RunWorkers(int workers, const std::function<std::string(Client&, int rank)>& body,
+                       const std::vector<std::unique_ptr<testing::ServerProcess>>& servers) {
+  std::vector<std::string> failures(workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      auto client = Client::Create(OptionsFor(servers));
+      if (!client.ok()) {
+        failures[w] = client.status().ToString();
+        return;
+      }
+      failures[w] = body(**client, (*client)->rank());
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& failure : failures) {
+    if (!failure.empty()) return failure;
+  }
+  return "";
+}
+
+TEST_CASE("sparse BSP: 2 shards, 2 workers, every pull exact") {
+  constexpr int kWorkers = 2, kSteps = 12;
+  auto servers = testing::StartCluster(2, kWorkers, {"--sync=bsp", "--optimizer=sgd", "--lr=1"});
+  REQUIRE(servers.ok());
+  const std::string failure = RunWorkers(
+      kWorkers,
+      [&](Client& client, int rank) -> std::string {
+        if (auto status = client.RegisterSparseTable("emb", ExactTable()); !status.ok()) {
+          return status.ToString();
+        }
+        const std::vector<int64_t> ids = IdsOf(rank);
+        const std::vector<float> grads = GradientsOf(rank, ids);
+        std::vector<float> rows(ids.size() * kDim);
+        for (int t = 0; t < kSteps; ++t) {
+          if (auto status = client.PullRows("emb", ids, absl::MakeSpan(rows)); !status.ok()) {
+            return status.ToString();
+          }
+          for (size_t i = 0; i < ids.size(); ++i) {
+            for (int j = 0; j < kDim; ++j) {
+              const float want = Expected(kWorkers, ids[i], j, t);
+              if (rows[i * kDim + j] != want) {
+                return absl::StrCat("rank ", rank, " step ", t, " id ", ids[i], " element ", j,
+                                    ": ", rows[i * kDim + j], " != ", want);
+              }
+            }
+          }
+          if (auto status = client.PushRows("emb", ids, grads); !status.ok()) {
+            return status.ToString();
+          }
+        }
+        auto clock = client.TensorClock("emb");
+        if (!clock.ok() || *clock != kSteps) return "table clock is not the push count";
+        auto stats = client.SparseStats("emb");
+        if (!stats.ok()) return stats.status().ToString();
+        // 12 ids asked per step, 11 distinct: the repeat never left.
+        if (stats->ids_requested != 12u * kSteps || stats->rows_pulled != 11u * kSteps) {
+          return absl::StrCat("ids asked ", stats->ids_requested, ", rows pulled ",
+                              stats->rows_pulled);
+        }
+        return "";
+      },
+      *servers);
+  INFO(failure);
+  CHECK(failure.empty());
+}
+
+// SSP and ASP apply each push on arrival, scaled 1/n: once every worker is
+// done (a barrier), every row holds the same total as under BSP.
+void RunAsync(const std::vector<std::string>& flags, const std::string& table_sync,
+              int64_t staleness) {
+  constexpr int kWorkers = 2, kSteps = 10;
+  auto servers = testing::StartCluster(2, kWorkers, flags);
+  REQUIRE(servers.ok());
+  const std::string failure = RunWorkers(
+      kWorkers,
+      [&](Client& client, int rank) -> std::string {
+        SparseTableOptions table = ExactTable();
+        table.sync = table_sync;
+        table.staleness = staleness;
+        if (auto status = client.RegisterSparseTable("emb", table); !status.ok()) {
+          return status.ToString();
+        }
+        // A dense tensor beside it, on the job's --sync.
+        if (auto status = client.RegisterTensor("dense", {3}, {}); !status.ok()) {
+          return status.ToString();
+        }
+        std::vector<float> dense(3), ones(3, 1.0f);
+        const std::vector<int64_t> ids = IdsOf(rank);
+        const std::vector<float> grads = GradientsOf(rank, ids);
+        std::vector<float> rows(ids.size() * kDim);
+        for (int t = 0; t < kSteps; ++t) {
+          if (auto status = client.PullRows("emb", ids, absl::MakeSpan(rows)); !status.ok()) {
+            return status.ToString();
+          }
+          if (auto status = client.PushRows("emb", ids, grads); !status.ok()) {
+            return status.ToString();
+          }
+          if (auto status = client.PushPull("dense", ones, absl::MakeSpan(dense)); !status.ok()) {
+            return status.ToString();
+          }
+          client.Clock();
+        }
+        if (auto status = client.Barrier("done"); !status.ok()) return status.ToString();
+        if (auto status = client.PullRows("emb", ids, absl::MakeSpan(rows)); !status.ok()) {
+          return status.ToString();
+        }
+        if (auto status = client.Pull("dense", absl::MakeSpan(dense)); !status.ok()) {
+          return status.ToString();
+        }
+        for (size_t i = 0; i < ids.size(); ++i) {
+          for (int j = 0; j < kDim; ++j) {
+            const float want = Expected(kWorkers, ids[i], j, kSteps);
+            if (rows[i * kDim + j] != want) {
+              return absl::StrCat("id ", ids[i], " element ", j, ": ", rows[i * kDim + j],
+                                  " != ", want);
+            }
+          }
+        }
+        // The dense tensor ran its own mode: lr 1, average gradient 1.
+        if (dense[0] != -static_cast<float>(kSteps)) {
+          return absl::StrCat("dense value ", dense[0]);
+        }
+        return "";
+      },
+      *servers);
+  INFO(failure);
+  CHECK(failure.empty());
+}
+
+TEST_CASE("sparse SSP and ASP: totals exact after every push") {
+  SECTION("ssp job") { RunAsync({"--sync=ssp", "--staleness=2", "--optimizer=sgd", "--lr=1"}, "", 0); }
+  SECTION("asp job") { RunAsync({"--sync=asp", "--optimizer=sgd", "--lr=1"}, "", 0); }
+  SECTION("hybrid: dense BSP, sparse ASP") {
+    RunAsync({"--sync=bsp", "--optimizer=sgd", "--lr=1"}, "asp", 0);
+  }
+  SECTION("hybrid: dense BSP, sparse SSP 3") {
+    RunAsync({"--sync=bsp", "--optimizer=sgd", "--lr=1"}, "ssp", 3);
+  }
+}
+
+// The per-row optimizers against a reference computed here, one worker.
+TEST_CASE("sparse optimizers: adagrad, rowwise adagrad and adam per row") {
+  auto servers = testing::StartCluster(1, 1, {"--sync=asp", "--optimizer=sgd", "--lr=1"});
+  REQUIRE(servers.ok());
+  auto client = Client::Create(OptionsFor(*servers));
+  REQUIRE(client.ok());
+  for (const std::string optimizer : {"adagrad", "rowwise_adagrad", "adam"}) {
+    SparseTableOptions table = ExactTable();
+    table.optimizer = optimizer;
+    table.lr = 0.1f;
+    table.initial_accumulator = 0.1f;
+    REQUIRE((*client)->RegisterSparseTable("opt_" + optimizer, table).ok());
+    const std::vector<int64_t> ids = {7, -5, int64_t{1} << 62};
+    std::vector<float> value(ids.size() * kDim, 0.0f), first(value.size(), 0.0f),
+        second(value.size(), optimizer == "adam" ? 0.0f : 0.1f);
+    std::vector<float> row_acc(ids.size(), 0.1f);
+    for (int t = 0; t < 5; ++t) {
+      std::vector<float> g(ids.size() * kDim);
+      for (size_t k = 0; k < g.size(); ++k) g[k] = std::sin(static_cast<float>(k + 3 * t));
+      REQUIRE((*client)->PushRows("opt_" + optimizer, ids, g).ok());
+      for (size_t i = 0; i < ids.size(); ++i) {
+        double squares = 0;
+        for (int j = 0; j < kDim; ++j) squares += double{g[i * kDim + j]} * g[i * kDim + j];
+        row_acc[i] += static_cast<float>(squares / kDim);
+        for (int j = 0; j < kDim; ++j) {
+          const size_t k = i * kDim + j;
+          if (optimizer == "adagrad") {
+            second[k] += g[k] * g[k];
+            value[k] -= 0.1f * g[k] / (std::sqrt(second[k]) + 1e-8f);
+          } else if (optimizer == "rowwise_adagrad") {
+            value[k] -= 0.1f / (std::sqrt(row_acc[i]) + 1e-8f) * g[k];
+          } else {
+            first[k] = 0.9f * first[k] + 0.1f * g[k];
+            second[k] = 0.999f * second[k] + 0.001f * g[k] * g[k];
+            const float m = first[k] / (1.0f - std::pow(0.9f, t + 1.0f));
+            const float v = second[k] / (1.0f - std::pow(0.999f, t + 1.0f));
+            value[k] -= 0.1f * m / (std::sqrt(v) + 1e-8f);
+          }
+        }
+      }
+    }
+    std::vector<float> rows(ids.size() * kDim);
+    REQUIRE((*client)->PullRows("opt_" + optimizer, ids, absl::MakeSpan(rows)).ok());
+    for (size_t k = 0; k < rows.size(); ++k) {
+      INFO(optimizer << " element " << k);
+      CHECK(rows[k] == Approx(value[k]).margin(1e-5));
+    }
+  }
+}
+
+TEST_CASE("sparse rows: initializer, admission, row budget, 16-bit wire, cache") {
+  auto servers = testing::StartCluster(2, 1, {"--sync=asp", "--optimizer=sgd", "--lr=1"});
+  REQUIRE(servers.ok());
+  auto client = Client::Create(OptionsFor(*servers));
+  REQUIRE(client.ok());
+  Client& c = **client;
+
+  SECTION("rows start from (seed, table, id) alone, the same on every pull") {
+    SparseTableOptions table = ExactTable();
+    table.init_scale = 0.5f;
+    table.seed = 11;
+    REQUIRE(c.RegisterSparseTable("a", table).ok());
+    REQUIRE(c.RegisterSparseTable("b", table).ok());
+    const std::vector<int64_t> ids = {1, 2, 1};
+    std::vector<float> a(ids.size() * kDim), a2(a.size()), b(a.size());
+    REQUIRE(c.PullRows("a", ids, absl::MakeSpan(a)).ok());
+    REQUIRE(c.PullRows("a", ids, absl::MakeSpan(a2)).ok());
+    REQUIRE(c.PullRows("b", ids, absl::MakeSpan(b)).ok());
+    CHECK(a == a2);
+    CHECK(a != b);  // another table, other rows
+    for (int j = 0; j < kDim; ++j) CHECK(a[j] == a[2 * kDim + j]);  // the repeat
+    for (float v : a) CHECK(std::abs(v) < 0.5f);
+  }
+
+  SECTION("admission after 3 pushes: pulls get the initializer's row until then") {
+    SparseTableOptions table = ExactTable();
+    table.init_scale = 0.25f;
+    table.admit_after = 3;
+    REQUIRE(c.RegisterSparseTable("admit", table).ok());
+    const std::vector<int64_t> ids = {42};
+    std::vector<float> initial(kDim), now(kDim), g(kDim, 1.0f);
+    REQUIRE(c.PullRows("admit", ids, absl::MakeSpan(initial)).ok());
+    for (int push = 1; push <= 4; ++push) {
+      REQUIRE(c.PushRows("admit", ids, g).ok());
+      REQUIRE(c.PullRows("admit", ids, absl::MakeSpan(now)).ok());
+      for (int j = 0; j < kDim; ++j) {
+        // Pushes 1 and 2 are counted only; push 3 admits and applies.
+        const float want = push < 3 ? initial[j] : initial[j] - (push - 2);
+        CHECK(now[j] == want);
+      }
+    }
+  }
+
+  SECTION("a row budget of 64 per shard holds, and recent rows stay") {
+    SparseTableOptions table = ExactTable();
+    table.max_rows = 64;
+    REQUIRE(c.RegisterSparseTable("budget", table).ok());
+    std::vector<float> g(kDim, 1.0f), row(kDim);
+    for (int64_t id = 0; id < 1000; ++id) {
+      REQUIRE(c.PushRows("budget", std::vector<int64_t>{id}, g).ok());
+    }
+    // The latest row was just written: it is held (LRU keeps it).
+    REQUIRE(c.PullRows("budget", std::vector<int64_t>{999}, absl::MakeSpan(row)).ok());
+    CHECK(row[0] == -1.0f);
+    // An evicted row comes back as the initializer's.
+    REQUIRE(c.PullRows("budget", std::vector<int64_t>{0}, absl::MakeSpan(row)).ok());
+    CHECK(row[0] == 0.0f);
+  }
+
+  SECTION("fp16 and bf16 rows on the wire") {
+    for (const std::string wire : {"fp16", "bf16"}) {
+      SparseTableOptions table = ExactTable();
+      table.wire_dtype = wire;
+      table.lr = 0.5f;
+      REQUIRE(c.RegisterSparseTable("wire_" + wire, table).ok());
+      std::vector<int64_t> ids(300);
+      std::vector<float> g(ids.size() * kDim);
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 7919);
+      for (size_t k = 0; k < g.size(); ++k) g[k] = std::cos(static_cast<float>(k));
+      REQUIRE(c.PushRows("wire_" + wire, ids, g).ok());
+      std::vector<float> rows(g.size());
+      REQUIRE(c.PullRows("wire_" + wire, ids, absl::MakeSpan(rows)).ok());
+      const float tolerance = wire == "fp16" ? 2e-3f : 1e-2f;
+      for (size_t k = 0; k < g.size(); ++k) CHECK(std::abs(rows[k] + 0.5f * g[k]) < tolerance);
+      auto stats = c.SparseStats("wire_" + wire);
+      REQUIRE(stats.ok());
+      // Half the bytes of float32 (plus a codec header per call).
+      CHECK(stats->bytes_pushed < g.size() * sizeof(float) * 6 / 10);
+    }
+  }
+
+  SECTION("the hot-row cache serves rows within its staleness, counts hits") {
+    SparseTableOptions table = ExactTable();
+    table.cache_rows = 16;
+    table.cache_staleness = 1;
+    REQUIRE(c.RegisterSparseTable("cached", table).ok());
+    const std::vector<int64_t> ids = {1, 2, 3};
+    const std::vector<int64_t> other = {50};
+    std::vector<float> rows(ids.size() * kDim), g(kDim, 1.0f);
+    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());  // 3 misses
+    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());  // 3 hits
+    REQUIRE(c.PushRows("cached", other, g).ok());                   // clock 1
+    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());  // 3 hits (1 behind)
+    REQUIRE(c.PushRows("cached", std::vector<int64_t>{1}, g).ok()); // clock 2; 1 dropped
+    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());  // 3 misses: 1 pushed, 2 old
+    CHECK(rows[0] == -1.0f);
+    auto stats = c.SparseStats("cached");
+    REQUIRE(stats.ok());
+    CHECK(stats->cache_hits == 6);
+    CHECK(stats->cache_misses == 6);
+  }
+}
+
+proto::TensorChunk RowsChunk(const std::string& key, uint32_t chunk, int64_t clock,
+                             const std::vector<int64_t>& ids, const std::vector<float>& grads) {
+  proto::TensorChunk c;
+  c.set_job("harrier");
+  c.set_rank(1);  // the raw caller's rank; the client is rank 0
+  c.set_key(key);
+  c.set_chunk(chunk);
+  c.set_clock(clock);
+  c.set_dtype(proto::DTYPE_FLOAT32);
+  c.set_num_elements(grads.size());
+  c.set_row_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
+  c.set_payload(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+  c.set_checksum(Crc32c(c.payload().data(), c.payload().size()));
+  return c;
+}
+
+TEST_CASE("sparse hostile input: refused whole, nothing changes") {
+  // Two workers: the client (rank 0) and raw calls as rank 1.
+  auto servers = testing::StartCluster(2, 2, {"--sync=asp", "--optimizer=sgd", "--lr=1"});
+  REQUIRE(servers.ok());
+  auto client = Client::Create(OptionsFor(*servers));
+  REQUIRE(client.ok());
+  Client& c = **client;
+  REQUIRE(c.RegisterSparseTable("t", ExactTable()).ok());
+  std::vector<std::string> addresses = testing::Addresses(*servers);
+  // Ids of shard 0 and of shard 1, and the table's part on shard 0.
+  std::vector<int64_t> mine, theirs;
+  for (int64_t id = 0; mine.size() < 4 || theirs.empty(); ++id) {
+    (RowShard(id, 2) == 0 ? mine : theirs).push_back(id);
+  }
+  mine.resize(4);
+  uint32_t part = 0;
+  {
+    HashPartitioner partitioner(2);
+    while (partitioner.ShardFor("t", part) != 0) ++part;
+  }
+  testing::RawGrpcShard shard0(addresses[0]);
+  const std::vector<float> good(mine.size() * kDim, 1.0f);
+  auto unchanged = [&] {
+    std::vector<float> rows(mine.size() * kDim);
+    REQUIRE(c.PullRows("t", mine, absl::MakeSpan(rows)).ok());
+    for (float v : rows) CHECK(v == 0.0f);
+  };
+  SECTION("dimension mismatch") {
+    std::vector<float> wrong(mine.size() * (kDim + 1), 1.0f);
+    auto status = shard0.Push({RowsChunk("t", part, 0, mine, wrong)});
+    CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(status.error_message().find("dimension") != std::string::npos);
+  }
+  SECTION("a row another shard owns, beside good ones") {
+    std::vector<int64_t> ids = mine;
+    ids.push_back(theirs[0]);
+    std::vector<float> grads(ids.size() * kDim, 1.0f);
+    auto status = shard0.Push({RowsChunk("t", part, 0, ids, grads)});
+    CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(status.error_message().find("belongs to shard 1") != std::string::npos);
+  }
+  SECTION("NaN and huge gradients") {
+    for (float bad : {std::nanf(""), 1e30f, -INFINITY}) {
+      std::vector<float> grads = good;
+      grads[5] = bad;
+      auto status = shard0.Push({RowsChunk("t", part, 0, mine, grads)});
+      CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    }
+  }
+  SECTION("a repeated id, ragged ids, a bad checksum") {
+    std::vector<int64_t> twice = {mine[0], mine[0]};
+    std::vector<float> grads(2 * kDim, 1.0f);
+    CHECK(shard0.Push({RowsChunk("t", part, 0, twice, grads)}).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
+    proto::TensorChunk ragged = RowsChunk("t", part, 0, mine, good);
+    ragged.mutable_row_ids()->push_back('x');
+    CHECK(shard0.Push({ragged}).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    proto::TensorChunk corrupt = RowsChunk("t", part, 0, mine, good);
+    corrupt.set_checksum(corrupt.checksum() ^ 1);
+    CHECK(shard0.Push({corrupt}).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  SECTION("more ids than a call may carry") {
+    std::vector<int64_t> many;
+    for (int64_t id = 0; many.size() <= (size_t{1} << 20); ++id) {
+      if (RowShard(id, 2) == 0) many.push_back(id);
+    }
+    proto::TensorChunk chunk = RowsChunk("t", part, 0, many, {});
+    auto status = shard0.Push({chunk});
+    CHECK(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  SECTION("an unknown table") {
+    auto status = shard0.Push({RowsChunk("nope", part, 0, mine, good)});
+    CHECK(status.error_code() != grpc::StatusCode::OK);
+  }
+  SECTION("the client refuses a wrong output or gradient size before sending") {
+    std::vector<float> small(3);
+    CHECK(absl::IsInvalidArgument(c.PullRows("t", mine, absl::MakeSpan(small))));
+    CHECK(absl::IsInvalidArgument(c.PushRows("t", mine, small)));
+    CHECK(absl::IsNotFound(c.PullRows("unknown", mine, absl::MakeSpan(small))));
+    // A refused push did not use the table's clock.
+    CHECK(*c.TensorClock("t") == 0);
+  }
+  unchanged();
+}
+
+}  // namespace
+}  // namespace harrier
