@@ -643,6 +643,29 @@ void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
   metrics_->AddCallbackGauge(
       "harrier_server_max_staleness", "Largest pull clock minus min clock answered.",
       [store] { return static_cast<double>(store->counters().max_staleness.load()); }, shard);
+  // Sparse tables, over every table of the shard.
+  metrics_->AddCallbackGauge(
+      "harrier_server_sparse_rows", "Rows the shard's sparse tables hold now.",
+      [store] { return static_cast<double>(store->sparse_stats().rows); }, shard);
+  metrics_->AddCallbackCounter(
+      "harrier_server_sparse_rows_admitted_total", "Sparse rows created (ids admitted).",
+      [store] { return static_cast<double>(store->sparse_stats().admitted); }, shard);
+  metrics_->AddCallbackCounter(
+      "harrier_server_sparse_rows_evicted_total",
+      "Sparse rows evicted by a row budget or a time to live.",
+      [store] { return static_cast<double>(store->sparse_stats().evicted); }, shard);
+  metrics_->AddCallbackCounter(
+      "harrier_server_sparse_rows_expired_total",
+      "Of the evicted sparse rows, those evicted by their time to live.",
+      [store] { return static_cast<double>(store->sparse_stats().expired); }, shard);
+  metrics_->AddCallbackCounter(
+      "harrier_server_sparse_pushes_not_admitted_total",
+      "Pushed rows of ids not (yet) admitted: counted, not stored.",
+      [store] { return static_cast<double>(store->sparse_stats().not_admitted_pushes); }, shard);
+  metrics_->AddCallbackGauge(
+      "harrier_server_sparse_bytes_per_row",
+      "Bytes the shard reserves per sparse row held (values, optimizer state, index).",
+      [store] { return store->sparse_stats().bytes_per_row; }, shard);
   metrics_->AddCallbackGauge(
       "harrier_server_checkpoint_age_seconds",
       "Seconds since the last checkpoint was written, or since the restored one was "

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "server/sparse_table.h"
 #include "spdlog/spdlog.h"
 
 namespace harrier {
@@ -323,6 +324,23 @@ ShardStore::Holdings ShardStore::holdings() const {
   holdings.param_bytes = budget_.bytes();
   holdings.spare_bytes = spare_bytes_;
   return holdings;
+}
+
+SparseRowsStats ShardStore::sparse_stats() const {
+  SparseRowsStats sum;
+  absl::ReaderMutexLock lock(&tables_mutex_);
+  for (const auto& entry : tables_) {
+    if (entry.second->kind() != proto::TABLE_SPARSE) continue;
+    const SparseRowsStats one = static_cast<const SparseTable&>(*entry.second).stats();
+    sum.rows += one.rows;
+    sum.admitted += one.admitted;
+    sum.evicted += one.evicted;
+    sum.expired += one.expired;
+    sum.not_admitted_pushes += one.not_admitted_pushes;
+    sum.reserved_bytes += one.reserved_bytes;
+  }
+  sum.bytes_per_row = sum.rows == 0 ? 0.0 : static_cast<double>(sum.reserved_bytes) / sum.rows;
+  return sum;
 }
 
 std::vector<TensorHeld> ShardStore::tensors_held() const {

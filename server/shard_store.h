@@ -25,6 +25,7 @@
 #include "common/parallel_for.h"
 #include "common/partitioner.h"
 #include "proto/harrier.pb.h"
+#include "server/sparse_rows.h"
 #include "server/checkpoint.h"
 #include "server/codec_cache.h"
 #include "server/consistency.h"
@@ -171,6 +172,10 @@ class ShardStore {
     uint64_t spare_bytes = 0;
   };
   Holdings holdings() const;
+
+  // The sparse tables' figures, summed over the tables (bytes_per_row: of
+  // them all together).
+  SparseRowsStats sparse_stats() const;
 
   // Every tensor with a part here, by name: its registered shape and the
   // chunks and elements of it this shard holds.

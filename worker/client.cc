@@ -283,6 +283,7 @@ absl::Status Client::Impl::Register() {
           *heartbeat.mutable_session() = session_;
           heartbeat.set_clock(clock_);
           calls_->AddAcknowledgedClocks(shard, &heartbeat);
+          sparse_->AddAcknowledgedClocks(shard, &heartbeat);
           return heartbeat;
         });
   }

@@ -37,6 +37,9 @@ struct SparseTables::Table {
   std::unique_ptr<RowCache> cache ABSL_GUARDED_BY(cache_mutex);
   std::atomic<uint64_t> rows_pulled{0}, rows_pushed{0}, ids_requested{0};
   std::atomic<uint64_t> bytes_pushed{0}, bytes_pulled{0};
+  // Per shard, one past the last clock it acknowledged (0: none).
+  mutable absl::Mutex ack_mutex;
+  std::vector<int64_t> acknowledged ABSL_GUARDED_BY(ack_mutex);
 };
 
 SparseTables::SparseTables(SparseTablesConfig config, std::vector<ShardTransport*> transports,
@@ -120,6 +123,10 @@ absl::Status SparseTables::Register(const std::string& name, const SparseTableOp
   sparse.set_staleness(options.staleness);
   const int shards = static_cast<int>(transports_.size());
   table->part.assign(shards, 0);
+  {
+    absl::MutexLock lock(&table->ack_mutex);
+    table->acknowledged.assign(shards, 0);
+  }
   for (int shard = 0; shard < shards; ++shard) {
     // The table's part on a shard is a chunk the shards' partitioner places
     // there, so that every placement check of the request path holds.
@@ -181,9 +188,6 @@ Distinct Deduplicate(absl::Span<const int64_t> ids) {
   return distinct;
 }
 
-std::string IdBytes(const std::vector<int64_t>& ids) {
-  return std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int64_t));
-}
 
 }  // namespace
 
@@ -445,7 +449,8 @@ OperationHandle SparseTables::PushRows(const std::string& name, absl::Span<const
   }
   std::vector<OperationEngine::Task> tasks;
   for (int shard = 0; shard < shards; ++shard) {
-    tasks.push_back([this, chunks, shard](Operation& op, OperationEngine::TaskDone done) {
+    tasks.push_back([this, chunks, shard, table, clock](Operation& op,
+                                                        OperationEngine::TaskDone done) {
       ShardTransport* transport = transports_[shard];
       CallCanceller* canceller = &op.canceller();
       const std::vector<OutgoingChunk>* mine = &(*chunks)[shard];
@@ -454,10 +459,36 @@ OperationHandle SparseTables::PushRows(const std::string& name, absl::Span<const
           [this, transport, mine, canceller, chunks](CallDone try_done) {
             transport->StartPush(*mine, Deadline(), *canceller, std::move(try_done));
           },
-          std::move(done));
+          [table, shard, clock, done = std::move(done)](absl::Status status) {
+            if (status.ok()) {
+              absl::MutexLock lock(&table->ack_mutex);
+              int64_t& next = table->acknowledged[shard];
+              next = std::max(next, clock + 1);
+            }
+            done(std::move(status));
+          });
     });
   }
   return engine_.Start(OpKind::kPush, what, std::move(tasks));
+}
+
+void SparseTables::AddAcknowledgedClocks(int shard, proto::HeartbeatRequest* request) const {
+  std::vector<std::shared_ptr<Table>> tables;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& entry : tables_) tables.push_back(entry.second);
+  }
+  for (const auto& table : tables) {
+    absl::MutexLock lock(&table->ack_mutex);
+    if (shard < 0 || static_cast<size_t>(shard) >= table->acknowledged.size() ||
+        table->acknowledged[shard] == 0) {
+      continue;
+    }
+    proto::ChunkClock* entry = request->add_pushed();
+    entry->set_key(table->name);
+    entry->set_chunk(table->part[shard]);
+    entry->set_next_clock(table->acknowledged[shard]);
+  }
 }
 
 absl::StatusOr<int64_t> SparseTables::Clock(const std::string& name) const {

@@ -55,6 +55,10 @@ class SparseTables {
   absl::StatusOr<int64_t> Clock(const std::string& name) const;
   absl::StatusOr<SparseTableStats> Stats(const std::string& name) const;
   bool Has(const std::string& name) const;
+  // One past the last clock `shard` acknowledged of each table, for that
+  // shard's heartbeats (a shard restored from a checkpoint re-bases the
+  // rank from it, as for dense chunks).
+  void AddAcknowledgedClocks(int shard, proto::HeartbeatRequest* request) const;
 
  private:
   struct Table;

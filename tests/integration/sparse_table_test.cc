@@ -375,6 +375,34 @@ TEST_CASE("sparse rows: initializer, admission, row budget, 16-bit wire, cache")
   }
 }
 
+TEST_CASE("sparse metrics: rows held, admitted, evicted, bytes per row") {
+  const int metrics_port = testing::FreePort();
+  auto servers = testing::StartCluster(
+      1, 1, {"--sync=asp", "--lr=1", absl::StrCat("--metrics_port=", metrics_port)});
+  REQUIRE(servers.ok());
+  auto client = Client::Create(OptionsFor(*servers));
+  REQUIRE(client.ok());
+  SparseTableOptions table = ExactTable();
+  table.max_rows = 64;
+  REQUIRE((*client)->RegisterSparseTable("m", table).ok());
+  SparseTableOptions counted = ExactTable();
+  counted.admit_after = 2;
+  REQUIRE((*client)->RegisterSparseTable("counted", counted).ok());
+  std::vector<int64_t> ids(300);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 31;
+  std::vector<float> g(ids.size() * kDim, 1.0f);
+  REQUIRE((*client)->PushRows("m", ids, g).ok());
+  REQUIRE((*client)->PushRows("counted", absl::MakeConstSpan(ids).subspan(0, 10),
+                              absl::MakeConstSpan(g).subspan(0, 10 * kDim))
+              .ok());
+  auto metric = [&](const char* name) { return testing::MetricValue(metrics_port, name); };
+  CHECK(metric("harrier_server_sparse_rows") == 64);
+  CHECK(metric("harrier_server_sparse_rows_admitted_total") == 300);
+  CHECK(metric("harrier_server_sparse_rows_evicted_total") == 300 - 64);
+  CHECK(metric("harrier_server_sparse_pushes_not_admitted_total") == 10);
+  CHECK(metric("harrier_server_sparse_bytes_per_row") > 0);
+}
+
 proto::TensorChunk RowsChunk(const std::string& key, uint32_t chunk, int64_t clock,
                              const std::vector<int64_t>& ids, const std::vector<float>& grads) {
   proto::TensorChunk c;
