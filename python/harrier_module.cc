@@ -6,7 +6,8 @@
 //
 // Buffers: every array is taken through the buffer protocol and must be
 // float32 and C-contiguous (the package copies readable inputs that are
-// not; outputs must already be). No call copies a payload: the C++ client
+// not; outputs must already be); sparse tables' ids must be int64 and
+// C-contiguous, in host memory. No call copies a payload: the C++ client
 // reads gradients from, and writes pulled parameters into, the caller's
 // memory. Async calls keep a reference to their arrays until they are
 // waited on, so Python cannot free memory a shard call still uses.
@@ -189,11 +190,63 @@ FloatBuffer HostOnly(FloatBuffer view, const std::string& what) {
   return view;
 }
 
+// The int64 ids of a sparse table call, C-contiguous host memory. `info`
+// holds the buffer's export for as long as the view is used.
+struct IdBuffer {
+  py::buffer_info info;
+  const int64_t* data = nullptr;
+  size_t size = 0;
+};
+
+IdBuffer IdsOf(const py::object& object, const std::string& what) {
+  if (py::hasattr(object, "__cuda_array_interface__") || !PyObject_CheckBuffer(object.ptr())) {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected an int64 array of ids in host memory (numpy or CPU "
+                           "torch), got ",
+                     std::string(py::str(py::type::handle_of(object).attr("__name__"))))));
+  }
+  IdBuffer view;
+  view.info = py::reinterpret_borrow<py::buffer>(object).request(/*writable=*/false);
+  const py::buffer_info& info = view.info;
+  // int64 is 'l' on LP64 platforms and 'q' elsewhere.
+  const std::string& format = info.format;
+  const std::string kind = format.empty() ? "" : format.substr(format.size() - 1);
+  const bool signed64 = (kind == "l" || kind == "q") &&
+                        (format.size() == 1 || format[0] == '<' || format[0] == '=' ||
+                         format[0] == '@');
+  if (info.itemsize != 8 || !signed64) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+        what, ": expected int64 ids, got format '", info.format, "' of ", info.itemsize,
+        "-byte elements")));
+  }
+  ssize_t expected_stride = 8;
+  for (ssize_t dim = info.ndim - 1; dim >= 0; --dim) {
+    if (info.shape[dim] != 1 && info.strides[dim] != expected_stride) {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(what, ": ids are not C-contiguous")));
+    }
+    expected_stride *= info.shape[dim];
+  }
+  view.data = static_cast<const int64_t*>(info.ptr);
+  view.size = static_cast<size_t>(info.size);
+  return view;
+}
+
+// A host float32 view for a sparse table call: the client's row calls read
+// and write host memory only, so a CUDA array is refused up front.
+FloatBuffer HostViewOf(const py::object& object, bool writable, const std::string& what) {
+  if (py::hasattr(object, "__cuda_array_interface__")) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+        what, ": a CUDA array; sparse tables take host arrays (copy it with .cpu())")));
+  }
+  return ViewOf(object, writable, what);
+}
+
 class PyClient;
 
-// One async push, pull or push-pull. Holds its client and its arrays until
-// waited on; dropped unwaited, it waits (bounded by the client's
-// rpc_timeout) before letting the arrays go.
+// One async push, pull or push-pull (of a tensor or of a sparse table's
+// rows). Holds its client and its arrays until waited on; dropped unwaited,
+// it waits (bounded by the client's rpc_timeout) before letting the arrays
+// go.
 class PyHandle {
  public:
   PyHandle(std::shared_ptr<PyClient> client, Client::Handle handle, py::object keep_input,
@@ -371,6 +424,74 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
                                  absl::MakeSpan(view.data, view.size));
         },
         gradient, out);
+  }
+
+  // Sparse tables: rows of options.dim floats keyed by int64 ids, in host
+  // memory (worker/client.h, SparseTableOptions).
+  void RegisterSparse(const std::string& name, const SparseTableOptions& options) {
+    Client& c = client();
+    WithoutGil([&] { return c.RegisterSparseTable(name, options); });
+  }
+
+  py::object PullRows(const std::string& name, const py::object& ids, const py::object& out) {
+    Client& c = client();
+    IdBuffer in = IdsOf(ids, "pull_rows '" + name + "' ids");
+    FloatBuffer view = HostViewOf(out, true, "pull_rows '" + name + "' out");
+    WithoutGil([&] {
+      return c.PullRows(name, absl::MakeConstSpan(in.data, in.size),
+                        absl::MakeSpan(view.data, view.size));
+    });
+    return out;
+  }
+
+  void PushRows(const std::string& name, const py::object& ids, const py::object& gradients) {
+    Client& c = client();
+    IdBuffer in = IdsOf(ids, "push_rows '" + name + "' ids");
+    FloatBuffer grads = HostViewOf(gradients, false, "push_rows '" + name + "' gradients");
+    WithoutGil([&] {
+      return c.PushRows(name, absl::MakeConstSpan(in.data, in.size),
+                        absl::MakeConstSpan(grads.data, grads.size));
+    });
+  }
+
+  std::unique_ptr<PyHandle> PullRowsAsync(const std::string& name, const py::object& ids,
+                                          const py::object& out) {
+    Client& c = client();
+    IdBuffer in = IdsOf(ids, "pull_rows_async '" + name + "' ids");
+    FloatBuffer view = HostViewOf(out, true, "pull_rows_async '" + name + "' out");
+    return StartWithoutGil(
+        [&] {
+          return c.PullRowsAsync(name, absl::MakeConstSpan(in.data, in.size),
+                                 absl::MakeSpan(view.data, view.size));
+        },
+        ids, out);
+  }
+
+  std::unique_ptr<PyHandle> PushRowsAsync(const std::string& name, const py::object& ids,
+                                          const py::object& gradients) {
+    Client& c = client();
+    IdBuffer in = IdsOf(ids, "push_rows_async '" + name + "' ids");
+    FloatBuffer grads = HostViewOf(gradients, false, "push_rows_async '" + name + "' gradients");
+    return StartWithoutGil(
+        [&] {
+          return c.PushRowsAsync(name, absl::MakeConstSpan(in.data, in.size),
+                                 absl::MakeConstSpan(grads.data, grads.size));
+        },
+        py::make_tuple(ids, gradients), py::none());
+  }
+
+  py::dict SparseStats(const std::string& name) {
+    absl::StatusOr<SparseTableStats> stats = client().SparseStats(name);
+    if (!stats.ok()) ThrowIfError(stats.status());
+    py::dict out;
+    out["rows_pulled"] = stats->rows_pulled;
+    out["rows_pushed"] = stats->rows_pushed;
+    out["ids_requested"] = stats->ids_requested;
+    out["cache_hits"] = stats->cache_hits;
+    out["cache_misses"] = stats->cache_misses;
+    out["bytes_pushed"] = stats->bytes_pushed;
+    out["bytes_pulled"] = stats->bytes_pulled;
+    return out;
   }
 
   void Barrier(const std::string& name) {
@@ -712,6 +833,7 @@ PYBIND11_MODULE(_harrier, m) {
       .def_readwrite("tls_key_file", &ClientOptions::tls_key_file)
       .def_readwrite("auth_token", &ClientOptions::auth_token);
 
+  const SparseTableOptions kSparseDefaults;
   py::class_<PyHandle>(m, "Handle")
       .def("wait", &PyHandle::Wait, py::arg("timeout") = py::none())
       .def_property_readonly("done", &PyHandle::done)
@@ -741,6 +863,59 @@ PYBIND11_MODULE(_harrier, m) {
       .def("pull_async", &PyClient::PullAsync, py::arg("name"), py::arg("out"),
            py::arg("clock") = py::none(), py::arg("first_chunk") = 0, py::arg("num_chunks") = 0)
       .def("push_pull_async", &PyClient::PushPullAsync)
+      .def(
+          "register_sparse",
+          [](PyClient& c, const std::string& name, int64_t dim, const std::string& optimizer,
+             float lr, float beta1, float beta2, float epsilon, float initial_accumulator,
+             float init_scale, uint64_t seed, uint64_t max_rows, const std::string& eviction,
+             int64_t ttl_steps, uint32_t admit_after, float admit_probability,
+             const std::string& sync, int64_t staleness, const std::string& wire_dtype,
+             size_t cache_rows, int64_t cache_staleness) {
+            SparseTableOptions options;
+            options.dim = dim;
+            options.optimizer = optimizer;
+            options.lr = lr;
+            options.beta1 = beta1;
+            options.beta2 = beta2;
+            options.epsilon = epsilon;
+            options.initial_accumulator = initial_accumulator;
+            options.init_scale = init_scale;
+            options.seed = seed;
+            options.max_rows = max_rows;
+            options.eviction = eviction;
+            options.ttl_steps = ttl_steps;
+            options.admit_after = admit_after;
+            options.admit_probability = admit_probability;
+            options.sync = sync;
+            options.staleness = staleness;
+            options.wire_dtype = wire_dtype;
+            options.cache_rows = cache_rows;
+            options.cache_staleness = cache_staleness;
+            c.RegisterSparse(name, options);
+          },
+          // The defaults are SparseTableOptions' own.
+          py::arg("name"), py::arg("dim"), py::arg("optimizer") = kSparseDefaults.optimizer,
+          py::arg("lr") = kSparseDefaults.lr, py::arg("beta1") = kSparseDefaults.beta1,
+          py::arg("beta2") = kSparseDefaults.beta2, py::arg("epsilon") = kSparseDefaults.epsilon,
+          py::arg("initial_accumulator") = kSparseDefaults.initial_accumulator,
+          py::arg("init_scale") = kSparseDefaults.init_scale,
+          py::arg("seed") = kSparseDefaults.seed, py::arg("max_rows") = kSparseDefaults.max_rows,
+          py::arg("eviction") = kSparseDefaults.eviction,
+          py::arg("ttl_steps") = kSparseDefaults.ttl_steps,
+          py::arg("admit_after") = kSparseDefaults.admit_after,
+          py::arg("admit_probability") = kSparseDefaults.admit_probability,
+          py::arg("sync") = kSparseDefaults.sync, py::arg("staleness") = kSparseDefaults.staleness,
+          py::arg("wire_dtype") = kSparseDefaults.wire_dtype,
+          py::arg("cache_rows") = kSparseDefaults.cache_rows,
+          py::arg("cache_staleness") = kSparseDefaults.cache_staleness)
+      .def("pull_rows", &PyClient::PullRows, py::arg("name"), py::arg("ids"), py::arg("out"))
+      .def("push_rows", &PyClient::PushRows, py::arg("name"), py::arg("ids"),
+           py::arg("gradients"))
+      .def("pull_rows_async", &PyClient::PullRowsAsync, py::arg("name"), py::arg("ids"),
+           py::arg("out"))
+      .def("push_rows_async", &PyClient::PushRowsAsync, py::arg("name"), py::arg("ids"),
+           py::arg("gradients"))
+      .def("sparse_stats", &PyClient::SparseStats)
       .def("barrier", &PyClient::Barrier)
       .def("heartbeat", &PyClient::Heartbeat)
       .def("leave", &PyClient::Leave)

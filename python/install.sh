@@ -20,6 +20,7 @@ for candidate in "${RUNFILES_DIR:-$0.runfiles}/harrier/python/pkg/harrier" "$(di
 done
 [ -n "$package" ] || { echo "install: the built package is missing (bazel build //python:package)" >&2; exit 1; }
 mkdir -p "$prefix/harrier"
-cp -f "$package"/__init__.py "$package"/torch.py "$package"/_harrier.so "$prefix/harrier/"
+cp -f "$package"/__init__.py "$package"/sparse_rows.py "$package"/torch.py "$package"/_harrier.so \
+  "$prefix/harrier/"
 chmod -R u+w "$prefix/harrier"
 echo "install: harrier installed in $prefix/harrier; try: /usr/bin/python3 -c 'import harrier'" >&2

@@ -8,6 +8,10 @@ parameter-server shards (README "From PyTorch").
     client.push("w", gradient)             # for the current clock
     client.clock()                         # next iteration
 
+    client.register_sparse("emb", 16, optimizer="adagrad", lr=0.05)  # rows keyed by int64
+    rows = client.pull_rows("emb", ids)    # (len(ids), 16) float32, at the table's clock
+    client.push_rows("emb", ids, grads)    # summed per id; the shards' per-row optimizer
+
 Arrays are numpy arrays or CPU torch tensors. Contiguous float32 memory is
 used in place (no copy); other inputs are copied to float32 first, and
 outputs must be contiguous float32 already. Every call that can block
@@ -148,6 +152,28 @@ def _elements(x):
     return x.size
 
 
+def _ids(x, what):
+    """x as C-contiguous int64 ids: x's own memory when it already is, else a
+    copy of an integer array whose every value int64 holds (int8..int32,
+    uint8..uint32). Floats, bools, uint64 and CUDA tensors are refused."""
+    if _is_torch_tensor(x):
+        t = x.detach()
+        if t.device.type != "cpu":
+            raise _bad(f"{what}: ids on {t.device}; sparse tables take ids in host memory "
+                       "(move them with .cpu())")
+        x = t.numpy()
+    elif hasattr(x, "__cuda_array_interface__"):
+        raise _bad(f"{what}: a CUDA array; sparse tables take ids in host memory")
+    array = _np.asarray(x)
+    if array.dtype == _np.int64 and array.flags.c_contiguous:
+        return array
+    if array.dtype == _np.uint64:
+        raise _bad(f"{what}: uint64 ids; give int64 (ids.view(np.int64) keeps every bit)")
+    if array.dtype.kind not in "iu" or array.dtype.itemsize > 8:
+        raise _bad(f"{what}: expected integer ids (int64), got dtype {array.dtype}")
+    return _np.ascontiguousarray(array, dtype=_np.int64)
+
+
 def _duration(value, what):
     value = float(value)
     if not value > 0:
@@ -201,6 +227,7 @@ class Client:
         self._client = _harrier.Client(options, device)
         self._shapes = {}
         self._memory = {}
+        self._sparse = {}  # sparse table name -> dim
 
     # -- who we are ---------------------------------------------------------
     @property
@@ -275,8 +302,10 @@ class Client:
         self._memory[name] = memory
 
     def tensor_clock(self, name):
-        """The clock the tensor's next push is for: its own, or clock()."""
-        self.shape(name)
+        """The clock the tensor's next push is for: its own, or clock(). For a
+        sparse table: this worker's push_rows count."""
+        if name not in self._sparse:
+            self.shape(name)
         return self._client.tensor_clock(name)
 
     def _check_size(self, name, array, what):
@@ -333,6 +362,110 @@ class Client:
                                 "push_pull_async")
         array, _ = self._out(name, out, "push_pull_async")
         return self._client.push_pull_async(name, grad, array)
+
+    # -- sparse tables --------------------------------------------------------
+    def register_sparse(self, name, dim, optimizer="sgd", lr=0.01, beta1=0.9, beta2=0.999,
+                        epsilon=1e-8, initial_accumulator=0.0, init_scale=0.01, seed=0,
+                        max_rows=0, eviction="lru", ttl_steps=0, admit_after=0,
+                        admit_probability=1.0, sync="", staleness=0, wire_dtype="float32",
+                        cache_rows=0, cache_staleness=0):
+        """Declares a sparse table: rows of `dim` float32 keyed by any int64
+        id, created on the shards on first use (uniform in [-init_scale,
+        init_scale), a function of seed, name and id alone), each stepped on
+        its shard by its own optimizer ("sgd", "adagrad", "rowwise_adagrad",
+        "adam"; lr, beta1, beta2, epsilon, initial_accumulator). The table
+        keeps its own clock, this worker's push_rows count: the n-th push of
+        every worker meets the others' n-th, and pull_rows waits as `sync`
+        says ("": the job's --sync; "asp"; "ssp" with `staleness`). max_rows
+        per shard (0: the shards' byte budget only) with "lru" or "lfu"
+        eviction; ttl_steps: rows unused that many clocks are dropped;
+        admit_after / admit_probability: new ids are stored after that many
+        pushes, then with that probability. wire_dtype: "float32", "fp16",
+        "bf16". cache_rows / cache_staleness: the worker's hot-row cache.
+        Every worker registers a name once, with the same options."""
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 1 <= dim <= 1 << 16:
+            raise _bad(f"sparse table '{name}': dim must be an int in [1, 65536], got {dim!r}")
+        for field, value in (("seed", seed), ("max_rows", max_rows), ("ttl_steps", ttl_steps),
+                             ("admit_after", admit_after), ("staleness", staleness),
+                             ("cache_rows", cache_rows), ("cache_staleness", cache_staleness)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise _bad(f"sparse table '{name}': {field} must be a non-negative int, "
+                           f"got {value!r}")
+        if seed >= 1 << 64 or admit_after >= 1 << 32:
+            raise _bad(f"sparse table '{name}': seed below 2**64 and admit_after below 2**32")
+        self._client.register_sparse(
+            name, dim, optimizer=optimizer, lr=float(lr), beta1=float(beta1),
+            beta2=float(beta2), epsilon=float(epsilon),
+            initial_accumulator=float(initial_accumulator), init_scale=float(init_scale),
+            seed=seed, max_rows=max_rows, eviction=eviction, ttl_steps=ttl_steps,
+            admit_after=admit_after, admit_probability=float(admit_probability), sync=sync,
+            staleness=staleness, wire_dtype=wire_dtype, cache_rows=cache_rows,
+            cache_staleness=cache_staleness)
+        self._sparse[name] = dim
+
+    def sparse_dim(self, name):
+        """The row width of sparse table `name` (NotFoundError if this client
+        did not register it)."""
+        try:
+            return self._sparse[name]
+        except KeyError:
+            raise NotFoundError(f"sparse table '{name}' is not registered by this client",
+                                "NOT_FOUND", 5) from None
+
+    def _rows_out(self, name, ids, out, what):
+        shape = (int(ids.size), self.sparse_dim(name))
+        if out is None:
+            return _np.empty(shape, dtype=_np.float32), None
+        array = _writable(out, f"{what} '{name}' out")
+        if _elements(array) != shape[0] * shape[1]:
+            raise _bad(f"{what} '{name}': out has {_elements(array)} elements, {shape[0]} ids "
+                       f"need {shape[0] * shape[1]} (shape {shape})")
+        return array, out
+
+    def _rows_in(self, name, ids, gradients, what):
+        grads = _readable(gradients, f"{what} '{name}' gradients")
+        dim = self.sparse_dim(name)
+        if _elements(grads) != ids.size * dim:
+            raise _bad(f"{what} '{name}': gradients have {_elements(grads)} elements, "
+                       f"{ids.size} ids need {ids.size * dim} (shape ({ids.size}, {dim}))")
+        return grads
+
+    def pull_rows(self, name, ids, out=None):
+        """The rows of `ids` (int64, any values, repeats allowed) at the
+        table's clock, written into `out` (float32, len(ids) x dim elements,
+        contiguous and writable; returned) or a new (len(ids), dim) array.
+        Each distinct id is asked once, of the shard that holds it."""
+        ids = _ids(ids, f"pull_rows '{name}' ids")
+        array, original = self._rows_out(name, ids, out, "pull_rows")
+        self._client.pull_rows(name, ids, array)
+        return array if original is None else original
+
+    def push_rows(self, name, ids, gradients):
+        """Gradients for the rows of `ids` (len(ids) x dim; a repeated id's
+        gradients are summed), one push to every shard (an empty one where
+        a shard holds none): the table's clock advances by one."""
+        ids = _ids(ids, f"push_rows '{name}' ids")
+        self._client.push_rows(name, ids, self._rows_in(name, ids, gradients, "push_rows"))
+
+    def pull_rows_async(self, name, ids, out=None):
+        """Starts pull_rows; returns a Handle whose wait(timeout) returns the
+        filled array (`out`'s numpy view, or a new array)."""
+        ids = _ids(ids, f"pull_rows_async '{name}' ids")
+        array, _ = self._rows_out(name, ids, out, "pull_rows_async")
+        return self._client.pull_rows_async(name, ids, array)
+
+    def push_rows_async(self, name, ids, gradients):
+        """Starts push_rows (the table's clock advances now); returns a Handle
+        whose wait(timeout) returns None."""
+        ids = _ids(ids, f"push_rows_async '{name}' ids")
+        return self._client.push_rows_async(
+            name, ids, self._rows_in(name, ids, gradients, "push_rows_async"))
+
+    def sparse_stats(self, name):
+        """This worker's counters of a sparse table: rows_pulled (distinct ids
+        asked of the shards), rows_pushed, ids_requested (repeats
+        included), cache_hits, cache_misses, bytes_pushed, bytes_pulled."""
+        return self._client.sparse_stats(name)
 
     # -- iterations and membership -------------------------------------------
     def clock(self):

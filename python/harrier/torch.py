@@ -17,6 +17,12 @@
 Run it with `harrier-launch -np 4 -H a:2,b:2 -- python3 train.py` (or
 `-np 2` alone on one machine). The job leaves by itself at exit.
 
+Embeddings keyed by any int64 id live on the shards as sparse tables:
+Embedding and EmbeddingBag pull the rows a batch uses in forward and push
+their gradients in backward, and the shards' per-row optimizer steps them
+(no torch optimizer for them; the dense layers beside them go through
+DistributedOptimizer as above).
+
 Where the update happens (DistributedOptimizer's `update`):
   "average" each parameter's gradient goes from its backward hook to the
             shards, which average each step's gradients over the workers
@@ -53,6 +59,7 @@ import torch as _torch
 
 import harrier as _harrier
 from harrier import _harrier as _native
+from harrier import sparse_rows as _sparse_rows
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
@@ -61,7 +68,7 @@ __all__ = [
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "push_pull",
     "push_pull_async", "synchronize", "join", "barrier", "nccl_built", "mpi_built",
-    "gloo_built", "mpi_threads_supported", "cuda_built",
+    "gloo_built", "mpi_threads_supported", "cuda_built", "Embedding", "EmbeddingBag",
 ]
 
 _default_client = None
@@ -170,6 +177,7 @@ class _Job:
         self.unnamed = {}      # op -> calls without a name so far
         self.broadcasts = 0
         self.optimizers = _weakref.WeakSet()
+        self.sparse_tables = {}  # name -> _SparseTable, shared by the modules of that name
         self.left = False
 
     def collective_name(self, op, name):
@@ -194,6 +202,34 @@ class _Job:
         with self.lock:
             self.registered[key] = (elements, codec, memory)
 
+    def sparse_table(self, name, dim, options):
+        """The sparse table `name`, registered on first use; every module of
+        that name in this process shares it (and must ask for the same)."""
+        with self.lock:
+            table = self.sparse_tables.get(name)
+            if table is None:
+                self.client.register_sparse(name, dim, **options)
+                table = self.sparse_tables[name] = _SparseTable(self.client, name, dim, options)
+        if (table.dim, table.options) != (dim, options):
+            changed = ["dim"] if dim != table.dim else []
+            changed += sorted(k for k in set(options) | set(table.options)
+                              if options.get(k) != table.options.get(k))
+            raise _bad(f"sparse table '{name}': {', '.join(changed)} differ from its first use "
+                       f"in this process (now dim {dim}, {options}; then dim {table.dim}, "
+                       f"{table.options})")
+        return table
+
+    def finish_sparse(self):
+        """Waits for every sparse table's pushes in flight."""
+        error = None
+        for table in list(self.sparse_tables.values()):
+            try:
+                table.synchronize()
+            except _harrier.Error as e:
+                error = error or e
+        if error is not None:
+            raise error
+
 
 class _Done:
     """A handle whose result is already there."""
@@ -203,6 +239,16 @@ class _Done:
 
     def wait(self, timeout=None):
         return self.result
+
+
+class _LocalTable:
+    """A sparse table of a single-process job: its rows, clock and counters."""
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.clock = 0
+        self.stats = {"rows_pulled": 0, "rows_pushed": 0, "ids_requested": 0, "cache_hits": 0,
+                      "cache_misses": 0, "bytes_pushed": 0, "bytes_pulled": 0}
 
 
 class _LocalClient:
@@ -229,6 +275,77 @@ class _LocalClient:
         else:
             out[...] = _np.asarray(gradient, dtype=_np.float32).reshape(out.shape)
         return _Done(out)
+
+    def __init__(self):
+        self._tables = {}  # sparse table name -> _LocalTable
+
+    # Sparse tables held in this process, with the shards' arithmetic
+    # (harrier/sparse_rows.py); the push count is the table's clock.
+    def register_sparse(self, name, dim, **options):
+        if not isinstance(dim, int) or not 1 <= dim <= 1 << 16:
+            raise _bad(f"sparse table '{name}': dim must be an int in [1, 65536], got {dim!r}")
+        if name in self._tables:
+            raise _harrier.AlreadyExistsError(
+                f"sparse table '{name}' is already registered by this worker", "ALREADY_EXISTS", 6)
+        try:
+            self._tables[name] = _LocalTable(_sparse_rows.SparseRows(name, dim, **options))
+        except ValueError as e:
+            raise _bad(str(e)) from None
+
+    def _table(self, name):
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise _harrier.NotFoundError(f"sparse table '{name}' is not registered",
+                                         "NOT_FOUND", 5) from None
+
+    def sparse_dim(self, name):
+        return self._table(name).rows.dim
+
+    def tensor_clock(self, name):
+        return self._table(name).clock
+
+    def pull_rows(self, name, ids, out=None):
+        table = self._table(name)
+        ids = _harrier._ids(ids, f"pull_rows '{name}' ids").reshape(-1)
+        distinct, inverse = _np.unique(ids, return_inverse=True)
+        values = table.rows.pull(distinct)[inverse]
+        table.stats["ids_requested"] += len(ids)
+        table.stats["rows_pulled"] += len(distinct)
+        if out is None:
+            return values
+        view = _harrier._writable(out, f"pull_rows '{name}' out")
+        if view.size != values.size:
+            raise _bad(f"pull_rows '{name}': out has {view.size} elements, {len(ids)} ids need "
+                       f"{values.size} (shape {values.shape})")
+        view.reshape(values.shape)[...] = values
+        return out
+
+    def push_rows(self, name, ids, gradients):
+        table = self._table(name)
+        dim = table.rows.dim
+        ids = _harrier._ids(ids, f"push_rows '{name}' ids").reshape(-1)
+        grads = _harrier._readable(gradients, f"push_rows '{name}' gradients")
+        if grads.size != ids.size * dim:
+            raise _bad(f"push_rows '{name}': gradients have {grads.size} elements, {ids.size} "
+                       f"ids need {ids.size * dim} (shape ({ids.size}, {dim}))")
+        distinct, inverse = _np.unique(ids, return_inverse=True)
+        summed = _np.zeros((len(distinct), dim), _np.float32)
+        # A repeated id's gradients are summed in order, as the client does.
+        _np.add.at(summed, inverse, grads.reshape(len(ids), dim))
+        table.rows.push(distinct, summed)
+        table.clock += 1
+        table.stats["rows_pushed"] += len(distinct)
+
+    def pull_rows_async(self, name, ids, out=None):
+        return _Done(self.pull_rows(name, ids, out))
+
+    def push_rows_async(self, name, ids, gradients):
+        self.push_rows(name, ids, gradients)
+        return _Done(None)
+
+    def sparse_stats(self, name):
+        return dict(self._table(name).stats)
 
     def barrier(self, name):
         pass
@@ -367,6 +484,7 @@ def shutdown():
     try:
         for optimizer in list(job.optimizers):
             optimizer.finish()
+        job.finish_sparse()
         if not job.left:
             job.client.leave()
     except _harrier.Error as e:
@@ -383,6 +501,7 @@ def join():
     job = _need_job("join()")
     for optimizer in list(job.optimizers):
         optimizer.finish()
+    job.finish_sparse()
     if not job.left:
         job.client.leave()
         job.left = True
@@ -1209,3 +1328,215 @@ def broadcast_parameters(params, root_rank=0, client=None):
                 client.register(prefix + name, (tensor.numel(),), own_clock=True)
                 values = client.pull(prefix + name)
                 tensor.copy_(_torch.from_numpy(values).reshape(tensor.shape).to(tensor.dtype))
+
+
+# -- embeddings on sparse tables ------------------------------------------------
+
+# register_sparse's options an Embedding passes on as they are.
+_SPARSE_OPTIONS = ("beta1", "beta2", "epsilon", "initial_accumulator", "max_rows", "eviction",
+                   "ttl_steps", "admit_after", "admit_probability", "sync", "staleness",
+                   "wire_dtype", "cache_rows", "cache_staleness")
+
+
+class _SparseTable:
+    """A sparse table of this process and its pushes in flight (one per
+    backward). A forward waits for them before it pulls: it sees this
+    worker's own last push, and a push's error surfaces there."""
+
+    def __init__(self, client, name, dim, options):
+        self.client, self.name, self.dim, self.options = client, name, dim, dict(options)
+        self.lock = _threading.Lock()
+        self.pending = []
+
+    def synchronize(self):
+        with self.lock:
+            pending, self.pending = self.pending, []
+        error = None
+        for handle in pending:
+            try:
+                handle.wait()
+            except _harrier.Error as e:
+                error = error or e
+        if error is not None:
+            raise type(error)(f"sparse table '{self.name}': the push of a backward failed: "
+                              f"{error.message}", error.code, error.code_value) from None
+
+    def pull(self, ids):
+        """The rows of distinct int64 `ids` at the table's clock, as a new
+        (len(ids), dim) float32 tensor."""
+        self.synchronize()
+        rows = _np.empty((len(ids), self.dim), dtype=_np.float32)
+        try:
+            self.client.pull_rows(self.name, ids, rows)
+        except _harrier.DeadlineExceededError as e:
+            raise _harrier.DeadlineExceededError(
+                f"sparse table '{self.name}' at clock {self.client.tensor_clock(self.name)}: "
+                "not every worker pushed its rows in time (under BSP every worker runs as "
+                f"many training backward passes through the table): {e.message}",
+                e.code, e.code_value) from None
+        return _torch.from_numpy(rows)
+
+    def push(self, ids, grad):
+        """Starts the push of the distinct rows' gradients (the table's clock
+        advances now)."""
+        grads = _np.ascontiguousarray(grad.detach().to(_torch.float32).cpu().numpy())
+        handle = self.client.push_rows_async(self.name, ids, grads)
+        with self.lock:
+            self.pending.append(handle)
+
+
+class _PulledRows(_torch.autograd.Function):
+    """forward: the rows of distinct ids, pulled; backward: their gradient
+    (already summed over each id's uses) pushed to the shards. `trigger` is
+    an empty tensor that requires grad, so that backward reaches here."""
+
+    @staticmethod
+    def forward(ctx, trigger, table, ids):
+        ctx.table, ctx.ids = table, ids
+        return table.pull(ids)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.table.push(ctx.ids, grad)
+        return None, None, None
+
+
+class _SparseEmbedding(_torch.nn.Module):
+    """What Embedding and EmbeddingBag share: the table, its registration,
+    and rows pulled for a batch's distinct ids."""
+
+    def __init__(self, name, embedding_dim, optimizer, lr, init_scale, seed, options):
+        super().__init__()
+        kind = type(self).__name__
+        if not isinstance(name, str) or not name:
+            raise _bad(f"{kind}: name must be a non-empty str (the table's name on the shards, "
+                       f"the same on every worker), got {name!r}")
+        if (not isinstance(embedding_dim, int) or isinstance(embedding_dim, bool)
+                or not 1 <= embedding_dim <= 1 << 16):
+            raise _bad(f"{kind} '{name}': embedding_dim must be an int in [1, 65536], got "
+                       f"{embedding_dim!r}")
+        unknown = sorted(set(options) - set(_SPARSE_OPTIONS))
+        if unknown:
+            raise TypeError(f"{kind} '{name}': unknown option(s) {', '.join(unknown)}; the "
+                            f"options are {', '.join(_SPARSE_OPTIONS)}")
+        self.name = name
+        self.embedding_dim = embedding_dim
+        self.options = dict(optimizer=optimizer, lr=float(lr), init_scale=float(init_scale),
+                            seed=int(seed), **options)
+        self._trigger = _torch.empty(0, requires_grad=True)
+        self._job = None
+        self._table = None
+        if _job is not None:
+            self.table()  # registered now: a mistake in the options shows here
+
+    def table(self):
+        """The table, registered with the job on first use (init() first)."""
+        job = _need_job(f"{type(self).__name__} '{self.name}'")
+        if self._job is not job:
+            self._table = job.sparse_table(self.name, self.embedding_dim, self.options)
+            self._job = job
+        return self._table
+
+    def _rows(self, input):
+        """The rows of input's distinct ids (on input's device) and, in
+        input's shape, each id's index among them."""
+        if not isinstance(input, _torch.Tensor):
+            raise _bad(f"{type(self).__name__} '{self.name}': input must be a tensor of int64 "
+                       f"ids, got {type(input).__name__}")
+        if input.dtype not in (_torch.int64, _torch.int32):
+            raise _bad(f"{type(self).__name__} '{self.name}': ids must be int64 (or int32), got "
+                       f"{input.dtype}")
+        table = self.table()
+        distinct, inverse = _torch.unique(input.reshape(-1), sorted=True, return_inverse=True)
+        ids = _np.ascontiguousarray(distinct.to(_torch.int64).cpu().numpy())
+        rows = _PulledRows.apply(self._trigger, table, ids)
+        if input.device.type != "cpu":
+            rows = rows.to(input.device)
+        return rows, inverse.reshape(input.shape)
+
+    def synchronize(self):
+        """Waits for this table's pushes in flight (each backward starts one;
+        the next forward waits for them anyway, and so does shutdown())."""
+        self.table().synchronize()
+
+    def stats(self):
+        """This worker's counters of the table (Client.sparse_stats)."""
+        return self.table().client.sparse_stats(self.name)
+
+    def __getstate__(self):  # copies and pickles find the table again on first use
+        state = dict(self.__dict__)
+        state["_job"] = state["_table"] = None
+        return state
+
+    def extra_repr(self):
+        options = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"{self.name!r}, {self.embedding_dim}, {options}"
+
+
+class Embedding(_SparseEmbedding):
+    """torch.nn.Embedding over a sparse table on the shards: a row of
+    `embedding_dim` float32 for every int64 id (any value: hashed features
+    need no vocabulary), created on first use from (seed, name, id), uniform
+    in [-init_scale, init_scale).
+
+    forward(input) takes int64 (or int32) ids of any shape and returns
+    (*input.shape, embedding_dim). It pulls the rows of the batch's distinct
+    ids at the table's clock; backward pushes their gradients (summed over
+    each id's uses) and the shards step each row with the table's optimizer
+    ("sgd", "adagrad", "rowwise_adagrad" or "adam", with lr). So the rows
+    are not torch Parameters and take no torch optimizer; under BSP the
+    shards average each row's gradient over the workers, as
+    DistributedOptimizer averages dense ones.
+
+    The table's clock counts this worker's pushes, one per backward through
+    the module: a forward without backward (evaluation, torch.no_grad())
+    pushes nothing. Under BSP every worker must push as often as the others
+    (the same number of training steps, as with DistributedOptimizer), or
+    the others' pulls wait for it until rpc_timeout. A push runs while the
+    step goes on; the next forward waits for it.
+
+    name: the table's name, the same on every worker (modules of one name
+    share a table). options: register_sparse's others (beta1, beta2,
+    epsilon, initial_accumulator, max_rows, eviction, ttl_steps,
+    admit_after, admit_probability, sync, staleness, wire_dtype, cache_rows,
+    cache_staleness). Registered in the constructor after init(), or else on
+    the first forward. Without shards (one process, no HARRIER_SERVERS) the
+    table lives in this process with the shards' arithmetic.
+    """
+
+    def __init__(self, name, embedding_dim, optimizer="sgd", lr=0.01, init_scale=0.01, seed=0,
+                 **options):
+        super().__init__(name, embedding_dim, optimizer, lr, init_scale, seed, options)
+
+    def forward(self, input):
+        rows, inverse = self._rows(input)
+        return _torch.nn.functional.embedding(inverse, rows)
+
+
+class EmbeddingBag(_SparseEmbedding):
+    """torch.nn.EmbeddingBag over a sparse table (Embedding says how rows
+    are kept, pulled, pushed and stepped): each bag of ids reduced to one
+    row by mode "mean" (default), "sum" or "max".
+
+    forward(input, offsets=None, per_sample_weights=None) as
+    torch.nn.functional.embedding_bag takes them: a 2-D input of equal bags,
+    or a 1-D input with the offsets where each bag starts
+    (include_last_offset as torch's); per_sample_weights with mode "sum".
+    """
+
+    def __init__(self, name, embedding_dim, mode="mean", optimizer="sgd", lr=0.01,
+                 init_scale=0.01, seed=0, include_last_offset=False, **options):
+        if mode not in ("mean", "sum", "max"):
+            raise _bad(f"EmbeddingBag '{name}': mode must be 'mean', 'sum' or 'max', got {mode!r}")
+        super().__init__(name, embedding_dim, optimizer, lr, init_scale, seed, options)
+        self.mode = mode
+        self.include_last_offset = bool(include_last_offset)
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        rows, inverse = self._rows(input)
+        return _torch.nn.functional.embedding_bag(
+            inverse, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
+            include_last_offset=self.include_last_offset)
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, mode={self.mode!r}"
