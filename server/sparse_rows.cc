@@ -91,6 +91,14 @@ absl::StatusOr<SparseRowsConfig> SparseRowsConfig::FromProto(
   out.init_scale = config.init_scale();
   out.seed = config.seed();
   out.max_rows = config.max_rows();
+  if (config.max_bytes() > 0) {
+    // What a row costs at most: values, state, its record, and its index
+    // slot at the hash map's lowest load.
+    const uint64_t per_row = (uint64_t{out.dim} + out.state_floats()) * sizeof(float) +
+                             sizeof(SparseRows::RowMeta) + 2 * (sizeof(std::pair<const int64_t, uint32_t>) + 1);
+    const uint64_t rows = std::max<uint64_t>(1, config.max_bytes() / per_row);
+    out.max_rows = out.max_rows == 0 ? rows : std::min(out.max_rows, rows);
+  }
   if (config.eviction().empty() || config.eviction() == "lru") {
     out.eviction = SparseEviction::kLru;
   } else if (config.eviction() == "lfu") {

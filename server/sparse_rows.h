@@ -51,6 +51,7 @@ struct SparseRowsConfig {
   // INVALID_ARGUMENT naming the field for a dimension of 0 or above
   // kMaxSparseDim, an unknown optimizer or eviction, a negative or
   // non-finite rate, a probability outside (0, 1].
+  // max_bytes becomes a row budget (the lower of it and max_rows).
   static absl::StatusOr<SparseRowsConfig> FromProto(const proto::SparseTableConfig& config);
   // Floats of optimizer state per row.
   uint32_t state_floats() const;
@@ -78,6 +79,14 @@ struct SparseRowsStats {
 
 class SparseRows {
  public:
+  // One row's bookkeeping beside its values and state.
+  struct RowMeta {
+    int64_t id = 0;
+    int64_t last_used = 0;
+    uint32_t uses = 0;   // LFU count (saturating)
+    uint32_t steps = 0;  // optimizer steps (Adam's bias correction); ~0u: free slot
+  };
+
   static constexpr uint32_t kRowsPerBlock = 4096;
 
   // `budget` (may be null: unbounded) is charged a block at a time; `shard`
@@ -132,12 +141,6 @@ class SparseRows {
   SparseRowsStats stats() const;
 
  private:
-  struct RowMeta {
-    int64_t id = 0;
-    int64_t last_used = 0;
-    uint32_t uses = 0;   // LFU count (saturating)
-    uint32_t steps = 0;  // optimizer steps (Adam's bias correction); ~0u: free slot
-  };
   static constexpr uint32_t kFreeSlot = ~0u;
 
   float* ValuesOf(uint32_t slot);

@@ -185,6 +185,9 @@ struct SparseTableOptions {
   // past it "lru" or "lfu" picks the row evicted. ttl_steps: a row unused
   // for that many of the table's clocks is evicted (0: never).
   uint64_t max_rows = 0;
+  // The same as bytes per shard (rows, optimizer state, index): the lower
+  // of the two budgets holds. 0: none.
+  uint64_t max_bytes = 0;
   std::string eviction = "lru";
   int64_t ttl_steps = 0;
   // Admission: a new id is stored after this many pushes of it (0 or 1: at

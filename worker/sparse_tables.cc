@@ -115,6 +115,7 @@ absl::Status SparseTables::Register(const std::string& name, const SparseTableOp
   sparse.set_init_scale(options.init_scale);
   sparse.set_seed(options.seed);
   sparse.set_max_rows(options.max_rows);
+  sparse.set_max_bytes(options.max_bytes);
   sparse.set_eviction(options.eviction);
   sparse.set_ttl_steps(options.ttl_steps);
   sparse.set_admit_after(options.admit_after);

@@ -401,6 +401,13 @@ TEST_CASE("sparse metrics: rows held, admitted, evicted, bytes per row") {
   CHECK(metric("harrier_server_sparse_rows_evicted_total") == 300 - 64);
   CHECK(metric("harrier_server_sparse_pushes_not_admitted_total") == 10);
   CHECK(metric("harrier_server_sparse_bytes_per_row") > 0);
+  // A budget in bytes: 10000 bytes of rows of 4 floats (16 bytes, a 24-byte
+  // record, at most 34 of index) is 135 rows.
+  SparseTableOptions by_bytes = ExactTable();
+  by_bytes.max_bytes = 10000;
+  REQUIRE((*client)->RegisterSparseTable("bytes", by_bytes).ok());
+  REQUIRE((*client)->PushRows("bytes", ids, g).ok());
+  CHECK(metric("harrier_server_sparse_rows") == 64 + 135);
 }
 
 proto::TensorChunk RowsChunk(const std::string& key, uint32_t chunk, int64_t clock,
@@ -502,6 +509,38 @@ TEST_CASE("sparse hostile input: refused whole, nothing changes") {
     CHECK(*c.TensorClock("t") == 0);
   }
   unchanged();
+}
+
+}  // namespace
+}  // namespace harrier
+
+namespace harrier {
+namespace {
+
+TEST_CASE("sparse pushes are applied exactly once when retried") {
+  auto servers = testing::StartCluster(1, 2, {"--sync=asp", "--optimizer=sgd", "--lr=1"});
+  REQUIRE(servers.ok());
+  auto client = Client::Create(OptionsFor(*servers));
+  REQUIRE(client.ok());
+  REQUIRE((*client)->RegisterSparseTable("once", ExactTable()).ok());
+  uint32_t part = 0;
+  HashPartitioner partitioner(1);
+  while (partitioner.ShardFor("once", part) != 0) ++part;
+  testing::RawGrpcShard shard(testing::Addresses(*servers)[0]);
+  const std::vector<int64_t> ids = {5, 6};
+  const std::vector<float> grads(ids.size() * kDim, 1.0f);
+  // Rank 1's push for clock 0, sent three times (a retry after a lost
+  // reply): applied once, scaled 1/2 (two workers, ASP).
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    CHECK(shard.Push({RowsChunk("once", part, 0, ids, grads)}).ok());
+  }
+  std::vector<float> rows(ids.size() * kDim);
+  REQUIRE((*client)->PullRows("once", ids, absl::MakeSpan(rows)).ok());
+  for (float v : rows) CHECK(v == -0.5f);
+  // Its next clock is applied as new.
+  CHECK(shard.Push({RowsChunk("once", part, 1, ids, grads)}).ok());
+  REQUIRE((*client)->PullRows("once", ids, absl::MakeSpan(rows)).ok());
+  for (float v : rows) CHECK(v == -1.0f);
 }
 
 }  // namespace
