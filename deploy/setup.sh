@@ -5,6 +5,7 @@ set -euo pipefail
 
 # gnuplot-nox: docs/results/ figures (bench/scripts/convergence_report.py
 # and its tests).
+# wordnet-base: the glosses of examples/wordnet_text.py (sparse tables).
 PACKAGES=(
   bazel-bootstrap build-essential pkg-config cmake
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -15,7 +16,7 @@ PACKAGES=(
   libgloo-dev iproute2 openssh-server openssh-client
   python3-dev pybind11-dev python3-numpy python3-torch
   yamllint nodejs npm kubectl
-  gnuplot-nox
+  gnuplot-nox wordnet-base
 )
 
 missing=()
