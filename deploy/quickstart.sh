@@ -2,7 +2,7 @@
 # Harrier's main job: a local cluster on 127.0.0.1 (server shards + workers)
 # training on Fashion-MNIST, ending with a line test_accuracy=0.XXXX.
 #
-#   ./deploy/quickstart.sh [--workload=mlp|cnn|torch-cnn] [--shards=2] [--workers=4]
+#   ./deploy/quickstart.sh [--workload=mlp|cnn|torch-cnn|text] [--shards=2] [--workers=4]
 #                          [--epochs=E] [--sync=bsp] [--server_args="..."]
 #                          [--straggler_delay_ms=N] [--straggler_probability=P]
 #                          [-- extra worker flags]
@@ -16,6 +16,10 @@
 # --workload=torch-cnn: examples/torch_fashion_mnist.py, a PyTorch CNN, one
 # /usr/bin/python3 process per worker through the harrier Python package
 # (its own default epochs; the servers get its --print_server_args).
+# --workload=text: examples/wordnet_text.py, a fastText-style classifier of
+# WordNet glosses (Debian's wordnet-base, installed if missing) whose hashed
+# word and bigram embedding is a sparse table on the shards, through
+# harrier-launch (its own default epochs, 3; 0.76 test accuracy).
 #
 # Installs what is missing (deploy/setup.sh), builds, starts everything with
 # ephemeral ports, streams the workers' progress, and stops every process it
@@ -54,11 +58,11 @@ case "$workload" in
   cnn)
     epochs=${epochs:-6}; server_args=${server_args:-"--optimizer=nesterov --lr=0.02 --momentum=0.9"}
     worker_args=(--workload=cnn ${worker_args[@]+"${worker_args[@]}"}) ;;
-  torch-cnn)
+  torch-cnn|text)
     if [ "$straggler_delay_ms" != 0 ]; then
       echo "quickstart: --straggler_delay_ms applies to --workload=mlp and cnn only" >&2; exit 2
     fi ;;
-  *) echo "quickstart: unknown workload '$workload' (mlp, cnn or torch-cnn)" >&2; exit 2 ;;
+  *) echo "quickstart: unknown workload '$workload' (mlp, cnn, torch-cnn or text)" >&2; exit 2 ;;
 esac
 for value in "$shards" "$workers" ${epochs:+"$epochs"}; do
   [[ $value =~ ^[1-9][0-9]*$ ]] || { echo "quickstart: counts must be positive integers" >&2; exit 2; }
@@ -71,6 +75,7 @@ else
   ./deploy/setup.sh
   targets=(//server:harrier-server //worker:harrier-worker)
   [ "$workload" = torch-cnn ] && targets+=(//python:package)
+  [ "$workload" = text ] && targets=(//server:harrier-server //python:package //deploy/launch:harrier-launch)
   echo "quickstart: building ${targets[*]}" >&2
   bazel build -c opt "${targets[@]}" >/tmp/harrier-quickstart-build.log 2>&1 ||
     { tail -n 30 /tmp/harrier-quickstart-build.log >&2; echo "quickstart: build failed" >&2; exit 1; }
@@ -84,6 +89,42 @@ if [ "$workload" = torch-cnn ]; then
     { echo "quickstart: /usr/bin/python3 cannot import harrier and torch (PYTHONPATH=$PYTHONPATH)" >&2; exit 1; }
   # The shards run the example's optimizer: its tuned hyperparameters.
   [ -z "$server_args" ] && server_args=$(/usr/bin/python3 "$example" --print_server_args)
+fi
+
+if [ "$workload" = text ]; then
+  # The launcher starts the shards and the workers and ends them with the
+  # job; its stdout lines carry a "[worker-R@host] " prefix. The shards'
+  # lines go to the log only.
+  example=examples/wordnet_text.py
+  if [ ! -e /usr/share/wordnet/data.noun ]; then
+    echo "quickstart: installing wordnet-base (the glosses of examples/wordnet_text.py)" >&2
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    export DEBIAN_FRONTEND=noninteractive
+    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends wordnet-base; } \
+      >/dev/null || { echo "quickstart: could not install wordnet-base" >&2; exit 1; }
+  fi
+  export PYTHONPATH="$bin/python/pkg${PYTHONPATH:+:$PYTHONPATH}"
+  /usr/bin/python3 -c "import harrier.torch" 2>/dev/null ||
+    { echo "quickstart: /usr/bin/python3 cannot import harrier.torch (PYTHONPATH=$PYTHONPATH)" >&2; exit 1; }
+  run_dir=$(mktemp -d "${TMPDIR:-/tmp}/harrier-quickstart.XXXXXX")
+  echo "quickstart: $shards shards, $workers text workers ($sync, ${epochs:-default} epochs) through harrier-launch" >&2
+  start=$(date +%s.%N)
+  status=0
+  # shellcheck disable=SC2086
+  "$bin/deploy/launch/harrier-launch" -np "$workers" --num_servers="$shards" --base_port=0 \
+    --server_bin="$bin/server/harrier-server" --server_args="--sync=$sync $server_args" -- \
+    /usr/bin/python3 -u "$example" ${epochs:+--epochs="$epochs"} ${worker_args[@]+"${worker_args[@]}"} \
+    >"$run_dir/launch.out" 2> >(tee "$run_dir/launch.log" | grep --line-buffered -v '^\[shard-' >&2) ||
+    status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "quickstart: harrier-launch failed with exit code $status; logs in $run_dir" >&2
+    exit 1
+  fi
+  elapsed=$(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo "?")
+  echo "quickstart: training finished in ${elapsed} s; logs in $run_dir" >&2
+  sed -n 's/^\[worker-0@[^]]*\] //p' "$run_dir/launch.out"
+  exit 0
 fi
 
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/harrier-quickstart.XXXXXX")
