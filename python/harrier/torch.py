@@ -330,9 +330,13 @@ class _LocalClient:
             raise _bad(f"push_rows '{name}': gradients have {grads.size} elements, {ids.size} "
                        f"ids need {ids.size * dim} (shape ({ids.size}, {dim}))")
         distinct, inverse = _np.unique(ids, return_inverse=True)
-        summed = _np.zeros((len(distinct), dim), _np.float32)
-        # A repeated id's gradients are summed in order, as the client does.
-        _np.add.at(summed, inverse, grads.reshape(len(ids), dim))
+        grads = grads.reshape(len(ids), dim)
+        if len(distinct) == len(ids):  # what Embedding pushes
+            summed = _np.empty_like(grads)
+            summed[inverse] = grads
+        else:  # a repeated id's gradients summed in order, as the client does
+            summed = _np.zeros((len(distinct), dim), _np.float32)
+            _np.add.at(summed, inverse, grads)
         table.rows.push(distinct, summed)
         table.clock += 1
         table.stats["rows_pushed"] += len(distinct)
