@@ -870,7 +870,7 @@ PYBIND11_MODULE(_harrier, m) {
              float init_scale, uint64_t seed, uint64_t max_rows, const std::string& eviction,
              int64_t ttl_steps, uint32_t admit_after, float admit_probability,
              const std::string& sync, int64_t staleness, const std::string& wire_dtype,
-             size_t cache_rows, int64_t cache_staleness) {
+             size_t cache_rows, int64_t cache_staleness, uint64_t max_bytes) {
             SparseTableOptions options;
             options.dim = dim;
             options.optimizer = optimizer;
@@ -891,6 +891,7 @@ PYBIND11_MODULE(_harrier, m) {
             options.wire_dtype = wire_dtype;
             options.cache_rows = cache_rows;
             options.cache_staleness = cache_staleness;
+            options.max_bytes = max_bytes;
             c.RegisterSparse(name, options);
           },
           // The defaults are SparseTableOptions' own.
@@ -907,7 +908,8 @@ PYBIND11_MODULE(_harrier, m) {
           py::arg("sync") = kSparseDefaults.sync, py::arg("staleness") = kSparseDefaults.staleness,
           py::arg("wire_dtype") = kSparseDefaults.wire_dtype,
           py::arg("cache_rows") = kSparseDefaults.cache_rows,
-          py::arg("cache_staleness") = kSparseDefaults.cache_staleness)
+          py::arg("cache_staleness") = kSparseDefaults.cache_staleness,
+          py::arg("max_bytes") = kSparseDefaults.max_bytes)
       .def("pull_rows", &PyClient::PullRows, py::arg("name"), py::arg("ids"), py::arg("out"))
       .def("push_rows", &PyClient::PushRows, py::arg("name"), py::arg("ids"),
            py::arg("gradients"))

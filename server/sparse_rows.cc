@@ -248,19 +248,18 @@ void SparseRows::Remove(uint32_t slot, bool expired) {
 
 bool SparseRows::Admit(int64_t id) {
   if (config_.admit_after <= 1 && config_.admit_probability >= 1.0f) return true;
-  uint32_t count = 1;
-  if (config_.admit_after > 1) {
-    if (sketch_.empty()) sketch_.assign(kSketchRows * kSketchWidth, 0);
-    const uint64_t mixed = MixRowId(id) ^ name_hash_;
-    count = ~0u;
-    for (int row = 0; row < kSketchRows; ++row) {
-      const uint64_t h = SplitMix(mixed + static_cast<uint64_t>(row) * 0x632be59bd9b4e019ull);
-      uint16_t& counter = sketch_[row * kSketchWidth + (h % kSketchWidth)];
-      if (counter < 0xffff) ++counter;
-      count = std::min<uint32_t>(count, counter);
-    }
-    if (count < config_.admit_after) return false;
+  // Occurrences are counted whenever admission is not immediate: the draw
+  // below is then a new one on each push of an id not yet admitted.
+  if (sketch_.empty()) sketch_.assign(kSketchRows * kSketchWidth, 0);
+  const uint64_t mixed = MixRowId(id) ^ name_hash_;
+  uint32_t count = ~0u;
+  for (int row = 0; row < kSketchRows; ++row) {
+    const uint64_t h = SplitMix(mixed + static_cast<uint64_t>(row) * 0x632be59bd9b4e019ull);
+    uint16_t& counter = sketch_[row * kSketchWidth + (h % kSketchWidth)];
+    if (counter < 0xffff) ++counter;
+    count = std::min<uint32_t>(count, counter);
   }
+  if (count < config_.admit_after) return false;
   if (config_.admit_probability >= 1.0f) return true;
   // A draw per (id, occurrence): the same pushes admit the same ids.
   return Unit(SplitMix(MixRowId(id) ^ name_hash_ ^ (uint64_t{count} << 32))) <

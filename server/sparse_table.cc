@@ -6,6 +6,9 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/text_format.h"
 #include "common/crc32c.h"
 
 namespace harrier {
@@ -188,13 +191,26 @@ absl::StatusOr<bool> SparseTable::Init(const proto::InitRequest& request) {
   }
   absl::MutexLock lock(&mutex_);
   if (created_) {
-    if (request.chunk() != part_ ||
-        request.sparse().SerializeAsString() != config_.SerializeAsString()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Where(), ": registered again with other settings (dim ",
-                       request.sparse().dim(), ", optimizer '", request.sparse().optimizer(),
-                       "'; the table has dim ", config_.dim(), ", optimizer '",
-                       config_.optimizer(), "')"));
+    if (request.chunk() != part_) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(), ": registered as part ",
+                                                     request.chunk(), ", held as part ", part_));
+    }
+    // Names each setting that differs, with both values.
+    std::vector<std::string> differ;
+    const google::protobuf::Descriptor& fields = *proto::SparseTableConfig::descriptor();
+    for (int i = 0; i < fields.field_count(); ++i) {
+      const google::protobuf::FieldDescriptor* field = fields.field(i);
+      std::string asked, held;
+      google::protobuf::TextFormat::PrintFieldValueToString(request.sparse(), field, -1, &asked);
+      google::protobuf::TextFormat::PrintFieldValueToString(config_, field, -1, &held);
+      if (asked != held) {
+        differ.push_back(absl::StrCat(field->name(), " ", asked.substr(0, 64), " (the table's: ",
+                                      held.substr(0, 64), ")"));
+      }
+    }
+    if (!differ.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(), ": registered again with other settings: ", absl::StrJoin(differ, ", ")));
     }
     return false;
   }

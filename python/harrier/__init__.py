@@ -368,7 +368,7 @@ class Client:
                         epsilon=1e-8, initial_accumulator=0.0, init_scale=0.01, seed=0,
                         max_rows=0, eviction="lru", ttl_steps=0, admit_after=0,
                         admit_probability=1.0, sync="", staleness=0, wire_dtype="float32",
-                        cache_rows=0, cache_staleness=0):
+                        cache_rows=0, cache_staleness=0, max_bytes=0):
         """Declares a sparse table: rows of `dim` float32 keyed by any int64
         id, created on the shards on first use (uniform in [-init_scale,
         init_scale), a function of seed, name and id alone), each stepped on
@@ -377,8 +377,9 @@ class Client:
         keeps its own clock, this worker's push_rows count: the n-th push of
         every worker meets the others' n-th, and pull_rows waits as `sync`
         says ("": the job's --sync; "asp"; "ssp" with `staleness`). max_rows
-        per shard (0: the shards' byte budget only) with "lru" or "lfu"
-        eviction; ttl_steps: rows unused that many clocks are dropped;
+        per shard (0: the shards' byte budget only) and max_bytes per shard
+        (rows, state and index; 0: none; the lower budget holds) with "lru"
+        or "lfu" eviction; ttl_steps: rows unused that many clocks are dropped;
         admit_after / admit_probability: new ids are stored after that many
         pushes, then with that probability. wire_dtype: "float32", "fp16",
         "bf16". cache_rows / cache_staleness: the worker's hot-row cache.
@@ -387,7 +388,8 @@ class Client:
             raise _bad(f"sparse table '{name}': dim must be an int in [1, 65536], got {dim!r}")
         for field, value in (("seed", seed), ("max_rows", max_rows), ("ttl_steps", ttl_steps),
                              ("admit_after", admit_after), ("staleness", staleness),
-                             ("cache_rows", cache_rows), ("cache_staleness", cache_staleness)):
+                             ("cache_rows", cache_rows), ("cache_staleness", cache_staleness),
+                             ("max_bytes", max_bytes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise _bad(f"sparse table '{name}': {field} must be a non-negative int, "
                            f"got {value!r}")
@@ -400,7 +402,7 @@ class Client:
             seed=seed, max_rows=max_rows, eviction=eviction, ttl_steps=ttl_steps,
             admit_after=admit_after, admit_probability=float(admit_probability), sync=sync,
             staleness=staleness, wire_dtype=wire_dtype, cache_rows=cache_rows,
-            cache_staleness=cache_staleness)
+            cache_staleness=cache_staleness, max_bytes=max_bytes)
         self._sparse[name] = dim
 
     def sparse_dim(self, name):

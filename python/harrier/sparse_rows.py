@@ -151,12 +151,12 @@ class SparseRows:
     def _admit(self, i):
         if self._at_once():
             return True
-        count = 1
-        if self.admit_after > 1:
-            count = min(self.counts.get(i, 0) + 1, 0xFFFF)
-            self.counts[i] = count
-            if count < self.admit_after:
-                return False
+        # Occurrences are counted whenever admission is not immediate, so the
+        # draw below is a new one on each push of an id not yet admitted.
+        count = min(self.counts.get(i, 0) + 1, 0xFFFF)
+        self.counts[i] = count
+        if count < self.admit_after:
+            return False
         if self.admit_probability >= 1:
             return True
         h = _np.uint64(_splitmix(i & _MASK)) ^ self.name_hash ^ _np.uint64(count << 32)

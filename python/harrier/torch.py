@@ -1337,9 +1337,9 @@ def broadcast_parameters(params, root_rank=0, client=None):
 # -- embeddings on sparse tables ------------------------------------------------
 
 # register_sparse's options an Embedding passes on as they are.
-_SPARSE_OPTIONS = ("beta1", "beta2", "epsilon", "initial_accumulator", "max_rows", "eviction",
-                   "ttl_steps", "admit_after", "admit_probability", "sync", "staleness",
-                   "wire_dtype", "cache_rows", "cache_staleness")
+_SPARSE_OPTIONS = ("beta1", "beta2", "epsilon", "initial_accumulator", "max_rows", "max_bytes",
+                   "eviction", "ttl_steps", "admit_after", "admit_probability", "sync",
+                   "staleness", "wire_dtype", "cache_rows", "cache_staleness")
 
 
 class _SparseTable:
@@ -1501,7 +1501,7 @@ class Embedding(_SparseEmbedding):
 
     name: the table's name, the same on every worker (modules of one name
     share a table). options: register_sparse's others (beta1, beta2,
-    epsilon, initial_accumulator, max_rows, eviction, ttl_steps,
+    epsilon, initial_accumulator, max_rows, max_bytes, eviction, ttl_steps,
     admit_after, admit_probability, sync, staleness, wire_dtype, cache_rows,
     cache_staleness). Registered in the constructor after init(), or else on
     the first forward. Without shards (one process, no HARRIER_SERVERS) the

@@ -315,6 +315,35 @@ TEST_CASE("sparse rows: initializer, admission, row budget, 16-bit wire, cache")
     }
   }
 
+  SECTION("admission with probability: a new draw on every push") {
+    SparseTableOptions table = ExactTable();
+    table.admit_probability = 0.3f;
+    REQUIRE(c.RegisterSparseTable("maybe", table).ok());
+    // Each of 40 ids pushed 20 times: each is admitted at some push (a
+    // fixed draw would leave about 70 % of them out for ever), and once in,
+    // every later push is applied.
+    std::vector<int64_t> ids(40);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 1013;
+    std::vector<float> g(ids.size() * kDim, 1.0f), rows(g.size());
+    for (int push = 0; push < 20; ++push) REQUIRE(c.PushRows("maybe", ids, g).ok());
+    REQUIRE(c.PullRows("maybe", ids, absl::MakeSpan(rows)).ok());
+    int admitted = 0;
+    for (size_t i = 0; i < ids.size(); ++i) admitted += rows[i * kDim] < 0.0f ? 1 : 0;
+    CHECK(admitted == static_cast<int>(ids.size()));
+  }
+
+  SECTION("registering again with other settings names them") {
+    REQUIRE(c.RegisterSparseTable("settings", ExactTable()).ok());
+    SparseTableOptions other = ExactTable();
+    other.lr = 0.5f;
+    other.eviction = "lfu";
+    // The shards answer first (as they would another worker).
+    absl::Status status = c.RegisterSparseTable("settings", other);
+    CHECK(absl::IsInvalidArgument(status));
+    CHECK(status.message().find("lr 0.5 (the table's: 1)") != absl::string_view::npos);
+    CHECK(status.message().find("eviction \"lfu\"") != absl::string_view::npos);
+  }
+
   SECTION("a row budget of 64 per shard holds, and recent rows stay") {
     SparseTableOptions table = ExactTable();
     table.max_rows = 64;
