@@ -8,6 +8,7 @@
 
 #include "bench/codec/codec_bench.h"
 #include "bench/convergence_bench.h"
+#include "bench/embedding_bench.h"
 #include "bench/load_bench.h"
 #include "bench/overlap_bench.h"
 #include "bench/transport_bench.h"
@@ -48,6 +49,10 @@ constexpr Subcommand kSubcommands[] = {
      "the survey's grid: loss and test accuracy vs steps and wall time, and bytes, per model x "
      "sync x codec x pulls x link on emulated links (resumable; root)",
      harrier::bench::RunConvergenceBench},
+    {"embedding",
+     "sparse embedding tables (Zipf ids, 8 tables) over the wire versus the same tables in "
+     "process and memcpy; memory per row, row cache, row budget",
+     harrier::bench::RunEmbeddingBench},
 };
 
 void PrintUsage(FILE* out) {

@@ -142,5 +142,57 @@ else
   fail "codec prints JSON lines with its fields: $(head -n 3 "$tmp/codec.jsonl")"
 fi
 
+# --- embedding --quick -----------------------------------------------------------
+expect_usage_error "embedding unknown case is refused" "bogus" embedding --cases=bogus
+expect_usage_error "embedding unknown optimizer is refused" "bogus" embedding --optimizer=bogus
+timeout 50 "$bench" embedding --quick >"$tmp/embedding.jsonl" 2>"$tmp/embedding.err"
+rc=$?
+if [ "$rc" -eq 0 ] && json_lines_ok "$tmp/embedding.jsonl"; then
+  pass "embedding --quick prints JSON lines"
+else
+  fail "embedding --quick prints JSON lines (exit $rc): $(tail -n 5 "$tmp/embedding.err")"
+fi
+# One file per case, each line of it carrying the case's fields.
+embedding_case_ok() {  # case field...
+  local kase=$1; shift
+  grep "\"case\":\"$kase\"" "$tmp/embedding.jsonl" >"$tmp/embedding_$kase.jsonl"
+  [ -s "$tmp/embedding_$kase.jsonl" ] && fields_ok "$tmp/embedding_$kase.jsonl" bench case dim "$@"
+}
+if embedding_case_ok rate tables batch distinct_ids zipf shards wire_pull_ids_per_s \
+     wire_push_ids_per_s inproc_lookup_ids_per_s inproc_apply_ids_per_s memcpy_ids_per_s \
+     pull_wire_over_inproc push_wire_over_inproc lookup_over_memcpy target_wire_over_inproc &&
+   positive_ok "$tmp/embedding_rate.jsonl" wire_pull_ids_per_s &&
+   positive_ok "$tmp/embedding_rate.jsonl" wire_push_ids_per_s &&
+   positive_ok "$tmp/embedding_rate.jsonl" inproc_lookup_ids_per_s &&
+   positive_ok "$tmp/embedding_rate.jsonl" memcpy_ids_per_s; then
+  pass "embedding rate lines carry their fields"
+else
+  fail "embedding rate lines carry their fields: $(head -n 2 "$tmp/embedding.jsonl")"
+fi
+if embedding_case_ok memory optimizer rows bytes_per_row raw_row_bytes memory_ratio \
+     target_memory_ratio && positive_ok "$tmp/embedding_memory.jsonl" bytes_per_row &&
+   [ "$(grep -c . "$tmp/embedding_memory.jsonl")" -eq 3 ]; then
+  pass "embedding memory lines carry their fields, one per optimizer"
+else
+  fail "embedding memory lines carry their fields, one per optimizer"
+fi
+if embedding_case_ok cache cache_rows cache_staleness train_hit_rate serve_hit_rate \
+     serve_pull_ids_per_s uncached_pull_ids_per_s; then
+  pass "embedding cache lines carry their fields"
+else
+  fail "embedding cache lines carry their fields"
+fi
+if embedding_case_ok budget max_rows wire_rows_min wire_rows_max inproc_evicted \
+     wire_pull_ids_per_s wire_push_ids_per_s; then
+  pass "embedding budget lines carry their fields"
+else
+  fail "embedding budget lines carry their fields"
+fi
+if ! pgrep -f "$tmp/harrier-bench-" >/dev/null 2>&1 && ! ls -d "$tmp"/harrier-bench-* >/dev/null 2>&1; then
+  pass "embedding leaves no server running"
+else
+  fail "embedding leaves no server running"
+fi
+
 echo "$passed checks passed, $failed failed"
 [ "$failed" -eq 0 ]
