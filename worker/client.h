@@ -203,7 +203,9 @@ struct SparseTableOptions {
   std::string wire_dtype = "float32";
   // The worker's hot-row cache: up to cache_rows rows pulled within the
   // last cache_staleness clocks of the table are served without a call
-  // (0 rows: no cache). Pushed rows are dropped from it.
+  // (0 rows: no cache), least recently used evicted first. A row served
+  // from it may miss up to cache_staleness of the table's updates, this
+  // worker's own pushes included: the bound is in clocks, as SSP's.
   size_t cache_rows = 0;
   int64_t cache_staleness = 0;
 };

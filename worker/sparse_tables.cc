@@ -232,7 +232,8 @@ OperationHandle SparseTables::PullRows(const std::string& name, absl::Span<const
     pull->next[i] = pull->first[d];
     pull->first[d] = static_cast<uint32_t>(i);
   }
-  auto scatter = [pull, dim](uint32_t d, const float* row) {
+  // Row bytes (any alignment) into every position of distinct id d.
+  auto scatter = [pull, dim](uint32_t d, const void* row) {
     for (uint32_t i = pull->first[d]; i != ~0u; i = pull->next[i]) {
       std::memcpy(pull->out + size_t{i} * dim, row, dim * sizeof(float));
     }
@@ -312,32 +313,40 @@ OperationHandle SparseTables::PullRows(const std::string& name, absl::Span<const
                                                       header.num_elements(), " elements, asked ",
                                                       n));
             }
-            std::vector<float> rows(n);
+            // Float32 rows are scattered straight from the reply (no copy
+            // of their own); 16-bit rows are decoded first.
+            std::vector<float> decoded;
+            const char* rows = nullptr;
             if (header.codec() == 0) {
               if (bytes.size() != n * sizeof(float)) {
                 return absl::DataLossError(absl::StrCat("rows of '", table->name,
                                                         "': reply of ", bytes.size(), " bytes"));
               }
-              std::memcpy(rows.data(), bytes.data(), bytes.size());
+              rows = bytes.data();
             } else {
               if (table->decoder == nullptr ||
                   static_cast<uint32_t>(table->decoder->id()) != header.codec()) {
                 return absl::DataLossError(absl::StrCat("rows of '", table->name,
                                                         "': reply in codec ", header.codec()));
               }
-              if (auto status = table->decoder->Decode(bytes, absl::MakeSpan(rows));
+              decoded.resize(n);
+              if (auto status = table->decoder->Decode(bytes, absl::MakeSpan(decoded));
                   !status.ok()) {
                 return absl::DataLossError(absl::StrCat("rows of '", table->name, "': ",
                                                         status.message()));
               }
+              rows = reinterpret_cast<const char*>(decoded.data());
             }
-            for (size_t k = 0; k < mine.size(); ++k) scatter(mine[k], rows.data() + k * dim);
+            const size_t row_bytes = size_t{dim} * sizeof(float);
+            for (size_t k = 0; k < mine.size(); ++k) scatter(mine[k], rows + k * row_bytes);
             table->bytes_pulled += bytes.size();
             {
               absl::MutexLock lock(&table->cache_mutex);
               if (table->cache != nullptr) {
+                std::vector<float> row(dim);
                 for (size_t k = 0; k < mine.size(); ++k) {
-                  table->cache->Put(pull->distinct.ids[mine[k]], clock, rows.data() + k * dim);
+                  std::memcpy(row.data(), rows + k * row_bytes, row_bytes);
+                  table->cache->Put(pull->distinct.ids[mine[k]], clock, row.data());
                 }
               }
             }
@@ -384,31 +393,41 @@ OperationHandle SparseTables::PushRows(const std::string& name, absl::Span<const
   }
   Distinct distinct = Deduplicate(ids);
   const size_t count = distinct.ids.size();
-  std::vector<float> summed(count * dim, 0.0f);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    float* sum = summed.data() + size_t{distinct.of_position[i]} * dim;
-    const float* g = gradients.data() + i * dim;
-    for (uint32_t j = 0; j < dim; ++j) sum[j] += g[j];
-  }
   const int shards = static_cast<int>(transports_.size());
-  std::vector<std::vector<uint32_t>> of_shard(shards);
-  for (uint32_t d = 0; d < count; ++d) of_shard[SparseRowShard(distinct.ids[d], shards)].push_back(d);
+  // Each distinct id's shard and its row in that shard's payload.
+  std::vector<std::vector<int64_t>> ids_of(shards);
+  std::vector<std::pair<int, uint32_t>> where(count);
+  for (uint32_t d = 0; d < count; ++d) {
+    const int shard = SparseRowShard(distinct.ids[d], shards);
+    where[d] = {shard, static_cast<uint32_t>(ids_of[shard].size())};
+    ids_of[shard].push_back(distinct.ids[d]);
+  }
   for (int shard = 0; shard < shards; ++shard) {
-    if (of_shard[shard].size() > kMaxRowsPerCall) {
+    if (ids_of[shard].size() > kMaxRowsPerCall) {
       return engine_.Failed(
           OpKind::kPush, what,
-          absl::InvalidArgumentError(absl::StrCat(what, ": ", of_shard[shard].size(),
+          absl::InvalidArgumentError(absl::StrCat(what, ": ", ids_of[shard].size(),
                                                   " distinct ids on shard ", shard,
                                                   ", over the limit of ", kMaxRowsPerCall,
                                                   " per call")));
     }
+  }
+  // The gradients of a repeated id are summed straight into its shard's
+  // payload (float32), or into a staging buffer for 16-bit rows.
+  const size_t row_bytes = size_t{dim} * sizeof(float);
+  std::vector<std::string> summed(shards);
+  for (int shard = 0; shard < shards; ++shard) summed[shard].assign(ids_of[shard].size() * row_bytes, '\0');
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto [shard, row] = where[distinct.of_position[i]];
+    float* sum = reinterpret_cast<float*>(summed[shard].data() + size_t{row} * row_bytes);
+    const float* g = gradients.data() + i * dim;
+    for (uint32_t j = 0; j < dim; ++j) sum[j] += g[j];
   }
   // Every shard gets the push, empty where it holds none of the ids: the
   // table's clock advances on each.
   const int64_t clock = table->clock.fetch_add(1);
   auto chunks = std::make_shared<std::vector<std::vector<OutgoingChunk>>>(shards);
   for (int shard = 0; shard < shards; ++shard) {
-    const std::vector<uint32_t>& mine = of_shard[shard];
     OutgoingChunk chunk;
     proto::TensorChunk& header = chunk.header;
     header.set_job(config_.job);
@@ -417,21 +436,18 @@ OperationHandle SparseTables::PushRows(const std::string& name, absl::Span<const
     header.set_key(name);
     header.set_chunk(table->part[shard]);
     header.set_clock(clock);
-    header.set_num_elements(mine.size() * dim);
+    header.set_num_elements(ids_of[shard].size() * dim);
     header.set_dtype(proto::DTYPE_FLOAT32);
-    std::string* id_bytes = header.mutable_row_ids();
-    id_bytes->resize(mine.size() * sizeof(int64_t));
-    std::vector<float> rows(mine.size() * dim);
-    for (size_t k = 0; k < mine.size(); ++k) {
-      std::memcpy(&(*id_bytes)[k * sizeof(int64_t)], &distinct.ids[mine[k]], sizeof(int64_t));
-      std::memcpy(rows.data() + k * dim, summed.data() + size_t{mine[k]} * dim,
-                  dim * sizeof(float));
-    }
-    if (table->wire.empty() || rows.empty()) {
-      chunk.owned.assign(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float));
+    header.set_row_ids(reinterpret_cast<const char*>(ids_of[shard].data()),
+                       ids_of[shard].size() * sizeof(int64_t));
+    if (table->wire.empty() || ids_of[shard].empty()) {
+      chunk.owned = std::move(summed[shard]);
     } else {
+      const auto* rows = reinterpret_cast<const float*>(summed[shard].data());
       absl::MutexLock lock(&table->codec_mutex);
-      if (auto status = table->encoder->Encode(rows, CodecContext{}, &chunk.owned); !status.ok()) {
+      if (auto status = table->encoder->Encode(
+              absl::MakeConstSpan(rows, ids_of[shard].size() * dim), CodecContext{}, &chunk.owned);
+          !status.ok()) {
         return engine_.Failed(OpKind::kPush, what,
                               absl::InvalidArgumentError(absl::StrCat(what, ": ",
                                                                       status.message())));
@@ -444,10 +460,6 @@ OperationHandle SparseTables::PushRows(const std::string& name, absl::Span<const
     (*chunks)[shard].push_back(std::move(chunk));
   }
   table->rows_pushed += count;
-  {
-    absl::MutexLock lock(&table->cache_mutex);
-    if (table->cache != nullptr) table->cache->Invalidate(distinct.ids);
-  }
   std::vector<OperationEngine::Task> tasks;
   for (int shard = 0; shard < shards; ++shard) {
     tasks.push_back([this, chunks, shard, table, clock](Operation& op,

@@ -385,22 +385,29 @@ TEST_CASE("sparse rows: initializer, admission, row budget, 16-bit wire, cache")
   SECTION("the hot-row cache serves rows within its staleness, counts hits") {
     SparseTableOptions table = ExactTable();
     table.cache_rows = 16;
-    table.cache_staleness = 1;
+    table.cache_staleness = 2;
     REQUIRE(c.RegisterSparseTable("cached", table).ok());
     const std::vector<int64_t> ids = {1, 2, 3};
     const std::vector<int64_t> other = {50};
     std::vector<float> rows(ids.size() * kDim), g(kDim, 1.0f);
-    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());  // 3 misses
-    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());  // 3 hits
-    REQUIRE(c.PushRows("cached", other, g).ok());                   // clock 1
-    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());  // 3 hits (1 behind)
-    REQUIRE(c.PushRows("cached", std::vector<int64_t>{1}, g).ok()); // clock 2; 1 dropped
-    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());  // 3 misses: 1 pushed, 2 old
+    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());   // clock 0: 3 misses
+    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());   // 3 hits
+    REQUIRE(c.PushRows("cached", std::vector<int64_t>{1}, g).ok());  // clock 1
+    // Within the bound the cached row is served, this worker's own update
+    // not yet in it.
+    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());   // 3 hits
+    CHECK(rows[0] == 0.0f);
+    REQUIRE(c.PushRows("cached", other, g).ok());                    // clock 2
+    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());   // 3 hits (2 behind)
+    CHECK(rows[0] == 0.0f);
+    REQUIRE(c.PushRows("cached", other, g).ok());                    // clock 3
+    REQUIRE(c.PullRows("cached", ids, absl::MakeSpan(rows)).ok());   // 3 misses: too old
     CHECK(rows[0] == -1.0f);
     auto stats = c.SparseStats("cached");
     REQUIRE(stats.ok());
-    CHECK(stats->cache_hits == 6);
+    CHECK(stats->cache_hits == 9);
     CHECK(stats->cache_misses == 6);
+    CHECK(stats->rows_pulled == 6);  // only the misses went to the shards
   }
 }
 
