@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "bench/checkpoint_bench.h"
 #include "bench/codec/codec_bench.h"
 #include "bench/convergence_bench.h"
 #include "bench/embedding_bench.h"
@@ -53,6 +54,10 @@ constexpr Subcommand kSubcommands[] = {
      "sparse embedding tables (Zipf ids, 8 tables) over the wire versus the same tables in "
      "process and memcpy; memory per row, row cache, row budget",
      harrier::bench::RunEmbeddingBench},
+    {"checkpoint",
+     "bytes per checkpoint of a sparse table against the rows changed: complete versus "
+     "incremental, and the seconds to write each",
+     harrier::bench::RunCheckpointBench},
 };
 
 void PrintUsage(FILE* out) {

@@ -194,5 +194,22 @@ else
   fail "embedding leaves no server running"
 fi
 
+# --- checkpoint, tiny -----------------------------------------------------------
+expect_usage_error "checkpoint bad fraction is refused" "not a fraction" checkpoint \
+  --checkpoint_changed=2
+timeout 50 "$bench" checkpoint --checkpoint_rows=2000 --checkpoint_dim=8 \
+  --checkpoint_changed=0.01,1 >"$tmp/checkpoint.jsonl" 2>"$tmp/checkpoint.err"
+rc=$?
+if [ "$rc" -eq 0 ] && json_lines_ok "$tmp/checkpoint.jsonl" &&
+   [ "$(grep -c . "$tmp/checkpoint.jsonl")" -eq 2 ] &&
+   fields_ok "$tmp/checkpoint.jsonl" bench rows dim changed_fraction rows_changed_distinct \
+     complete_bytes incremental_bytes incremental_over_complete complete_write_s \
+     incremental_write_s &&
+   positive_ok "$tmp/checkpoint.jsonl" complete_bytes; then
+  pass "checkpoint prints a JSON line per fraction with its fields"
+else
+  fail "checkpoint prints a JSON line per fraction (exit $rc): $(tail -n 5 "$tmp/checkpoint.err")"
+fi
+
 echo "$passed checks passed, $failed failed"
 [ "$failed" -eq 0 ]
