@@ -24,8 +24,8 @@ namespace harrier {
 namespace {
 
 constexpr int kDim = 8;
-constexpr int kIterations = 100;
-constexpr int kKillAt = 70;
+constexpr int kIterations = 120;
+constexpr int kKillAt = 90;
 constexpr int64_t kStepRow = 1000;  // + t: pushed at step t by rank 0 only
 
 ClientOptions Options(const std::string& address, int rank) {
