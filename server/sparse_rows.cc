@@ -287,7 +287,7 @@ uint32_t SparseRows::Store(int64_t id, int64_t clock) {
     const uint64_t index_bytes =
         index_.capacity() * (sizeof(std::pair<const int64_t, uint32_t>) + 1);
     if (index_bytes > index_bytes_charged_) {
-      budget_->Add(index_bytes - index_bytes_charged_);
+      budget_->AddBytes(index_bytes - index_bytes_charged_);
       index_bytes_charged_ = index_bytes;
     }
   }

@@ -73,10 +73,35 @@ class SparseTable::RowsPush : public StagedPush {
     if (duplicate_) return absl::OkStatus();
     book_ = std::make_unique<ClockBook>(*table_->book_);
     decision_ = book_->RecordPush(header_.rank(), header_.clock(), *table_->env_.membership);
+    if (decision_.kind == PushDecision::Kind::kHoldForRound && count_ > 0) {
+      // A round's sums hold a row per distinct id until the round is in:
+      // counted in the shard's parameter budget, so pushes of many ids for
+      // rounds ahead cannot make the shard hold more than it allows.
+      auto round = table_->rounds_.find(decision_.round);
+      size_t added = 0;
+      for (size_t i = 0; i < count_; ++i) {
+        if (round == table_->rounds_.end() ||
+            round->second.index.count(IdAt(header_.row_ids(), i)) == 0) {
+          ++added;
+        }
+      }
+      reserved_ = added * table_->RoundRowBytes();
+      if (auto status = table_->env_.budget->ReserveBytes(
+              absl::StrCat(table_->Where(), " round ", decision_.round, " sums"), reserved_);
+          !status.ok()) {
+        reserved_ = 0;
+        book_.reset();
+        return status;
+      }
+    }
     return absl::OkStatus();
   }
 
-  void Unstage() override { book_.reset(); }
+  void Unstage() override {
+    book_.reset();
+    if (reserved_ > 0) table_->env_.budget->ReleaseBytes(reserved_);
+    reserved_ = 0;
+  }
 
   void Commit(PullWakeups& wakeups) override {
     SparseTable& table = *table_;
@@ -93,6 +118,8 @@ class SparseTable::RowsPush : public StagedPush {
       if (count_ > 0) table.env_.counters->optimizer_steps++;
     } else {
       RoundRows& round = table.rounds_[decision_.round];
+      round.budget_bytes += reserved_;
+      reserved_ = 0;
       for (size_t i = 0; i < count_; ++i) {
         const int64_t id = IdAt(header_.row_ids(), i);
         auto [it, added] = round.index.emplace(id, static_cast<uint32_t>(round.index.size()));
@@ -117,6 +144,7 @@ class SparseTable::RowsPush : public StagedPush {
   const float* gradient_ = nullptr;  // into the payload or `decoded_`
   std::vector<float> decoded_;
   size_t payload_bytes_ = 0;
+  uint64_t reserved_ = 0;  // budget bytes taken for new rows of a round's sums
   bool duplicate_ = false;
   std::unique_ptr<ClockBook> book_;
   PushDecision decision_;
@@ -325,6 +353,15 @@ absl::StatusOr<std::unique_ptr<StagedPush>> SparseTable::Validate(
   return std::unique_ptr<StagedPush>(std::move(push));
 }
 
+uint64_t SparseTable::RoundRowBytes() const {
+  return uint64_t{rows_->dim()} * sizeof(float) + sizeof(std::pair<const int64_t, uint32_t>) + 1;
+}
+
+void SparseTable::ReleaseRoundLocked(RoundRows& round) {
+  env_.budget->ReleaseBytes(round.budget_bytes);
+  round.budget_bytes = 0;
+}
+
 void SparseTable::FinishRoundsLocked(const std::vector<PushDecision::CompletedRound>& rounds) {
   const uint32_t dim = rows_->dim();
   for (const PushDecision::CompletedRound& completed : rounds) {
@@ -332,6 +369,8 @@ void SparseTable::FinishRoundsLocked(const std::vector<PushDecision::CompletedRo
     if (it == rounds_.end()) continue;  // nobody pushed a row that round
     const float scale = completed.contributors > 0 ? 1.0f / completed.contributors : 1.0f;
     RoundRows& round = it->second;
+    // The sums' budget goes back first: the rows they create draw on it.
+    ReleaseRoundLocked(round);
     for (const auto& [id, row] : round.index) {
       rows_->Apply(id, round.sums.data() + size_t{row} * dim, scale, completed.clock);
     }
@@ -503,6 +542,7 @@ void SparseTable::WakeAll(PullWakeups& wakeups) {
 void SparseTable::Retire(PullWakeups& wakeups) {
   absl::MutexLock lock(&mutex_);
   retired_ = true;
+  for (auto& [clock, round] : rounds_) ReleaseRoundLocked(round);
   rounds_.clear();
   TakeAllWaitersLocked(wakeups);
 }

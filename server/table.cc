@@ -1,5 +1,7 @@
 #include "server/table.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace harrier {
@@ -31,6 +33,27 @@ void ParamBudget::Add(uint64_t bytes) {
   absl::MutexLock lock(&mutex_);
   chunks_++;
   bytes_ += bytes;
+}
+
+absl::Status ParamBudget::ReserveBytes(absl::string_view where, uint64_t bytes) {
+  absl::MutexLock lock(&mutex_);
+  if (bytes_ + bytes > max_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(where, ": shard ", shard_, " holds ", bytes_, " parameter bytes; ", bytes,
+                     " more would pass ", max_bytes_, " (--max_param_bytes)"));
+  }
+  bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void ParamBudget::AddBytes(uint64_t bytes) {
+  absl::MutexLock lock(&mutex_);
+  bytes_ += bytes;
+}
+
+void ParamBudget::ReleaseBytes(uint64_t bytes) {
+  absl::MutexLock lock(&mutex_);
+  bytes_ -= std::min(bytes, bytes_);
 }
 
 void ParamBudget::Clear() {

@@ -98,6 +98,12 @@ class ParamBudget {
   absl::Status Reserve(absl::string_view where, uint64_t bytes);
   // Takes one chunk whatever the limits (a checkpoint being restored).
   void Add(uint64_t bytes);
+  // Bytes that are not a chunk (a sparse table's index, its BSP round
+  // sums): ReserveBytes refuses past --max_param_bytes as Reserve does;
+  // AddBytes takes them whatever the limit; ReleaseBytes gives them back.
+  absl::Status ReserveBytes(absl::string_view where, uint64_t bytes);
+  void AddBytes(uint64_t bytes);
+  void ReleaseBytes(uint64_t bytes);
   void Clear();
   uint64_t chunks() const;
   uint64_t bytes() const;

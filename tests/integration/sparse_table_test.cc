@@ -581,3 +581,43 @@ TEST_CASE("sparse pushes are applied exactly once when retried") {
 
 }  // namespace
 }  // namespace harrier
+
+namespace harrier {
+namespace {
+
+TEST_CASE("sparse BSP round sums count against --max_param_bytes") {
+  auto servers = testing::StartCluster(
+      1, 2, {"--sync=bsp", "--optimizer=sgd", "--lr=1", "--max_param_bytes=2000000"});
+  REQUIRE(servers.ok());
+  auto client = Client::Create(OptionsFor(*servers));
+  REQUIRE(client.ok());
+  REQUIRE((*client)->RegisterSparseTable("rounds", ExactTable()).ok());
+  uint32_t part = 0;
+  HashPartitioner partitioner(1);
+  while (partitioner.ShardFor("rounds", part) != 0) ++part;
+  testing::RawGrpcShard shard(testing::Addresses(*servers)[0]);
+  // Rank 1 runs ahead of rank 0 with 40000 distinct rows a round: each
+  // round's sums hold 40000 x (16 + 17) bytes until rank 0 pushes it.
+  auto rows_from = [](int64_t first) {
+    std::vector<int64_t> ids(40000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = first + static_cast<int64_t>(i);
+    return ids;
+  };
+  const std::vector<float> grads(40000 * kDim, 1.0f);
+  const std::vector<float> one_row(kDim, 1.0f);
+  CHECK(shard.Push({RowsChunk("rounds", part, 0, {7}, one_row)}).ok());
+  CHECK(shard.Push({RowsChunk("rounds", part, 1, rows_from(1000), grads)}).ok());
+  const grpc::Status third = shard.Push({RowsChunk("rounds", part, 2, rows_from(1000000), grads)});
+  CHECK(third.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(third.error_message().find("--max_param_bytes") != std::string::npos);
+  // Refused whole: rank 1's clock 2 is still to come, and round 0 completes
+  // with rank 0's push as before.
+  std::vector<float> row(kDim);
+  REQUIRE((*client)->PushRows("rounds", std::vector<int64_t>{7}, std::vector<float>(kDim, 2.0f))
+              .ok());
+  REQUIRE((*client)->PullRows("rounds", std::vector<int64_t>{7}, absl::MakeSpan(row)).ok());
+  CHECK(row[0] == -1.5f);  // (2 + 1) / 2
+}
+
+}  // namespace
+}  // namespace harrier
