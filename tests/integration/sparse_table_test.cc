@@ -621,3 +621,71 @@ TEST_CASE("sparse BSP round sums count against --max_param_bytes") {
 
 }  // namespace
 }  // namespace harrier
+
+namespace harrier {
+namespace {
+
+// The same rows over UCX (UCX_TLS=tcp on loopback): ids ride in the chunk
+// header on either transport.
+TEST_CASE("sparse tables over UCX: BSP pulls exact, 16-bit rows") {
+  constexpr int kWorkers = 2, kSteps = 5;
+  auto servers = testing::StartCluster(2, kWorkers, {"--sync=bsp", "--lr=1", "--ucx"});
+  REQUIRE(servers.ok());
+  std::vector<std::string> failures(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      ClientOptions options = OptionsFor(*servers);
+      options.transport = "ucx";
+      auto client = Client::Create(options);
+      if (!client.ok()) {
+        failures[w] = client.status().ToString();
+        return;
+      }
+      const int rank = (*client)->rank();
+      SparseTableOptions half = ExactTable();
+      half.wire_dtype = "fp16";
+      if (auto status = (*client)->RegisterSparseTable("ucx", ExactTable()); !status.ok()) {
+        failures[w] = status.ToString();
+        return;
+      }
+      if (auto status = (*client)->RegisterSparseTable("ucx16", half); !status.ok()) {
+        failures[w] = status.ToString();
+        return;
+      }
+      const std::vector<int64_t> ids = IdsOf(rank);
+      const std::vector<float> grads = GradientsOf(rank, ids);
+      std::vector<float> rows(ids.size() * kDim);
+      for (int t = 0; t < kSteps; ++t) {
+        for (const char* table : {"ucx", "ucx16"}) {
+          if (auto status = (*client)->PullRows(table, ids, absl::MakeSpan(rows)); !status.ok()) {
+            failures[w] = status.ToString();
+            return;
+          }
+          for (size_t i = 0; i < ids.size(); ++i) {
+            for (int j = 0; j < kDim; ++j) {
+              // Small integers and halves: exact in fp16 too.
+              if (rows[i * kDim + j] != Expected(kWorkers, ids[i], j, t)) {
+                failures[w] = absl::StrCat(table, " step ", t, " id ", ids[i], ": ",
+                                           rows[i * kDim + j]);
+                return;
+              }
+            }
+          }
+          if (auto status = (*client)->PushRows(table, ids, grads); !status.ok()) {
+            failures[w] = status.ToString();
+            return;
+          }
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& failure : failures) {
+    INFO(failure);
+    CHECK(failure.empty());
+  }
+}
+
+}  // namespace
+}  // namespace harrier
