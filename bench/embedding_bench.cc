@@ -62,6 +62,9 @@ ABSL_FLAG(int64_t, cache_staleness, 2, "embedding: the row cache's staleness in 
 ABSL_FLAG(uint64_t, max_rows, 8192, "embedding: rows per table per shard in the budget case");
 ABSL_FLAG(std::string, wire_dtype, "float32", "embedding: rows on the wire: float32, fp16, bf16");
 ABSL_FLAG(std::string, cases, "rate,memory,cache,budget", "embedding: what to measure");
+ABSL_FLAG(int, calls_in_flight, 4,
+          "embedding: the worker's shard calls in flight per direction "
+          "(ClientOptions::max_calls_in_flight)");
 
 namespace harrier::bench {
 namespace {
@@ -103,6 +106,7 @@ constexpr const char* kUsage =
     "  --cache_rows=65536 --cache_staleness=2   the cache case's row cache\n"
     "  --max_rows=8192             the budget case's rows per table per shard\n"
     "  --wire_dtype=float32        rows on the wire: float32, fp16 or bf16\n"
+    "  --calls_in_flight=4         the worker's shard calls in flight per direction\n"
     "  --cases=rate,memory,cache,budget\n"
     "  --quick                     tiny sizes (smoke tests); flags set to other than\n"
     "                              their default override it\n"
@@ -132,6 +136,7 @@ struct Options {
   int64_t cache_staleness = 2;
   uint64_t max_rows = 8192;
   std::string wire_dtype = "float32";
+  int calls_in_flight = 4;
   bool rate = true, memory = true, cache = true, budget = true;
   std::string server_binary;
 };
@@ -207,6 +212,8 @@ std::string ParseArgs(Options* options) {
   options->cache_staleness = absl::GetFlag(FLAGS_cache_staleness);
   options->optimizer = absl::GetFlag(FLAGS_optimizer);
   options->wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
+  options->calls_in_flight = absl::GetFlag(FLAGS_calls_in_flight);
+  if (options->calls_in_flight < 1) return "--calls_in_flight must be at least 1";
   options->server_binary = absl::GetFlag(FLAGS_server_binary);
   if (const std::string error =
           NumberFlagOr(FLAGS_shards, "shards", options->shards, 1, &options->shards);
@@ -744,6 +751,7 @@ Json Head(const char* kase, const Options& options, int dim) {
               {"workers", 1},
               {"optimizer", options.optimizer},
               {"wire_dtype", options.wire_dtype},
+              {"calls_in_flight", options.calls_in_flight},
               {"batches", options.batches}};
 }
 
@@ -998,6 +1006,7 @@ absl::Status RunDim(const Options& options, const std::string& binary, const Str
   client_options.worker_name = "bench-embedding";
   client_options.connect_timeout = absl::Seconds(10);
   client_options.rpc_timeout = kCallTimeout;
+  client_options.max_calls_in_flight = options.calls_in_flight;
   auto client = Client::Create(client_options);
   if (!client.ok()) return client.status();
   job.client = std::move(*client);
@@ -1024,7 +1033,7 @@ int RunEmbeddingBench(int argc, char** argv) {
           argc, argv, kUsage,
           {"dims", "tables", "distinct_ids", "zipf", "batch", "batches", "warmup_batches",
            "shards", "optimizer", "optimizers", "fill_rows", "cache_rows", "cache_staleness",
-           "max_rows", "wire_dtype", "cases", "quick", "server_binary"},
+           "max_rows", "wire_dtype", "cases", "quick", "server_binary", "calls_in_flight"},
           ParseArgs, &options)) {
     return *exit_code;
   }
