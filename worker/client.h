@@ -93,6 +93,10 @@ struct ClientOptions {
   // time plus a pull time (measured: 1.8 s against 1.5 s per replayed
   // ResNet-50 step at 1 Gbit/s with 161 push-pulls in flight, `harrier-bench
   // overlap --techniques=none`).
+  // Sparse tables: a step pulls and pushes each table on each shard, small
+  // calls that gain from being in flight together; with many tables raise
+  // this to about tables x shards (docs/performance.md, "Sparse embedding
+  // tables": +23-28 % pulled rows a second at 8 tables x 2 shards).
   int max_calls_in_flight = 4;
   // Transport security of every gRPC channel (control and gRPC data), PEM
   // file paths: tls_ca_file alone = TLS, the shards' certificates must chain

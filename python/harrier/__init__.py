@@ -197,7 +197,7 @@ class Client:
                  rpc_timeout=60.0, connect_timeout=30.0, job="harrier", worker_name="",
                  chunk_bytes=4 << 20, compress_min_bytes=16 << 10, heartbeat_interval=1.0,
                  retry_timeout=30.0, max_queued_calls=4096, tls_ca_file="", tls_cert_file="",
-                 tls_key_file="", auth_token="", device="auto"):
+                 tls_key_file="", auth_token="", device="auto", max_calls_in_flight=4):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
         servers = list(servers)
@@ -220,6 +220,12 @@ class Client:
         options.heartbeat_interval = float(heartbeat_interval)
         options.retry_timeout = float(retry_timeout)
         options.max_queued_calls = int(max_queued_calls)
+        if (not isinstance(max_calls_in_flight, int) or isinstance(max_calls_in_flight, bool)
+                or max_calls_in_flight < 1):
+            raise _bad(f"max_calls_in_flight must be an int >= 1, got {max_calls_in_flight!r}")
+        # Shard calls in flight per direction; a job of many sparse tables
+        # does better with about tables x shards (docs/performance.md).
+        options.max_calls_in_flight = max_calls_in_flight
         options.tls_ca_file = tls_ca_file
         options.tls_cert_file = tls_cert_file
         options.tls_key_file = tls_key_file

@@ -130,7 +130,9 @@ class OneWorkerTest(unittest.TestCase):
 
     def setUp(self):
         self.cluster = Cluster(shards=2, workers=1, sync="bsp")
-        hvd.init(servers=self.cluster.servers, rpc_timeout=30.0)
+        # A job of many tables keeps more calls in flight (passed through
+        # to the C++ client).
+        hvd.init(servers=self.cluster.servers, rpc_timeout=30.0, max_calls_in_flight=16)
         self.client = hvd._job.client
 
     def tearDown(self):
@@ -206,6 +208,10 @@ class OneWorkerTest(unittest.TestCase):
             value -= lr * w.grad / (state.sqrt() + eps)
         np.testing.assert_allclose(self.rows("adagrad", distinct), value, rtol=0, atol=1e-6)
         self.assertEqual(self.client.tensor_clock("adagrad"), 3)
+
+    def test_calls_in_flight_must_be_positive(self):
+        with self.assertRaisesRegex(harrier.InvalidArgumentError, "max_calls_in_flight"):
+            harrier.Client(self.cluster.servers, max_calls_in_flight=0)
 
     def test_errors(self):
         c = self.client
