@@ -107,6 +107,8 @@ constexpr const char* kUsage =
     "  --max_rows=8192             the budget case's rows per table per shard\n"
     "  --wire_dtype=float32        rows on the wire: float32, fp16 or bf16\n"
     "  --calls_in_flight=4         the worker's shard calls in flight per direction\n"
+    "  --transport=grpc            the rows' data path: grpc or ucx (servers get --ucx;\n"
+    "                              UCX_TLS picks UCX's transports)\n"
     "  --cases=rate,memory,cache,budget\n"
     "  --quick                     tiny sizes (smoke tests); flags set to other than\n"
     "                              their default override it\n"
@@ -137,6 +139,7 @@ struct Options {
   uint64_t max_rows = 8192;
   std::string wire_dtype = "float32";
   int calls_in_flight = 4;
+  std::string transport = "grpc";
   bool rate = true, memory = true, cache = true, budget = true;
   std::string server_binary;
 };
@@ -214,6 +217,10 @@ std::string ParseArgs(Options* options) {
   options->wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
   options->calls_in_flight = absl::GetFlag(FLAGS_calls_in_flight);
   if (options->calls_in_flight < 1) return "--calls_in_flight must be at least 1";
+  options->transport = absl::GetFlag(FLAGS_transport);
+  if (options->transport != "grpc" && options->transport != "ucx") {
+    return absl::StrCat("--transport: unknown transport '", options->transport, "' (grpc or ucx)");
+  }
   options->server_binary = absl::GetFlag(FLAGS_server_binary);
   if (const std::string error =
           NumberFlagOr(FLAGS_shards, "shards", options->shards, 1, &options->shards);
@@ -752,6 +759,7 @@ Json Head(const char* kase, const Options& options, int dim) {
               {"optimizer", options.optimizer},
               {"wire_dtype", options.wire_dtype},
               {"calls_in_flight", options.calls_in_flight},
+              {"transport", options.transport},
               {"batches", options.batches}};
 }
 
@@ -994,9 +1002,10 @@ absl::Status RunDim(const Options& options, const std::string& binary, const Str
   // ASP: a pull never waits for a round, so what is timed is the client,
   // gRPC, loopback and the shards' row path. A fresh job per dimension.
   Job job;
-  auto cluster = ServerCluster::Start(binary, options.shards, /*num_workers=*/1,
-                                      {"--sync=asp", "--job=bench", "--optimizer=sgd",
-                                       "--lr=0.001", "--shutdown_grace_ms=500"});
+  std::vector<std::string> flags = {"--sync=asp", "--job=bench", "--optimizer=sgd", "--lr=0.001",
+                                    "--shutdown_grace_ms=500"};
+  if (options.transport == "ucx") flags.push_back("--ucx");
+  auto cluster = ServerCluster::Start(binary, options.shards, /*num_workers=*/1, flags);
   if (!cluster.ok()) return cluster.status();
   job.cluster = std::move(*cluster);
   ClientOptions client_options;
@@ -1007,6 +1016,7 @@ absl::Status RunDim(const Options& options, const std::string& binary, const Str
   client_options.connect_timeout = absl::Seconds(10);
   client_options.rpc_timeout = kCallTimeout;
   client_options.max_calls_in_flight = options.calls_in_flight;
+  client_options.transport = options.transport;
   auto client = Client::Create(client_options);
   if (!client.ok()) return client.status();
   job.client = std::move(*client);
@@ -1033,7 +1043,8 @@ int RunEmbeddingBench(int argc, char** argv) {
           argc, argv, kUsage,
           {"dims", "tables", "distinct_ids", "zipf", "batch", "batches", "warmup_batches",
            "shards", "optimizer", "optimizers", "fill_rows", "cache_rows", "cache_staleness",
-           "max_rows", "wire_dtype", "cases", "quick", "server_binary", "calls_in_flight"},
+           "max_rows", "wire_dtype", "cases", "quick", "server_binary", "calls_in_flight",
+           "transport"},
           ParseArgs, &options)) {
     return *exit_code;
   }

@@ -1,6 +1,7 @@
 #include "worker/row_cache.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace harrier {
 namespace {
@@ -49,7 +50,7 @@ bool RowCache::Get(int64_t id, int64_t clock, float* out) {
   return true;
 }
 
-void RowCache::Put(int64_t id, int64_t clock, const float* row) {
+void RowCache::Put(int64_t id, int64_t clock, const void* row) {
   if (capacity_ == 0) return;
   auto it = index_.find(id);
   size_t slot;
@@ -62,7 +63,7 @@ void RowCache::Put(int64_t id, int64_t clock, const float* row) {
     slots_[slot].id = id;
   }
   slots_[slot].clock = clock;
-  std::copy_n(row, dim_, RowData(slot));
+  std::memcpy(RowData(slot), row, dim_ * sizeof(float));
   PushFront(slot);
 }
 

@@ -49,11 +49,11 @@ class RowCache {
   // later than `clock` is fresh (newer than asked for).
   bool Get(int64_t id, int64_t clock, float* out);
 
-  // Stores the dim floats at `row` as row `id` pulled at `clock`, replacing
-  // a row already held for `id` (the latest Put wins, whatever its clock),
-  // and makes it the most recently used row. When the cache is full and
-  // `id` is new, the least recently used row makes room.
-  void Put(int64_t id, int64_t clock, const float* row);
+  // Stores the dim floats at `row` (any alignment) as row `id` pulled at
+  // `clock`, replacing a row already held for `id` (the latest Put wins,
+  // whatever its clock), and makes it the most recently used row. When the
+  // cache is full and `id` is new, the least recently used row makes room.
+  void Put(int64_t id, int64_t clock, const void* row);
 
   // Drops the rows of `ids` (ids not held are ignored): the worker pushed
   // gradients for them, so the shards' values have moved on from the copies

@@ -190,6 +190,34 @@ Distinct Deduplicate(absl::Span<const int64_t> ids) {
 }
 
 
+// Calls fn(k, row) for each of the rows of `row_bytes` in `payload`, in
+// order; a row split over two pieces is gathered into a buffer first.
+template <typename Fn>
+void ForEachRow(const PayloadView& payload, size_t row_bytes, Fn fn) {
+  std::string straddling(row_bytes, '\0');
+  size_t k = 0;
+  size_t filled = 0;  // bytes of row k gathered into `straddling`
+  for (absl::string_view piece : payload.pieces()) {
+    const char* at = piece.data();
+    size_t left = piece.size();
+    if (filled > 0) {
+      const size_t take = std::min(left, row_bytes - filled);
+      std::memcpy(straddling.data() + filled, at, take);
+      filled += take;
+      at += take;
+      left -= take;
+      if (filled < row_bytes) continue;
+      fn(k++, straddling.data());
+      filled = 0;
+    }
+    for (; left >= row_bytes; at += row_bytes, left -= row_bytes) fn(k++, at);
+    if (left > 0) {
+      std::memcpy(straddling.data(), at, left);
+      filled = left;
+    }
+  }
+}
+
 }  // namespace
 
 OperationHandle SparseTables::PullRows(const std::string& name, absl::Span<const int64_t> ids,
@@ -297,14 +325,11 @@ OperationHandle SparseTables::PullRows(const std::string& name, absl::Span<const
             const std::vector<uint32_t>& mine = pull->of_shard[shard];
             const uint32_t dim = table->dim;
             const size_t n = mine.size() * dim;
-            std::string copied;
-            absl::string_view bytes = payload.first();
-            if (!payload.contiguous()) {
-              copied.resize(payload.size());
-              payload.CopyTo(copied.data());
-              bytes = copied;
+            uint32_t crc = 0;
+            for (absl::string_view piece : payload.pieces()) {
+              crc = Crc32cExtend(crc, piece.data(), piece.size());
             }
-            if (Crc32c(bytes.data(), bytes.size()) != header.checksum()) {
+            if (crc != header.checksum()) {
               return absl::DataLossError(absl::StrCat("rows of '", table->name,
                                                       "': reply checksum mismatch"));
             }
@@ -313,21 +338,30 @@ OperationHandle SparseTables::PullRows(const std::string& name, absl::Span<const
                                                       header.num_elements(), " elements, asked ",
                                                       n));
             }
-            // Float32 rows are scattered straight from the reply (no copy
-            // of their own); 16-bit rows are decoded first.
+            const size_t row_bytes = size_t{dim} * sizeof(float);
+            // Float32 rows are scattered straight from the reply's pieces
+            // (no copy of their own; only a row that straddles two pieces
+            // is gathered first); 16-bit rows are decoded first.
             std::vector<float> decoded;
-            const char* rows = nullptr;
+            PayloadView rows = payload;
             if (header.codec() == 0) {
-              if (bytes.size() != n * sizeof(float)) {
+              if (payload.size() != n * sizeof(float)) {
                 return absl::DataLossError(absl::StrCat("rows of '", table->name,
-                                                        "': reply of ", bytes.size(), " bytes"));
+                                                        "': reply of ", payload.size(),
+                                                        " bytes"));
               }
-              rows = bytes.data();
             } else {
               if (table->decoder == nullptr ||
                   static_cast<uint32_t>(table->decoder->id()) != header.codec()) {
                 return absl::DataLossError(absl::StrCat("rows of '", table->name,
                                                         "': reply in codec ", header.codec()));
+              }
+              std::string copied;
+              absl::string_view bytes = payload.first();
+              if (!payload.contiguous()) {
+                copied.resize(payload.size());
+                payload.CopyTo(copied.data());
+                bytes = copied;
               }
               decoded.resize(n);
               if (auto status = table->decoder->Decode(bytes, absl::MakeSpan(decoded));
@@ -335,21 +369,19 @@ OperationHandle SparseTables::PullRows(const std::string& name, absl::Span<const
                 return absl::DataLossError(absl::StrCat("rows of '", table->name, "': ",
                                                         status.message()));
               }
-              rows = reinterpret_cast<const char*>(decoded.data());
+              rows = PayloadView(absl::string_view(reinterpret_cast<const char*>(decoded.data()),
+                                                   n * sizeof(float)));
             }
-            const size_t row_bytes = size_t{dim} * sizeof(float);
-            for (size_t k = 0; k < mine.size(); ++k) scatter(mine[k], rows + k * row_bytes);
-            table->bytes_pulled += bytes.size();
+            ForEachRow(rows, row_bytes, [&](size_t k, const char* row) { scatter(mine[k], row); });
             {
               absl::MutexLock lock(&table->cache_mutex);
-              if (table->cache != nullptr) {
-                std::vector<float> row(dim);
-                for (size_t k = 0; k < mine.size(); ++k) {
-                  std::memcpy(row.data(), rows + k * row_bytes, row_bytes);
-                  table->cache->Put(pull->distinct.ids[mine[k]], clock, row.data());
-                }
+              if (RowCache* cache = table->cache.get(); cache != nullptr) {
+                ForEachRow(rows, row_bytes, [&](size_t k, const char* row) {
+                  cache->Put(pull->distinct.ids[mine[k]], clock, row);
+                });
               }
             }
+            table->bytes_pulled += payload.size();
             received->store(true);
             return absl::OkStatus();
           });

@@ -23,14 +23,52 @@ T Get(const char*& in) {
   return value;
 }
 
+constexpr uint16_t kBodyInDataFlag = 1;
+
 }  // namespace
+
+EncodedRequest EncodeRequest(Frame frame, std::string body) {
+  EncodedRequest request;
+  frame.body_in_data = body.size() > kMaxHeaderBodyBytes;
+  if (frame.body_in_data) {
+    request.header = EncodeHeader(frame, {});
+    request.data_prefix = std::move(body);
+  } else {
+    request.header = EncodeHeader(frame, body);
+  }
+  return request;
+}
+
+absl::StatusOr<size_t> BodyBytesInData(const Frame& frame, size_t data_length) {
+  if (!frame.body_in_data) {
+    if (frame.payload_bytes != data_length) {
+      return absl::InvalidArgumentError(absl::StrCat("payload length ", data_length,
+                                                     " disagrees with the frame's ",
+                                                     frame.payload_bytes, " bytes"));
+    }
+    return 0;
+  }
+  if (frame.payload_bytes > data_length) {
+    return absl::InvalidArgumentError(absl::StrCat("data of ", data_length,
+                                                   " bytes is shorter than the frame's payload of ",
+                                                   frame.payload_bytes, " bytes"));
+  }
+  const size_t body = data_length - frame.payload_bytes;
+  if (body <= kMaxHeaderBodyBytes || body > kMaxDataBodyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a body of ", body,
+                                                   " bytes in the data, outside (",
+                                                   kMaxHeaderBodyBytes, ", ", kMaxDataBodyBytes,
+                                                   "]"));
+  }
+  return body;
+}
 
 std::string EncodeHeader(const Frame& frame, absl::string_view body) {
   std::string header(kFrameBytes + body.size(), '\0');
   char* out = header.data();
   Put<uint32_t>(out, kFrameMagic);
   Put<uint16_t>(out, static_cast<uint16_t>(frame.op));
-  Put<uint16_t>(out, 0);  // reserved
+  Put<uint16_t>(out, frame.body_in_data ? kBodyInDataFlag : 0);
   Put<uint64_t>(out, frame.connection_id);
   Put<uint64_t>(out, frame.request_id);
   Put<uint32_t>(out, frame.index);
@@ -57,8 +95,12 @@ absl::Status DecodeHeader(const void* header, size_t length, Frame* frame,
   if (op < static_cast<uint16_t>(Op::kHello) || op > static_cast<uint16_t>(Op::kStatus)) {
     return absl::InvalidArgumentError(absl::StrCat("malformed frame: unknown op ", op));
   }
-  Get<uint16_t>(in);
+  const uint16_t flags = Get<uint16_t>(in);
+  if ((flags & ~kBodyInDataFlag) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed frame: unknown flags ", flags));
+  }
   frame->op = static_cast<Op>(op);
+  frame->body_in_data = (flags & kBodyInDataFlag) != 0;
   frame->connection_id = Get<uint64_t>(in);
   frame->request_id = Get<uint64_t>(in);
   frame->index = Get<uint32_t>(in);

@@ -19,6 +19,11 @@
 //                                       <-  kStatus(code, count, message)
 //   kCancel                             ->  (best effort: stops waiting)
 //
+// A request whose body is over kMaxHeaderBodyBytes (a sparse push's or
+// pull's row ids) sends it as AM data ahead of the payload instead
+// (Frame::body_in_data): UCX refuses large AM headers (about 8 KiB over
+// shared memory) and aborts the sender. Replies never do.
+//
 // Messages of one request may be delivered out of order (rendezvous data
 // completes later than eager frames), so receivers count frames: a request
 // is complete once all `count` chunk frames arrived; a reply once its status
@@ -32,6 +37,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/request_limits.h"
 #include "proto/harrier.pb.h"
@@ -44,6 +50,11 @@ constexpr uint32_t kFrameMagic = 0x31585248;  // "HRX1" little-endian
 constexpr size_t kFrameBytes = 48;
 // Most chunks one call may carry (common/request_limits.h).
 constexpr uint32_t kMaxChunksPerCall = static_cast<uint32_t>(harrier::kMaxChunksPerCall);
+// Request bodies over this go ahead of the payload in the AM data.
+constexpr size_t kMaxHeaderBodyBytes = 4096;
+// The most body bytes a request may carry in its data (a sparse call's ids
+// at the client's limit of 2^20 rows a call are 8 MiB).
+constexpr size_t kMaxDataBodyBytes = size_t{64} << 20;
 
 // What a client needs to connect to a shard's UCX worker, from
 // GetTransportAddress over the (authenticated) gRPC channel.
@@ -77,6 +88,9 @@ struct Frame {
   // Requests: the client's remaining time in milliseconds (-1: none).
   // kStatus: the absl::StatusCode.
   int64_t arg = 0;
+  // The body is not in the header but the first (data length -
+  // payload_bytes) bytes of the AM data, the payload after it.
+  bool body_in_data = false;
 };
 
 // A payload buffer left uninitialised (new char[]): multi-MiB payloads are
@@ -111,6 +125,21 @@ struct PayloadBuffer {
 
 // Header bytes: the frame, then `body`.
 std::string EncodeHeader(const Frame& frame, absl::string_view body);
+
+// A request's header and the bytes to send ahead of its payload in the AM
+// data: `body` goes in the header when it is at most kMaxHeaderBodyBytes,
+// else in `data_prefix` (and the frame says body_in_data).
+struct EncodedRequest {
+  std::string header;
+  std::string data_prefix;
+};
+EncodedRequest EncodeRequest(Frame frame, std::string body);
+
+// How many of a received message's `data_length` data bytes are its body
+// (0 unless frame.body_in_data); INVALID_ARGUMENT when they disagree with
+// the frame's payload_bytes or the body is out of (kMaxHeaderBodyBytes,
+// kMaxDataBodyBytes].
+absl::StatusOr<size_t> BodyBytesInData(const Frame& frame, size_t data_length);
 
 // Splits a received header. INVALID_ARGUMENT if it is shorter than a frame
 // or has the wrong magic or an unknown op; `body` points into `header`.

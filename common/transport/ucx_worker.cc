@@ -127,6 +127,8 @@ struct Completion {
   std::atomic<int>* outstanding;
   std::string header;  // sends: kept alive until completion
   std::function<void(ucs_status_t)> done;
+  std::string data_prefix;  // sends: data ahead of the caller's (IOV)
+  ucp_dt_iov_t iov[2] = {};
 };
 
 void Complete(Completion* completion, ucs_status_t status) {
@@ -443,11 +445,17 @@ void UcxWorker::CloseEndpoint(ucp_ep_h ep) {
 
 void UcxWorker::SendAm(ucp_ep_h ep, unsigned id, std::string header, const void* data,
                        size_t bytes, std::function<void(ucs_status_t)> done,
-                       ucs_memory_type_t data_memory) {
-  auto* completion = new Completion{this, &outstanding_, std::move(header), std::move(done)};
+                       ucs_memory_type_t data_memory, std::string data_prefix) {
+  auto* completion = new Completion{this, &outstanding_, std::move(header), std::move(done),
+                                    std::move(data_prefix)};
   outstanding_++;
   if (data_memory != UCS_MEMORY_TYPE_UNKNOWN && !SupportsMemoryType(data_memory)) {
     // UCX without that transport would treat the pointer as host memory.
+    Complete(completion, UCS_ERR_UNSUPPORTED);
+    return;
+  }
+  if (!completion->data_prefix.empty() && data_memory != UCS_MEMORY_TYPE_HOST && bytes > 0) {
+    // One send's IOV has one memory type: the prefix is host memory.
     Complete(completion, UCS_ERR_UNSUPPORTED);
     return;
   }
@@ -461,6 +469,19 @@ void UcxWorker::SendAm(ucp_ep_h ep, unsigned id, std::string header, const void*
   }
   param.cb.send = OnSend;
   param.user_data = completion;
+  if (!completion->data_prefix.empty()) {
+    // The prefix and the data as one message, neither copied.
+    completion->iov[0].buffer = completion->data_prefix.data();
+    completion->iov[0].length = completion->data_prefix.size();
+    completion->iov[1].buffer = const_cast<void*>(data);
+    completion->iov[1].length = bytes;
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    param.datatype = ucp_dt_make_iov();
+    Settle(ucp_am_send_nbx(ep, id, completion->header.data(), completion->header.size(),
+                           completion->iov, bytes > 0 ? 2 : 1, &param),
+           completion);
+    return;
+  }
   Settle(ucp_am_send_nbx(ep, id, completion->header.data(), completion->header.size(), data,
                          bytes, &param),
          completion);

@@ -135,9 +135,12 @@ class UcxWorker {
   // (UNKNOWN: UCX detects it, which costs a lookup per send; the callers
   // know, so they say). A type this worker does not support completes
   // `done` with UCS_ERR_UNSUPPORTED without sending anything.
+  // `data_prefix` (host memory) goes ahead of `data` in the same message
+  // (an IOV; `data` must then be host memory too).
   void SendAm(ucp_ep_h ep, unsigned id, std::string header, const void* data, size_t bytes,
               std::function<void(ucs_status_t)> done,
-              ucs_memory_type_t data_memory = UCS_MEMORY_TYPE_HOST);
+              ucs_memory_type_t data_memory = UCS_MEMORY_TYPE_HOST,
+              std::string data_prefix = {});
   // Gives back an eager message's data kept by an AM callback
   // (persistent_data). Any thread (through Post).
   void ReleaseData(void* data);

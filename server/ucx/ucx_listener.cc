@@ -243,6 +243,7 @@ ucs_status_t UcxListener::OnRequest(void* arg, const void* header, size_t header
     }
     bytes.reserved += length;
   }
+  if (frame.body_in_data) return self->OnBodyInData(frame, data, length, param);
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
     // Eager: UCX's receive buffer is kept (UCS_INPROGRESS) and the store
     // reads the gradient in it, given back to UCX when the request's last
@@ -295,6 +296,63 @@ ucs_status_t UcxListener::OnRequest(void* arg, const void* header, size_t header
         }
         self->OnFrame(arrival->frame, std::move(arrival->body), std::move(arrival->data),
                       absl::OkStatus(), length);
+      });
+  return UCS_OK;
+}
+
+ucs_status_t UcxListener::OnBodyInData(const Frame& frame, void* data, size_t length,
+                                       const ucp_am_recv_param_t* param) {
+  absl::StatusOr<size_t> body_bytes = transport::BodyBytesInData(frame, length);
+  if (body_bytes.ok() && frame.payload_bytes > kMaxPayloadBytes) {
+    body_bytes = absl::InvalidArgumentError(absl::StrCat(
+        "payload of ", frame.payload_bytes, " bytes exceeds ", kMaxPayloadBytes));
+  }
+  if (!body_bytes.ok()) {
+    OnFrame(frame, {}, {}, body_bytes.status(), frame.payload_bytes);
+    return UCS_OK;
+  }
+  // A push's data is counted above with its call. A pull's body is held
+  // until it is parsed, and counted against the buffer budget meanwhile.
+  const bool pull = frame.op == Op::kPull;
+  if (pull) {
+    if (peers_.count(frame.connection_id) == 0) return UCS_OK;  // dropped
+    if (auto status = service_->buffer_budget().Reserve(BudgetKey(frame.connection_id), length);
+        !status.ok()) {
+      OnFrame(frame, {}, {}, status, frame.payload_bytes);
+      return UCS_OK;
+    }
+  }
+  // Body and payload apart; the payload copied into an aligned buffer of
+  // its own (the body's length leaves it at any alignment).
+  auto split = [this, frame, body_bytes = *body_bytes, length, pull](const char* bytes) {
+    std::string body(bytes, body_bytes);
+    transport::PayloadBuffer payload = Copy(bytes + body_bytes, length - body_bytes);
+    OnFrame(frame, std::move(body), std::move(payload), absl::OkStatus(), length - body_bytes);
+    if (pull) service_->buffer_budget().Release(BudgetKey(frame.connection_id), length);
+  };
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+    split(static_cast<const char*>(data));
+    return UCS_OK;
+  }
+  auto buffer = std::make_shared<transport::PayloadBuffer>(transport::PayloadBuffer::Allocate(length));
+  const RequestKey key{frame.connection_id, frame.request_id};
+  if (auto it = request_bytes_.find(key); it != request_bytes_.end()) ++it->second.receiving;
+  worker_->ReceiveData(
+      data, buffer->data(), length,
+      [this, frame, buffer, split, key, length, pull](ucs_status_t status) {
+        if (auto it = request_bytes_.find(key);
+            it != request_bytes_.end() && it->second.receiving > 0) {
+          --it->second.receiving;
+        }
+        if (status != UCS_OK) {
+          OnFrame(frame, {}, {},
+                  absl::UnavailableError(absl::StrCat("receiving the request's data failed: ",
+                                                      ucs_status_string(status))),
+                  frame.payload_bytes);
+          if (pull) service_->buffer_budget().Release(BudgetKey(frame.connection_id), length);
+          return;
+        }
+        split(buffer->data());
       });
   return UCS_OK;
 }

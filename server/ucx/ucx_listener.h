@@ -87,6 +87,9 @@ class UcxListener final : public ShardListener {
   // Progress thread.
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
+  // A request whose body came in its data, ahead of the payload.
+  ucs_status_t OnBodyInData(const transport::Frame& frame, void* data, size_t length,
+                            const ucp_am_recv_param_t* param);
   static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
   // `data` holds the AM data, or is empty with `data_status` saying why.
   void OnFrame(const transport::Frame& frame, std::string body, transport::PayloadBuffer data,

@@ -1,8 +1,9 @@
 // Fuzz target: the UCX data path's framing (common/transport/framing.h) on
 // an arbitrary active-message header: DecodeHeader, then what a receiver
 // does with the body for each op (a chunk header, a pull request, a
-// status). A decoded frame must re-encode to the same bytes (bar the
-// reserved field), so sender and receiver agree on every field.
+// status), and how many data bytes are its body when it says the body came
+// in the data. A decoded frame must re-encode to the same bytes, so sender
+// and receiver agree on every field.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -44,6 +45,13 @@ std::vector<std::string> FuzzSeeds() {
   pull.set_clock(3);
   seeds.push_back(transport::EncodeHeader(frame, pull.SerializeAsString()));
   seeds.push_back(transport::EncodeStatus(9, 4, 1, absl::NotFoundError("no key w")));
+  // A pull whose body (thousands of row ids) goes in the data.
+  harrier::proto::ChunkRef* ref = pull.add_chunks();
+  ref->set_key("emb");
+  ref->set_row_ids(std::string(8 * 4096, '\x01'));
+  transport::EncodedRequest large = transport::EncodeRequest(frame, pull.SerializeAsString());
+  Check(large.data_prefix.size() > transport::kMaxHeaderBodyBytes);
+  seeds.push_back(large.header);
   frame.op = transport::Op::kHello;
   // Regression (UBSan): a default string_view body has a null data().
   seeds.push_back(transport::EncodeHeader(frame, absl::string_view()));
@@ -57,9 +65,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<char> header(data, data + size);
   if (!transport::DecodeHeader(header.data(), header.size(), &frame, &body).ok()) return 0;
   Check(body.data() >= header.data() && body.data() + body.size() == header.data() + header.size());
-  std::string expected(header.begin(), header.end());
-  std::memset(&expected[6], 0, 2);  // the reserved field is written as zero
+  const std::string expected(header.begin(), header.end());
   Check(transport::EncodeHeader(frame, body) == expected);
+  // Any data length: a body in the data is within its bounds, or refused.
+  for (uint64_t extra : {uint64_t{0}, uint64_t{4097}, uint64_t{64} << 20, uint64_t{1} << 40}) {
+    const uint64_t length = frame.payload_bytes + extra;
+    if (length < frame.payload_bytes) continue;  // wrapped
+    auto in_data = transport::BodyBytesInData(frame, length);
+    if (in_data.ok()) {
+      Check(frame.body_in_data ? (*in_data > transport::kMaxHeaderBodyBytes &&
+                                  *in_data <= transport::kMaxDataBodyBytes && *in_data == extra)
+                               : (*in_data == 0 && extra == 0));
+    }
+  }
 
   switch (frame.op) {
     case transport::Op::kPush:

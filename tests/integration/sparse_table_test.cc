@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -294,6 +295,36 @@ TEST_CASE("sparse rows: initializer, admission, row budget, 16-bit wire, cache")
     CHECK(a != b);  // another table, other rows
     for (int j = 0; j < kDim; ++j) CHECK(a[j] == a[2 * kDim + j]);  // the repeat
     for (float v : a) CHECK(std::abs(v) < 0.5f);
+  }
+
+  SECTION("large replies: rows of 132 bytes cross the reply's pieces, each exact") {
+    // 60000 rows of 33 floats come back as about 4 MB a shard, in pieces
+    // whose boundaries fall inside rows; the cache keeps them too.
+    SparseTableOptions table = ExactTable();
+    table.dim = 33;
+    table.cache_rows = 1 << 17;
+    table.cache_staleness = 1;
+    REQUIRE(c.RegisterSparseTable("wide", table).ok());
+    std::vector<int64_t> ids(60000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 7919 - 100000;
+    auto value = [](int64_t id, int j) { return static_cast<float>((id % 1000) * 33 + j); };
+    std::vector<float> grads(ids.size() * 33);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (int j = 0; j < 33; ++j) grads[i * 33 + j] = -value(ids[i], j);
+    }
+    REQUIRE(c.PushRows("wide", ids, grads).ok());
+    for (int pass = 0; pass < 2; ++pass) {  // from the shards, then from the cache
+      std::vector<float> rows(grads.size(), -1.0f);
+      REQUIRE(c.PullRows("wide", ids, absl::MakeSpan(rows)).ok());
+      size_t wrong = 0;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        for (int j = 0; j < 33; ++j) wrong += rows[i * 33 + j] != value(ids[i], j);
+      }
+      CHECK(wrong == 0);
+    }
+    auto stats = c.SparseStats("wide");
+    REQUIRE(stats.ok());
+    CHECK(stats->cache_hits == ids.size());
   }
 
   SECTION("admission after 3 pushes: pulls get the initializer's row until then") {
@@ -685,6 +716,44 @@ TEST_CASE("sparse tables over UCX: BSP pulls exact, 16-bit rows") {
     INFO(failure);
     CHECK(failure.empty());
   }
+}
+
+// Calls of thousands of ids: their ids (8 bytes each) are far more than
+// UCX takes in an active message's header (about 8 KiB over shared
+// memory, where it aborts the sender), so they travel ahead of the rows.
+TEST_CASE("sparse tables over UCX: calls of 20000 ids over TCP and shared memory") {
+  for (const char* tls : {"tcp", "sm,self"}) {
+    INFO("UCX_TLS=" << tls);
+    setenv("UCX_TLS", tls, 1);
+    auto servers = testing::StartCluster(2, 1, {"--sync=asp", "--lr=1", "--ucx"});
+    REQUIRE(servers.ok());
+    ClientOptions options = OptionsFor(*servers);
+    options.transport = "ucx";
+    auto client = Client::Create(options);
+    REQUIRE(client.ok());
+    Client& c = **client;
+    SparseTableOptions table = ExactTable();
+    table.dim = 8;
+    REQUIRE(c.RegisterSparseTable("many", table).ok());
+    std::vector<int64_t> ids(20000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 1000003 + 5;
+    auto value = [](int64_t id, int j) { return static_cast<float>(id % 4099 + j); };
+    std::vector<float> grads(ids.size() * 8);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (int j = 0; j < 8; ++j) grads[i * 8 + j] = -value(ids[i], j);
+    }
+    REQUIRE(c.PushRows("many", ids, grads).ok());
+    std::vector<float> rows(grads.size(), -1.0f);
+    REQUIRE(c.PullRows("many", ids, absl::MakeSpan(rows)).ok());
+    size_t wrong = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (int j = 0; j < 8; ++j) wrong += rows[i * 8 + j] != value(ids[i], j);
+    }
+    CHECK(wrong == 0);
+    client->reset();
+    servers->clear();
+  }
+  setenv("UCX_TLS", "tcp", 1);
 }
 
 }  // namespace

@@ -132,6 +132,51 @@ TEST_CASE("--max_connection_bytes bounds the unfinished UCX requests of one conn
   REQUIRE(b_values == std::vector<float>(n, -1.0f));
 }
 
+TEST_CASE("a UCX request body in the data is bounded and counted") {
+  // A request may send its body (a sparse call's ids) ahead of its payload
+  // in the data. Out-of-bounds bodies are refused; a pull's body counts
+  // against --max_connection_bytes (4 MiB here) while it is held.
+  BoundedShard shard = StartBoundedShard();
+  auto raw = testing::RawUcxClient::Connect(shard.address());
+  INFO(raw.status().ToString());
+  REQUIRE(raw.ok());
+  Frame pull;
+  pull.frame.op = transport::Op::kPull;
+  pull.frame.body_in_data = true;
+  pull.frame.arg = 20000;
+
+  pull.payload = std::string(100, 'x');  // a body small enough for the header
+  absl::Status small = (*raw)->Await((*raw)->Send(pull.frame, "", pull.payload), absl::Seconds(20));
+  INFO(small.ToString());
+  CHECK(absl::IsInvalidArgument(small));
+
+  pull.payload = std::string(5u << 20, 'x');  // over the connection's 4 MiB
+  absl::Status large = (*raw)->Await((*raw)->Send(pull.frame, "", pull.payload), absl::Seconds(20));
+  INFO(large.ToString());
+  CHECK(absl::IsResourceExhausted(large));
+
+  pull.payload = std::string(8192, '\xff');  // in bounds, counted, given back: not a PullRequest
+  absl::Status garbled =
+      (*raw)->Await((*raw)->Send(pull.frame, "", pull.payload), absl::Seconds(20));
+  INFO(garbled.ToString());
+  CHECK(absl::IsInvalidArgument(garbled));
+  CHECK(garbled.message().find("PullRequest") != absl::string_view::npos);
+
+  // Nothing is left held: a push of 3 MiB on the same connection still
+  // fits its 4 MiB.
+  const int64_t n = kChunks * kChunkElements;
+  REQUIRE(shard.client->RegisterTensor("c", {n}).ok());
+  testing::Sessions sessions(
+      grpc::CreateChannel(shard.address(), grpc::InsecureChannelCredentials()));
+  std::vector<Frame> c;
+  for (uint32_t i = 0; i < kChunks; ++i) c.push_back(PushFrame(sessions, "c", i, 2.0f));
+  for (Frame& f : c) f.frame.request_id = 2001;
+  for (Frame& f : c) (*raw)->Send(f.frame, f.header, f.payload);
+  const absl::Status pushed = (*raw)->Await(2001, absl::Seconds(20));
+  INFO(pushed.ToString());
+  REQUIRE(pushed.ok());
+}
+
 TEST_CASE("a UCX call whose frames stop coming is refused at its deadline and gives its bytes back") {
   // The connection may hold 4 MiB; a call sends 2 of its 3 MiB and stalls
   // (a client that died over shared memory looks the same to the shard).

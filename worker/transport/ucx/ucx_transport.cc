@@ -366,7 +366,7 @@ void UcxClientContext::Execute(const std::shared_ptr<UcxPeer>& peer, uint64_t re
             }
             CheckLater(call);
           },
-          message.data_memory);
+          message.data_memory, std::move(message.data_prefix));
     }
   });
 }
@@ -764,9 +764,11 @@ void UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks, boo
     // borrowed_memory says.
     const bool device =
         chunks[i].is_borrowed && chunks[i].borrowed_memory == MemoryKind::kDevice;
-    messages.push_back({transport::EncodeHeader(frame, chunks[i].header.SerializeAsString()),
-                        payload.data(), payload.size(),
-                        device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST});
+    transport::EncodedRequest encoded =
+        transport::EncodeRequest(frame, chunks[i].header.SerializeAsString());
+    messages.push_back({std::move(encoded.header), payload.data(), payload.size(),
+                        device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
+                        std::move(encoded.data_prefix)});
   }
   context_->Execute(*peer, frame.request_id, std::move(messages), choose, sink, deadline,
                     canceller, std::move(done));
@@ -795,7 +797,9 @@ void UcxShardTransport::StartPull(const proto::PullRequest& request,
   frame.request_id = context_->NextRequestId();
   frame.arg = TimeoutMs(deadline);
   std::vector<UcxClientContext::Message> messages;
-  messages.push_back({transport::EncodeHeader(frame, request.SerializeAsString()), nullptr, 0});
+  transport::EncodedRequest encoded = transport::EncodeRequest(frame, request.SerializeAsString());
+  messages.push_back({std::move(encoded.header), nullptr, 0, UCS_MEMORY_TYPE_HOST,
+                      std::move(encoded.data_prefix)});
   context_->Execute(*peer, frame.request_id, std::move(messages), choose, &sink, deadline,
                     canceller, std::move(done));
 }

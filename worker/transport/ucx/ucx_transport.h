@@ -84,6 +84,7 @@ class UcxClientContext {
     const void* data = nullptr;
     size_t bytes = 0;
     ucs_memory_type_t data_memory = UCS_MEMORY_TYPE_HOST;  // the header is always host
+    std::string data_prefix;  // sent ahead of `data` (a body too large for the header)
   };
 
   UcxClientContext() = default;
