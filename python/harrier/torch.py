@@ -1409,7 +1409,9 @@ class _SparseEmbedding(_torch.nn.Module):
     """What Embedding and EmbeddingBag share: the table, its registration,
     and rows pulled for a batch's distinct ids."""
 
-    def __init__(self, name, embedding_dim, optimizer, lr, init_scale, seed, options):
+    def __init__(self, name, embedding_dim, optimizer, lr, init_scale, seed, options,
+                 padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+                 sparse=False):
         super().__init__()
         kind = type(self).__name__
         if not isinstance(name, str) or not name:
@@ -1423,8 +1425,20 @@ class _SparseEmbedding(_torch.nn.Module):
         if unknown:
             raise TypeError(f"{kind} '{name}': unknown option(s) {', '.join(unknown)}; the "
                             f"options are {', '.join(_SPARSE_OPTIONS)}")
+        if padding_idx is not None and (not isinstance(padding_idx, int)
+                                        or isinstance(padding_idx, bool)
+                                        or not -(1 << 63) <= padding_idx < 1 << 63):
+            raise _bad(f"{kind} '{name}': padding_idx must be None or an int64 id, got "
+                       f"{padding_idx!r}")
+        if max_norm is not None and not float(max_norm) > 0:
+            raise _bad(f"{kind} '{name}': max_norm must be None or positive, got {max_norm!r}")
         self.name = name
         self.embedding_dim = embedding_dim
+        self.padding_idx = padding_idx
+        self.max_norm = None if max_norm is None else float(max_norm)
+        self.norm_type = float(norm_type)
+        self.scale_grad_by_freq = bool(scale_grad_by_freq)
+        self.sparse = bool(sparse)  # accepted for torch's signature: rows are always pushed sparse
         self.options = dict(optimizer=optimizer, lr=float(lr), init_scale=float(init_scale),
                             seed=int(seed), **options)
         self._trigger = _torch.empty(0, requires_grad=True)
@@ -1442,8 +1456,10 @@ class _SparseEmbedding(_torch.nn.Module):
         return self._table
 
     def _rows(self, input):
-        """The rows of input's distinct ids (on input's device) and, in
-        input's shape, each id's index among them."""
+        """The rows of input's distinct ids (on input's device), in input's
+        shape each id's index among them, and the index of padding_idx's
+        all-zero row (None when the batch has no padding id): that id is
+        neither pulled nor pushed."""
         if not isinstance(input, _torch.Tensor):
             raise _bad(f"{type(self).__name__} '{self.name}': input must be a tensor of int64 "
                        f"ids, got {type(input).__name__}")
@@ -1453,10 +1469,23 @@ class _SparseEmbedding(_torch.nn.Module):
         table = self.table()
         distinct, inverse = _torch.unique(input.reshape(-1), sorted=True, return_inverse=True)
         ids = _np.ascontiguousarray(distinct.to(_torch.int64).cpu().numpy())
+        pad = None
+        if self.padding_idx is not None:
+            found = _np.flatnonzero(ids == self.padding_idx)
+            if len(found):
+                pad = int(found[0])
+                ids = _np.ascontiguousarray(_np.delete(ids, pad))
         rows = _PulledRows.apply(self._trigger, table, ids)
+        if pad is not None:
+            zero = _torch.zeros(1, self.embedding_dim, dtype=rows.dtype)
+            rows = _torch.cat([rows[:pad], zero, rows[pad:]])
         if input.device.type != "cpu":
             rows = rows.to(input.device)
-        return rows, inverse.reshape(input.shape)
+        return rows, inverse.reshape(input.shape), pad
+
+    def _lookup_options(self, pad):
+        return dict(padding_idx=pad, max_norm=self.max_norm, norm_type=self.norm_type,
+                    scale_grad_by_freq=self.scale_grad_by_freq)
 
     def synchronize(self):
         """Waits for this table's pushes in flight (each backward starts one;
@@ -1474,7 +1503,10 @@ class _SparseEmbedding(_torch.nn.Module):
 
     def extra_repr(self):
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
-        return f"{self.name!r}, {self.embedding_dim}, {options}"
+        lookup = "".join(f", {k}={getattr(self, k)!r}" for k, default in
+                         (("padding_idx", None), ("max_norm", None), ("norm_type", 2.0),
+                          ("scale_grad_by_freq", False)) if getattr(self, k) != default)
+        return f"{self.name!r}, {self.embedding_dim}, {options}{lookup}"
 
 
 class Embedding(_SparseEmbedding):
@@ -1506,15 +1538,25 @@ class Embedding(_SparseEmbedding):
     cache_staleness). Registered in the constructor after init(), or else on
     the first forward. Without shards (one process, no HARRIER_SERVERS) the
     table lives in this process with the shards' arithmetic.
+
+    torch's lookup keywords: padding_idx is an id (any int64; there is no
+    vocabulary to count back from) whose output is all zeros and which is
+    never pulled, pushed or stored; max_norm and norm_type rescale each row
+    as it is looked up, as torch does, but the shards keep the row as
+    stepped (torch writes the rescaled row back into its weight);
+    scale_grad_by_freq as torch's; sparse is accepted and changes nothing
+    (only the rows a batch used are ever pushed).
     """
 
     def __init__(self, name, embedding_dim, optimizer="sgd", lr=0.01, init_scale=0.01, seed=0,
-                 **options):
-        super().__init__(name, embedding_dim, optimizer, lr, init_scale, seed, options)
+                 padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+                 sparse=False, **options):
+        super().__init__(name, embedding_dim, optimizer, lr, init_scale, seed, options,
+                         padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
 
     def forward(self, input):
-        rows, inverse = self._rows(input)
-        return _torch.nn.functional.embedding(inverse, rows)
+        rows, inverse, pad = self._rows(input)
+        return _torch.nn.functional.embedding(inverse, rows, **self._lookup_options(pad))
 
 
 class EmbeddingBag(_SparseEmbedding):
@@ -1526,21 +1568,26 @@ class EmbeddingBag(_SparseEmbedding):
     torch.nn.functional.embedding_bag takes them: a 2-D input of equal bags,
     or a 1-D input with the offsets where each bag starts
     (include_last_offset as torch's); per_sample_weights with mode "sum".
+    padding_idx (an id) is left out of its bag's reduction, as in torch;
+    max_norm, norm_type, scale_grad_by_freq and sparse as Embedding's.
     """
 
     def __init__(self, name, embedding_dim, mode="mean", optimizer="sgd", lr=0.01,
-                 init_scale=0.01, seed=0, include_last_offset=False, **options):
+                 init_scale=0.01, seed=0, include_last_offset=False, padding_idx=None,
+                 max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False,
+                 **options):
         if mode not in ("mean", "sum", "max"):
             raise _bad(f"EmbeddingBag '{name}': mode must be 'mean', 'sum' or 'max', got {mode!r}")
-        super().__init__(name, embedding_dim, optimizer, lr, init_scale, seed, options)
+        super().__init__(name, embedding_dim, optimizer, lr, init_scale, seed, options,
+                         padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
 
     def forward(self, input, offsets=None, per_sample_weights=None):
-        rows, inverse = self._rows(input)
+        rows, inverse, pad = self._rows(input)
         return _torch.nn.functional.embedding_bag(
             inverse, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
-            include_last_offset=self.include_last_offset)
+            include_last_offset=self.include_last_offset, **self._lookup_options(pad))
 
     def extra_repr(self):
         return f"{super().extra_repr()}, mode={self.mode!r}"

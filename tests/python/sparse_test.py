@@ -209,6 +209,71 @@ class OneWorkerTest(unittest.TestCase):
         np.testing.assert_allclose(self.rows("adagrad", distinct), value, rtol=0, atol=1e-6)
         self.assertEqual(self.client.tensor_clock("adagrad"), 3)
 
+    def test_padding_idx_max_norm_and_scale_grad_by_freq_as_torch(self):
+        distinct = torch.unique(IDS)
+        index = torch.searchsorted(distinct, IDS)
+        pad = int((distinct == 0).nonzero())  # IDS holds id 0 once
+        # padding_idx: id 0 looks up zeros, and is neither pushed nor stepped.
+        embedding = hvd.Embedding("pad", 4, lr=1.0, init_scale=0.5, seed=3, padding_idx=0)
+        before = self.rows("pad", distinct)
+        weight = before.clone()
+        weight[pad] = 0
+        reference = torch.nn.Embedding(len(distinct), 4, padding_idx=pad)
+        with torch.no_grad():
+            reference.weight.copy_(weight)
+        scale = torch.arange(1.0, len(IDS) + 1)[:, None]
+        out = embedding(IDS)
+        self.assertTrue(torch.equal(out, reference(index)))
+        self.assertTrue(torch.equal(out[IDS == 0], torch.zeros(1, 4)))
+        (out * scale).sin().sum().backward()
+        (reference(index) * scale).sin().sum().backward()
+        with torch.no_grad():
+            reference.weight -= reference.weight.grad
+        embedding.synchronize()
+        after = self.rows("pad", distinct)
+        self.assertTrue(torch.equal(after[pad], before[pad]))  # its initial row, untouched
+        keep = torch.arange(len(distinct)) != pad
+        np.testing.assert_allclose(after[keep], reference.weight.detach()[keep], rtol=0, atol=1e-6)
+        self.assertEqual(embedding.stats()["rows_pushed"], len(distinct) - 1)
+        # A batch of padding alone: zeros, and its backward still advances the clock.
+        only = embedding(torch.zeros(3, dtype=torch.int64))
+        self.assertTrue(torch.equal(only, torch.zeros(3, 4)))
+        only.sum().backward()
+        embedding.synchronize()
+        self.assertEqual(self.client.tensor_clock("pad"), 2)
+        # EmbeddingBag leaves the padding id out of its bag's mean.
+        offsets = torch.tensor([0, 3, 6])
+        bag = hvd.EmbeddingBag("pad", 4, mode="mean", lr=1.0, init_scale=0.5, seed=3,
+                               padding_idx=0)
+        weight = self.rows("pad", distinct)
+        weight[pad] = 0
+        with torch.no_grad():
+            self.assertTrue(torch.allclose(
+                bag(IDS, offsets),
+                F.embedding_bag(index, weight, offsets, mode="mean", padding_idx=pad),
+                rtol=0, atol=1e-7))
+        # max_norm rescales the looked-up rows as torch does.
+        norm = hvd.Embedding("norm", 4, init_scale=0.5, seed=5, max_norm=0.3)
+        weight = self.rows("norm", distinct)
+        out = norm(IDS)
+        self.assertTrue(torch.allclose(out, F.embedding(index, weight.clone(), max_norm=0.3),
+                                       rtol=0, atol=1e-7))
+        self.assertLessEqual(float(out.norm(dim=1).max()), 0.3 + 1e-6)
+        self.assertGreater(float(weight.norm(dim=1).max()), 0.3)  # so something was rescaled
+        # scale_grad_by_freq: a repeated id's gradient divided by its count.
+        freq = hvd.Embedding("freq", 3, lr=1.0, init_scale=0.5, seed=6, scale_grad_by_freq=True)
+        reference = torch.nn.Embedding(len(distinct), 3, scale_grad_by_freq=True)
+        with torch.no_grad():
+            reference.weight.copy_(self.rows("freq", distinct))
+        (freq(IDS) * scale[:, :1]).sum().backward()
+        (reference(index) * scale[:, :1]).sum().backward()
+        with torch.no_grad():
+            reference.weight -= reference.weight.grad
+        freq.synchronize()
+        np.testing.assert_allclose(self.rows("freq", distinct), reference.weight.detach(),
+                                   rtol=0, atol=1e-6)
+        self.assertIn("padding_idx=0", repr(embedding))
+
     def test_calls_in_flight_must_be_positive(self):
         with self.assertRaisesRegex(harrier.InvalidArgumentError, "max_calls_in_flight"):
             harrier.Client(self.cluster.servers, max_calls_in_flight=0)
