@@ -62,6 +62,9 @@ ABSL_FLAG(int64_t, cache_staleness, 2, "embedding: the row cache's staleness in 
 ABSL_FLAG(uint64_t, max_rows, 8192, "embedding: rows per table per shard in the budget case");
 ABSL_FLAG(std::string, wire_dtype, "float32", "embedding: rows on the wire: float32, fp16, bf16");
 ABSL_FLAG(std::string, cases, "rate,memory,cache,budget", "embedding: what to measure");
+ABSL_FLAG(bool, per_table_calls, false,
+          "embedding: one operation per table a step (tables x shards calls) instead of one for "
+          "all of the step's tables (one call per shard)");
 ABSL_FLAG(int, calls_in_flight, 4,
           "embedding: the worker's shard calls in flight per direction "
           "(ClientOptions::max_calls_in_flight)");
@@ -107,6 +110,9 @@ constexpr const char* kUsage =
     "  --max_rows=8192             the budget case's rows per table per shard\n"
     "  --wire_dtype=float32        rows on the wire: float32, fp16 or bf16\n"
     "  --calls_in_flight=4         the worker's shard calls in flight per direction\n"
+    "  --per_table_calls           one PullRowsAsync / PushRowsAsync per table a step\n"
+    "                              (tables x shards calls) instead of one for all of the\n"
+    "                              step's tables (one call per shard)\n"
     "  --transport=grpc            the rows' data path: grpc or ucx (servers get --ucx;\n"
     "                              UCX_TLS picks UCX's transports)\n"
     "  --cases=rate,memory,cache,budget\n"
@@ -139,6 +145,7 @@ struct Options {
   uint64_t max_rows = 8192;
   std::string wire_dtype = "float32";
   int calls_in_flight = 4;
+  bool per_table_calls = false;
   std::string transport = "grpc";
   bool rate = true, memory = true, cache = true, budget = true;
   std::string server_binary;
@@ -216,6 +223,7 @@ std::string ParseArgs(Options* options) {
   options->optimizer = absl::GetFlag(FLAGS_optimizer);
   options->wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
   options->calls_in_flight = absl::GetFlag(FLAGS_calls_in_flight);
+  options->per_table_calls = absl::GetFlag(FLAGS_per_table_calls);
   if (options->calls_in_flight < 1) return "--calls_in_flight must be at least 1";
   options->transport = absl::GetFlag(FLAGS_transport);
   if (options->transport != "grpc" && options->transport != "ucx") {
@@ -630,7 +638,8 @@ absl::StatusOr<SparseTableStats> SumStats(const Client& client,
 // gradients). Pulls and pushes are timed apart.
 absl::StatusOr<WireResult> RunWire(Client& client, const std::vector<pid_t>& shard_pids,
                                    const std::string& prefix, const SparseTableOptions& table,
-                                   const Stream& stream, bool push, int passes) {
+                                   const Stream& stream, bool push, int passes,
+                                   bool per_table_calls) {
   std::vector<std::string> names;
   for (int t = 0; t < stream.tables; ++t) {
     names.push_back(absl::StrCat(prefix, "/t", t));
@@ -644,17 +653,22 @@ absl::StatusOr<WireResult> RunWire(Client& client, const std::vector<pid_t>& sha
   WireResult result;
   SparseTableStats before;
   double client_cpu = 0, shard_cpu = 0;
-  std::vector<Client::Handle> handles(stream.tables);
+  std::vector<Client::Handle> handles;
   absl::Status failed;
   auto wait_all = [&](const char* what, int step) {
-    for (int t = 0; t < stream.tables; ++t) {
-      absl::Status status = client.Wait(handles[t], absl::Now() + kCallTimeout);
+    for (size_t h = 0; h < handles.size(); ++h) {
+      absl::Status status = client.Wait(handles[h], absl::Now() + kCallTimeout);
       if (!status.ok() && failed.ok()) {
-        failed = absl::Status(status.code(), absl::StrCat(what, " of ", names[t], " at step ",
-                                                          step, ": ", status.message()));
+        failed = absl::Status(status.code(),
+                              absl::StrCat(what, handles.size() == 1 ? "" : " of ",
+                                           handles.size() == 1 ? "" : names[h], " at step ",
+                                           step, ": ", status.message()));
       }
     }
+    handles.clear();
   };
+  std::vector<SparseRowsPull> pulls(stream.tables);
+  std::vector<SparseRowsPush> pushes(stream.tables);
   ForEachStep(
       stream, passes,
       [&](int step, int64_t, int pass) {
@@ -662,18 +676,26 @@ absl::StatusOr<WireResult> RunWire(Client& client, const std::vector<pid_t>& sha
         auto start = BenchClock::now();
         for (int t = 0; t < stream.tables; ++t) {
           const auto ids = stream.Batch(step, t);
-          handles[t] = client.PullRowsAsync(
-              names[t], ids, absl::MakeSpan(out[t]).subspan(0, ids.size() * table.dim));
+          pulls[t] = {names[t], ids, absl::MakeSpan(out[t]).subspan(0, ids.size() * table.dim)};
+          if (per_table_calls) {
+            handles.push_back(client.PullRowsAsync(pulls[t].table, pulls[t].ids, pulls[t].out));
+          }
         }
+        if (!per_table_calls) handles.push_back(client.PullRowsAsync(pulls));
         wait_all("pull", step);
         if (pass >= 0) result.pass[pass].pull_seconds += Seconds(start);
         if (!push) return;
         start = BenchClock::now();
         for (int t = 0; t < stream.tables; ++t) {
           const auto ids = stream.Batch(step, t);
-          handles[t] = client.PushRowsAsync(
-              names[t], ids, absl::MakeConstSpan(gradient).subspan(0, ids.size() * table.dim));
+          pushes[t] = {names[t], ids,
+                       absl::MakeConstSpan(gradient).subspan(0, ids.size() * table.dim)};
+          if (per_table_calls) {
+            handles.push_back(
+                client.PushRowsAsync(pushes[t].table, pushes[t].ids, pushes[t].gradients));
+          }
         }
+        if (!per_table_calls) handles.push_back(client.PushRowsAsync(pushes));
         wait_all("push", step);
         if (pass >= 0) result.pass[pass].push_seconds += Seconds(start);
       },
@@ -759,6 +781,7 @@ Json Head(const char* kase, const Options& options, int dim) {
               {"optimizer", options.optimizer},
               {"wire_dtype", options.wire_dtype},
               {"calls_in_flight", options.calls_in_flight},
+              {"per_table_calls", options.per_table_calls},
               {"transport", options.transport},
               {"batches", options.batches}};
 }
@@ -817,7 +840,7 @@ absl::Status RateCase(const Options& options, const Streams& streams, int dim, J
   const double memcpy_ids_per_s = MemcpyIdsPerSecond(options.batch, dim);
   const std::string prefix = absl::StrCat("rate/d", dim);
   auto wire = RunWire(*job.client, job.cluster->pids(), prefix, table, streams.sent,
-                      /*push=*/true, kPasses);
+                      /*push=*/true, kPasses, options.per_table_calls);
   if (!wire.ok()) return wire.status();
   auto held = ReadShards(job.cluster->addresses(), prefix);
   if (!held.ok()) return held.status();
@@ -898,15 +921,15 @@ absl::Status CacheCase(const Options& options, const Streams& streams, int dim, 
   const std::vector<pid_t>& pids = job.cluster->pids();
   SparseTableOptions table = TableOptions(options, dim, options.optimizer);
   auto uncached = RunWire(*job.client, pids, absl::StrCat("serve/d", dim), table, stream,
-                          /*push=*/false, 1);
+                          /*push=*/false, 1, options.per_table_calls);
   if (!uncached.ok()) return uncached.status();
   table.cache_rows = options.cache_rows;
   table.cache_staleness = options.cache_staleness;
   auto train = RunWire(*job.client, pids, absl::StrCat("cache_train/d", dim), table, stream,
-                       /*push=*/true, 1);
+                       /*push=*/true, 1, options.per_table_calls);
   if (!train.ok()) return train.status();
   auto serve = RunWire(*job.client, pids, absl::StrCat("cache_serve/d", dim), table, stream,
-                       /*push=*/false, 1);
+                       /*push=*/false, 1, options.per_table_calls);
   if (!serve.ok()) return serve.status();
   auto hit_rate = [](const SparseTableStats& s) {
     return Ratio(static_cast<double>(s.cache_hits),
@@ -949,8 +972,8 @@ absl::Status BudgetCase(const Options& options, const Streams& streams, int dim,
   // and evictions are the shards' (up to the order of the sampled evictions).
   const InProcessResult local = RunInProcess(streams.distinct, *config, options.shards, 1);
   const std::string prefix = absl::StrCat("budget/d", dim);
-  auto wire =
-      RunWire(*job.client, job.cluster->pids(), prefix, table, stream, /*push=*/true, 1);
+  auto wire = RunWire(*job.client, job.cluster->pids(), prefix, table, stream, /*push=*/true, 1,
+                      options.per_table_calls);
   if (!wire.ok()) return wire.status();
   auto held = ReadShards(job.cluster->addresses(), prefix);
   if (!held.ok()) return held.status();
@@ -1043,7 +1066,7 @@ int RunEmbeddingBench(int argc, char** argv) {
           argc, argv, kUsage,
           {"dims", "tables", "distinct_ids", "zipf", "batch", "batches", "warmup_batches",
            "shards", "optimizer", "optimizers", "fill_rows", "cache_rows", "cache_staleness",
-           "max_rows", "wire_dtype", "cases", "quick", "server_binary", "calls_in_flight",
+           "max_rows", "wire_dtype", "cases", "quick", "server_binary", "calls_in_flight", "per_table_calls",
            "transport"},
           ParseArgs, &options)) {
     return *exit_code;

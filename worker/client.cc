@@ -520,6 +520,16 @@ Client::Handle Client::PushRowsAsync(const std::string& name, absl::Span<const i
   return impl_->sparse_->PushRows(name, ids, gradients);
 }
 
+Client::Handle Client::PullRowsAsync(absl::Span<const SparseRowsPull> pulls) {
+  impl_->CountStart(OpKind::kPull);
+  return impl_->sparse_->PullRows(pulls);
+}
+
+Client::Handle Client::PushRowsAsync(absl::Span<const SparseRowsPush> pushes) {
+  impl_->CountStart(OpKind::kPush);
+  return impl_->sparse_->PushRows(pushes);
+}
+
 absl::Status Client::PullRows(const std::string& name, absl::Span<const int64_t> ids,
                               absl::Span<float> out) {
   return Wait(PullRowsAsync(name, ids, out));

@@ -225,6 +225,22 @@ struct SparseTableStats {
   uint64_t bytes_pulled = 0;
 };
 
+// One table's part of a pull of several tables' rows (Client::
+// PullRowsAsync over a span): as PullRowsAsync's arguments. The spans must
+// stay valid until the operation ends.
+struct SparseRowsPull {
+  std::string table;
+  absl::Span<const int64_t> ids;
+  absl::Span<float> out;
+};
+
+// One table's part of a push of several tables' gradients.
+struct SparseRowsPush {
+  std::string table;
+  absl::Span<const int64_t> ids;
+  absl::Span<const float> gradients;
+};
+
 // The shard of `num_shards` that holds row `id` of every sparse table: a
 // mixing hash (splitmix64's finalizer) of the id, so that hot or
 // consecutive ids do not pile onto one shard.
@@ -340,6 +356,14 @@ class Client {
                         absl::Span<float> out);
   absl::Status PushRows(const std::string& name, absl::Span<const int64_t> ids,
                         absl::Span<const float> gradients);
+  // Several tables in one operation, as a step of a model with many
+  // tables does: one call per shard carries every table's ids (pulls: one
+  // per clock when the tables' clocks differ), where one operation per
+  // table makes tables x shards calls. Each table's part is checked as the
+  // one-table forms check theirs, all before anything is sent (a refused
+  // operation changes no clock); a table may appear once.
+  Handle PullRowsAsync(absl::Span<const SparseRowsPull> pulls);
+  Handle PushRowsAsync(absl::Span<const SparseRowsPush> pushes);
   // NOT_FOUND for a name not registered as a sparse table.
   absl::StatusOr<SparseTableStats> SparseStats(const std::string& name) const;
 

@@ -8,6 +8,7 @@
 #include "common/codec/codec.h"
 #include "common/crc32c.h"
 #include "common/partitioner.h"
+#include "common/request_limits.h"
 #include "common/row_placement.h"
 #include "worker/control_client.h"
 
@@ -222,119 +223,212 @@ void ForEachRow(const PayloadView& payload, size_t row_bytes, Fn fn) {
 
 OperationHandle SparseTables::PullRows(const std::string& name, absl::Span<const int64_t> ids,
                                        absl::Span<float> out) {
-  const std::string what = absl::StrCat("pull rows of '", name, "'");
-  std::shared_ptr<Table> table = Find(name);
-  if (table == nullptr) {
-    return engine_.Failed(OpKind::kPull, what,
-                          absl::NotFoundError(absl::StrCat("sparse table '", name,
-                                                           "' is not registered")));
+  const SparseRowsPull pull{name, ids, out};
+  return PullRows(absl::MakeConstSpan(&pull, 1));
+}
+
+OperationHandle SparseTables::PushRows(const std::string& name, absl::Span<const int64_t> ids,
+                                       absl::Span<const float> gradients) {
+  const SparseRowsPush push{name, ids, gradients};
+  return PushRows(absl::MakeConstSpan(&push, 1));
+}
+
+namespace {
+
+// What names an operation over `count` tables in errors and logs.
+template <typename Item>
+std::string Describe(const char* verb, absl::Span<const Item> items) {
+  if (items.size() == 1) return absl::StrCat(verb, " rows of '", items[0].table, "'");
+  std::string names;
+  for (size_t i = 0; i < items.size() && i < 4; ++i) {
+    absl::StrAppend(&names, i == 0 ? "" : ", ", "'", items[i].table, "'");
   }
-  const uint32_t dim = table->dim;
-  if (out.size() != ids.size() * dim) {
-    return engine_.Failed(
-        OpKind::kPull, what,
-        absl::InvalidArgumentError(absl::StrCat(what, ": ", ids.size(), " ids need ",
-                                                ids.size() * dim, " floats of output, got ",
-                                                out.size())));
-  }
-  const int64_t clock = table->clock.load();
-  table->ids_requested += ids.size();
-  // Shared by the shards' calls: what each distinct id is and where its row
-  // goes.
-  struct Pull {
+  if (items.size() > 4) absl::StrAppend(&names, ", ...");
+  return absl::StrCat(verb, " rows of ", items.size(), " tables (", names, ")");
+}
+
+}  // namespace
+
+OperationHandle SparseTables::PullRows(absl::Span<const SparseRowsPull> pulls) {
+  const std::string what = Describe("pull", pulls);
+  // One table's part of the operation: its distinct ids, where each row
+  // goes in the caller's output, and which ids each shard is asked for.
+  struct TablePull {
+    std::shared_ptr<Table> table;
+    int64_t clock = 0;
     Distinct distinct;
     std::vector<uint32_t> first;  // per distinct id, its first position
     std::vector<uint32_t> next;   // per position, the next with the same id (~0u: none)
     float* out = nullptr;
     std::vector<std::vector<uint32_t>> of_shard;  // distinct indices per shard
-    std::vector<proto::PullRequest> requests;
-  };
-  auto pull = std::make_shared<Pull>();
-  pull->distinct = Deduplicate(ids);
-  pull->out = out.data();
-  const size_t distinct = pull->distinct.ids.size();
-  pull->first.assign(distinct, ~0u);
-  pull->next.assign(ids.size(), ~0u);
-  for (size_t i = ids.size(); i-- > 0;) {
-    const uint32_t d = pull->distinct.of_position[i];
-    pull->next[i] = pull->first[d];
-    pull->first[d] = static_cast<uint32_t>(i);
-  }
-  // Row bytes (any alignment) into every position of distinct id d.
-  auto scatter = [pull, dim](uint32_t d, const void* row) {
-    for (uint32_t i = pull->first[d]; i != ~0u; i = pull->next[i]) {
-      std::memcpy(pull->out + size_t{i} * dim, row, dim * sizeof(float));
+
+    // Row bytes (any alignment) into every position of distinct id d.
+    void Scatter(uint32_t d, const void* row) const {
+      const size_t dim = table->dim;
+      for (uint32_t i = first[d]; i != ~0u; i = next[i]) {
+        std::memcpy(out + size_t{i} * dim, row, dim * sizeof(float));
+      }
     }
   };
-  std::vector<uint32_t> missing;
-  {
-    absl::MutexLock lock(&table->cache_mutex);
-    std::vector<float> row(dim);
-    for (uint32_t d = 0; d < distinct; ++d) {
-      if (table->cache != nullptr && table->cache->Get(pull->distinct.ids[d], clock, row.data())) {
-        scatter(d, row.data());
-      } else {
-        missing.push_back(d);
+  // One call: a shard and the tables (indices into `parts`) it is asked
+  // about, all at one clock.
+  struct Call {
+    int shard = 0;
+    proto::PullRequest request;
+    std::vector<uint32_t> tables;
+  };
+  struct Pull {
+    std::vector<TablePull> parts;
+    std::vector<Call> calls;
+  };
+  auto pull = std::make_shared<Pull>();
+  pull->parts.resize(pulls.size());
+  const int shards = static_cast<int>(transports_.size());
+  for (size_t t = 0; t < pulls.size(); ++t) {
+    const SparseRowsPull& asked = pulls[t];
+    TablePull& part = pull->parts[t];
+    part.table = Find(asked.table);
+    if (part.table == nullptr) {
+      return engine_.Failed(OpKind::kPull, what,
+                            absl::NotFoundError(absl::StrCat("sparse table '", asked.table,
+                                                             "' is not registered")));
+    }
+    for (size_t u = 0; u < t; ++u) {
+      if (pull->parts[u].table == part.table) {
+        return engine_.Failed(OpKind::kPull, what,
+                              absl::InvalidArgumentError(absl::StrCat(
+                                  what, ": table '", asked.table, "' asked twice")));
+      }
+    }
+    const uint32_t dim = part.table->dim;
+    if (asked.out.size() != asked.ids.size() * dim) {
+      return engine_.Failed(
+          OpKind::kPull, what,
+          absl::InvalidArgumentError(absl::StrCat("pull rows of '", asked.table, "': ",
+                                                  asked.ids.size(), " ids need ",
+                                                  asked.ids.size() * dim,
+                                                  " floats of output, got ", asked.out.size())));
+    }
+    part.clock = part.table->clock.load();
+    part.distinct = Deduplicate(asked.ids);
+    part.out = asked.out.data();
+    const size_t distinct = part.distinct.ids.size();
+    part.first.assign(distinct, ~0u);
+    part.next.assign(asked.ids.size(), ~0u);
+    for (size_t i = asked.ids.size(); i-- > 0;) {
+      const uint32_t d = part.distinct.of_position[i];
+      part.next[i] = part.first[d];
+      part.first[d] = static_cast<uint32_t>(i);
+    }
+    part.of_shard.resize(shards);
+    {
+      absl::MutexLock lock(&part.table->cache_mutex);
+      RowCache* cache = part.table->cache.get();
+      std::vector<float> row(cache != nullptr ? dim : 0);
+      for (uint32_t d = 0; d < distinct; ++d) {
+        if (cache != nullptr && cache->Get(part.distinct.ids[d], part.clock, row.data())) {
+          part.Scatter(d, row.data());
+        } else {
+          part.of_shard[SparseRowShard(part.distinct.ids[d], shards)].push_back(d);
+        }
+      }
+    }
+    for (int shard = 0; shard < shards; ++shard) {
+      if (part.of_shard[shard].size() > kMaxRowsPerCall) {
+        return engine_.Failed(
+            OpKind::kPull, what,
+            absl::InvalidArgumentError(absl::StrCat(
+                "pull rows of '", asked.table, "': ", part.of_shard[shard].size(),
+                " distinct ids on shard ", shard, ", over the limit of ", kMaxRowsPerCall,
+                " per call")));
       }
     }
   }
-  const int shards = static_cast<int>(transports_.size());
-  pull->of_shard.resize(shards);
-  for (uint32_t d : missing) {
-    pull->of_shard[SparseRowShard(pull->distinct.ids[d], shards)].push_back(d);
-  }
+  // The calls: per shard, the tables with rows there, grouped by clock (a
+  // request has one clock) and at most kMaxChunksPerCall a call.
   for (int shard = 0; shard < shards; ++shard) {
-    if (pull->of_shard[shard].size() > kMaxRowsPerCall) {
-      return engine_.Failed(
-          OpKind::kPull, what,
-          absl::InvalidArgumentError(absl::StrCat(what, ": ", pull->of_shard[shard].size(),
-                                                  " distinct ids on shard ", shard,
-                                                  ", over the limit of ", kMaxRowsPerCall,
-                                                  " per call")));
+    std::vector<uint32_t> open_calls;  // indices into calls of this shard's calls
+    for (uint32_t t = 0; t < pull->parts.size(); ++t) {
+      TablePull& part = pull->parts[t];
+      const std::vector<uint32_t>& mine = part.of_shard[shard];
+      if (mine.empty()) continue;
+      Call* call = nullptr;
+      for (uint32_t c : open_calls) {
+        Call& candidate = pull->calls[c];
+        if (candidate.request.clock() == part.clock &&
+            candidate.tables.size() < kMaxChunksPerCall) {
+          call = &candidate;
+          break;
+        }
+      }
+      if (call == nullptr) {
+        open_calls.push_back(static_cast<uint32_t>(pull->calls.size()));
+        call = &pull->calls.emplace_back();
+        call->shard = shard;
+        call->request.set_job(config_.job);
+        call->request.set_rank(config_.rank);
+        *call->request.mutable_session() = config_.session;
+        call->request.set_clock(part.clock);
+      }
+      call->tables.push_back(t);
+      const uint32_t dim = part.table->dim;
+      proto::ChunkRef* ref = call->request.add_chunks();
+      ref->set_key(part.table->name);
+      ref->set_chunk(part.table->part[shard]);
+      ref->set_num_elements(mine.size() * dim);
+      if (!part.table->wire.empty()) ref->set_codec_params(part.table->wire);
+      std::string* id_bytes = ref->mutable_row_ids();
+      id_bytes->resize(mine.size() * sizeof(int64_t));
+      for (size_t k = 0; k < mine.size(); ++k) {
+        std::memcpy(&(*id_bytes)[k * sizeof(int64_t)], &part.distinct.ids[mine[k]],
+                    sizeof(int64_t));
+      }
     }
   }
-  table->rows_pulled += missing.size();
-  pull->requests.resize(shards);
+  for (TablePull& part : pull->parts) {
+    size_t asked = 0;
+    for (const auto& mine : part.of_shard) asked += mine.size();
+    part.table->ids_requested += part.next.size();  // one per position
+    part.table->rows_pulled += asked;
+  }
   std::vector<OperationEngine::Task> tasks;
-  for (int shard = 0; shard < shards; ++shard) {
-    const std::vector<uint32_t>& mine = pull->of_shard[shard];
-    if (mine.empty()) continue;
-    proto::PullRequest& request = pull->requests[shard];
-    request.set_job(config_.job);
-    request.set_rank(config_.rank);
-    *request.mutable_session() = config_.session;
-    request.set_clock(clock);
-    proto::ChunkRef* ref = request.add_chunks();
-    ref->set_key(name);
-    ref->set_chunk(table->part[shard]);
-    ref->set_num_elements(mine.size() * dim);
-    if (!table->wire.empty()) ref->set_codec_params(table->wire);
-    std::string* id_bytes = ref->mutable_row_ids();
-    id_bytes->resize(mine.size() * sizeof(int64_t));
-    for (size_t k = 0; k < mine.size(); ++k) {
-      std::memcpy(&(*id_bytes)[k * sizeof(int64_t)], &pull->distinct.ids[mine[k]],
-                  sizeof(int64_t));
-    }
-    tasks.push_back([this, pull, table, shard, clock, scatter](Operation& op,
-                                                                OperationEngine::TaskDone done) {
-      auto received = std::make_shared<std::atomic<bool>>(false);
+  for (size_t c = 0; c < pull->calls.size(); ++c) {
+    tasks.push_back([this, pull, c](Operation& op, OperationEngine::TaskDone done) {
+      const Call& call = pull->calls[c];
+      const int shard = call.shard;
+      // Which of the call's tables have replied (each exactly once).
+      auto replied = std::make_shared<std::vector<std::atomic<bool>>>(call.tables.size());
       auto sink = std::make_shared<LandedChunkSink>(
-          [pull, table, shard, clock, scatter, received](
-              const proto::TensorChunk& header, const PayloadView& payload,
-              MemoryKind) -> absl::Status {
-            const std::vector<uint32_t>& mine = pull->of_shard[shard];
-            const uint32_t dim = table->dim;
+          [pull, c, shard, replied](const proto::TensorChunk& header, const PayloadView& payload,
+                                    MemoryKind) -> absl::Status {
+            const Call& call = pull->calls[c];
+            size_t slot = call.tables.size();
+            for (size_t k = 0; k < call.tables.size(); ++k) {
+              if (pull->parts[call.tables[k]].table->name == header.key()) slot = k;
+            }
+            if (slot == call.tables.size()) {
+              return absl::DataLossError(
+                  absl::StrCat("rows of '", header.key(), "': a reply for a table not asked"));
+            }
+            if ((*replied)[slot].exchange(true)) {
+              return absl::DataLossError(
+                  absl::StrCat("rows of '", header.key(), "': replied twice"));
+            }
+            const TablePull& part = pull->parts[call.tables[slot]];
+            Table& table = *part.table;
+            const std::vector<uint32_t>& mine = part.of_shard[shard];
+            const uint32_t dim = table.dim;
             const size_t n = mine.size() * dim;
             uint32_t crc = 0;
             for (absl::string_view piece : payload.pieces()) {
               crc = Crc32cExtend(crc, piece.data(), piece.size());
             }
             if (crc != header.checksum()) {
-              return absl::DataLossError(absl::StrCat("rows of '", table->name,
+              return absl::DataLossError(absl::StrCat("rows of '", table.name,
                                                       "': reply checksum mismatch"));
             }
             if (header.num_elements() != n) {
-              return absl::DataLossError(absl::StrCat("rows of '", table->name, "': reply of ",
+              return absl::DataLossError(absl::StrCat("rows of '", table.name, "': reply of ",
                                                       header.num_elements(), " elements, asked ",
                                                       n));
             }
@@ -346,14 +440,13 @@ OperationHandle SparseTables::PullRows(const std::string& name, absl::Span<const
             PayloadView rows = payload;
             if (header.codec() == 0) {
               if (payload.size() != n * sizeof(float)) {
-                return absl::DataLossError(absl::StrCat("rows of '", table->name,
-                                                        "': reply of ", payload.size(),
-                                                        " bytes"));
+                return absl::DataLossError(absl::StrCat("rows of '", table.name, "': reply of ",
+                                                        payload.size(), " bytes"));
               }
             } else {
-              if (table->decoder == nullptr ||
-                  static_cast<uint32_t>(table->decoder->id()) != header.codec()) {
-                return absl::DataLossError(absl::StrCat("rows of '", table->name,
+              if (table.decoder == nullptr ||
+                  static_cast<uint32_t>(table.decoder->id()) != header.codec()) {
+                return absl::DataLossError(absl::StrCat("rows of '", table.name,
                                                         "': reply in codec ", header.codec()));
               }
               std::string copied;
@@ -364,40 +457,44 @@ OperationHandle SparseTables::PullRows(const std::string& name, absl::Span<const
                 bytes = copied;
               }
               decoded.resize(n);
-              if (auto status = table->decoder->Decode(bytes, absl::MakeSpan(decoded));
+              if (auto status = table.decoder->Decode(bytes, absl::MakeSpan(decoded));
                   !status.ok()) {
-                return absl::DataLossError(absl::StrCat("rows of '", table->name, "': ",
+                return absl::DataLossError(absl::StrCat("rows of '", table.name, "': ",
                                                         status.message()));
               }
               rows = PayloadView(absl::string_view(reinterpret_cast<const char*>(decoded.data()),
                                                    n * sizeof(float)));
             }
-            ForEachRow(rows, row_bytes, [&](size_t k, const char* row) { scatter(mine[k], row); });
+            ForEachRow(rows, row_bytes,
+                       [&](size_t k, const char* row) { part.Scatter(mine[k], row); });
             {
-              absl::MutexLock lock(&table->cache_mutex);
-              if (RowCache* cache = table->cache.get(); cache != nullptr) {
+              absl::MutexLock lock(&table.cache_mutex);
+              if (RowCache* cache = table.cache.get(); cache != nullptr) {
                 ForEachRow(rows, row_bytes, [&](size_t k, const char* row) {
-                  cache->Put(pull->distinct.ids[mine[k]], clock, row);
+                  cache->Put(part.distinct.ids[mine[k]], part.clock, row);
                 });
               }
             }
-            table->bytes_pulled += payload.size();
-            received->store(true);
+            table.bytes_pulled += payload.size();
             return absl::OkStatus();
           });
       ShardTransport* transport = transports_[shard];
       CallCanceller* canceller = &op.canceller();
-      const proto::PullRequest* request = &pull->requests[shard];
+      const proto::PullRequest* request = &call.request;
       OnShard(
           op, shard,
           [this, transport, request, sink, canceller, pull](CallDone try_done) {
             transport->StartPull(*request, nullptr, *sink, Deadline(), *canceller,
                                  std::move(try_done));
           },
-          [received, table, done = std::move(done)](absl::Status status) {
-            if (status.ok() && !received->load()) {
-              status = absl::DataLossError(
-                  absl::StrCat("rows of '", table->name, "': the shard sent no reply"));
+          [pull, c, replied, done = std::move(done)](absl::Status status) {
+            const Call& call = pull->calls[c];
+            for (size_t k = 0; status.ok() && k < call.tables.size(); ++k) {
+              if (!(*replied)[k].load()) {
+                status = absl::DataLossError(
+                    absl::StrCat("rows of '", pull->parts[call.tables[k]].table->name,
+                                 "': the shard sent no reply"));
+              }
             }
             done(std::move(status));
           });
@@ -406,109 +503,172 @@ OperationHandle SparseTables::PullRows(const std::string& name, absl::Span<const
   return engine_.Start(OpKind::kPull, what, std::move(tasks));
 }
 
-OperationHandle SparseTables::PushRows(const std::string& name, absl::Span<const int64_t> ids,
-                                       absl::Span<const float> gradients) {
-  const std::string what = absl::StrCat("push rows of '", name, "'");
-  std::shared_ptr<Table> table = Find(name);
-  if (table == nullptr) {
-    return engine_.Failed(OpKind::kPush, what,
-                          absl::NotFoundError(absl::StrCat("sparse table '", name,
-                                                           "' is not registered")));
-  }
-  const uint32_t dim = table->dim;
-  if (gradients.size() != ids.size() * dim) {
-    return engine_.Failed(
-        OpKind::kPush, what,
-        absl::InvalidArgumentError(absl::StrCat(what, ": ", ids.size(), " ids need ",
-                                                ids.size() * dim, " gradient floats, got ",
-                                                gradients.size())));
-  }
-  Distinct distinct = Deduplicate(ids);
-  const size_t count = distinct.ids.size();
+OperationHandle SparseTables::PushRows(absl::Span<const SparseRowsPush> pushes) {
+  const std::string what = Describe("push", pushes);
   const int shards = static_cast<int>(transports_.size());
-  // Each distinct id's shard and its row in that shard's payload.
-  std::vector<std::vector<int64_t>> ids_of(shards);
-  std::vector<std::pair<int, uint32_t>> where(count);
-  for (uint32_t d = 0; d < count; ++d) {
-    const int shard = SparseRowShard(distinct.ids[d], shards);
-    where[d] = {shard, static_cast<uint32_t>(ids_of[shard].size())};
-    ids_of[shard].push_back(distinct.ids[d]);
-  }
-  for (int shard = 0; shard < shards; ++shard) {
-    if (ids_of[shard].size() > kMaxRowsPerCall) {
+  const size_t count = pushes.size();
+  std::vector<std::shared_ptr<Table>> tables(count);
+  // Everything is checked before any table's clock moves: a refused push
+  // changes nothing.
+  for (size_t t = 0; t < count; ++t) {
+    const SparseRowsPush& asked = pushes[t];
+    tables[t] = Find(asked.table);
+    if (tables[t] == nullptr) {
+      return engine_.Failed(OpKind::kPush, what,
+                            absl::NotFoundError(absl::StrCat("sparse table '", asked.table,
+                                                             "' is not registered")));
+    }
+    for (size_t u = 0; u < t; ++u) {
+      if (tables[u] == tables[t]) {
+        return engine_.Failed(OpKind::kPush, what,
+                              absl::InvalidArgumentError(absl::StrCat(
+                                  what, ": table '", asked.table, "' pushed twice")));
+      }
+    }
+    const uint32_t dim = tables[t]->dim;
+    if (asked.gradients.size() != asked.ids.size() * dim) {
       return engine_.Failed(
           OpKind::kPush, what,
-          absl::InvalidArgumentError(absl::StrCat(what, ": ", ids_of[shard].size(),
-                                                  " distinct ids on shard ", shard,
-                                                  ", over the limit of ", kMaxRowsPerCall,
-                                                  " per call")));
+          absl::InvalidArgumentError(absl::StrCat("push rows of '", asked.table, "': ",
+                                                  asked.ids.size(), " ids need ",
+                                                  asked.ids.size() * dim,
+                                                  " gradient floats, got ",
+                                                  asked.gradients.size())));
     }
   }
-  // The gradients of a repeated id are summed straight into its shard's
-  // payload (float32), or into a staging buffer for 16-bit rows.
-  const size_t row_bytes = size_t{dim} * sizeof(float);
-  std::vector<std::string> summed(shards);
-  for (int shard = 0; shard < shards; ++shard) summed[shard].assign(ids_of[shard].size() * row_bytes, '\0');
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const auto [shard, row] = where[distinct.of_position[i]];
-    float* sum = reinterpret_cast<float*>(summed[shard].data() + size_t{row} * row_bytes);
-    const float* g = gradients.data() + i * dim;
-    for (uint32_t j = 0; j < dim; ++j) sum[j] += g[j];
-  }
-  // Every shard gets the push, empty where it holds none of the ids: the
-  // table's clock advances on each.
-  const int64_t clock = table->clock.fetch_add(1);
-  auto chunks = std::make_shared<std::vector<std::vector<OutgoingChunk>>>(shards);
-  for (int shard = 0; shard < shards; ++shard) {
-    OutgoingChunk chunk;
-    proto::TensorChunk& header = chunk.header;
-    header.set_job(config_.job);
-    header.set_rank(config_.rank);
-    *header.mutable_session() = config_.session;
-    header.set_key(name);
-    header.set_chunk(table->part[shard]);
-    header.set_clock(clock);
-    header.set_num_elements(ids_of[shard].size() * dim);
-    header.set_dtype(proto::DTYPE_FLOAT32);
-    header.set_row_ids(reinterpret_cast<const char*>(ids_of[shard].data()),
-                       ids_of[shard].size() * sizeof(int64_t));
-    if (table->wire.empty() || ids_of[shard].empty()) {
-      chunk.owned = std::move(summed[shard]);
-    } else {
-      const auto* rows = reinterpret_cast<const float*>(summed[shard].data());
-      absl::MutexLock lock(&table->codec_mutex);
-      if (auto status = table->encoder->Encode(
-              absl::MakeConstSpan(rows, ids_of[shard].size() * dim), CodecContext{}, &chunk.owned);
-          !status.ok()) {
-        return engine_.Failed(OpKind::kPush, what,
-                              absl::InvalidArgumentError(absl::StrCat(what, ": ",
-                                                                      status.message())));
+  // Per table and shard: its chunk (rows summed, encoded), its clock after.
+  struct TablePush {
+    std::vector<OutgoingChunk> chunks;  // one per shard
+    int64_t clock = 0;
+    uint64_t rows = 0;
+  };
+  std::vector<TablePush> parts(count);
+  for (size_t t = 0; t < count; ++t) {
+    const SparseRowsPush& asked = pushes[t];
+    Table& table = *tables[t];
+    const uint32_t dim = table.dim;
+    Distinct distinct = Deduplicate(asked.ids);
+    const size_t rows = distinct.ids.size();
+    // Each distinct id's shard and its row in that shard's payload.
+    std::vector<std::vector<int64_t>> ids_of(shards);
+    std::vector<std::pair<int, uint32_t>> where(rows);
+    for (uint32_t d = 0; d < rows; ++d) {
+      const int shard = SparseRowShard(distinct.ids[d], shards);
+      where[d] = {shard, static_cast<uint32_t>(ids_of[shard].size())};
+      ids_of[shard].push_back(distinct.ids[d]);
+    }
+    for (int shard = 0; shard < shards; ++shard) {
+      if (ids_of[shard].size() > kMaxRowsPerCall) {
+        return engine_.Failed(
+            OpKind::kPush, what,
+            absl::InvalidArgumentError(absl::StrCat(
+                "push rows of '", asked.table, "': ", ids_of[shard].size(),
+                " distinct ids on shard ", shard, ", over the limit of ", kMaxRowsPerCall,
+                " per call")));
       }
-      header.set_codec(static_cast<uint32_t>(table->encoder->id()));
-      header.set_codec_params(table->wire);
     }
-    header.set_checksum(Crc32c(chunk.owned.data(), chunk.owned.size()));
-    table->bytes_pushed += chunk.owned.size();
-    (*chunks)[shard].push_back(std::move(chunk));
+    // The gradients of a repeated id are summed straight into its shard's
+    // payload (float32), or into a staging buffer for 16-bit rows.
+    const size_t row_bytes = size_t{dim} * sizeof(float);
+    std::vector<std::string> summed(shards);
+    for (int shard = 0; shard < shards; ++shard) {
+      summed[shard].assign(ids_of[shard].size() * row_bytes, '\0');
+    }
+    for (size_t i = 0; i < asked.ids.size(); ++i) {
+      const auto [shard, row] = where[distinct.of_position[i]];
+      float* sum = reinterpret_cast<float*>(summed[shard].data() + size_t{row} * row_bytes);
+      const float* g = asked.gradients.data() + i * dim;
+      for (uint32_t j = 0; j < dim; ++j) sum[j] += g[j];
+    }
+    TablePush& part = parts[t];
+    part.rows = rows;
+    part.chunks.resize(shards);
+    for (int shard = 0; shard < shards; ++shard) {
+      OutgoingChunk& chunk = part.chunks[shard];
+      proto::TensorChunk& header = chunk.header;
+      header.set_job(config_.job);
+      header.set_rank(config_.rank);
+      *header.mutable_session() = config_.session;
+      header.set_key(table.name);
+      header.set_chunk(table.part[shard]);
+      header.set_num_elements(ids_of[shard].size() * dim);
+      header.set_dtype(proto::DTYPE_FLOAT32);
+      header.set_row_ids(reinterpret_cast<const char*>(ids_of[shard].data()),
+                         ids_of[shard].size() * sizeof(int64_t));
+      if (table.wire.empty() || ids_of[shard].empty()) {
+        chunk.owned = std::move(summed[shard]);
+      } else {
+        const auto* sums = reinterpret_cast<const float*>(summed[shard].data());
+        absl::MutexLock lock(&table.codec_mutex);
+        if (auto status = table.encoder->Encode(
+                absl::MakeConstSpan(sums, ids_of[shard].size() * dim), CodecContext{},
+                &chunk.owned);
+            !status.ok()) {
+          return engine_.Failed(
+              OpKind::kPush, what,
+              absl::InvalidArgumentError(absl::StrCat("push rows of '", table.name, "': ",
+                                                      status.message())));
+        }
+        header.set_codec(static_cast<uint32_t>(table.encoder->id()));
+        header.set_codec_params(table.wire);
+      }
+      header.set_checksum(Crc32c(chunk.owned.data(), chunk.owned.size()));
+    }
   }
-  table->rows_pushed += count;
-  std::vector<OperationEngine::Task> tasks;
+  // Every shard gets each table's push, empty where it holds none of the
+  // table's ids: the table's clock advances on each. Per shard, one call
+  // carries every table's chunk (at most kMaxChunksPerCall a call).
+  struct Call {
+    int shard = 0;
+    std::vector<OutgoingChunk> chunks;
+    std::vector<uint32_t> tables;
+  };
+  auto calls = std::make_shared<std::vector<Call>>();
+  for (size_t t = 0; t < count; ++t) {
+    TablePush& part = parts[t];
+    Table& table = *tables[t];
+    part.clock = table.clock.fetch_add(1);
+    for (int shard = 0; shard < shards; ++shard) {
+      OutgoingChunk& chunk = part.chunks[shard];
+      chunk.header.set_clock(part.clock);
+      table.bytes_pushed += chunk.owned.size();
+    }
+    table.rows_pushed += part.rows;
+  }
   for (int shard = 0; shard < shards; ++shard) {
-    tasks.push_back([this, chunks, shard, table, clock](Operation& op,
-                                                        OperationEngine::TaskDone done) {
+    for (size_t t = 0; t < count; ++t) {
+      if (t % kMaxChunksPerCall == 0) {
+        Call& call = calls->emplace_back();
+        call.shard = shard;
+      }
+      Call& call = calls->back();
+      call.chunks.push_back(std::move(parts[t].chunks[shard]));
+      call.tables.push_back(static_cast<uint32_t>(t));
+    }
+  }
+  auto clocks = std::make_shared<std::vector<std::pair<std::shared_ptr<Table>, int64_t>>>();
+  for (size_t t = 0; t < count; ++t) clocks->emplace_back(tables[t], parts[t].clock);
+  std::vector<OperationEngine::Task> tasks;
+  for (size_t c = 0; c < calls->size(); ++c) {
+    tasks.push_back([this, calls, clocks, c](Operation& op, OperationEngine::TaskDone done) {
+      const Call& call = (*calls)[c];
+      const int shard = call.shard;
       ShardTransport* transport = transports_[shard];
       CallCanceller* canceller = &op.canceller();
-      const std::vector<OutgoingChunk>* mine = &(*chunks)[shard];
+      const std::vector<OutgoingChunk>* mine = &call.chunks;
       OnShard(
           op, shard,
-          [this, transport, mine, canceller, chunks](CallDone try_done) {
+          [this, transport, mine, canceller, calls](CallDone try_done) {
             transport->StartPush(*mine, Deadline(), *canceller, std::move(try_done));
           },
-          [table, shard, clock, done = std::move(done)](absl::Status status) {
+          [calls, clocks, c, shard, done = std::move(done)](absl::Status status) {
             if (status.ok()) {
-              absl::MutexLock lock(&table->ack_mutex);
-              int64_t& next = table->acknowledged[shard];
-              next = std::max(next, clock + 1);
+              for (uint32_t t : (*calls)[c].tables) {
+                const auto& [table, clock] = (*clocks)[t];
+                absl::MutexLock lock(&table->ack_mutex);
+                int64_t& next = table->acknowledged[shard];
+                next = std::max(next, clock + 1);
+              }
             }
             done(std::move(status));
           });

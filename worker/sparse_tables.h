@@ -4,7 +4,7 @@
 // The worker's side of sparse tables (Client::RegisterSparseTable,
 // PullRows, PushRows): ids deduplicated before the wire (a repeated id's
 // gradients summed), grouped by the shard that holds them (SparseRowShard),
-// one call per shard through the same transports, retries and deadlines as
+// one call per shard (for all the tables of a call) through the same transports, retries and deadlines as
 // dense tensors, and the hot-row cache. Thread-safe.
 
 #include <atomic>
@@ -51,6 +51,10 @@ class SparseTables {
                            absl::Span<float> out);
   OperationHandle PushRows(const std::string& name, absl::Span<const int64_t> ids,
                            absl::Span<const float> gradients);
+  // Several tables at once: one call per shard for all of them (pulls: per
+  // clock, when the tables' clocks differ).
+  OperationHandle PullRows(absl::Span<const SparseRowsPull> pulls);
+  OperationHandle PushRows(absl::Span<const SparseRowsPush> pushes);
   // The clock the table's next push is for; NOT_FOUND if not registered.
   absl::StatusOr<int64_t> Clock(const std::string& name) const;
   absl::StatusOr<SparseTableStats> Stats(const std::string& name) const;

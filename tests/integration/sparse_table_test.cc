@@ -18,6 +18,8 @@
 #include "testing/server_process.h"
 #include "tests/integration/raw_grpc_shard.h"
 #include "worker/client.h"
+#include "worker/control_client.h"
+#include "worker/transport/transport_factory.h"
 
 namespace harrier {
 namespace {
@@ -716,6 +718,188 @@ TEST_CASE("sparse tables over UCX: BSP pulls exact, 16-bit rows") {
     INFO(failure);
     CHECK(failure.empty());
   }
+}
+
+// A shard's data path that counts the calls it starts (what the client
+// sends over the real gRPC transport underneath).
+class CountingTransport : public ShardTransport {
+ public:
+  explicit CountingTransport(std::unique_ptr<ShardTransport> inner)
+      : ShardTransport(inner->traits()), inner_(std::move(inner)) {}
+  void StartPush(const std::vector<OutgoingChunk>& chunks, absl::Time deadline,
+                 CallCanceller& canceller, CallDone done) override {
+    ++pushes;
+    inner_->StartPush(chunks, deadline, canceller, std::move(done));
+  }
+  void StartPull(const proto::PullRequest& request, const ReplyLandingChooser* choose,
+                 const LandedChunkSink& sink, absl::Time deadline, CallCanceller& canceller,
+                 CallDone done) override {
+    ++pulls;
+    inner_->StartPull(request, choose, sink, deadline, canceller, std::move(done));
+  }
+  void StartPushPull(const std::vector<OutgoingChunk>& chunks, const ReplyLandingChooser* choose,
+                     const LandedChunkSink& sink, absl::Time deadline, CallCanceller& canceller,
+                     CallDone done) override {
+    inner_->StartPushPull(chunks, choose, sink, deadline, canceller, std::move(done));
+  }
+  std::atomic<int> pushes{0}, pulls{0};
+
+ private:
+  std::unique_ptr<ShardTransport> inner_;
+};
+
+// A client whose gRPC data paths count their calls.
+absl::StatusOr<std::unique_ptr<Client>> CountingClient(
+    const std::vector<std::unique_ptr<testing::ServerProcess>>& servers,
+    std::vector<CountingTransport*>* counters) {
+  ClientOptions options = OptionsFor(servers);
+  auto control = GrpcControlClient::Connect(options.servers, absl::Seconds(10),
+                                            options.rpc_timeout);
+  if (!control.ok()) return control.status();
+  std::vector<ShardLink> links;
+  for (int shard = 0; shard < (*control)->num_shards(); ++shard) {
+    ShardLink link;
+    link.name = (*control)->ShardName(shard);
+    link.channel = (*control)->channel(shard);
+    links.push_back(std::move(link));
+  }
+  auto inner = CreateShardTransports("grpc", "counting", links, absl::Now() + absl::Seconds(10));
+  if (!inner.ok()) return inner.status();
+  std::vector<std::unique_ptr<ShardTransport>> transports;
+  for (auto& transport : *inner) {
+    auto counting = std::make_unique<CountingTransport>(std::move(transport));
+    counters->push_back(counting.get());
+    transports.push_back(std::move(counting));
+  }
+  return Client::Create(options, std::move(*control), std::move(transports));
+}
+
+TEST_CASE("sparse calls of several tables: one call per shard, exact under BSP") {
+  // Two workers, 3 tables (one with fp16 rows) stepped together: each
+  // step's pull and push of all three are one call per shard each, and
+  // every row is exact. A table pushed once more than the others has
+  // another clock: its pull goes in a call of its own.
+  constexpr int kWorkers = 2, kSteps = 4;
+  auto servers = testing::StartCluster(2, kWorkers, {"--sync=bsp", "--lr=1"});
+  REQUIRE(servers.ok());
+  const std::vector<std::string> names = {"x", "y", "z16"};
+  std::vector<std::string> failures(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<CountingTransport*> counters;
+      auto client = CountingClient(*servers, &counters);
+      if (!client.ok()) {
+        failures[w] = client.status().ToString();
+        return;
+      }
+      Client& c = **client;
+      for (const std::string& name : names) {
+        SparseTableOptions table = ExactTable();
+        if (name == "z16") table.wire_dtype = "fp16";
+        if (auto status = c.RegisterSparseTable(name, table); !status.ok()) {
+          failures[w] = status.ToString();
+          return;
+        }
+      }
+      const int rank = c.rank();
+      const std::vector<int64_t> ids = IdsOf(rank);
+      const std::vector<float> grads = GradientsOf(rank, ids);
+      std::vector<std::vector<float>> rows(names.size(), std::vector<float>(ids.size() * kDim));
+      std::vector<SparseRowsPull> pulls;
+      std::vector<SparseRowsPush> pushes;
+      for (size_t t = 0; t < names.size(); ++t) {
+        pulls.push_back({names[t], ids, absl::MakeSpan(rows[t])});
+        pushes.push_back({names[t], ids, grads});
+      }
+      for (int step = 0; step < kSteps; ++step) {
+        const int pulls_before = counters[0]->pulls + counters[1]->pulls;
+        if (auto status = c.Wait(c.PullRowsAsync(pulls)); !status.ok()) {
+          failures[w] = status.ToString();
+          return;
+        }
+        const int pull_calls = counters[0]->pulls + counters[1]->pulls - pulls_before;
+        if (pull_calls != 2) failures[w] = absl::StrCat("step ", step, ": ", pull_calls, " pulls");
+        for (size_t t = 0; t < names.size(); ++t) {
+          for (size_t i = 0; i < ids.size(); ++i) {
+            for (int j = 0; j < kDim; ++j) {
+              if (rows[t][i * kDim + j] != Expected(kWorkers, ids[i], j, step)) {
+                failures[w] = absl::StrCat(names[t], " step ", step, " id ", ids[i], ": ",
+                                           rows[t][i * kDim + j]);
+                return;
+              }
+            }
+          }
+        }
+        const int pushes_before = counters[0]->pushes + counters[1]->pushes;
+        if (auto status = c.Wait(c.PushRowsAsync(pushes)); !status.ok()) {
+          failures[w] = status.ToString();
+          return;
+        }
+        const int push_calls = counters[0]->pushes + counters[1]->pushes - pushes_before;
+        if (push_calls != 2) failures[w] = absl::StrCat("step ", step, ": ", push_calls, " pushes");
+        if (!failures[w].empty()) return;
+      }
+      // "x" one step ahead: its pull waits for that round, in a call of
+      // its own on each shard.
+      if (auto status = c.PushRows("x", ids, grads); !status.ok()) {
+        failures[w] = status.ToString();
+        return;
+      }
+      const int pulls_before = counters[0]->pulls + counters[1]->pulls;
+      if (auto status = c.Wait(c.PullRowsAsync(pulls)); !status.ok()) {
+        failures[w] = status.ToString();
+        return;
+      }
+      const int pull_calls = counters[0]->pulls + counters[1]->pulls - pulls_before;
+      if (pull_calls != 4) failures[w] = absl::StrCat("two clocks: ", pull_calls, " pulls");
+      for (size_t t = 0; t < names.size(); ++t) {
+        const int steps = t == 0 ? kSteps + 1 : kSteps;
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (rows[t][i * kDim] != Expected(kWorkers, ids[i], 0, steps)) {
+            failures[w] = absl::StrCat(names[t], " after the extra push, id ", ids[i], ": ",
+                                       rows[t][i * kDim]);
+            return;
+          }
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& failure : failures) {
+    INFO(failure);
+    CHECK(failure.empty());
+  }
+}
+
+TEST_CASE("sparse calls of several tables: a bad part refuses the whole call") {
+  auto servers = testing::StartCluster(1, 1, {"--sync=asp", "--lr=1"});
+  REQUIRE(servers.ok());
+  auto client = Client::Create(OptionsFor(*servers));
+  REQUIRE(client.ok());
+  Client& c = **client;
+  REQUIRE(c.RegisterSparseTable("a", ExactTable()).ok());
+  REQUIRE(c.RegisterSparseTable("b", ExactTable()).ok());
+  const std::vector<int64_t> ids = {1, 2};
+  const std::vector<float> good(ids.size() * kDim, 1.0f), short_grads(3, 1.0f);
+  std::vector<float> out(ids.size() * kDim);
+  const std::vector<SparseRowsPush> bad_size = {{"a", ids, good}, {"b", ids, short_grads}};
+  absl::Status status = c.Wait(c.PushRowsAsync(bad_size));
+  CHECK(absl::IsInvalidArgument(status));
+  CHECK(status.message().find("'b'") != absl::string_view::npos);
+  const std::vector<SparseRowsPush> twice = {{"a", ids, good}, {"a", ids, good}};
+  CHECK(absl::IsInvalidArgument(c.Wait(c.PushRowsAsync(twice))));
+  const std::vector<SparseRowsPush> unknown = {{"a", ids, good}, {"nope", ids, good}};
+  CHECK(absl::IsNotFound(c.Wait(c.PushRowsAsync(unknown))));
+  // Nothing moved: neither clock, nor a row.
+  CHECK(*c.TensorClock("a") == 0);
+  CHECK(*c.TensorClock("b") == 0);
+  const std::vector<SparseRowsPull> pull = {{"a", ids, absl::MakeSpan(out)}};
+  REQUIRE(c.Wait(c.PullRowsAsync(pull)).ok());
+  CHECK(out == std::vector<float>(out.size(), 0.0f));
+  const std::vector<SparseRowsPull> bad_out = {{"a", ids, absl::MakeSpan(out)},
+                                               {"b", ids, absl::MakeSpan(out).subspan(1)}};
+  CHECK(absl::IsInvalidArgument(c.Wait(c.PullRowsAsync(bad_out))));
 }
 
 // Calls of thousands of ids: their ids (8 bytes each) are far more than
