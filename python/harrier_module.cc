@@ -480,6 +480,54 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
         py::make_tuple(ids, gradients), py::none());
   }
 
+  // Several tables in one operation (one call per shard): names[i]'s rows
+  // of ids[i] into outs[i]; the handle's result is `outs`.
+  std::unique_ptr<PyHandle> PullRowsManyAsync(const std::vector<std::string>& names,
+                                              const py::list& ids, const py::list& outs) {
+    Client& c = client();
+    if (ids.size() != names.size() || outs.size() != names.size()) {
+      ThrowIfError(absl::InvalidArgumentError(
+          absl::StrCat("pull_rows_many: ", names.size(), " names, ", ids.size(), " id arrays, ",
+                       outs.size(), " outputs")));
+    }
+    std::vector<IdBuffer> in;
+    std::vector<FloatBuffer> views;
+    std::vector<SparseRowsPull> pulls;
+    for (size_t t = 0; t < names.size(); ++t) {
+      in.push_back(IdsOf(ids[t], "pull_rows_many '" + names[t] + "' ids"));
+      views.push_back(HostViewOf(outs[t], true, "pull_rows_many '" + names[t] + "' out"));
+    }
+    for (size_t t = 0; t < names.size(); ++t) {
+      pulls.push_back({names[t], absl::MakeConstSpan(in[t].data, in[t].size),
+                       absl::MakeSpan(views[t].data, views[t].size)});
+    }
+    return StartWithoutGil([&] { return c.PullRowsAsync(pulls); }, ids, outs);
+  }
+
+  std::unique_ptr<PyHandle> PushRowsManyAsync(const std::vector<std::string>& names,
+                                              const py::list& ids, const py::list& gradients) {
+    Client& c = client();
+    if (ids.size() != names.size() || gradients.size() != names.size()) {
+      ThrowIfError(absl::InvalidArgumentError(
+          absl::StrCat("push_rows_many: ", names.size(), " names, ", ids.size(), " id arrays, ",
+                       gradients.size(), " gradient arrays")));
+    }
+    std::vector<IdBuffer> in;
+    std::vector<FloatBuffer> grads;
+    std::vector<SparseRowsPush> pushes;
+    for (size_t t = 0; t < names.size(); ++t) {
+      in.push_back(IdsOf(ids[t], "push_rows_many '" + names[t] + "' ids"));
+      grads.push_back(
+          HostViewOf(gradients[t], false, "push_rows_many '" + names[t] + "' gradients"));
+    }
+    for (size_t t = 0; t < names.size(); ++t) {
+      pushes.push_back({names[t], absl::MakeConstSpan(in[t].data, in[t].size),
+                        absl::MakeConstSpan(grads[t].data, grads[t].size)});
+    }
+    return StartWithoutGil([&] { return c.PushRowsAsync(pushes); },
+                           py::make_tuple(ids, gradients), py::none());
+  }
+
   py::dict SparseStats(const std::string& name) {
     absl::StatusOr<SparseTableStats> stats = client().SparseStats(name);
     if (!stats.ok()) ThrowIfError(stats.status());
@@ -918,6 +966,10 @@ PYBIND11_MODULE(_harrier, m) {
            py::arg("out"))
       .def("push_rows_async", &PyClient::PushRowsAsync, py::arg("name"), py::arg("ids"),
            py::arg("gradients"))
+      .def("pull_rows_many_async", &PyClient::PullRowsManyAsync, py::arg("names"),
+           py::arg("ids"), py::arg("outs"))
+      .def("push_rows_many_async", &PyClient::PushRowsManyAsync, py::arg("names"),
+           py::arg("ids"), py::arg("gradients"))
       .def("sparse_stats", &PyClient::SparseStats)
       .def("barrier", &PyClient::Barrier)
       .def("heartbeat", &PyClient::Heartbeat)

@@ -181,6 +181,25 @@ def _duration(value, what):
     return value
 
 
+class _MappedHandle:
+    """A binding Handle whose result is passed through `mapping` (the pulled
+    arrays of several tables, as a dict by name)."""
+
+    def __init__(self, handle, mapping):
+        self._handle, self._mapping = handle, mapping
+
+    def wait(self, timeout=None):
+        return self._mapping(self._handle.wait(timeout))
+
+    @property
+    def done(self):
+        return self._handle.done
+
+    @property
+    def id(self):
+        return self._handle.id
+
+
 class Client:
     """One worker's connection to every shard (worker/client.h).
 
@@ -468,6 +487,41 @@ class Client:
         ids = _ids(ids, f"push_rows_async '{name}' ids")
         return self._client.push_rows_async(
             name, ids, self._rows_in(name, ids, gradients, "push_rows_async"))
+
+    def pull_rows_many_async(self, tables):
+        """pull_rows of several tables in one operation: `tables` maps each
+        name to its ids; one call per shard carries them all (where one
+        pull_rows per table makes tables x shards calls). Returns a Handle
+        whose wait(timeout) returns {name: (len(ids), dim) array}."""
+        names, ids, outs = [], [], []
+        for name, table_ids in dict(tables).items():
+            table_ids = _ids(table_ids, f"pull_rows_many '{name}' ids")
+            array, _ = self._rows_out(name, table_ids, None, "pull_rows_many")
+            names.append(name)
+            ids.append(table_ids)
+            outs.append(array)
+        return _MappedHandle(self._client.pull_rows_many_async(names, ids, outs),
+                             lambda arrays: dict(zip(names, arrays)))
+
+    def pull_rows_many(self, tables):
+        """pull_rows_many_async, waited: {name: rows}."""
+        return self.pull_rows_many_async(tables).wait()
+
+    def push_rows_many_async(self, tables):
+        """push_rows of several tables in one operation: `tables` maps each
+        name to (ids, gradients); every table's clock advances now. Returns
+        a Handle whose wait(timeout) returns None."""
+        names, ids, gradients = [], [], []
+        for name, (table_ids, table_gradients) in dict(tables).items():
+            table_ids = _ids(table_ids, f"push_rows_many '{name}' ids")
+            names.append(name)
+            ids.append(table_ids)
+            gradients.append(self._rows_in(name, table_ids, table_gradients, "push_rows_many"))
+        return self._client.push_rows_many_async(names, ids, gradients)
+
+    def push_rows_many(self, tables):
+        """push_rows_many_async, waited."""
+        self.push_rows_many_async(tables).wait()
 
     def sparse_stats(self, name):
         """This worker's counters of a sparse table: rows_pulled (distinct ids

@@ -69,6 +69,7 @@ __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "push_pull",
     "push_pull_async", "synchronize", "join", "barrier", "nccl_built", "mpi_built",
     "gloo_built", "mpi_threads_supported", "cuda_built", "Embedding", "EmbeddingBag",
+    "EmbeddingBagCollection",
 ]
 
 _default_client = None
@@ -346,6 +347,25 @@ class _LocalClient:
 
     def push_rows_async(self, name, ids, gradients):
         self.push_rows(name, ids, gradients)
+        return _Done(None)
+
+    def pull_rows_many_async(self, tables):
+        tables = dict(tables)
+        for name in tables:
+            self._table(name)
+        return _Done({name: self.pull_rows(name, ids) for name, ids in tables.items()})
+
+    def push_rows_many_async(self, tables):
+        tables = dict(tables)
+        for name, (ids, gradients) in tables.items():  # all checked before any is pushed
+            dim = self._table(name).rows.dim
+            ids = _harrier._ids(ids, f"push_rows_many '{name}' ids").reshape(-1)
+            grads = _harrier._readable(gradients, f"push_rows_many '{name}' gradients")
+            if grads.size != ids.size * dim:
+                raise _bad(f"push_rows_many '{name}': gradients have {grads.size} elements, "
+                           f"{ids.size} ids need {ids.size * dim}")
+        for name, (ids, gradients) in tables.items():
+            self.push_rows(name, ids, gradients)
         return _Done(None)
 
     def sparse_stats(self, name):
@@ -1389,6 +1409,59 @@ class _SparseTable:
             self.pending.append(handle)
 
 
+class _SharedWait:
+    """One push of several tables, in each table's list of pushes in flight:
+    the first wait waits, later ones give its outcome again."""
+
+    def __init__(self, handle):
+        self.handle, self.waited, self.error = handle, False, None
+
+    def wait(self, timeout=None):
+        if not self.waited:
+            try:
+                self.handle.wait()
+            except _harrier.Error as e:
+                self.error = e
+            self.waited = True
+        if self.error is not None:
+            raise self.error
+
+
+class _PulledRowsOfTables(_torch.autograd.Function):
+    """_PulledRows for several tables of one job in one operation (one call
+    per shard each way). A table whose rows were not used in the loss still
+    gets its push (of zeros), so that every table's clock advances once a
+    backward."""
+
+    @staticmethod
+    def forward(ctx, trigger, client, tables, ids):
+        ctx.client, ctx.tables, ctx.ids = client, tables, ids
+        for table in tables:
+            table.synchronize()
+        try:
+            rows = client.pull_rows_many_async(
+                {table.name: table_ids for table, table_ids in zip(tables, ids)}).wait()
+        except _harrier.DeadlineExceededError as e:
+            raise _harrier.DeadlineExceededError(
+                f"sparse tables {', '.join(repr(t.name) for t in tables)}: not every worker "
+                "pushed its rows in time (under BSP every worker runs as many training "
+                f"backward passes through the tables): {e.message}", e.code,
+                e.code_value) from None
+        return tuple(_torch.from_numpy(rows[table.name]) for table in tables)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gradients = {}
+        for table, table_ids, grad in zip(ctx.tables, ctx.ids, grads):
+            gradients[table.name] = (table_ids, _np.ascontiguousarray(
+                grad.detach().to(_torch.float32).cpu().numpy()))
+        pending = _SharedWait(ctx.client.push_rows_many_async(gradients))
+        for table in ctx.tables:
+            with table.lock:
+                table.pending.append(pending)
+        return None, None, None, None
+
+
 class _PulledRows(_torch.autograd.Function):
     """forward: the rows of distinct ids, pulled; backward: their gradient
     (already summed over each id's uses) pushed to the shards. `trigger` is
@@ -1591,3 +1664,89 @@ class EmbeddingBag(_SparseEmbedding):
 
     def extra_repr(self):
         return f"{super().extra_repr()}, mode={self.mode!r}"
+
+
+class EmbeddingBagCollection(_torch.nn.Module):
+    """Several EmbeddingBag tables looked up together, as torchrec's
+    EmbeddingBagCollection groups a model's tables: forward pulls the rows
+    of every table in one operation (one call per shard, where one
+    EmbeddingBag per table makes tables x shards calls) and backward pushes
+    them the same way. Each table is a sparse table on the shards as
+    EmbeddingBag's (modules of one name share it).
+
+    tables: {name: embedding_dim} (or [(name, embedding_dim), ...]); mode,
+    optimizer, lr, init_scale, seed, include_last_offset and `options`
+    (register_sparse's others) apply to every table.
+
+    forward(features) takes {name: input} for each table, input a 2-D
+    tensor of equal bags of ids, or a tuple (input, offsets) or (input,
+    offsets, per_sample_weights) as torch.nn.functional.embedding_bag takes
+    them, and returns {name: (bags, embedding_dim)}. Every table must be in
+    every forward (each backward advances every table's clock by one).
+    """
+
+    def __init__(self, tables, mode="mean", optimizer="sgd", lr=0.01, init_scale=0.01, seed=0,
+                 include_last_offset=False, **options):
+        super().__init__()
+        tables = list(tables.items() if isinstance(tables, dict) else tables)
+        if not tables:
+            raise _bad("EmbeddingBagCollection: no tables")
+        names = [name for name, _ in tables]
+        if len(set(names)) != len(names):
+            raise _bad(f"EmbeddingBagCollection: a table named twice in {names}")
+        self.bags = _torch.nn.ModuleDict()
+        for name, dim in tables:
+            # Each table's name, options and registration as EmbeddingBag's;
+            # ModuleDict keys cannot hold dots, so they are positions.
+            self.bags[str(len(self.bags))] = EmbeddingBag(
+                name, dim, mode=mode, optimizer=optimizer, lr=lr, init_scale=init_scale,
+                seed=seed, include_last_offset=include_last_offset, **options)
+        self._trigger = _torch.empty(0, requires_grad=True)
+
+    @property
+    def names(self):
+        return [bag.name for bag in self.bags.values()]
+
+    def forward(self, features):
+        features = dict(features)
+        bags = list(self.bags.values())
+        missing = [bag.name for bag in bags if bag.name not in features]
+        extra = sorted(set(features) - {bag.name for bag in bags})
+        if missing or extra:
+            raise _bad(f"EmbeddingBagCollection: features must name every table once; missing "
+                       f"{missing}, unknown {extra}")
+        tables, ids, lookups = [], [], []
+        for bag in bags:
+            feature = features[bag.name]
+            if isinstance(feature, (tuple, list)):
+                input, rest = feature[0], list(feature[1:])
+            else:
+                input, rest = feature, []
+            if len(rest) > 2:
+                raise _bad(f"EmbeddingBagCollection '{bag.name}': expected input, (input, "
+                           "offsets) or (input, offsets, per_sample_weights)")
+            offsets = rest[0] if rest else None
+            weights = rest[1] if len(rest) > 1 else None
+            if not isinstance(input, _torch.Tensor) or input.dtype not in (_torch.int64,
+                                                                           _torch.int32):
+                raise _bad(f"EmbeddingBagCollection '{bag.name}': input must be a tensor of "
+                           f"int64 (or int32) ids, got {getattr(input, 'dtype', type(input))}")
+            distinct, inverse = _torch.unique(input.reshape(-1), sorted=True, return_inverse=True)
+            tables.append(bag.table())
+            ids.append(_np.ascontiguousarray(distinct.to(_torch.int64).cpu().numpy()))
+            lookups.append((input, inverse.reshape(input.shape), offsets, weights))
+        client = tables[0].client
+        rows = _PulledRowsOfTables.apply(self._trigger, client, tables, ids)
+        out = {}
+        for bag, table_rows, (input, inverse, offsets, weights) in zip(bags, rows, lookups):
+            if input.device.type != "cpu":
+                table_rows = table_rows.to(input.device)
+            out[bag.name] = _torch.nn.functional.embedding_bag(
+                inverse, table_rows, offsets, mode=bag.mode, per_sample_weights=weights,
+                include_last_offset=bag.include_last_offset)
+        return out
+
+    def synchronize(self):
+        """Waits for the tables' push in flight."""
+        for bag in self.bags.values():
+            bag.synchronize()

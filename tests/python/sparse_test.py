@@ -3,8 +3,10 @@ exact values under BSP over 2 shards and 2 worker processes;
 harrier.torch.Embedding and EmbeddingBag against torch.nn.functional on the
 pulled rows, and after backward against plain PyTorch (sparse SGD, a
 manual Adagrad); an EmbeddingBag + Linear model trained by 2 workers equal
-to one PyTorch process on the whole batches; the single-process table
-(no shards) equal to the shards bit for bit; refusals of wrong input."""
+to one PyTorch process on the whole batches; several tables in one
+operation (pull_rows_many, push_rows_many, EmbeddingBagCollection); the
+single-process table (no shards) equal to the shards bit for bit; refusals
+of wrong input."""
 
 import os
 import subprocess
@@ -274,6 +276,75 @@ class OneWorkerTest(unittest.TestCase):
                                    rtol=0, atol=1e-6)
         self.assertIn("padding_idx=0", repr(embedding))
 
+    def test_many_tables_in_one_operation(self):
+        for name, dim in (("m1", 4), ("m2", 3)):
+            self.client.register_sparse(name, dim, lr=1.0, init_scale=0.5, seed=7)
+        ids = {"m1": np.array([3, -1, 3, 1 << 40]), "m2": np.array([8, 9])}
+        rows = self.client.pull_rows_many(ids)
+        self.assertEqual(sorted(rows), ["m1", "m2"])
+        for name in ids:
+            np.testing.assert_array_equal(rows[name], self.client.pull_rows(name, ids[name]))
+        grads = {name: np.ones((len(ids[name]), self.client.sparse_dim(name)), np.float32)
+                 for name in ids}
+        self.client.push_rows_many({name: (ids[name], grads[name]) for name in ids})
+        after = self.client.pull_rows_many_async(ids).wait(30.0)
+        np.testing.assert_allclose(after["m1"][1], rows["m1"][1] - 1, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(after["m1"][0], rows["m1"][0] - 2, rtol=0, atol=1e-6)  # twice
+        np.testing.assert_allclose(after["m2"], rows["m2"] - 1, rtol=0, atol=1e-6)
+        # A bad part refuses the whole push: no clock moves.
+        with self.assertRaisesRegex(harrier.InvalidArgumentError, "m2"):
+            self.client.push_rows_many({"m1": (ids["m1"], grads["m1"]),
+                                        "m2": (ids["m2"], grads["m2"][:1])})
+        self.assertEqual((self.client.tensor_clock("m1"), self.client.tensor_clock("m2")), (1, 1))
+
+    def test_embedding_bag_collection_is_one_operation_and_steps_as_torch(self):
+        lr = 0.5
+        collection = hvd.EmbeddingBagCollection({"c.user": 4, "c.item": 3, "c.unused": 2},
+                                                mode="sum", lr=lr, init_scale=0.5, seed=8)
+        self.assertEqual(collection.names, ["c.user", "c.item", "c.unused"])
+        user = torch.tensor([[5, 6], [5, -2]])
+        item = (torch.tensor([1, 2, 1, 9]), torch.tensor([0, 1]))
+        unused = torch.tensor([[11]])
+        references = {}
+        for name, input in (("c.user", user), ("c.item", item[0])):
+            distinct = torch.unique(input)
+            module = torch.nn.EmbeddingBag(len(distinct), self.client.sparse_dim(name), mode="sum")
+            with torch.no_grad():
+                module.weight.copy_(self.rows(name, distinct))
+            references[name] = (distinct, module)
+        # Only the operation over all tables may be used.
+        client = self.client
+        def refuse(*args, **kwargs):
+            raise AssertionError("a table was pulled or pushed on its own")
+        saved = {n: getattr(client, n) for n in ("pull_rows", "pull_rows_async",
+                                                   "push_rows", "push_rows_async")}
+        try:
+            for n in saved:
+                setattr(client, n, refuse)
+            out = collection({"c.user": user, "c.item": item, "c.unused": unused})
+            loss = (out["c.user"] ** 2).sum() + out["c.item"].sin().sum()
+            loss.backward()
+            collection.synchronize()
+        finally:
+            for n, f in saved.items():
+                setattr(client, n, f)
+        distinct, module = references["c.user"]
+        expected_user = module(torch.searchsorted(distinct, user))
+        distinct_i, module_i = references["c.item"]
+        expected_item = module_i(torch.searchsorted(distinct_i, item[0]), item[1])
+        self.assertTrue(torch.allclose(out["c.user"], expected_user, rtol=0, atol=1e-6))
+        self.assertTrue(torch.allclose(out["c.item"], expected_item, rtol=0, atol=1e-6))
+        ((expected_user ** 2).sum() + expected_item.sin().sum()).backward()
+        for name, (distinct, module) in references.items():
+            with torch.no_grad():
+                module.weight -= lr * module.weight.grad
+            np.testing.assert_allclose(self.rows(name, distinct), module.weight.detach(),
+                                       rtol=0, atol=1e-5)
+        # Every table's clock moved once, the unused one's too (a zero push).
+        self.assertEqual([self.client.tensor_clock(n) for n in collection.names], [1, 1, 1])
+        with self.assertRaisesRegex(harrier.InvalidArgumentError, "missing"):
+            collection({"c.user": user, "c.item": item})
+
     def test_calls_in_flight_must_be_positive(self):
         with self.assertRaisesRegex(harrier.InvalidArgumentError, "max_calls_in_flight"):
             harrier.Client(self.cluster.servers, max_calls_in_flight=0)
@@ -351,14 +422,23 @@ def train_four_tables(steps=3):
     tables = {name: hvd.Embedding(f"t_{name}", 5, optimizer=name, lr=0.05, init_scale=0.3,
                                   seed=9, initial_accumulator=0.1)
               for name in ("sgd", "adagrad", "rowwise_adagrad", "adam")}
+    collection = hvd.EmbeddingBagCollection({"bag_a": 3, "bag_b": 2}, optimizer="adagrad",
+                                            lr=0.05, init_scale=0.3, seed=9,
+                                            initial_accumulator=0.1)
     generator = torch.Generator().manual_seed(1)
     vocabulary = torch.randint(-(1 << 40), 1 << 40, (12,), generator=generator)
     for step in range(steps):
         ids = vocabulary[torch.randint(0, 12, (2, 7), generator=generator)]
         loss = sum(((e(ids) - 0.1 * step) ** 2).mean() for e in tables.values())
+        bags = collection({"bag_a": ids, "bag_b": ids[:, :3]})
+        loss = loss + (bags["bag_a"] ** 2).mean() + bags["bag_b"].sum()
         loss.backward()
     with torch.no_grad():
-        return {name: e(vocabulary).numpy() for name, e in tables.items()}
+        out = {name: e(vocabulary).numpy() for name, e in tables.items()}
+        column = vocabulary.reshape(-1, 1)
+        out.update({name: rows.numpy() for name, rows in
+                    collection({"bag_a": column, "bag_b": column}).items()})
+        return out
 
 
 class SingleProcessTest(unittest.TestCase):
