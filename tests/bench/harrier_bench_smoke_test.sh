@@ -14,7 +14,7 @@ fail() { echo "FAIL $1"; failed=$((failed + 1)); }
 
 # Every line is a flat JSON object of string and number values.
 json_lines_ok() {  # file
-  [ -s "$1" ] && ! grep -Ev '^\{"[a-z0-9_]+":("[^"]*"|-?[0-9][0-9.eE+-]*)(,"[a-z0-9_]+":("[^"]*"|-?[0-9][0-9.eE+-]*))*\}$' "$1" >/dev/null
+  [ -s "$1" ] && ! grep -Ev '^\{"[a-z0-9_]+":("[^"]*"|-?[0-9][0-9.eE+-]*|true|false)(,"[a-z0-9_]+":("[^"]*"|-?[0-9][0-9.eE+-]*|true|false))*\}$' "$1" >/dev/null
 }
 
 # Every line carries every named field.
