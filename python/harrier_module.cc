@@ -877,6 +877,7 @@ PYBIND11_MODULE(_harrier, m) {
       .def_readwrite("transport", &ClientOptions::transport)
       .def_readwrite("max_queued_calls", &ClientOptions::max_queued_calls)
       .def_readwrite("max_calls_in_flight", &ClientOptions::max_calls_in_flight)
+      .def_readwrite("pull_connection", &ClientOptions::pull_connection)
       .def_readwrite("tls_ca_file", &ClientOptions::tls_ca_file)
       .def_readwrite("tls_cert_file", &ClientOptions::tls_cert_file)
       .def_readwrite("tls_key_file", &ClientOptions::tls_key_file)

@@ -431,6 +431,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
          ++index) {
       link.extra_channels.push_back(grpc_control->OpenDataChannel(shard, index));
     }
+    if (options.transport == "grpc" && options.pull_connection) {
+      link.pull_channel = grpc_control->OpenPullChannel(shard);
+    }
     link.address = [grpc_control, shard](const std::string& backend, absl::Time deadline) {
       return grpc_control->GetTransportAddress(shard, backend, deadline);
     };

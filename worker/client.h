@@ -80,6 +80,11 @@ struct ClientOptions {
   // chunks and at least 8 MiB is split into one call per connection, run
   // in parallel (worker/transport/grpc/grpc_transport.h). In [1, 16].
   int grpc_connections = 1;
+  // Transport "grpc": pulls travel on a TCP connection of their own per
+  // shard, so pushes and pulls keep both directions of a link busy at once
+  // (worker/transport/grpc/grpc_transport.h; docs/performance.md, "Both
+  // directions at once").
+  bool pull_connection = true;
   // Shard calls queued behind the calls in flight (max_calls_in_flight)
   // before an async operation is refused: its Wait() returns
   // RESOURCE_EXHAUSTED.

@@ -138,6 +138,12 @@ std::shared_ptr<grpc::Channel> GrpcControlClient::OpenDataChannel(int shard, int
   return OpenChannel(servers_[shard], args, security_);
 }
 
+std::shared_ptr<grpc::Channel> GrpcControlClient::OpenPullChannel(int shard) const {
+  auto args = MakeChannelArguments();
+  args.SetInt("harrier.pull_connection", 1);
+  return OpenChannel(servers_[shard], args, security_);
+}
+
 int GrpcControlClient::num_shards() const { return static_cast<int>(servers_.size()); }
 
 std::string GrpcControlClient::ShardName(int shard) const {

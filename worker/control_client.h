@@ -105,6 +105,9 @@ class GrpcControlClient : public ControlClient {
   // does not share the first channel's subchannel): the gRPC data path's
   // extra connections. Not waited for: it connects on first use.
   std::shared_ptr<grpc::Channel> OpenDataChannel(int shard, int index) const;
+  // The same for the gRPC data path's pull connection
+  // (ClientOptions::pull_connection): apart from every data channel.
+  std::shared_ptr<grpc::Channel> OpenPullChannel(int shard) const;
 
   int num_shards() const override;
   std::string ShardName(int shard) const override;

@@ -116,6 +116,9 @@ ABSL_FLAG(std::string, transport, "grpc",
 ABSL_FLAG(int, grpc_connections, 1,
           "gRPC data connections per shard (--transport=grpc): calls of several chunks and at "
           "least 8 MiB are split over them and run in parallel. In [1, 16].");
+ABSL_FLAG(bool, pull_connection, true,
+          "Pulls on a gRPC connection of their own per shard (--transport=grpc), so pushes and "
+          "pulls keep both directions of a link busy at once.");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA certificates the shards' certificates must chain to: with it every gRPC "
           "channel uses TLS.");
@@ -277,6 +280,7 @@ int main(int argc, char** argv) {
   client_options.pull_codec = absl::GetFlag(FLAGS_pull_codec);
   client_options.transport = absl::GetFlag(FLAGS_transport);
   client_options.grpc_connections = absl::GetFlag(FLAGS_grpc_connections);
+  client_options.pull_connection = absl::GetFlag(FLAGS_pull_connection);
   client_options.compress_min_bytes = std::max(0, absl::GetFlag(FLAGS_compress_min_bytes));
   client_options.chunk_bytes = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_chunk_kib)))
                                << 10;

@@ -216,7 +216,8 @@ class Client:
                  rpc_timeout=60.0, connect_timeout=30.0, job="harrier", worker_name="",
                  chunk_bytes=4 << 20, compress_min_bytes=16 << 10, heartbeat_interval=1.0,
                  retry_timeout=30.0, max_queued_calls=4096, tls_ca_file="", tls_cert_file="",
-                 tls_key_file="", auth_token="", device="auto", max_calls_in_flight=4):
+                 tls_key_file="", auth_token="", device="auto", max_calls_in_flight=4,
+                 pull_connection=True):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
         servers = list(servers)
@@ -245,6 +246,8 @@ class Client:
         # Shard calls in flight per direction; a job of many sparse tables
         # does better with about tables x shards (docs/performance.md).
         options.max_calls_in_flight = max_calls_in_flight
+        # transport="grpc": pulls on a connection of their own per shard.
+        options.pull_connection = bool(pull_connection)
         options.tls_ca_file = tls_ca_file
         options.tls_cert_file = tls_cert_file
         options.tls_key_file = tls_key_file

@@ -2,6 +2,8 @@
 // connections to one shard gives the same answers as over one, and the
 // connections are distinct TCP connections (gRPC would otherwise share one
 // subchannel between channels with equal arguments).
+// ClientOptions::pull_connection: pulls travel on a connection of their
+// own, which pushes never open.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -43,7 +45,8 @@ int PortOf(const std::string& address) {
 
 TEST_CASE("grpc connections: large calls over 1 or 3 connections round trip exactly") {
   const int connections = GENERATE(1, 3);
-  INFO("connections " << connections);
+  const bool pull_connection = GENERATE(true, false);
+  INFO("connections " << connections << " pull connection " << pull_connection);
   auto servers = testing::StartCluster(1, 1, {"--optimizer=sgd", "--lr=1"});
   REQUIRE(servers.ok());
   ClientOptions options;
@@ -52,6 +55,7 @@ TEST_CASE("grpc connections: large calls over 1 or 3 connections round trip exac
   options.heartbeat_interval = absl::ZeroDuration();
   options.chunk_bytes = 1u << 20;
   options.grpc_connections = connections;
+  options.pull_connection = pull_connection;
   auto client = Client::Create(options);
   REQUIRE_OK(client.status());
   // 12 MiB in 12 chunks: above the 8 MiB from which calls are split.
@@ -75,7 +79,36 @@ TEST_CASE("grpc connections: large calls over 1 or 3 connections round trip exac
   for (size_t i = 0; i < n; ++i) exact = exact && out[i] == init[i] - (i % 7) - 1.0f;
   REQUIRE(exact);
   // Each of the client's channels is its own connection to the shard.
-  REQUIRE(EstablishedTo(PortOf(options.servers[0])) == connections);
+  REQUIRE(EstablishedTo(PortOf(options.servers[0])) == connections + (pull_connection ? 1 : 0));
+}
+
+TEST_CASE("grpc connections: pulls go on their own connection, pushes never open it") {
+  auto servers = testing::StartCluster(1, 1, {"--optimizer=sgd", "--lr=1"});
+  REQUIRE(servers.ok());
+  ClientOptions options;
+  options.servers = testing::Addresses(*servers);
+  options.rpc_timeout = absl::Seconds(30);
+  options.heartbeat_interval = absl::ZeroDuration();
+  auto client = Client::Create(options);
+  REQUIRE_OK(client.status());
+  const int port = PortOf(options.servers[0]);
+  const size_t n = 1u << 20;
+  std::vector<float> init(n, 2.0f), grad(n, 0.5f), out(n);
+  REQUIRE_OK((*client)->RegisterTensor("w", {static_cast<int64_t>(n)}, init));
+  for (int step = 0; step < 3; ++step) {
+    REQUIRE_OK((*client)->Push("w", grad));
+    (*client)->Clock();
+  }
+  // Registration, pushes and control share one connection.
+  REQUIRE(EstablishedTo(port) == 1);
+  REQUIRE_OK((*client)->Pull("w", absl::MakeSpan(out)));
+  REQUIRE(out == std::vector<float>(n, 2.0f - 3 * 0.5f));
+  // The pull opened the second.
+  REQUIRE(EstablishedTo(port) == 2);
+  // Push-pulls stay on the first: nothing more opens.
+  REQUIRE_OK((*client)->PushPull("w", grad, absl::MakeSpan(out)));
+  REQUIRE(out == std::vector<float>(n, 2.0f - 4 * 0.5f));
+  REQUIRE(EstablishedTo(port) == 2);
 }
 
 }  // namespace

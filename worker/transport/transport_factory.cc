@@ -49,7 +49,8 @@ absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateShardTranspor
     std::vector<std::shared_ptr<grpc::Channel>> channels = {link.channel};
     channels.insert(channels.end(), link.extra_channels.begin(), link.extra_channels.end());
     transports.push_back(std::make_unique<GrpcShardTransport>(
-        std::move(channels), GrpcShardTransport::kDefaultSpreadMinBytes, timer));
+        std::move(channels), GrpcShardTransport::kDefaultSpreadMinBytes, timer,
+        link.pull_channel));
   }
   return transports;
 }

@@ -31,6 +31,9 @@ struct ShardLink {
   // spreads large calls over `channel` and these (ClientOptions::
   // grpc_connections).
   std::vector<std::shared_ptr<grpc::Channel>> extra_channels;
+  // A connection of its own for the grpc backend's pulls (null: pulls
+  // share the channels above; ClientOptions::pull_connection).
+  std::shared_ptr<grpc::Channel> pull_channel;
   // The shard's current address for a backend ("ucx") and its hello
   // secret, by a deadline; asked again to reconnect after the shard
   // restarted (a secret serves one hello).

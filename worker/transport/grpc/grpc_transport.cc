@@ -566,12 +566,18 @@ GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
     : GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>>{std::move(channel)}) {}
 
 GrpcShardTransport::GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                                       size_t spread_min_bytes, std::shared_ptr<TimerThread> timer)
+                                       size_t spread_min_bytes, std::shared_ptr<TimerThread> timer,
+                                       std::shared_ptr<grpc::Channel> pull_channel)
     : ShardTransport(TransportTraits{"grpc"}),
       spread_min_bytes_(spread_min_bytes),
       timer_(timer != nullptr ? std::move(timer)
                               : std::make_shared<TimerThread>("grpc-transport")) {
   for (auto& channel : channels) links_.push_back(std::make_unique<Link>(std::move(channel)));
+  if (pull_channel != nullptr) pull_link_ = std::make_unique<Link>(std::move(pull_channel));
+}
+
+const GrpcShardTransport::Link& GrpcShardTransport::PullLink(size_t part) const {
+  return part == 0 && pull_link_ != nullptr ? *pull_link_ : *links_[part];
 }
 
 GrpcShardTransport::~GrpcShardTransport() = default;
@@ -606,7 +612,7 @@ void GrpcShardTransport::StartPull(const proto::PullRequest& request,
   for (const auto& ref : request.chunks()) bytes += ref.num_elements() * sizeof(float);
   const size_t parts = PartsFor(request.chunks_size(), bytes);
   if (parts == 1 && TakeCallerWaits()) {
-    return done(links_[0]->PullHere(request, sink, deadline, canceller));
+    return done(PullLink(0).PullHere(request, sink, deadline, canceller));
   }
   auto join = std::make_shared<PartsJoin>(parts, &sink, std::move(done));
   for (size_t part = 0; part < parts; ++part) {
@@ -618,7 +624,7 @@ void GrpcShardTransport::StartPull(const proto::PullRequest& request,
         *sub.add_chunks() = request.chunks(static_cast<int>(i));
       }
     }
-    const Link& link = *links_[part];
+    const Link& link = PullLink(part);
     PullCall::Start(link.pull_method, link.channel.get(), std::move(sub),
                     std::make_shared<PullCall>(deadline, canceller, *timer_, join, part));
   }
