@@ -270,6 +270,8 @@ struct Summary {
   double bytes_per_iter = 0;
   int steps = 0;
   bool checked = false;
+  // Bytes this worker pushed to each shard per step (PS runs).
+  std::vector<double> pushed_per_shard;
 };
 
 absl::StatusOr<Summary> ReadSummary(const HostProcess& process) {
@@ -303,6 +305,12 @@ absl::StatusOr<Summary> ReadSummary(const HostProcess& process) {
   summary.steps = static_cast<int>(steps);
   const auto checked = json.find("checked");
   summary.checked = checked != json.end() && checked->is_boolean() && checked->get<bool>();
+  const auto per_shard = json.find("bytes_pushed_per_shard_per_iter");
+  if (per_shard != json.end() && per_shard->is_array()) {
+    for (const Json& bytes : *per_shard) {
+      if (bytes.is_number()) summary.pushed_per_shard.push_back(bytes.get<double>());
+    }
+  }
   return summary;
 }
 
@@ -649,18 +657,37 @@ int RunOverlapBench(int argc, char** argv) {
         line["bytes_per_iter"] = static_cast<int64_t>(first.bytes_per_iter);
         line["bytes_pushed_per_iter"] = static_cast<int64_t>(first.bytes_pushed);
         line["bytes_pulled_per_iter"] = static_cast<int64_t>(first.bytes_pulled);
+        // How evenly the shards' links are loaded: every worker's bytes to
+        // each shard, against the even share nM/k.
+        std::vector<double> shard_bytes(allreduce ? 0 : S, 0.0);
+        for (const Summary& summary : *summaries) {
+          for (size_t s = 0; s < summary.pushed_per_shard.size() && s < shard_bytes.size(); ++s) {
+            shard_bytes[s] += summary.pushed_per_shard[s];
+          }
+        }
+        double shard_total = 0;
+        for (double bytes : shard_bytes) shard_total += bytes;
+        std::string spread = "-";
+        if (shard_total > 0) {
+          const double even = shard_total / static_cast<double>(shard_bytes.size());
+          const auto [low, high] = std::minmax_element(shard_bytes.begin(), shard_bytes.end());
+          line["shard_bytes_per_iter_even"] = static_cast<int64_t>(even);
+          line["shard_bytes_max_over_even"] = Significant(*high / even);
+          line["shard_bytes_min_over_even"] = Significant(*low / even);
+          spread = absl::StrFormat("%.3f-%.3f", *low / even, *high / even);
+        }
         line["checked"] = checked;
         std::printf("%s\n", DumpJson(line).c_str());
         std::fflush(stdout);
         if (!header_printed) {
-          std::fprintf(stderr, "%-10s %6s %8s %-22s %7s %9s %9s %9s %9s %8s\n", "model", "link",
-                       "measured", "techniques", "scale", "compute", "comm", "ideal", "iter",
-                       "ideal/it");
+          std::fprintf(stderr, "%-10s %6s %8s %-22s %7s %9s %9s %9s %9s %8s %12s\n", "model",
+                       "link", "measured", "techniques", "scale", "compute", "comm", "ideal", "iter",
+                       "ideal/it", "shard/even");
           header_printed = true;
         }
-        std::fprintf(stderr, "%-10s %6g %8.3f %-22s %7.3g %9.1f %9.1f %9.1f %9.1f %8.2f\n",
+        std::fprintf(stderr, "%-10s %6g %8.3f %-22s %7.3g %9.1f %9.1f %9.1f %9.1f %8.2f %12s\n",
                      spec.name.c_str(), link, gbps, techniques.c_str(), scale, first.compute_ms,
-                     comm_ms, ideal_ms, iter_ms, ideal_ms / iter_ms);
+                     comm_ms, ideal_ms, iter_ms, ideal_ms / iter_ms, spread.c_str());
         if (!checked) {
           std::fprintf(stderr, "harrier-bench overlap: %s %s: BSP check not passed\n",
                        spec.name.c_str(), techniques.c_str());

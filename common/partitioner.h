@@ -46,8 +46,21 @@ struct ChunkSpan {
   int shard = 0;
 };
 
-// Splits a tensor of `num_elements` into chunks of at most `chunk_elements`
-// (the last may be shorter; a zero-element tensor gets one empty chunk).
+// A tensor of at least this many bytes per shard is cut into equal parts
+// over every shard (SplitIntoChunks).
+inline constexpr size_t kEvenSplitMinBytesPerShard = size_t{64} << 10;
+
+// Splits a tensor of `num_elements` into chunks of at most `chunk_elements`.
+// With several shards, a tensor of at least kEvenSplitMinBytesPerShard
+// float32 bytes per shard is cut into a multiple of num_shards() chunks of
+// equal size (sizes differ by at most one element), so the partitioner's
+// round-robin gives every shard the same share of it: each shard then
+// carries nM/k of a step's M bytes from n workers, where tensors hashed
+// whole leave one shard's link the bottleneck (Herring's even split). A
+// smaller tensor is cut into chunks of `chunk_elements` with a shorter last
+// one (one chunk when it fits). A zero-element tensor gets one empty chunk.
+// Every worker must split alike: the result is a pure function of the
+// arguments.
 std::vector<ChunkSpan> SplitIntoChunks(absl::string_view key, size_t num_elements,
                                        size_t chunk_elements, const Partitioner& partitioner);
 

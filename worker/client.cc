@@ -723,6 +723,8 @@ ClientStats Client::stats() const {
   ClientStats stats;
   stats.bytes_pushed = impl_->calls_->bytes_pushed();
   stats.bytes_pulled = impl_->calls_->bytes_pulled();
+  stats.bytes_pushed_per_shard = impl_->calls_->bytes_pushed_per_shard();
+  stats.bytes_pulled_per_shard = impl_->calls_->bytes_pulled_per_shard();
   stats.bytes_staged = impl_->calls_->bytes_staged();
   stats.bytes_landed = impl_->calls_->bytes_landed();
   stats.pushes = impl_->pushes_;

@@ -271,6 +271,9 @@ struct SyncInfo {
 struct ClientStats {
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
+  // The two above per shard, in shard order (dense tensors).
+  std::vector<uint64_t> bytes_pushed_per_shard;
+  std::vector<uint64_t> bytes_pulled_per_shard;
   // Dense chunks of device tensors copied to host memory before a send (a
   // transport that cannot send from device memory).
   uint64_t bytes_staged = 0;

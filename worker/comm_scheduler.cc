@@ -249,12 +249,30 @@ absl::Status CommScheduler::Impl::Plan() {
 
   // Fusion walks in backward order (the order gradients appear) and keeps
   // one open bucket per shard: a small tensor joins the bucket of the shard
-  // it would live on unfused, so fusion merges messages without moving
-  // bytes between shards (one bucket for a whole small model would put all
-  // of its traffic on one shard's link). A bucket closes when the next
-  // tensor would take it past fusion_bytes.
+  // that carries the fewest bytes so far (the tensors that are not fused
+  // counted first, each where its chunks live), so the shards' links carry
+  // even loads (one bucket for a whole small model would put all of its
+  // traffic on one shard's link, and small tensors hashed to shards leave
+  // them uneven). Every worker plans from the same tensor list and so picks
+  // the same shards. A bucket closes when the next tensor would take it
+  // past fusion_bytes.
   const Partitioner& partitioner =
       options_.partitioner != nullptr ? *options_.partitioner : client_.partitioner();
+  const size_t chunk_bytes = client_.chunk_bytes();
+  const size_t chunk_elements = std::max<size_t>(1, chunk_bytes / sizeof(float));
+  auto fusable = [&](int i) {
+    const size_t bytes = members_[i].elements * sizeof(float);
+    return options_.fusion_bytes > 0 && bytes <= options_.fusion_bytes &&
+           tensors_[i].memory != MemoryKind::kDevice;
+  };
+  std::vector<size_t> shard_load(client_.num_shards(), 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (fusable(static_cast<int>(i))) continue;
+    for (const ChunkSpan& span :
+         SplitIntoChunks(tensors_[i].name, members_[i].elements, chunk_elements, partitioner)) {
+      shard_load[span.shard] += span.num_elements * sizeof(float);
+    }
+  }
   std::vector<std::vector<int>> groups;
   std::vector<int> group_shard;  // the shard a fused group's name must map to; -1 unfused
   std::vector<std::vector<int>> open(client_.num_shards());
@@ -269,13 +287,14 @@ absl::Status CommScheduler::Impl::Plan() {
   };
   for (int i = static_cast<int>(n) - 1; i >= 0; --i) {
     const size_t bytes = members_[i].elements * sizeof(float);
-    if (options_.fusion_bytes == 0 || bytes > options_.fusion_bytes ||
-        tensors_[i].memory == MemoryKind::kDevice) {
+    if (!fusable(i)) {
       groups.push_back({i});
       group_shard.push_back(-1);
       continue;
     }
-    const int shard = partitioner.ShardFor(tensors_[i].name, 0);
+    const int shard = static_cast<int>(
+        std::min_element(shard_load.begin(), shard_load.end()) - shard_load.begin());
+    shard_load[shard] += bytes;
     if (open_bytes[shard] + bytes > options_.fusion_bytes) close(shard);
     open[shard].push_back(i);
     open_bytes[shard] += bytes;
@@ -292,8 +311,6 @@ absl::Status CommScheduler::Impl::Plan() {
     }
   };
 
-  const size_t chunk_bytes = client_.chunk_bytes();
-  const size_t chunk_elements = std::max<size_t>(1, chunk_bytes / sizeof(float));
   // A piece covers partition_bytes of client chunks (the worker makes the
   // client's chunk_bytes the partition size, so usually one chunk).
   const size_t chunks_per_piece =

@@ -45,11 +45,12 @@ absl::Status WaitAll(Client& client, const std::vector<Client::Handle>& handles,
 struct Bytes {
   uint64_t pushed = 0;
   uint64_t pulled = 0;
+  std::vector<uint64_t> pushed_per_shard;
 };
 
 Bytes Snapshot(const Client& client) {
-  const ClientStats s = client.stats();
-  return {s.bytes_pushed, s.bytes_pulled};
+  ClientStats s = client.stats();
+  return {s.bytes_pushed, s.bytes_pulled, std::move(s.bytes_pushed_per_shard)};
 }
 
 // What a run measured, whichever path it took.
@@ -218,6 +219,13 @@ absl::StatusOr<workload::ReplaySummary> RunReplay(Client& client, const ReplayMo
   summary.bytes_pulled_per_iter =
       static_cast<int64_t>(measured->at_end.pulled - measured->after_setup.pulled) / total;
   summary.bytes_per_iter = summary.bytes_pushed_per_iter + summary.bytes_pulled_per_iter;
+  for (size_t s = 0; s < measured->at_end.pushed_per_shard.size(); ++s) {
+    const uint64_t before = s < measured->after_setup.pushed_per_shard.size()
+                                ? measured->after_setup.pushed_per_shard[s]
+                                : 0;
+    summary.bytes_pushed_per_shard_per_iter.push_back(
+        static_cast<int64_t>(measured->at_end.pushed_per_shard[s] - before) / total);
+  }
 
   if (client.sync().mode == "bsp" && options.optimizer == "sgd") {
     workload::ReplayCheckOptions check;

@@ -11,7 +11,21 @@ ShardCalls::ShardCalls(ShardCallsConfig config, std::vector<ShardTransport*> tra
       transports_(std::move(transports)),
       codec_(codec),
       engine_(engine),
+      shard_bytes_pushed_(new std::atomic<uint64_t>[transports_.size()]()),
+      shard_bytes_pulled_(new std::atomic<uint64_t>[transports_.size()]()),
       acknowledged_(transports_.size()) {}
+
+std::vector<uint64_t> ShardCalls::bytes_pushed_per_shard() const {
+  std::vector<uint64_t> bytes(transports_.size());
+  for (size_t s = 0; s < bytes.size(); ++s) bytes[s] = shard_bytes_pushed_[s];
+  return bytes;
+}
+
+std::vector<uint64_t> ShardCalls::bytes_pulled_per_shard() const {
+  std::vector<uint64_t> bytes(transports_.size());
+  for (size_t s = 0; s < bytes.size(); ++s) bytes[s] = shard_bytes_pulled_[s];
+  return bytes;
+}
 
 absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::string& name,
                                                                    const ShardGroup& group,
@@ -40,6 +54,7 @@ absl::StatusOr<std::vector<OutgoingChunk>> ShardCalls::BuildChunks(const std::st
       return status;
     }
     bytes_pushed_ += chunks[i].payload().size();
+    shard_bytes_pushed_[group.shard] += chunks[i].payload().size();
   }
   return chunks;
 }
@@ -84,6 +99,7 @@ void ShardCalls::ReceiveInto(Operation& op, const std::string& name, const Shard
       return status;
     }
     bytes_pulled_ += payload.size();
+    shard_bytes_pulled_[group.shard] += payload.size();
     last_min_clock_ = reply.min_clock();
     return absl::OkStatus();
   };

@@ -59,6 +59,9 @@ class ShardCalls {
   // carried.
   uint64_t bytes_pushed() const { return bytes_pushed_; }
   uint64_t bytes_pulled() const { return bytes_pulled_; }
+  // The same per shard (dense chunks), in shard order.
+  std::vector<uint64_t> bytes_pushed_per_shard() const;
+  std::vector<uint64_t> bytes_pulled_per_shard() const;
   // Dense device chunks copied to host memory before a send.
   uint64_t bytes_staged() const { return codec_.staged_bytes(); }
   // Pull replies received straight into device memory (landings).
@@ -95,6 +98,9 @@ class ShardCalls {
   OperationEngine& engine_;
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
+  // Per shard, as the two above.
+  std::unique_ptr<std::atomic<uint64_t>[]> shard_bytes_pushed_;
+  std::unique_ptr<std::atomic<uint64_t>[]> shard_bytes_pulled_;
   std::atomic<int64_t> last_min_clock_{0};
   mutable absl::Mutex acknowledged_mutex_;
   // Per shard: (key, chunk) -> next clock.

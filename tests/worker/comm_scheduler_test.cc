@@ -142,14 +142,15 @@ TEST_CASE("ParseTechniques: each technique alone, the implied ones, defaults, un
         std::string::npos);
 }
 
-TEST_CASE("fusion: small tensors of one shard, in backward order, share a bucket of at most "
-          "fusion_bytes on that shard; a tensor above it goes alone") {
+TEST_CASE("fusion: small tensors, in backward order, share a bucket of at most fusion_bytes "
+          "on the shard with the fewest bytes so far; a tensor above it goes alone") {
   FakeCluster cluster = MakeFakeCluster(TestOptions(2, 32u << 20));
-  // Bytes: 400, 200, 1200, 240, 240, 400, 160. Unfused, t0 t2 t4 t6 live
-  // on shard 1 and t1 t3 t5 on shard 0 (fnv1a). Backward, per shard:
-  // shard 1 collects 6+4+0 = 800, the threshold exactly; shard 0 collects
-  // 5+3 = 640 and closes it when 1 would make 840; 2 is above the threshold
-  // and goes alone; 1 is left alone in its bucket.
+  // Bytes: 400, 200, 1200, 240, 240, 400, 160. t2 is above the threshold
+  // and goes alone, to shard 1 where fnv1a puts it: loads 0 / 1200.
+  // Backward, each small tensor to the lighter shard: 6, 5, 4 to shard 0
+  // (800, the threshold exactly: 800 / 1200); 3 to shard 0 (1040), which
+  // closes {4, 5, 6}; 1 to shard 0 (1240, with 3: 440 bytes); 0 to shard 1
+  // (1600), alone in its bucket, so unfused.
   Model model({100, 50, 300, 60, 60, 100, 40});
   CommSchedulerOptions options = BaseOptions();
   options.wait_free_backprop = true;
@@ -166,17 +167,14 @@ TEST_CASE("fusion: small tensors of one shard, in backward order, share a bucket
     if (record.tensors.size() > 1) {
       CHECK(record.bytes <= 800);
       CHECK(record.wire_name.rfind("harrier.fused/", 0) == 0);
-      // The bucket travels to the shard its members would live on.
-      const HashPartitioner partitioner(2);
-      for (int member : record.tensors) {
-        CHECK(record.shard == partitioner.ShardFor(absl::StrCat("t", member), 0));
-      }
+      // Both buckets go to shard 0, the lighter one when each was filled.
+      CHECK(record.shard == 0);
     } else {
       CHECK(record.wire_name == absl::StrCat("t", record.tensors[0]));
     }
   }
   // Dispatched as they became ready (backward order, FIFO).
-  const std::vector<std::vector<int>> expected = {{3, 5}, {2}, {1}, {0, 4, 6}};
+  const std::vector<std::vector<int>> expected = {{4, 5, 6}, {2}, {1, 3}, {0}};
   CHECK(buckets == expected);
 
   // A bucket's payload is its members' gradients side by side, in index
@@ -208,9 +206,9 @@ TEST_CASE("fusion: small tensors of one shard, in backward order, share a bucket
       offset += model.params[member].size();
     }
   };
-  check_bucket({0, 4, 6});
-  check_bucket({3, 5});
-  CHECK(model.params[1][0] == 0.0f);
+  check_bucket({4, 5, 6});
+  check_bucket({1, 3});
+  CHECK(model.params[0][99] == 99.0f);
   CHECK(model.params[2][299] == 299.0f);
 }
 
@@ -267,6 +265,47 @@ TEST_CASE("partitioning: a large tensor goes in pieces of partition_bytes spread
   REQUIRE(Step(**unsplit, again).ok());
   REQUIRE((*unsplit)->Drain().ok());
   CHECK(Pushes(**unsplit).size() == 2);
+}
+
+TEST_CASE("even shards: a step's bytes on each of 4 shards are within 1 % of the even share") {
+  // A model shaped like a CNN's: two large tensors that are no multiple of
+  // the piece size, and many small ones of uneven sizes (biases, norms).
+  constexpr size_t kPiece = size_t{256} << 10;
+  std::vector<size_t> sizes = {3 * (kPiece / sizeof(float)) + 5, 1000003};
+  for (size_t i = 0; i < 120; ++i) sizes.push_back(64 + (i * 7919) % 3000);
+  for (const bool fusion : {true, false}) {
+    INFO("fusion " << fusion);
+    FakeCluster cluster = MakeFakeCluster(TestOptions(4, kPiece));
+    Model model(sizes);
+    CommSchedulerOptions options = BaseOptions();
+    options.wait_free_backprop = true;
+    options.partition_bytes = kPiece;
+    if (fusion) options.fusion_bytes = 64 << 10;
+    auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+    REQUIRE(scheduler.ok());
+    REQUIRE(Step(**scheduler, model).ok());
+    REQUIRE((*scheduler)->Drain().ok());
+    // What each shard received, from the shards' side.
+    std::vector<double> received;
+    double total = 0;
+    for (FakeShardTransport* shard : cluster.shards) {
+      double bytes = 0;
+      for (const FakeShardTransport::Call& call : shard->calls()) {
+        if (call.kind != FakeShardTransport::CallKind::kPush) continue;
+        for (const std::string& payload : call.payloads) bytes += payload.size();
+      }
+      received.push_back(bytes);
+      total += bytes;
+    }
+    size_t model_bytes = 0;
+    for (size_t size : sizes) model_bytes += size * sizeof(float);
+    REQUIRE(total == static_cast<double>(model_bytes));
+    for (size_t s = 0; s < received.size(); ++s) {
+      INFO("shard " << s << " received " << received[s] << " of " << total);
+      // Unfused small tensors are hashed whole; fused ones balance.
+      CHECK(std::abs(received[s] / (total / 4) - 1) < (fusion ? 0.01 : 0.05));
+    }
+  }
 }
 
 // Pushes held one at a time (a cap below one piece), a back tensor in four
@@ -444,9 +483,9 @@ class BspShards {
 TEST_CASE("credits: the cap is never exceeded and two workers in different orders never "
           "deadlock, for caps from 1 byte to unbounded") {
   constexpr size_t kChunk = 128 * sizeof(float);
-  // Largest piece: one chunk (512 bytes). Wires: t6, t5, t4 (3 pieces), t3,
-  // t2 (small, but on different shards, so not fused), t1 (4 pieces), t0
-  // (would take t2's bucket past 64 bytes): 12 pushes a step.
+  // Largest piece: one chunk (512 bytes). Wires: t6, t5, t4 (3 pieces), the
+  // bucket of t3 and t2 (32 bytes each, both to the lighter shard), t1 (4
+  // pieces), t0 (would take that bucket past 64 bytes): 11 pushes a step.
   const std::vector<size_t> sizes = {16, 4 * 128, 8, 8, 3 * 128, 100, 128};
   for (size_t cap : {size_t{1}, size_t{100}, kChunk, 3 * kChunk, size_t{1} << 20, size_t{0}}) {
     INFO("cap " << cap);
@@ -491,7 +530,7 @@ TEST_CASE("credits: the cap is never exceeded and two workers in different order
     for (int w = 0; w < 2; ++w) {
       INFO("worker " << w << ": " << results[w].ToString());
       CHECK(results[w].ok());
-      CHECK(stats[w].push_calls == 4 * 12);
+      CHECK(stats[w].push_calls == 4 * 11);
       if (cap == 0) continue;
       // A piece above the cap goes alone; otherwise the cap holds.
       CHECK(stats[w].peak_inflight_push_bytes <=

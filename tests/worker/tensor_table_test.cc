@@ -2,6 +2,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/container/flat_hash_map.h"
 #include "common/partitioner.h"
 
@@ -25,6 +28,45 @@ TEST_CASE("a tensor's chunks are grouped by the shard the partitioner names") {
     }
   }
   CHECK(grouped == spans.size());
+}
+
+TEST_CASE("a tensor of 64 KiB a shard or more is cut into equal chunks, a multiple of the "
+          "shard count, so every shard holds the same share") {
+  for (const int shards : {2, 3, 4, 7}) {
+    HashPartitioner partitioner(shards);
+    for (const size_t elements : {size_t{16384} * shards, size_t{1000003}, size_t{25557032}}) {
+      for (const size_t chunk_elements : {size_t{1} << 18, size_t{1} << 20}) {
+        INFO(shards << " shards, " << elements << " elements, chunks of " << chunk_elements);
+        const auto spans = SplitIntoChunks("layer", elements, chunk_elements, partitioner);
+        CHECK(spans.size() % shards == 0);
+        std::vector<size_t> per_shard(shards, 0);
+        size_t offset = 0;
+        for (size_t c = 0; c < spans.size(); ++c) {
+          CHECK(spans[c].chunk == c);
+          CHECK(spans[c].offset == offset);
+          CHECK(spans[c].num_elements <= chunk_elements);
+          CHECK(spans[c].num_elements + 1 >= spans[0].num_elements);
+          CHECK(spans[c].shard == partitioner.ShardFor("layer", static_cast<uint32_t>(c)));
+          per_shard[spans[c].shard] += spans[c].num_elements;
+          offset += spans[c].num_elements;
+        }
+        CHECK(offset == elements);
+        const auto [low, high] = std::minmax_element(per_shard.begin(), per_shard.end());
+        // At most one element apart per chunk a shard holds.
+        CHECK(*high - *low <= spans.size() / shards);
+      }
+    }
+    // Below 64 KiB a shard: whole chunks of chunk_elements, the last shorter.
+    const size_t small = 16384 * shards - 1;
+    const auto spans = SplitIntoChunks("bias", small, 10000, partitioner);
+    CHECK(spans.size() == (small + 9999) / 10000);
+    CHECK(spans.front().num_elements == 10000);
+    CHECK(spans.back().num_elements == small - 10000 * (spans.size() - 1));
+  }
+  // One shard: chunks of chunk_elements as before.
+  const auto one = SplitIntoChunks("w", 2500000, 1u << 20, HashPartitioner(1));
+  REQUIRE(one.size() == 3);
+  CHECK(one[2].num_elements == 2500000 - 2 * (1u << 20));
 }
 
 TEST_CASE("lookups check the buffer size and see re-registrations") {

@@ -272,11 +272,13 @@ TEST_CASE("the summary line has its documented fields in order") {
   s.bytes_pulled_per_iter = 102228128;
   s.bytes_per_iter = 204456256;
   s.checked = true;
+  s.bytes_pushed_per_shard_per_iter = {51114064, 51114064};
   CHECK(FormatReplaySummary(s) ==
         "replay_summary {\"model\":\"resnet50\",\"techniques\":\"all\",\"compute_scale\":1.0,"
         "\"rank\":0,\"workers\":2,\"shards\":2,\"steps\":5,\"warmup_steps\":1,\"iter_ms\":123.400,"
         "\"compute_ms\":100.000,\"bytes_pushed_per_iter\":102228128,\"bytes_pulled_per_iter\":"
-        "102228128,\"bytes_per_iter\":204456256,\"checked\":true}");
+        "102228128,\"bytes_per_iter\":204456256,\"checked\":true,"
+        "\"bytes_pushed_per_shard_per_iter\":[51114064,51114064]}");
   s.compute_scale = 0.01;
   CHECK(absl::StrContains(FormatReplaySummary(s), "\"compute_scale\":0.01,"));
 }

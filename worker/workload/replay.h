@@ -124,6 +124,9 @@ struct ReplaySummary {
   int64_t bytes_pulled_per_iter = 0;
   int64_t bytes_per_iter = 0;
   bool checked = false;       // the exact check ran and passed
+  // This worker's payload bytes pushed to each shard per step, in shard
+  // order: how evenly the shards' links are loaded.
+  std::vector<int64_t> bytes_pushed_per_shard_per_iter;
 };
 
 // `replay_summary {...}`: one line, no newline, the JSON object's fields in
