@@ -98,6 +98,13 @@ absl::StatusOr<double> EvaluateModel(workload::Model& model, const workload::Dat
   return model.Evaluate(data);
 }
 
+// The trainer's clock for durations (step rates, evaluation time, time to
+// target): monotonic, so a step of the system clock (NTP) during a run
+// does not change them. Only differences of its values mean anything.
+absl::Time MonotonicNow() {
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
 // Rank 0's periodic evaluation after `steps_done` steps. Under BSP the other
 // workers block in their next pull until rank 0 pushes again, so the whole
 // job stands still while rank 0 evaluates: that time is not training time,
@@ -112,11 +119,11 @@ absl::StatusOr<double> EvaluateModel(workload::Model& model, const workload::Dat
 absl::Status EvaluatePeriodically(workload::Model& model, const workload::Dataset& test,
                                   const TrainerOptions& options, int64_t steps_done,
                                   absl::Time train_start, double loss, TrainResult* result) {
-  const absl::Time eval_start = absl::Now();
+  const absl::Time eval_start = MonotonicNow();
   const double train_wall_s =
       absl::ToDoubleSeconds(eval_start - train_start) - result->eval_seconds;
   auto accuracy = EvaluateModel(model, test);
-  result->eval_seconds += absl::ToDoubleSeconds(absl::Now() - eval_start);
+  result->eval_seconds += absl::ToDoubleSeconds(MonotonicNow() - eval_start);
   if (!accuracy.ok()) return accuracy.status();
   std::fprintf(stderr, "eval step=%lld accuracy=%.4f wall_s=%.3f loss=%.4f\n",
                static_cast<long long>(steps_done), *accuracy, train_wall_s, loss);
@@ -229,7 +236,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   bool device_round_started = false;            // local SGD's round start, on the device
   std::mt19937_64 delay_rng(1234 + static_cast<uint64_t>(rank));
   std::uniform_real_distribution<double> straggle(0.0, 1.0);
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   absl::Time interval_start = start;
   double interval_loss = 0;
   int64_t interval_steps = 0;
@@ -264,11 +271,11 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
     // before forward.
     absl::Duration forward_wait;
     if (scheduler != nullptr) {
-      const absl::Time wait_start = absl::Now();
+      const absl::Time wait_start = MonotonicNow();
       // Forward's order: the front tensor is back first under priority.
       for (int k = 0; status.ok() && k < num_params; ++k) status = scheduler->WaitParameters(k);
       if (!status.ok()) break;
-      forward_wait = absl::Now() - wait_start;
+      forward_wait = MonotonicNow() - wait_start;
       if (eval_due) {
         // Only now are the previous step's parameters all in the buffers
         // (the scheduler's pulls write them in the background).
@@ -328,7 +335,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
             ? ConstSpans(options.gradient_momentum > 0 ? buffers.momentum : buffers.grads)
             : ConstSpans(options.gradient_momentum > 0 ? momentum : grads);
 
-    const absl::Time comm_start = absl::Now();
+    const absl::Time comm_start = MonotonicNow();
     if (scheduler != nullptr) {
       // The MLP's backward produced every gradient at once; they are handed
       // over last tensor first, as a layer-by-layer backward would.
@@ -381,7 +388,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
         client.Clock();
       }
     }
-    const double wait_ms = absl::ToDoubleMilliseconds(absl::Now() - comm_start + forward_wait);
+    const double wait_ms = absl::ToDoubleMilliseconds(MonotonicNow() - comm_start + forward_wait);
     ++result.steps;
 
     const bool last = step + 1 == total_steps;
@@ -414,11 +421,11 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
       line["wait_ms"] = RoundTo(wait_ms, 3);
       line["bytes_pushed"] = stats.bytes_pushed;
       line["bytes_pulled"] = stats.bytes_pulled;
-      line["elapsed_s"] = RoundTo(absl::ToDoubleSeconds(absl::Now() - start), 3);
+      line["elapsed_s"] = RoundTo(absl::ToDoubleSeconds(MonotonicNow() - start), 3);
       std::fprintf(metrics, "%s\n", DumpJson(line).c_str());
     }
     if ((step + 1) % options.log_every == 0 || last) {
-      const absl::Time now = absl::Now();
+      const absl::Time now = MonotonicNow();
       const double seconds = absl::ToDoubleSeconds(now - interval_start);
       const double rate = seconds > 0 ? interval_steps * options.batch_size / seconds : 0;
       result.last_loss = interval_loss / interval_steps;
@@ -442,7 +449,7 @@ absl::StatusOr<TrainResult> Train(Client& client, workload::Model& model,
   }
   if (metrics != nullptr) std::fclose(metrics);
   if (!status.ok()) return status;
-  result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  result.seconds = absl::ToDoubleSeconds(MonotonicNow() - start);
   result.samples_per_second =
       result.seconds > 0 ? result.steps * options.batch_size / result.seconds : 0;
 

@@ -238,9 +238,11 @@ double MetricValue(const std::string& exposition, const std::string& name) {
 // (a thread here) waits for it in BSP.
 absl::Status RunWithKilledWorker(const std::string& policy) {
   auto servers = testing::StartCluster(
-      // 3 s: the victim heartbeats once a second, and under ASan a beat may
-      // arrive late; a 1 s timeout then declared it lost before the kill.
-      1, 2, {"--sync=bsp", "--lr=1", "--heartbeat_timeout_ms=3000", "--on_worker_loss=" + policy});
+      // 6 s: the victim heartbeats once a second, and under ASan a beat may
+      // arrive late; a 1 s timeout declared it lost before the kill, and
+      // 3 s once on 2 cores busy with a cold build and other tests (it
+      // never pushed). The survivor's calls outlast this (15 s).
+      1, 2, {"--sync=bsp", "--lr=1", "--heartbeat_timeout_ms=6000", "--on_worker_loss=" + policy});
   REQUIRE(servers.ok());
   const int victim_metrics = testing::FreePort();
   auto victim = testing::ChildProcess::Start(

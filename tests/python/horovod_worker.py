@@ -4,6 +4,7 @@ HARRIER_RANK, ...) with init() and writes what it saw to --out (.npz)."""
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -136,6 +137,14 @@ def never(args):
         except harrier.DeadlineExceededError as e:
             message = str(e)
         np.savez(args.out, message=message, seconds=time.monotonic() - start)
+    else:
+        # Stays in the job until rank 0's allreduce has failed: a barrier
+        # here would run out of the same short rpc_timeout first on a
+        # loaded machine (rank 0 needs about that long to fail).
+        rank0_out = os.path.join(os.path.dirname(args.out), "worker0.npz")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(rank0_out) and time.monotonic() < deadline:
+            time.sleep(0.05)
     hvd.barrier("end")
     if hvd.rank() != 0:
         np.savez(args.out, message="", seconds=0.0)
