@@ -216,17 +216,22 @@ struct Shard {
 };
 
 // An attack's rounds until `end`: each starts at least --attack_every_ms
-// after the one before (0: at once, as fast as the shard answers).
+// after the one before (0: at once, as fast as the shard answers). The
+// first round always runs, so every attack is tallied even when building
+// its hostile messages took the whole phase (a short --seconds on loaded
+// cores).
 class AttackRounds {
  public:
   explicit AttackRounds(absl::Time end)
       : end_(end), every_(absl::Milliseconds(absl::GetFlag(FLAGS_attack_every_ms))) {}
-  // Waits for the next round's start; false once `end` has come.
+  // Waits for the next round's start; false once `end` has come (never for
+  // the first round).
   bool Next() {
+    const bool first = !started_;
     if (started_) absl::SleepFor(std::min(end_, last_ + every_) - absl::Now());
     started_ = true;
     last_ = absl::Now();
-    return last_ < end_;
+    return first || last_ < end_;
   }
 
  private:
@@ -370,7 +375,9 @@ void AttackPushStreams(const Shard& shard, int connection, absl::Time end, Tally
   chunk.mutable_payload()->assign(static_cast<size_t>(15 * kMiB), '\x01');
   for (AttackRounds rounds(end); rounds.Next();) {
     grpc::ClientContext context;
-    Prepare(&context, shard, std::min(end, absl::Now() + absl::Seconds(3)));
+    // Not cut at `end`: the shard's refusal, not the phase's end, must
+    // close the stream (3 s is far above the time to fill the budget).
+    Prepare(&context, shard, absl::Now() + absl::Seconds(3));
     proto::PushResponse response;
     auto writer = stub->Push(&context, &response);
     for (int i = 0; i < 8 && writer->Write(chunk); ++i) {
