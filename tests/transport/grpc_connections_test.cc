@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -43,16 +44,22 @@ int PortOf(const std::string& address) {
   return std::stoi(address.substr(address.rfind(':') + 1));
 }
 
+// One client of the test's shards: long deadlines, no heartbeats.
+ClientOptions OptionsFor(const std::vector<std::unique_ptr<testing::ServerProcess>>& servers) {
+  ClientOptions options;
+  options.servers = testing::Addresses(servers);
+  options.rpc_timeout = absl::Seconds(30);
+  options.heartbeat_interval = absl::ZeroDuration();
+  return options;
+}
+
 TEST_CASE("grpc connections: large calls over 1 or 3 connections round trip exactly") {
   const int connections = GENERATE(1, 3);
   const bool pull_connection = GENERATE(true, false);
   INFO("connections " << connections << " pull connection " << pull_connection);
   auto servers = testing::StartCluster(1, 1, {"--optimizer=sgd", "--lr=1"});
   REQUIRE(servers.ok());
-  ClientOptions options;
-  options.servers = testing::Addresses(*servers);
-  options.rpc_timeout = absl::Seconds(30);
-  options.heartbeat_interval = absl::ZeroDuration();
+  ClientOptions options = OptionsFor(*servers);
   options.chunk_bytes = 1u << 20;
   options.grpc_connections = connections;
   options.pull_connection = pull_connection;
@@ -85,10 +92,7 @@ TEST_CASE("grpc connections: large calls over 1 or 3 connections round trip exac
 TEST_CASE("grpc connections: pulls go on their own connection, pushes never open it") {
   auto servers = testing::StartCluster(1, 1, {"--optimizer=sgd", "--lr=1"});
   REQUIRE(servers.ok());
-  ClientOptions options;
-  options.servers = testing::Addresses(*servers);
-  options.rpc_timeout = absl::Seconds(30);
-  options.heartbeat_interval = absl::ZeroDuration();
+  ClientOptions options = OptionsFor(*servers);
   auto client = Client::Create(options);
   REQUIRE_OK(client.status());
   const int port = PortOf(options.servers[0]);
