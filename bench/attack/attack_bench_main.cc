@@ -231,7 +231,14 @@ class AttackRounds {
     if (started_) absl::SleepFor(std::min(end_, last_ + every_) - absl::Now());
     started_ = true;
     last_ = absl::Now();
+    first_ = first;
     return first || last_ < end_;
+  }
+  // When this round's work must stop: the phase's end, but the first round
+  // gets at least `least` (on loaded cores a short phase may be over before
+  // the first round has opened anything).
+  absl::Time RoundEnd(absl::Duration least) const {
+    return first_ ? std::max(end_, last_ + least) : end_;
   }
 
  private:
@@ -239,6 +246,7 @@ class AttackRounds {
   const absl::Duration every_;
   absl::Time last_;
   bool started_ = false;
+  bool first_ = false;
 };
 
 // A channel of its own (gRPC shares connections between channels with the
@@ -389,7 +397,7 @@ void AttackPushStreams(const Shard& shard, int connection, absl::Time end, Tally
 // Raw HTTP/2 unary calls without the token, six per connection, each
 // announcing a 60 MiB message and sending all of it but the last byte (as
 // the windows allow). Counts streams the shard ended (refused at their
-// headers, or cancelled by gRPC's quota) and those still open after 1 s.
+// headers, or cancelled by gRPC's quota) and those still open after 2 s.
 void AttackUnaryWithoutToken(const Shard& shard, absl::Time end, Tally& tally) {
   const uint32_t message = static_cast<uint32_t>(60 * kMiB);
   const std::string body =
@@ -401,15 +409,16 @@ void AttackUnaryWithoutToken(const Shard& shard, absl::Time end, Tally& tally) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       continue;
     }
+    const absl::Time round_end = rounds.RoundEnd(absl::Seconds(3));
     std::vector<uint32_t> streams;
-    for (uint32_t id = 1; id <= 11 && absl::Now() < end; id += 2) {
+    for (uint32_t id = 1; id <= 11 && absl::Now() < round_end; id += 2) {
       if (!connection->OpenStream(id, "/harrier.proto.ParameterService/Init", {})) break;
       connection->SendData(id, body, /*end_stream=*/false,
-                           std::min(end, absl::Now() + absl::Seconds(1)));
+                           std::min(round_end, absl::Now() + absl::Seconds(1)));
       streams.push_back(id);
     }
     for (uint32_t id : streams) {
-      tally.Count("unary_no_token", connection->WaitEnded(id, absl::Now() + absl::Seconds(1))
+      tally.Count("unary_no_token", connection->WaitEnded(id, absl::Now() + absl::Seconds(2))
                                         ? "ended_by_shard"
                                         : "still_open");
     }
