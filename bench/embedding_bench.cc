@@ -38,6 +38,7 @@
 #include "bench/server_cluster.h"
 #include "bench/shared_flags.h"
 #include "bench/zipf.h"
+#include "common/cpu_time.h"
 #include "common/json.h"
 #include "common/row_placement.h"
 #include "proto/harrier.grpc.pb.h"
@@ -572,33 +573,9 @@ struct WireResult {
   WirePass pass[kPasses];
 };
 
-double SelfCpuSeconds() {
-  timespec now{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
-  return now.tv_sec + now.tv_nsec * 1e-9;
-}
-
-// User + system time of every thread of `pid` (/proc/PID/stat, in clock
-// ticks: 10 ms, so read over a whole run, not per call); 0 if unreadable.
-double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream file(absl::StrCat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  // Fields after the command's ")": state is field 3, utime 14, stime 15.
-  std::vector<absl::string_view> fields =
-      absl::StrSplit(absl::string_view(text).substr(close + 2), ' ', absl::SkipEmpty());
-  uint64_t user = 0, system = 0;
-  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &user) ||
-      !absl::SimpleAtoi(fields[12], &system)) {
-    return 0;
-  }
-  return static_cast<double>(user + system) / sysconf(_SC_CLK_TCK);
-}
-
 double ShardsCpuSeconds(const std::vector<pid_t>& pids) {
   double sum = 0;
-  for (pid_t pid : pids) sum += ProcessCpuSeconds(pid);
+  for (pid_t pid : pids) sum += std::max(0.0, ProcessCpuSecondsOf(pid));
   return sum;
 }
 
@@ -703,12 +680,12 @@ absl::StatusOr<WireResult> RunWire(Client& client, const std::vector<pid_t>& sha
         auto stats = SumStats(client, names);
         if (!stats.ok() && failed.ok()) failed = stats.status();
         before = stats.ok() ? *stats : SparseTableStats{};
-        client_cpu = SelfCpuSeconds();
+        client_cpu = ProcessCpuSeconds();
         shard_cpu = ShardsCpuSeconds(shard_pids);
       },
       [&](int pass) {
         WirePass& mine = result.pass[pass];
-        mine.client_cpu_seconds = SelfCpuSeconds() - client_cpu;
+        mine.client_cpu_seconds = ProcessCpuSeconds() - client_cpu;
         mine.shard_cpu_seconds = ShardsCpuSeconds(shard_pids) - shard_cpu;
         auto after = SumStats(client, names);
         if (!after.ok() && failed.ok()) failed = after.status();

@@ -270,8 +270,56 @@ struct Summary {
   double bytes_per_iter = 0;
   int steps = 0;
   bool checked = false;
-  // Bytes this worker pushed to each shard per step (PS runs).
+  // Bytes this worker pushed to (pulled from) each shard per step (PS runs).
   std::vector<double> pushed_per_shard;
+  std::vector<double> pulled_per_shard;
+  // CPU this process spent per timed step, and the timed steps' span on the
+  // steady clock (0 where the replay did not report them).
+  double cpu_seconds_per_iter = 0;
+  int64_t timed_start_ns = 0;
+  int64_t timed_end_ns = 0;
+};
+
+// A process's CPU sampled over time, so that its CPU over a span another
+// process reports (the workers' timed steps) can be read afterwards.
+class CpuSamples {
+ public:
+  void Add(Clock::time_point when, double cpu_seconds) {
+    if (cpu_seconds >= 0) samples_.emplace_back(when, cpu_seconds);
+  }
+  // CPU between two steady-clock instants, interpolated linearly between
+  // the samples around each; -1 without samples on both sides.
+  double Between(int64_t start_ns, int64_t end_ns) const {
+    const double start = At(start_ns);
+    const double end = At(end_ns);
+    return start < 0 || end < 0 ? -1 : std::max(0.0, end - start);
+  }
+
+ private:
+  double At(int64_t ns) const {
+    const Clock::time_point t{std::chrono::nanoseconds(ns)};
+    if (samples_.empty() || t < samples_.front().first || t > samples_.back().first) return -1;
+    auto after = std::lower_bound(
+        samples_.begin(), samples_.end(), t,
+        [](const std::pair<Clock::time_point, double>& s, Clock::time_point v) {
+          return s.first < v;
+        });
+    if (after == samples_.begin()) return after->second;
+    const auto before = after - 1;
+    const double span = std::chrono::duration<double>(after->first - before->first).count();
+    const double part = std::chrono::duration<double>(t - before->first).count();
+    return span > 0 ? before->second + (after->second - before->second) * part / span
+                    : after->second;
+  }
+
+  std::vector<std::pair<Clock::time_point, double>> samples_;
+};
+
+// What one run gives the JSON line.
+struct RunResult {
+  std::vector<Summary> summaries;
+  // Each shard's CPU over the workers' timed steps (PS runs; -1 unknown).
+  std::vector<double> shard_cpu_seconds;
 };
 
 absl::StatusOr<Summary> ReadSummary(const HostProcess& process) {
@@ -305,25 +353,43 @@ absl::StatusOr<Summary> ReadSummary(const HostProcess& process) {
   summary.steps = static_cast<int>(steps);
   const auto checked = json.find("checked");
   summary.checked = checked != json.end() && checked->is_boolean() && checked->get<bool>();
-  const auto per_shard = json.find("bytes_pushed_per_shard_per_iter");
-  if (per_shard != json.end() && per_shard->is_array()) {
+  for (const auto& [key, into] :
+       {std::make_pair("bytes_pushed_per_shard_per_iter", &summary.pushed_per_shard),
+        std::make_pair("bytes_pulled_per_shard_per_iter", &summary.pulled_per_shard)}) {
+    const auto per_shard = json.find(key);
+    if (per_shard == json.end() || !per_shard->is_array()) continue;
     for (const Json& bytes : *per_shard) {
-      if (bytes.is_number()) summary.pushed_per_shard.push_back(bytes.get<double>());
+      if (bytes.is_number()) into->push_back(bytes.get<double>());
     }
+  }
+  double start_ns = 0;
+  double end_ns = 0;
+  number("cpu_seconds_per_iter", &summary.cpu_seconds_per_iter);
+  if (number("timed_start_monotonic_ns", &start_ns) && number("timed_end_monotonic_ns", &end_ns)) {
+    summary.timed_start_ns = static_cast<int64_t>(start_ns);
+    summary.timed_end_ns = static_cast<int64_t>(end_ns);
   }
   return summary;
 }
 
 // Waits for every process in `watch` to exit 0, within `deadline`; the first
 // failure (or the deadline) is returned with the failed process's log.
-// Processes in `keep_alive` (servers) must not exit meanwhile.
+// Processes in `keep_alive` (servers) must not exit meanwhile; their CPU is
+// sampled into `keep_alive_cpu` (one per process) every 20 ms.
 absl::Status WaitAll(std::vector<std::unique_ptr<HostProcess>>& watch,
                      std::vector<std::unique_ptr<HostProcess>>& keep_alive,
-                     Clock::time_point deadline, int timeout_s) {
+                     Clock::time_point deadline, int timeout_s,
+                     std::vector<CpuSamples>* keep_alive_cpu = nullptr) {
   std::vector<bool> done(watch.size(), false);
   size_t remaining = watch.size();
   while (remaining > 0) {
     if (g_stop_signal != 0) return Interrupted();
+    if (keep_alive_cpu != nullptr) {
+      keep_alive_cpu->resize(keep_alive.size());
+      for (size_t i = 0; i < keep_alive.size(); ++i) {
+        (*keep_alive_cpu)[i].Add(Clock::now(), keep_alive[i]->CpuSeconds());
+      }
+    }
     for (size_t i = 0; i < watch.size(); ++i) {
       if (done[i]) continue;
       const std::optional<int> code = watch[i]->Poll();
@@ -362,7 +428,7 @@ struct RunConfig {
 };
 
 // One PS run: S servers in the shard hosts, W workers in the worker hosts.
-absl::StatusOr<std::vector<Summary>> RunPs(const Options& options, const EmulatedNetwork& network,
+absl::StatusOr<RunResult> RunPs(const Options& options, const EmulatedNetwork& network,
                                            const std::string& server_binary,
                                            const std::string& worker_binary,
                                            const RunConfig& config) {
@@ -440,21 +506,33 @@ absl::StatusOr<std::vector<Summary>> RunPs(const Options& options, const Emulate
     if (!worker.ok()) return worker.status();
     workers.push_back(*std::move(worker));
   }
-  if (auto status = WaitAll(workers, servers, deadline, options.run_timeout_s); !status.ok()) {
+  std::vector<CpuSamples> server_cpu;
+  if (auto status = WaitAll(workers, servers, deadline, options.run_timeout_s, &server_cpu);
+      !status.ok()) {
     return status;
   }
-  std::vector<Summary> summaries;
+  RunResult result;
   for (const auto& worker : workers) {
     auto summary = ReadSummary(*worker);
     if (!summary.ok()) return summary.status();
-    summaries.push_back(*summary);
+    result.summaries.push_back(*summary);
   }
-  return summaries;
+  // The shards' CPU over the span in which any worker ran timed steps.
+  int64_t start_ns = result.summaries.front().timed_start_ns;
+  int64_t end_ns = result.summaries.front().timed_end_ns;
+  for (const Summary& summary : result.summaries) {
+    start_ns = std::min(start_ns, summary.timed_start_ns);
+    end_ns = std::max(end_ns, summary.timed_end_ns);
+  }
+  for (const CpuSamples& samples : server_cpu) {
+    result.shard_cpu_seconds.push_back(start_ns > 0 ? samples.Between(start_ns, end_ns) : -1);
+  }
+  return result;
 }
 
 // One all-reduce run: W ranks of harrier-allreduce-replay in the worker
 // hosts, no servers.
-absl::StatusOr<std::vector<Summary>> RunAllReduce(const Options& options,
+absl::StatusOr<RunResult> RunAllReduce(const Options& options,
                                                   const EmulatedNetwork& network,
                                                   const std::string& binary,
                                                   const RunConfig& config) {
@@ -489,13 +567,13 @@ absl::StatusOr<std::vector<Summary>> RunAllReduce(const Options& options,
   if (auto status = WaitAll(ranks, none, deadline, options.run_timeout_s); !status.ok()) {
     return status;
   }
-  std::vector<Summary> summaries;
+  RunResult result;
   for (const auto& process : ranks) {
     auto summary = ReadSummary(*process);
     if (!summary.ok()) return summary.status();
-    summaries.push_back(*summary);
+    result.summaries.push_back(*summary);
   }
-  return summaries;
+  return result;
 }
 
 }  // namespace
@@ -589,34 +667,44 @@ int RunOverlapBench(int argc, char** argv) {
           link > 0 ? std::max<int64_t>(25'000'000, static_cast<int64_t>(link * 1e9 / 8 * 0.2))
                    : 250'000'000;
       // Best of 5 (EmulatedNetwork::BestTcpGbps says why): 1 s in all at 1 Gbit/s.
-      auto measured = (*network)->BestTcpGbps(0, W, probe_bytes, 5);
+      // The same streams give a raw TCP stream's CPU per GB, the floor the
+      // PS and all-reduce figures are read against.
+      auto measured = (*network)->BestTcpStream(0, W, probe_bytes, 5);
       if (!measured.ok()) {
         std::fprintf(stderr, "harrier-bench overlap: measuring the link: %s\n",
                      std::string(measured.status().message()).c_str());
         return 1;
       }
-      const double gbps = *measured;
+      const double gbps = measured->gbps;
+      const double tcp_cpu_s_per_gb = measured->cpu_s_per_gb();
       // Balanced: the compute of one step equals the PS cost model's comm
       // time, the point where overlap can at most halve the iteration.
       const double scale = options.compute_scale.has_value()
                                ? *options.compute_scale
                                : PsCommMs(model_bytes, W, S, gbps) / spec.compute_ms();
       double plain_iter_ms = 0;
+      // For the PS-against-all-reduce lines once every technique ran.
+      struct Ran {
+        std::string techniques;
+        double iter_ms = 0;
+        double cpu_s_per_gb = 0;
+      };
+      std::vector<Ran> ran;
       for (const std::string& techniques : options.techniques) {
         if (g_stop_signal != 0) return 128 + g_stop_signal;
         const bool allreduce = techniques == "allreduce";
         RunConfig config{spec.name, techniques, scale};
-        auto summaries = allreduce
-                             ? RunAllReduce(options, **network, allreduce_binary, config)
+        auto run = allreduce ? RunAllReduce(options, **network, allreduce_binary, config)
                              : RunPs(options, **network, server_binary, worker_binary, config);
-        if (!summaries.ok()) {
+        if (!run.ok()) {
           std::fprintf(stderr, "harrier-bench overlap: model=%s link_gbps=%g techniques=%s: %s\n",
                        spec.name.c_str(), link, techniques.c_str(),
-                       std::string(summaries.status().message()).c_str());
+                       std::string(run.status().message()).c_str());
           ++failures;
           if (g_stop_signal != 0) return 128 + g_stop_signal;
           continue;
         }
+        const std::vector<Summary>* summaries = &run->summaries;
         double iter_ms = 0;
         bool checked = true;
         for (const Summary& summary : *summaries) {
@@ -676,22 +764,101 @@ int RunOverlapBench(int argc, char** argv) {
           line["shard_bytes_min_over_even"] = Significant(*low / even);
           spread = absl::StrFormat("%.3f-%.3f", *low / even, *high / even);
         }
+        // CPU per GB moved: each process's CPU over the timed steps against
+        // the bytes it sent and received in them. Workers (or all-reduce
+        // ranks) report their own; the shards' is sampled by this bench.
+        double worker_cpu = 0;
+        double worker_bytes = 0;
+        for (const Summary& summary : *summaries) {
+          worker_cpu += summary.cpu_seconds_per_iter * summary.steps;
+          worker_bytes += summary.bytes_per_iter * summary.steps;
+        }
+        double shard_cpu = 0;
+        double shard_bytes_moved = 0;
+        bool shards_known = !allreduce && !run->shard_cpu_seconds.empty();
+        for (size_t s = 0; shards_known && s < run->shard_cpu_seconds.size(); ++s) {
+          if (run->shard_cpu_seconds[s] < 0) shards_known = false;
+          shard_cpu += run->shard_cpu_seconds[s];
+          for (const Summary& summary : *summaries) {
+            const double pushed =
+                s < summary.pushed_per_shard.size() ? summary.pushed_per_shard[s] : 0;
+            const double pulled =
+                s < summary.pulled_per_shard.size() ? summary.pulled_per_shard[s] : 0;
+            shard_bytes_moved += (pushed + pulled) * summary.steps;
+          }
+        }
+        double cpu_s_per_gb = 0;
+        if (worker_cpu > 0 && worker_bytes > 0) {
+          line["cpu_s_per_gb_workers"] = Significant(worker_cpu / (worker_bytes / 1e9));
+          double cpu = worker_cpu;
+          double bytes = worker_bytes;
+          if (shards_known && shard_bytes_moved > 0) {
+            line["cpu_s_per_gb_shards"] = Significant(shard_cpu / (shard_bytes_moved / 1e9));
+            cpu += shard_cpu;
+            bytes += shard_bytes_moved;
+          }
+          cpu_s_per_gb = cpu / (bytes / 1e9);
+          line["cpu_s_per_gb"] = Significant(cpu_s_per_gb);
+          // Cores kept busy over the timed steps, by every process of the run.
+          line["cpu_s_per_iter"] = Significant(cpu / options.steps);
+          line["cores_busy"] = Significant(cpu / options.steps / (iter_ms / 1e3));
+        }
+        line["tcp_cpu_s_per_gb"] = Significant(tcp_cpu_s_per_gb);
+        if (cpu_s_per_gb > 0 && tcp_cpu_s_per_gb > 0) {
+          line["cpu_over_tcp"] = Significant(cpu_s_per_gb / tcp_cpu_s_per_gb);
+        }
+        ran.push_back({techniques, iter_ms, cpu_s_per_gb});
         line["checked"] = checked;
         std::printf("%s\n", DumpJson(line).c_str());
         std::fflush(stdout);
         if (!header_printed) {
-          std::fprintf(stderr, "%-10s %6s %8s %-22s %7s %9s %9s %9s %9s %8s %12s\n", "model",
-                       "link", "measured", "techniques", "scale", "compute", "comm", "ideal", "iter",
-                       "ideal/it", "shard/even");
+          std::fprintf(stderr, "%-10s %6s %8s %-22s %7s %9s %9s %9s %9s %8s %12s %8s\n",
+                       "model", "link", "measured", "techniques", "scale", "compute", "comm",
+                       "ideal", "iter", "ideal/it", "shard/even", "cpu s/GB");
           header_printed = true;
         }
-        std::fprintf(stderr, "%-10s %6g %8.3f %-22s %7.3g %9.1f %9.1f %9.1f %9.1f %8.2f %12s\n",
+        std::fprintf(stderr,
+                     "%-10s %6g %8.3f %-22s %7.3g %9.1f %9.1f %9.1f %9.1f %8.2f %12s %8.3f\n",
                      spec.name.c_str(), link, gbps, techniques.c_str(), scale, first.compute_ms,
-                     comm_ms, ideal_ms, iter_ms, ideal_ms / iter_ms, spread.c_str());
+                     comm_ms, ideal_ms, iter_ms, ideal_ms / iter_ms, spread.c_str(), cpu_s_per_gb);
         if (!checked) {
           std::fprintf(stderr, "harrier-bench overlap: %s %s: BSP check not passed\n",
                        spec.name.c_str(), techniques.c_str());
           ++failures;
+        }
+      }
+      // Each PS technique set against the all-reduce of the same run.
+      const auto allreduce_run = std::find_if(
+          ran.begin(), ran.end(), [](const Ran& r) { return r.techniques == "allreduce"; });
+      if (allreduce_run != ran.end()) {
+        for (const Ran& ps : ran) {
+          if (ps.techniques == "allreduce") continue;
+          Json line = {{"bench", "overlap_vs_allreduce"},
+                       {"model", spec.name},
+                       {"link_gbps", Significant(link)},
+                       {"workers", W},
+                       {"shards", S},
+                       {"techniques", ps.techniques},
+                       {"iter_ms", Significant(ps.iter_ms)},
+                       {"allreduce_iter_ms", Significant(allreduce_run->iter_ms)},
+                       {"speedup_vs_allreduce", Significant(allreduce_run->iter_ms / ps.iter_ms)}};
+          if (ps.cpu_s_per_gb > 0 && allreduce_run->cpu_s_per_gb > 0) {
+            line["cpu_s_per_gb"] = Significant(ps.cpu_s_per_gb);
+            line["allreduce_cpu_s_per_gb"] = Significant(allreduce_run->cpu_s_per_gb);
+            line["cpu_per_gb_over_allreduce"] =
+                Significant(ps.cpu_s_per_gb / allreduce_run->cpu_s_per_gb);
+          }
+          std::printf("%s\n", DumpJson(line).c_str());
+          std::fflush(stdout);
+          std::fprintf(stderr,
+                       "%-10s %6g %-22s PS %.1f ms, all-reduce %.1f ms: %.2fx; CPU per GB "
+                       "%.3g against %.3g s: %.2fx\n",
+                       spec.name.c_str(), link, ps.techniques.c_str(), ps.iter_ms,
+                       allreduce_run->iter_ms, allreduce_run->iter_ms / ps.iter_ms,
+                       ps.cpu_s_per_gb, allreduce_run->cpu_s_per_gb,
+                       allreduce_run->cpu_s_per_gb > 0
+                           ? ps.cpu_s_per_gb / allreduce_run->cpu_s_per_gb
+                           : 0.0);
         }
       }
     }

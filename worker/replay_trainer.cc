@@ -1,5 +1,6 @@
 #include "worker/replay_trainer.h"
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
+#include "common/cpu_time.h"
 
 namespace harrier {
 namespace {
@@ -46,20 +48,43 @@ struct Bytes {
   uint64_t pushed = 0;
   uint64_t pulled = 0;
   std::vector<uint64_t> pushed_per_shard;
+  std::vector<uint64_t> pulled_per_shard;
 };
 
 Bytes Snapshot(const Client& client) {
   ClientStats s = client.stats();
-  return {s.bytes_pushed, s.bytes_pulled, std::move(s.bytes_pushed_per_shard)};
+  return {s.bytes_pushed, s.bytes_pulled, std::move(s.bytes_pushed_per_shard),
+          std::move(s.bytes_pulled_per_shard)};
 }
+
+// One instant of the timed span: wall clock, steady clock and this
+// process's CPU.
+struct Mark {
+  absl::Time wall;
+  std::chrono::steady_clock::time_point steady;
+  double cpu_seconds = 0;
+};
+
+Mark MarkNow() { return {absl::Now(), std::chrono::steady_clock::now(), ProcessCpuSeconds()}; }
 
 // What a run measured, whichever path it took.
 struct Measured {
-  absl::Time timed_start;
-  absl::Time end;
+  Mark timed_start;
+  Mark end;
   Bytes after_setup;  // once the initial parameters are in
   Bytes at_end;
 };
+
+// Per-step bytes to (or from) each shard between two snapshots.
+std::vector<int64_t> PerShardPerIter(const std::vector<uint64_t>& before,
+                                     const std::vector<uint64_t>& after, int64_t steps) {
+  std::vector<int64_t> per_iter;
+  for (size_t s = 0; s < after.size(); ++s) {
+    const uint64_t start = s < before.size() ? before[s] : 0;
+    per_iter.push_back(static_cast<int64_t>(after[s] - start) / steps);
+  }
+  return per_iter;
+}
 
 // Today's path: after backward, push-pull every tensor, wait for all.
 absl::StatusOr<Measured> RunDirect(Client& client, const ReplayModelSpec& spec,
@@ -82,9 +107,9 @@ absl::StatusOr<Measured> RunDirect(Client& client, const ReplayModelSpec& spec,
   m.after_setup = Snapshot(client);
   const int64_t total = options.warmup_steps + options.steps;
   workload::ComputePacer pacer(options.compute_scale);
-  m.timed_start = absl::Now();
+  m.timed_start = MarkNow();
   for (int64_t step = 0; step < total; ++step) {
-    if (step == options.warmup_steps) m.timed_start = absl::Now();
+    if (step == options.warmup_steps) m.timed_start = MarkNow();
     for (const ReplayLayer& layer : spec.layers) {
       pacer.Run(layer.forward_ms);
     }
@@ -102,7 +127,7 @@ absl::StatusOr<Measured> RunDirect(Client& client, const ReplayModelSpec& spec,
     }
     client.Clock();
   }
-  m.end = absl::Now();
+  m.end = MarkNow();
   m.at_end = Snapshot(client);
   return m;
 }
@@ -127,7 +152,7 @@ absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spe
   const int64_t total = options.warmup_steps + options.steps;
   workload::ComputePacer pacer(options.compute_scale);
   Measured m;
-  m.timed_start = absl::Now();
+  m.timed_start = MarkNow();
   for (int64_t step = 0; step < total; ++step) {
     if (step == options.warmup_steps) {
       // The warm-up's pushes and next-step pulls would otherwise run inside
@@ -135,7 +160,7 @@ absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spe
       if (step > 0) {
         if (absl::Status s = scheduler.Drain(); !s.ok()) return s;
       }
-      m.timed_start = absl::Now();
+      m.timed_start = MarkNow();
     }
     for (size_t l = 0; l < spec.layers.size(); ++l) {
       const ReplayLayer& layer = spec.layers[l];
@@ -166,7 +191,7 @@ absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spe
     if (absl::Status s = scheduler.WaitParameters(static_cast<int>(k)); !s.ok()) return s;
   }
   if (absl::Status s = scheduler.Drain(); !s.ok()) return s;
-  m.end = absl::Now();
+  m.end = MarkNow();
   m.at_end = Snapshot(client);
   return m;
 }
@@ -211,21 +236,27 @@ absl::StatusOr<workload::ReplaySummary> RunReplay(Client& client, const ReplayMo
   summary.shards = client.num_shards();
   summary.steps = options.steps;
   summary.warmup_steps = options.warmup_steps;
-  summary.iter_ms = absl::ToDoubleMilliseconds(measured->end - measured->timed_start) /
+  summary.iter_ms = absl::ToDoubleMilliseconds(measured->end.wall - measured->timed_start.wall) /
                     static_cast<double>(options.steps);
+  summary.cpu_seconds_per_iter =
+      (measured->end.cpu_seconds - measured->timed_start.cpu_seconds) /
+      static_cast<double>(options.steps);
+  const auto nanos = [](std::chrono::steady_clock::time_point t) {
+    return static_cast<int64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+  };
+  summary.timed_start_monotonic_ns = nanos(measured->timed_start.steady);
+  summary.timed_end_monotonic_ns = nanos(measured->end.steady);
   summary.compute_ms = spec.compute_ms() * options.compute_scale;
   summary.bytes_pushed_per_iter =
       static_cast<int64_t>(measured->at_end.pushed - measured->after_setup.pushed) / total;
   summary.bytes_pulled_per_iter =
       static_cast<int64_t>(measured->at_end.pulled - measured->after_setup.pulled) / total;
   summary.bytes_per_iter = summary.bytes_pushed_per_iter + summary.bytes_pulled_per_iter;
-  for (size_t s = 0; s < measured->at_end.pushed_per_shard.size(); ++s) {
-    const uint64_t before = s < measured->after_setup.pushed_per_shard.size()
-                                ? measured->after_setup.pushed_per_shard[s]
-                                : 0;
-    summary.bytes_pushed_per_shard_per_iter.push_back(
-        static_cast<int64_t>(measured->at_end.pushed_per_shard[s] - before) / total);
-  }
+  summary.bytes_pushed_per_shard_per_iter = PerShardPerIter(
+      measured->after_setup.pushed_per_shard, measured->at_end.pushed_per_shard, total);
+  summary.bytes_pulled_per_shard_per_iter = PerShardPerIter(
+      measured->after_setup.pulled_per_shard, measured->at_end.pulled_per_shard, total);
 
   if (client.sync().mode == "bsp" && options.optimizer == "sgd") {
     workload::ReplayCheckOptions check;

@@ -1,7 +1,6 @@
 #include "bench/advise/measure.h"
 
 #include <cblas.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +14,7 @@
 #include "common/codec/codec.h"
 #include "common/codec/codec_backend.h"
 #include "common/codec/host_codec_backend.h"
+#include "common/cpu_time.h"
 #include "common/grpc_limits.h"
 #include "common/grpc_security.h"
 #include "common/partitioner.h"
@@ -29,14 +29,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// User + system CPU of every thread of this process so far.
-double ProcessCpuSeconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  const auto seconds = [](const timeval& t) { return t.tv_sec + 1e-6 * t.tv_usec; };
-  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
 
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());

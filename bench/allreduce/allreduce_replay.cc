@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/cpu_time.h"
 
 namespace harrier::allreduce {
 namespace {
@@ -315,8 +317,16 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
   double timed_ms_sum = 0;
   double overlapped_sum = 0;
   double overrun_ms_sum = 0;
+  double cpu_start = 0;
+  double gradient_write_cpu = 0;
+  std::chrono::steady_clock::time_point timed_start;
   for (int step = 0; step < options.steps; ++step) {
-    if (step == options.warmup_steps) tcp_ok = ReadTcpBytes(&sent0, &received0);
+    const bool timed_step = step >= options.warmup_steps;
+    if (step == options.warmup_steps) {
+      tcp_ok = ReadTcpBytes(&sent0, &received0);
+      timed_start = std::chrono::steady_clock::now();
+      cpu_start = ProcessCpuSeconds();
+    }
     const absl::Time step_start = absl::Now();
     for (const LayerShape& layer : layers) {
       SleepUntil(absl::Now() + absl::Milliseconds(layer.forward_ms * scale));
@@ -330,10 +340,12 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
       // Writing the gradient is part of the layer's modelled time, not
       // added to it (unless it takes longer).
       const absl::Time layer_end = absl::Now() + absl::Milliseconds(layers[l].backward_ms * scale);
+      const double write_start = timed_step ? ThreadCpuSeconds() : 0;
       for (const TensorSlot* slot : slots_of_layer[l]) {
         CopyGradient(table, slot->model_offset, step_offset, slot->elements,
                      gradients.get() + slot->buffer_offset);
       }
+      if (timed_step) gradient_write_cpu += ThreadCpuSeconds() - write_start;
       SleepUntil(layer_end);
       backward_end = absl::Now();
       int now_ready = ready;
@@ -361,6 +373,15 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
     }
   }
   const int timed = options.steps - options.warmup_steps;
+  const auto nanos = [](std::chrono::steady_clock::time_point t) {
+    return static_cast<int64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+  };
+  result.timed_start_monotonic_ns = nanos(timed_start);
+  result.timed_end_monotonic_ns = nanos(std::chrono::steady_clock::now());
+  result.gradient_write_cpu_seconds_per_iter = gradient_write_cpu / timed;
+  result.cpu_seconds_per_iter =
+      std::max(0.0, ProcessCpuSeconds() - cpu_start - gradient_write_cpu) / timed;
   result.iter_ms = timed_ms_sum / timed;
   result.exposed_comm_ms = exposed_ms_sum / timed;
   result.overlapped_buckets = overlapped_sum / timed;

@@ -78,6 +78,15 @@ struct ReplayRunResult {
   // can read up to two segments (2 MiB) per run low.
   int64_t measured_bytes_sent_per_iter = -1;
   int64_t measured_bytes_received_per_iter = -1;
+  // CPU (user + system, every thread) per timed step spent on the
+  // all-reduce and the SGD step: the process's CPU less the time writing the
+  // synthetic gradients, which stands in for backward (a PS worker's replay
+  // makes its gradients before the run).
+  double cpu_seconds_per_iter = 0;
+  double gradient_write_cpu_seconds_per_iter = 0;
+  // The timed steps' span on the steady clock (CLOCK_MONOTONIC).
+  int64_t timed_start_monotonic_ns = 0;
+  int64_t timed_end_monotonic_ns = 0;
   bool checked = false;
   int64_t checked_elements = 0;
   int64_t mismatches = 0;

@@ -159,6 +159,11 @@ int main(int argc, char** argv) {
       {"measured_bytes_sent_per_iter", result->measured_bytes_sent_per_iter},
       {"measured_bytes_received_per_iter", result->measured_bytes_received_per_iter},
       {"checked_elements", result->checked_elements},
+      {"cpu_seconds_per_iter", harrier::RoundToSignificant(result->cpu_seconds_per_iter, 6)},
+      {"gradient_write_cpu_seconds_per_iter",
+       harrier::RoundToSignificant(result->gradient_write_cpu_seconds_per_iter, 6)},
+      {"timed_start_monotonic_ns", result->timed_start_monotonic_ns},
+      {"timed_end_monotonic_ns", result->timed_end_monotonic_ns},
   };
   std::printf("replay_summary %s\n", harrier::DumpJson(summary).c_str());
   std::fflush(stdout);

@@ -105,6 +105,24 @@ class EmulatedNetwork {
   absl::StatusOr<double> BestTcpGbps(int from, int to, int64_t bytes, int attempts,
                                      absl::Duration timeout = absl::Seconds(30)) const;
 
+  // One raw TCP stream as MeasureTcpGbps runs it, with the CPU its two
+  // threads spent (user + system, the kernel's send and receive paths
+  // included as far as they run in those threads' system calls).
+  struct TcpStream {
+    double gbps = 0;
+    int64_t bytes = 0;
+    double cpu_seconds = 0;  // sender + receiver
+    // CPU per GB that an endpoint sends or receives: cpu / (2 * bytes), the
+    // same measure the benches give their processes (sent + received).
+    double cpu_s_per_gb() const { return bytes > 0 ? cpu_seconds / (2e-9 * bytes) : 0; }
+  };
+  absl::StatusOr<TcpStream> MeasureTcpStream(int from, int to, int64_t bytes,
+                                             absl::Duration timeout = absl::Seconds(30)) const;
+  // `attempts` streams: the best rate, and the least CPU per GB (load only
+  // ever adds to it, as it only ever slows a stream).
+  absl::StatusOr<TcpStream> BestTcpStream(int from, int to, int64_t bytes, int attempts,
+                                          absl::Duration timeout = absl::Seconds(30)) const;
+
  private:
   explicit EmulatedNetwork(const EmulatedNetworkOptions& options) : options_(options) {}
   absl::Status Build();

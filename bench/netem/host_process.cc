@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cpu_time.h"
 
 namespace harrier::netem {
 
@@ -73,6 +74,11 @@ absl::StatusOr<std::unique_ptr<HostProcess>> HostProcess::Start(const std::strin
 }
 
 HostProcess::~HostProcess() { Stop(); }
+
+double HostProcess::CpuSeconds() const {
+  if (exit_code_.has_value() || pid_ <= 0) return -1;
+  return ProcessCpuSecondsOf(pid_);
+}
 
 std::optional<int> HostProcess::Poll() {
   if (exit_code_.has_value() || pid_ <= 0) return exit_code_;

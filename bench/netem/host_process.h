@@ -41,6 +41,9 @@ class HostProcess {
   void Stop(absl::Duration grace = absl::Seconds(2));
   // "<label> ended with exit N (why); its stderr: ..." once it ended.
   std::string Describe() const;
+  // User + system CPU of all its threads so far, in clock ticks (10 ms);
+  // -1 once it ended (or when it cannot be read).
+  double CpuSeconds() const;
 
   const std::string& label() const { return label_; }
   const std::string& stdout_path() const { return stdout_path_; }

@@ -127,6 +127,14 @@ struct ReplaySummary {
   // This worker's payload bytes pushed to each shard per step, in shard
   // order: how evenly the shards' links are loaded.
   std::vector<int64_t> bytes_pushed_per_shard_per_iter;
+  std::vector<int64_t> bytes_pulled_per_shard_per_iter;
+  // CPU (user + system, every thread) this process spent per timed step.
+  double cpu_seconds_per_iter = 0;
+  // The timed steps' span on the steady clock (CLOCK_MONOTONIC, the same in
+  // every process of the machine), so that a bench can take the shards' CPU
+  // over the same span.
+  int64_t timed_start_monotonic_ns = 0;
+  int64_t timed_end_monotonic_ns = 0;
 };
 
 // `replay_summary {...}`: one line, no newline, the JSON object's fields in

@@ -112,6 +112,18 @@ for r in 0 1 2; do
   else
     fail "rank $r: times: $line"
   fi
+  # CPU over the timed steps: some spent, no more than every core of this
+  # machine for the whole span, the gradient writes counted apart; the span
+  # on the steady clock is the timed steps' (2 of iter_ms each).
+  if awk -v c="$(field "$line" cpu_seconds_per_iter)" -v w="$(field "$line" gradient_write_cpu_seconds_per_iter)" \
+         -v i="$(field "$line" iter_ms)" -v s="$(field "$line" timed_start_monotonic_ns)" \
+         -v e="$(field "$line" timed_end_monotonic_ns)" -v n="$(nproc)" \
+         'BEGIN { span = (e - s) / 1e6; exit !(c > 0 && w > 0 && c + w <= n * i / 1e3 * 1.05 &&
+                  span >= 2 * i * 0.95 && span <= 2 * i * 1.05 + 5) }'; then
+    pass "rank $r: cpu_seconds_per_iter and the timed span on the steady clock"
+  else
+    fail "rank $r: cpu or span: $line"
+  fi
   iters+=("$(field "$line" steps)")
 done
 if [ "${#iters[@]}" = 3 ] && [ "${iters[0]}" = "${iters[1]}" ] && [ "${iters[1]}" = "${iters[2]}" ]; then

@@ -62,6 +62,21 @@ for l in lines:
     check(l["iter_ms"] >= 0.9 * at_set_rate,
           f"{t}: iteration {l['iter_ms']:.1f} ms not faster than the set rate allows ({at_set_rate:.1f} ms)")
     check(l["iter_ms"] < 20 * l["comm_ms"], f"{t}: iteration within 20x of the cost model")
+    # CPU per GB moved: measured for the workers, the shards and a raw TCP
+    # stream; the run's figure lies between the workers' and the shards'
+    # (it is their byte-weighted mean), and the run kept no more cores busy
+    # than this machine has.
+    cpu = [l.get(f, 0) for f in ("cpu_s_per_gb_workers", "cpu_s_per_gb_shards", "cpu_s_per_gb",
+                                  "tcp_cpu_s_per_gb")]
+    check(all(c > 0 for c in cpu), f"{t}: CPU per GB of workers, shards, run, TCP: {cpu}")
+    if all(c > 0 for c in cpu):
+        check(min(cpu[0], cpu[1]) * 0.999 <= cpu[2] <= max(cpu[0], cpu[1]) * 1.001,
+              f"{t}: the run's CPU per GB between its workers' and its shards'")
+        check(abs(l["cpu_over_tcp"] - cpu[2] / cpu[3]) <= 0.01 * l["cpu_over_tcp"],
+              f"{t}: cpu_over_tcp = cpu_s_per_gb / tcp_cpu_s_per_gb")
+    import os
+    check(0 < l.get("cores_busy", 0) <= os.cpu_count() * 1.1,
+          f"{t}: cores_busy {l.get('cores_busy')} within this machine's {os.cpu_count()}")
     sps = 2 * l["batch"] / (l["iter_ms"] / 1e3)
     check(abs(l["samples_per_s"] - sps) <= 0.01 * sps, f"{t}: samples_per_s = workers * batch / iter")
 print(f"{len(failed)} failed")
