@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -24,6 +25,10 @@ void TuneMallocForLargeBuffers() {
   // buffers in again each time. One arena keeps them; on a few cores the
   // extra lock contention costs less.
   mallopt(M_ARENA_MAX, 1);
+}
+
+void SkipMutexDeadlockDetection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {

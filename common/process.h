@@ -13,6 +13,13 @@ namespace harrier {
 // Call once at process start, before threads exist.
 void TuneMallocForLargeBuffers();
 
+// Turns off absl::Mutex's lock-order (deadlock) detection, which Debian's
+// Abseil (built without NDEBUG) runs on every lock: a few per cent of a
+// shard's or worker's CPU on the data path. For the binaries; the tests
+// keep the detection on, so a lock-order cycle still fails them. Call once
+// at process start, before threads exist.
+void SkipMutexDeadlockDetection();
+
 // Writes `contents` to `path` atomically (temporary file, then rename), so a
 // reader polling for the file never sees it half-written.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);

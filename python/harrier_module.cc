@@ -35,6 +35,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_security.h"
+#include "common/process.h"
 #include "worker/client.h"
 #include "worker/comm_scheduler.h"
 
@@ -783,6 +784,7 @@ std::unique_ptr<PyScheduler> CreateScheduler(const std::shared_ptr<PyClient>& cl
 PYBIND11_MODULE(_harrier, m) {
   using namespace harrier;
   m.doc() = "Harrier's C++ client; import the harrier package instead.";
+  SkipMutexDeadlockDetection();
 
   m.attr("built_with_cuda") = kBuiltWithCuda;
 #if HARRIER_WITH_CUDA

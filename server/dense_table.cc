@@ -705,7 +705,7 @@ void DenseTable::Retire(PullWakeups& wakeups) {
     slot.retired = true;
     if (slot.spare) *env_.spare_bytes -= slot.spare->bytes();
     slot.spare.reset();
-    slot.spare_sum = std::vector<float>();
+    slot.spare_sum = SumBuffer();
   });
 }
 

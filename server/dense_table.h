@@ -85,7 +85,7 @@ class DenseTable : public Table {
     // Exclusively the slot's (never handed out) when set.
     std::shared_ptr<ParamBuffer> spare ABSL_GUARDED_BY(mutex);
     // What a BSP round's next sum is written into before the swap.
-    std::vector<float> spare_sum ABSL_GUARDED_BY(mutex);
+    SumBuffer spare_sum ABSL_GUARDED_BY(mutex);
     OptimizerState optimizer_state ABSL_GUARDED_BY(mutex);
     // The rounds pending here hold their sums (RoundSum).
     ClockBook book ABSL_GUARDED_BY(mutex);

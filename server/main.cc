@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
       "One shard of the Harrier parameter server.\n"
       "Usage: harrier-server --shard=I --num_shards=N --num_workers=M [--port=P] [flags]");
   harrier::TuneMallocForLargeBuffers();
+  harrier::SkipMutexDeadlockDetection();
   harrier::InitLogging(absl::StrCat("server-", absl::GetFlag(FLAGS_shard)));
 
   // Signals are taken synchronously by this thread; block them before gRPC

@@ -188,6 +188,7 @@ int main(int argc, char** argv) {
                       "HARRIER_UCX_DEVICE_MEMORY=auto|off|on whether device tensors go over UCX "
                       "from device memory (auto: when UCX reports CUDA memory support).");
   harrier::TuneMallocForLargeBuffers();
+  harrier::SkipMutexDeadlockDetection();
   // Library logs go to stderr: stdout carries only the test_accuracy= line.
   harrier::InitLogging("worker");
   openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));

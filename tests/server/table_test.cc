@@ -257,7 +257,7 @@ TEST_CASE("tables: a round's sum lives with its round, shared by copies of the b
   REQUIRE(staged.PendingSum(0) == nullptr);
   REQUIRE(book.PendingSum(0) != nullptr);  // the real book moves on only when committed
   second.completed[0].sum->Finish(2, 2);
-  REQUIRE(first.held_sum->sum == std::vector<float>{1, 3});
+  REQUIRE(first.held_sum->sum == SumBuffer{1, 3});
 }
 
 }  // namespace
