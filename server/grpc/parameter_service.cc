@@ -161,7 +161,8 @@ class PushReader : public Base {
     // holds the payload once (twice only while this one message is copied),
     // which is what the budget charged, never the message and the copy
     // together.
-    chunk.aligned = std::make_unique<float[]>((payload.size() + sizeof(float) - 1) / sizeof(float));
+    // Not zeroed first (make_unique<float[]> would): every byte is written.
+    chunk.aligned.reset(new float[(payload.size() + sizeof(float) - 1) / sizeof(float)]);
     char* dest = reinterpret_cast<char*>(chunk.aligned.get());
     for (absl::string_view piece : payload.pieces()) {
       std::memcpy(dest, piece.data(), piece.size());
