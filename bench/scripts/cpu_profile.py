@@ -28,8 +28,10 @@ RULES = [
                r"__skb_datagram_iter"),
     ("zeroing, allocation", r"memset|malloc|_int_free|cfree|sysmalloc|clear_page|handle_mm_fault|"
                             r"do_anonymous_page|unlink_chunk"),
+    # libc's syscall() is how absl and gRPC call futex: a sample there is
+    # the system call's entry and return.
     ("wake-ups", r"^schedule|__schedule|futex|try_to_wake_up|epoll_wait|ep_poll|"
-                 r"finish_task_switch|nanosleep|hrtimer|Waiter::Wait|CondVar"),
+                 r"finish_task_switch|nanosleep|hrtimer|Waiter::|CondVar|\bsyscall \("),
     ("locks", r"Mutex::|GraphCycles|spin_lock"),
     ("kernel TCP/IP", r"tcp_|ip_|net_rx_action|handle_softirqs|veth|sock_|skb|__netif|dev_|tbf|"
                       r"sch_|inet_|__sys_sendmsg|__sys_recvmsg|recvfrom|sendto"),
