@@ -5,6 +5,9 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <cstdint>
+
 namespace harrier {
 
 // User + system CPU of every thread of this process so far (getrusage).
@@ -17,6 +20,13 @@ double ThreadCpuSeconds();
 // /proc/PID/stat in clock ticks (10 ms), so meaningful over a whole run, not
 // per call; -1 if it cannot be read (the process is gone).
 double ProcessCpuSecondsOf(pid_t pid);
+
+// A steady-clock instant as nanoseconds since the clock's epoch
+// (CLOCK_MONOTONIC: the same in every process of the machine).
+inline int64_t SteadyNanos(std::chrono::steady_clock::time_point t) {
+  return static_cast<int64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+}
 
 }  // namespace harrier
 

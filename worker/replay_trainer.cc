@@ -241,12 +241,8 @@ absl::StatusOr<workload::ReplaySummary> RunReplay(Client& client, const ReplayMo
   summary.cpu_seconds_per_iter =
       (measured->end.cpu_seconds - measured->timed_start.cpu_seconds) /
       static_cast<double>(options.steps);
-  const auto nanos = [](std::chrono::steady_clock::time_point t) {
-    return static_cast<int64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
-  };
-  summary.timed_start_monotonic_ns = nanos(measured->timed_start.steady);
-  summary.timed_end_monotonic_ns = nanos(measured->end.steady);
+  summary.timed_start_monotonic_ns = SteadyNanos(measured->timed_start.steady);
+  summary.timed_end_monotonic_ns = SteadyNanos(measured->end.steady);
   summary.compute_ms = spec.compute_ms() * options.compute_scale;
   summary.bytes_pushed_per_iter =
       static_cast<int64_t>(measured->at_end.pushed - measured->after_setup.pushed) / total;

@@ -373,12 +373,8 @@ absl::StatusOr<ReplayRunResult> RunAllreduceReplay(const std::vector<LayerShape>
     }
   }
   const int timed = options.steps - options.warmup_steps;
-  const auto nanos = [](std::chrono::steady_clock::time_point t) {
-    return static_cast<int64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
-  };
-  result.timed_start_monotonic_ns = nanos(timed_start);
-  result.timed_end_monotonic_ns = nanos(std::chrono::steady_clock::now());
+  result.timed_start_monotonic_ns = SteadyNanos(timed_start);
+  result.timed_end_monotonic_ns = SteadyNanos(std::chrono::steady_clock::now());
   result.gradient_write_cpu_seconds_per_iter = gradient_write_cpu / timed;
   result.cpu_seconds_per_iter =
       std::max(0.0, ProcessCpuSeconds() - cpu_start - gradient_write_cpu) / timed;
