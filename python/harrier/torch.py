@@ -79,6 +79,12 @@ def _bad(message):
     return _harrier.InvalidArgumentError(message, "INVALID_ARGUMENT", 3)
 
 
+def _same_memory(a, b):
+    """Whether tensors a and b are the same elements of the same memory."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
+
+
 def _numpy_view(tensor):
     """The float32 CPU tensor's memory as numpy (no copy)."""
     return tensor.detach().numpy()
@@ -899,14 +905,23 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             _job.optimizers.add(self)
 
         if update == "average":
-            self._make_buckets(int(fusion_bytes))  # the buckets are its copies
+            self._make_buckets(int(fusion_bytes))  # the gradients live in the buckets
             self._install_gradient_hooks()
             return
 
-        # Own copies of each gradient as pushed: the hook's p.grad may be
-        # zeroed or accumulated into before the push has left.
-        self._grads = [_np.zeros(p.shape, dtype=_np.float32) for p in self._params]
-        self._pulled = [_np.zeros(p.shape, dtype=_np.float32) for p in self._params]
+        # Without the scheduler, a gradient is pushed from p.grad itself
+        # (step() waits for the push before zero_grad can touch it) and the
+        # parameters are pulled straight into the model: its hook runs once
+        # autograd is done with the parameter for this backward pass. The
+        # scheduler keeps pushes and pulls in flight across step(), when
+        # zero_grad and the next forward may touch p.grad and p, so it gets
+        # arrays of its own; update='worker' pushes a difference it computes.
+        staged = techniques is not None or update == "worker"
+        self._grads = [_np.zeros(p.shape, dtype=_np.float32) if staged else None
+                       for p in self._params]
+        self._pulled = [_np.zeros(p.shape, dtype=_np.float32) if techniques is not None
+                        else None for p in self._params]
+        self._pushed_grads = [None] * len(self._params)  # kept alive while pushed
 
         # Every worker starts from rank 0's values: rank 0 registers first
         # (the first registration wins), the others after a barrier.
@@ -949,7 +964,15 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         per-element state of their own choosing get one parameter per
         bucket. Each bucket is an average tensor on the shards with a
         clock of its own; its buffers are where the parameters are (CUDA
-        ones stay on the device)."""
+        ones stay on the device).
+
+        A bucket of float32 parameters has two buffers that trade places
+        each step, as DDP's gradient_as_bucket_view keeps gradients in its
+        buckets: the averaged gradients are handed back as views of the one
+        pulled into (param.grad points there, no copy), and the next
+        backward accumulates into those views, which are then the next
+        push. Only a gradient autograd allocated afresh (after
+        zero_grad(set_to_none=True)) is copied in."""
         codec = self._compression.split(":")[0]
         fuse = fusion_bytes >= 0 and codec in ("none", "fp16", "bf16")
         limit = fusion_bytes or (4 << 20)
@@ -969,6 +992,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         self._bucket_of = [0] * len(self._params)
         self._offset = [0] * len(self._params)
         self._bucket_grads, self._bucket_pulled, self._bucket_names = [], [], []
+        self._bucket_in_place = []
         for k, members in enumerate(buckets):
             offset = 0
             for i in members:
@@ -984,6 +1008,8 @@ class DistributedOptimizer(_torch.optim.Optimizer):
                 name, shape = (f"harrier.gradient/{self._names[members[0]]}+{len(members) - 1}",
                                (offset,))
             self._bucket_names.append(name)
+            self._bucket_in_place.append(
+                all(self._params[i].dtype == _torch.float32 for i in members))
             self._client.register(name, shape, kind="average", codec=self._compression,
                                   memory="device" if device.type == "cuda" else "host")
         self._bucket_filled = [0] * len(buckets)
@@ -1095,7 +1121,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             with _torch.no_grad():
                 if param.grad is None:
                     staged.zero_()  # unused this step: the round still needs a push
-                else:
+                elif not _same_memory(param.grad, staged):
                     staged.copy_(param.grad)
                 if self._predivide != 1.0:
                     staged.div_(self._predivide)
@@ -1106,16 +1132,29 @@ class DistributedOptimizer(_torch.optim.Optimizer):
                 self._handles[k] = self._client.push_pull_async(
                     self._bucket_names[k], self._bucket_grads[k], self._bucket_pulled[k])
             return
-        if param.grad is None:
-            self._grads[i].fill(0.0)  # unused this step: the round still needs a push
-        else:
-            self._grads[i][...] = _numpy_view(param.grad.to(_torch.float32))
-        self._handed[i] = True
         if self._scheduler is not None:
+            if param.grad is None:
+                self._grads[i].fill(0.0)  # unused this step: the round still needs a push
+            else:
+                self._grads[i][...] = _numpy_view(param.grad.to(_torch.float32))
+            self._handed[i] = True
             self._scheduler.gradient_ready(i, self._grads[i])
+            return
+        grad = param.grad
+        if grad is None or grad.dtype != _torch.float32 or not grad.is_contiguous():
+            if self._grads[i] is None:
+                self._grads[i] = _np.zeros(param.shape, dtype=_np.float32)
+            if grad is None:
+                self._grads[i].fill(0.0)  # unused this step: the round still needs a push
+            else:
+                self._grads[i][...] = _numpy_view(grad.to(_torch.float32))
+            gradient = self._grads[i]
         else:
-            self._handles[i] = self._client.push_pull_async(self._names[i], self._grads[i],
-                                                            self._pulled[i])
+            self._pushed_grads[i] = grad
+            gradient = _numpy_view(grad)
+        self._handed[i] = True
+        self._handles[i] = self._client.push_pull_async(self._names[i], gradient,
+                                                        _numpy_view(param))
 
     # -- the optimizer API ------------------------------------------------
     def step(self, closure=None):
@@ -1151,11 +1190,9 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             if not self._forward_hooked:
                 self.synchronize()
         else:
-            self._wait_all()
+            self._wait_all()  # the pulls wrote into the parameters
+            self._pushed_grads = [None] * len(self._params)
             self._client.clock()
-            with _torch.no_grad():
-                for param, pulled in zip(self._params, self._pulled):
-                    _numpy_view(param)[...] = pulled
             self._steps += 1
         self._handed = [False] * len(self._params)
         self._passes = [0] * len(self._params)
@@ -1176,15 +1213,14 @@ class DistributedOptimizer(_torch.optim.Optimizer):
 
     def _average_models(self):
         for i, param in enumerate(self._params):
-            self._grads[i][...] = self._round_start[i] - _numpy_view(param)
+            _np.subtract(self._round_start[i], _numpy_view(param), out=self._grads[i])
+            # Nothing reads the model until the averaged one is in.
             self._handles[i] = self._client.push_pull_async(self._names[i], self._grads[i],
-                                                            self._pulled[i])
+                                                            _numpy_view(param))
         self._wait_all()
         self._client.clock()
-        with _torch.no_grad():
-            for i, param in enumerate(self._params):
-                _numpy_view(param)[...] = self._pulled[i]
-                self._round_start[i][...] = self._pulled[i]
+        for i, param in enumerate(self._params):
+            self._round_start[i][...] = _numpy_view(param)
 
     def synchronize(self):
         """update='average': waits for this step's averaged gradients and
@@ -1210,12 +1246,21 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             with _torch.no_grad():
                 for i, param in enumerate(self._params):
                     averaged = self._bucket_view(self._bucket_pulled, i)
+                    if self._bucket_in_place[self._bucket_of[i]]:
+                        if scale != 1.0:
+                            averaged.mul_(scale)
+                        param.grad = averaged
+                        continue
                     if scale != 1.0:
                         averaged = averaged * scale
                     if param.grad is None:
-                        param.grad = averaged.clone()
+                        param.grad = averaged.to(param.dtype, copy=True)
                     else:
                         param.grad.copy_(averaged)
+            for k, in_place in enumerate(self._bucket_in_place):
+                if in_place:  # the gradients handed back are the next push
+                    self._bucket_grads[k], self._bucket_pulled[k] = (
+                        self._bucket_pulled[k], self._bucket_grads[k])
             self._handed = [False] * len(self._params)
             self._passes = [0] * len(self._params)
             self._bucket_filled = [0] * len(self._buckets)

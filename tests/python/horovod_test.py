@@ -64,10 +64,10 @@ def run_workers(cluster, scenario, workers=2, timeout=180, **flags):
 
 
 class HorovodScriptTest(unittest.TestCase):
-    def test_user_momentum_optimizer_and_schedule_as_written(self):
+    def check_momentum(self, **flags):
         steps, batch, lr = 6, 32, 0.1
         with Cluster(shards=2, workers=2) as cluster:
-            results = run_workers(cluster, "momentum", steps=steps, batch=batch, lr=lr)
+            results = run_workers(cluster, "momentum", steps=steps, batch=batch, lr=lr, **flags)
         # One process: rank 0's initial model, the whole batch, the same
         # optimizer and schedule.
         _, inputs, labels = torch_worker.model_and_data(0, steps, batch)
@@ -91,6 +91,18 @@ class HorovodScriptTest(unittest.TestCase):
                                        err_msg=f"rank {rank}")
             # It trained: far from where it started.
             self.assertGreater(np.abs(result["params"] - start).max(), 1e-2)
+            # The averaged gradients were handed back in the buckets, not
+            # copied out of them.
+            self.assertTrue(bool(result["grads_in_buckets"]), f"rank {rank}")
+
+    def test_user_momentum_optimizer_and_schedule_as_written(self):
+        self.check_momentum()
+
+    def test_gradients_accumulated_in_the_buckets_or_allocated_afresh(self):
+        # Two backward passes a step accumulate into the buckets' views; on
+        # every other step zero_grad(set_to_none=True) makes autograd
+        # allocate the gradients anew, and they are copied in.
+        self.check_momentum(passes=2, zero_grad="alternate")
 
     def check_metrics(self, sync, server_args=()):
         lr = 0.05

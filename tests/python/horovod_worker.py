@@ -28,18 +28,29 @@ def momentum(args):
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         backward_passes_per_step=args.passes)
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     part = args.batch // hvd.size()
-    mine = slice(hvd.rank() * part, (hvd.rank() + 1) * part)
+    micro = part // args.passes
     for step in range(args.steps):
-        optimizer.zero_grad()
-        F.cross_entropy(model(inputs[step][mine]), labels[step][mine]).backward()
+        # --zero_grad=alternate: gradients set to None (autograd allocates
+        # them afresh) on even steps, zeroed where they are on odd ones.
+        optimizer.zero_grad(set_to_none=args.zero_grad == "alternate" and step % 2 == 0)
+        for p in range(args.passes):
+            mine = slice(hvd.rank() * part + p * micro, hvd.rank() * part + (p + 1) * micro)
+            loss = F.cross_entropy(model(inputs[step][mine]), labels[step][mine])
+            (loss / args.passes).backward()
         optimizer.step()
         schedule.step()
     params = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+    # Where the averaged gradients were handed back: in the buckets' memory.
+    buckets = [(b.data_ptr(), b.data_ptr() + 4 * b.numel())
+               for b in optimizer._bucket_grads + optimizer._bucket_pulled]
+    in_buckets = all(any(lo <= p.grad.data_ptr() < hi for lo, hi in buckets)
+                     for p in model.parameters())
     np.savez(args.out, params=params, lr=optimizer.param_groups[0]["lr"],
-             update=optimizer.update)
+             update=optimizer.update, grads_in_buckets=in_buckets)
 
 
 def metric(args):
@@ -159,6 +170,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--rpc_timeout", type=float, default=60.0)
     parser.add_argument("--codec", default="none")
+    parser.add_argument("--passes", type=int, default=1)
+    parser.add_argument("--zero_grad", default="in_place", choices=("in_place", "alternate"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init(rpc_timeout=args.rpc_timeout)

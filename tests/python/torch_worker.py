@@ -63,6 +63,9 @@ def main():
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+    # Arrays of the optimizer's own beside the model (pushes from p.grad and
+    # pulls into p need none without the scheduler).
+    staged = sum(a is not None for a in optimizer._grads + optimizer._pulled)
     optimizer.finish()
     client.barrier("done")
     optimizer.refresh()
@@ -71,7 +74,7 @@ def main():
     params = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
     np.savez(args.out, losses=np.array(losses), params=params,
              broadcast=broadcast if broadcast is not None else np.zeros(0),
-             bytes_pushed=stats["bytes_pushed"])
+             bytes_pushed=stats["bytes_pushed"], staged=staged)
 
 
 if __name__ == "__main__":
