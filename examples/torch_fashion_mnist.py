@@ -305,7 +305,8 @@ def main(argv):
                 accuracy = evaluate(model, test_x, test_y)
                 eval_seconds += time.perf_counter() - eval_start
                 log(f"{tag}eval step={step} test_accuracy={accuracy:.4f} "
-                    f"elapsed={time.perf_counter() - start:.1f}")
+                    f"elapsed={time.perf_counter() - start:.1f} train_seconds="
+                    f"{time.perf_counter() - train_start - eval_seconds:.2f}")
     if worker:
         opt.finish()
         client.barrier("done")
@@ -317,7 +318,7 @@ def main(argv):
         accuracy = evaluate(model, test_x, test_y)
         if args.eval_every:
             log(f"{tag}eval step={step} test_accuracy={accuracy:.4f} "
-                f"elapsed={time.perf_counter() - start:.1f}")
+                f"elapsed={time.perf_counter() - start:.1f} train_seconds={train_seconds:.2f}")
         lines.append(f"test_accuracy={accuracy:.4f}")
     lines += [f"wall_seconds={time.perf_counter() - start:.1f}",
               f"train_seconds={train_seconds:.1f}",

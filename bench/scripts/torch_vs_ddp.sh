@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# The example CNN (examples/torch_fashion_mnist.py) trained through
+# harrier.torch against the same model, data order, global batch and
+# optimizer under PyTorch DistributedDataParallel over gloo
+# (bench/scripts/ddp_torch_cnn.py: no hook, the fp16 hook, PowerSGD rank 2),
+# every worker and shard a host of its own on emulated per-host links
+# (bench/netem/netem.sh), at each link rate. Needs root.
+#
+# One JSON line per (link rate, configuration): ms_per_step (training
+# steps, evaluations excluded), test_accuracy at the end, the training
+# seconds to the first evaluation at or above 0.85 and 0.90 (null if never),
+# and the bytes per step each way of a worker's link (its veth counters,
+# the mean over workers; Harrier also reports what its client pushed and
+# pulled). Then per link rate a summary line: the best of each system by
+# ms per step and by time to the last of --targets, and Harrier's ratios to DDP's.
+#
+#   bench/scripts/torch_vs_ddp.sh [--links_gbps=0.1,1,0] [--workers=4]
+#       [--harrier=none@2,efsign@2,fp16@2@fp16] [--ddp=none,fp16,powersgd]
+#       [--epochs=6] [--limit_steps=0] [--eval_every=50] [--targets=0.85,0.90]
+#       [--out=FILE]
+#
+# --harrier: CODEC@SHARDS[@PULL_CODEC] per configuration (the example's
+# --codec and --pull_codec; the shards run the example's optimizer).
+# --links_gbps: 0 is unshaped veth links. --limit_steps cuts each run
+# (ms per step only, then). In Debian's torch, gloo inside a namespace needs
+# GLOO_SOCKET_IFNAME=eth0 (set here). HARRIER_BIN=DIR (holding
+# server/harrier-server and python/pkg) uses those builds instead of
+# building with bazel -c opt.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+
+if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
+  shift
+  system=$1 config=$2 workers=$3 dir=$4
+  shift 4
+  example=("$@")
+  ifbytes() { ip netns exec "$1" cat "/sys/class/net/eth0/statistics/$2_bytes"; }
+  for ((r = 0; r < workers; r++)); do
+    ns_var="NETEM_NS_$r"
+    echo "$(ifbytes "${!ns_var}" tx) $(ifbytes "${!ns_var}" rx)" >"$dir/before$r"
+  done
+  pids=()
+  if [ "$system" = harrier ]; then
+    IFS=@ read -r codec shards pull_codec <<<"$config"
+    servers=""
+    server_args=$(/usr/bin/python3 examples/torch_fashion_mnist.py --print_server_args "${example[@]}")
+    for ((i = 0; i < shards; i++)); do
+      ns_var="NETEM_NS_$((workers + i))" addr_var="NETEM_ADDR_$((workers + i))"
+      # shellcheck disable=SC2086
+      ip netns exec "${!ns_var}" "$HARRIER_BIN/server/harrier-server" --shard=$i \
+        --num_shards="$shards" --num_workers="$workers" --port=7000 --host=0.0.0.0 \
+        --sync=bsp $server_args >"$dir/shard$i.log" 2>&1 &
+      pids+=($!)
+      servers+="${servers:+,}${!addr_var}:7000"
+    done
+    for ((i = 0; i < shards; i++)); do
+      ns_var="NETEM_NS_$((workers + i))"
+      for ((t = 0; t < 200; t++)); do
+        ip netns exec "${!ns_var}" bash -c 'exec 3<>/dev/tcp/127.0.0.1/7000' 2>/dev/null && break
+        sleep 0.1
+      done
+    done
+    for ((r = 0; r < workers; r++)); do
+      ns_var="NETEM_NS_$r"
+      ip netns exec "${!ns_var}" /usr/bin/python3 examples/torch_fashion_mnist.py --mode=worker \
+        --servers="$servers" --rank=$r --num_workers="$workers" --codec="$codec" \
+        --pull_codec="${pull_codec:-none}" "${example[@]}" >"$dir/out$r" 2>"$dir/err$r" &
+      pids+=($!)
+    done
+  else
+    port=$((20000 + RANDOM % 10000))
+    for ((r = 0; r < workers; r++)); do
+      ns_var="NETEM_NS_$r"
+      ip netns exec "${!ns_var}" env MASTER_ADDR="$NETEM_ADDR_0" MASTER_PORT=$port RANK=$r \
+        WORLD_SIZE="$workers" GLOO_SOCKET_IFNAME=eth0 /usr/bin/python3 \
+        bench/scripts/ddp_torch_cnn.py --hook="$config" "${example[@]}" \
+        >"$dir/out$r" 2>"$dir/err$r" &
+      pids+=($!)
+    done
+  fi
+  status=0
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  for ((r = 0; r < workers; r++)); do
+    ns_var="NETEM_NS_$r"
+    echo "$(ifbytes "${!ns_var}" tx) $(ifbytes "${!ns_var}" rx)" >"$dir/after$r"
+  done
+  exit $status
+fi
+
+links=0.1,1,0
+workers=4
+harrier=none@2,efsign@2,fp16@2@fp16
+ddp=none,fp16,powersgd
+epochs=6
+limit=0
+eval_every=50
+out=/dev/null
+targets=0.85,0.90
+for arg in "$@"; do
+  case "$arg" in
+    --links_gbps=*) links=${arg#*=} ;;
+    --workers=*) workers=${arg#*=} ;;
+    --harrier=*) harrier=${arg#*=} ;;
+    --ddp=*) ddp=${arg#*=} ;;
+    --epochs=*) epochs=${arg#*=} ;;
+    --limit_steps=*) limit=${arg#*=} ;;
+    --eval_every=*) eval_every=${arg#*=} ;;
+    --out=*) out=${arg#*=} ;;
+    --targets=*) targets=${arg#*=} ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "torch_vs_ddp: unknown option $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || { echo "torch_vs_ddp: needs root (network namespaces)" >&2; exit 1; }
+if [ -z "${HARRIER_BIN:-}" ]; then
+  bazel build -c opt //server:harrier-server //python:package >&2
+  HARRIER_BIN=$(bazel info -c opt bazel-bin 2>/dev/null)
+fi
+export HARRIER_BIN PYTHONPATH="$HARRIER_BIN/python/pkg"
+example=(--epochs="$epochs" --limit_steps="$limit" --eval_every="$eval_every" --log_every=100000)
+
+field() { sed -n "s/^$1=//p" "$2" | head -n 1; }
+# Training seconds at the first evaluation at or above $1 (null if none).
+reached() {
+  awk -v t="$1" '/eval step=/ { a = ""; s = "";
+      for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "test_accuracy") a = kv[2];
+                                  if (kv[1] == "train_seconds") s = kv[2] }
+      if (a != "" && s != "" && a + 0 >= t + 0) { print s; found = 1; exit } }
+    END { if (!found) print "null" }' "$2"
+}
+
+IFS=, read -ra rates <<<"$links"
+IFS=, read -ra harrier_configs <<<"$harrier"
+IFS=, read -ra ddp_hooks <<<"$ddp"
+IFS=, read -ra target_list <<<"$targets"
+for rate in "${rates[@]}"; do
+  summary=$(mktemp)
+  runs=()
+  for c in "${harrier_configs[@]}"; do runs+=("harrier $c"); done
+  for h in "${ddp_hooks[@]}"; do runs+=("ddp $h"); done
+  for run in "${runs[@]}"; do
+    read -r system config <<<"$run"
+    hosts=$workers
+    if [ "$system" = harrier ]; then
+      IFS=@ read -r _ shards _ <<<"$config"
+      hosts=$((workers + shards))
+    fi
+    dir=$(mktemp -d)
+    echo "torch_vs_ddp: $system $config at ${rate} Gbit/s ..." >&2
+    if ! bench/netem/netem.sh run --hosts="$hosts" --rate_gbps="$rate" -- \
+        "$root/bench/scripts/torch_vs_ddp.sh" __run "$system" "$config" "$workers" "$dir" \
+        "${example[@]}"; then
+      echo "torch_vs_ddp: $system $config at $rate Gbit/s failed; rank 0's stderr:" >&2
+      tail -n 20 "$dir/err0" >&2 || true
+      rm -rf "$dir"
+      continue
+    fi
+    steps=$(field steps "$dir/out0")
+    up=0 down=0
+    for ((r = 0; r < workers; r++)); do
+      read -r tx0 rx0 <"$dir/before$r"
+      read -r tx1 rx1 <"$dir/after$r"
+      up=$((up + tx1 - tx0)) down=$((down + rx1 - rx0))
+    done
+    extra=""
+    if [ "$system" = harrier ]; then
+      IFS=@ read -r codec shards pull_codec <<<"$config"
+      extra=$(printf ',"codec":"%s","pull_codec":"%s","shards":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
+        "$codec" "${pull_codec:-none}" "$shards" \
+        "$(awk -v b="$(field bytes_pushed "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')" \
+        "$(awk -v b="$(field bytes_pulled "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')")
+    else
+      extra=$(printf ',"hook":"%s"' "$config")
+    fi
+    to=""
+    for t in "${target_list[@]}"; do to+=$(printf ',"seconds_to_%s":%s' "$t" "$(reached "$t" "$dir/err0")"); done
+    line=$(printf '{"bench":"torch_vs_ddp","system":"%s","config":"%s","links_gbps":%s,"workers":%d,"steps":%d,"ms_per_step":%s,"test_accuracy":%s%s,"up_bytes_per_step":%.0f,"down_bytes_per_step":%.0f%s}' \
+      "$system" "$config" "$rate" "$workers" "$steps" "$(field ms_per_step "$dir/out0")" \
+      "$(field test_accuracy "$dir/out0")" "$to" \
+      "$(awk -v b=$up -v s="$steps" -v w="$workers" 'BEGIN { print b / s / w }')" \
+      "$(awk -v b=$down -v s="$steps" -v w="$workers" 'BEGIN { print b / s / w }')" "$extra")
+    echo "$line" | tee -a "$out"
+    echo "$line" >>"$summary"
+    rm -rf "$dir"
+  done
+  /usr/bin/python3 - "$summary" "$rate" "${target_list[-1]}" <<'EOF' | tee -a "$out"
+import json, sys
+runs = [json.loads(line) for line in open(sys.argv[1])]
+def best(system, key):
+    have = [r for r in runs if r["system"] == system and r[key] is not None]
+    return min(have, key=lambda r: r[key]) if have else None
+out = {"bench": "torch_vs_ddp", "summary": True, "links_gbps": float(sys.argv[2])}
+last = "seconds_to_" + sys.argv[3]
+for key, name in (("ms_per_step", "ms_per_step"), (last, last)):
+    h, d = best("harrier", key), best("ddp", key)
+    out[f"harrier_best_{name}"] = h and {"config": h["config"], name: h[key]}
+    out[f"ddp_best_{name}"] = d and {"config": d["config"], name: d[key]}
+    out[f"harrier_over_ddp_{name}"] = round(h[key] / d[key], 3) if h and d else None
+print(json.dumps(out))
+EOF
+  rm -f "$summary"
+done
