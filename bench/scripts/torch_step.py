@@ -12,6 +12,7 @@ or server (the shards' optimizer: start them with matching
 
 import argparse
 import json
+import resource
 import time
 
 import torch
@@ -57,7 +58,9 @@ def main():
                           "parameter_mib": round(4 * parameters / (1 << 20), 1),
                           "steps": args.steps,
                           "median_ms_per_step": round(1000 * times[len(times) // 2], 1),
-                          "min_ms_per_step": round(1000 * times[0], 1)}), flush=True)
+                          "min_ms_per_step": round(1000 * times[0], 1),
+                          "max_rss_mib": round(resource.getrusage(
+                              resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}), flush=True)
     hvd.shutdown()
 
 
