@@ -15,12 +15,14 @@
 # ms per step and by time to the last of --targets, and Harrier's ratios to DDP's.
 #
 #   bench/scripts/torch_vs_ddp.sh [--links_gbps=0.1,1,0] [--workers=4]
-#       [--harrier=none@2,efsign@2,fp16@2@fp16] [--ddp=none,fp16,powersgd]
+#       [--harrier=none@2,none@4,fp16@4@fp16] [--ddp=none,fp16,powersgd]
 #       [--epochs=6] [--limit_steps=0] [--eval_every=50] [--targets=0.85,0.90]
 #       [--out=FILE]
 #
-# --harrier: CODEC@SHARDS[@PULL_CODEC] per configuration (the example's
-# --codec and --pull_codec; the shards run the example's optimizer).
+# --harrier: CODEC@SHARDS[@PULL_CODEC[@TECHNIQUES]] per configuration (the
+# example's --codec, --pull_codec and --techniques: none pushes each
+# gradient from its hook, all runs the comm scheduler; the shards run the
+# example's optimizer).
 # --links_gbps: 0 is unshaped veth links. --limit_steps cuts each run
 # (ms per step only, then). In Debian's torch, gloo inside a namespace needs
 # GLOO_SOCKET_IFNAME=eth0 (set here). HARRIER_BIN=DIR (holding
@@ -42,7 +44,7 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
   done
   pids=()
   if [ "$system" = harrier ]; then
-    IFS=@ read -r codec shards pull_codec <<<"$config"
+    IFS=@ read -r codec shards pull_codec techniques <<<"$config"
     servers=""
     server_args=$(/usr/bin/python3 examples/torch_fashion_mnist.py --print_server_args "${example[@]}")
     for ((i = 0; i < shards; i++)); do
@@ -65,7 +67,8 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       ns_var="NETEM_NS_$r"
       ip netns exec "${!ns_var}" /usr/bin/python3 examples/torch_fashion_mnist.py --mode=worker \
         --servers="$servers" --rank=$r --num_workers="$workers" --codec="$codec" \
-        --pull_codec="${pull_codec:-none}" "${example[@]}" >"$dir/out$r" 2>"$dir/err$r" &
+        --pull_codec="${pull_codec:-none}" --techniques="${techniques:-none}" "${example[@]}" \
+        >"$dir/out$r" 2>"$dir/err$r" &
       pids+=($!)
     done
   else
@@ -90,7 +93,7 @@ fi
 
 links=0.1,1,0
 workers=4
-harrier=none@2,efsign@2,fp16@2@fp16
+harrier=none@2,none@4,fp16@4@fp16
 ddp=none,fp16,powersgd
 epochs=6
 limit=0
@@ -165,9 +168,9 @@ for rate in "${rates[@]}"; do
     done
     extra=""
     if [ "$system" = harrier ]; then
-      IFS=@ read -r codec shards pull_codec <<<"$config"
-      extra=$(printf ',"codec":"%s","pull_codec":"%s","shards":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
-        "$codec" "${pull_codec:-none}" "$shards" \
+      IFS=@ read -r codec shards pull_codec techniques <<<"$config"
+      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","shards":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
+        "$codec" "${pull_codec:-none}" "${techniques:-none}" "$shards" \
         "$(awk -v b="$(field bytes_pushed "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')" \
         "$(awk -v b="$(field bytes_pulled "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')")
     else

@@ -42,7 +42,7 @@ check "both systems ran 6 steps with positive ms per step and an accuracy in (0,
 assert all(x['steps'] == 6 and x['ms_per_step'] > 0 and 0 < x['test_accuracy'] < 1 for x in r), r"
 check "Harrier's client pushed the model's float32 gradients once a step" \
   "$lines; h = runs[0]; assert h['client_bytes_pushed_per_step'] == M, (h, M)
-assert h['codec'] == 'none' and h['shards'] == 1, h"
+assert h['codec'] == 'none' and h['techniques'] == 'none' and h['shards'] == 1, h"
 check "each worker's link carried at least the model each way (Harrier and DDP)" \
   "$lines; r = runs[:2]; assert all(x['up_bytes_per_step'] >= M and x['down_bytes_per_step'] >= M for x in r), (r, M)
 assert all(x['up_bytes_per_step'] < 4 * M for x in r), (r, M)"
