@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/codec/host_codec_backend.h"
+#include "common/codec/pull_pairing.h"
 #include "common/crc32c.h"
 
 namespace harrier {
@@ -20,7 +21,10 @@ struct ChunkCodec::CodecPair {
                                                                const std::string& pull_codec) {
     auto push_spec = CodecSpec::Parse(push_codec);
     if (!push_spec.ok()) return push_spec.status();
-    auto pull_spec = CodecSpec::Parse(pull_codec);
+    // "paired": the pull codec that goes with the push codec.
+    auto pull_text = ResolvePullCodec(push_codec, pull_codec);
+    if (!pull_text.ok()) return pull_text.status();
+    auto pull_spec = CodecSpec::Parse(*pull_text);
     if (!pull_spec.ok()) return pull_spec.status();
     // Refused specs fail here, not at the first push.
     if (auto codec = CreateCodec(*push_spec); !codec.ok()) return codec.status();

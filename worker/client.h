@@ -71,6 +71,10 @@ struct ClientOptions {
   // Compression of pulls (same specs as `codec`): the shard sends each chunk
   // as C(parameters - this worker's view) and keeps what C dropped for later
   // pulls; the client rebuilds the parameters in a mirror of each chunk.
+  // "paired": the pull codec that goes with each tensor's push codec, so
+  // `codec` alone compresses both directions (fp16 with fp16, top-k with a
+  // top-k of its ratio, PowerSGD with PowerSGD, sign codecs with EF-sign;
+  // the table is in common/codec/pull_pairing.h). "none": dense pulls.
   std::string pull_codec = "none";
   // Data path of pushes and pulls: "grpc" or "ucx" (the shards must run
   // with --ucx; UCX_TLS picks tcp or shared memory). Control, Init,
@@ -166,7 +170,8 @@ struct TensorOptions {
   // Always true for kAverage.
   bool own_clock = false;
   // Codec specs of this tensor's pushes and pulls (as ClientOptions::codec
-  // and pull_codec); empty: the client's.
+  // and pull_codec, "paired" pairing with this tensor's push codec); empty:
+  // the client's.
   std::string codec;
   std::string pull_codec;
 };

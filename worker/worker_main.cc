@@ -104,7 +104,9 @@ ABSL_FLAG(double, signum_momentum, 0.9,
           "With --codec=signum: the worker pushes its momentum of this factor (Bernstein et al.).");
 ABSL_FLAG(std::string, pull_codec, "none",
           "Pull compression: the shard sends C(parameters - the worker's view), e.g. "
-          "topk:ratio=0.1 or fp16.");
+          "topk:ratio=0.1 or fp16; paired: the pull codec that goes with --codec "
+          "(fp16 with fp16, topk:ratio=R with topk:ratio=R, powersgd with powersgd, sign "
+          "codecs with efsign); none: dense pulls.");
 ABSL_FLAG(int, compress_min_bytes, 16384, "Chunks smaller than this travel uncompressed.");
 ABSL_FLAG(int, chunk_kib, 4096,
           "Tensors above this many KiB are split into chunks spread over the shards.");

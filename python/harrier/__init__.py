@@ -206,7 +206,10 @@ class Client:
     servers: "host:port" of every shard, shard 0 first (same order on every
     worker). rank: None lets the control plane pick the lowest free rank.
     codec / pull_codec: compression specs ("topk:ratio=0.01", "powersgd:rank=2",
-    see common/codec/README.md). transport: "grpc" or "ucx". Durations are in
+    see common/codec/README.md); pull_codec="paired" pulls with the codec that
+    goes with each tensor's push codec (fp16 with fp16, top-k with a top-k of
+    its ratio, PowerSGD with PowerSGD, sign codecs with EF-sign), "none" pulls
+    dense. transport: "grpc" or "ucx". Durations are in
     seconds. device: "auto" (in a module built with --config=cuda, tensors
     registered in device memory are compressed on the GPU) or "cpu". Not
     thread-affine: any thread may call any method.
@@ -307,7 +310,7 @@ class Client:
         registered at any time and pushed at its own pace; push() is for
         tensor_clock(name) and moves it on, pull() waits for the round of
         the last push. codec / pull_codec: this tensor's codecs ("" = the
-        client's). memory: "host" or "device" (the buffers of every later
+        client's; pull_codec "paired": the pair of its push codec). memory: "host" or "device" (the buffers of every later
         call are CUDA arrays, compressed on the device; a module built with
         --config=cuda); None: "device" for a CUDA tensor, else "host"."""
         if isinstance(shape_or_array, (tuple, list)) and all(

@@ -196,7 +196,9 @@ class _Job:
             return f"harrier.{op}/{name}"
 
     def ensure_average(self, key, elements, codec, memory="host"):
-        """Registers the average tensor `key` once per process."""
+        """Registers the average tensor `key` once per process. A compressed
+        one pulls with its codec's pair, as Horovod's compression compresses
+        the result too."""
         with self.lock:
             known = self.registered.get(key)
         if known is not None:
@@ -205,7 +207,8 @@ class _Job:
                            f"{codec!r}, but it was first used with {known[0]} elements in "
                            f"{known[2]} memory and {known[1]!r}")
             return
-        self.client.register(key, (elements,), kind="average", codec=codec, memory=memory)
+        self.client.register(key, (elements,), kind="average", codec=codec,
+                             pull_codec="paired" if codec != "none" else "", memory=memory)
         with self.lock:
             self.registered[key] = (elements, codec, memory)
 
@@ -777,11 +780,16 @@ class DistributedOptimizer(_torch.optim.Optimizer):
     Horovod's arguments: named_parameters ((name, parameter) pairs, front of
     the model first, the same names on every worker; None: the optimizer's
     parameters, named by position), compression (Compression.none, .fp16,
-    .topk(0.01), ...: the codec of the gradient pushes), op (Average or
+    .topk(0.01), ...: the codec of the gradient pushes, and by default of
+    the averages pulled back, as Horovod's compresses both), op (Average or
     Sum), gradient_predivide_factor (gradients divided by f before the
     average and multiplied by f after: the same average, another rounding),
     backward_passes_per_step (backward() calls accumulated per step()).
 
+    pull_compression (update="average"): "paired" (default: the pull codec
+    that goes with `compression`, fp16 with fp16, top-k with a top-k of its
+    ratio, PowerSGD with PowerSGD), Compression.none (dense pulls) or any
+    Compression value.
     update: "average", "server", "worker" or "auto" (module docstring).
     fusion_bytes (update="average"): gradients travel in buckets of up to
     this many bytes (0: 4 MiB; -1: one parameter each).
@@ -802,7 +810,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
                  client=None, servers=None, rank=None, codec="none", pull_codec="none",
                  transport="grpc", sync=None, update="auto", techniques=None, model=None,
                  prefix="", fusion_bytes=0, partition_bytes=0, max_inflight_bytes=0,
-                 wait_timeout=120.0, **client_options):
+                 wait_timeout=120.0, pull_compression="paired", **client_options):
         global _default_client
         from_job = client is None and servers is None
         if from_job:
@@ -843,6 +851,10 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         if not self._predivide > 0:
             raise _bad("gradient_predivide_factor must be > 0")
         self._compression = _codec_of(compression)
+        self._pull_compression = _codec_of(pull_compression)
+        if update != "average" and pull_compression != "paired":
+            raise _bad("pull_compression= compresses the averages pulled back (update='average'); "
+                       "with update='server' or 'worker' the Client's pull_codec does")
         if update == "average":
             if self._compression.split(":")[0] in _VOTE_CODECS:
                 raise _bad(f"compression {self._compression!r} votes on signs; its rounds have no "
@@ -1011,6 +1023,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             self._bucket_in_place.append(
                 all(self._params[i].dtype == _torch.float32 for i in members))
             self._client.register(name, shape, kind="average", codec=self._compression,
+                                  pull_codec=self._pull_compression,
                                   memory="device" if device.type == "cuda" else "host")
         self._bucket_filled = [0] * len(buckets)
         self._handles = [None] * len(buckets)

@@ -139,11 +139,16 @@ class HorovodScriptTest(unittest.TestCase):
         # none and fp16: the 4 parameters' gradients fused into one bucket,
         # one push-pull a step. top-k and PowerSGD: one a parameter, and
         # the chunks under 16 KiB (the biases, the last layer) travel dense.
-        for codec, most, calls in (("none", 1.0, 1), ("fp16", 0.52, 1), ("topk", 0.3, 4),
-                                   ("powersgd", 0.3, 4)):
+        # Pulls come back with the codec's pair (at most `most_pulled` of
+        # dense, with the broadcast's dense pull and each view's dense
+        # first reply), or dense with pull_compression=none.
+        for codec, pull, most, most_pulled, calls in (
+                ("none", "paired", 1.0, 1.06, 1), ("fp16", "paired", 0.52, 0.56, 1),
+                ("fp16", "none", 0.52, 1.06, 1), ("topk", "paired", 0.3, 0.35, 4),
+                ("powersgd", "paired", 0.3, 0.35, 4)):
             with Cluster(shards=2, workers=2) as cluster:  # a job ends with its workers
                 results = run_workers(cluster, "compressed", steps=steps, batch=32, lr=0.05,
-                                      codec=codec)
+                                      codec=codec, pull_compression=pull)
                 for rank, r in enumerate(results):
                     losses = r["losses"]
                     self.assertTrue(np.all(np.isfinite(losses)), f"{codec} rank {rank}")
@@ -151,8 +156,13 @@ class HorovodScriptTest(unittest.TestCase):
                                     f"{codec} rank {rank}: {losses}")
                     dense = 4 * int(r["elements"]) * steps
                     ratio = int(r["bytes_pushed"]) / dense
-                    print(f"compression {codec}: pushed {ratio:.3f} of dense")
+                    pulled = int(r["bytes_pulled"]) / dense
+                    print(f"compression {codec}, pulls {pull}: pushed {ratio:.3f} of dense, "
+                          f"pulled {pulled:.3f}")
                     self.assertLessEqual(ratio, most + 0.01, codec)
+                    self.assertLessEqual(pulled, most_pulled, f"{codec} pulls {pull}")
+                    if pull == "none":
+                        self.assertGreaterEqual(pulled, 1.0, f"{codec} pulls {pull}")
                     # The broadcast's calls are pulls; every push is a bucket's.
                     self.assertEqual(int(r["pushes"]), calls * steps, codec)
 

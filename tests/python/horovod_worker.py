@@ -92,7 +92,9 @@ def metric(args):
 
 def compressed(args):
     """--steps of the user's SGD with gradients averaged through a codec:
-    the loss falls, and what was pushed shrinks by the codec's ratio."""
+    the loss falls, and what was pushed, and pulled back with the codec's
+    pair (or dense with --pull_compression=none), shrinks by the codec's
+    ratio."""
     model, inputs, labels = torch_worker.model_and_data(0, args.steps, args.batch)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 256), torch.nn.Tanh(), torch.nn.Linear(256, 3))
@@ -102,7 +104,8 @@ def compressed(args):
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr,
                                                          momentum=0.9),
                                          named_parameters=model.named_parameters(),
-                                         compression=codec)
+                                         compression=codec,
+                                         pull_compression=args.pull_compression)
     losses = []
     for step in range(args.steps):
         optimizer.zero_grad()
@@ -112,6 +115,7 @@ def compressed(args):
         losses.append(loss.item())
     np.savez(args.out, losses=np.array(losses),
              bytes_pushed=optimizer.client.stats()["bytes_pushed"],
+             bytes_pulled=optimizer.client.stats()["bytes_pulled"],
              pushes=optimizer.client.stats()["pushes"],
              elements=sum(p.numel() for p in model.parameters()))
 
@@ -170,6 +174,7 @@ def main():
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--rpc_timeout", type=float, default=60.0)
     parser.add_argument("--codec", default="none")
+    parser.add_argument("--pull_compression", default="paired")
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--zero_grad", default="in_place", choices=("in_place", "alternate"))
     args = parser.parse_args()
