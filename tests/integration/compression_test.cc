@@ -97,6 +97,54 @@ TEST_CASE("compressed pulls rebuild the parameters exactly over a few pulls") {
   REQUIRE(compressed_bytes < 4 * kElements * sizeof(float) * 6 / 10);
 }
 
+TEST_CASE("one codec setting compresses both directions: pull_codec paired") {
+  auto servers = testing::StartCluster(2, 1, {"--lr=1", "--sync=asp"});
+  REQUIRE(servers.ok());
+  ClientOptions options;
+  options.servers = testing::Addresses(*servers);
+  options.codec = "topk:ratio=0.25";
+  options.pull_codec = "paired";
+  auto client = Client::Create(options);
+  REQUIRE(client.ok());
+  REQUIRE((*client)->RegisterTensor("w", {static_cast<int64_t>(kElements)}).ok());
+  // A tensor with a codec of its own pulls with that codec's pair.
+  TensorOptions fp16;
+  fp16.codec = "fp16";
+  REQUIRE((*client)->RegisterTensor("h", {static_cast<int64_t>(kElements)}, {}, fp16).ok());
+  std::vector<float> w(kElements), h(kElements), grad(kElements);
+  REQUIRE((*client)->Pull("w", absl::MakeSpan(w)).ok());  // dense: the view starts
+  REQUIRE((*client)->Pull("h", absl::MakeSpan(h)).ok());
+  uint64_t pulled = (*client)->stats().bytes_pulled;
+  REQUIRE(pulled == 2 * kElements * sizeof(float));
+  // Every element differs, and top-k pushes only a quarter of each chunk a
+  // step: push eighths one by one so the shard holds all of -grad.
+  for (size_t i = 0; i < kElements; ++i) grad[i] = static_cast<float>(i % 13) - 6.5f;
+  for (int eighth = 0; eighth < 8; ++eighth) {
+    std::vector<float> part(kElements, 0.0f);
+    for (size_t i = eighth * kElements / 8; i < (eighth + 1) * kElements / 8; ++i) {
+      part[i] = grad[i];
+    }
+    REQUIRE((*client)->Push("w", part).ok());
+    REQUIRE((*client)->Push("h", part).ok());
+    (*client)->Clock();  // a push per clock: a second one would be a retry
+  }
+  // w's pulls are top-k of 25 % (a quarter of the change a pull, 8 bytes an
+  // element, a 24-byte header a chunk), and four carry all of it.
+  for (int pull = 0; pull < 4; ++pull) {
+    REQUIRE((*client)->Pull("w", absl::MakeSpan(w)).ok());
+    const uint64_t now = (*client)->stats().bytes_pulled;
+    REQUIRE(now - pulled >= 8 * kElements / 4);
+    REQUIRE(now - pulled <= 8 * kElements / 4 + 2 * 24);
+    pulled = now;
+  }
+  for (size_t i = 0; i < kElements; ++i) REQUIRE(w[i] == -grad[i]);
+  // h's pulls are fp16, 2 bytes an element: the halves of -grad are exact.
+  REQUIRE((*client)->Pull("h", absl::MakeSpan(h)).ok());
+  REQUIRE((*client)->stats().bytes_pulled - pulled >= 2 * kElements);
+  REQUIRE((*client)->stats().bytes_pulled - pulled <= 2 * kElements + 2 * 24);
+  for (size_t i = 0; i < kElements; ++i) REQUIRE(h[i] == -grad[i]);
+}
+
 TEST_CASE("hostile compressed payloads are refused and change nothing") {
   // Rank 0 is the client; the hostile pushes come from rank 1 with a valid
   // session, so it is their payloads that are refused. ASP: rank 0's pull
