@@ -33,12 +33,15 @@
 #include "bench/server_cluster.h"
 #include "bench/shared_flags.h"
 #include "bench/training_run.h"
+#include "common/codec/pull_pairing.h"
 #include "common/codec/survey_codecs.h"
 #include "common/json.h"
 
 ABSL_FLAG(std::string, syncs, "bsp,ssp2,asp,local4",
           "convergence: sync settings (ssp2 = ssp, staleness 2; local4 = local SGD, 4 steps)");
-ABSL_FLAG(std::string, pulls, "off,on", "convergence: off: dense pulls; on: the codec's pull codec");
+ABSL_FLAG(std::string, pulls, "off,on",
+          "convergence: off: dense pulls; on: the grid's pull codec for the codec; paired: "
+          "the pull codec paired with the push codec (common/codec/pull_pairing.h)");
 ABSL_FLAG(std::string, links, "1,10", "convergence: Gbit/s of every host's link (0: unshaped)");
 ABSL_FLAG(int, epochs, 3, "convergence: passes over each worker's quarter of the data");
 ABSL_FLAG(int64_t, max_steps, 0, "convergence: 0: no cap; else at most this many steps per worker");
@@ -72,7 +75,9 @@ constexpr const char* kUsage =
     "           onebit,powersgd2\n"
     "                           push codecs, each with its server settings and its\n"
     "                           compressed-pull codec (README.md has the table)\n"
-    "  --pulls=off,on           off: dense pulls; on: the codec's pull codec\n"
+    "  --pulls=off,on           off: dense pulls; on: the codec's pull codec in the\n"
+    "                           grid's table; paired: the pull codec paired with the\n"
+    "                           push codec (--pull_codec=paired)\n"
     "  --links=1,10             Gbit/s of every host's link (0: unshaped)\n"
     "  --workers=4 --shards=2   processes, one namespace each\n"
     "  --epochs=3               passes over each worker's quarter of the data\n"
@@ -136,7 +141,7 @@ struct Options {
   std::vector<std::string> models = {"mlp", "cnn"};
   std::vector<const SyncSetting*> syncs;
   std::vector<const SurveyCodec*> codecs;
-  std::vector<bool> pulls = {false, true};
+  std::vector<std::string> pulls = {"off", "on"};
   std::vector<double> links = {1, 10};
   int epochs = 3;
   int64_t max_steps = 0;
@@ -184,10 +189,10 @@ std::string ParseArgs(Options* options) {
   if (options->codecs.empty()) return "--codecs: empty list";
   options->pulls.clear();
   for (const std::string& pull : SplitList(absl::GetFlag(FLAGS_pulls))) {
-    if (pull != "off" && pull != "on") {
-      return absl::StrCat("--pulls: '", pull, "' is neither off nor on");
+    if (pull != "off" && pull != "on" && pull != "paired") {
+      return absl::StrCat("--pulls: '", pull, "' is not off, on or paired");
     }
-    options->pulls.push_back(pull == "on");
+    options->pulls.push_back(pull);
   }
   if (options->pulls.empty()) return "--pulls: empty list";
   options->links.clear();
@@ -276,6 +281,8 @@ const std::vector<std::string>& RunKeys() {
                                                          "step_s",
                                                          "bytes_up_per_step",
                                                          "bytes_down_per_step",
+                                                         "worker_cpu_ms_per_step",
+                                                         "shard_cpu_ms_per_step",
                                                          "status",
                                                          "error"};
   return *keys;
@@ -435,14 +442,21 @@ struct RunSpec {
   std::string model;
   const SyncSetting* sync;
   const SurveyCodec* codec;
-  bool pulls;
+  std::string pulls;  // off, on or paired
   double link_gbps;
 
   std::string run_id() const {
-    return absl::StrCat(model, "-", sync->name, "-", codec->name, "-pull", pulls ? "on" : "off",
-                        "-", LinkText(link_gbps), "g");
+    return absl::StrCat(model, "-", sync->name, "-", codec->name, "-pull", pulls, "-",
+                        LinkText(link_gbps), "g");
   }
-  std::string pull_codec() const { return pulls ? codec->pull_spec : "none"; }
+  std::string pull_codec() const {
+    if (pulls == "on") return codec->pull_spec;
+    if (pulls == "paired") {
+      auto pair = ResolvePullCodec(codec->push_spec, kPairedPullCodec);
+      return pair.ok() ? *pair : "none";  // the grid's push specs all parse
+    }
+    return "none";
+  }
 };
 
 // Numbers as the files carry them: unknown (or not finite) is -1; else
@@ -458,7 +472,31 @@ struct Measured {
   std::vector<EvalPoint> evals;
   std::vector<TrafficPoint> traffic;
   double wall_s = -1;
+  std::vector<double> worker_cpu_s;  // per rank, -1 unknown
+  std::vector<double> shard_cpu_s;   // per shard, -1 unknown
 };
+
+// CPU milliseconds a step: the mean over the workers other than rank 0
+// (which also evaluates the test set; rank 0 when it is alone), and the sum
+// over the shards. -1 when a figure is unknown.
+std::pair<double, double> CpuMsPerStep(const Measured& measured, double steps) {
+  if (!(steps > 0)) return {-1, -1};
+  double workers = 0;
+  int counted = 0;
+  for (size_t rank = measured.worker_cpu_s.size() > 1 ? 1 : 0;
+       rank < measured.worker_cpu_s.size(); ++rank) {
+    if (measured.worker_cpu_s[rank] < 0) return {-1, -1};
+    workers += measured.worker_cpu_s[rank];
+    ++counted;
+  }
+  double shards = 0;
+  for (const double cpu : measured.shard_cpu_s) {
+    if (cpu < 0) return {-1, -1};
+    shards += cpu;
+  }
+  return {counted > 0 ? workers / counted / steps * 1e3 : -1,
+          measured.shard_cpu_s.empty() ? -1 : shards / steps * 1e3};
+}
 
 Record MakeRecord(const Options& options, const RunSpec& run, double measured_gbps,
                   const Measured& measured, const std::string& error) {
@@ -487,6 +525,7 @@ Record MakeRecord(const Options& options, const RunSpec& run, double measured_gb
     up = measured.traffic.back().bytes_pushed / static_cast<double>(measured.traffic.back().step);
     down = measured.traffic.back().bytes_pulled / static_cast<double>(measured.traffic.back().step);
   }
+  const auto [worker_cpu_ms, shard_cpu_ms] = CpuMsPerStep(measured, steps);
   auto str = [](const char* key, std::string text) { return Field{key, std::move(text), true}; };
   auto num = [](const char* key, std::string text) { return Field{key, std::move(text), false}; };
   return Record{
@@ -513,6 +552,8 @@ Record MakeRecord(const Options& options, const RunSpec& run, double measured_gb
       num("step_s", Number(step_s, 6)),
       num("bytes_up_per_step", Number(up, 0)),
       num("bytes_down_per_step", Number(down, 0)),
+      num("worker_cpu_ms_per_step", Number(worker_cpu_ms, 3)),
+      num("shard_cpu_ms_per_step", Number(shard_cpu_ms, 3)),
       str("status", error.empty() ? "ok" : "failed"),
       str("error", error),
   };
@@ -530,7 +571,7 @@ std::vector<std::string> CurveRows(const RunSpec& run, const Measured& measured)
     }
     rows.push_back(absl::StrCat(
         run.run_id(), ",", run.model, ",", run.sync->name, ",", run.codec->name, ",",
-        run.pulls ? "on" : "off", ",", LinkText(run.link_gbps), ",", point.step, ",",
+        run.pulls, ",", LinkText(run.link_gbps), ",", point.step, ",",
         Number(point.wall_s, 3), ",", Number(point.loss, 4), ",", Number(point.accuracy, 4), ",",
         latest != nullptr ? Number(latest->bytes_pushed, 0) : "-1", ",",
         latest != nullptr ? Number(latest->bytes_pulled, 0) : "-1"));
@@ -595,6 +636,8 @@ absl::StatusOr<Measured> RunOne(const Options& options, const TrainingRunner& ru
   measured.evals = std::move(outcome->evals);
   measured.traffic = ReadTraffic(outcome->metrics_path);
   measured.wall_s = outcome->wall_s;
+  measured.worker_cpu_s = outcome->worker_cpu_s;
+  measured.shard_cpu_s = outcome->shard_cpu_s;
   if (measured.evals.empty()) {
     return absl::InternalError(
         absl::StrCat("rank 0 printed no eval line: ", Tail(outcome->rank0_stdout, 300)));
@@ -622,7 +665,9 @@ int RunConvergenceBench(int argc, char** argv) {
     for (const std::string& model : options.models) {
       for (const SyncSetting* sync : options.syncs) {
         for (const SurveyCodec* codec : options.codecs) {
-          for (const bool pulls : options.pulls) grid.push_back({model, sync, codec, pulls, link});
+          for (const std::string& pulls : options.pulls) {
+            grid.push_back({model, sync, codec, pulls, link});
+          }
         }
       }
     }
@@ -765,14 +810,17 @@ int RunConvergenceBench(int argc, char** argv) {
         const Record& r = record;
         std::fprintf(stderr,
                      "convergence: %s ok: final %s best %s loss %s, target %s at %s s / %s "
-                     "steps, %s steps in %s s, up %s B/step down %s B/step\n",
+                     "steps, %s steps in %s s, up %s B/step down %s B/step, CPU ms/step "
+                     "worker %s shards %s\n",
                      run_id.c_str(), FieldText(r, "final_accuracy")->c_str(),
                      FieldText(r, "best_accuracy")->c_str(), FieldText(r, "final_loss")->c_str(),
                      FieldText(r, "target_accuracy")->c_str(),
                      FieldText(r, "time_to_target_s")->c_str(),
                      FieldText(r, "steps_to_target")->c_str(), FieldText(r, "steps")->c_str(),
                      FieldText(r, "wall_s")->c_str(), FieldText(r, "bytes_up_per_step")->c_str(),
-                     FieldText(r, "bytes_down_per_step")->c_str());
+                     FieldText(r, "bytes_down_per_step")->c_str(),
+                     FieldText(r, "worker_cpu_ms_per_step")->c_str(),
+                     FieldText(r, "shard_cpu_ms_per_step")->c_str());
         // The logs of a failed run stay for diagnosis; an ok run's are in
         // the files.
         RemoveLogs(logs);

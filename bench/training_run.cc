@@ -253,7 +253,11 @@ absl::StatusOr<TrainingOutcome> TrainingRunner::Run(const TrainingJob& job,
     absl::SleepFor(absl::Milliseconds(50));
   }
   outcome.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
-  for (auto& worker : workers) worker->Stop();
+  for (auto& shard : shards) outcome.shard_cpu_s.push_back(shard->CpuSeconds());
+  for (auto& worker : workers) {
+    worker->Stop();
+    outcome.worker_cpu_s.push_back(worker->CpuSeconds());  // reaped: its whole CPU
+  }
   for (auto& shard : shards) shard->Stop();
   // Rank 0 may have printed its last line after the parse above.
   if (all_ended) outcome.evals = ParseEvalLines(ReadFile(rank0_err));

@@ -94,6 +94,10 @@ struct TrainingOutcome {
   double wall_s = 0;             // from starting the workers to the job's end
   std::string rank0_stdout;      // path of rank 0's stdout
   std::string metrics_path;      // rank 0's --metrics_out
+  // CPU seconds (user + system) of each worker over its whole life, and of
+  // each shard from its start to the job's end; -1 where unknown.
+  std::vector<double> worker_cpu_s;
+  std::vector<double> shard_cpu_s;
 };
 
 class TrainingRunner {

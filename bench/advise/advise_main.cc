@@ -19,6 +19,7 @@
 #include "bench/advise/cost_model.h"
 #include "bench/advise/measure.h"
 #include "common/codec/codec_backend.h"
+#include "common/codec/pull_pairing.h"
 #include "common/codec/survey_codecs.h"
 #include "common/flags.h"
 #include "common/grpc_security.h"
@@ -70,7 +71,9 @@ ABSL_FLAG(std::string, syncs, "bsp,ssp2,asp,local4", "Sync modes to rank (the gr
 ABSL_FLAG(std::string, codecs,
           "none,fp16,topk,randomk,dgc,qsgd4,qsgd8,terngrad,signsgd,efsign,signum,onebit,powersgd2",
           "Codecs to rank (the grid's names).");
-ABSL_FLAG(std::string, pulls, "off,on", "Pull settings to rank: off (dense), on (compressed).");
+ABSL_FLAG(std::string, pulls, "off,on,paired",
+          "Pull settings to rank: off (dense), on (the grid's pull codec for the codec), paired "
+          "(the pull codec paired with the push codec: --pull_codec=paired).");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the worker's codecs are timed: cpu, or cuda (the device codecs in device "
           "memory, as harrier-worker --device=cuda runs them; needs a CUDA build, a GPU and "
@@ -278,7 +281,9 @@ int Run() {
     if (auto r = CodecSpecFor(codec); !r.ok()) return Fail(absl::StrCat("--codecs: ", r.status().message()), 2);
   }
   for (const std::string& p : pulls) {
-    if (p != "off" && p != "on") return Fail(absl::StrCat("--pulls: '", p, "' is not off or on"), 2);
+    if (p != "off" && p != "on" && p != "paired") {
+      return Fail(absl::StrCat("--pulls: '", p, "' is not off, on or paired"), 2);
+    }
   }
 
   // The model: its tensors and compute per step.
@@ -405,12 +410,19 @@ int Run() {
   codec_options.shards = cluster.shards;
   codec_options.backend = device_backend;
   std::map<std::string, CodecCost> costs;  // key: codec/pulls
+  std::map<std::string, std::string> paired_specs;
   for (const std::string& codec : codecs) {
     for (const std::string& p : pulls) {
-      // Compressed pulls: the pull codec the grid ran, else the grid table's.
+      // Compressed pulls: the pull codec the grid ran, else the grid table's;
+      // paired: the push codec's pair.
       std::string pull_spec = "none";
       if (p == "on") {
         pull_spec = pull_specs.count(codec) ? pull_specs[codec] : *PullCodecSpecFor(codec);
+      } else if (p == "paired") {
+        auto pair = ResolvePullCodec(push_specs[codec], kPairedPullCodec);
+        if (!pair.ok()) return Fail(std::string(pair.status().message()), 2);
+        pull_spec = *pair;
+        paired_specs[codec] = pull_spec;
       }
       auto cost = MeasureCodec(tensors, push_specs[codec], pull_spec, codec_options);
       if (!cost.ok()) return Fail(std::string(cost.status().message()), 1);
@@ -449,7 +461,9 @@ int Run() {
   }
   RankOptions(&options);
   const OptionResult& pick = options.front();
-  const std::string pick_pull_codec = pick.pulls == "on" ? pull_specs[pick.codec] : "none";
+  const std::string pick_pull_codec = pick.pulls == "on"       ? pull_specs[pick.codec]
+                                      : pick.pulls == "paired" ? paired_specs[pick.codec]
+                                                               : "none";
   const Scheduler scheduler =
       ChooseScheduler(pick, tensors, link, codec_options.chunk_bytes,
                       codec_options.compress_min_bytes);
@@ -567,7 +581,7 @@ int Run() {
                  BaseSteps(model), pick.sync.c_str(), SyncRate(pick.sync).c_str(),
                  SyncFactor(pick.sync), pick.codec.c_str(), CodecRate(pick.codec).c_str(),
                  CodecFactor(pick.codec),
-                 pick.pulls == "on" ? absl::StrFormat(", compressed pulls x%.2f",
+                 pick.pulls != "off" ? absl::StrFormat(", compressed pulls x%.2f",
                                                       kCompressedPullFactor).c_str()
                                     : "");
   }

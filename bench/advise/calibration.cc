@@ -58,6 +58,8 @@ absl::StatusOr<Calibration> ParseCalibration(const std::string& text, const std:
     const std::string run_id = StringOr(object, "run_id", "");
     if (absl::StrContains(run_id, "-pullon-")) {
       run.pulls = "on";
+    } else if (absl::StrContains(run_id, "-pullpaired-")) {
+      run.pulls = "paired";
     } else if (absl::StrContains(run_id, "-pulloff-")) {
       run.pulls = "off";
     } else {

@@ -222,7 +222,7 @@ StepsEstimate EstimateSteps(const Calibration* calibration, absl::string_view sy
                             absl::string_view codec, absl::string_view pulls,
                             double base_steps) {
   const double guess_factor = SyncFactor(sync) * CodecFactor(codec) *
-                              (pulls == "on" ? kCompressedPullFactor : 1.0);
+                              (pulls != "off" ? kCompressedPullFactor : 1.0);
   StepsEstimate estimate;
   std::string base_note = absl::StrFormat("built-in base %.0f steps", base_steps);
   if (calibration != nullptr) {
@@ -269,7 +269,7 @@ void RankOptions(std::vector<OptionResult>* options) {
     const bool never = o.steps.source == StepsSource::kNeverReached;
     return std::make_tuple(never, never ? o.terms.step_s : o.time_to_target_s,
                            IndexOf(SyncNames(), o.sync), IndexOf(CodecNames(), o.codec),
-                           o.pulls == "on" ? 1 : 0);
+                           o.pulls == "off" ? 0 : (o.pulls == "on" ? 1 : 2));
   };
   std::stable_sort(options->begin(), options->end(),
                    [&order](const OptionResult& a, const OptionResult& b) {

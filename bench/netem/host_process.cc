@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,15 +77,19 @@ absl::StatusOr<std::unique_ptr<HostProcess>> HostProcess::Start(const std::strin
 HostProcess::~HostProcess() { Stop(); }
 
 double HostProcess::CpuSeconds() const {
-  if (exit_code_.has_value() || pid_ <= 0) return -1;
+  if (exit_code_.has_value()) return cpu_at_exit_;
+  if (pid_ <= 0) return -1;
   return ProcessCpuSecondsOf(pid_);
 }
 
 std::optional<int> HostProcess::Poll() {
   if (exit_code_.has_value() || pid_ <= 0) return exit_code_;
-  if (waitpid(pid_, &wait_status_, WNOHANG) == pid_) {
+  struct rusage usage {};
+  if (wait4(pid_, &wait_status_, WNOHANG, &usage) == pid_) {
     exit_code_ = WIFEXITED(wait_status_) ? WEXITSTATUS(wait_status_)
                                          : 128 + WTERMSIG(wait_status_);
+    cpu_at_exit_ = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                   1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
   }
   return exit_code_;
 }

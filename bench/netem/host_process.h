@@ -41,8 +41,9 @@ class HostProcess {
   void Stop(absl::Duration grace = absl::Seconds(2));
   // "<label> ended with exit N (why); its stderr: ..." once it ended.
   std::string Describe() const;
-  // User + system CPU of all its threads so far, in clock ticks (10 ms);
-  // -1 once it ended (or when it cannot be read).
+  // User + system CPU of all its threads so far, in clock ticks (10 ms)
+  // while it runs; once it ended and was reaped (Poll, Stop), its whole
+  // CPU from the kernel's account (wait4); -1 when it cannot be read.
   double CpuSeconds() const;
 
   const std::string& label() const { return label_; }
@@ -59,6 +60,7 @@ class HostProcess {
   pid_t pid_ = -1;
   int wait_status_ = 0;
   std::optional<int> exit_code_;
+  double cpu_at_exit_ = -1;
 };
 
 }  // namespace harrier::netem

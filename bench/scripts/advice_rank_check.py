@@ -29,7 +29,7 @@ def remeasure(grid, runs, bench, model, link, run_ids):
     out = {}
     for n, run_id in enumerate(run_ids):
         r = runs[run_id]
-        pulls = "on" if "-pullon-" in run_id else "off"
+        pulls = run_id.split("-pull")[-1].split("-")[0]  # off, on or paired
         where = os.path.join(grid, f"again{n}")
         only = {"--out_dir": where, "--models": model, "--syncs": r["sync"], "--codecs": r["codec"],
                 "--pulls": pulls, "--links": f"{link:g}"}

@@ -37,6 +37,9 @@ RUN_KEYS = [
     "best_accuracy", "final_loss", "steps", "wall_s", "step_s",
     "bytes_up_per_step", "bytes_down_per_step", "status", "error",
 ]
+# Written by newer grids (CPU per step); older files lack them: -1.
+OPTIONAL_KEYS = ["worker_cpu_ms_per_step", "shard_cpu_ms_per_step"]
+RUNS_CSV_HEADERS = [RUN_KEYS, RUN_KEYS[:-2] + OPTIONAL_KEYS + RUN_KEYS[-2:]]
 STRING_KEYS = {"bench", "run_id", "model", "sync", "codec", "codec_spec",
                "pull_codec", "status", "error"}
 CURVE_KEYS = ["run_id", "model", "sync", "codec", "pulls", "link_gbps", "step",
@@ -54,7 +57,7 @@ MAX_BARS = 26
 CODEC_COLORS = ["#000000", "#e41a1c", "#377eb8", "#4daf4a", "#984ea3",
                 "#ff7f00", "#a65628", "#f781bf", "#999999", "#66c2a5",
                 "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e"]
-RUN_ID_RE = re.compile(r"^[a-z0-9]+-[a-z0-9]+-[a-z0-9]+-pull(on|off)-[0-9.]+g$")
+RUN_ID_RE = re.compile(r"^[a-z0-9]+-[a-z0-9]+-[a-z0-9]+-pull(on|off|paired)-[0-9.]+g$")
 TOLERANCE = 0.01  # relative; runs.jsonl and curves.csv print rounded figures
 
 
@@ -77,7 +80,7 @@ def fmt_link(gbps):
 
 
 def pulls_of(run_id):
-    m = re.search(r"-pull(on|off)-", run_id)
+    m = re.search(r"-pull(on|off|paired)-", run_id)
     return m.group(1) if m else "off"
 
 
@@ -96,10 +99,12 @@ def normalise_run(raw, where):
     for key in RUN_KEYS:
         value = raw[key]
         run[key] = str(value) if key in STRING_KEYS else to_number(value, f"{where} {key}")
+    for key in OPTIONAL_KEYS:
+        run[key] = to_number(raw[key], f"{where} {key}") if key in raw else -1.0
     if run["status"] not in ("ok", "failed"):
         raise InputError(f"{where}: status must be ok or failed, not {run['status']!r}")
     if not RUN_ID_RE.match(run["run_id"]):
-        raise InputError(f"{where}: run_id {run['run_id']!r} is not <model>-<sync>-<codec>-pull<on|off>-<link>g")
+        raise InputError(f"{where}: run_id {run['run_id']!r} is not <model>-<sync>-<codec>-pull<on|off|paired>-<link>g")
     run["pulls"] = pulls_of(run["run_id"])
     return run
 
@@ -128,8 +133,8 @@ def load_runs(grid_dir):
     elif os.path.exists(csv_path):
         with open(csv_path, newline="") as f:
             reader = csv.DictReader(f)
-            if reader.fieldnames != RUN_KEYS:
-                raise InputError(f"{csv_path}: header is not the {len(RUN_KEYS)} columns runs.csv has")
+            if reader.fieldnames not in RUNS_CSV_HEADERS:
+                raise InputError(f"{csv_path}: header is not the columns runs.csv has")
             for number, raw in enumerate(reader, 2):
                 rows.append(normalise_run(raw, f"{csv_path}:{number}"))
     else:
@@ -224,7 +229,7 @@ def split_for_figure(runs, limit):
         if len(part) <= limit:
             out.append((f"-{sync}", part))
             continue
-        for pulls in ("off", "on"):
+        for pulls in ("off", "on", "paired"):
             sub = [r for r in part if r["pulls"] == pulls]
             if sub:
                 out.append((f"-{sync}-pull{pulls}", sub))
@@ -238,7 +243,7 @@ def label(run):
 def style(run):
     color = CODEC_COLORS[order_key(run["codec"], CODEC_ORDER)[0] % len(CODEC_COLORS)]
     dash = order_key(run["sync"], SYNC_ORDER)[0] % 4 + 1
-    points = "linespoints pt 6 ps 0.6" if run["pulls"] == "on" else "lines"
+    points = "linespoints pt 6 ps 0.6" if run["pulls"] != "off" else "lines"
     return f"with {points} lw 1.5 dt {dash} lc rgb '{color}'"
 
 

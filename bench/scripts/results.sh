@@ -179,7 +179,7 @@ advise_one() {  # model link out
 import json, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 runs = [r for r in runs if r.get("status") == "ok" and r.get("model") == sys.argv[2]]
-pulls = sorted({"on" if "-pullon-" in r["run_id"] else "off" for r in runs})
+pulls = sorted({r["run_id"].split("-pull")[-1].split("-")[0] for r in runs})
 def ordered(key):
     seen = []
     for r in runs:

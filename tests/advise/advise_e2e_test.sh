@@ -65,8 +65,8 @@ rtt=$(json_get "$tmp/a.json" "j['rtt_ms']")
 check "measured up $up Gbit/s is plausible (0.05 .. 1000)" "json_get '$tmp/a.json' \"0.05 < j['link_gbps_measured_up'] < 1000\" | grep -q True"
 check "measured down $down Gbit/s is plausible (0.05 .. 1000)" "json_get '$tmp/a.json' \"0.05 < j['link_gbps_measured_down'] < 1000\" | grep -q True"
 check "round trip $rtt ms is plausible (0 .. 100)" "json_get '$tmp/a.json' \"0 < j['rtt_ms'] < 100\" | grep -q True"
-all=$(json_get "$tmp/a.json" "len(j['options']) == 104 and len({(o['sync'], o['codec'], o['pulls']) for o in j['options']}) == 104 and {o['sync'] for o in j['options']} == {'bsp','ssp2','asp','local4'} and len({o['codec'] for o in j['options']}) == 13")
-check "every option (4 syncs x 13 codecs x 2 pulls) appears once" "[ '$all' = True ]"
+all=$(json_get "$tmp/a.json" "len(j['options']) == 156 and len({(o['sync'], o['codec'], o['pulls']) for o in j['options']}) == 156 and {o['sync'] for o in j['options']} == {'bsp','ssp2','asp','local4'} and len({o['codec'] for o in j['options']}) == 13")
+check "every option (4 syncs x 13 codecs x 3 pulls: off, on, paired) appears once" "[ '$all' = True ]"
 check "every predicted step time is positive" "json_get '$tmp/a.json' \"all(o['predicted_step_s'] > 0 for o in j['options'])\" | grep -q True"
 pick=$(json_get "$tmp/a.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
 check "calibration A picks bsp/topk/off ($pick)" "[ '$pick' = bsp/topk/off ]"
@@ -74,9 +74,10 @@ check "the pick is the first option and the least time" "json_get '$tmp/a.json' 
 check "pick's time = steps x step time" "json_get '$tmp/a.json' \"abs(j['options'][0]['predicted_steps'] * j['options'][0]['predicted_step_s'] - j['pick']['predicted_time_to_target_s']) < 1e-3 * j['pick']['predicted_time_to_target_s']\" | grep -q True"
 check "never-reached options rank last with time -1" "json_get '$tmp/a.json' \"sorted(o['sync'] + '/' + o['codec'] + '/' + o['pulls'] for o in j['options'][-2:]) == ['asp/signsgd/off', 'asp/signsgd/on'] and all(o['predicted_time_to_target_s'] == -1 for o in j['options'][-2:])\" | grep -q True"
 check "the report says which never reached it" "grep -q '2 option(s) never reached it there and rank last' '$tmp/a.err'"
-check "the report has a table row per option" "[ \$(grep -cE '^  [0-9]+ +(bsp|ssp2|asp|local4) ' '$tmp/a.err') -eq 104 ]"
+check "the report has a table row per option" "[ \$(grep -cE '^  [0-9]+ +(bsp|ssp2|asp|local4) ' '$tmp/a.err') -eq 156 ]"
 # More bytes, more comm: dense bsp pushes ~1 MiB, top-k 1 % ~34 KB.
 check "bsp/none/off has over 1.3x the comm of bsp/topk/off (both pull dense)" "json_get '$tmp/a.json' \"[o for o in j['options'] if (o['sync'], o['codec'], o['pulls']) == ('bsp', 'none', 'off')][0]['comm_s'] > 1.3 * [o for o in j['options'] if (o['sync'], o['codec'], o['pulls']) == ('bsp', 'topk', 'off')][0]['comm_s']\" | grep -q True"
+check "paired pulls cut comm more than the grid's (bsp/topk paired < on: top-k 1 % against 10 %)" "json_get '$tmp/a.json' \"[o for o in j['options'] if (o['sync'], o['codec'], o['pulls']) == ('bsp', 'topk', 'paired')][0]['comm_s'] < [o for o in j['options'] if (o['sync'], o['codec'], o['pulls']) == ('bsp', 'topk', 'on')][0]['comm_s']\" | grep -q True"
 check "compressed pulls cut comm (bsp/topk on < off)" "json_get '$tmp/a.json' \"[o for o in j['options'] if (o['sync'], o['codec'], o['pulls']) == ('bsp', 'topk', 'on')][0]['comm_s'] < [o for o in j['options'] if (o['sync'], o['codec'], o['pulls']) == ('bsp', 'topk', 'off')][0]['comm_s']\" | grep -q True"
 
 # B flips it: asp/qsgd8/on is the clearly best.
@@ -180,7 +181,7 @@ check "--device=tpu: exit 2" "[ $? -eq 2 ] && grep -q -- '--device=tpu: not cpu 
 timeout 120 "$advise" "${common[@]}" --calibration="$tmp/c.jsonl" --link_gbps=0.001 --json >"$tmp/slow.json" 2>"$tmp/slow.err"
 check "calibration C at 1 Mbit/s: exit 0" "[ $? -eq 0 ]"
 pick=$(json_get "$tmp/slow.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
-check "slow link: a compressed codec with compressed pulls ($pick)" "json_get '$tmp/slow.json' \"j['pick']['codec'] != 'none' and j['pick']['pulls'] == 'on' and j['link_gbps_planned'] == 0.001\" | grep -q True"
+check "slow link: a compressed codec with compressed pulls ($pick)" "json_get '$tmp/slow.json' \"j['pick']['codec'] != 'none' and j['pick']['pulls'] in ('on', 'paired') and j['pick']['pull_codec'] != 'none' and j['link_gbps_planned'] == 0.001\" | grep -q True"
 check "slow link: the measured rates are still reported" "json_get '$tmp/slow.json' \"j['link_gbps_measured_up'] > 0.05\" | grep -q True"
 check "slow link: the report says it plans for 0.001 Gbit/s" "grep -q 'planning for 0.001 Gbit/s links' '$tmp/slow.err'"
 timeout 120 "$advise" "${common[@]}" --calibration="$tmp/c.jsonl" --link_gbps=1000 --json >"$tmp/fast.json" 2>"$tmp/fast.err"
@@ -222,11 +223,11 @@ timeout 120 "$advise" "${common[@]}" --calibration="$tmp/d.jsonl" --measured_onl
 rc=$?
 pick=$(json_get "$tmp/d.json" "'/'.join([j['pick']['sync'], j['pick']['codec'], j['pick']['pulls']])")
 check "measured_only: exit 0, the 2 measured options alone, bsp/topk/off picked ($pick)" \
-  "[ $rc -eq 0 ] && [ '$pick' = bsp/topk/off ] && json_get '$tmp/d.json' \"len(j['options']) == 2 and j['options_left_out'] == 102 and all(o['steps_source'] == 'grid' for o in j['options'])\" | grep -q True"
-check "measured_only: the report says how many were left out" "grep -q -- '--measured_only: 102 option(s) not in it were left out' '$tmp/d.err'"
+  "[ $rc -eq 0 ] && [ '$pick' = bsp/topk/off ] && json_get '$tmp/d.json' \"len(j['options']) == 2 and j['options_left_out'] == 154 and all(o['steps_source'] == 'grid' for o in j['options'])\" | grep -q True"
+check "measured_only: the report says how many were left out" "grep -q -- '--measured_only: 154 option(s) not in it were left out' '$tmp/d.err'"
 timeout 120 "$advise" "${common[@]}" --calibration="$tmp/d.jsonl" --json >"$tmp/d_all.json" 2>/dev/null
-check "without --measured_only: 104 options, a guessed one picked" \
-  "json_get '$tmp/d_all.json' \"len(j['options']) == 104 and j['options_left_out'] == 0 and j['options'][0]['steps_source'] != 'grid'\" | grep -q True"
+check "without --measured_only: 156 options, a guessed one picked" \
+  "json_get '$tmp/d_all.json' \"len(j['options']) == 156 and j['options_left_out'] == 0 and j['options'][0]['steps_source'] != 'grid'\" | grep -q True"
 "$python" -c '
 import json, sys
 with open(sys.argv[2], "w") as out:

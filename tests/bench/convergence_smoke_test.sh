@@ -53,6 +53,10 @@ ids=$("$bench" convergence --out_dir="$dir" --dry_run --models=mlp,cnn --syncs=s
 [ "$ids" = "mlp-ssp2-dgc-pullon-0g mlp-local4-dgc-pullon-0g cnn-ssp2-dgc-pullon-0g cnn-local4-dgc-pullon-0g mlp-ssp2-dgc-pullon-10g mlp-local4-dgc-pullon-10g cnn-ssp2-dgc-pullon-10g cnn-local4-dgc-pullon-10g " ] &&
   pass "dry run: run ids" || fail "dry run: run ids '$ids'"
 [ ! -e "$dir" ] && pass "dry run writes nothing" || fail "dry run wrote $dir"
+ids=$("$bench" convergence --out_dir="$dir" --dry_run --models=mlp --syncs=bsp --codecs=topk \
+  --pulls=off,on,paired --links=1 2>/dev/null | tr '\n' ' ')
+[ "$ids" = "mlp-bsp-topk-pulloff-1g mlp-bsp-topk-pullon-1g mlp-bsp-topk-pullpaired-1g " ] &&
+  pass "dry run: paired pulls' run id" || fail "dry run: paired run ids '$ids'"
 
 # --- first grid (none, topk), killed after its first run ---
 "$bench" "${common[@]}" --codecs=none,topk >"$tmp/first.out" 2>"$tmp/first.err" &
@@ -98,7 +102,7 @@ grep -q '"run_id":"mlp-bsp-none-pulloff-1g"' "$tmp/second.out" &&
   fail "finished run was run again" || pass "finished run not run again"
 check "its line is unchanged" test "$(grep '"run_id":"mlp-bsp-none-pulloff-1g"' "$dir/runs.jsonl")" = "$none_before"
 
-keys="bench run_id model sync codec codec_spec pull_codec link_gbps link_measured_gbps workers shards batch_size target_accuracy time_to_target_s steps_to_target final_accuracy best_accuracy final_loss steps wall_s step_s bytes_up_per_step bytes_down_per_step status error"
+keys="bench run_id model sync codec codec_spec pull_codec link_gbps link_measured_gbps workers shards batch_size target_accuracy time_to_target_s steps_to_target final_accuracy best_accuracy final_loss steps wall_s step_s bytes_up_per_step bytes_down_per_step worker_cpu_ms_per_step shard_cpu_ms_per_step status error"
 header=$(tr ' ' ',' <<<"$keys")
 check "runs.jsonl: 3 lines" test "$(grep -c . "$dir/runs.jsonl")" -eq 3
 check "runs.jsonl: ends with a newline" test "$(tail -c 1 "$dir/runs.jsonl" | od -An -c | tr -d ' ')" = '\n'
@@ -115,7 +119,7 @@ for id in mlp-bsp-none-pulloff-1g mlp-bsp-topk-pulloff-1g mlp-bsp-fp16-pulloff-1
 done
 check "runs.csv: header" test "$(head -n 1 "$dir/runs.csv")" = "$header"
 check "runs.csv: header and 3 rows" test "$(grep -c . "$dir/runs.csv")" -eq 4
-check "runs.csv: 25 columns per row" test "$(awk -F, '{print NF}' "$dir/runs.csv" | sort -u)" = 25
+check "runs.csv: 27 columns per row" test "$(awk -F, '{print NF}' "$dir/runs.csv" | sort -u)" = 27
 check "curves.csv: header" test "$(head -n 1 "$dir/curves.csv")" = \
   "run_id,model,sync,codec,pulls,link_gbps,step,wall_s,loss,accuracy,bytes_up,bytes_down"
 check "curves.csv: planted rows dropped" test "$(grep -c ',999,' "$dir/curves.csv")" -eq 0
@@ -145,6 +149,10 @@ for codec in none topk fp16; do
     -v s="$(field "$line" step_s)" -v g="$(field "$line" link_measured_gbps)" \
     'BEGIN { exit !(u > 0 && d >= 1077288 && s > 0 && g >= 0.1 && g < 1.1) }' &&
     pass "$codec: bytes, step_s, link" || fail "$codec: bytes, step_s or link: $line"
+  awk -v w="$(field "$line" worker_cpu_ms_per_step)" -v s="$(field "$line" shard_cpu_ms_per_step)" \
+    'BEGIN { exit !(w > 0 && s > 0) }' &&
+    pass "$codec: CPU ms a step, worker $(field "$line" worker_cpu_ms_per_step) shards $(field "$line" shard_cpu_ms_per_step)" ||
+    fail "$codec: CPU per step: $line"
   check "$codec: 2 workers, 1 shard, batch 64" test \
     "$(field "$line" workers)/$(field "$line" shards)/$(field "$line" batch_size)" = "2/1/64"
 done
@@ -153,6 +161,24 @@ awk -v t="$(up topk)" -v f="$(up fp16)" -v n="$(up none)" \
   'BEGIN { exit !(n >= 1077288 && t * 10 < n && f < 0.55 * n) }' &&
   pass "bytes up: topk $(up topk), fp16 $(up fp16) < none $(up none)" || fail "bytes up: topk $(up topk) fp16 $(up fp16) none $(up none)"
 check "codec_spec of topk" test "$(field "$(grep '"codec":"topk"' "$dir/runs.jsonl")" codec_spec)" = "topk:ratio=0.01"
+
+# Paired pulls: top-k pulls of the push codec's ratio, both directions
+# at least 10x smaller than dense (the first pull of each chunk is dense).
+pdir="$tmp/pairedgrid"
+rm -rf "$pdir"
+"$bench" convergence --out_dir="$pdir" --models=mlp --syncs=bsp --codecs=topk --pulls=paired \
+  --links=1 --workers=2 --shards=1 --train_examples=2560 --epochs=1 --eval_every=5 \
+  --run_timeout_s=120 >"$tmp/paired.out" 2>"$tmp/paired.err"
+line=$(grep '"run_id":"mlp-bsp-topk-pullpaired-1g"' "$pdir/runs.jsonl")
+check "paired: status ok" test "$(field "$line" status)" = ok
+check "paired: pull codec topk:ratio=0.01" test "$(field "$line" pull_codec)" = "topk:ratio=0.01"
+none_down=$(field "$(grep '"codec":"none"' "$dir/runs.jsonl")" bytes_down_per_step)
+awk -v u="$(field "$line" bytes_up_per_step)" -v d="$(field "$line" bytes_down_per_step)" \
+  -v n="$none_down" 'BEGIN { exit !(n >= 1077288 && u > 0 && d > 0 && u * 10 < n && d * 10 < n) }' &&
+  pass "paired: up $(field "$line" bytes_up_per_step) and down $(field "$line" bytes_down_per_step) B/step, dense down $none_down" ||
+  fail "paired: bytes: $line (dense down $none_down)"
+awk -v a="$(field "$line" final_accuracy)" 'BEGIN { exit !(a >= 0.3 && a <= 1) }' &&
+  pass "paired: accuracy $(field "$line" final_accuracy)" || fail "paired: accuracy: $line"
 
 # Everything done: a third start runs nothing and leaves the files alone.
 sum_before=$(cat "$dir/runs.jsonl" "$dir/runs.csv" "$dir/curves.csv" | md5sum)

@@ -48,7 +48,9 @@ else
   tail -n 20 "$tmp/err"
 fi
 
-runs_header="bench,run_id,model,sync,codec,codec_spec,pull_codec,link_gbps,link_measured_gbps,workers,shards,batch_size,target_accuracy,time_to_target_s,steps_to_target,final_accuracy,best_accuracy,final_loss,steps,wall_s,step_s,bytes_up_per_step,bytes_down_per_step,status,error"
+runs_header="bench,run_id,model,sync,codec,codec_spec,pull_codec,link_gbps,link_measured_gbps,workers,shards,batch_size,target_accuracy,time_to_target_s,steps_to_target,final_accuracy,best_accuracy,final_loss,steps,wall_s,step_s,bytes_up_per_step,bytes_down_per_step,worker_cpu_ms_per_step,shard_cpu_ms_per_step,status,error"
+# The fixture was written before the grid had CPU figures; the report reads both.
+[ "$real_grid" = 1 ] || runs_header=$(sed 's/,worker_cpu_ms_per_step,shard_cpu_ms_per_step//' <<<"$runs_header")
 curves_header="run_id,model,sync,codec,pulls,link_gbps,step,wall_s,loss,accuracy,bytes_up,bytes_down"
 for f in runs.jsonl runs.csv curves.csv; do
   [ -s "$grid/$f" ] && pass "grid $f non-empty" || fail "grid $f missing or empty"
