@@ -466,6 +466,7 @@ void DenseTable::KeepSpareLocked(Slot& slot, std::shared_ptr<ParamBuffer> buffer
 void DenseTable::PublishLocked(Slot& slot, std::shared_ptr<ParamBuffer> next) {
   std::shared_ptr<ParamBuffer> old = std::move(slot.values);
   slot.values = std::move(next);
+  ++slot.values_version;
   KeepSpareLocked(slot, std::move(old));
 }
 
@@ -478,6 +479,7 @@ ParamBuffer& DenseTable::WritableLocked(Slot& slot) {
     PublishLocked(slot, std::move(copy));
   }
   slot.values->Invalidate();
+  ++slot.values_version;
   return *slot.values;
 }
 
@@ -578,7 +580,7 @@ absl::StatusOr<PullOutcome> DenseTable::TryPull(const PullQuery& query, proto::T
     PullViewEnvironment views_env{env_.codecs, env_.counters, env_.last_view_version,
                                   env_.options->num_workers};
     PullViews::Chunk chunk{&name_, slot->chunk, &slot->shape, slot->values->data(),
-                           slot->num_elements};
+                           slot->num_elements, slot->values_version};
     auto compressed = slot->views.Compress(views_env, chunk, query.rank, ref.codec_params(),
                                            ref.view_version(), out, &encoded);
     if (!compressed.ok()) {

@@ -82,6 +82,9 @@ class DenseTable : public Table {
     // `spare` (or a new buffer) and swaps it in only once every chunk of
     // its call passed.
     std::shared_ptr<ParamBuffer> values ABSL_GUARDED_BY(mutex);
+    // Counts the versions of `values` (a new buffer or a write in place):
+    // compressed pulls share a reply only between equal versions.
+    uint64_t values_version ABSL_GUARDED_BY(mutex) = 1;
     // Exclusively the slot's (never handed out) when set.
     std::shared_ptr<ParamBuffer> spare ABSL_GUARDED_BY(mutex);
     // What a BSP round's next sum is written into before the swap.

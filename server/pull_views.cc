@@ -1,5 +1,7 @@
 #include "server/pull_views.h"
 
+#include <utility>
+
 #include "server/table.h"
 
 namespace harrier {
@@ -22,7 +24,38 @@ CodecSpec PullEncoderSpec(const CodecSpec& spec, const std::vector<uint64_t>& sh
   return chunk_spec;
 }
 
+// Codecs whose payload is a function of the input alone (no seed, no
+// state carried between calls), so one encode serves every rank whose
+// view and parameters are the same. Random codecs draw from the rank's
+// seed, and PowerSGD warm-starts from each stream's last factor.
+bool SharesReplies(const CodecSpec& spec) {
+  switch (spec.id) {
+    case CodecId::kFp16:
+    case CodecId::kBf16:
+    case CodecId::kTopK:
+    case CodecId::kSign:
+    case CodecId::kEfSign:
+    case CodecId::kSignum:
+    case CodecId::kOneBit:
+      return true;
+    case CodecId::kThreshold:
+      return spec.fixed_tau;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
+
+PullViews::Values PullViews::DenseView(const Chunk& chunk) {
+  if (dense_ == nullptr || dense_version_ != chunk.values_version ||
+      dense_->size() != chunk.num_elements) {
+    dense_ = std::make_shared<const std::vector<float>>(chunk.values,
+                                                        chunk.values + chunk.num_elements);
+    dense_version_ = chunk.values_version;
+  }
+  return dense_;
+}
 
 absl::Status PullViews::Compress(const PullViewEnvironment& env, const Chunk& chunk, uint32_t rank,
                                  const std::string& codec_params, uint64_t held_version,
@@ -33,57 +66,70 @@ absl::Status PullViews::Compress(const PullViewEnvironment& env, const Chunk& ch
   const size_t n = chunk.num_elements;
   if (views_.empty()) views_.resize(env.num_workers);
   View& view = views_[rank];
-  const bool holds_current =
-      held_version != 0 && held_version == view.version && view.values.size() == n;
-  const bool holds_previous =
-      held_version != 0 && held_version == view.previous_version && view.previous.size() == n;
+  const bool holds_current = held_version != 0 && held_version == view.version &&
+                             view.values != nullptr && view.values->size() == n;
+  const bool holds_previous = held_version != 0 && held_version == view.previous_version &&
+                              view.previous != nullptr && view.previous->size() == n;
   if (!holds_current && !holds_previous) {
     // The rank's first compressed pull, or a view this shard does not hold
     // (version 0, one from before a restart, garbage): dense, and the view
     // starts there. The old views are no base for anything the rank holds.
-    if (view.values.size() == n || held_version != 0) env.counters->pull_view_resets++;
-    view.values.assign(chunk.values, chunk.values + n);
+    if ((view.values != nullptr && view.values->size() == n) || held_version != 0) {
+      env.counters->pull_view_resets++;
+    }
+    view.values = DenseView(chunk);
     view.version = ++*env.last_version;
     view.previous_version = 0;
-    view.previous.clear();
-    payload->assign(reinterpret_cast<const char*>(view.values.data()), n * sizeof(float));
+    view.previous.reset();
+    payload->assign(reinterpret_cast<const char*>(view.values->data()), n * sizeof(float));
     out->set_codec(0);
     out->set_view_version(view.version);
     return absl::OkStatus();
   }
-  if (!view.encoder || view.encoder_params != codec_params) {
-    auto encoder = CreateCodec(PullEncoderSpec(spec, *chunk.shape, n));
-    if (!encoder.ok()) return absl::InvalidArgumentError(encoder.status().message());
-    view.encoder = std::move(*encoder);
-    view.encoder_params = codec_params;
+  // What the rank holds: the current view, or the previous one when it
+  // lost the latest reply (re-made from there; that reply's view is
+  // dropped, the previous one stays as it is).
+  const Values base = holds_current ? view.values : view.previous;
+  if (!holds_current) env.counters->pull_view_remakes++;
+  const bool shares = SharesReplies(spec);
+  Values next;
+  if (shares && last_.next != nullptr && last_.base == base &&
+      last_.values_version == chunk.values_version && last_.codec_params == codec_params) {
+    *payload = last_.payload;
+    next = last_.next;
+    env.counters->pull_replies_shared++;
+  } else {
+    if (!view.encoder || view.encoder_params != codec_params) {
+      auto encoder = CreateCodec(PullEncoderSpec(spec, *chunk.shape, n));
+      if (!encoder.ok()) return absl::InvalidArgumentError(encoder.status().message());
+      view.encoder = std::move(*encoder);
+      view.encoder_params = codec_params;
+    }
+    std::vector<float> delta(n);
+    for (size_t i = 0; i < n; ++i) delta[i] = chunk.values[i] - (*base)[i];
+    CodecContext context;
+    context.seed = DeriveSeed(*chunk.key, chunk.chunk, out->clock(), rank, spec.seed);
+    // Nothing changes if either step fails: the rank still holds `base`.
+    if (auto status = view.encoder->Encode(delta, context, payload); !status.ok()) return status;
+    // The view advances by what the rank will decode, so what the codec
+    // drops stays in the next difference (error feedback on the shard's
+    // side).
+    auto advanced = std::make_shared<std::vector<float>>(*base);
+    if (auto status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(*advanced));
+        !status.ok()) {
+      return status;
+    }
+    next = std::move(advanced);
+    if (shares) last_ = SharedReply{base, chunk.values_version, codec_params, *payload, next};
   }
   if (holds_current) {
-    // The usual case: the current view becomes the previous one (what the
-    // rank holds until this reply arrives).
-    view.previous.swap(view.values);
+    // The current view becomes the previous one: what the rank holds
+    // until this reply arrives.
+    view.previous = std::move(view.values);
     view.previous_version = view.version;
-    view.values = view.previous;
-  } else {
-    // The rank lost the latest reply: re-make it from the view it holds.
-    // That reply's view is dropped; the previous one stays as it is.
-    env.counters->pull_view_remakes++;
-    view.values = view.previous;
   }
-  std::vector<float> delta(n);
-  for (size_t i = 0; i < n; ++i) delta[i] = chunk.values[i] - view.values[i];
-  CodecContext context;
-  context.seed = DeriveSeed(*chunk.key, chunk.chunk, out->clock(), rank, spec.seed);
-  absl::Status status = view.encoder->Encode(delta, context, payload);
-  // The view advances by what the rank will decode, so what the codec drops
-  // stays in the next difference (error feedback on the shard's side).
-  if (status.ok()) status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(view.values));
-  if (!status.ok()) {
-    // Nothing was sent: the rank holds the previous view, the only one left.
-    view.values = view.previous;
-    view.version = view.previous_version;
-    return status;
-  }
-  out->set_pull_view_version(view.previous_version);  // the base: what the rank holds
+  view.values = std::move(next);
+  out->set_pull_view_version(held_version);  // the base: what the rank holds
   view.version = ++*env.last_version;
   out->set_codec(static_cast<uint32_t>(spec.id));
   out->set_codec_params(spec.ToString());

@@ -6,6 +6,13 @@
 // replies so far, and the encoder of that stream (PowerSGD warm-starts). A
 // reply sends C(parameters - view) and the view advances by what the rank
 // decodes, so what the codec drops stays in the next difference.
+//
+// Views are immutable buffers shared between ranks: ranks that pull the
+// same parameters hold the same view (under BSP every rank, every round),
+// so with a codec whose payload depends on its input alone the reply is
+// encoded once and every such rank is sent that payload and moves to the
+// same next view. Ranks whose views differ (a lost reply, an SSP lead) get
+// replies of their own.
 
 #include <atomic>
 #include <cstdint>
@@ -41,6 +48,9 @@ class PullViews {
     const std::vector<uint64_t>* shape = nullptr;
     const float* values = nullptr;
     size_t num_elements = 0;
+    // Changes whenever `values` do (the slot's count of its versions):
+    // replies made from equal versions of equal views are equal.
+    uint64_t values_version = 0;
   };
 
   // Encodes the difference between the chunk's values and the view `rank`
@@ -53,19 +63,39 @@ class PullViews {
                         proto::TensorChunk* out, std::string* payload);
 
  private:
+  using Values = std::shared_ptr<const std::vector<float>>;
+
   // Two versions: the latest reply's (`values`) and the one before it
   // (`previous`), which is what the rank holds if that reply was lost; a
   // reply re-made from `previous` is decoded by the rank exactly as the
-  // shard decodes it, so the two stay bit-identical. At most two copies.
+  // shard decodes it, so the two stay bit-identical. Each is a buffer that
+  // other ranks' views may share.
   struct View {
-    std::vector<float> values;  // empty until the rank's first compressed pull
-    uint64_t version = 0;       // 0: none
-    std::vector<float> previous;
+    Values values;          // null until the rank's first compressed pull
+    uint64_t version = 0;   // 0: none (versions are the rank's own)
+    Values previous;
     uint64_t previous_version = 0;  // 0: none
     std::string encoder_params;
     std::unique_ptr<Codec> encoder;
   };
+  // The last reply encoded with a codec that SharesReplies: from view
+  // `base` (a buffer's identity is its content: buffers never change) and
+  // the parameters at `values_version`, the payload and the view it makes.
+  struct SharedReply {
+    Values base;
+    uint64_t values_version = 0;
+    std::string codec_params;
+    std::string payload;
+    Values next;
+  };
+  // The dense view of the parameters at `dense_version`, for every rank
+  // whose view starts there.
+  Values DenseView(const Chunk& chunk);
+
   std::vector<View> views_;
+  SharedReply last_;
+  Values dense_;
+  uint64_t dense_version_ = 0;
 };
 
 }  // namespace harrier

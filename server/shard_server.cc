@@ -630,6 +630,9 @@ void ShardServer::RegisterMetrics(ShardServiceOptions* service_options) {
   counter("harrier_server_pull_view_resets_total",
           "Compressed pulls answered dense because the client held no view the shard knows.",
           counters.pull_view_resets);
+  counter("harrier_server_pull_replies_shared_total",
+          "Compressed pull replies encoded once for ranks holding the same view.",
+          counters.pull_replies_shared);
   counter("harrier_server_optimizer_steps_total", "Optimizer steps applied.",
           counters.optimizer_steps);
   ShardStore* store = store_.get();

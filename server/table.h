@@ -79,6 +79,9 @@ struct ShardCounters {
   // client did not hold (version 0, unknown, or from before a restart).
   std::atomic<uint64_t> pull_view_remakes{0};
   std::atomic<uint64_t> pull_view_resets{0};
+  // Compressed pull replies sent as encoded for another rank whose view
+  // and parameters were the same (server/pull_views.h): encodes saved.
+  std::atomic<uint64_t> pull_replies_shared{0};
 };
 
 // What a push call did, part by part (ShardStore::Push).

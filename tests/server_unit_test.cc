@@ -283,5 +283,69 @@ TEST_CASE("compressed pulls are idempotent: a lost reply is re-made from the vie
   REQUIRE(reply.codec() != 0);
 }
 
+TEST_CASE("ranks holding the same view share one encode of a deterministic pull codec") {
+  // ASP, 4 ranks: a push is applied on arrival (scaled 1/4), so every rank
+  // pulls the same parameters from the same view.
+  auto store = MakeStore("asp", 4);
+  REQUIRE(store->Init(Init("w", 100)).ok());
+  REQUIRE(store->Init(Init("q", 100)).ok());
+  const auto forever = ShardStore::Clock::now() + std::chrono::seconds(5);
+  struct Rank {
+    proto::ChunkRef w, q;
+    std::vector<float> w_view, q_view;
+  };
+  std::vector<Rank> ranks(4);
+  proto::TensorChunk reply;
+  auto pull = [&](uint32_t rank, proto::ChunkRef& ref, std::vector<float>* view, bool apply) {
+    reply.Clear();
+    REQUIRE(PullWaiting(*store, rank, 0, ref, forever, {}, &reply).ok());
+    if (!apply) return;  // the reply is lost
+    ApplyReply(reply, view);
+    ref.set_view_version(reply.view_version());
+  };
+  for (uint32_t r = 0; r < 4; ++r) {
+    ranks[r].w.set_key("w");
+    ranks[r].w.set_num_elements(100);
+    ranks[r].w.set_codec_params("fp16");
+    ranks[r].q.set_key("q");
+    ranks[r].q.set_num_elements(100);
+    ranks[r].q.set_codec_params("qsgd:levels=127,bucket=512");
+    pull(r, ranks[r].w, &ranks[r].w_view, true);  // dense: every view starts here
+    pull(r, ranks[r].q, &ranks[r].q_view, true);
+  }
+  std::vector<float> gradient(100);
+  for (int i = 0; i < 100; ++i) gradient[i] = static_cast<float>(4 * (i + 1));
+  REQUIRE(store->Push({Gradient("w", 0, 0, gradient), Gradient("q", 0, 0, gradient)}).ok());
+
+  // fp16: one encode, the same payload for all four.
+  std::string first;
+  for (uint32_t r = 0; r < 4; ++r) {
+    pull(r, ranks[r].w, &ranks[r].w_view, true);
+    REQUIRE(reply.codec() == static_cast<uint32_t>(CodecId::kFp16));
+    if (r == 0) first = reply.payload();
+    REQUIRE(reply.payload() == first);
+    REQUIRE(ranks[r].w_view == *store->Snapshot("w", 0));  // -(i + 1): exact in fp16
+  }
+  REQUIRE(store->counters().pull_replies_shared == 3);
+  // QSGD draws from each rank's seed: an encode per rank.
+  for (uint32_t r = 0; r < 4; ++r) pull(r, ranks[r].q, &ranks[r].q_view, true);
+  REQUIRE(store->counters().pull_replies_shared == 3);
+
+  // The parameters move; ranks 0-2 pull (one encode), rank 3's reply of
+  // the same encode is lost.
+  REQUIRE(store->Push({Gradient("w", 1, 0, gradient)}).ok());
+  for (uint32_t r = 0; r < 3; ++r) pull(r, ranks[r].w, &ranks[r].w_view, true);
+  pull(3, ranks[3].w, &ranks[3].w_view, false);
+  REQUIRE(store->counters().pull_replies_shared == 6);
+  // They move again: rank 3 asks from its older view, a reply of its own.
+  REQUIRE(store->Push({Gradient("w", 2, 0, gradient)}).ok());
+  pull(3, ranks[3].w, &ranks[3].w_view, true);
+  REQUIRE(store->counters().pull_view_remakes == 1);
+  REQUIRE(store->counters().pull_replies_shared == 6);
+  for (uint32_t r = 0; r < 3; ++r) pull(r, ranks[r].w, &ranks[r].w_view, true);
+  REQUIRE(store->counters().pull_replies_shared == 8);
+  for (uint32_t r = 0; r < 4; ++r) REQUIRE(ranks[r].w_view == *store->Snapshot("w", 0));
+}
+
 }  // namespace
 }  // namespace harrier
