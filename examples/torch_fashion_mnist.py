@@ -190,7 +190,9 @@ def parse_args(argv):
     p.add_argument("--hidden", type=int, default=128, help="width of the hidden fc layer")
     p.add_argument("--codec", default="none",
                    help="worker mode: push compression, e.g. topk:ratio=0.01 (harrier.Client)")
-    p.add_argument("--pull_codec", default="none", help="worker mode: pull compression")
+    p.add_argument("--pull_codec", default="none",
+                   help="worker mode: pull compression, e.g. fp16; paired: the pair of --codec "
+                   "(top-k with top-k, PowerSGD with PowerSGD, ...); none: dense")
     p.add_argument("--techniques", default="none",
                    help="worker mode: comm scheduler techniques (plain, wfbp, fusion, "
                         "priority, all, a+b) or none: each gradient pushed from its hook")
