@@ -1,7 +1,6 @@
 #include "common/transport/ucx_worker.h"
 
 #include <sys/epoll.h>
-#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -24,11 +23,14 @@ absl::Status UcsError(const std::string& what, ucs_status_t status) {
 }
 
 // Idle spin before sleeping: long enough to catch the next message of a
-// burst (a round trip is ~5-15 us), short enough not to burn a core. While
-// a reply is expected (ExpectReplies) the spin is longer. Spinning yields
-// the CPU, so on a busy host the threads doing the work still run.
+// burst (a round trip is ~5-15 us), short enough not to burn a core. No
+// longer spin while a reply is expected: on a link slower than this
+// machine's memory (1 Gbit/s) fragments arrive tens of microseconds apart
+// for the whole of a large message, so such a spin never ends and a
+// worker's progress thread took a core (4.6 CPU s per GB moved against 1.3
+// without it, harrier-bench overlap --transport=ucx at 1 Gbit/s), while
+// 4 KiB round trips on loopback were no faster with it.
 constexpr auto kSpin = std::chrono::microseconds(50);
-constexpr auto kSpinExpecting = std::chrono::microseconds(500);
 
 // True when UCX_TLS lists transports and none of them is a network one
 // (those detect peer failure); "^" lists exclusions, so it may allow tcp.
@@ -53,7 +55,12 @@ constexpr size_t kHostTrailerBytes = kHostIdBytes + sizeof(kHostTrailerMagic);
 
 // This boot of this machine: the kernel's boot id (a fresh UUID per boot,
 // shared by every process and container on the host), hashed with the host
-// name for machines where /proc is not the host's.
+// name for machines where /proc is not the host's, and with the network
+// namespace. A process in a network namespace of its own (a container, or an
+// emulated host of harrier-bench) is another host: its peers reach it
+// through its network, as its operator set that network up to be reached.
+// Shared memory across namespaces would bypass that network (and between
+// harrier-bench's emulated hosts such endpoints stalled on large sends).
 std::string HostId() {
   static const std::string id = [] {
     std::string boot;
@@ -64,7 +71,10 @@ std::string HostId() {
     }
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
-    const std::string text = absl::StrCat(boot, "/", host);
+    char netns[128] = {};
+    [[maybe_unused]] const ssize_t netns_bytes =
+        readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
+    const std::string text = absl::StrCat(boot, "/", host, "/", netns);
     std::string out(kHostIdBytes, '\0');
     // FNV-1a over two seeds: collisions between hosts are what matters.
     for (int half = 0; half < 2; ++half) {
@@ -348,10 +358,6 @@ void UcxWorker::Loop() {
     // here too would only take the lock and the CPU from it.
     const bool driven = drivers_.load(std::memory_order_relaxed) > 0;
     if (idle < kSpin && !driven) continue;
-    if (!driven && idle < kSpinExpecting && expecting_.load(std::memory_order_relaxed) > 0) {
-      sched_yield();
-      continue;
-    }
     {
       // Arm, then sleep; BUSY means events arrived meanwhile: progress
       // again. A task queued meanwhile has written wake_fd_.

@@ -102,8 +102,8 @@ class UcxWorker {
   bool TryProgress();
 
   // Owners count replies they expect soon (+1 when a request starts, -1
-  // when it ends). While any is expected the progress thread spins longer
-  // before sleeping, so the reply does not pay an epoll wake-up. Thread-safe.
+  // when it ends). While any is expected, the last EndDriving wakes the
+  // progress thread so that it sees the reply. Thread-safe.
   void ExpectReplies(int delta) { expecting_.fetch_add(delta, std::memory_order_relaxed); }
 
   // --- With the worker held: in tasks (Post) and UCP callbacks only. ---
