@@ -46,7 +46,9 @@ namespace harrier {
 class ChunkCodec {
  public:
   // `push_codec` and `pull_codec` are codec specs (common/codec/README.md);
-  // INVALID_ARGUMENT if either does not parse. `host_backend` compresses
+  // `pull_codec` may also be "paired" (kPairedPullCodec): the pull codec
+  // paired with `push_codec` (common/codec/pull_pairing.h). INVALID_ARGUMENT
+  // if either does not parse. `host_backend` compresses
   // host tensors (null: NewHostCodecBackend()); `device_backend` device
   // tensors (null: AddTensor of a device tensor is FAILED_PRECONDITION).
   static absl::StatusOr<std::unique_ptr<ChunkCodec>> Create(

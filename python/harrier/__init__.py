@@ -310,9 +310,10 @@ class Client:
         registered at any time and pushed at its own pace; push() is for
         tensor_clock(name) and moves it on, pull() waits for the round of
         the last push. codec / pull_codec: this tensor's codecs ("" = the
-        client's; pull_codec "paired": the pair of its push codec). memory: "host" or "device" (the buffers of every later
-        call are CUDA arrays, compressed on the device; a module built with
-        --config=cuda); None: "device" for a CUDA tensor, else "host"."""
+        client's; pull_codec "paired": the pair of its push codec). memory:
+        "host" or "device" (the buffers of every later call are CUDA arrays,
+        compressed on the device; a module built with --config=cuda); None:
+        "device" for a CUDA tensor, else "host"."""
         if isinstance(shape_or_array, (tuple, list)) and all(
                 isinstance(d, int) for d in shape_or_array):
             shape, initial = tuple(shape_or_array), None
@@ -358,7 +359,8 @@ class Client:
     def push(self, name, gradient):
         """Sends the gradient for the current clock (waits for the shards'
         acknowledgement)."""
-        self._client.push(name, self._check_size(name, _readable(gradient, f"push '{name}'"), "push"))
+        gradient = _readable(gradient, f"push '{name}'")
+        self._client.push(name, self._check_size(name, gradient, "push"))
 
     def pull(self, name, out=None):
         """The parameters at the current clock, written into `out` (returned)

@@ -20,17 +20,24 @@ namespace {
 
 constexpr size_t kElements = 8192;  // 32 KiB: above the default compress_min_bytes
 
-std::unique_ptr<Client> Connect(const std::vector<std::unique_ptr<testing::ServerProcess>>& servers,
-                                int rank, const std::string& codec) {
-  ClientOptions options;
+// A client of `servers` with `options` (their addresses filled in) that has
+// registered "w", kElements floats.
+std::unique_ptr<Client> ConnectWith(
+    const std::vector<std::unique_ptr<testing::ServerProcess>>& servers, ClientOptions options) {
   options.servers = testing::Addresses(servers);
-  options.rank = rank;
-  options.codec = codec;
   options.rpc_timeout = absl::Seconds(20);
   auto client = Client::Create(options);
   REQUIRE(client.ok());
   REQUIRE((*client)->RegisterTensor("w", {static_cast<int64_t>(kElements)}).ok());
   return std::move(*client);
+}
+
+std::unique_ptr<Client> Connect(const std::vector<std::unique_ptr<testing::ServerProcess>>& servers,
+                                int rank, const std::string& codec) {
+  ClientOptions options;
+  options.rank = rank;
+  options.codec = codec;
+  return ConnectWith(servers, options);
 }
 
 TEST_CASE("top-k push: the shard applies exactly the k largest entries") {
@@ -79,21 +86,18 @@ TEST_CASE("compressed pulls rebuild the parameters exactly over a few pulls") {
   auto servers = testing::StartCluster(2, 1, {"--lr=1", "--sync=asp"});
   REQUIRE(servers.ok());
   ClientOptions options;
-  options.servers = testing::Addresses(*servers);
   options.pull_codec = "topk:ratio=0.25";
-  auto client = Client::Create(options);
-  REQUIRE(client.ok());
-  REQUIRE((*client)->RegisterTensor("w", {static_cast<int64_t>(kElements)}).ok());
+  auto client = ConnectWith(*servers, options);
   std::vector<float> w(kElements), grad(kElements);
-  REQUIRE((*client)->Pull("w", absl::MakeSpan(w)).ok());  // dense: the view starts
-  const uint64_t dense_bytes = (*client)->stats().bytes_pulled;
+  REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());  // dense: the view starts
+  const uint64_t dense_bytes = client->stats().bytes_pulled;
   REQUIRE(dense_bytes == kElements * sizeof(float));
   for (size_t i = 0; i < kElements; ++i) grad[i] = static_cast<float>(i % 13) - 6.0f;
-  REQUIRE((*client)->Push("w", grad).ok());
+  REQUIRE(client->Push("w", grad).ok());
   // Top 25 % of the difference per pull: four pulls carry all of it.
-  for (int pull = 0; pull < 4; ++pull) REQUIRE((*client)->Pull("w", absl::MakeSpan(w)).ok());
+  for (int pull = 0; pull < 4; ++pull) REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());
   for (size_t i = 0; i < kElements; ++i) REQUIRE(w[i] == -grad[i]);
-  const uint64_t compressed_bytes = (*client)->stats().bytes_pulled - dense_bytes;
+  const uint64_t compressed_bytes = client->stats().bytes_pulled - dense_bytes;
   REQUIRE(compressed_bytes < 4 * kElements * sizeof(float) * 6 / 10);
 }
 
@@ -101,20 +105,17 @@ TEST_CASE("one codec setting compresses both directions: pull_codec paired") {
   auto servers = testing::StartCluster(2, 1, {"--lr=1", "--sync=asp"});
   REQUIRE(servers.ok());
   ClientOptions options;
-  options.servers = testing::Addresses(*servers);
   options.codec = "topk:ratio=0.25";
   options.pull_codec = "paired";
-  auto client = Client::Create(options);
-  REQUIRE(client.ok());
-  REQUIRE((*client)->RegisterTensor("w", {static_cast<int64_t>(kElements)}).ok());
+  auto client = ConnectWith(*servers, options);
   // A tensor with a codec of its own pulls with that codec's pair.
   TensorOptions fp16;
   fp16.codec = "fp16";
-  REQUIRE((*client)->RegisterTensor("h", {static_cast<int64_t>(kElements)}, {}, fp16).ok());
+  REQUIRE(client->RegisterTensor("h", {static_cast<int64_t>(kElements)}, {}, fp16).ok());
   std::vector<float> w(kElements), h(kElements), grad(kElements);
-  REQUIRE((*client)->Pull("w", absl::MakeSpan(w)).ok());  // dense: the view starts
-  REQUIRE((*client)->Pull("h", absl::MakeSpan(h)).ok());
-  uint64_t pulled = (*client)->stats().bytes_pulled;
+  REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());  // dense: the view starts
+  REQUIRE(client->Pull("h", absl::MakeSpan(h)).ok());
+  uint64_t pulled = client->stats().bytes_pulled;
   REQUIRE(pulled == 2 * kElements * sizeof(float));
   // Every element differs, and top-k pushes only a quarter of each chunk a
   // step: push eighths one by one so the shard holds all of -grad.
@@ -124,24 +125,24 @@ TEST_CASE("one codec setting compresses both directions: pull_codec paired") {
     for (size_t i = eighth * kElements / 8; i < (eighth + 1) * kElements / 8; ++i) {
       part[i] = grad[i];
     }
-    REQUIRE((*client)->Push("w", part).ok());
-    REQUIRE((*client)->Push("h", part).ok());
-    (*client)->Clock();  // a push per clock: a second one would be a retry
+    REQUIRE(client->Push("w", part).ok());
+    REQUIRE(client->Push("h", part).ok());
+    client->Clock();  // a push per clock: a second one would be a retry
   }
   // w's pulls are top-k of 25 % (a quarter of the change a pull, 8 bytes an
   // element, a 24-byte header a chunk), and four carry all of it.
   for (int pull = 0; pull < 4; ++pull) {
-    REQUIRE((*client)->Pull("w", absl::MakeSpan(w)).ok());
-    const uint64_t now = (*client)->stats().bytes_pulled;
+    REQUIRE(client->Pull("w", absl::MakeSpan(w)).ok());
+    const uint64_t now = client->stats().bytes_pulled;
     REQUIRE(now - pulled >= 8 * kElements / 4);
     REQUIRE(now - pulled <= 8 * kElements / 4 + 2 * 24);
     pulled = now;
   }
   for (size_t i = 0; i < kElements; ++i) REQUIRE(w[i] == -grad[i]);
   // h's pulls are fp16, 2 bytes an element: the halves of -grad are exact.
-  REQUIRE((*client)->Pull("h", absl::MakeSpan(h)).ok());
-  REQUIRE((*client)->stats().bytes_pulled - pulled >= 2 * kElements);
-  REQUIRE((*client)->stats().bytes_pulled - pulled <= 2 * kElements + 2 * 24);
+  REQUIRE(client->Pull("h", absl::MakeSpan(h)).ok());
+  REQUIRE(client->stats().bytes_pulled - pulled >= 2 * kElements);
+  REQUIRE(client->stats().bytes_pulled - pulled <= 2 * kElements + 2 * 24);
   for (size_t i = 0; i < kElements; ++i) REQUIRE(h[i] == -grad[i]);
 }
 
