@@ -27,8 +27,8 @@ absl::Status UcsError(const std::string& what, ucs_status_t status) {
 // longer spin while a reply is expected: on a link slower than this
 // machine's memory (1 Gbit/s) fragments arrive tens of microseconds apart
 // for the whole of a large message, so such a spin never ends and a
-// worker's progress thread took a core (4.6 CPU s per GB moved against 1.3
-// without it, harrier-bench overlap --transport=ucx at 1 Gbit/s), while
+// worker's progress thread took a core (4.7-4.8 CPU s per GB moved against
+// 1.2-1.7 without it, harrier-bench overlap over UCX at 1 Gbit/s), while
 // 4 KiB round trips on loopback were no faster with it.
 constexpr auto kSpin = std::chrono::microseconds(50);
 
