@@ -578,7 +578,7 @@ absl::StatusOr<PullOutcome> DenseTable::TryPull(const PullQuery& query, proto::T
   } else {
     std::string encoded;
     PullViewEnvironment views_env{env_.codecs, env_.counters, env_.last_view_version,
-                                  env_.options->num_workers};
+                                  env_.options->num_workers, env_.budget};
     PullViews::Chunk chunk{&name_, slot->chunk, &slot->shape, slot->values->data(),
                            slot->num_elements, slot->values_version};
     auto compressed = slot->views.Compress(views_env, chunk, query.rank, ref.codec_params(),

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 #include "server/table.h"
 
 namespace harrier {
@@ -45,13 +47,39 @@ bool SharesReplies(const CodecSpec& spec) {
   }
 }
 
+// A copy of `n` floats at `data` as a view buffer, counted in the shard's
+// parameter budget until the last rank lets go of it (the budget outlives
+// the tables, and so their views).
+absl::StatusOr<std::shared_ptr<std::vector<float>>> CountedCopy(const PullViewEnvironment& env,
+                                                                const PullViews::Chunk& chunk,
+                                                                const float* data, size_t n) {
+  ParamBudget* budget = env.budget;
+  const uint64_t bytes = n * sizeof(float);
+  if (budget == nullptr) return std::make_shared<std::vector<float>>(data, data + n);
+  if (absl::Status reserved = budget->ReserveBytes(
+          absl::StrCat("compressed pull view of ", *chunk.key, " chunk ", chunk.chunk), bytes);
+      !reserved.ok()) {
+    return reserved;
+  }
+  return std::shared_ptr<std::vector<float>>(new std::vector<float>(data, data + n),
+                                             [budget, bytes](std::vector<float>* buffer) {
+                                               delete buffer;
+                                               budget->ReleaseBytes(bytes);
+                                             });
+}
+
 }  // namespace
 
-PullViews::Values PullViews::DenseView(const Chunk& chunk) {
+absl::StatusOr<PullViews::Values> PullViews::DenseView(const PullViewEnvironment& env,
+                                                       const Chunk& chunk) {
   if (dense_ == nullptr || dense_version_ != chunk.values_version ||
       dense_->size() != chunk.num_elements) {
-    dense_ = std::make_shared<const std::vector<float>>(chunk.values,
-                                                        chunk.values + chunk.num_elements);
+    // The old dense view is let go first: it is counted, and only ranks
+    // still holding it keep it alive.
+    dense_.reset();
+    auto copy = CountedCopy(env, chunk, chunk.values, chunk.num_elements);
+    if (!copy.ok()) return copy.status();
+    dense_ = std::move(*copy);
     dense_version_ = chunk.values_version;
   }
   return dense_;
@@ -77,7 +105,9 @@ absl::Status PullViews::Compress(const PullViewEnvironment& env, const Chunk& ch
     if ((view.values != nullptr && view.values->size() == n) || held_version != 0) {
       env.counters->pull_view_resets++;
     }
-    view.values = DenseView(chunk);
+    auto dense = DenseView(env, chunk);
+    if (!dense.ok()) return dense.status();
+    view.values = std::move(*dense);
     view.version = ++*env.last_version;
     view.previous_version = 0;
     view.previous.reset();
@@ -105,6 +135,10 @@ absl::Status PullViews::Compress(const PullViewEnvironment& env, const Chunk& ch
       view.encoder = std::move(*encoder);
       view.encoder_params = codec_params;
     }
+    // The next view's buffer first: refused by the budget, nothing has
+    // changed, the encoder's state included.
+    auto advanced = CountedCopy(env, chunk, base->data(), base->size());
+    if (!advanced.ok()) return advanced.status();
     std::vector<float> delta(n);
     for (size_t i = 0; i < n; ++i) delta[i] = chunk.values[i] - (*base)[i];
     CodecContext context;
@@ -114,12 +148,11 @@ absl::Status PullViews::Compress(const PullViewEnvironment& env, const Chunk& ch
     // The view advances by what the rank will decode, so what the codec
     // drops stays in the next difference (error feedback on the shard's
     // side).
-    auto advanced = std::make_shared<std::vector<float>>(*base);
-    if (auto status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(*advanced));
+    if (auto status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(**advanced));
         !status.ok()) {
       return status;
     }
-    next = std::move(advanced);
+    next = std::move(*advanced);
     if (shares) last_ = SharedReply{base, chunk.values_version, codec_params, *payload, next};
   }
   if (holds_current) {

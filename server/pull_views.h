@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/codec/codec.h"
 #include "proto/harrier.pb.h"
 #include "server/codec_cache.h"
@@ -28,14 +29,17 @@
 namespace harrier {
 
 struct ShardCounters;
+class ParamBudget;
 
 // What every chunk's views share: the shard's codec cache and counters,
-// and the last view version handed out.
+// the last view version handed out, and the parameter budget that counts
+// the views' buffers (--max_param_bytes; null: not counted).
 struct PullViewEnvironment {
   CodecCache* codecs = nullptr;
   ShardCounters* counters = nullptr;
   std::atomic<uint64_t>* last_version = nullptr;
   int num_workers = 1;
+  ParamBudget* budget = nullptr;
 };
 
 // Not thread-safe: the chunk's lock guards it.
@@ -57,7 +61,9 @@ class PullViews {
   // holds (`held_version`: the current or the previous one; any other gets
   // a dense reply that resets the view) into `payload` and makes the result
   // the rank's current view; sets the reply's codec fields and versions.
-  // `out->clock()` must be set (it seeds random codecs).
+  // `out->clock()` must be set (it seeds random codecs). Every view buffer
+  // is counted in `env.budget` while any rank holds it: a new one past
+  // --max_param_bytes fails RESOURCE_EXHAUSTED and nothing changes.
   absl::Status Compress(const PullViewEnvironment& env, const Chunk& chunk, uint32_t rank,
                         const std::string& codec_params, uint64_t held_version,
                         proto::TensorChunk* out, std::string* payload);
@@ -90,7 +96,7 @@ class PullViews {
   };
   // The dense view of the parameters at `dense_version`, for every rank
   // whose view starts there.
-  Values DenseView(const Chunk& chunk);
+  absl::StatusOr<Values> DenseView(const PullViewEnvironment& env, const Chunk& chunk);
 
   std::vector<View> views_;
   SharedReply last_;

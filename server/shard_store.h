@@ -157,7 +157,9 @@ class ShardStore {
   // keep counting.
   void StartRun();
 
-  // What the shard holds: distinct keys, chunks and parameter bytes.
+  // What the shard holds: distinct keys, chunks and parameter bytes (all
+  // that counts against --max_param_bytes: the chunks, sparse tables' rows
+  // and index, the views compressed pulls keep).
   struct Holdings {
     uint64_t keys = 0;
     uint64_t chunks = 0;

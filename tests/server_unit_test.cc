@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/codec/codec.h"
+#include "absl/strings/match.h"
 #include "common/crc32c.h"
 #include "common/partitioner.h"
 #include "server/consistency.h"
@@ -345,6 +346,73 @@ TEST_CASE("ranks holding the same view share one encode of a deterministic pull 
   for (uint32_t r = 0; r < 3; ++r) pull(r, ranks[r].w, &ranks[r].w_view, true);
   REQUIRE(store->counters().pull_replies_shared == 8);
   for (uint32_t r = 0; r < 4; ++r) REQUIRE(ranks[r].w_view == *store->Snapshot("w", 0));
+}
+
+TEST_CASE("compressed pull views count against --max_param_bytes") {
+  // One chunk of 100 floats (400 bytes) and room for three view buffers.
+  ShardStoreOptions options;
+  options.num_workers = 2;
+  options.sync = *SyncPolicy::FromFlags("asp", 1, 1);
+  options.max_param_bytes = 4 * 400;
+  OptimizerOptions sgd;
+  sgd.lr = 1.0f;
+  ShardStore store(options, *CreateOptimizer(sgd));
+  REQUIRE(store.Init(Init("w", 100)).ok());
+  REQUIRE(store.holdings().param_bytes == 400);
+  const auto forever = ShardStore::Clock::now() + std::chrono::seconds(5);
+  std::vector<proto::ChunkRef> refs(2);
+  std::vector<std::vector<float>> views(2);
+  proto::TensorChunk reply;
+  auto pull = [&](uint32_t rank) {
+    reply.Clear();
+    absl::Status status = PullWaiting(store, rank, 0, refs[rank], forever, {}, &reply);
+    if (status.ok()) {
+      ApplyReply(reply, &views[rank]);
+      refs[rank].set_view_version(reply.view_version());
+    }
+    return status;
+  };
+  for (auto& ref : refs) {
+    ref.set_key("w");
+    ref.set_num_elements(100);
+    ref.set_codec_params("fp16");
+  }
+  std::vector<float> gradient(100);
+  for (int i = 0; i < 100; ++i) gradient[i] = static_cast<float>(2 * (i + 1));
+  int64_t clock = 0;
+  auto push = [&] {
+    REQUIRE(store.Push({Gradient("w", 0, clock++, gradient)}).ok());
+  };
+
+  // The dense view both ranks start from: one buffer.
+  REQUIRE(pull(0).ok());
+  REQUIRE(pull(1).ok());
+  REQUIRE(store.holdings().param_bytes == 2 * 400);
+  // An advanced view, shared by both ranks (one encode, one buffer).
+  push();
+  REQUIRE(pull(0).ok());
+  REQUIRE(pull(1).ok());
+  REQUIRE(store.holdings().param_bytes == 3 * 400);
+  push();
+  REQUIRE(pull(0).ok());
+  REQUIRE(pull(1).ok());
+  REQUIRE(store.holdings().param_bytes == 4 * 400);
+  // A fourth view would pass the bound: refused, naming it, and nothing
+  // changes (the rank pulls fine once room is made).
+  push();
+  absl::Status refused = pull(0);
+  REQUIRE(absl::IsResourceExhausted(refused));
+  REQUIRE(absl::StrContains(refused.message(), "--max_param_bytes"));
+  REQUIRE(absl::StrContains(refused.message(), "compressed pull view of w"));
+  REQUIRE(store.holdings().param_bytes == 4 * 400);
+  // A rank that starts over (view 0) gets a dense reply: the old dense
+  // view, which no rank holds any more, is given back before the new one
+  // is counted.
+  refs[0].set_view_version(0);
+  REQUIRE(pull(0).ok());
+  REQUIRE(reply.codec() == 0);
+  REQUIRE(store.holdings().param_bytes == 4 * 400);
+  REQUIRE(views[0] == *store.Snapshot("w", 0));
 }
 
 }  // namespace
