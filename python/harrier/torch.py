@@ -195,22 +195,26 @@ class _Job:
                 return f"harrier.{op}/noname.{count}"
             return f"harrier.{op}/{name}"
 
-    def ensure_average(self, key, elements, codec, memory="host"):
-        """Registers the average tensor `key` once per process. A compressed
-        one pulls with its codec's pair, as Horovod's compression compresses
-        the result too."""
+    def ensure_average(self, key, elements, codec, memory="host", pull_codec="paired"):
+        """Registers the average tensor `key` once per process. With
+        pull_codec "paired" a compressed one pulls with its codec's pair, as
+        Horovod's compression compresses the result too (an uncompressed one
+        keeps the client's pull codec); any other codec spec ("none": dense)
+        is used as it is."""
         with self.lock:
             known = self.registered.get(key)
         if known is not None:
-            if known != (elements, codec, memory):
+            if known != (elements, codec, memory, pull_codec):
                 raise _bad(f"'{key}': {elements} elements in {memory} memory with compression "
-                           f"{codec!r}, but it was first used with {known[0]} elements in "
-                           f"{known[2]} memory and {known[1]!r}")
+                           f"{codec!r} and pull compression {pull_codec!r}, but it was first "
+                           f"used with {known[0]} elements in {known[2]} memory, {known[1]!r} "
+                           f"and {known[3]!r}")
             return
-        self.client.register(key, (elements,), kind="average", codec=codec,
-                             pull_codec="paired" if codec != "none" else "", memory=memory)
+        pull = ("paired" if codec != "none" else "") if pull_codec == "paired" else pull_codec
+        self.client.register(key, (elements,), kind="average", codec=codec, pull_codec=pull,
+                             memory=memory)
         with self.lock:
-            self.registered[key] = (elements, codec, memory)
+            self.registered[key] = (elements, codec, memory, pull_codec)
 
     def sparse_table(self, name, dim, options):
         """The sparse table `name`, registered on first use; every module of
@@ -620,29 +624,34 @@ class _Pending:
 
 
 def allreduce_async(tensor, average=None, name=None, compression=Compression.none, op=None,
-                    prescale_factor=1.0, postscale_factor=1.0, _inplace=False):
+                    prescale_factor=1.0, postscale_factor=1.0, pull_compression="paired",
+                    _inplace=False):
     """Starts an allreduce of `tensor` over every worker; returns a handle
     for synchronize(). Any tensor, at any time, under any name: each name is
     a tensor of its own on the shards with a clock of its own, so a name
     used once an epoch (or never again) waits for nothing else. Every
     worker calls it the same number of times per name (unnamed calls are
     named by their order). op: Average (default) or Sum; integer tensors
-    are reduced in float32 and rounded."""
+    are reduced in float32 and rounded. pull_compression: how the average
+    comes back, "paired" (default: the pull codec that goes with
+    `compression`), Compression.none (dense) or any Compression value, as
+    DistributedOptimizer's."""
     job = _need_job("allreduce")
     _check_device(tensor, "allreduce")
     op = _reduction(average, op)
     codec = _codec_of(compression)
+    pull_codec = _codec_of(pull_compression)
     key = job.collective_name("allreduce", name)
     sent = tensor.detach().reshape(-1).to(_torch.float32)
     if prescale_factor != 1.0:
         sent = sent * float(prescale_factor)
     if sent.is_cuda:  # stays on the device, compressed there
         sent = sent.contiguous()
-        job.ensure_average(key, sent.numel(), codec, "device")
+        job.ensure_average(key, sent.numel(), codec, "device", pull_codec)
         out = _torch.empty_like(sent)
     else:
         sent = _np.ascontiguousarray(sent.numpy(), dtype=_np.float32)
-        job.ensure_average(key, sent.size, codec)
+        job.ensure_average(key, sent.size, codec, "host", pull_codec)
         out = _np.empty(sent.size, dtype=_np.float32)
     handle = job.client.push_pull_async(key, sent, out)
     return _Pending(job, key, handle, sent, out, tensor, op, float(postscale_factor), _inplace)
@@ -661,10 +670,11 @@ def synchronize(handle, timeout=None):
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0):
-    """The average (or sum) of `tensor` over every worker, as a new tensor."""
+              prescale_factor=1.0, postscale_factor=1.0, pull_compression="paired"):
+    """The average (or sum) of `tensor` over every worker, as a new tensor
+    (pull_compression: as allreduce_async's)."""
     return synchronize(allreduce_async(tensor, average, name, compression, op, prescale_factor,
-                                       postscale_factor))
+                                       postscale_factor, pull_compression))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,

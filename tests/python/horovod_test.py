@@ -119,6 +119,12 @@ class HorovodScriptTest(unittest.TestCase):
             np.testing.assert_allclose(r["inplace"], [0.5] * 4)
             np.testing.assert_allclose(r["async"], [1.0])
             np.testing.assert_allclose(r["push_pull"], [2.0])
+            for pull in ("paired", "none"):
+                np.testing.assert_array_equal(r[f"big_{pull}"], [1.5] * 16384)  # exact in fp16
+            # Dense: three 64 KiB replies. Paired: a dense first reply, then
+            # two fp16 ones of half the bytes.
+            self.assertGreaterEqual(int(r["pulled_none"]), 3 * 65536)
+            self.assertLessEqual(int(r["pulled_paired"]), 0.7 * int(r["pulled_none"]))
             self.assertEqual(str(r["object"]),
                              '{"epoch": 7, "rank": 1, "text": "' + "\\u00e9" * 301 + '"}')
             np.testing.assert_allclose(r["broadcast"], np.arange(5.0) + 10)

@@ -82,6 +82,16 @@ def metric(args):
     handle = hvd.allreduce_async(torch.tensor([2.0 * r]), name="async")
     out["async"] = hvd.synchronize(handle).numpy()
     out["push_pull"] = hvd.push_pull(torch.tensor([4.0 * r]), name="bps").numpy()
+    # A compressed allreduce comes back with the codec's pair, or dense when
+    # asked: 64 KiB (above compress_min_bytes), three calls each.
+    big = torch.full((16384,), r + 1.0)
+    for pull in ("paired", hvd.Compression.none):
+        before = optimizer.client.stats()["bytes_pulled"]
+        for _ in range(3):
+            result = hvd.allreduce(big, name=f"big-{pull}", compression=hvd.Compression.fp16,
+                                   pull_compression=pull)
+        out[f"pulled_{pull}"] = optimizer.client.stats()["bytes_pulled"] - before
+        out[f"big_{pull}"] = result.numpy()
     out["object"] = json.dumps(hvd.broadcast_object({"epoch": 7, "rank": r, "text": "é" * 301},
                                                     root_rank=1))
     out["broadcast"] = hvd.broadcast(torch.arange(5.0) + 10 * r, root_rank=1).numpy()
