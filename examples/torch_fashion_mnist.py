@@ -5,7 +5,9 @@
   --mode=worker   one of --num_workers processes; the gradients go to the
                   Harrier server shards (--servers), which run the same
                   optimizer, so N workers with global batch B compute what
-                  one process computes with batch B.
+                  one process computes with batch B. With --update=average
+                  the shards average the gradients instead and every worker
+                  runs the optimizer on the average, as PyTorch DDP does.
 
 Both modes end with stdout lines (rank 0 only in worker mode):
 
@@ -14,6 +16,9 @@ Both modes end with stdout lines (rank 0 only in worker mode):
   train_seconds=N.N
   steps=N
   ms_per_step=N.N
+
+and in worker mode update=server or update=average (where the optimizer
+ran), bytes_pushed=N and bytes_pulled=N (this worker's client).
 
 Progress lines go to stderr. The data are the IDX files of Debian's
 dataset-fashion-mnist package (--data_dir).
@@ -172,11 +177,13 @@ def parse_args(argv):
     p.add_argument("--batch_size", type=int, default=DEFAULT_BATCH_SIZE,
                    help="global batch size (each worker takes batch_size/num_workers)")
     p.add_argument("--lr", type=float, default=DEFAULT_LR,
-                   help="learning rate (worker mode: the servers' --lr applies)")
+                   help="learning rate (worker mode, --update=server: the servers' --lr "
+                        "applies)")
     p.add_argument("--momentum", type=float, default=DEFAULT_MOMENTUM)
     p.add_argument("--optimizer", choices=["nesterov", "momentum"],
                    default=DEFAULT_OPTIMIZER,
-                   help="momentum form (worker mode: the servers' --optimizer applies)")
+                   help="momentum form (worker mode, --update=server: the servers' "
+                        "--optimizer applies)")
     p.add_argument("--seed", type=int, default=1,
                    help="model initialisation and data order; the same on every worker")
     p.add_argument("--limit_steps", type=int, default=0,
@@ -196,6 +203,11 @@ def parse_args(argv):
     p.add_argument("--techniques", default="none",
                    help="worker mode: comm scheduler techniques (plain, wfbp, fusion, "
                         "priority, all, a+b) or none: each gradient pushed from its hook")
+    p.add_argument("--update", choices=["server", "average"], default="server",
+                   help="worker mode: server: the shards run the optimizer on the pushed "
+                        "gradients; average: the shards average the gradients (one fused "
+                        "bucket, --codec compressing it, --pull_codec the average pulled "
+                        "back) and each worker runs this script's optimizer, as DDP does")
     p.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--print_server_args", action="store_true",
                    help="print the Harrier server flags that match these "
@@ -210,6 +222,9 @@ def parse_args(argv):
             p.error("--num_workers must be at least 1")
         if args.rank is None or not 0 <= args.rank < args.num_workers:
             p.error(f"--mode=worker needs --rank in 0..{args.num_workers - 1}")
+        if args.update == "average" and args.techniques != "none":
+            p.error("--techniques schedules pushes for the shards' optimizer: "
+                    "it needs --update=server")
         if args.batch_size % args.num_workers:
             p.error(f"--batch_size={args.batch_size} is not divisible by "
                     f"--num_workers={args.num_workers}")
@@ -250,20 +265,32 @@ def main(argv):
             log(f"torch_fashion_mnist: --mode=worker needs Harrier's Python "
                 f"package (harrier, harrier.torch) on the path: {e}")
             return 1
+        average = args.update == "average"
+        # update=average: the codecs belong to the optimizer's averaged bucket.
         client = harrier.Client(servers=args.servers.split(","), rank=args.rank,
-                                codec=args.codec, pull_codec=args.pull_codec)
+                                codec="none" if average else args.codec,
+                                pull_codec="none" if average else args.pull_codec)
         if client.rank != args.rank or client.num_workers != args.num_workers:
             log(f"torch_fashion_mnist: the client says rank={client.rank} "
                 f"num_workers={client.num_workers}, the flags say rank={args.rank} "
                 f"num_workers={args.num_workers}")
             client.leave()
             return 1
-        # The shards run the optimizer; the local one's lr and momentum are unused.
-        opt = htorch.DistributedOptimizer(
-            local, model.named_parameters(), client=client, model=model,
-            techniques=None if args.techniques == "none" else args.techniques)
-        log(f"{tag}the servers must run with {server_args(args)} to match these "
-            "hyperparameters (the local optimizer's lr is unused)")
+        if average:
+            # The local optimizer steps on the averaged gradients; every
+            # worker starts from rank 0's parameters.
+            htorch.broadcast_parameters(model.state_dict(), root_rank=0, client=client)
+            opt = htorch.DistributedOptimizer(
+                local, model.named_parameters(), client=client, update="average",
+                compression=args.codec,
+                pull_compression=args.pull_codec)
+        else:
+            # The shards run the optimizer; the local one's lr and momentum are unused.
+            opt = htorch.DistributedOptimizer(
+                local, model.named_parameters(), client=client, model=model,
+                techniques=None if args.techniques == "none" else args.techniques)
+            log(f"{tag}the servers must run with {server_args(args)} to match these "
+                "hyperparameters (the local optimizer's lr is unused)")
     else:
         opt = local
 
@@ -328,7 +355,8 @@ def main(argv):
               f"ms_per_step={1000 * train_seconds / max(step, 1):.1f}"]
     if worker:
         stats = client.stats()
-        lines += [f"bytes_pushed={stats['bytes_pushed']}", f"bytes_pulled={stats['bytes_pulled']}"]
+        lines += [f"update={args.update}", f"bytes_pushed={stats['bytes_pushed']}",
+                  f"bytes_pulled={stats['bytes_pulled']}"]
         client.leave()
     out = sys.stdout if rank == 0 else sys.stderr
     for line in lines:

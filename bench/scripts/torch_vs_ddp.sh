@@ -17,12 +17,20 @@
 #   bench/scripts/torch_vs_ddp.sh [--links_gbps=0.1,1,0] [--workers=4]
 #       [--harrier=none@2,none@4,fp16@4@fp16] [--ddp=none,fp16,powersgd]
 #       [--epochs=6] [--limit_steps=0] [--eval_every=50] [--targets=0.85,0.90]
-#       [--out=FILE]
+#       [--plain_env] [--out=FILE]
 #
-# --harrier: CODEC@SHARDS[@PULL_CODEC[@TECHNIQUES]] per configuration (the
-# example's --codec, --pull_codec and --techniques: none pushes each
-# gradient from its hook, all runs the comm scheduler; the shards run the
-# example's optimizer).
+# Every worker and shard of both systems runs with OMP_NUM_THREADS=1,
+# OPENBLAS_NUM_THREADS=1 and glibc's MALLOC_MMAP_THRESHOLD_ and
+# MALLOC_TRIM_THRESHOLD_ raised (64 and 128 MiB), as a tuned job would;
+# --plain_env leaves the environment as it is.
+#
+# --harrier: CODEC@SHARDS[@PULL_CODEC[@TECHNIQUES[@UPDATE]]] per
+# configuration (the example's --codec, --pull_codec, --techniques and
+# --update: none pushes each gradient from its hook, all runs the comm
+# scheduler; update server (the default) runs the example's optimizer on the
+# shards, average averages one fused gradient bucket on the shards and runs
+# it on each worker, as DDP does; an empty field keeps its default, e.g.
+# none@4@@@average).
 # --links_gbps: 0 is unshaped veth links. --limit_steps cuts each run
 # (ms per step only, then). In Debian's torch, gloo inside a namespace needs
 # GLOO_SOCKET_IFNAME=eth0 (set here). HARRIER_BIN=DIR (holding
@@ -34,6 +42,15 @@ root=$PWD
 
 if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
   shift
+  if [ "${TORCH_VS_DDP_PLAIN_ENV:-0}" = 0 ]; then
+    # The same for both systems' processes: one compute thread each (Debian's
+    # torch runs OpenBLAS, whose extra thread spins in sched_yield between
+    # calls and took about a quarter of each worker's CPU here), and glibc
+    # keeping freed tensors' memory instead of unmapping it and faulting it
+    # back each step (a quarter of DDP rank 0's CPU in some runs).
+    export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MALLOC_MMAP_THRESHOLD_=67108864 \
+      MALLOC_TRIM_THRESHOLD_=134217728
+  fi
   system=$1 config=$2 workers=$3 dir=$4
   shift 4
   example=("$@")
@@ -44,7 +61,7 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
   done
   pids=()
   if [ "$system" = harrier ]; then
-    IFS=@ read -r codec shards pull_codec techniques <<<"$config"
+    IFS=@ read -r codec shards pull_codec techniques update <<<"$config"
     servers=""
     server_args=$(/usr/bin/python3 examples/torch_fashion_mnist.py --print_server_args "${example[@]}")
     for ((i = 0; i < shards; i++)); do
@@ -67,7 +84,8 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       ns_var="NETEM_NS_$r"
       ip netns exec "${!ns_var}" /usr/bin/python3 examples/torch_fashion_mnist.py --mode=worker \
         --servers="$servers" --rank=$r --num_workers="$workers" --codec="$codec" \
-        --pull_codec="${pull_codec:-none}" --techniques="${techniques:-none}" "${example[@]}" \
+        --pull_codec="${pull_codec:-none}" --techniques="${techniques:-none}" \
+        --update="${update:-server}" "${example[@]}" \
         >"$dir/out$r" 2>"$dir/err$r" &
       pids+=($!)
     done
@@ -111,6 +129,7 @@ for arg in "$@"; do
     --eval_every=*) eval_every=${arg#*=} ;;
     --out=*) out=${arg#*=} ;;
     --targets=*) targets=${arg#*=} ;;
+    --plain_env) export TORCH_VS_DDP_PLAIN_ENV=1 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "torch_vs_ddp: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
@@ -168,9 +187,9 @@ for rate in "${rates[@]}"; do
     done
     extra=""
     if [ "$system" = harrier ]; then
-      IFS=@ read -r codec shards pull_codec techniques <<<"$config"
-      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","shards":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
-        "$codec" "${pull_codec:-none}" "${techniques:-none}" "$shards" \
+      IFS=@ read -r codec shards pull_codec techniques update <<<"$config"
+      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","update":"%s","shards":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
+        "$codec" "${pull_codec:-none}" "${techniques:-none}" "$(field update "$dir/out0")" "$shards" \
         "$(awk -v b="$(field bytes_pushed "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')" \
         "$(awk -v b="$(field bytes_pulled "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')")
     else
