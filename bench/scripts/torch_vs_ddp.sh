@@ -17,12 +17,14 @@
 #   bench/scripts/torch_vs_ddp.sh [--links_gbps=0.1,1,0] [--workers=4]
 #       [--harrier=none@2,none@4,fp16@4@fp16] [--ddp=none,fp16,powersgd]
 #       [--epochs=6] [--limit_steps=0] [--eval_every=50] [--targets=0.85,0.90]
-#       [--plain_env] [--out=FILE]
+#       [--plain_env] [--run_timeout=3600] [--out=FILE]
 #
 # Every worker and shard of both systems runs with OMP_NUM_THREADS=1,
 # OPENBLAS_NUM_THREADS=1 and glibc's MALLOC_MMAP_THRESHOLD_ and
 # MALLOC_TRIM_THRESHOLD_ raised (64 and 128 MiB), as a tuned job would;
-# --plain_env leaves the environment as it is.
+# --plain_env leaves the environment as it is. --run_timeout: seconds a
+# configuration may take; a process still running 60 s after rank 0
+# reported its result is killed and named, and the result kept.
 #
 # --harrier: CODEC@SHARDS[@PULL_CODEC[@TECHNIQUES[@UPDATE]]] per
 # configuration (the example's --codec, --pull_codec, --techniques and
@@ -100,8 +102,33 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       pids+=($!)
     done
   fi
-  status=0
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  # Every process has until the deadline; once rank 0 has reported, the
+  # others get a grace period to exit (a DDP rank was once seen spinning in
+  # its teardown after its peers had gone), then are killed and named.
+  deadline=$((SECONDS + ${TORCH_VS_DDP_RUN_TIMEOUT:-3600})) grace_end=0 status=0
+  while :; do
+    alive=()
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+    [ ${#alive[@]} -eq 0 ] && break
+    if [ "$grace_end" = 0 ] && grep -q '^ms_per_step=' "$dir/out0" 2>/dev/null; then
+      grace_end=$((SECONDS + 60))
+    fi
+    if [ $SECONDS -ge $deadline ] || { [ "$grace_end" != 0 ] && [ $SECONDS -ge "$grace_end" ]; }; then
+      why="the ${TORCH_VS_DDP_RUN_TIMEOUT:-3600} s deadline"
+      [ $SECONDS -lt $deadline ] && why="60 s after rank 0 reported"
+      echo "torch_vs_ddp: $system $config: ${#alive[@]} process(es) still running $why; killed" >&2
+      kill -9 "${alive[@]}" 2>/dev/null
+      [ $SECONDS -ge $deadline ] && status=1
+      break
+    fi
+    sleep 1
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid"
+    code=$?
+    # A process killed past rank 0's report (137) keeps the run's result.
+    [ "$code" = 0 ] || { [ "$code" = 137 ] && [ "$grace_end" != 0 ]; } || status=1
+  done
   for ((r = 0; r < workers; r++)); do
     ns_var="NETEM_NS_$r"
     echo "$(ifbytes "${!ns_var}" tx) $(ifbytes "${!ns_var}" rx)" >"$dir/after$r"
@@ -130,6 +157,7 @@ for arg in "$@"; do
     --out=*) out=${arg#*=} ;;
     --targets=*) targets=${arg#*=} ;;
     --plain_env) export TORCH_VS_DDP_PLAIN_ENV=1 ;;
+    --run_timeout=*) export TORCH_VS_DDP_RUN_TIMEOUT=${arg#*=} ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "torch_vs_ddp: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac

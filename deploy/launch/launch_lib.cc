@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -240,6 +241,8 @@ absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& after_d
                                          const std::string& cwd) {
   Options o;
   o.workdir = cwd;
+  if (const char* threads = std::getenv("OMP_NUM_THREADS"); threads != nullptr)
+    o.omp_num_threads = threads;
   // A command is any first word that is not a flag: "python3", "./train.sh".
   if (!after_dashes.empty() && !absl::StartsWith(after_dashes[0], "-")) {
     if (after_dashes[0].empty()) {
@@ -533,6 +536,11 @@ JobPlan MakePlan(const Options& o) {
               std::make_pair("HARRIER_AUTH_TOKEN_FILE", &o.auth_token_file)}) {
           if (!value->empty()) w.env.emplace_back(name, *value);
         }
+        if (!o.omp_num_threads.empty()) {
+          w.env.emplace_back("OMP_NUM_THREADS", o.omp_num_threads);
+        } else if (per_host[host] > 1) {
+          w.env.emplace_back("OMP_NUM_THREADS", "1");
+        }
       } else {
         w.command = {o.worker_bin, absl::StrCat("--servers=", servers),
                      absl::StrCat("--num_workers=", total), absl::StrCat("--rank=", rank)};
@@ -543,6 +551,18 @@ JobPlan MakePlan(const Options& o) {
     }
   }
   return plan;
+}
+
+std::vector<std::string> HostsGivenOneThread(const Options& o) {
+  std::vector<std::string> hosts;
+  if (!o.RunsCommand() || !o.omp_num_threads.empty()) return hosts;
+  std::map<std::string, int> per_host;
+  for (const auto& h : o.hosts) per_host[h.host] += h.slots;
+  for (const auto& h : o.hosts) {
+    if (per_host[h.host] > 1 && std::find(hosts.begin(), hosts.end(), h.host) == hosts.end())
+      hosts.push_back(h.host);
+  }
+  return hosts;
 }
 
 std::string CommandWithEnv(const PlannedProcess& p) {

@@ -66,6 +66,12 @@ struct Options {
   std::string tls_ca, tls_cert, tls_key, auth_token_file;
   // The launcher's current folder: a remote command runs there.
   std::string workdir;
+  // The launcher's OMP_NUM_THREADS (empty: unset). A command gets it as it
+  // is; unset, a command sharing its host with other workers gets 1, as
+  // torchrun does, so that N processes do not each start a compute thread
+  // per core (OpenBLAS, which Debian's PyTorch uses, also takes its thread
+  // count from it).
+  std::string omp_num_threads;
   int grace_ms = 10000;
   int start_timeout_ms = 60000;
   bool dry_run = false;
@@ -146,8 +152,12 @@ struct JobPlan {
 // --num_workers, --rank (and the TLS flags), or the user's command with the
 // job in HARRIER_SERVERS, HARRIER_NUM_SHARDS, HARRIER_NUM_WORKERS,
 // HARRIER_RANK, HARRIER_LOCAL_RANK, HARRIER_LOCAL_SIZE (and the TLS
-// variables).
+// variables), and OMP_NUM_THREADS (Options::omp_num_threads).
 JobPlan MakePlan(const Options& options);
+
+// The hosts where MakePlan set OMP_NUM_THREADS=1 because several workers
+// share them and the launcher's environment did not say (empty otherwise).
+std::vector<std::string> HostsGivenOneThread(const Options& options);
 
 // "NAME=value ... command args", shell-quoted: what a process runs, as
 // --dry_run prints it.

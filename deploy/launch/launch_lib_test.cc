@@ -331,7 +331,8 @@ TEST_CASE("plan: a command gets the job in its environment") {
                                        {"HARRIER_RANK", "1"},
                                        {"HARRIER_LOCAL_RANK", "1"},
                                        {"HARRIER_LOCAL_SIZE", "3"},
-                                       {"HARRIER_TLS_CERT", "/s/tls.crt"}});
+                                       {"HARRIER_TLS_CERT", "/s/tls.crt"},
+                                       {"OMP_NUM_THREADS", "1"}});
   // h1 listed twice is one host: rank 3 is its third worker.
   CHECK(plan.workers[3].env[3] == std::make_pair(std::string("HARRIER_RANK"), std::string("3")));
   CHECK(plan.workers[3].env[4] ==
@@ -346,6 +347,35 @@ TEST_CASE("plan: a command gets the job in its environment") {
   p.command = {"sh", "-c", "echo $HARRIER_RANK"};
   CHECK(CommandWithEnv(p) ==
         "HARRIER_RANK=0 HARRIER_TLS_CA='/my certs/ca.pem' sh -c 'echo $HARRIER_RANK'");
+}
+
+TEST_CASE("plan: OMP_NUM_THREADS=1 where workers share a host, the launcher's own otherwise") {
+  Options o;
+  o.hosts = {{"h1", 2}, {"h2", 1}};
+  o.num_servers = 1;
+  o.server_bin = "/b/harrier-server";
+  o.command = {"python3", "train.py"};
+  auto threads = [](const PlannedProcess& w) {
+    for (const auto& [name, value] : w.env)
+      if (name == "OMP_NUM_THREADS") return value;
+    return std::string("unset");
+  };
+  JobPlan plan = MakePlan(o);
+  REQUIRE(plan.workers.size() == 3);
+  CHECK(threads(plan.workers[0]) == "1");
+  CHECK(threads(plan.workers[1]) == "1");
+  CHECK(threads(plan.workers[2]) == "unset");  // alone on h2: its cores are its own
+  CHECK(HostsGivenOneThread(o) == std::vector<std::string>{"h1"});
+  o.omp_num_threads = "4";  // exported by the user: passed on as it is, also over ssh
+  plan = MakePlan(o);
+  CHECK(threads(plan.workers[0]) == "4");
+  CHECK(threads(plan.workers[2]) == "4");
+  CHECK(HostsGivenOneThread(o).empty());
+  o.omp_num_threads.clear();
+  o.command.clear();  // harrier-worker: flags, no environment of the job
+  plan = MakePlan(o);
+  CHECK(plan.workers[0].env.empty());
+  CHECK(HostsGivenOneThread(o).empty());
 }
 
 TEST_CASE("binaries: next to the launcher, or as in bazel-bin") {

@@ -855,6 +855,12 @@ int Main(int argc, char** argv) {
   }
   Launcher launcher(opt);
   launcher.Plan();
+  if (const std::vector<std::string> hosts = HostsGivenOneThread(opt); !hosts.empty()) {
+    fprintf(stderr,
+            "harrier-launch: OMP_NUM_THREADS=1 for each worker on %s, which runs several of "
+            "them (export OMP_NUM_THREADS to choose another count)\n",
+            absl::StrJoin(hosts, ", ").c_str());
+  }
   if (opt.dry_run) {
     launcher.DryRun();
     return 0;

@@ -62,9 +62,16 @@ rc=$?
 report "the command form: one shard, each rank's command with HARRIER_* in front" \
   "$([ $rc -eq 0 ] && [ "$(wc -l <"$tmp/out")" -eq 3 ] &&
      grep -qx '\[shard-0@localhost\] /opt/h/harrier-server --shard=0 --num_shards=1 --num_workers=2 --port=50051 --host=0.0.0.0' "$tmp/out" &&
-     grep -qx '\[worker-0@localhost\] HARRIER_SERVERS=127.0.0.1:50051 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=2 HARRIER_RANK=0 HARRIER_LOCAL_RANK=0 HARRIER_LOCAL_SIZE=2 python3 train.py --epochs 3' "$tmp/out" &&
-     grep -qx '\[worker-1@localhost\] HARRIER_SERVERS=127.0.0.1:50051 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=2 HARRIER_RANK=1 HARRIER_LOCAL_RANK=1 HARRIER_LOCAL_SIZE=2 python3 train.py --epochs 3' "$tmp/out" &&
+     grep -qx '\[worker-0@localhost\] HARRIER_SERVERS=127.0.0.1:50051 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=2 HARRIER_RANK=0 HARRIER_LOCAL_RANK=0 HARRIER_LOCAL_SIZE=2 OMP_NUM_THREADS=1 python3 train.py --epochs 3' "$tmp/out" &&
+     grep -qx '\[worker-1@localhost\] HARRIER_SERVERS=127.0.0.1:50051 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=2 HARRIER_RANK=1 HARRIER_LOCAL_RANK=1 HARRIER_LOCAL_SIZE=2 OMP_NUM_THREADS=1 python3 train.py --epochs 3' "$tmp/out" &&
      ! grep -q harrier-worker "$tmp/out" && echo yes)" "exit $rc: $(head -c 600 "$tmp/out" "$tmp/err")"
+report "two workers on one host get OMP_NUM_THREADS=1, as torchrun gives them, and the launcher says so" \
+  "$(grep -q 'OMP_NUM_THREADS=1 for each worker on localhost' "$tmp/err" && echo yes)" "$(head -c 600 "$tmp/err")"
+(cd "$tmp/job" && env -i PATH="$PATH" OMP_NUM_THREADS=3 "$launch" -np 2 --bin_dir=/opt/h --dry_run \
+  -- python3 train.py >"$tmp/out" 2>"$tmp/err")
+report "an OMP_NUM_THREADS the user exported is passed on as it is" \
+  "$([ "$(grep -c 'HARRIER_LOCAL_SIZE=2 OMP_NUM_THREADS=3 python3 train.py$' "$tmp/out")" -eq 2 ] &&
+     ! grep -q OMP_NUM_THREADS "$tmp/err" && echo yes)" "$(head -c 600 "$tmp/out" "$tmp/err")"
 run "$launch" -np 1 --bin_dir=/opt/h --dry_run -- sh -c 'echo "$HARRIER_RANK" done'
 report "the command's words are shell-quoted" \
   "$(grep -qxF "[worker-0@localhost] HARRIER_SERVERS=127.0.0.1:50051 HARRIER_NUM_SHARDS=1 HARRIER_NUM_WORKERS=1 HARRIER_RANK=0 HARRIER_LOCAL_RANK=0 HARRIER_LOCAL_SIZE=1 sh -c 'echo \"\$HARRIER_RANK\" done'" "$tmp/out" &&
