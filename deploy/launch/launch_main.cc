@@ -76,6 +76,7 @@ Processes:
       HARRIER_NUM_SHARDS   HARRIER_NUM_WORKERS (all workers)   HARRIER_RANK (0..N-1)
       HARRIER_LOCAL_RANK   (index on its host)   HARRIER_LOCAL_SIZE (workers on its host)
       HARRIER_TLS_CA, HARRIER_TLS_CERT, HARRIER_TLS_KEY, HARRIER_AUTH_TOKEN_FILE (when given)
+      OMP_NUM_THREADS      the launcher's own; unset, 1 on a host running several workers
     Locally it runs in the launcher's current folder, found on PATH; over ssh it runs in the
     same folder on the remote host (hosts sharing a file system), else in the ssh login folder.
   Shards: --num_servers of them (default: one per host used), shard i on host i mod (number
