@@ -162,7 +162,9 @@ echo "quickstart: $shards shards at $servers; starting $workers $workload worker
 
 for ((rank = 0; rank < workers; rank++)); do
   if [ "$workload" = torch-cnn ]; then
-    /usr/bin/python3 -u "$example" --mode=worker --servers="$servers" --rank="$rank" \
+    # One compute thread per worker unless the caller says otherwise, as
+    # harrier-launch and torchrun give several workers on one host.
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" /usr/bin/python3 -u "$example" --mode=worker --servers="$servers" --rank="$rank" \
       --num_workers="$workers" ${epochs:+--epochs="$epochs"} ${worker_args[@]+"${worker_args[@]}"} \
       >"$run_dir/worker$rank.out" 2> >(sed -u "s/^/[worker $rank] /" | tee "$run_dir/worker$rank.log" >&2) &
     pids+=($!); name_of[$!]="worker rank $rank"
