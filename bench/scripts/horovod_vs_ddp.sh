@@ -5,7 +5,8 @@
 # N workers on this host (loopback), and as one plain process. Interleaved
 # rounds; one JSON line per run (ms_per_step of the training steps,
 # test_accuracy), then a summary line per mode with the median and its
-# ratio to DDP's.
+# ratio to DDP's. Every process runs with OMP_NUM_THREADS=1 unless the
+# caller sets it.
 #   bench/scripts/horovod_vs_ddp.sh [--workers=2] [--train_examples=12000] [--rounds=3]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,6 +25,10 @@ done
 bazel build -c opt //server:harrier-server //deploy/launch:harrier-launch //python:package >&2
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 export PYTHONPATH="$bin/python/pkg"
+# One compute thread per process in every mode: what harrier-launch and
+# torchrun give several workers on one host (and what this script's DDP
+# processes, started by hand, would get from torchrun).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 flags=(--epochs=1 --train-examples="$examples" --log-interval=100000)
 field() { sed -n "s/^\(\[worker-0@localhost\] \)\{0,1\}$1=//p" "$2" | head -n 1; }
 declare -A times=()
