@@ -540,6 +540,7 @@ JobPlan MakePlan(const Options& o) {
           w.env.emplace_back("OMP_NUM_THREADS", o.omp_num_threads);
         } else if (per_host[host] > 1) {
           w.env.emplace_back("OMP_NUM_THREADS", "1");
+          if (local_rank == 0) plan.one_thread_hosts.push_back(host);
         }
       } else {
         w.command = {o.worker_bin, absl::StrCat("--servers=", servers),
@@ -551,18 +552,6 @@ JobPlan MakePlan(const Options& o) {
     }
   }
   return plan;
-}
-
-std::vector<std::string> HostsGivenOneThread(const Options& o) {
-  std::vector<std::string> hosts;
-  if (!o.RunsCommand() || !o.omp_num_threads.empty()) return hosts;
-  std::map<std::string, int> per_host;
-  for (const auto& h : o.hosts) per_host[h.host] += h.slots;
-  for (const auto& h : o.hosts) {
-    if (per_host[h.host] > 1 && std::find(hosts.begin(), hosts.end(), h.host) == hosts.end())
-      hosts.push_back(h.host);
-  }
-  return hosts;
 }
 
 std::string CommandWithEnv(const PlannedProcess& p) {

@@ -145,6 +145,9 @@ struct PlannedProcess {
 struct JobPlan {
   std::vector<PlannedProcess> shards;
   std::vector<PlannedProcess> workers;
+  // Hosts whose commands got OMP_NUM_THREADS=1 because several workers
+  // share them and the launcher's environment did not say (in host order).
+  std::vector<std::string> one_thread_hosts;
 };
 
 // Shards round-robin over the hosts on base_port+i (or shard_ports[i]);
@@ -154,10 +157,6 @@ struct JobPlan {
 // HARRIER_RANK, HARRIER_LOCAL_RANK, HARRIER_LOCAL_SIZE (and the TLS
 // variables), and OMP_NUM_THREADS (Options::omp_num_threads).
 JobPlan MakePlan(const Options& options);
-
-// The hosts where MakePlan set OMP_NUM_THREADS=1 because several workers
-// share them and the launcher's environment did not say (empty otherwise).
-std::vector<std::string> HostsGivenOneThread(const Options& options);
 
 // "NAME=value ... command args", shell-quoted: what a process runs, as
 // --dry_run prints it.

@@ -365,17 +365,17 @@ TEST_CASE("plan: OMP_NUM_THREADS=1 where workers share a host, the launcher's ow
   CHECK(threads(plan.workers[0]) == "1");
   CHECK(threads(plan.workers[1]) == "1");
   CHECK(threads(plan.workers[2]) == "unset");  // alone on h2: its cores are its own
-  CHECK(HostsGivenOneThread(o) == std::vector<std::string>{"h1"});
+  CHECK(plan.one_thread_hosts == std::vector<std::string>{"h1"});
   o.omp_num_threads = "4";  // exported by the user: passed on as it is, also over ssh
   plan = MakePlan(o);
   CHECK(threads(plan.workers[0]) == "4");
   CHECK(threads(plan.workers[2]) == "4");
-  CHECK(HostsGivenOneThread(o).empty());
+  CHECK(plan.one_thread_hosts.empty());
   o.omp_num_threads.clear();
   o.command.clear();  // harrier-worker: flags, no environment of the job
   plan = MakePlan(o);
   CHECK(plan.workers[0].env.empty());
-  CHECK(HostsGivenOneThread(o).empty());
+  CHECK(plan.one_thread_hosts.empty());
 }
 
 TEST_CASE("binaries: next to the launcher, or as in bazel-bin") {

@@ -343,6 +343,12 @@ class Launcher {
 
   void Plan() {
     const JobPlan plan = MakePlan(opt_);
+    if (!plan.one_thread_hosts.empty()) {
+      fprintf(stderr,
+              "harrier-launch: OMP_NUM_THREADS=1 for each worker on %s, which runs several of "
+              "them (export OMP_NUM_THREADS to choose another count)\n",
+              absl::StrJoin(plan.one_thread_hosts, ", ").c_str());
+    }
     for (const auto& s : plan.shards) {
       Proc p = MakeProc(absl::StrCat("shard-", s.index), opt_.hosts[s.host].host, s);
       p.is_shard = true;
@@ -856,12 +862,6 @@ int Main(int argc, char** argv) {
   }
   Launcher launcher(opt);
   launcher.Plan();
-  if (const std::vector<std::string> hosts = HostsGivenOneThread(opt); !hosts.empty()) {
-    fprintf(stderr,
-            "harrier-launch: OMP_NUM_THREADS=1 for each worker on %s, which runs several of "
-            "them (export OMP_NUM_THREADS to choose another count)\n",
-            absl::StrJoin(hosts, ", ").c_str());
-  }
   if (opt.dry_run) {
     launcher.DryRun();
     return 0;
