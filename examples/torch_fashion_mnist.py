@@ -18,7 +18,8 @@ Both modes end with stdout lines (rank 0 only in worker mode):
   ms_per_step=N.N
 
 and in worker mode update=server or update=average (where the optimizer
-ran), bytes_pushed=N and bytes_pulled=N (this worker's client).
+ran), transport=grpc or transport=ucx, bytes_pushed=N and bytes_pulled=N
+(this worker's client).
 
 Progress lines go to stderr. The data are the IDX files of Debian's
 dataset-fashion-mnist package (--data_dir).
@@ -203,6 +204,13 @@ def parse_args(argv):
     p.add_argument("--techniques", default="none",
                    help="worker mode: comm scheduler techniques (plain, wfbp, fusion, "
                         "priority, all, a+b) or none: each gradient pushed from its hook")
+    p.add_argument("--transport", choices=["grpc", "ucx"],
+                   default=os.environ.get("HARRIER_TRANSPORT", "grpc"),
+                   help="data plane for pushes and pulls (ucx: the shards run --ucx)")
+    p.add_argument("--fusion_bytes", type=int, default=0,
+                   help="worker mode, --update=average: gradient buckets of up to N bytes, "
+                   "filled from the last layer back (0: 4 MiB, the whole model here; "
+                   "-1: one parameter each)")
     p.add_argument("--update", choices=["server", "average"], default="server",
                    help="worker mode: server: the shards run the optimizer on the pushed "
                         "gradients; average: the shards average the gradients (one fused "
@@ -269,7 +277,8 @@ def main(argv):
         # update=average: the codecs belong to the optimizer's averaged bucket.
         client = harrier.Client(servers=args.servers.split(","), rank=args.rank,
                                 codec="none" if average else args.codec,
-                                pull_codec="none" if average else args.pull_codec)
+                                pull_codec="none" if average else args.pull_codec,
+                                transport=args.transport)
         if client.rank != args.rank or client.num_workers != args.num_workers:
             log(f"torch_fashion_mnist: the client says rank={client.rank} "
                 f"num_workers={client.num_workers}, the flags say rank={args.rank} "
@@ -282,7 +291,7 @@ def main(argv):
             htorch.broadcast_parameters(model.state_dict(), root_rank=0, client=client)
             opt = htorch.DistributedOptimizer(
                 local, model.named_parameters(), client=client, update="average",
-                compression=args.codec,
+                compression=args.codec, fusion_bytes=args.fusion_bytes,
                 pull_compression=args.pull_codec)
         else:
             # The shards run the optimizer; the local one's lr and momentum are unused.
@@ -355,7 +364,8 @@ def main(argv):
               f"ms_per_step={1000 * train_seconds / max(step, 1):.1f}"]
     if worker:
         stats = client.stats()
-        lines += [f"update={args.update}", f"bytes_pushed={stats['bytes_pushed']}",
+        lines += [f"update={args.update}", f"transport={args.transport}",
+                  f"bytes_pushed={stats['bytes_pushed']}",
                   f"bytes_pulled={stats['bytes_pulled']}"]
         client.leave()
     out = sys.stdout if rank == 0 else sys.stderr

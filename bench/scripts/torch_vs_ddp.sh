@@ -26,13 +26,14 @@
 # configuration may take; a process still running 60 s after rank 0
 # reported its result is killed and named, and the result kept.
 #
-# --harrier: CODEC@SHARDS[@PULL_CODEC[@TECHNIQUES[@UPDATE]]] per
-# configuration (the example's --codec, --pull_codec, --techniques and
-# --update: none pushes each gradient from its hook, all runs the comm
+# --harrier: CODEC@SHARDS[@PULL_CODEC[@TECHNIQUES[@UPDATE[@TRANSPORT]]]] per
+# configuration (the example's --codec, --pull_codec, --techniques,
+# --update and --transport: none pushes each gradient from its hook, all runs the comm
 # scheduler; update server (the default) runs the example's optimizer on the
 # shards, average averages one fused gradient bucket on the shards and runs
-# it on each worker, as DDP does; an empty field keeps its default, e.g.
-# none@4@@@average).
+# it on each worker, as DDP does; transport grpc (the default) or ucx, the
+# shards then run --ucx and UCX uses tcp over each host's link; an empty
+# field keeps its default, e.g. none@4@@@average or fp16@4@paired@@average@ucx).
 # --links_gbps: 0 is unshaped veth links. --limit_steps cuts each run
 # (ms per step only, then). In Debian's torch, gloo inside a namespace needs
 # GLOO_SOCKET_IFNAME=eth0 (set here). HARRIER_BIN=DIR (holding
@@ -63,7 +64,15 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
   done
   pids=()
   if [ "$system" = harrier ]; then
-    IFS=@ read -r codec shards pull_codec techniques update <<<"$config"
+    IFS=@ read -r codec shards pull_codec techniques update transport <<<"$config"
+    transport=${transport:-grpc}
+    ucx_args=()
+    if [ "$transport" = ucx ]; then
+      # UCX over each host's own link: its shared-memory transports would
+      # cross the namespaces and bypass the emulated links.
+      export UCX_TLS=tcp UCX_NET_DEVICES=eth0
+      ucx_args=(--ucx)
+    fi
     servers=""
     server_args=$(/usr/bin/python3 examples/torch_fashion_mnist.py --print_server_args "${example[@]}")
     for ((i = 0; i < shards; i++)); do
@@ -71,7 +80,7 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       # shellcheck disable=SC2086
       ip netns exec "${!ns_var}" "$HARRIER_BIN/server/harrier-server" --shard=$i \
         --num_shards="$shards" --num_workers="$workers" --port=7000 --host=0.0.0.0 \
-        --sync=bsp $server_args >"$dir/shard$i.log" 2>&1 &
+        --sync=bsp "${ucx_args[@]}" $server_args >"$dir/shard$i.log" 2>&1 &
       pids+=($!)
       servers+="${servers:+,}${!addr_var}:7000"
     done
@@ -87,7 +96,7 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       ip netns exec "${!ns_var}" /usr/bin/python3 examples/torch_fashion_mnist.py --mode=worker \
         --servers="$servers" --rank=$r --num_workers="$workers" --codec="$codec" \
         --pull_codec="${pull_codec:-none}" --techniques="${techniques:-none}" \
-        --update="${update:-server}" "${example[@]}" \
+        --update="${update:-server}" --transport="$transport" "${example[@]}" \
         >"$dir/out$r" 2>"$dir/err$r" &
       pids+=($!)
     done
@@ -215,9 +224,9 @@ for rate in "${rates[@]}"; do
     done
     extra=""
     if [ "$system" = harrier ]; then
-      IFS=@ read -r codec shards pull_codec techniques update <<<"$config"
-      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","update":"%s","shards":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
-        "$codec" "${pull_codec:-none}" "${techniques:-none}" "$(field update "$dir/out0")" "$shards" \
+      IFS=@ read -r codec shards pull_codec techniques update transport <<<"$config"
+      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","update":"%s","transport":"%s","shards":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
+        "$codec" "${pull_codec:-none}" "${techniques:-none}" "$(field update "$dir/out0")" "$(field transport "$dir/out0")" "$shards" \
         "$(awk -v b="$(field bytes_pushed "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')" \
         "$(awk -v b="$(field bytes_pulled "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')")
     else

@@ -339,6 +339,20 @@ class Stream {
     return next_ < messages_.size() ? &messages_[next_++] : nullptr;
   }
 
+  // Writes `message`; the last one carries the half-close with it (one
+  // HTTP/2 frame and no WritesDone round through OnWriteDone), so the
+  // shard sees the end of the push with its last chunk.
+  template <class Reactor>
+  void WriteOrWriteLast(Reactor& reactor, grpc::ByteBuffer* message) {
+    if (next_ == messages_.size()) {
+      wrote_last_ = true;
+      reactor.StartWriteLast(message, grpc::WriteOptions());
+    } else {
+      reactor.StartWrite(message);
+    }
+  }
+  bool wrote_last() const { return wrote_last_; }
+
   // One reply message (`ok`: one was read).
   void OnReply(bool ok) {
     if (ok)
@@ -375,7 +389,8 @@ class Stream {
   bool registered_ = false;
   BorrowedSlices borrowed_;
   std::vector<grpc::ByteBuffer> messages_;
-  size_t next_ = 0;  // the next message to write
+  size_t next_ = 0;          // the next message to write
+  bool wrote_last_ = false;  // the half-close went with the last message
   ReplyReader replies_;
 };
 
@@ -403,8 +418,8 @@ class PushCall : public Stream, public grpc::ClientWriteReactor<grpc::ByteBuffer
  private:
   void WriteNext() {
     if (grpc::ByteBuffer* message = NextMessage()) {
-      StartWrite(message);
-    } else {
+      WriteOrWriteLast(*this, message);
+    } else if (!wrote_last()) {
       StartWritesDone();
     }
   }
@@ -470,8 +485,8 @@ class PushPullCall : public Stream,
  private:
   void WriteNext() {
     if (grpc::ByteBuffer* message = NextMessage()) {
-      StartWrite(message);
-    } else {
+      WriteOrWriteLast(*this, message);
+    } else if (!wrote_last()) {
       StartWritesDone();
     }
   }
@@ -582,10 +597,17 @@ absl::Status WriteChunksHere(const std::vector<OutgoingChunk>& chunks, absl::Tim
     CancelScope scope(canceller, &context);
     if (!scope.registered()) return absl::CancelledError("operation cancelled");
     auto stream = open(&context);
-    for (const OutgoingChunk& chunk : chunks) {
-      if (!stream->Write(EncodeChunk(chunk, borrowed))) break;  // finishing says why
+    // The last chunk carries the half-close; after it (sent or not) the
+    // stream must not be closed a second time.
+    bool closed = false;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      grpc::ByteBuffer message = EncodeChunk(chunks[i], borrowed);
+      closed = i + 1 == chunks.size();
+      const bool sent = closed ? stream->Write(message, grpc::WriteOptions().set_last_message())
+                               : stream->Write(message);
+      if (!sent) break;  // finishing says why
     }
-    stream->WritesDone();
+    if (!closed) stream->WritesDone();
     status = finish(*stream);
   }
   return AfterRelease(borrowed, timer, std::move(status));
