@@ -96,6 +96,9 @@ ABSL_FLAG(int32_t, grpc_max_threads, 256,
 ABSL_FLAG(int32_t, max_streams_per_connection, 1024,
           "Calls one client connection may have open at once (HTTP/2 streams); its further "
           "calls wait. 0: gRPC's default (unbounded).");
+ABSL_FLAG(int32_t, grpc_queue_threads, 2,
+          "Threads serving pushes and pulls over gRPC, each polling a completion queue of its "
+          "own (at least 1).");
 ABSL_FLAG(int64_t, max_chunks, int64_t{1} << 20, "Tensor chunks a job may Init on this shard.");
 ABSL_FLAG(int64_t, max_param_bytes, int64_t{64} << 30,
           "Parameter bytes a job may Init on this shard, with the views that compressed pulls "
@@ -228,10 +231,12 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_max_parked_pull_bytes) < 1 ||
       absl::GetFlag(FLAGS_max_probe_bytes_in_flight) < 1 ||
       absl::GetFlag(FLAGS_grpc_memory_bytes) < 0 || absl::GetFlag(FLAGS_grpc_max_threads) < 0 ||
-      absl::GetFlag(FLAGS_max_streams_per_connection) < 0) {
+      absl::GetFlag(FLAGS_max_streams_per_connection) < 0 ||
+      absl::GetFlag(FLAGS_grpc_queue_threads) < 1 || absl::GetFlag(FLAGS_grpc_queue_threads) > 64) {
     return Fail(
         "--max_parked_pull_bytes and --max_probe_bytes_in_flight must be >= 1, "
-        "--grpc_memory_bytes, --grpc_max_threads and --max_streams_per_connection >= 0");
+        "--grpc_memory_bytes, --grpc_max_threads and --max_streams_per_connection >= 0, "
+        "--grpc_queue_threads 1 to 64");
   }
   options.service.max_parked_pull_bytes =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_max_parked_pull_bytes));
@@ -241,6 +246,7 @@ int main(int argc, char** argv) {
   options.grpc_limits.max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
   options.grpc_limits.max_streams_per_connection =
       absl::GetFlag(FLAGS_max_streams_per_connection);
+  options.grpc_limits.queue_threads = absl::GetFlag(FLAGS_grpc_queue_threads);
   options.store.max_chunks = static_cast<size_t>(absl::GetFlag(FLAGS_max_chunks));
   options.store.max_param_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_param_bytes));
   options.store.max_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_chunk_bytes));

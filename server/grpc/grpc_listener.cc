@@ -4,11 +4,18 @@
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_limits.h"
+#include "spdlog/spdlog.h"
 
 namespace harrier {
+namespace {
+// How long calls may take to end after the server's shutdown deadline.
+constexpr absl::Duration kCallsEndGrace = absl::Seconds(10);
+}  // namespace
 
 GrpcListener::GrpcListener(GrpcListenerOptions options) : options_(std::move(options)) {}
 
@@ -48,13 +55,29 @@ absl::Status GrpcListener::Start(ShardService* service) {
   }
   builder.RegisterService(parameter_service_.get());
   for (grpc::Service* extra : options_.services) builder.RegisterService(extra);
+  std::vector<grpc::ServerCompletionQueue*> queues;
+  for (int i = 0; i < std::max(1, options_.limits.queue_threads); ++i) {
+    queues_.push_back(builder.AddCompletionQueue());
+    queues.push_back(queues_.back().get());
+  }
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
+    // Nothing was requested on the queues: shut down, they are empty.
+    for (auto& queue : queues_) {
+      queue->Shutdown();
+      void* tag;
+      bool ok;
+      while (queue->Next(&tag, &ok)) {
+      }
+    }
+    queues_.clear();
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options_.host, ":", options_.port,
                      " (--port): in use, or not an address of this host"));
   }
+  parameter_service_->StartDataCalls(queues);
+  pollers_.Start(queues);
   return absl::OkStatus();
 }
 
@@ -69,6 +92,20 @@ void GrpcListener::Stop(absl::Time deadline) {
   stopped_ = true;
   server_->Shutdown(absl::ToChronoTime(deadline));
   server_->Wait();
+  // Every call is cancelled now; each ends once the service answers it
+  // (a pull parked on the pool wakes on its cancellation). A queue may only
+  // be shut down once no call can start another operation on it.
+  if (!parameter_service_->AwaitDataCallsDone(std::max(deadline, absl::Now()) +
+                                               kCallsEndGrace)) {
+    spdlog::error("gRPC listener: data calls still open {} after the shutdown deadline; their "
+                  "queue threads are left running",
+                  absl::FormatDuration(kCallsEndGrace));
+    pollers_.Abandon();
+    for (auto& queue : queues_) queue.release();  // in use by those threads
+    queues_.clear();
+    return;
+  }
+  pollers_.ShutdownAndJoin();
 }
 
 void GrpcListener::Close() {}

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/grpc/async_call.h"
 #include "server/grpc/parameter_service.h"
 #include "server/shard_listener.h"
 #include "server/shard_service.h"
@@ -34,8 +35,8 @@ struct GrpcListenerOptions {
 
 // The "grpc" ShardListener: one grpc::Server on host:port serving the
 // ParameterService (parameter_service.h), the services the options add and
-// grpc.health.v1. Calls run on gRPC's callback threads and the
-// ShardService's pools. Thread-safe after Start.
+// grpc.health.v1. Data calls run on the listener's queue threads and the
+// ShardService's pools, the rest on gRPC's threads. Thread-safe after Start.
 class GrpcListener final : public ShardListener {
  public:
   explicit GrpcListener(GrpcListenerOptions options);
@@ -57,6 +58,9 @@ class GrpcListener final : public ShardListener {
  private:
   GrpcListenerOptions options_;
   std::unique_ptr<ParameterServiceImpl> parameter_service_;
+  // Declared before the server: destroyed after it.
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
+  QueuePollers pollers_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool stopped_ = false;

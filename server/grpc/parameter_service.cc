@@ -12,6 +12,7 @@
 #include "common/chunk_wire.h"
 #include "common/grpc_status.h"
 #include "common/request_limits.h"
+#include "server/grpc/async_call.h"
 #include "server/streamed_unary.h"
 
 namespace harrier {
@@ -19,7 +20,7 @@ namespace {
 
 // The client's deadline on the store's clock (gRPC gives it on the system
 // clock; max() when the client set none).
-ShardService::Clock::time_point ClientDeadline(const grpc::CallbackServerContext& context) {
+ShardService::Clock::time_point ClientDeadline(const grpc::ServerContextBase& context) {
   const auto deadline = context.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) {
     return ShardService::Clock::time_point::max();
@@ -31,33 +32,51 @@ ShardService::Clock::time_point ClientDeadline(const grpc::CallbackServerContext
          std::chrono::duration_cast<ShardService::Clock::duration>(remaining);
 }
 
-// What every data call keeps, whichever reactor kind it is. Reactions run
-// on gRPC's callback threads; the ShardService's `done` (and the sink's
-// calls) in a reaction when the work did not wait, else on a pool thread.
-template <class Reactor>
-class DataCall : public Reactor {
+// What every data call keeps, whichever stream kind it is. Reactions run
+// on the listener's queue threads (async_call.h); the ShardService's `done`
+// (and the sink's calls) in a reaction when the work did not wait, else on a
+// pool thread. A call without the job token is refused before anything of
+// it is read.
+template <class Stream>
+class DataCall : public AsyncServerCall<Stream> {
  public:
-  DataCall(ShardService* service, grpc::CallbackServerContext* context)
-      : service_(service), context_(context) {
-    call_.client_deadline = ClientDeadline(*context);
+  DataCall(ShardService* service, const JobTokenCheck* token_check)
+      : service_(service), token_check_(token_check) {}
+
+ protected:
+  // The call arrived and passed the token check.
+  virtual void Start() = 0;
+
+  // One HTTP/2 connection: address and port of the client's end.
+  const std::string& peer() const { return peer_; }
+
+  ShardService* const service_;
+  Cancellation cancellation_;
+  ShardService::Call call_;
+
+ private:
+  void Begin() override {
+    if (auto status = token_check_->Check(*this->context()); !status.ok()) {
+      this->Finish(status);
+      return;
+    }
+    peer_ = this->context()->peer();
+    call_.client_deadline = ClientDeadline(*this->context());
     call_.cancellation = &cancellation_;
     // Pushes, and pulls the consistency model lets through at once, are
     // answered in the reaction that completed the request: no hand-off. A
     // pull that has to wait goes to the pull pool.
     call_.work_on_caller_thread = true;
+    Start();
   }
-
   // The client cancelled, its deadline passed or it went away: a blocked
   // pull wakes now rather than at its deadline.
   void OnCancel() override { cancellation_.Cancel(); }
   // After Finish and every operation completed: nobody refers to the call.
   void OnDone() override { delete this; }
 
- protected:
-  ShardService* const service_;
-  grpc::CallbackServerContext* const context_;
-  Cancellation cancellation_;
-  ShardService::Call call_;
+  const JobTokenCheck* const token_check_;
+  std::string peer_;
 };
 
 // One received push chunk. `message` owns the bytes `payload` points into,
@@ -83,14 +102,15 @@ struct ReceivedChunk {
 // except those that arrived split over several slices or misaligned for
 // float: the store reads dense payloads in place as float gradients, so
 // those are copied once into an aligned buffer (the one copy a typed server
-// makes of every payload). `Base` is a DataCall of a reactor that reads.
+// makes of every payload). `Base` is a DataCall of a stream that reads.
 template <class Base>
 class PushReader : public Base {
  public:
-  PushReader(ShardService* service, grpc::CallbackServerContext* context)
-      : Base(service, context), peer_(context->peer()) {}
+  using Base::Base;
   // The chunks' buffers go with the call: give their bytes back.
-  ~PushReader() override { this->service_->buffer_budget().Release(peer_, reserved_); }
+  ~PushReader() override {
+    if (reserved_ > 0) this->service_->buffer_budget().Release(this->peer(), reserved_);
+  }
 
  protected:
   void StartReading() { this->StartRead(&buffer_); }
@@ -112,7 +132,7 @@ class PushReader : public Base {
     if (!ok) {
       // A failed read is the client's half-close, or the call's end: only
       // the first means the push is complete.
-      if (this->context_->IsCancelled()) {
+      if (this->ReadFailedByError()) {
         End(absl::CancelledError("the client cancelled the call"));
       } else {
         OnAllRead();
@@ -178,14 +198,14 @@ class PushReader : public Base {
   // The service's BufferBudget for this connection, and what the call holds
   // of it.
   absl::Status Reserve(uint64_t bytes) {
-    if (auto status = this->service_->buffer_budget().Reserve(peer_, bytes); !status.ok()) {
+    if (auto status = this->service_->buffer_budget().Reserve(this->peer(), bytes);
+        !status.ok()) {
       return status;
     }
     reserved_ += bytes;
     return absl::OkStatus();
   }
 
-  const std::string peer_;  // one HTTP/2 connection: address and port of the client's end
   grpc::ByteBuffer buffer_;
   uint64_t request_bytes_ = 0;  // payload bytes of the chunks read so far
   uint64_t reserved_ = 0;       // bytes the kept chunks hold in the service's BufferBudget
@@ -204,12 +224,11 @@ class PushReader : public Base {
 // the round through OnWriteDone that a separate Finish would cost; it is
 // not sent from Send because the call may end (and OnDone delete it) as
 // soon as its status is out, and the service still calls Complete after
-// Send. `Reactor` writes (a write or bidi reactor).
-template <class Reactor>
-class ReplyWriter : public DataCall<Reactor>, public ShardService::ReplySink {
+// Send. `Stream` writes (server streaming or bidi).
+template <class Stream>
+class ReplyWriter : public DataCall<Stream>, public ShardService::ReplySink {
  public:
-  ReplyWriter(ShardService* service, grpc::CallbackServerContext* context)
-      : DataCall<Reactor>(service, context) {}
+  using DataCall<Stream>::DataCall;
 
   char* Allocate(size_t bytes) override {
     // Never inlined (unlike grpc_slice_malloc), so the pointer stays valid
@@ -354,15 +373,16 @@ class ReplyWriter : public DataCall<Reactor>, public ShardService::ReplySink {
   grpc::Status finish_ ABSL_GUARDED_BY(mutex_);     // once completed_
 };
 
-class PushReactor final : public PushReader<DataCall<grpc::ServerReadReactor<grpc::ByteBuffer>>> {
+using PushStream = grpc::ServerAsyncReader<grpc::ByteBuffer, grpc::ByteBuffer>;
+using PullStream = grpc::ServerAsyncWriter<grpc::ByteBuffer>;
+using PushPullStream = grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+class PushReactor final : public PushReader<DataCall<PushStream>> {
  public:
-  PushReactor(ShardService* service, grpc::CallbackServerContext* context,
-              grpc::ByteBuffer* response)
-      : PushReader(service, context), response_(response) {
-    StartReading();
-  }
+  using PushReader::PushReader;
 
  private:
+  void Start() override { StartReading(); }
   void OnAllRead() override {
     call_.push_result = &push_result_;
     service_->Push(call_, Views(), [this](const absl::Status& status) { End(status); });
@@ -379,7 +399,8 @@ class PushReactor final : public PushReader<DataCall<grpc::ServerReadReactor<grp
     bool own_buffer = false;
     // The one response travels with the status, as a typed client-streaming
     // handler sends it.
-    if (!grpc::SerializationTraits<proto::PushResponse>::Serialize(response, response_, &own_buffer)
+    if (!grpc::SerializationTraits<proto::PushResponse>::Serialize(response, this->response(),
+                                                                   &own_buffer)
              .ok()) {
       Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialise the push response"));
       return;
@@ -387,18 +408,18 @@ class PushReactor final : public PushReader<DataCall<grpc::ServerReadReactor<grp
     Finish(grpc::Status::OK);
   }
 
-  grpc::ByteBuffer* const response_;  // gRPC's, sent with the status
-  PushResult push_result_;            // the store's, before End
+  PushResult push_result_;  // the store's, before End
 };
 
-class PullReactor final : public ReplyWriter<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
+class PullReactor final : public ReplyWriter<PullStream> {
  public:
-  PullReactor(ShardService* service, grpc::CallbackServerContext* context,
-              const grpc::ByteBuffer* message)
-      : ReplyWriter(service, context) {
+  using ReplyWriter::ReplyWriter;
+
+ private:
+  void Start() override {
     proto::PullRequest request;
-    grpc::ByteBuffer copy(*message);  // Deserialize consumes its buffer; gRPC owns this one
-    if (!grpc::SerializationTraits<proto::PullRequest>::Deserialize(&copy, &request).ok()) {
+    if (!grpc::SerializationTraits<proto::PullRequest>::Deserialize(this->request(), &request)
+             .ok()) {
       Complete(absl::InvalidArgumentError("malformed PullRequest message"));
       return;
     }
@@ -407,28 +428,16 @@ class PullReactor final : public ReplyWriter<grpc::ServerWriteReactor<grpc::Byte
   }
 };
 
-class PushPullReactor final
-    : public PushReader<ReplyWriter<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>> {
+class PushPullReactor final : public PushReader<ReplyWriter<PushPullStream>> {
  public:
-  PushPullReactor(ShardService* service, grpc::CallbackServerContext* context)
-      : PushReader(service, context) {
-    StartReading();
-  }
+  using PushReader::PushReader;
 
  private:
+  void Start() override { StartReading(); }
   void OnAllRead() override {
     service_->PushPull(call_, Views(), this, [this](const absl::Status& status) { End(status); });
   }
   void End(const absl::Status& status) override { Complete(status); }
-};
-
-// A data call refused before anything of it is read: it finishes with
-// `status` at once, and the request's messages are never looked at.
-template <class Reactor>
-class RefusedCall final : public Reactor {
- public:
-  explicit RefusedCall(const grpc::Status& status) { this->Finish(status); }
-  void OnDone() override { delete this; }
 };
 
 }  // namespace
@@ -440,28 +449,39 @@ ParameterServiceImpl::ParameterServiceImpl(ShardStore* store, ShardService* serv
       token_check_(std::move(job_token)),
       find_listener_(std::move(find_listener)) {}
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::Push(
-    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  if (auto status = token_check_.Check(*context); !status.ok()) {
-    return new RefusedCall<grpc::ServerReadReactor<grpc::ByteBuffer>>(status);
-  }
-  return new PushReactor(service_, context, response);
+ParameterServiceImpl::~ParameterServiceImpl() = default;
+
+template <class Call, class Request>
+std::unique_ptr<QueueEvent> ParameterServiceImpl::Accept(grpc::ServerCompletionQueue* queue,
+                                                         Request request) {
+  ShardService* service = service_;
+  const JobTokenCheck* token_check = &token_check_;
+  auto make = [service, token_check] { return new Call(service, token_check); };
+  auto acceptor = std::make_unique<CallAcceptor<Call, Request, decltype(make)>>(
+      queue, &live_calls_, std::move(request), std::move(make));
+  acceptor->Arm();
+  return acceptor;
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::Pull(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  if (auto status = token_check_.Check(*context); !status.ok()) {
-    return new RefusedCall<grpc::ServerWriteReactor<grpc::ByteBuffer>>(status);
+void ParameterServiceImpl::StartDataCalls(const std::vector<grpc::ServerCompletionQueue*>& queues) {
+  for (grpc::ServerCompletionQueue* queue : queues) {
+    acceptors_.push_back(Accept<PushReactor>(
+        queue, [this](PushReactor* call, grpc::ServerCompletionQueue* q, void* tag) {
+          RequestPush(call->context(), call->stream(), q, q, tag);
+        }));
+    acceptors_.push_back(Accept<PullReactor>(
+        queue, [this](PullReactor* call, grpc::ServerCompletionQueue* q, void* tag) {
+          RequestPull(call->context(), call->request(), call->stream(), q, q, tag);
+        }));
+    acceptors_.push_back(Accept<PushPullReactor>(
+        queue, [this](PushPullReactor* call, grpc::ServerCompletionQueue* q, void* tag) {
+          RequestPushPull(call->context(), call->stream(), q, q, tag);
+        }));
   }
-  return new PullReactor(service_, context, request);
 }
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ParameterServiceImpl::PushPull(
-    grpc::CallbackServerContext* context) {
-  if (auto status = token_check_.Check(*context); !status.ok()) {
-    return new RefusedCall<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(status);
-  }
-  return new PushPullReactor(service_, context);
+bool ParameterServiceImpl::AwaitDataCallsDone(absl::Time deadline) {
+  return live_calls_.AwaitNone(deadline);
 }
 
 grpc::Status ParameterServiceImpl::StreamedInit(

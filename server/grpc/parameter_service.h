@@ -2,9 +2,13 @@
 #define HARRIER_SERVER_GRPC_PARAMETER_SERVICE_H_
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/time/time.h"
 #include "proto/harrier.grpc.pb.h"
+#include "server/grpc/async_call.h"
 #include "server/job_token.h"
 #include "server/shard_listener.h"
 #include "server/shard_service.h"
@@ -17,18 +21,19 @@ namespace internal_parameter_service {
 using PS = proto::ParameterService;
 // The unary methods are streamed unary (server/streamed_unary.h): the token
 // is checked at the headers, before the request body is read.
-using RawDataService = PS::WithRawCallbackMethod_Push<
-    PS::WithRawCallbackMethod_Pull<PS::WithRawCallbackMethod_PushPull<
+using RawDataService = PS::WithRawMethod_Push<
+    PS::WithRawMethod_Pull<PS::WithRawMethod_PushPull<
         PS::WithStreamedUnaryMethod_Init<PS::WithStreamedUnaryMethod_Heartbeat<
             PS::WithStreamedUnaryMethod_Leave<PS::WithStreamedUnaryMethod_GetShardInfo<
                 PS::WithStreamedUnaryMethod_GetTransportAddress<PS::Service>>>>>>>>;
 }  // namespace internal_parameter_service
 
 // gRPC framing of a shard: Push, Pull and PushPull are served through the
-// callback API as raw ByteBuffers and handed to the ShardService, which
-// answers them exactly as it answers UCX. Reactions (gRPC's callback
-// threads) read and frame, and run the store work that does not wait (the
-// push, pull chunks that are ready); a pull that has to wait runs on the
+// asynchronous API as raw ByteBuffers (async_call.h: the listener's own
+// threads poll the completion queues) and handed to the ShardService, which
+// answers them exactly as it answers UCX. Reactions (those queue threads)
+// read and frame, and run the store work that does not wait (the push,
+// pull chunks that are ready); a pull that has to wait runs on the
 // service's pull pool, never in a reaction. TensorChunk payloads are read
 // from the received slices and replies written from slices the store fills,
 // never parsed into or serialised from protobuf strings (common/chunk_wire.h).
@@ -45,6 +50,7 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
   // (null: none, FAILED_PRECONDITION for every transport).
   ParameterServiceImpl(ShardStore* store, ShardService* service, std::string job_token = "",
                        ShardListenerLookup find_listener = nullptr);
+  ~ParameterServiceImpl() override;
 
   grpc::Status StreamedInit(
       grpc::ServerContext* context,
@@ -63,17 +69,21 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
       UnaryStreamer<proto::TransportAddressRequest, proto::TransportAddressResponse>* streamer)
       override;
 
-  using internal_parameter_service::RawDataService::Pull;
-  using internal_parameter_service::RawDataService::Push;
-  using internal_parameter_service::RawDataService::PushPull;
-  grpc::ServerReadReactor<grpc::ByteBuffer>* Push(grpc::CallbackServerContext* context,
-                                                  grpc::ByteBuffer* response) override;
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(grpc::CallbackServerContext* context,
-                                                   const grpc::ByteBuffer* request) override;
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushPull(
-      grpc::CallbackServerContext* context) override;
+  // Serves Push, Pull and PushPull on `queues` (not owned), which the
+  // caller polls (QueuePollers) from now until it shuts them down; once,
+  // after the server started.
+  void StartDataCalls(const std::vector<grpc::ServerCompletionQueue*>& queues);
+  // After grpc::Server::Shutdown: true once every data call has ended (its
+  // status out, its operations back), false at `deadline`. Only then may
+  // the queues be shut down: a call's pull answered late from the pool
+  // still starts operations on its queue.
+  bool AwaitDataCallsDone(absl::Time deadline);
 
  private:
+  // Keeps one call of `Call`'s method requested on `queue`.
+  template <class Call, class Request>
+  std::unique_ptr<QueueEvent> Accept(grpc::ServerCompletionQueue* queue, Request request);
+
   // The methods' work once the token passed and the request was read.
   grpc::Status AnswerInit(const proto::InitRequest& request, proto::InitResponse* response);
   grpc::Status AnswerHeartbeat(const proto::HeartbeatRequest& request,
@@ -87,6 +97,8 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
   ShardService* service_;  // not owned
   const JobTokenCheck token_check_;
   const ShardListenerLookup find_listener_;
+  LiveCalls live_calls_;
+  std::vector<std::unique_ptr<QueueEvent>> acceptors_;  // after live_calls_: they refer to it
 };
 
 }  // namespace harrier

@@ -386,5 +386,49 @@ TEST_CASE("both transports acknowledge a retried push as a duplicate and apply i
   REQUIRE(Has(metrics, "harrier_server_pushes_total{shard=\"0\"} 2\n"));
 }
 
+TEST_CASE("a gRPC push the client cancels before closing it is never applied") {
+  BspShard shard;
+  std::vector<float> ones(kElements, 1.0f);
+  proto::TensorChunk chunk;
+  chunk.set_key("w");
+  chunk.set_rank(0);
+  shard.sessions->Attach(&chunk);
+  chunk.set_clock(0);
+  chunk.set_num_elements(kElements);
+  chunk.set_dtype(proto::DTYPE_FLOAT32);
+  chunk.set_checksum(Crc32c(ones.data(), kElements * 4));
+  chunk.set_payload(std::string(reinterpret_cast<const char*>(ones.data()), kElements * 4));
+  {
+    // The chunk arrives whole, then the stream breaks instead of closing:
+    // the shard's read fails, and that must not read as the end of a push.
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::PushResponse response;
+    auto writer = shard.stub->Push(&context, &response);
+    REQUIRE(writer->Write(chunk));
+    std::this_thread::sleep_for(testing::AtOnce(200));
+    context.TryCancel();
+    REQUIRE(writer->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  }
+  std::this_thread::sleep_for(testing::AtOnce(500));
+  std::string metrics = testing::HttpGet(shard.metrics_port, "/metrics");
+  INFO(metrics);
+  REQUIRE(Has(metrics, "harrier_server_pushes_total{shard=\"0\"} 0\n"));
+  // The same push sent whole is the first of its clock, not a duplicate.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::PushResponse response;
+  auto writer = shard.stub->Push(&context, &response);
+  REQUIRE(writer->Write(chunk));
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  INFO(status.error_message());
+  REQUIRE(status.ok());
+  REQUIRE(response.chunks_accepted() == 1);
+  REQUIRE(response.chunks_duplicate() == 0);
+  metrics = testing::HttpGet(shard.metrics_port, "/metrics");
+  REQUIRE(Has(metrics, "harrier_server_pushes_total{shard=\"0\"} 1\n"));
+}
+
 }  // namespace
 }  // namespace harrier

@@ -1,0 +1,254 @@
+#ifndef HARRIER_SERVER_GRPC_ASYNC_CALL_H_
+#define HARRIER_SERVER_GRPC_ASYNC_CALL_H_
+
+#include <grpc/grpc.h>
+#include <grpcpp/completion_queue.h>
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/async_stream.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+// gRPC's asynchronous server API driven by threads of our own, each polling
+// one completion queue and running every reaction on the thread that took
+// its event. The callback API this replaces runs, in the gRPC this builds
+// against, on a shared queue polled by two "nexting" threads that hand each
+// event between them and an executor: about a dozen context switches per
+// small call where this path takes a few.
+
+namespace harrier {
+
+// A completion-queue tag: Run is the reaction to the operation it was
+// handed to (`ok` as the queue gives it).
+class QueueEvent {
+ public:
+  virtual ~QueueEvent() = default;
+  virtual void Run(bool ok) = 0;
+};
+
+// A QueueEvent that calls Owner::*Reaction.
+template <class Owner, void (Owner::*Reaction)(bool)>
+class MemberEvent final : public QueueEvent {
+ public:
+  explicit MemberEvent(Owner* owner) : owner_(owner) {}
+  void Run(bool ok) override { (owner_->*Reaction)(ok); }
+
+ private:
+  Owner* const owner_;
+};
+
+// One thread per completion queue, each running the events of its queue
+// until the queue is shut down and drained.
+class QueuePollers {
+ public:
+  QueuePollers() = default;
+  ~QueuePollers() { ShutdownAndJoin(); }
+  QueuePollers(const QueuePollers&) = delete;
+  QueuePollers& operator=(const QueuePollers&) = delete;
+
+  // Polls `queues` (not owned; they outlive ShutdownAndJoin).
+  void Start(const std::vector<grpc::ServerCompletionQueue*>& queues);
+  // Shuts every queue down (after grpc::Server::Shutdown: nothing may be
+  // queued on them after) and waits for their threads to drain them.
+  void ShutdownAndJoin();
+  // Leaves the threads running on their queues (which the caller then must
+  // not destroy): for calls that never ended, whose operations may still
+  // come.
+  void Abandon();
+
+ private:
+  std::vector<grpc::ServerCompletionQueue*> queues_;
+  std::vector<std::thread> threads_;
+};
+
+// How many asynchronous calls are alive, so that a listener stops its
+// queues only once none can start another operation on them.
+class LiveCalls {
+ public:
+  void Add() {
+    absl::MutexLock lock(&mutex_);
+    ++count_;
+  }
+  void Remove() {
+    absl::MutexLock lock(&mutex_);
+    --count_;
+  }
+  // True once none is alive; false at `deadline`.
+  bool AwaitNone(absl::Time deadline) {
+    absl::MutexLock lock(&mutex_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return count_ == 0; };
+    return mutex_.AwaitWithDeadline(absl::Condition(&none), deadline);
+  }
+
+ private:
+  absl::Mutex mutex_;
+  int count_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+// One server call of the asynchronous API with the shape of a callback
+// reactor: StartRead, StartWrite, StartWriteAndFinish and Finish start
+// operations (from any thread, one read and one write at a time), and
+// OnReadDone, OnWriteDone, OnCancel and then OnDone react on the queue's
+// thread. OnDone runs once Finish went out and every operation and the
+// call's done notification are back; nothing of the call is touched after
+// it. Finish must be called exactly once (a cancelled call too), as the
+// callback API asks. `Stream` is grpc::ServerAsyncReader, ServerAsyncWriter
+// or ServerAsyncReaderWriter of ByteBuffers.
+template <class Stream>
+class AsyncServerCall {
+ public:
+  static constexpr bool kReads =
+      !std::is_same_v<Stream, grpc::ServerAsyncWriter<grpc::ByteBuffer>>;
+  static constexpr bool kRespondsOnce =
+      std::is_same_v<Stream, grpc::ServerAsyncReader<grpc::ByteBuffer, grpc::ByteBuffer>>;
+
+  virtual ~AsyncServerCall() = default;
+
+  grpc::ServerContext* context() { return &context_; }
+  Stream* stream() { return &stream_; }
+  // A server-streaming call's one request message, filled on arrival.
+  grpc::ByteBuffer* request() { return &request_; }
+
+  // Before the call is requested from gRPC.
+  void ArmDoneNotification() { context_.AsyncNotifyWhenDone(&done_event_); }
+  // The call arrived: the reactions begin. `live` counts it until OnDone.
+  void Arrived(LiveCalls* live) {
+    live_ = live;
+    live_->Add();
+    Begin();
+  }
+
+ protected:
+  AsyncServerCall() : stream_(&context_) {}
+
+  // The call's first reaction, once it arrived (its metadata is in).
+  virtual void Begin() = 0;
+  virtual void OnReadDone(bool /*ok*/) {}
+  virtual void OnWriteDone(bool /*ok*/) {}
+  // The client cancelled, its deadline passed or it went away.
+  virtual void OnCancel() {}
+  // The last reaction.
+  virtual void OnDone() {}
+
+  void StartRead(grpc::ByteBuffer* message) {
+    static_assert(kReads, "this call does not read");
+    Hold();
+    stream_.Read(message, &read_event_);
+  }
+  void StartWrite(const grpc::ByteBuffer* message) {
+    Hold();
+    stream_.Write(*message, &write_event_);
+  }
+  // The write and the status in one operation; OnWriteDone does not run.
+  void StartWriteAndFinish(const grpc::ByteBuffer* message, grpc::WriteOptions options,
+                           const grpc::Status& status) {
+    Hold();
+    stream_.WriteAndFinish(*message, options, status, &finish_event_);
+  }
+  // A client-streaming call sends `response()` with an OK status.
+  void Finish(const grpc::Status& status) {
+    Hold();
+    if constexpr (kRespondsOnce) {
+      if (status.ok()) {
+        stream_.Finish(response_, status, &finish_event_);
+      } else {
+        stream_.FinishWithError(status, &finish_event_);
+      }
+    } else {
+      stream_.Finish(status, &finish_event_);
+    }
+  }
+  grpc::ByteBuffer* response() { return &response_; }
+
+  // After a read failed: true when the stream broke (cancelled, reset, past
+  // its deadline), false when the client half-closed it. The asynchronous
+  // API's IsCancelled is only known once the call is done.
+  bool ReadFailedByError() const {
+    return grpc_call_failed_before_recv_message(
+               const_cast<grpc::ServerContext&>(context_).c_call()) != 0;
+  }
+
+ private:
+  void Hold() { holds_.fetch_add(1, std::memory_order_relaxed); }
+  void Release() {
+    if (holds_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    LiveCalls* live = live_;
+    OnDone();  // may delete this
+    if (live != nullptr) live->Remove();
+  }
+  void ReadDone(bool ok) {
+    OnReadDone(ok);
+    Release();
+  }
+  void WriteDone(bool ok) {
+    OnWriteDone(ok);
+    Release();
+  }
+  void FinishDone(bool) {
+    Release();  // the operation
+    Release();  // the call is finished
+  }
+  void Done(bool) {
+    if (context_.IsCancelled()) OnCancel();
+    Release();
+  }
+
+  grpc::ServerContext context_;
+  Stream stream_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  LiveCalls* live_ = nullptr;
+  // Until Finish went out, and until the done notification came back.
+  std::atomic<int> holds_{2};
+  MemberEvent<AsyncServerCall, &AsyncServerCall::ReadDone> read_event_{this};
+  MemberEvent<AsyncServerCall, &AsyncServerCall::WriteDone> write_event_{this};
+  MemberEvent<AsyncServerCall, &AsyncServerCall::FinishDone> finish_event_{this};
+  MemberEvent<AsyncServerCall, &AsyncServerCall::Done> done_event_{this};
+};
+
+// Keeps one call of a method requested on one queue: when it arrives the
+// next is requested, then the call begins. `Call` derives from
+// AsyncServerCall; `request(call, queue, tag)` asks gRPC for the next call
+// of the method (the generated RequestX); `make()` builds an empty call.
+template <class Call, class Request, class Make>
+class CallAcceptor final : public QueueEvent {
+ public:
+  CallAcceptor(grpc::ServerCompletionQueue* queue, LiveCalls* live, Request request, Make make)
+      : queue_(queue), live_(live), request_(std::move(request)), make_(std::move(make)) {}
+  ~CallAcceptor() override { delete waiting_; }
+
+  void Arm() {
+    waiting_ = make_();
+    waiting_->ArmDoneNotification();
+    request_(waiting_, queue_, this);
+  }
+
+  void Run(bool ok) override {
+    Call* call = waiting_;
+    waiting_ = nullptr;
+    if (!ok) {  // the server is shutting down: the call never started
+      delete call;
+      return;
+    }
+    Arm();
+    call->Arrived(live_);
+  }
+
+ private:
+  grpc::ServerCompletionQueue* const queue_;
+  LiveCalls* const live_;
+  Request request_;
+  Make make_;
+  Call* waiting_ = nullptr;  // requested, not arrived
+};
+
+}  // namespace harrier
+
+#endif  // HARRIER_SERVER_GRPC_ASYNC_CALL_H_
