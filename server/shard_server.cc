@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/request_limits.h"
+#include "server/grpc/health_service.h"
 #include "server/shard_listener_factory.h"
 #include "spdlog/spdlog.h"
 
@@ -240,9 +241,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   server->port_ = server->listeners_.back()->port();
   server->listening_ = true;
   if (options.health_port >= 0) {
-    // A server with no service of its own: the default health service that
-    // every grpc::Server gets is all it serves.
+    // A server with no service of its own: the health service is all it
+    // serves.
     grpc::ServerBuilder health_builder;
+    HealthService::Install(health_builder);
     health_builder.AddListeningPort(absl::StrCat(options.host, ":", options.health_port),
                                     grpc::InsecureServerCredentials(), &server->health_port_);
     health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_limits.h"
+#include "server/grpc/health_service.h"
 #include "spdlog/spdlog.h"
 
 namespace harrier {
@@ -24,8 +25,9 @@ GrpcListener::~GrpcListener() { Stop(absl::Now()); }
 absl::Status GrpcListener::Start(ShardService* service) {
   parameter_service_ = std::make_unique<ParameterServiceImpl>(
       options_.store, service, options_.job_token, options_.find_listener);
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  // grpc.health.v1 without the callback threads gRPC's own would start.
+  HealthService::Install(builder);
   builder.AddListeningPort(
       absl::StrCat(options_.host, ":", options_.port),
       options_.credentials ? options_.credentials : grpc::InsecureServerCredentials(), &port_);
