@@ -11,37 +11,41 @@
 
 namespace harrier {
 
-// One Barrier call waiting for the other workers. Finished exactly once, by
-// whoever removes it from its barrier (under mutex_), outside the lock.
-class ControlServiceImpl::Wait final : public grpc::ServerUnaryReactor {
+// One Barrier call, from its arrival (Enter) to its answer. Finished
+// exactly once: refused in Enter, or by whoever removes it from its barrier
+// (under mutex_), outside the lock.
+class ControlServiceImpl::Wait final
+    : public AsyncServerCall<grpc::ServerAsyncResponseWriter<proto::BarrierResponse>,
+                             proto::BarrierRequest, proto::BarrierResponse> {
  public:
-  Wait(ControlServiceImpl* service, std::string name, uint32_t rank,
-       proto::BarrierResponse* response, Clock::time_point expires)
-      : service_(service),
-        name_(std::move(name)),
-        rank_(rank),
-        response_(response),
-        expires_(expires) {}
+  explicit Wait(ControlServiceImpl* service) : service_(service) {}
 
   const std::string& name() const { return name_; }
   uint32_t rank() const { return rank_; }
   Clock::time_point expires() const { return expires_; }
-
-  void Answer(uint32_t generation) {
-    response_->set_generation(generation);
-    Finish(grpc::Status::OK);
+  // Set by Enter before the wait is listed.
+  void Listed(Clock::time_point expires) {
+    name_ = request()->name();
+    rank_ = request()->rank();
+    expires_ = expires;
   }
 
+  void Answer(uint32_t generation) {
+    response()->set_generation(generation);
+    Finish(grpc::Status::OK);
+  }
+  void Refuse(const grpc::Status& status) { Finish(status); }
+
+ private:
+  void Begin() override { service_->Enter(this); }
   // The client cancelled, its deadline passed or it went away.
   void OnCancel() override { service_->Withdraw(this); }
   void OnDone() override { delete this; }
 
- private:
   ControlServiceImpl* const service_;
-  const std::string name_;
-  const uint32_t rank_;
-  proto::BarrierResponse* const response_;  // gRPC's
-  const Clock::time_point expires_;
+  std::string name_;
+  uint32_t rank_ = 0;
+  Clock::time_point expires_;
 };
 
 ControlServiceImpl::ControlServiceImpl(ControlOptions options)
@@ -113,7 +117,7 @@ absl::Status ControlServiceImpl::CheckRankFree(uint32_t rank, bool by_number,
 }
 
 ControlServiceImpl::Clock::time_point ControlServiceImpl::BarrierExpiry(
-    const grpc::CallbackServerContext& context) const {
+    const grpc::ServerContextBase& context) const {
   const auto now = Clock::now();
   const auto cap = now + options_.max_barrier_wait;
   const auto deadline = context.deadline();
@@ -276,28 +280,41 @@ grpc::Status ControlServiceImpl::Register(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* ControlServiceImpl::Barrier(grpc::CallbackServerContext* context,
-                                                      const proto::BarrierRequest* request,
-                                                      proto::BarrierResponse* response) {
-  if (auto status = token_check_.Check(*context); !status.ok()) {
-    grpc::ServerUnaryReactor* refused = context->DefaultReactor();
-    refused->Finish(status);
-    return refused;
+void ControlServiceImpl::StartCalls(const std::vector<grpc::ServerCompletionQueue*>& queues) {
+  for (grpc::ServerCompletionQueue* queue : queues) {
+    auto request = [this](Wait* call, grpc::ServerCompletionQueue* q, void* tag) {
+      RequestBarrier(call->context(), call->request(), call->stream(), q, q, tag);
+    };
+    auto make = [this] { return new Wait(this); };
+    auto acceptor = std::make_unique<CallAcceptor<Wait, decltype(request), decltype(make)>>(
+        queue, &live_calls_, std::move(request), std::move(make));
+    acceptor->Arm();
+    acceptors_.push_back(std::move(acceptor));
+  }
+}
+
+bool ControlServiceImpl::AwaitCallsDone(absl::Time deadline) {
+  return live_calls_.AwaitNone(deadline);
+}
+
+void ControlServiceImpl::Enter(Wait* wait) {
+  const proto::BarrierRequest* request = wait->request();
+  if (auto status = token_check_.Check(*wait->context()); !status.ok()) {
+    wait->Refuse(status);
+    return;
   }
   if (auto status = CheckBarrierLimits(*request); !status.ok()) {
-    grpc::ServerUnaryReactor* refused = context->DefaultReactor();
-    refused->Finish(ToGrpcStatus(status));
-    return refused;
+    wait->Refuse(ToGrpcStatus(status));
+    return;
   }
   const uint32_t rank = request->rank();
   if (auto status = sessions_->Verify(request->job(), rank, request->session(),
                                       absl::StrCat("barrier '", request->name(), "'"));
       !status.ok()) {
-    grpc::ServerUnaryReactor* refused = context->DefaultReactor();
-    refused->Finish(ToGrpcStatus(status));
-    return refused;
+    wait->Refuse(ToGrpcStatus(status));
+    return;
   }
-  auto* wait = new Wait(this, request->name(), rank, response, BarrierExpiry(*context));
+  wait->Listed(BarrierExpiry(*wait->context()));
   std::vector<Wait*> released;
   uint32_t generation = 0;
   grpc::Status refusal;
@@ -333,11 +350,10 @@ grpc::ServerUnaryReactor* ControlServiceImpl::Barrier(grpc::CallbackServerContex
   // Finished outside the lock: a reaction (OnCancel) may run meanwhile and
   // takes it; a wait no longer listed is left alone there.
   if (!refusal.ok()) {
-    wait->Finish(refusal);
+    wait->Refuse(refusal);
   } else {
     for (Wait* done : released) done->Answer(generation);
   }
-  return wait;
 }
 
 bool ControlServiceImpl::RemoveLocked(Wait* wait, grpc::Status* status) {
@@ -393,7 +409,7 @@ void ControlServiceImpl::Withdraw(Wait* wait) {
     if (!RemoveLocked(wait, &status)) return;
     DropAbandonedLocked();
   }
-  wait->Finish(status);
+  wait->Refuse(status);
 }
 
 void ControlServiceImpl::ExpireBarriers() {
@@ -420,7 +436,7 @@ void ControlServiceImpl::ExpireBarriers() {
     }
     if (!expired.empty()) DropAbandonedLocked();
   }
-  for (auto& [wait, status] : expired) wait->Finish(status);
+  for (auto& [wait, status] : expired) wait->Refuse(status);
   for (auto& [waits, generation] : completed) {
     for (Wait* wait : waits) wait->Answer(generation);
   }
@@ -466,7 +482,7 @@ void ControlServiceImpl::StartRun() {
     barriers_.clear();
   }
   for (Wait* wait : waiting) {
-    wait->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+    wait->Refuse(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                               "barrier: the run ended and a new one started"));
   }
 }
@@ -482,7 +498,7 @@ void ControlServiceImpl::Close() {
     }
   }
   for (Wait* wait : waiting) {
-    wait->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
+    wait->Refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
   }
 }
 

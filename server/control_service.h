@@ -10,8 +10,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/consistency.h"
+#include "server/grpc/async_call.h"
 #include "server/optimizer.h"
 #include "server/job_token.h"
 #include "server/membership.h"
@@ -89,11 +91,12 @@ struct ControlOptions {
 // (server/streamed_unary.h): the token is checked at a call's headers,
 // before its request body is read.
 class ControlServiceImpl final
-    : public proto::ControlService::WithCallbackMethod_Barrier<
+    : public proto::ControlService::WithAsyncMethod_Barrier<
           proto::ControlService::WithStreamedUnaryMethod_Register<
               proto::ControlService::WithStreamedUnaryMethod_Heartbeat<
                   proto::ControlService::WithStreamedUnaryMethod_GetShardMap<
-                      proto::ControlService::Service>>>> {
+                      proto::ControlService::Service>>>>,
+      public QueueServedService {
  public:
   explicit ControlServiceImpl(ControlOptions options);
 
@@ -110,9 +113,10 @@ class ControlServiceImpl final
   // token again: they may also be called directly).
   grpc::Status Register(grpc::ServerContext* context, const proto::RegisterRequest* request,
                         proto::RegisterResponse* response) override;
-  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* context,
-                                    const proto::BarrierRequest* request,
-                                    proto::BarrierResponse* response) override;
+  // Barrier is asynchronous: its calls wait on the queues the server's
+  // listener polls (server/grpc/async_call.h), holding no thread.
+  void StartCalls(const std::vector<grpc::ServerCompletionQueue*>& queues) override;
+  bool AwaitCallsDone(absl::Time deadline) override;
   grpc::Status Heartbeat(grpc::ServerContext* context, const proto::HeartbeatRequest* request,
                          proto::HeartbeatResponse* response) override;
   grpc::Status GetShardMap(grpc::ServerContext* context, const proto::ShardMapRequest* request,
@@ -162,7 +166,9 @@ class ControlServiceImpl final
   void ReleaseLocked(BarrierState* barrier, std::vector<Wait*>* released, uint32_t* generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // When a barrier entered now gives up: the client's deadline, capped.
-  Clock::time_point BarrierExpiry(const grpc::CallbackServerContext& context) const;
+  Clock::time_point BarrierExpiry(const grpc::ServerContextBase& context) const;
+  // A Barrier call arrived: answered, refused, or left waiting.
+  void Enter(Wait* wait);
   // `wait` stops waiting (its client cancelled, or it expired): it no
   // longer counts as arrived and is answered DEADLINE_EXCEEDED. No-op when
   // it was answered already.
@@ -190,6 +196,8 @@ class ControlServiceImpl final
   absl::Mutex register_mutex_;
   uint64_t last_epoch_ ABSL_GUARDED_BY(register_mutex_) = 0;
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mutex_);
+  LiveCalls live_calls_;
+  std::vector<std::unique_ptr<QueueEvent>> acceptors_;  // after live_calls_: they refer to it
 };
 
 }  // namespace harrier

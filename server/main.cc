@@ -96,9 +96,10 @@ ABSL_FLAG(int32_t, grpc_max_threads, 256,
 ABSL_FLAG(int32_t, max_streams_per_connection, 1024,
           "Calls one client connection may have open at once (HTTP/2 streams); its further "
           "calls wait. 0: gRPC's default (unbounded).");
-ABSL_FLAG(int32_t, grpc_queue_threads, 2,
-          "Threads serving pushes and pulls over gRPC, each polling a completion queue of its "
-          "own (at least 1).");
+ABSL_FLAG(int32_t, grpc_queue_threads, 1,
+          "Threads serving pushes, pulls and barriers over gRPC, each polling a completion "
+          "queue of its own (1 to 64). Polling threads take turns at the connections: more "
+          "threads, more hand-offs.");
 ABSL_FLAG(int64_t, max_chunks, int64_t{1} << 20, "Tensor chunks a job may Init on this shard.");
 ABSL_FLAG(int64_t, max_param_bytes, int64_t{64} << 30,
           "Parameter bytes a job may Init on this shard, with the views that compressed pulls "

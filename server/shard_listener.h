@@ -28,9 +28,9 @@ struct GrpcServerLimits {
   // HTTP/2 streams one connection may have open (--max_streams_per_connection);
   // a client's further calls wait for one to end. 0: gRPC's default.
   int max_streams_per_connection = 1024;
-  // Threads serving Push, Pull and PushPull (--grpc_queue_threads), each
-  // polling a completion queue of its own; at least 1.
-  int queue_threads = 2;
+  // Threads serving Push, Pull, PushPull and Barrier (--grpc_queue_threads),
+  // each polling a completion queue of its own; at least 1.
+  int queue_threads = 1;
 };
 
 class ShardService;

@@ -5,6 +5,7 @@
 #include <grpcpp/completion_queue.h>
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/async_stream.h>
+#include <grpcpp/support/async_unary_call.h>
 #include <grpcpp/support/byte_buffer.h>
 
 #include <atomic>
@@ -92,29 +93,50 @@ class LiveCalls {
   int count_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
+// A grpc::Service some of whose methods are asynchronous: the listener
+// that registers it requests their calls on its queues.
+class QueueServedService {
+ public:
+  virtual ~QueueServedService() = default;
+  // Requests the calls on `queues` (not owned), which the caller polls
+  // (QueuePollers) until it shuts them down; once, after the server started.
+  virtual void StartCalls(const std::vector<grpc::ServerCompletionQueue*>& queues) = 0;
+  // After grpc::Server::Shutdown: true once every call has ended (its status
+  // out, its operations back), false at `deadline`. Only then may the
+  // queues be shut down: a call answered late from another thread still
+  // starts operations on its queue.
+  virtual bool AwaitCallsDone(absl::Time deadline) = 0;
+};
+
+// Whether a server stream sends one response message with its status.
+template <class Stream>
+struct RespondsOnce : std::false_type {};
+template <class Request, class Response>
+struct RespondsOnce<grpc::ServerAsyncReader<Response, Request>> : std::true_type {};
+template <class Response>
+struct RespondsOnce<grpc::ServerAsyncResponseWriter<Response>> : std::true_type {};
+
 // One server call of the asynchronous API with the shape of a callback
 // reactor: StartRead, StartWrite, StartWriteAndFinish and Finish start
 // operations (from any thread, one read and one write at a time), and
 // OnReadDone, OnWriteDone, OnCancel and then OnDone react on the queue's
-// thread. OnDone runs once Finish went out and every operation and the
-// call's done notification are back; nothing of the call is touched after
-// it. Finish must be called exactly once (a cancelled call too), as the
-// callback API asks. `Stream` is grpc::ServerAsyncReader, ServerAsyncWriter
-// or ServerAsyncReaderWriter of ByteBuffers.
-template <class Stream>
+// thread (every reaction of a call on the same thread, one at a time).
+// OnDone runs once Finish went out and every operation and the call's done
+// notification are back; nothing of the call is touched after it. Finish
+// must be called exactly once (a cancelled call too), as the callback API
+// asks. `Stream` is grpc::ServerAsyncReader, ServerAsyncWriter,
+// ServerAsyncReaderWriter or ServerAsyncResponseWriter; `Request` is the
+// message a unary or server-streaming call arrives with, `Response` the one
+// a unary or client-streaming call answers with.
+template <class Stream, class Request = grpc::ByteBuffer, class Response = grpc::ByteBuffer>
 class AsyncServerCall {
  public:
-  static constexpr bool kReads =
-      !std::is_same_v<Stream, grpc::ServerAsyncWriter<grpc::ByteBuffer>>;
-  static constexpr bool kRespondsOnce =
-      std::is_same_v<Stream, grpc::ServerAsyncReader<grpc::ByteBuffer, grpc::ByteBuffer>>;
-
   virtual ~AsyncServerCall() = default;
 
   grpc::ServerContext* context() { return &context_; }
   Stream* stream() { return &stream_; }
-  // A server-streaming call's one request message, filled on arrival.
-  grpc::ByteBuffer* request() { return &request_; }
+  // A unary or server-streaming call's request message, filled on arrival.
+  Request* request() { return &request_; }
 
   // Before the call is requested from gRPC.
   void ArmDoneNotification() { context_.AsyncNotifyWhenDone(&done_event_); }
@@ -138,7 +160,6 @@ class AsyncServerCall {
   virtual void OnDone() {}
 
   void StartRead(grpc::ByteBuffer* message) {
-    static_assert(kReads, "this call does not read");
     Hold();
     stream_.Read(message, &read_event_);
   }
@@ -152,10 +173,10 @@ class AsyncServerCall {
     Hold();
     stream_.WriteAndFinish(*message, options, status, &finish_event_);
   }
-  // A client-streaming call sends `response()` with an OK status.
+  // A unary or client-streaming call sends `response()` with an OK status.
   void Finish(const grpc::Status& status) {
     Hold();
-    if constexpr (kRespondsOnce) {
+    if constexpr (RespondsOnce<Stream>::value) {
       if (status.ok()) {
         stream_.Finish(response_, status, &finish_event_);
       } else {
@@ -165,7 +186,7 @@ class AsyncServerCall {
       stream_.Finish(status, &finish_event_);
     }
   }
-  grpc::ByteBuffer* response() { return &response_; }
+  Response* response() { return &response_; }
 
   // After a read failed: true when the stream broke (cancelled, reset, past
   // its deadline), false when the client half-closed it. The asynchronous
@@ -202,8 +223,8 @@ class AsyncServerCall {
 
   grpc::ServerContext context_;
   Stream stream_;
-  grpc::ByteBuffer request_;
-  grpc::ByteBuffer response_;
+  Request request_;
+  Response response_;
   LiveCalls* live_ = nullptr;
   // Until Finish went out, and until the done notification came back.
   std::atomic<int> holds_{2};

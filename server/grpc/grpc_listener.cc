@@ -78,7 +78,11 @@ absl::Status GrpcListener::Start(ShardService* service) {
         absl::StrCat("cannot listen on ", options_.host, ":", options_.port,
                      " (--port): in use, or not an address of this host"));
   }
-  parameter_service_->StartDataCalls(queues);
+  queue_served_ = {parameter_service_.get()};
+  for (grpc::Service* extra : options_.services) {
+    if (auto* served = dynamic_cast<QueueServedService*>(extra)) queue_served_.push_back(served);
+  }
+  for (QueueServedService* served : queue_served_) served->StartCalls(queues);
   pollers_.Start(queues);
   return absl::OkStatus();
 }
@@ -94,12 +98,14 @@ void GrpcListener::Stop(absl::Time deadline) {
   stopped_ = true;
   server_->Shutdown(absl::ToChronoTime(deadline));
   server_->Wait();
-  // Every call is cancelled now; each ends once the service answers it
+  // Every call is cancelled now; each ends once its service answers it
   // (a pull parked on the pool wakes on its cancellation). A queue may only
   // be shut down once no call can start another operation on it.
-  if (!parameter_service_->AwaitDataCallsDone(std::max(deadline, absl::Now()) +
-                                               kCallsEndGrace)) {
-    spdlog::error("gRPC listener: data calls still open {} after the shutdown deadline; their "
+  const absl::Time calls_end = std::max(deadline, absl::Now()) + kCallsEndGrace;
+  bool ended = true;
+  for (QueueServedService* served : queue_served_) ended = served->AwaitCallsDone(calls_end) && ended;
+  if (!ended) {
+    spdlog::error("gRPC listener: calls still open {} after the shutdown deadline; their "
                   "queue threads are left running",
                   absl::FormatDuration(kCallsEndGrace));
     pollers_.Abandon();

@@ -25,7 +25,9 @@ struct GrpcListenerOptions {
   // Non-empty: every ParameterService call must carry it.
   std::string job_token;
   ShardStore* store = nullptr;  // not owned; GetShardInfo describes it
-  // Served on the same port (not owned; they outlive the listener).
+  // Served on the same port (not owned; they outlive the listener). One
+  // that is also a QueueServedService has its asynchronous calls requested
+  // on the listener's queues.
   std::vector<grpc::Service*> services;
   // The other listeners GetTransportAddress hands out (ParameterServiceImpl).
   ShardListenerLookup find_listener;
@@ -61,6 +63,7 @@ class GrpcListener final : public ShardListener {
   // Declared before the server: destroyed after it.
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
   QueuePollers pollers_;
+  std::vector<QueueServedService*> queue_served_;  // the services with asynchronous methods
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool stopped_ = false;

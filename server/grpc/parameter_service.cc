@@ -463,7 +463,7 @@ std::unique_ptr<QueueEvent> ParameterServiceImpl::Accept(grpc::ServerCompletionQ
   return acceptor;
 }
 
-void ParameterServiceImpl::StartDataCalls(const std::vector<grpc::ServerCompletionQueue*>& queues) {
+void ParameterServiceImpl::StartCalls(const std::vector<grpc::ServerCompletionQueue*>& queues) {
   for (grpc::ServerCompletionQueue* queue : queues) {
     acceptors_.push_back(Accept<PushReactor>(
         queue, [this](PushReactor* call, grpc::ServerCompletionQueue* q, void* tag) {
@@ -480,7 +480,7 @@ void ParameterServiceImpl::StartDataCalls(const std::vector<grpc::ServerCompleti
   }
 }
 
-bool ParameterServiceImpl::AwaitDataCallsDone(absl::Time deadline) {
+bool ParameterServiceImpl::AwaitCallsDone(absl::Time deadline) {
   return live_calls_.AwaitNone(deadline);
 }
 

@@ -42,7 +42,8 @@ using RawDataService = PS::WithRawMethod_Push<
 // call's Cancellation). The small control calls (Init, Heartbeat, Leave,
 // GetTransportAddress) stay synchronous, served as streamed unary so that
 // the job token is checked before their request body is read. Thread-safe.
-class ParameterServiceImpl final : public internal_parameter_service::RawDataService {
+class ParameterServiceImpl final : public internal_parameter_service::RawDataService,
+                                   public QueueServedService {
  public:
   // Neither is owned; both must outlive the service (and the gRPC server).
   // A non-empty `job_token` must come with every call (JobTokenCheck).
@@ -69,15 +70,10 @@ class ParameterServiceImpl final : public internal_parameter_service::RawDataSer
       UnaryStreamer<proto::TransportAddressRequest, proto::TransportAddressResponse>* streamer)
       override;
 
-  // Serves Push, Pull and PushPull on `queues` (not owned), which the
-  // caller polls (QueuePollers) from now until it shuts them down; once,
-  // after the server started.
-  void StartDataCalls(const std::vector<grpc::ServerCompletionQueue*>& queues);
-  // After grpc::Server::Shutdown: true once every data call has ended (its
-  // status out, its operations back), false at `deadline`. Only then may
-  // the queues be shut down: a call's pull answered late from the pool
-  // still starts operations on its queue.
-  bool AwaitDataCallsDone(absl::Time deadline);
+  // Push, Pull and PushPull (a pull answered late from the pool still
+  // starts operations on its queue).
+  void StartCalls(const std::vector<grpc::ServerCompletionQueue*>& queues) override;
+  bool AwaitCallsDone(absl::Time deadline) override;
 
  private:
   // Keeps one call of `Call`'s method requested on `queue`.

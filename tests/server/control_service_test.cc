@@ -58,8 +58,12 @@ class ControlFixture {
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(service_.get());
+    queue_ = builder.AddCompletionQueue();
     server_ = builder.BuildAndStart();
     REQUIRE(server_ != nullptr);
+    // Barrier calls wait on a queue, as the shard's listener runs them.
+    service_->StartCalls({queue_.get()});
+    pollers_.Start({queue_.get()});
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                    grpc::InsecureChannelCredentials());
     // Every rank registers: barriers need its session.
@@ -98,6 +102,8 @@ class ControlFixture {
     service_->Close();
     server_->Shutdown(std::chrono::system_clock::now());
     server_->Wait();
+    CHECK(service_->AwaitCallsDone(absl::Now() + absl::Seconds(10)));
+    pollers_.ShutdownAndJoin();
   }
 
   // A fresh stub per caller: each barrier call is independent.
@@ -122,6 +128,8 @@ class ControlFixture {
 
  private:
   std::unique_ptr<ControlServiceImpl> service_;
+  std::unique_ptr<grpc::ServerCompletionQueue> queue_;
+  QueuePollers pollers_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::vector<proto::Session> sessions_;
