@@ -16,6 +16,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/queue_event.h"
 
 // gRPC's asynchronous server API driven by threads of our own, each polling
 // one completion queue and running every reaction on the thread that took
@@ -26,25 +27,6 @@
 // (docs/performance.md, "The shard without gRPC's callback threads").
 
 namespace harrier {
-
-// A completion-queue tag: Run is the reaction to the operation it was
-// handed to (`ok` as the queue gives it).
-class QueueEvent {
- public:
-  virtual ~QueueEvent() = default;
-  virtual void Run(bool ok) = 0;
-};
-
-// A QueueEvent that calls Owner::*Reaction.
-template <class Owner, void (Owner::*Reaction)(bool)>
-class MemberEvent final : public QueueEvent {
- public:
-  explicit MemberEvent(Owner* owner) : owner_(owner) {}
-  void Run(bool ok) override { (owner_->*Reaction)(ok); }
-
- private:
-  Owner* const owner_;
-};
 
 // One thread per completion queue, each running the events of its queue
 // until the queue is shut down and drained.

@@ -1,12 +1,19 @@
 // The gRPC transport's two ways of running a call: a caller that waits
 // for it (CallerWaitsScope: blocking client calls) has it run on its own
 // thread, completed before Start returns; every other call completes on
-// gRPC's callback threads. Both give the shard's answer.
+// the thread of the transport's completion queue. Both give the shard's
+// answer. Destroying the transport ends the calls still open.
+#include <pthread.h>
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 
 #include <grpcpp/grpcpp.h>
 
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "testing/server_process.h"
@@ -19,7 +26,23 @@ struct Completion {
   absl::Notification done;
   absl::Status status;
   std::thread::id thread;
+  std::string thread_name;
 };
+
+std::string ThisThreadName() {
+  char name[16] = {};
+  pthread_getname_np(pthread_self(), name, sizeof(name));
+  return name;
+}
+
+CallDone CompleteInto(Completion& completion) {
+  return [&completion](absl::Status status) {
+    completion.status = std::move(status);
+    completion.thread = std::this_thread::get_id();
+    completion.thread_name = ThisThreadName();
+    completion.done.Notify();
+  };
+}
 
 // A pull of a tensor the shard does not hold: answered NOT_FOUND or
 // refused for its missing session; either way by the shard, not the
@@ -33,7 +56,7 @@ proto::PullRequest UnknownPull() {
   return request;
 }
 
-TEST_CASE("grpc transport: a waiting caller's call runs on its thread, others on gRPC's") {
+TEST_CASE("grpc transport: a waiting caller's call runs on its thread, others on the queue's") {
   auto servers = testing::StartCluster(1, 1, {});
   REQUIRE(servers.ok());
   GrpcShardTransport transport(grpc::CreateChannel(testing::Addresses(*servers)[0],
@@ -48,11 +71,7 @@ TEST_CASE("grpc transport: a waiting caller's call runs on its thread, others on
 
   CallCanceller canceller;
   Completion completion;
-  auto done = [&completion](absl::Status status) {
-    completion.status = std::move(status);
-    completion.thread = std::this_thread::get_id();
-    completion.done.Notify();
-  };
+  const CallDone done = CompleteInto(completion);
   if (caller_waits) {
     CallerWaitsScope scope;
     transport.StartPull(request, nullptr, sink, deadline, canceller, done);
@@ -65,12 +84,63 @@ TEST_CASE("grpc transport: a waiting caller's call runs on its thread, others on
     transport.StartPull(request, nullptr, sink, deadline, canceller, done);
     REQUIRE(completion.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
     REQUIRE(completion.thread != std::this_thread::get_id());
+    // The transport's own queue thread, not one of gRPC's callback threads.
+    REQUIRE(completion.thread_name == "grpc-calls");
   }
   // The shard's own refusal reached the caller, whichever thread ran it.
   INFO(completion.status.ToString());
   REQUIRE_FALSE(completion.status.ok());
   REQUIRE_FALSE(absl::IsUnavailable(completion.status));
   REQUIRE_FALSE(absl::IsDeadlineExceeded(completion.status));
+}
+
+std::vector<OutgoingChunk> OneChunk(const std::vector<float>& values) {
+  std::vector<OutgoingChunk> chunks(1);
+  chunks[0].header.set_job("caller-thread");
+  chunks[0].header.set_key("w");
+  chunks[0].header.set_num_elements(static_cast<int64_t>(values.size()));
+  chunks[0].borrowed =
+      absl::string_view(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  chunks[0].is_borrowed = true;
+  return chunks;
+}
+
+TEST_CASE("grpc transport: destroying it ends the calls it still has open") {
+  auto servers = testing::StartCluster(1, 1, {});
+  REQUIRE(servers.ok());
+  auto transport = std::make_unique<GrpcShardTransport>(grpc::CreateChannel(
+      testing::Addresses(*servers)[0], grpc::InsecureChannelCredentials()));
+  // A stopped shard answers nothing: every call below stays open until the
+  // transport goes (their deadline is far off).
+  (*servers)[0]->process().Signal(SIGSTOP);
+  const absl::Time deadline = absl::Now() + absl::Minutes(10);
+  const LandedChunkSink sink = [](const proto::TensorChunk&, const PayloadView&, MemoryKind) {
+    return absl::OkStatus();
+  };
+  // 256 KiB: more than the stream's flow-control window, so the pushes
+  // stall mid-write.
+  const std::vector<float> values(64 << 10, 1.0f);
+  const std::vector<OutgoingChunk> chunks = OneChunk(values);
+  CallCanceller canceller;
+  Completion pull, push, push_pull;
+  transport->StartPull(UnknownPull(), nullptr, sink, deadline, canceller, CompleteInto(pull));
+  transport->StartPush(chunks, deadline, canceller, CompleteInto(push));
+  transport->StartPushPull(chunks, nullptr, sink, deadline, canceller, CompleteInto(push_pull));
+  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE_FALSE(pull.done.HasBeenNotified());
+  REQUIRE_FALSE(push.done.HasBeenNotified());
+  REQUIRE_FALSE(push_pull.done.HasBeenNotified());
+
+  const absl::Time start = absl::Now();
+  transport.reset();
+  for (Completion* completion : {&pull, &push, &push_pull}) {
+    REQUIRE(completion->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    INFO(completion->status.ToString());
+    CHECK(absl::IsCancelled(completion->status));
+  }
+  // Cancelled at once, not left to their deadline.
+  CHECK(absl::Now() - start < absl::Seconds(20));
+  (*servers)[0]->process().Signal(SIGCONT);
 }
 
 }  // namespace

@@ -43,14 +43,15 @@ absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateShardTranspor
   if (auto status = CheckTransportName(backend); !status.ok()) return status;
   if (backend == "ucx") return CreateUcx(client_name, links, deadline);
   std::vector<std::unique_ptr<ShardTransport>> transports;
-  // One timer thread for every shard's calls.
+  // One timer thread and one completion queue for every shard's calls.
   auto timer = std::make_shared<TimerThread>("grpc-transport");
+  auto calls = std::make_shared<ClientCallQueue>("grpc-calls");
   for (const ShardLink& link : links) {
     std::vector<std::shared_ptr<grpc::Channel>> channels = {link.channel};
     channels.insert(channels.end(), link.extra_channels.begin(), link.extra_channels.end());
     transports.push_back(std::make_unique<GrpcShardTransport>(
         std::move(channels), GrpcShardTransport::kDefaultSpreadMinBytes, timer,
-        link.pull_channel));
+        link.pull_channel, calls));
   }
   return transports;
 }

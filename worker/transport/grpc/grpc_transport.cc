@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/chunk_wire.h"
 #include "common/grpc_status.h"
+#include "common/queue_event.h"
 
 namespace harrier {
 namespace {
@@ -295,63 +296,82 @@ class PartsJoin {
   const CallDone done_;
 };
 
-// One stream of a call, whatever its kind: owns its context and messages,
-// registers with the canceller, reads replies, and on gRPC's OnDone waits
-// (without a thread) for its borrowed slices, then ends its part. Owns
-// itself from Start until OnDone.
+// One stream of a call, whatever its kind, on the transport's completion
+// queue: owns its context and messages, registers with the canceller and
+// the queue, and reads replies. Its reactions run on the queue's thread;
+// the operations the caller's thread starts in Start may complete there
+// before Start returns. Counts the operations in flight: once the last is
+// back (and Start is over), the stream deletes itself, which destroys its
+// call and any message the stream never sent, and ends its part once gRPC
+// has released the borrowed slices (no thread waits for that).
 class Stream {
  public:
-  Stream(absl::Time deadline, CallCanceller& canceller, TimerThread& timer,
+  Stream(ClientCallQueue& calls, absl::Time deadline, CallCanceller& canceller, TimerThread& timer,
          std::shared_ptr<PartsJoin> join, size_t part)
-      : canceller_(canceller), timer_(timer), join_(std::move(join)), part_(part) {
+      : calls_(calls), canceller_(canceller), timer_(timer), join_(std::move(join)), part_(part) {
     context_.set_deadline(absl::ToChronoTime(deadline));
   }
   virtual ~Stream() = default;
 
  protected:
-  // Registers the stream with the canceller (false: already cancelled, and
-  // the part has ended). The abort hands TryCancel to the timer thread: it
-  // runs under the canceller's lock, where gRPC must not run our OnDone.
-  template <typename Self>
-  bool Register(const std::shared_ptr<Self>& self) {
-    std::weak_ptr<Self> weak = self;
-    TimerThread* timer = &timer_;
-    registered_ = canceller_.Register(this, [timer, weak] {
-      timer->At(absl::InfinitePast(), [weak] {
-        if (auto stream = weak.lock()) stream->context_.TryCancel();
-      });
-    });
-    if (!registered_) join_->PartDone(part_, absl::CancelledError("operation cancelled"));
-    return registered_;
+  // Registers the stream with the canceller and the queue. False: the call
+  // was cancelled or the queue is closing; the part has ended and the
+  // stream is deleted. The abort cancels the context directly: with the
+  // asynchronous API no reaction runs from TryCancel, so the canceller's
+  // lock is safe to hold.
+  bool Open() {
+    if (!canceller_.Register(this, [this] { context_.TryCancel(); })) {
+      join_->PartDone(part_, absl::CancelledError("operation cancelled"));
+      delete this;
+      return false;
+    }
+    open_ = calls_.Open(&context_);
+    if (open_ == nullptr) {
+      canceller_.Unregister(this);
+      join_->PartDone(part_, absl::CancelledError("the transport is shutting down"));
+      delete this;
+      return false;
+    }
+    return true;
   }
 
-  // Registers the stream and encodes its messages (false: cancelled
-  // already, and the part has ended).
-  template <typename Self>
-  bool Prepare(const std::shared_ptr<Self>& self, const std::vector<const OutgoingChunk*>& chunks) {
-    if (!Register(self)) return false;
+  // Registers the stream and encodes its messages (false: as Open).
+  bool Prepare(const std::vector<const OutgoingChunk*>& chunks) {
+    if (!Open()) return false;
     for (const OutgoingChunk* chunk : chunks) messages_.push_back(EncodeChunk(*chunk, borrowed_));
     return true;
   }
 
-  // The next message to write, or null once every one was written.
-  grpc::ByteBuffer* NextMessage() {
-    return next_ < messages_.size() ? &messages_[next_++] : nullptr;
+  grpc::CompletionQueue* queue() { return open_->queue(); }
+
+  // An operation is about to start / has come back. The count starts at
+  // one, for Start; Start's last step gives it back.
+  void Hold() { in_flight_.fetch_add(1, std::memory_order_relaxed); }
+  void Release() {
+    if (in_flight_.fetch_sub(1, std::memory_order_acq_rel) == 1) End();
   }
 
-  // Writes `message`; the last one carries the half-close with it (one
-  // HTTP/2 frame and no WritesDone round through OnWriteDone), so the
-  // shard sees the end of the push with its last chunk.
-  template <class Reactor>
-  void WriteOrWriteLast(Reactor& reactor, grpc::ByteBuffer* message) {
+  // Writes the next message on `writer` (a client writer or reader-writer)
+  // with `event`: the last one carries the half-close with it (one HTTP/2
+  // frame and no extra round), so the shard sees the end of the push with
+  // its last chunk. Nothing once the half-close went out.
+  template <class Writer>
+  void WriteNext(Writer& writer, QueueEvent* event) {
+    if (closed_) return;
+    Hold();
+    if (next_ == messages_.size()) {  // no message at all: only the close
+      closed_ = true;
+      writer.WritesDone(event);
+      return;
+    }
+    grpc::ByteBuffer& message = messages_[next_++];
     if (next_ == messages_.size()) {
-      wrote_last_ = true;
-      reactor.StartWriteLast(message, grpc::WriteOptions());
+      closed_ = true;
+      writer.Write(message, grpc::WriteOptions().set_last_message(), event);
     } else {
-      reactor.StartWrite(message);
+      writer.Write(message, event);
     }
   }
-  bool wrote_last() const { return wrote_last_; }
 
   // One reply message (`ok`: one was read).
   void OnReply(bool ok) {
@@ -361,137 +381,160 @@ class Stream {
       });
   }
 
-  // gRPC's OnDone: the last reaction. Drops the stream (its context and
-  // call, which may still hold unsent messages) and ends the part once the
-  // borrowed slices are back.
-  void Finish(const grpc::Status& grpc_status, std::shared_ptr<Stream> self) {
-    if (registered_) canceller_.Unregister(this);
-    absl::Status status = FromGrpcStatus(grpc_status);
+  grpc::ClientContext context_;
+  grpc::ByteBuffer buffer_;  // the reply being read
+  grpc::Status status_;      // the stream's, filled by its Finish
+
+ private:
+  // The last operation is back: drops the stream and ends the part once
+  // the borrowed slices are back.
+  void End() {
+    canceller_.Unregister(this);
+    open_.reset();
+    absl::Status status = FromGrpcStatus(status_);
     if (status.ok()) status = replies_.status();
     BorrowedSlices borrowed = borrowed_;
     TimerThread& timer = timer_;
     std::shared_ptr<PartsJoin> join = join_;
     const size_t part = part_;
-    self.reset();  // may destroy this stream
+    delete this;
     borrowed.WhenReleased(timer, kSliceReleaseGrace, [join, part, status](absl::Status released) {
       join->PartDone(part, WithRelease(status, released));
     });
   }
 
-  grpc::ClientContext context_;
-  grpc::ByteBuffer buffer_;  // the reply being read
-
- private:
+  ClientCallQueue& calls_;  // only until Open
+  std::unique_ptr<ClientCallQueue::OpenCall> open_;
   CallCanceller& canceller_;
   TimerThread& timer_;
   const std::shared_ptr<PartsJoin> join_;
   const size_t part_;
-  bool registered_ = false;
+  std::atomic<int> in_flight_{1};
   BorrowedSlices borrowed_;
   std::vector<grpc::ByteBuffer> messages_;
-  size_t next_ = 0;          // the next message to write
-  bool wrote_last_ = false;  // the half-close went with the last message
+  size_t next_ = 0;      // the next message to write
+  bool closed_ = false;  // the half-close went out (with the last message or alone)
   ReplyReader replies_;
 };
 
-class PushCall : public Stream, public grpc::ClientWriteReactor<grpc::ByteBuffer> {
+// A push: the messages one after another, the last with the half-close.
+// The status (with the shard's empty PushResponse) is asked for at once:
+// only that operation receives the shard's metadata.
+class PushCall final : public Stream {
  public:
   using Stream::Stream;
 
   static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
-                    const std::vector<const OutgoingChunk*>& chunks,
-                    std::shared_ptr<PushCall> self) {
-    if (!self->Prepare(self, chunks)) return;
-    PushCall* stream = self.get();
-    stream->self_ = std::move(self);
-    grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(
-        channel, method, &stream->context_, &stream->response_, stream);
-    stream->WriteNext();
-    stream->StartCall();
+                    const std::vector<const OutgoingChunk*>& chunks, PushCall* stream) {
+    if (!stream->Prepare(chunks)) return;
+    // The metadata goes with the first message, in one batch.
+    stream->context_.set_initial_metadata_corked(true);
+    stream->writer_ = grpc::internal::ClientAsyncWriterFactory<grpc::ByteBuffer>::Create(
+        channel, stream->queue(), method, &stream->context_, &stream->response_, false, nullptr);
+    stream->writer_->StartCall(nullptr);  // corked: no operation of its own
+    stream->Hold();
+    stream->writer_->Finish(&stream->status_, &stream->finish_event_);
+    stream->WriteNext(*stream->writer_, &stream->write_event_);
+    stream->Release();
   }
-
-  void OnWriteDone(bool ok) override {
-    if (ok) WriteNext();  // else the stream failed: OnDone says why
-  }
-  void OnDone(const grpc::Status& status) override { Finish(status, std::move(self_)); }
 
  private:
-  void WriteNext() {
-    if (grpc::ByteBuffer* message = NextMessage()) {
-      WriteOrWriteLast(*this, message);
-    } else if (!wrote_last()) {
-      StartWritesDone();
-    }
+  void WriteDone(bool ok) {
+    if (ok) WriteNext(*writer_, &write_event_);  // else the stream failed: its status says why
+    Release();
   }
+  void FinishDone(bool) { Release(); }
 
+  grpc::ClientAsyncWriter<grpc::ByteBuffer>* writer_ = nullptr;  // in the call's arena
   grpc::ByteBuffer response_;  // a PushResponse; nothing in it is needed
-  std::shared_ptr<Stream> self_;
+  MemberEvent<PushCall, &PushCall::WriteDone> write_event_{this};
+  MemberEvent<PushCall, &PushCall::FinishDone> finish_event_{this};
 };
 
-class PullCall : public Stream, public grpc::ClientReadReactor<grpc::ByteBuffer> {
- public:
-  using Stream::Stream;
-
-  static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
-                    proto::PullRequest request, std::shared_ptr<PullCall> self) {
-    self->request_ = std::move(request);
-    if (!self->Register(self)) return;
-    PullCall* stream = self.get();
-    stream->self_ = std::move(self);
-    grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(
-        channel, method, &stream->context_, &stream->request_, stream);
-    stream->StartRead(&stream->buffer_);
-    stream->StartCall();
+// Reads replies until the stream ends, then asks for its status (Finish
+// only after the reads: the first read receives the shard's metadata).
+template <class Self, class Reader>
+class ReadsReplies {
+ protected:
+  void StartReading(Reader& reader) {
+    Self& self = static_cast<Self&>(*this);
+    self.Hold();
+    reader.Read(&self.buffer_, &read_event_);
   }
-
-  void OnReadDone(bool ok) override {
-    OnReply(ok);
-    if (ok) StartRead(&buffer_);
-  }
-  void OnDone(const grpc::Status& status) override { Finish(status, std::move(self_)); }
 
  private:
-  proto::PullRequest request_;
-  std::shared_ptr<Stream> self_;
-};
-
-class PushPullCall : public Stream,
-                     public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  using Stream::Stream;
-
-  static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
-                    const std::vector<const OutgoingChunk*>& chunks,
-                    std::shared_ptr<PushPullCall> self) {
-    if (!self->Prepare(self, chunks)) return;
-    PushPullCall* stream = self.get();
-    stream->self_ = std::move(self);
-    grpc::internal::ClientCallbackReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-        channel, method, &stream->context_, stream);
-    stream->WriteNext();
-    stream->StartRead(&stream->buffer_);
-    stream->StartCall();
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (ok) WriteNext();
-  }
-  void OnReadDone(bool ok) override {
-    OnReply(ok);
-    if (ok) StartRead(&buffer_);
-  }
-  void OnDone(const grpc::Status& status) override { Finish(status, std::move(self_)); }
-
- private:
-  void WriteNext() {
-    if (grpc::ByteBuffer* message = NextMessage()) {
-      WriteOrWriteLast(*this, message);
-    } else if (!wrote_last()) {
-      StartWritesDone();
+  void ReadDone(bool ok) {
+    Self& self = static_cast<Self&>(*this);
+    self.OnReply(ok);
+    self.Hold();
+    if (ok) {
+      self.reader().Read(&self.buffer_, &read_event_);
+    } else {
+      self.reader().Finish(&self.status_, &finish_event_);
     }
+    self.Release();
+  }
+  void FinishDone(bool) { static_cast<Self&>(*this).Release(); }
+
+  MemberEvent<ReadsReplies, &ReadsReplies::ReadDone> read_event_{this};
+  MemberEvent<ReadsReplies, &ReadsReplies::FinishDone> finish_event_{this};
+};
+
+class PullCall final : public Stream,
+                       public ReadsReplies<PullCall, grpc::ClientAsyncReader<grpc::ByteBuffer>> {
+ public:
+  using Stream::Stream;
+
+  static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
+                    proto::PullRequest request, PullCall* stream) {
+    if (!stream->Open()) return;
+    // The request, its metadata and the half-close go out in one batch.
+    stream->reader_ = grpc::internal::ClientAsyncReaderFactory<grpc::ByteBuffer>::Create(
+        channel, stream->queue(), method, &stream->context_, request, false, nullptr);
+    stream->Hold();
+    stream->reader_->StartCall(&stream->start_event_);
+    stream->StartReading(*stream->reader_);
+    stream->Release();
   }
 
-  std::shared_ptr<Stream> self_;
+ private:
+  friend class ReadsReplies<PullCall, grpc::ClientAsyncReader<grpc::ByteBuffer>>;
+  grpc::ClientAsyncReader<grpc::ByteBuffer>& reader() { return *reader_; }
+  void StartDone(bool) { Release(); }
+
+  grpc::ClientAsyncReader<grpc::ByteBuffer>* reader_ = nullptr;  // in the call's arena
+  MemberEvent<PullCall, &PullCall::StartDone> start_event_{this};
+};
+
+using AsyncReaderWriter = grpc::ClientAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+class PushPullCall final : public Stream, public ReadsReplies<PushPullCall, AsyncReaderWriter> {
+ public:
+  using Stream::Stream;
+
+  static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
+                    const std::vector<const OutgoingChunk*>& chunks, PushPullCall* stream) {
+    if (!stream->Prepare(chunks)) return;
+    stream->context_.set_initial_metadata_corked(true);
+    stream->stream_ =
+        grpc::internal::ClientAsyncReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channel, stream->queue(), method, &stream->context_, false, nullptr);
+    stream->stream_->StartCall(nullptr);  // corked: no operation of its own
+    stream->StartReading(*stream->stream_);
+    stream->WriteNext(*stream->stream_, &stream->write_event_);
+    stream->Release();
+  }
+
+ private:
+  friend class ReadsReplies<PushPullCall, AsyncReaderWriter>;
+  AsyncReaderWriter& reader() { return *stream_; }
+  void WriteDone(bool ok) {
+    if (ok) WriteNext(*stream_, &write_event_);
+    Release();
+  }
+
+  AsyncReaderWriter* stream_ = nullptr;  // in the call's arena
+  MemberEvent<PushPullCall, &PushPullCall::WriteDone> write_event_{this};
 };
 
 // Part `part` of `parts` over [0, count): a contiguous range, so each
@@ -668,11 +711,13 @@ GrpcShardTransport::GrpcShardTransport(std::shared_ptr<grpc::Channel> channel)
 
 GrpcShardTransport::GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>> channels,
                                        size_t spread_min_bytes, std::shared_ptr<TimerThread> timer,
-                                       std::shared_ptr<grpc::Channel> pull_channel)
+                                       std::shared_ptr<grpc::Channel> pull_channel,
+                                       std::shared_ptr<ClientCallQueue> calls)
     : ShardTransport(TransportTraits{"grpc"}),
       spread_min_bytes_(spread_min_bytes),
       timer_(timer != nullptr ? std::move(timer)
-                              : std::make_shared<TimerThread>("grpc-transport")) {
+                              : std::make_shared<TimerThread>("grpc-transport")),
+      calls_(calls != nullptr ? std::move(calls) : std::make_shared<ClientCallQueue>("grpc-calls")) {
   for (auto& channel : channels) links_.push_back(std::make_unique<Link>(std::move(channel)));
   if (pull_channel != nullptr) pull_link_ = std::make_unique<Link>(std::move(pull_channel));
 }
@@ -701,7 +746,7 @@ void GrpcShardTransport::StartPush(const std::vector<OutgoingChunk>& chunks, abs
   for (size_t part = 0; part < parts; ++part) {
     const Link& link = *links_[part];
     PushCall::Start(link.push_method, link.channel.get(), PartOf(chunks, parts, part),
-                    std::make_shared<PushCall>(deadline, canceller, *timer_, join, part));
+                    new PushCall(*calls_, deadline, canceller, *timer_, join, part));
   }
 }
 
@@ -727,7 +772,7 @@ void GrpcShardTransport::StartPull(const proto::PullRequest& request,
     }
     const Link& link = PullLink(part);
     PullCall::Start(link.pull_method, link.channel.get(), std::move(sub),
-                    std::make_shared<PullCall>(deadline, canceller, *timer_, join, part));
+                    new PullCall(*calls_, deadline, canceller, *timer_, join, part));
   }
 }
 
@@ -746,7 +791,7 @@ void GrpcShardTransport::StartPushPull(const std::vector<OutgoingChunk>& chunks,
   for (size_t part = 0; part < parts; ++part) {
     const Link& link = *links_[part];
     PushPullCall::Start(link.push_pull_method, link.channel.get(), PartOf(chunks, parts, part),
-                        std::make_shared<PushPullCall>(deadline, canceller, *timer_, join, part));
+                        new PushPullCall(*calls_, deadline, canceller, *timer_, join, part));
   }
 }
 

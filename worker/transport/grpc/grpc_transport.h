@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "proto/harrier.grpc.pb.h"
+#include "worker/transport/grpc/client_call_queue.h"
 #include "worker/transport/timer_thread.h"
 #include "worker/transport/transport.h"
 
@@ -35,9 +36,9 @@ class GrpcShardTransport : public ShardTransport {
   // each part is all-or-nothing on the shard, the whole is not (a refused
   // part leaves the parts that were applied; a retry of the whole is then
   // acknowledged as a duplicate for those, see ShardStore::Push).
-  // `timer` (null: one of its own) keeps the calls' slice-release graces
-  // and hands cancels off the canceller's lock: a client's transports share
-  // one.
+  // `timer` (null: one of its own) keeps the calls' slice-release graces;
+  // `calls` (null: one of its own) is the completion queue whose thread
+  // runs the calls' reactions. A client's transports share both.
   //
   // `pull_channel` (null: none) is a connection for pulls alone. A pull
   // then never queues behind push data on its way up, and a push's
@@ -51,16 +52,19 @@ class GrpcShardTransport : public ShardTransport {
   GrpcShardTransport(std::vector<std::shared_ptr<grpc::Channel>> channels,
                      size_t spread_min_bytes = kDefaultSpreadMinBytes,
                      std::shared_ptr<TimerThread> timer = nullptr,
-                     std::shared_ptr<grpc::Channel> pull_channel = nullptr);
+                     std::shared_ptr<grpc::Channel> pull_channel = nullptr,
+                     std::shared_ptr<ClientCallQueue> calls = nullptr);
   ~GrpcShardTransport() override;
 
   // Host memory only: a chunk in device memory is refused with
   // FAILED_PRECONDITION before anything is sent (RefuseDeviceChunks).
   // Replies are host views (a landing chooser is not used).
   //
-  // Each call is a stream driven by gRPC's callback API: its sink and its
-  // done run on gRPC's callback threads (with several channels, the parts'
-  // sinks one call at a time). The first one-channel call of a
+  // Each call is a stream of gRPC's asynchronous API on the calls' queue:
+  // its sink and its done run on that queue's thread (with several
+  // channels, the parts' sinks one call at a time); a call that ends
+  // before its Start returns (cancelled already, say) completes on the
+  // calling thread. The first one-channel call of a
   // CallerWaitsScope runs on the calling thread instead (gRPC's synchronous
   // API) and completes before Start returns. A call completes once gRPC has released
   // every borrowed payload, so the caller may reuse its buffers as soon as
@@ -91,8 +95,11 @@ class GrpcShardTransport : public ShardTransport {
   std::vector<std::unique_ptr<Link>> links_;
   std::unique_ptr<Link> pull_link_;  // null: pulls share links_
   const size_t spread_min_bytes_;
-  // Slice-release graces, and cancels handed off the canceller's lock.
+  // Slice-release graces.
   std::shared_ptr<TimerThread> timer_;
+  // Last: destroyed first, it ends the calls still open (cancelled) while
+  // the channels are still here.
+  std::shared_ptr<ClientCallQueue> calls_;
 };
 
 }  // namespace harrier
