@@ -217,14 +217,5 @@ extern "C" const char* __tsan_default_suppressions() {
       "race:libgrpc.so\n"
       // The same hand-off for absl::Status: its payload is copied, compared
       // and freed inside libabsl_status (uninstrumented) on gRPC's threads.
-      "race:libabsl_status.so\n"
-      // gRPC's callback API runs a unary reactor's OnDone (which deletes it)
-      // after its Finish callback, ordered inside gRPC's core: a vptr race
-      // between the two in grpcpp's inline handler code.
-      "race:grpc::internal::CallbackUnaryHandler\n"
-      // The client's streaming reactors (worker/transport/grpc): grpcpp's
-      // inline ClientCallback*Impl code sets up a call's tags on the thread
-      // that starts it and runs them (CallbackWithSuccessTag::Run) on
-      // gRPC's callback threads, ordered by gRPC's uninstrumented queues.
-      "race:grpc::internal::CallbackWithSuccessTag\n";
+      "race:libabsl_status.so\n";
 }

@@ -122,7 +122,7 @@ struct TransportTraits {
 // Completes one transport call with its status: OK, the shard's status
 // (code and message), or the transport's (UNAVAILABLE for a lost peer,
 // DEADLINE_EXCEEDED, CANCELLED). Runs exactly once per started call, on a
-// transport thread (gRPC: its callback thread; UCX: its progress or timer
+// transport thread (gRPC: its completion queue's thread; UCX: its progress or timer
 // thread; the fake: the thread that completes the call), possibly before
 // Start returns, on the starting thread (a call refused before it is sent,
 // or one the fake answers at once): a caller holds no lock `done` takes.
