@@ -285,11 +285,8 @@ void ControlServiceImpl::StartCalls(const std::vector<grpc::ServerCompletionQueu
     auto request = [this](Wait* call, grpc::ServerCompletionQueue* q, void* tag) {
       RequestBarrier(call->context(), call->request(), call->stream(), q, q, tag);
     };
-    auto make = [this] { return new Wait(this); };
-    auto acceptor = std::make_unique<CallAcceptor<Wait, decltype(request), decltype(make)>>(
-        queue, &live_calls_, std::move(request), std::move(make));
-    acceptor->Arm();
-    acceptors_.push_back(std::move(acceptor));
+    acceptors_.push_back(AcceptCalls<Wait>(queue, &live_calls_, std::move(request),
+                                           [this] { return new Wait(this); }));
   }
 }
 

@@ -253,6 +253,18 @@ class CallAcceptor final : public QueueEvent {
   Call* waiting_ = nullptr;  // requested, not arrived
 };
 
+// Keeps one call of a method requested on `queue` from now on (an armed
+// CallAcceptor): `request` and `make` as CallAcceptor takes them, `live`
+// counting the calls that arrived.
+template <class Call, class Request, class Make>
+std::unique_ptr<QueueEvent> AcceptCalls(grpc::ServerCompletionQueue* queue, LiveCalls* live,
+                                        Request request, Make make) {
+  auto acceptor = std::make_unique<CallAcceptor<Call, Request, Make>>(queue, live, std::move(request),
+                                                                      std::move(make));
+  acceptor->Arm();
+  return acceptor;
+}
+
 }  // namespace harrier
 
 #endif  // HARRIER_SERVER_GRPC_ASYNC_CALL_H_

@@ -456,11 +456,8 @@ std::unique_ptr<QueueEvent> ParameterServiceImpl::Accept(grpc::ServerCompletionQ
                                                          Request request) {
   ShardService* service = service_;
   const JobTokenCheck* token_check = &token_check_;
-  auto make = [service, token_check] { return new Call(service, token_check); };
-  auto acceptor = std::make_unique<CallAcceptor<Call, Request, decltype(make)>>(
-      queue, &live_calls_, std::move(request), std::move(make));
-  acceptor->Arm();
-  return acceptor;
+  return AcceptCalls<Call>(queue, &live_calls_, std::move(request),
+                           [service, token_check] { return new Call(service, token_check); });
 }
 
 void ParameterServiceImpl::StartCalls(const std::vector<grpc::ServerCompletionQueue*>& queues) {

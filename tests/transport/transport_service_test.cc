@@ -192,6 +192,57 @@ struct BspShard {
   std::unique_ptr<testing::Sessions> sessions;  // registers ranks with the shard
 };
 
+// kElements ones: the gradient the pushes below send, as payload bytes.
+std::string OnesPayload() {
+  const std::vector<float> ones(kElements, 1.0f);
+  return std::string(reinterpret_cast<const char*>(ones.data()), kElements * sizeof(float));
+}
+
+// A dense chunk of "w" from `rank` with `session`, carrying the checksum of
+// `payload` but not the payload (gRPC puts it in the message, UCX beside it).
+proto::TensorChunk DenseChunk(uint32_t rank, const proto::Session& session,
+                              const std::string& payload) {
+  proto::TensorChunk chunk;
+  chunk.set_job("harrier");
+  chunk.set_rank(rank);
+  *chunk.mutable_session() = session;
+  chunk.set_key("w");
+  chunk.set_num_elements(kElements);
+  chunk.set_dtype(proto::DTYPE_FLOAT32);
+  chunk.set_checksum(Crc32c(payload.data(), payload.size()));
+  return chunk;
+}
+
+struct GrpcPush {
+  grpc::Status status;
+  proto::PushResponse response;
+};
+
+// `chunk` with `payload` in it, pushed whole in one gRPC stream.
+GrpcPush PushOverGrpc(proto::ParameterService::Stub& stub, proto::TensorChunk chunk,
+                      const std::string& payload) {
+  chunk.set_payload(payload);
+  GrpcPush push;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto writer = stub.Push(&context, &push.response);
+  writer->Write(chunk);
+  writer->WritesDone();
+  push.status = writer->Finish();
+  return push;
+}
+
+// `chunk` pushed over UCX, `payload` beside it.
+absl::Status PushOverUcx(testing::RawUcxClient& ucx, const proto::TensorChunk& chunk,
+                         const std::string& payload) {
+  transport::Frame frame;
+  frame.op = transport::Op::kPush;
+  frame.count = 1;
+  frame.payload_bytes = payload.size();
+  frame.arg = 10000;
+  return ucx.Call(frame, chunk.SerializeAsString(), payload);
+}
+
 TEST_CASE("a gRPC client's cancel wakes the shard's blocked pull at once") {
   BspShard shard;
   const int metrics_port = shard.metrics_port;
@@ -271,37 +322,15 @@ TEST_CASE("both transports refuse a push or pull without a valid session alike")
   auto ucx = testing::RawUcxClient::Connect(shard.server->address());
   INFO(ucx.status().ToString());
   REQUIRE(ucx.ok());
-  const std::vector<float> gradient(kElements, 1.0f);
-  const std::string payload(reinterpret_cast<const char*>(gradient.data()),
-                            gradient.size() * sizeof(float));
+  const std::string payload = OnesPayload();
   auto chunk_of = [&](uint32_t rank, const proto::Session& session) {
-    proto::TensorChunk chunk;
-    chunk.set_job("harrier");
-    chunk.set_rank(rank);
-    *chunk.mutable_session() = session;
-    chunk.set_key("w");
-    chunk.set_num_elements(kElements);
-    chunk.set_dtype(proto::DTYPE_FLOAT32);
-    chunk.set_checksum(Crc32c(payload.data(), payload.size()));
-    return chunk;
+    return DenseChunk(rank, session, payload);
   };
   auto push_over_ucx = [&](const proto::TensorChunk& chunk) {
-    transport::Frame frame;
-    frame.op = transport::Op::kPush;
-    frame.count = 1;
-    frame.payload_bytes = payload.size();
-    frame.arg = 10000;
-    return (*ucx)->Call(frame, chunk.SerializeAsString(), payload);
+    return PushOverUcx(**ucx, chunk, payload);
   };
-  auto push_over_grpc = [&](proto::TensorChunk chunk) {
-    chunk.set_payload(payload);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    proto::PushResponse response;
-    auto writer = shard.stub->Push(&context, &response);
-    writer->Write(chunk);
-    writer->WritesDone();
-    return FromGrpcStatus(writer->Finish());
+  auto push_over_grpc = [&](const proto::TensorChunk& chunk) {
+    return FromGrpcStatus(PushOverGrpc(*shard.stub, chunk, payload).status);
   };
   // Rank 1 never registered; rank 0 did, and its session is stolen for
   // rank 1, or its credential garbled.
@@ -338,45 +367,22 @@ TEST_CASE("both transports refuse a push or pull without a valid session alike")
 
 TEST_CASE("both transports acknowledge a retried push as a duplicate and apply it once") {
   BspShard shard;
-  std::vector<float> ones(kElements, 1.0f);
-  auto chunk_of = [&](uint32_t rank) {
-    proto::TensorChunk chunk;
-    chunk.set_key("w");
-    chunk.set_rank(rank);
-    shard.sessions->Attach(&chunk);
-    chunk.set_clock(0);
-    chunk.set_num_elements(kElements);
-    chunk.set_dtype(proto::DTYPE_FLOAT32);
-    chunk.set_checksum(Crc32c(ones.data(), kElements * 4));
-    return chunk;
-  };
-  const std::string payload(reinterpret_cast<const char*>(ones.data()), kElements * 4);
+  const std::string payload = OnesPayload();
   // gRPC: rank 0's push, then its retry; the response says so.
   for (uint32_t expected_duplicates : {0u, 1u}) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    proto::PushResponse response;
-    auto writer = shard.stub->Push(&context, &response);
-    proto::TensorChunk chunk = chunk_of(0);
-    chunk.set_payload(payload);
-    REQUIRE(writer->Write(chunk));
-    writer->WritesDone();
-    const grpc::Status status = writer->Finish();
-    INFO(status.error_message());
-    REQUIRE(status.ok());
-    REQUIRE(response.chunks_accepted() == 1);
-    REQUIRE(response.chunks_duplicate() == expected_duplicates);
+    const GrpcPush push =
+        PushOverGrpc(*shard.stub, DenseChunk(0, shard.sessions->For(0), payload), payload);
+    INFO(push.status.error_message());
+    REQUIRE(push.status.ok());
+    REQUIRE(push.response.chunks_accepted() == 1);
+    REQUIRE(push.response.chunks_duplicate() == expected_duplicates);
   }
   // UCX: rank 1's push and its retry, both OK (UCX replies carry a status).
   auto ucx = testing::RawUcxClient::Connect(shard.server->address());
   REQUIRE(ucx.ok());
   for (int attempt = 0; attempt < 2; ++attempt) {
-    transport::Frame frame;
-    frame.op = transport::Op::kPush;
-    frame.count = 1;
-    frame.payload_bytes = payload.size();
-    frame.arg = 10000;
-    const absl::Status status = (*ucx)->Call(frame, chunk_of(1).SerializeAsString(), payload);
+    const absl::Status status =
+        PushOverUcx(**ucx, DenseChunk(1, shard.sessions->For(1), payload), payload);
     INFO(status.ToString());
     REQUIRE(status.ok());
   }
@@ -388,24 +394,18 @@ TEST_CASE("both transports acknowledge a retried push as a duplicate and apply i
 
 TEST_CASE("a gRPC push the client cancels before closing it is never applied") {
   BspShard shard;
-  std::vector<float> ones(kElements, 1.0f);
-  proto::TensorChunk chunk;
-  chunk.set_key("w");
-  chunk.set_rank(0);
-  shard.sessions->Attach(&chunk);
-  chunk.set_clock(0);
-  chunk.set_num_elements(kElements);
-  chunk.set_dtype(proto::DTYPE_FLOAT32);
-  chunk.set_checksum(Crc32c(ones.data(), kElements * 4));
-  chunk.set_payload(std::string(reinterpret_cast<const char*>(ones.data()), kElements * 4));
+  const std::string payload = OnesPayload();
+  proto::TensorChunk chunk = DenseChunk(0, shard.sessions->For(0), payload);
   {
     // The chunk arrives whole, then the stream breaks instead of closing:
     // the shard's read fails, and that must not read as the end of a push.
+    proto::TensorChunk whole = chunk;
+    whole.set_payload(payload);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     proto::PushResponse response;
     auto writer = shard.stub->Push(&context, &response);
-    REQUIRE(writer->Write(chunk));
+    REQUIRE(writer->Write(whole));
     std::this_thread::sleep_for(testing::AtOnce(200));
     context.TryCancel();
     REQUIRE(writer->Finish().error_code() == grpc::StatusCode::CANCELLED);
@@ -415,17 +415,11 @@ TEST_CASE("a gRPC push the client cancels before closing it is never applied") {
   INFO(metrics);
   REQUIRE(Has(metrics, "harrier_server_pushes_total{shard=\"0\"} 0\n"));
   // The same push sent whole is the first of its clock, not a duplicate.
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  proto::PushResponse response;
-  auto writer = shard.stub->Push(&context, &response);
-  REQUIRE(writer->Write(chunk));
-  writer->WritesDone();
-  const grpc::Status status = writer->Finish();
-  INFO(status.error_message());
-  REQUIRE(status.ok());
-  REQUIRE(response.chunks_accepted() == 1);
-  REQUIRE(response.chunks_duplicate() == 0);
+  const GrpcPush push = PushOverGrpc(*shard.stub, chunk, payload);
+  INFO(push.status.error_message());
+  REQUIRE(push.status.ok());
+  REQUIRE(push.response.chunks_accepted() == 1);
+  REQUIRE(push.response.chunks_duplicate() == 0);
   metrics = testing::HttpGet(shard.metrics_port, "/metrics");
   REQUIRE(Has(metrics, "harrier_server_pushes_total{shard=\"0\"} 1\n"));
 }
