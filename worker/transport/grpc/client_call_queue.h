@@ -60,10 +60,9 @@ class ClientCallQueue {
   // the destructor began (the call must not start).
   std::unique_ptr<OpenCall> Open(grpc::ClientContext* context);
 
-  // True on the queue's thread (for tests and checks).
+ private:
   bool OnQueueThread() const;
 
- private:
   std::shared_ptr<State> state_;
 };
 

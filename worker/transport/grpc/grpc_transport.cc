@@ -306,38 +306,36 @@ class PartsJoin {
 // has released the borrowed slices (no thread waits for that).
 class Stream {
  public:
-  Stream(ClientCallQueue& calls, absl::Time deadline, CallCanceller& canceller, TimerThread& timer,
+  Stream(absl::Time deadline, CallCanceller& canceller, TimerThread& timer,
          std::shared_ptr<PartsJoin> join, size_t part)
-      : calls_(calls), canceller_(canceller), timer_(timer), join_(std::move(join)), part_(part) {
+      : canceller_(canceller), timer_(timer), join_(std::move(join)), part_(part) {
     context_.set_deadline(absl::ToChronoTime(deadline));
   }
   virtual ~Stream() = default;
 
  protected:
-  // Registers the stream with the canceller and the queue. False: the call
-  // was cancelled or the queue is closing; the part has ended and the
+  // Registers the stream with the canceller and holds `calls`. False: the
+  // call was cancelled or the queue is closing; the part has ended and the
   // stream is deleted. The abort cancels the context directly: with the
   // asynchronous API no reaction runs from TryCancel, so the canceller's
   // lock is safe to hold.
-  bool Open() {
+  bool Open(ClientCallQueue& calls) {
+    absl::Status refused;
     if (!canceller_.Register(this, [this] { context_.TryCancel(); })) {
-      join_->PartDone(part_, absl::CancelledError("operation cancelled"));
-      delete this;
-      return false;
-    }
-    open_ = calls_.Open(&context_);
-    if (open_ == nullptr) {
+      refused = absl::CancelledError("operation cancelled");
+    } else if (open_ = calls.Open(&context_); open_ == nullptr) {
       canceller_.Unregister(this);
-      join_->PartDone(part_, absl::CancelledError("the transport is shutting down"));
-      delete this;
-      return false;
+      refused = absl::CancelledError("the transport is shutting down");
     }
-    return true;
+    if (refused.ok()) return true;
+    join_->PartDone(part_, std::move(refused));
+    delete this;
+    return false;
   }
 
-  // Registers the stream and encodes its messages (false: as Open).
-  bool Prepare(const std::vector<const OutgoingChunk*>& chunks) {
-    if (!Open()) return false;
+  // Opens the stream and encodes its messages (false: as Open).
+  bool Prepare(ClientCallQueue& calls, const std::vector<const OutgoingChunk*>& chunks) {
+    if (!Open(calls)) return false;
     for (const OutgoingChunk* chunk : chunks) messages_.push_back(EncodeChunk(*chunk, borrowed_));
     return true;
   }
@@ -403,7 +401,6 @@ class Stream {
     });
   }
 
-  ClientCallQueue& calls_;  // only until Open
   std::unique_ptr<ClientCallQueue::OpenCall> open_;
   CallCanceller& canceller_;
   TimerThread& timer_;
@@ -425,8 +422,9 @@ class PushCall final : public Stream {
   using Stream::Stream;
 
   static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
-                    const std::vector<const OutgoingChunk*>& chunks, PushCall* stream) {
-    if (!stream->Prepare(chunks)) return;
+                    ClientCallQueue& calls, const std::vector<const OutgoingChunk*>& chunks,
+                    PushCall* stream) {
+    if (!stream->Prepare(calls, chunks)) return;
     // The metadata goes with the first message, in one batch.
     stream->context_.set_initial_metadata_corked(true);
     stream->writer_ = grpc::internal::ClientAsyncWriterFactory<grpc::ByteBuffer>::Create(
@@ -486,8 +484,8 @@ class PullCall final : public Stream,
   using Stream::Stream;
 
   static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
-                    proto::PullRequest request, PullCall* stream) {
-    if (!stream->Open()) return;
+                    ClientCallQueue& calls, proto::PullRequest request, PullCall* stream) {
+    if (!stream->Open(calls)) return;
     // The request, its metadata and the half-close go out in one batch.
     stream->reader_ = grpc::internal::ClientAsyncReaderFactory<grpc::ByteBuffer>::Create(
         channel, stream->queue(), method, &stream->context_, request, false, nullptr);
@@ -513,8 +511,9 @@ class PushPullCall final : public Stream, public ReadsReplies<PushPullCall, Asyn
   using Stream::Stream;
 
   static void Start(const grpc::internal::RpcMethod& method, grpc::Channel* channel,
-                    const std::vector<const OutgoingChunk*>& chunks, PushPullCall* stream) {
-    if (!stream->Prepare(chunks)) return;
+                    ClientCallQueue& calls, const std::vector<const OutgoingChunk*>& chunks,
+                    PushPullCall* stream) {
+    if (!stream->Prepare(calls, chunks)) return;
     stream->context_.set_initial_metadata_corked(true);
     stream->stream_ =
         grpc::internal::ClientAsyncReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
@@ -745,8 +744,8 @@ void GrpcShardTransport::StartPush(const std::vector<OutgoingChunk>& chunks, abs
   auto join = std::make_shared<PartsJoin>(parts, nullptr, std::move(done));
   for (size_t part = 0; part < parts; ++part) {
     const Link& link = *links_[part];
-    PushCall::Start(link.push_method, link.channel.get(), PartOf(chunks, parts, part),
-                    new PushCall(*calls_, deadline, canceller, *timer_, join, part));
+    PushCall::Start(link.push_method, link.channel.get(), *calls_, PartOf(chunks, parts, part),
+                    new PushCall(deadline, canceller, *timer_, join, part));
   }
 }
 
@@ -771,8 +770,8 @@ void GrpcShardTransport::StartPull(const proto::PullRequest& request,
       }
     }
     const Link& link = PullLink(part);
-    PullCall::Start(link.pull_method, link.channel.get(), std::move(sub),
-                    new PullCall(*calls_, deadline, canceller, *timer_, join, part));
+    PullCall::Start(link.pull_method, link.channel.get(), *calls_, std::move(sub),
+                    new PullCall(deadline, canceller, *timer_, join, part));
   }
 }
 
@@ -790,8 +789,9 @@ void GrpcShardTransport::StartPushPull(const std::vector<OutgoingChunk>& chunks,
   auto join = std::make_shared<PartsJoin>(parts, &sink, std::move(done));
   for (size_t part = 0; part < parts; ++part) {
     const Link& link = *links_[part];
-    PushPullCall::Start(link.push_pull_method, link.channel.get(), PartOf(chunks, parts, part),
-                        new PushPullCall(*calls_, deadline, canceller, *timer_, join, part));
+    PushPullCall::Start(link.push_pull_method, link.channel.get(), *calls_,
+                        PartOf(chunks, parts, part),
+                        new PushPullCall(deadline, canceller, *timer_, join, part));
   }
 }
 
