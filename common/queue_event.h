@@ -3,7 +3,13 @@
 
 // The tags handed to a gRPC completion queue by the code that polls its
 // own queues (the shard's listener and the worker's gRPC transport): each
-// tag is an object whose Run is the reaction to its operation.
+// tag is an object whose Run is the reaction to its operation. Both poll a
+// queue with RunQueueEvents and count a call's operations in flight with
+// OperationCount.
+
+#include <grpcpp/completion_queue.h>
+
+#include <atomic>
 
 namespace harrier {
 
@@ -24,6 +30,30 @@ class MemberEvent final : public QueueEvent {
 
  private:
   Owner* const owner_;
+};
+
+// Runs every event of `queue` on the calling thread, each tag a
+// QueueEvent, until the queue is shut down and drained.
+inline void RunQueueEvents(grpc::CompletionQueue& queue) {
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue.Next(&tag, &ok)) static_cast<QueueEvent*>(tag)->Run(ok);
+}
+
+// How many of a call's operations are in flight: Hold before one starts,
+// Release when it is back. The call ends on the Release that brings the
+// count to zero; the count starts at what the call holds besides its
+// operations (its start, or its status still to be sent).
+class OperationCount {
+ public:
+  explicit OperationCount(int initial) : count_(initial) {}
+  void Hold() { count_.fetch_add(1, std::memory_order_relaxed); }
+  // True for the Release that brought the count to zero: the caller ends
+  // the call (everything the operations wrote is visible to it).
+  [[nodiscard]] bool Release() { return count_.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+
+ private:
+  std::atomic<int> count_;
 };
 
 }  // namespace harrier

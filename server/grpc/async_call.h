@@ -8,7 +8,6 @@
 #include <grpcpp/support/async_unary_call.h>
 #include <grpcpp/support/byte_buffer.h>
 
-#include <atomic>
 #include <memory>
 #include <thread>
 #include <type_traits>
@@ -180,9 +179,9 @@ class AsyncServerCall {
   }
 
  private:
-  void Hold() { holds_.fetch_add(1, std::memory_order_relaxed); }
+  void Hold() { holds_.Hold(); }
   void Release() {
-    if (holds_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    if (!holds_.Release()) return;
     LiveCalls* live = live_;
     OnDone();  // may delete this
     if (live != nullptr) live->Remove();
@@ -210,7 +209,7 @@ class AsyncServerCall {
   Response response_;
   LiveCalls* live_ = nullptr;
   // Until Finish went out, and until the done notification came back.
-  std::atomic<int> holds_{2};
+  OperationCount holds_{2};
   MemberEvent<AsyncServerCall, &AsyncServerCall::ReadDone> read_event_{this};
   MemberEvent<AsyncServerCall, &AsyncServerCall::WriteDone> write_event_{this};
   MemberEvent<AsyncServerCall, &AsyncServerCall::FinishDone> finish_event_{this};

@@ -2,7 +2,8 @@
 // for it (CallerWaitsScope: blocking client calls) has it run on its own
 // thread, completed before Start returns; every other call completes on
 // the thread of the transport's completion queue. Both give the shard's
-// answer. Destroying the transport ends the calls still open.
+// answer. Destroying the transport ends the calls still open, also when a
+// call's completion destroys it on the queue's own thread.
 #include <pthread.h>
 #include <signal.h>
 
@@ -140,6 +141,52 @@ TEST_CASE("grpc transport: destroying it ends the calls it still has open") {
   }
   // Cancelled at once, not left to their deadline.
   CHECK(absl::Now() - start < absl::Seconds(20));
+  (*servers)[0]->process().Signal(SIGCONT);
+}
+
+TEST_CASE("grpc transport: a completion that destroys it still ends the other open calls") {
+  auto servers = testing::StartCluster(1, 1, {});
+  REQUIRE(servers.ok());
+  auto transport = std::make_unique<GrpcShardTransport>(grpc::CreateChannel(
+      testing::Addresses(*servers)[0], grpc::InsecureChannelCredentials()));
+  (*servers)[0]->process().Signal(SIGSTOP);
+  const LandedChunkSink sink = [](const proto::TensorChunk&, const PayloadView&, MemoryKind) {
+    return absl::OkStatus();
+  };
+  // 80 MiB: past what the transport copies into its send buffers, so the
+  // push lends its payload to gRPC, and its end waits for gRPC to give it
+  // back (on the transport's timer, should gRPC still hold it) after the
+  // transport is gone.
+  const std::vector<float> values(20 << 20, 1.0f);
+  const std::vector<OutgoingChunk> chunks = OneChunk(values);
+  CallCanceller canceller;
+  Completion push;
+  transport->StartPush(chunks, absl::Now() + absl::Minutes(10), canceller, CompleteInto(push));
+
+  // A pull with a short deadline: its completion runs on the queue's
+  // thread and drops the transport there, the last owner of the queue. The
+  // queue's thread must go back to its events for the push to end, so the
+  // wait for the open calls has to leave it (the wait would otherwise sit
+  // out its 10 s grace first).
+  Completion pull;
+  absl::Time destroyed;
+  transport->StartPull(UnknownPull(), nullptr, sink, absl::Now() + absl::Milliseconds(300),
+                       canceller, [&](absl::Status status) {
+                         pull.status = std::move(status);
+                         pull.thread_name = ThisThreadName();
+                         destroyed = absl::Now();
+                         transport.reset();
+                         pull.done.Notify();
+                       });
+  REQUIRE(pull.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(pull.thread_name == "grpc-calls");
+  INFO(pull.status.ToString());
+  CHECK(absl::IsDeadlineExceeded(pull.status));
+
+  REQUIRE(push.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  INFO(push.status.ToString());
+  CHECK(absl::IsCancelled(push.status));
+  CHECK(absl::Now() - destroyed < absl::Seconds(5));
   (*servers)[0]->process().Signal(SIGCONT);
 }
 

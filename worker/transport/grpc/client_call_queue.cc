@@ -60,9 +60,7 @@ ClientCallQueue::ClientCallQueue(std::string name) : state_(std::make_shared<Sta
   State* state = state_.get();
   state->thread = std::thread([state, name = std::move(name)] {
     pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
-    void* tag = nullptr;
-    bool ok = false;
-    while (state->queue.Next(&tag, &ok)) static_cast<QueueEvent*>(tag)->Run(ok);
+    RunQueueEvents(state->queue);
   });
 }
 

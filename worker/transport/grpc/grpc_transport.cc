@@ -1,7 +1,6 @@
 #include "worker/transport/grpc/grpc_transport.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -306,9 +305,9 @@ class PartsJoin {
 // has released the borrowed slices (no thread waits for that).
 class Stream {
  public:
-  Stream(absl::Time deadline, CallCanceller& canceller, TimerThread& timer,
+  Stream(absl::Time deadline, CallCanceller& canceller, std::shared_ptr<TimerThread> timer,
          std::shared_ptr<PartsJoin> join, size_t part)
-      : canceller_(canceller), timer_(timer), join_(std::move(join)), part_(part) {
+      : canceller_(canceller), timer_(std::move(timer)), join_(std::move(join)), part_(part) {
     context_.set_deadline(absl::ToChronoTime(deadline));
   }
   virtual ~Stream() = default;
@@ -344,9 +343,9 @@ class Stream {
 
   // An operation is about to start / has come back. The count starts at
   // one, for Start; Start's last step gives it back.
-  void Hold() { in_flight_.fetch_add(1, std::memory_order_relaxed); }
+  void Hold() { in_flight_.Hold(); }
   void Release() {
-    if (in_flight_.fetch_sub(1, std::memory_order_acq_rel) == 1) End();
+    if (in_flight_.Release()) End();
   }
 
   // Writes the next message on `writer` (a client writer or reader-writer)
@@ -392,21 +391,23 @@ class Stream {
     absl::Status status = FromGrpcStatus(status_);
     if (status.ok()) status = replies_.status();
     BorrowedSlices borrowed = borrowed_;
-    TimerThread& timer = timer_;
+    std::shared_ptr<TimerThread> timer = std::move(timer_);
     std::shared_ptr<PartsJoin> join = join_;
     const size_t part = part_;
     delete this;
-    borrowed.WhenReleased(timer, kSliceReleaseGrace, [join, part, status](absl::Status released) {
+    borrowed.WhenReleased(*timer, kSliceReleaseGrace, [join, part, status](absl::Status released) {
       join->PartDone(part, WithRelease(status, released));
     });
   }
 
   std::unique_ptr<ClientCallQueue::OpenCall> open_;
   CallCanceller& canceller_;
-  TimerThread& timer_;
+  // Shared: a stream may end after its transport is gone (destroyed by a
+  // completion on the queue's thread, which cannot wait for the calls).
+  std::shared_ptr<TimerThread> timer_;
   const std::shared_ptr<PartsJoin> join_;
   const size_t part_;
-  std::atomic<int> in_flight_{1};
+  OperationCount in_flight_{1};
   BorrowedSlices borrowed_;
   std::vector<grpc::ByteBuffer> messages_;
   size_t next_ = 0;      // the next message to write
@@ -745,7 +746,7 @@ void GrpcShardTransport::StartPush(const std::vector<OutgoingChunk>& chunks, abs
   for (size_t part = 0; part < parts; ++part) {
     const Link& link = *links_[part];
     PushCall::Start(link.push_method, link.channel.get(), *calls_, PartOf(chunks, parts, part),
-                    new PushCall(deadline, canceller, *timer_, join, part));
+                    new PushCall(deadline, canceller, timer_, join, part));
   }
 }
 
@@ -771,7 +772,7 @@ void GrpcShardTransport::StartPull(const proto::PullRequest& request,
     }
     const Link& link = PullLink(part);
     PullCall::Start(link.pull_method, link.channel.get(), *calls_, std::move(sub),
-                    new PullCall(deadline, canceller, *timer_, join, part));
+                    new PullCall(deadline, canceller, timer_, join, part));
   }
 }
 
@@ -791,7 +792,7 @@ void GrpcShardTransport::StartPushPull(const std::vector<OutgoingChunk>& chunks,
     const Link& link = *links_[part];
     PushPullCall::Start(link.push_pull_method, link.channel.get(), *calls_,
                         PartOf(chunks, parts, part),
-                        new PushPullCall(deadline, canceller, *timer_, join, part));
+                        new PushPullCall(deadline, canceller, timer_, join, part));
   }
 }
 
