@@ -3,11 +3,8 @@
 
 // The tags handed to a gRPC completion queue by the code that polls its
 // own queues (the shard's listener and the worker's gRPC transport): each
-// tag is an object whose Run is the reaction to its operation. Both poll a
-// queue with RunQueueEvents and count a call's operations in flight with
-// OperationCount.
-
-#include <grpcpp/completion_queue.h>
+// tag is an object whose Run is the reaction to its operation. Both count
+// a call's operations in flight with OperationCount.
 
 #include <atomic>
 
@@ -31,14 +28,6 @@ class MemberEvent final : public QueueEvent {
  private:
   Owner* const owner_;
 };
-
-// Runs every event of `queue` on the calling thread, each tag a
-// QueueEvent, until the queue is shut down and drained.
-inline void RunQueueEvents(grpc::CompletionQueue& queue) {
-  void* tag = nullptr;
-  bool ok = false;
-  while (queue.Next(&tag, &ok)) static_cast<QueueEvent*>(tag)->Run(ok);
-}
 
 // How many of a call's operations are in flight: Hold before one starts,
 // Release when it is back. The call ends on the Release that brings the

@@ -5,7 +5,11 @@ namespace harrier {
 void QueuePollers::Start(const std::vector<grpc::ServerCompletionQueue*>& queues) {
   queues_ = queues;
   for (grpc::ServerCompletionQueue* queue : queues_) {
-    threads_.emplace_back([queue] { RunQueueEvents(*queue); });
+    threads_.emplace_back([queue] {
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue->Next(&tag, &ok)) static_cast<QueueEvent*>(tag)->Run(ok);
+    });
   }
 }
 

@@ -9,6 +9,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <dirent.h>
+
+#include <fstream>
+
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -16,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/synchronization/notification.h"
 #include "testing/server_process.h"
 #include "worker/transport/grpc/grpc_transport.h"
@@ -93,6 +99,67 @@ TEST_CASE("grpc transport: a waiting caller's call runs on its thread, others on
   REQUIRE_FALSE(completion.status.ok());
   REQUIRE_FALSE(absl::IsUnavailable(completion.status));
   REQUIRE_FALSE(absl::IsDeadlineExceeded(completion.status));
+}
+
+// The voluntary context switches so far of this process's threads named
+// `name`, summed (from /proc/self/task/*/status).
+int64_t VoluntarySwitches(const std::string& name) {
+  int64_t total = 0;
+  DIR* tasks = opendir("/proc/self/task");
+  REQUIRE(tasks != nullptr);
+  while (dirent* entry = readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string dir = std::string("/proc/self/task/") + entry->d_name;
+    std::string comm;
+    std::getline(std::ifstream(dir + "/comm"), comm);
+    if (comm != name) continue;
+    std::ifstream status(dir + "/status");
+    for (std::string line; std::getline(status, line);) {
+      int64_t count = 0;
+      if (absl::StartsWith(line, "voluntary_ctxt_switches:") &&
+          absl::SimpleAtoi(line.substr(line.find(':') + 1), &count)) {
+        total += count;
+      }
+    }
+  }
+  closedir(tasks);
+  return total;
+}
+
+TEST_CASE("grpc transport: a waiting caller's calls leave the queue's thread asleep") {
+  auto servers = testing::StartCluster(1, 1, {});
+  REQUIRE(servers.ok());
+  GrpcShardTransport transport(grpc::CreateChannel(testing::Addresses(*servers)[0],
+                                                   grpc::InsecureChannelCredentials()));
+  const LandedChunkSink sink = [](const proto::TensorChunk&, const PayloadView&, MemoryKind) {
+    return absl::OkStatus();
+  };
+  CallCanceller canceller;
+  // One call on the queue first, so its thread has polled and gone back to
+  // waiting for the next open call.
+  Completion queued;
+  transport.StartPull(UnknownPull(), nullptr, sink, absl::Now() + absl::Seconds(20), canceller,
+                      CompleteInto(queued));
+  REQUIRE(queued.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  REQUIRE(queued.thread_name == "grpc-calls");
+
+  // A thread waiting in the queue with no call of its own would take each
+  // reply off the connection and hand it to the waiting caller: at least
+  // one switch per call. Parked, it does not run at all.
+  constexpr int kCalls = 200;
+  const int64_t before = VoluntarySwitches("grpc-calls");
+  for (int i = 0; i < kCalls; ++i) {
+    Completion completion;
+    CallerWaitsScope scope;
+    transport.StartPull(UnknownPull(), nullptr, sink, absl::Now() + absl::Seconds(20), canceller,
+                        CompleteInto(completion));
+    REQUIRE(completion.done.HasBeenNotified());
+    REQUIRE_FALSE(absl::IsUnavailable(completion.status));
+  }
+  const int64_t switches = VoluntarySwitches("grpc-calls") - before;
+  INFO("the queue's thread switched " << switches << " times during " << kCalls
+                                      << " waiting callers' calls");
+  CHECK(switches < kCalls / 10);
 }
 
 std::vector<OutgoingChunk> OneChunk(const std::vector<float>& values) {

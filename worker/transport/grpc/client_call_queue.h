@@ -12,6 +12,9 @@ namespace harrier {
 // One completion queue and the one thread that polls it: the worker's
 // asynchronous gRPC calls start their operations on it, and every reaction
 // runs on that thread (its tags are QueueEvents, common/queue_event.h).
+// The thread waits in the queue only while a call is open; otherwise it
+// sleeps, so that it does not take the replies of the calls that waiting
+// callers run through gRPC's synchronous API on their own threads.
 //
 // Why not gRPC's callback API: in the gRPC this builds against, its
 // reactions run on a process-wide queue polled by two threads that take
