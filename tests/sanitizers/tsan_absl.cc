@@ -217,5 +217,11 @@ extern "C" const char* __tsan_default_suppressions() {
       "race:libgrpc.so\n"
       // The same hand-off for absl::Status: its payload is copied, compared
       // and freed inside libabsl_status (uninstrumented) on gRPC's threads.
-      "race:libabsl_status.so\n";
+      "race:libabsl_status.so\n"
+      // The worker's gRPC client (worker/transport/grpc): grpcpp's inline
+      // CallOpSet code fills an operation's set on the thread that starts
+      // it (FillOps) and finalizes it (FinalizeResult) on the thread that
+      // takes its event from the completion queue; gRPC's core, which is
+      // not instrumented, orders the two.
+      "race:grpc::internal::CallOpSet\n";
 }

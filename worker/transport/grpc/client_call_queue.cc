@@ -50,6 +50,7 @@ struct ClientCallQueue::State {
       void* tag = nullptr;
       bool ok = false;
       if (!queue.Next(&tag, &ok)) return;  // shut down and drained
+      Received(tag);
       static_cast<QueueEvent*>(tag)->Run(ok);
     }
   }

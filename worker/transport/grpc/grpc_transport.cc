@@ -358,15 +358,15 @@ class Stream {
     Hold();
     if (next_ == messages_.size()) {  // no message at all: only the close
       closed_ = true;
-      writer.WritesDone(event);
+      writer.WritesDone(Sent(event));
       return;
     }
     grpc::ByteBuffer& message = messages_[next_++];
     if (next_ == messages_.size()) {
       closed_ = true;
-      writer.Write(message, grpc::WriteOptions().set_last_message(), event);
+      writer.Write(message, grpc::WriteOptions().set_last_message(), Sent(event));
     } else {
-      writer.Write(message, event);
+      writer.Write(message, Sent(event));
     }
   }
 
@@ -432,7 +432,7 @@ class PushCall final : public Stream {
         channel, stream->queue(), method, &stream->context_, &stream->response_, false, nullptr);
     stream->writer_->StartCall(nullptr);  // corked: no operation of its own
     stream->Hold();
-    stream->writer_->Finish(&stream->status_, &stream->finish_event_);
+    stream->writer_->Finish(&stream->status_, Sent(&stream->finish_event_));
     stream->WriteNext(*stream->writer_, &stream->write_event_);
     stream->Release();
   }
@@ -458,7 +458,7 @@ class ReadsReplies {
   void StartReading(Reader& reader) {
     Self& self = static_cast<Self&>(*this);
     self.Hold();
-    reader.Read(&self.buffer_, &read_event_);
+    reader.Read(&self.buffer_, Sent(&read_event_));
   }
 
  private:
@@ -467,9 +467,9 @@ class ReadsReplies {
     self.OnReply(ok);
     self.Hold();
     if (ok) {
-      self.reader().Read(&self.buffer_, &read_event_);
+      self.reader().Read(&self.buffer_, Sent(&read_event_));
     } else {
-      self.reader().Finish(&self.status_, &finish_event_);
+      self.reader().Finish(&self.status_, Sent(&finish_event_));
     }
     self.Release();
   }
@@ -491,7 +491,7 @@ class PullCall final : public Stream,
     stream->reader_ = grpc::internal::ClientAsyncReaderFactory<grpc::ByteBuffer>::Create(
         channel, stream->queue(), method, &stream->context_, request, false, nullptr);
     stream->Hold();
-    stream->reader_->StartCall(&stream->start_event_);
+    stream->reader_->StartCall(Sent(&stream->start_event_));
     stream->StartReading(*stream->reader_);
     stream->Release();
   }
