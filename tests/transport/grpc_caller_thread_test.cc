@@ -63,15 +63,18 @@ proto::PullRequest UnknownPull() {
   return request;
 }
 
+// A sink that takes every reply chunk and keeps nothing.
+LandedChunkSink IgnoreReplies() {
+  return [](const proto::TensorChunk&, const PayloadView&, MemoryKind) { return absl::OkStatus(); };
+}
+
 TEST_CASE("grpc transport: a waiting caller's call runs on its thread, others on the queue's") {
   auto servers = testing::StartCluster(1, 1, {});
   REQUIRE(servers.ok());
   GrpcShardTransport transport(grpc::CreateChannel(testing::Addresses(*servers)[0],
                                                    grpc::InsecureChannelCredentials()));
   const proto::PullRequest request = UnknownPull();
-  const LandedChunkSink sink = [](const proto::TensorChunk&, const PayloadView&, MemoryKind) {
-    return absl::OkStatus();
-  };
+  const LandedChunkSink sink = IgnoreReplies();
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   const bool caller_waits = GENERATE(true, false);
   INFO((caller_waits ? "in a CallerWaitsScope" : "no scope"));
@@ -131,9 +134,7 @@ TEST_CASE("grpc transport: a waiting caller's calls leave the queue's thread asl
   REQUIRE(servers.ok());
   GrpcShardTransport transport(grpc::CreateChannel(testing::Addresses(*servers)[0],
                                                    grpc::InsecureChannelCredentials()));
-  const LandedChunkSink sink = [](const proto::TensorChunk&, const PayloadView&, MemoryKind) {
-    return absl::OkStatus();
-  };
+  const LandedChunkSink sink = IgnoreReplies();
   CallCanceller canceller;
   // One call on the queue first, so its thread has polled and gone back to
   // waiting for the next open call.
@@ -182,9 +183,7 @@ TEST_CASE("grpc transport: destroying it ends the calls it still has open") {
   // transport goes (their deadline is far off).
   (*servers)[0]->process().Signal(SIGSTOP);
   const absl::Time deadline = absl::Now() + absl::Minutes(10);
-  const LandedChunkSink sink = [](const proto::TensorChunk&, const PayloadView&, MemoryKind) {
-    return absl::OkStatus();
-  };
+  const LandedChunkSink sink = IgnoreReplies();
   // 256 KiB: more than the stream's flow-control window, so the pushes
   // stall mid-write.
   const std::vector<float> values(64 << 10, 1.0f);
@@ -217,9 +216,7 @@ TEST_CASE("grpc transport: a completion that destroys it still ends the other op
   auto transport = std::make_unique<GrpcShardTransport>(grpc::CreateChannel(
       testing::Addresses(*servers)[0], grpc::InsecureChannelCredentials()));
   (*servers)[0]->process().Signal(SIGSTOP);
-  const LandedChunkSink sink = [](const proto::TensorChunk&, const PayloadView&, MemoryKind) {
-    return absl::OkStatus();
-  };
+  const LandedChunkSink sink = IgnoreReplies();
   // 80 MiB: past what the transport copies into its send buffers, so the
   // push lends its payload to gRPC, and its end waits for gRPC to give it
   // back (on the transport's timer, should gRPC still hold it) after the
