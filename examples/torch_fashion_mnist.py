@@ -8,6 +8,10 @@
                   one process computes with batch B. With --update=average
                   the shards average the gradients instead and every worker
                   runs the optimizer on the average, as PyTorch DDP does.
+                  With --update=worker every worker runs the optimizer on
+                  its own batches and the shards (--sync=local
+                  --local_steps=H) average the models every --local_steps
+                  steps: local SGD, what DDP's post-local SGD does.
 
 Both modes end with stdout lines (rank 0 only in worker mode):
 
@@ -17,8 +21,9 @@ Both modes end with stdout lines (rank 0 only in worker mode):
   steps=N
   ms_per_step=N.N
 
-and in worker mode update=server or update=average (where the optimizer
-ran), transport=grpc or transport=ucx, bytes_pushed=N and bytes_pulled=N
+and in worker mode update=server, update=average or update=worker (where
+the optimizer ran), local_steps=H (steps between averages of the models,
+1 unless --update=worker), transport=grpc or transport=ucx, bytes_pushed=N and bytes_pulled=N
 (this worker's client).
 
 Progress lines go to stderr. The data are the IDX files of Debian's
@@ -155,6 +160,9 @@ def epoch_permutation(n, seed, epoch):
 
 
 def server_args(args):
+    if args.update == "worker":
+        # The shards average the models the workers' own optimizer stepped.
+        return f"--sync=local --local_steps={args.local_steps}"
     return f"--optimizer={args.optimizer} --lr={args.lr:g} --momentum={args.momentum:g}"
 
 
@@ -211,11 +219,17 @@ def parse_args(argv):
                    help="worker mode, --update=average: gradient buckets of up to N bytes, "
                    "filled from the last layer back (0: 4 MiB, the whole model here; "
                    "-1: one parameter each)")
-    p.add_argument("--update", choices=["server", "average"], default="server",
+    p.add_argument("--update", choices=["server", "average", "worker"], default="server",
                    help="worker mode: server: the shards run the optimizer on the pushed "
                         "gradients; average: the shards average the gradients (one fused "
                         "bucket, --codec compressing it, --pull_codec the average pulled "
-                        "back) and each worker runs this script's optimizer, as DDP does")
+                        "back) and each worker runs this script's optimizer, as DDP does; "
+                        "worker: each worker runs this script's optimizer on its own "
+                        "batches and the shards average the models every --local_steps "
+                        "steps (local SGD: the shards run --sync=local)")
+    p.add_argument("--local_steps", type=int, default=1,
+                   help="--update=worker: steps between averages of the models (the "
+                        "shards' --local_steps; --print_server_args prints it)")
     p.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--print_server_args", action="store_true",
                    help="print the Harrier server flags that match these "
@@ -230,12 +244,16 @@ def parse_args(argv):
             p.error("--num_workers must be at least 1")
         if args.rank is None or not 0 <= args.rank < args.num_workers:
             p.error(f"--mode=worker needs --rank in 0..{args.num_workers - 1}")
-        if args.update == "average" and args.techniques != "none":
+        if args.update != "server" and args.techniques != "none":
             p.error("--techniques schedules pushes for the shards' optimizer: "
                     "it needs --update=server")
         if args.batch_size % args.num_workers:
             p.error(f"--batch_size={args.batch_size} is not divisible by "
                     f"--num_workers={args.num_workers}")
+        if args.local_steps != 1 and args.update != "worker":
+            p.error("--local_steps averages the models every H steps: it needs --update=worker")
+    if args.local_steps < 1:
+        p.error("--local_steps must be at least 1")
     return args
 
 
@@ -293,6 +311,19 @@ def main(argv):
                 local, model.named_parameters(), client=client, update="average",
                 compression=args.codec, fusion_bytes=args.fusion_bytes,
                 pull_compression=args.pull_codec)
+        elif args.update == "worker":
+            # Local SGD: this worker's optimizer steps on its own batches;
+            # every H steps the shards average the models. The shards' H
+            # decides; the flag must say the same.
+            shard_steps = int(client.sync["local_steps"])
+            if client.sync["mode"] != "local" or shard_steps != args.local_steps:
+                log(f"torch_fashion_mnist: --update=worker --local_steps={args.local_steps} "
+                    f"needs shards started with {server_args(args)}; they run "
+                    f"--sync={client.sync['mode']} --local_steps={shard_steps}")
+                client.leave()
+                return 1
+            opt = htorch.DistributedOptimizer(local, model.named_parameters(), client=client,
+                                              update="worker", sync="local")
         else:
             # The shards run the optimizer; the local one's lr and momentum are unused.
             opt = htorch.DistributedOptimizer(
@@ -364,7 +395,8 @@ def main(argv):
               f"ms_per_step={1000 * train_seconds / max(step, 1):.1f}"]
     if worker:
         stats = client.stats()
-        lines += [f"update={args.update}", f"transport={args.transport}",
+        lines += [f"update={args.update}", f"local_steps={args.local_steps}",
+                  f"transport={args.transport}",
                   f"bytes_pushed={stats['bytes_pushed']}",
                   f"bytes_pulled={stats['bytes_pulled']}"]
         client.leave()

@@ -6,9 +6,12 @@ MASTER_PORT, RANK and WORLD_SIZE set, as torchrun sets them
 (bench/scripts/torch_vs_ddp.sh starts them in network namespaces).
 
 --hook picks DDP's communication hook: none (fp32 all-reduce), fp16
-(default_hooks.fp16_compress_hook) or powersgd (PowerSGD of
+(default_hooks.fp16_compress_hook), powersgd (PowerSGD of
 --powersgd_rank, after --powersgd_start plain all-reduce steps, as its
-documentation recommends).
+documentation recommends) or localsgd (post-local SGD from the first step:
+post_localSGD_hook without gradient all-reduce and PostLocalSGDOptimizer
+averaging the models every --local_steps steps with PeriodicModelAverager,
+after steps H, 2H, ... as the example's --update=worker does).
 
 Rank 0 prints what the example prints: `eval step=N test_accuracy=X
 train_seconds=T` on stderr every --eval_every steps, then test_accuracy=,
@@ -22,7 +25,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import (default_hooks, post_localSGD_hook,
+                                                         powerSGD_hook)
+from torch.distributed.algorithms.model_averaging import averagers
+from torch.distributed.algorithms.model_averaging import utils as model_averaging_utils
+from torch.distributed.optim import PostLocalSGDOptimizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "torch_fashion_mnist.py")
@@ -52,10 +59,13 @@ def main():
             return 0
         else:
             argv.append(arg)
-    if hook not in ("none", "fp16", "powersgd"):
-        print(f"ddp_torch_cnn: --hook={hook}: none, fp16 or powersgd", file=sys.stderr)
+    if hook not in ("none", "fp16", "powersgd", "localsgd"):
+        print(f"ddp_torch_cnn: --hook={hook}: none, fp16, powersgd or localsgd", file=sys.stderr)
         return 2
     args = example.parse_args(argv)
+    if args.local_steps != 1 and hook != "localsgd":
+        print("ddp_torch_cnn: --local_steps needs --hook=localsgd", file=sys.stderr)
+        return 2
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     if args.batch_size % size:
@@ -74,10 +84,21 @@ def main():
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank_,
                                             start_powerSGD_iter=start_iter)
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif hook == "localsgd":
+        # Local SGD from the first step: no gradient all-reduce at all.
+        state = post_localSGD_hook.PostLocalSGDState(
+            process_group=None, subgroup=None, start_localSGD_iter=0,
+            post_local_gradient_allreduce=False)
+        model.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
     # The example's single-process optimizer on the averaged gradients: the
     # same maths as its shards' optimizer.
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                                 nesterov=args.optimizer == "nesterov")
+    if hook == "localsgd":
+        # The averager averages after its steps warmup, warmup + H, ...
+        # (counted from 0): warmup H - 1 averages after steps H, 2H, ...
+        optimizer = PostLocalSGDOptimizer(optimizer, averagers.PeriodicModelAverager(
+            period=args.local_steps, warmup_steps=args.local_steps - 1))
     batch = args.batch_size // size
     steps_per_epoch = train_x.shape[0] // args.batch_size
     total_steps = steps_per_epoch * args.epochs
@@ -105,6 +126,9 @@ def main():
                 train_seconds = time.perf_counter() - train_start - eval_seconds
                 print(f"eval step={step} test_accuracy={accuracy:.4f} "
                       f"train_seconds={train_seconds:.2f}", file=sys.stderr, flush=True)
+    if hook == "localsgd" and step % args.local_steps:
+        # A last partial round is averaged too, as the example's finish() does.
+        model_averaging_utils.average_parameters(iter(model.parameters()), dist.group.WORLD)
     dist.barrier()
     train_seconds = time.perf_counter() - train_start - eval_seconds
     if rank == 0:

@@ -34,6 +34,12 @@
 # it on each worker, as DDP does; transport grpc (the default) or ucx, the
 # shards then run --ucx and UCX uses tcp over each host's link; an empty
 # field keeps its default, e.g. none@4@@@average or fp16@4@paired@@average@ucx).
+# update worker:H is local SGD: each worker runs the example's optimizer on
+# its own batches and the shards (--sync=local --local_steps=H) average the
+# models every H steps, e.g. none@4@@@worker:2.
+# --ddp: none, fp16, powersgd, or localsgd:H (DDP's post-local SGD from the
+# first step, the models averaged every H steps: the same algorithm as
+# Harrier's worker:H).
 # --links_gbps: 0 is unshaped veth links. --limit_steps cuts each run
 # (ms per step only, then). In Debian's torch, gloo inside a namespace needs
 # GLOO_SOCKET_IFNAME=eth0 (set here). HARRIER_BIN=DIR (holding
@@ -66,6 +72,12 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
   if [ "$system" = harrier ]; then
     IFS=@ read -r codec shards pull_codec techniques update transport <<<"$config"
     transport=${transport:-grpc}
+    # update worker:H is local SGD every H steps; the shards then run --sync=local.
+    local_steps=1
+    case "$update" in worker:*) local_steps=${update#worker:} update=worker ;; esac
+    sync_args=(--sync=bsp)
+    [ "$update" = worker ] && sync_args=()
+    update_args=(--update="${update:-server}" --local_steps="$local_steps")
     ucx_args=()
     if [ "$transport" = ucx ]; then
       # UCX over each host's own link: its shared-memory transports would
@@ -74,13 +86,14 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       ucx_args=(--ucx)
     fi
     servers=""
-    server_args=$(/usr/bin/python3 examples/torch_fashion_mnist.py --print_server_args "${example[@]}")
+    server_args=$(/usr/bin/python3 examples/torch_fashion_mnist.py --print_server_args \
+      "${update_args[@]}" "${example[@]}")
     for ((i = 0; i < shards; i++)); do
       ns_var="NETEM_NS_$((workers + i))" addr_var="NETEM_ADDR_$((workers + i))"
       # shellcheck disable=SC2086
       ip netns exec "${!ns_var}" "$HARRIER_BIN/server/harrier-server" --shard=$i \
         --num_shards="$shards" --num_workers="$workers" --port=7000 --host=0.0.0.0 \
-        --sync=bsp "${ucx_args[@]}" $server_args >"$dir/shard$i.log" 2>&1 &
+        "${sync_args[@]}" "${ucx_args[@]}" $server_args >"$dir/shard$i.log" 2>&1 &
       pids+=($!)
       servers+="${servers:+,}${!addr_var}:7000"
     done
@@ -96,17 +109,19 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       ip netns exec "${!ns_var}" /usr/bin/python3 examples/torch_fashion_mnist.py --mode=worker \
         --servers="$servers" --rank=$r --num_workers="$workers" --codec="$codec" \
         --pull_codec="${pull_codec:-none}" --techniques="${techniques:-none}" \
-        --update="${update:-server}" --transport="$transport" "${example[@]}" \
+        "${update_args[@]}" --transport="$transport" "${example[@]}" \
         >"$dir/out$r" 2>"$dir/err$r" &
       pids+=($!)
     done
   else
     port=$((20000 + RANDOM % 10000))
+    hook_args=(--hook="$config")
+    case "$config" in localsgd:*) hook_args=(--hook=localsgd --local_steps="${config#localsgd:}") ;; esac
     for ((r = 0; r < workers; r++)); do
       ns_var="NETEM_NS_$r"
       ip netns exec "${!ns_var}" env MASTER_ADDR="$NETEM_ADDR_0" MASTER_PORT=$port RANK=$r \
         WORLD_SIZE="$workers" GLOO_SOCKET_IFNAME=eth0 /usr/bin/python3 \
-        bench/scripts/ddp_torch_cnn.py --hook="$config" "${example[@]}" \
+        bench/scripts/ddp_torch_cnn.py "${hook_args[@]}" "${example[@]}" \
         >"$dir/out$r" 2>"$dir/err$r" &
       pids+=($!)
     done
@@ -225,12 +240,15 @@ for rate in "${rates[@]}"; do
     extra=""
     if [ "$system" = harrier ]; then
       IFS=@ read -r codec shards pull_codec techniques update transport <<<"$config"
-      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","update":"%s","transport":"%s","shards":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
-        "$codec" "${pull_codec:-none}" "${techniques:-none}" "$(field update "$dir/out0")" "$(field transport "$dir/out0")" "$shards" \
+      local_steps=$(field local_steps "$dir/out0")
+      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","update":"%s","local_steps":%d,"transport":"%s","shards":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
+        "$codec" "${pull_codec:-none}" "${techniques:-none}" "$(field update "$dir/out0")" "${local_steps:-1}" "$(field transport "$dir/out0")" "$shards" \
         "$(awk -v b="$(field bytes_pushed "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')" \
         "$(awk -v b="$(field bytes_pulled "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')")
     else
-      extra=$(printf ',"hook":"%s"' "$config")
+      local_steps=1
+      case "$config" in localsgd:*) local_steps=${config#localsgd:} ;; esac
+      extra=$(printf ',"hook":"%s","local_steps":%d' "$config" "$local_steps")
     fi
     to=""
     for t in "${target_list[@]}"; do to+=$(printf ',"seconds_to_%s":%s' "$t" "$(reached "$t" "$dir/err0")"); done
