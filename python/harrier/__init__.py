@@ -256,6 +256,7 @@ class Client:
         options.tls_key_file = tls_key_file
         options.auth_token = auth_token
         self._client = _harrier.Client(options, device)
+        self._codec = codec
         self._shapes = {}
         self._memory = {}
         self._sparse = {}  # sparse table name -> dim
@@ -272,6 +273,11 @@ class Client:
     @property
     def num_shards(self):
         return self._client.num_shards
+
+    @property
+    def codec(self):
+        """The push codec of tensors registered without one of their own."""
+        return self._codec
 
     @property
     def current_clock(self):

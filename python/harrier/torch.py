@@ -802,7 +802,10 @@ class DistributedOptimizer(_torch.optim.Optimizer):
     Compression value.
     update: "average", "server", "worker" or "auto" (module docstring).
     fusion_bytes (update="average"): gradients travel in buckets of up to
-    this many bytes (0: 4 MiB; -1: one parameter each).
+    this many bytes (0: 4 MiB; -1: one parameter each); (update="worker")
+    the model's changes travel in groups of consecutive parameters of up to
+    this many bytes (0: 64 MiB; -1: one parameter each), each a tensor on
+    the shards named after its first parameter ("name+N" for N more).
     client: a harrier.Client; None: the init() job's, or a new one from
     `servers`, `rank`, `codec`, `pull_codec`, `transport` and
     **client_options (the older API, whose "auto" is "server").
@@ -938,7 +941,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         # scheduler keeps pushes and pulls in flight across step(), when
         # zero_grad and the next forward may touch p.grad and p, so it gets
         # arrays of its own; update='worker' pushes a difference it computes.
-        staged = techniques is not None or update == "worker"
+        staged = techniques is not None
         self._grads = [_np.zeros(p.shape, dtype=_np.float32) if staged else None
                        for p in self._params]
         self._pulled = [_np.zeros(p.shape, dtype=_np.float32) if techniques is not None
@@ -958,6 +961,10 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             self._scheduler = _harrier.Scheduler(
                 client, list(zip(self._names, self._pulled_from_params())), techniques,
                 fusion_bytes, partition_bytes, max_inflight_bytes, wait_timeout)
+        elif update == "worker":
+            self._make_model_groups(int(fusion_bytes))
+            for name, start in zip(self._group_names, self._group_start):
+                client.register(name, start)
         else:
             for name, param in zip(self._names, self._params):
                 client.register(name, _numpy_view(param))
@@ -966,15 +973,76 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         if techniques is not None:
             for i in range(len(self._params)):
                 self._make_current(i)
+        elif update == "worker":
+            self._pull_model()  # rank 0's values
         else:
             for name, param in zip(self._names, self._params):
                 client.pull(name, _numpy_view(param))  # rank 0's values
-        if update == "worker":
-            self._round_start = [_numpy_view(p).copy() for p in self._params]
-        else:
+        if update != "worker":
             self._install_gradient_hooks()
         if model is not None and self._scheduler is not None:
             self._install_forward_hooks(model)
+
+    def _make_model_groups(self, fusion_bytes):
+        """update='worker': the model's change travels in groups of
+        consecutive parameters of up to fusion_bytes (0: 64 MiB; -1: one
+        parameter each), each one flat tensor on the shards, as DDP's model
+        averager flattens the model into one all-reduce: a small model's
+        average is a call per shard, not one per parameter. Codecs that need
+        a layer's shape (PowerSGD) or keep per-element state of their own
+        choosing get one parameter per group. Each group keeps the model as
+        of the last average (the start of the round, where the pull lands)
+        and the change pushed."""
+        codec = (self._client.codec or "none").split(":")[0]
+        fuse = fusion_bytes >= 0 and codec in ("none", "fp16", "bf16")
+        limit = fusion_bytes or (64 << 20)
+        groups, current, size = [], [], 0
+        for i, param in enumerate(self._params):
+            bytes_ = 4 * param.numel()
+            if current and (not fuse or size + bytes_ > limit):
+                groups.append(current)
+                current, size = [], 0
+            current.append(i)
+            size += bytes_
+        if current:
+            groups.append(current)
+        self._groups = groups
+        self._group_names, self._group_start, self._group_delta = [], [], []
+        self._group_offsets = []
+        for members in groups:
+            offsets, offset = [], 0
+            for i in members:
+                offsets.append(offset)
+                offset += self._params[i].numel()
+            self._group_offsets.append(offsets)
+            if len(members) == 1:  # the parameter's own name and shape
+                name, shape = self._names[members[0]], tuple(self._params[members[0]].shape)
+            else:  # the same on every worker: the same parameters, in the same order
+                name, shape = f"{self._names[members[0]]}+{len(members) - 1}", (offset,)
+            start = _np.empty(shape, dtype=_np.float32)
+            flat = start.reshape(-1)
+            for i, at in zip(members, offsets):
+                flat[at:at + self._params[i].numel()] = _numpy_view(self._params[i]).reshape(-1)
+            self._group_names.append(name)
+            self._group_start.append(start)
+            self._group_delta.append(_np.empty(shape, dtype=_np.float32))
+
+    def _group_views(self, k):
+        """(parameter as a flat array, its slice of group k's start, of its
+        change) for each parameter of group k."""
+        start, delta = self._group_start[k].reshape(-1), self._group_delta[k].reshape(-1)
+        for i, at in zip(self._groups[k], self._group_offsets[k]):
+            n = self._params[i].numel()
+            yield _numpy_view(self._params[i]).reshape(-1), start[at:at + n], delta[at:at + n]
+
+    def _pull_model(self):
+        """update='worker': pulls every group into its start and the model."""
+        for name, start in zip(self._group_names, self._group_start):
+            self._client.pull(name, start)
+        with _torch.no_grad():
+            for k in range(len(self._groups)):
+                for param, start, _ in self._group_views(k):
+                    param[...] = start
 
     def _make_buckets(self, fusion_bytes):
         """update='average': the gradients travel in buckets, filled in
@@ -1235,15 +1303,20 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             raise error
 
     def _average_models(self):
-        for i, param in enumerate(self._params):
-            _np.subtract(self._round_start[i], _numpy_view(param), out=self._grads[i])
-            # Nothing reads the model until the averaged one is in.
-            self._handles[i] = self._client.push_pull_async(self._names[i], self._grads[i],
-                                                            _numpy_view(param))
+        # Each group's change since the last average is pushed, and the
+        # average model pulled into the group's start, which is then the
+        # model and the next round's start.
+        for k, name in enumerate(self._group_names):
+            for param, start, delta in self._group_views(k):
+                _np.subtract(start, param, out=delta)
+            self._handles[k] = self._client.push_pull_async(name, self._group_delta[k],
+                                                            self._group_start[k])
         self._wait_all()
         self._client.clock()
-        for i, param in enumerate(self._params):
-            self._round_start[i][...] = _numpy_view(param)
+        with _torch.no_grad():
+            for k in range(len(self._groups)):
+                for param, start, _ in self._group_views(k):
+                    param[...] = start
 
     def synchronize(self):
         """update='average': waits for this step's averaged gradients and
@@ -1325,6 +1398,9 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             with _torch.no_grad():
                 for param, pulled in zip(self._params, self._pulled):
                     _numpy_view(param)[...] = pulled
+            return
+        if self._update == "worker":
+            self._pull_model()
             return
         with _torch.no_grad():
             for name, param in zip(self._names, self._params):

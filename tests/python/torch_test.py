@@ -84,7 +84,14 @@ class EquivalenceTest(unittest.TestCase):
     def test_worker_update(self):
         # Each worker steps locally and pushes old - new; shards at lr 1 take
         # the average: the same as averaging the gradients.
-        self.check(update="worker", server_args=("--optimizer=sgd", "--lr=1"))
+        results = self.check(update="worker", server_args=("--optimizer=sgd", "--lr=1"))
+        # The model's four parameters travel as one tensor: a push a step.
+        self.assertEqual([int(r["pushes"]) for r in results], [self.STEPS] * 2)
+
+    def test_worker_update_one_tensor_a_parameter(self):
+        results = self.check(update="worker", server_args=("--optimizer=sgd", "--lr=1"),
+                             fusion_bytes=-1)
+        self.assertEqual([int(r["pushes"]) for r in results], [4 * self.STEPS] * 2)
 
     def test_local_sgd_one_step_rounds(self):
         self.check(sync="local", server_args=("--local_steps=1",))

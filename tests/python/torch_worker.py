@@ -34,6 +34,7 @@ def main():
     parser.add_argument("--update", default="auto")
     parser.add_argument("--codec", default="none")
     parser.add_argument("--broadcast", action="store_true")
+    parser.add_argument("--fusion_bytes", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -47,7 +48,7 @@ def main():
     optimizer = htorch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr), model.named_parameters(), client=client,
         update=args.update, techniques=args.techniques or None,
-        model=model if args.techniques else None)
+        model=model if args.techniques else None, fusion_bytes=args.fusion_bytes)
     broadcast = None
     if args.broadcast:
         state = {"table": torch.full((5, 3), float(args.rank + 1)),
@@ -74,7 +75,7 @@ def main():
     params = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
     np.savez(args.out, losses=np.array(losses), params=params,
              broadcast=broadcast if broadcast is not None else np.zeros(0),
-             bytes_pushed=stats["bytes_pushed"], staged=staged)
+             bytes_pushed=stats["bytes_pushed"], pushes=stats["pushes"], staged=staged)
 
 
 if __name__ == "__main__":
