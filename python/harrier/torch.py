@@ -782,6 +782,28 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
         inner.load_state_dict(state)
 
 
+def _fused_groups(params, order, codec, fusion_bytes, default_bytes):
+    """The indices of `params`, taken in `order`, in groups of consecutive
+    parameters of up to fusion_bytes float32 bytes (0: default_bytes; -1:
+    one parameter each), never across devices. Codecs that need a layer's
+    shape (PowerSGD) or keep per-element state of their own choosing get
+    one parameter per group."""
+    fuse = fusion_bytes >= 0 and codec.split(":")[0] in ("none", "fp16", "bf16")
+    limit = fusion_bytes or default_bytes
+    groups, current, size = [], [], 0
+    for i in order:
+        bytes_ = 4 * params[i].numel()
+        if current and (not fuse or size + bytes_ > limit or
+                        params[i].device != params[current[0]].device):
+            groups.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += bytes_
+    if current:
+        groups.append(current)
+    return groups
+
+
 class DistributedOptimizer(_torch.optim.Optimizer):
     """Wraps `optimizer` so that step() trains through the parameter servers.
     It is a torch.optim.Optimizer sharing the wrapped one's param_groups and
@@ -993,19 +1015,8 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         choosing get one parameter per group. Each group keeps the model as
         of the last average (the start of the round, where the pull lands)
         and the change pushed."""
-        codec = (self._client.codec or "none").split(":")[0]
-        fuse = fusion_bytes >= 0 and codec in ("none", "fp16", "bf16")
-        limit = fusion_bytes or (64 << 20)
-        groups, current, size = [], [], 0
-        for i, param in enumerate(self._params):
-            bytes_ = 4 * param.numel()
-            if current and (not fuse or size + bytes_ > limit):
-                groups.append(current)
-                current, size = [], 0
-            current.append(i)
-            size += bytes_
-        if current:
-            groups.append(current)
+        groups = _fused_groups(self._params, range(len(self._params)),
+                               self._client.codec or "none", fusion_bytes, 64 << 20)
         self._groups = groups
         self._group_names, self._group_start, self._group_delta = [], [], []
         self._group_offsets = []
@@ -1063,21 +1074,8 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         backward accumulates into those views, which are then the next
         push. Only a gradient autograd allocated afresh (after
         zero_grad(set_to_none=True)) is copied in."""
-        codec = self._compression.split(":")[0]
-        fuse = fusion_bytes >= 0 and codec in ("none", "fp16", "bf16")
-        limit = fusion_bytes or (4 << 20)
-        buckets, current, size = [], [], 0
-        for i in reversed(range(len(self._params))):
-            param = self._params[i]
-            bytes_ = 4 * param.numel()
-            if current and (not fuse or size + bytes_ > limit or
-                            param.device != self._params[current[0]].device):
-                buckets.append(current)
-                current, size = [], 0
-            current.append(i)
-            size += bytes_
-        if current:
-            buckets.append(current)
+        buckets = _fused_groups(self._params, reversed(range(len(self._params))),
+                                self._compression, fusion_bytes, 4 << 20)
         self._buckets = buckets
         self._bucket_of = [0] * len(self._params)
         self._offset = [0] * len(self._params)
