@@ -962,7 +962,8 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         # autograd is done with the parameter for this backward pass. The
         # scheduler keeps pushes and pulls in flight across step(), when
         # zero_grad and the next forward may touch p.grad and p, so it gets
-        # arrays of its own; update='worker' pushes a difference it computes.
+        # arrays of its own. update='worker' keeps flat arrays per group of
+        # parameters instead (_make_model_groups).
         staged = techniques is not None
         self._grads = [_np.zeros(p.shape, dtype=_np.float32) if staged else None
                        for p in self._params]
@@ -1020,7 +1021,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         self._groups = groups
         self._group_names, self._group_start, self._group_delta = [], [], []
         self._group_offsets = []
-        for members in groups:
+        for k, members in enumerate(groups):
             offsets, offset = [], 0
             for i in members:
                 offsets.append(offset)
@@ -1030,13 +1031,11 @@ class DistributedOptimizer(_torch.optim.Optimizer):
                 name, shape = self._names[members[0]], tuple(self._params[members[0]].shape)
             else:  # the same on every worker: the same parameters, in the same order
                 name, shape = f"{self._names[members[0]]}+{len(members) - 1}", (offset,)
-            start = _np.empty(shape, dtype=_np.float32)
-            flat = start.reshape(-1)
-            for i, at in zip(members, offsets):
-                flat[at:at + self._params[i].numel()] = _numpy_view(self._params[i]).reshape(-1)
             self._group_names.append(name)
-            self._group_start.append(start)
+            self._group_start.append(_np.empty(shape, dtype=_np.float32))
             self._group_delta.append(_np.empty(shape, dtype=_np.float32))
+            for param, start, _ in self._group_views(k):
+                start[...] = param
 
     def _group_views(self, k):
         """(parameter as a flat array, its slice of group k's start, of its
@@ -1050,10 +1049,12 @@ class DistributedOptimizer(_torch.optim.Optimizer):
         """update='worker': pulls every group into its start and the model."""
         for name, start in zip(self._group_names, self._group_start):
             self._client.pull(name, start)
-        with _torch.no_grad():
-            for k in range(len(self._groups)):
-                for param, start, _ in self._group_views(k):
-                    param[...] = start
+        self._model_from_groups()
+
+    def _model_from_groups(self):
+        for k in range(len(self._groups)):
+            for param, start, _ in self._group_views(k):
+                param[...] = start
 
     def _make_buckets(self, fusion_bytes):
         """update='average': the gradients travel in buckets, filled in
@@ -1311,10 +1312,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
                                                             self._group_start[k])
         self._wait_all()
         self._client.clock()
-        with _torch.no_grad():
-            for k in range(len(self._groups)):
-                for param, start, _ in self._group_views(k):
-                    param[...] = start
+        self._model_from_groups()
 
     def synchronize(self):
         """update='average': waits for this step's averaged gradients and
