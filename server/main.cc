@@ -92,10 +92,15 @@ ABSL_FLAG(int64_t, grpc_memory_bytes, int64_t{8} << 30,
           "--max_buffered_bytes. 0: unbounded.");
 ABSL_FLAG(int32_t, grpc_max_threads, 256,
           "Threads gRPC may run for the unary calls (Init, Heartbeat, the admin and control "
-          "calls); further calls wait. 0: unbounded.");
+          "calls, health); while all are busy gRPC refuses further calls (RESOURCE_EXHAUSTED). "
+          "0: unbounded.");
 ABSL_FLAG(int32_t, max_streams_per_connection, 1024,
           "Calls one client connection may have open at once (HTTP/2 streams); its further "
           "calls wait. 0: gRPC's default (unbounded).");
+ABSL_FLAG(int32_t, max_health_watches, 16,
+          "grpc.health.v1 Watch streams served at once, on the main port and on --health_port "
+          "each; more are refused (RESOURCE_EXHAUSTED). Health calls need no token and each "
+          "Watch holds one of gRPC's threads while open: at most half of --grpc_max_threads.");
 ABSL_FLAG(int32_t, grpc_queue_threads, 1,
           "Threads serving pushes, pulls and barriers over gRPC, each polling a completion "
           "queue of its own (1 to 64). Polling threads take turns at the connections: more "
@@ -248,6 +253,7 @@ int main(int argc, char** argv) {
   options.grpc_limits.max_streams_per_connection =
       absl::GetFlag(FLAGS_max_streams_per_connection);
   options.grpc_limits.queue_threads = absl::GetFlag(FLAGS_grpc_queue_threads);
+  options.grpc_limits.max_health_watches = absl::GetFlag(FLAGS_max_health_watches);
   options.store.max_chunks = static_cast<size_t>(absl::GetFlag(FLAGS_max_chunks));
   options.store.max_param_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_param_bytes));
   options.store.max_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_chunk_bytes));

@@ -22,12 +22,19 @@ struct GrpcServerLimits {
   // the shard keeps, so it should stay above --max_buffered_bytes.
   // 0: unbounded.
   uint64_t memory_bytes = uint64_t{8} << 30;
-  // Threads of the synchronous methods (unary calls), --grpc_max_threads;
-  // 0: gRPC's default (unbounded).
+  // Threads of the synchronous methods (unary calls, health),
+  // --grpc_max_threads; while all are busy gRPC refuses further calls
+  // (RESOURCE_EXHAUSTED, "Server Threadpool Exhausted"). 0: gRPC's default
+  // (unbounded).
   int max_threads = 256;
   // HTTP/2 streams one connection may have open (--max_streams_per_connection);
   // a client's further calls wait for one to end. 0: gRPC's default.
   int max_streams_per_connection = 1024;
+  // grpc.health.v1 Watch streams served at once (--max_health_watches),
+  // each holding one of the max_threads above; at least 1, and at most
+  // half of max_threads when that is bounded. The --health_port server has
+  // a cap of this size of its own.
+  int max_health_watches = 16;
   // Threads serving Push, Pull, PushPull and Barrier (--grpc_queue_threads),
   // each polling a completion queue of its own; at least 1.
   int queue_threads = 1;

@@ -1,6 +1,7 @@
 #include "server/shard_server.h"
 
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 
 #include <algorithm>
@@ -15,6 +16,15 @@
 #include "spdlog/spdlog.h"
 
 namespace harrier {
+namespace {
+
+// The --health_port server: threads beside its Watch streams' for Checks,
+// and the bytes gRPC may buffer for all its connections (its messages are
+// a few bytes each; this bounds what a flood of calls can make it hold).
+constexpr int kHealthPortCheckThreads = 4;
+constexpr size_t kHealthPortMemoryBytes = size_t{16} << 20;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServerOptions& options) {
   if (options.store.num_shards < 1) return absl::InvalidArgumentError("--num_shards must be >= 1");
@@ -34,6 +44,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   if (options.health_port < -1 || options.health_port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("--health_port=", options.health_port, " out of range"));
+  }
+  const GrpcServerLimits& grpc_limits = options.grpc_limits;
+  if (grpc_limits.max_health_watches < 1 ||
+      (grpc_limits.max_threads > 0 &&
+       grpc_limits.max_health_watches > grpc_limits.max_threads / 2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_health_watches=", grpc_limits.max_health_watches,
+        ": at least 1 and at most half of --grpc_max_threads (", grpc_limits.max_threads,
+        "), so Watch streams leave threads for the unary calls"));
   }
   auto optimizer = CreateOptimizer(options.optimizer);
   if (!optimizer.ok()) return optimizer.status();
@@ -243,11 +262,24 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   if (options.health_port >= 0) {
     // A server with no service of its own: the health service is all it
     // serves.
+    // The port answers anyone who reaches it, so what its callers may make
+    // it hold is bounded as on the main port: threads for the Watch streams
+    // it admits plus a few for Checks, a small buffer quota (its messages
+    // are a few bytes), and the streams of one connection.
     grpc::ServerBuilder health_builder;
-    HealthService::Install(health_builder);
+    const int max_watches = options.grpc_limits.max_health_watches;
+    HealthService::Install(health_builder, max_watches);
     health_builder.AddListeningPort(absl::StrCat(options.host, ":", options.health_port),
                                     grpc::InsecureServerCredentials(), &server->health_port_);
     health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    grpc::ResourceQuota health_quota("harrier-health");
+    health_quota.Resize(kHealthPortMemoryBytes);
+    health_quota.SetMaxThreads(max_watches + kHealthPortCheckThreads);
+    health_builder.SetResourceQuota(health_quota);
+    if (options.grpc_limits.max_streams_per_connection > 0) {
+      health_builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                                        options.grpc_limits.max_streams_per_connection);
+    }
     server->health_server_ = health_builder.BuildAndStart();
     if (server->health_server_ == nullptr || server->health_port_ == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":",

@@ -27,7 +27,7 @@ absl::Status GrpcListener::Start(ShardService* service) {
       options_.store, service, options_.job_token, options_.find_listener);
   grpc::ServerBuilder builder;
   // grpc.health.v1 without the callback threads gRPC's own would start.
-  HealthService::Install(builder);
+  HealthService::Install(builder, options_.limits.max_health_watches);
   builder.AddListeningPort(
       absl::StrCat(options_.host, ":", options_.port),
       options_.credentials ? options_.credentials : grpc::InsecureServerCredentials(), &port_);

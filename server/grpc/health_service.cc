@@ -5,9 +5,11 @@
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/method_handler.h>
 
+#include <algorithm>
 #include <functional>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
@@ -74,7 +76,7 @@ grpc::ByteBuffer Response(uint32_t status) {
 
 }  // namespace
 
-HealthService::HealthService() {
+HealthService::HealthService(int max_watches) : max_watches_(std::max(1, max_watches)) {
   serving_[""] = true;  // as gRPC's own: the server is SERVING until told otherwise
   AddMethod(new grpc::internal::RpcServiceMethod(
       kCheckMethod, grpc::internal::RpcMethod::NORMAL_RPC,
@@ -88,8 +90,8 @@ HealthService::HealthService() {
           std::mem_fn(&HealthService::Watch), this)));
 }
 
-void HealthService::Install(grpc::ServerBuilder& builder) {
-  auto service = std::make_unique<HealthService>();
+void HealthService::Install(grpc::ServerBuilder& builder, int max_watches) {
+  auto service = std::make_unique<HealthService>(max_watches);
   builder.RegisterService(service.get());
   builder.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(
       std::unique_ptr<grpc::HealthCheckServiceInterface>(std::move(service))));
@@ -144,6 +146,21 @@ grpc::Status HealthService::Watch(grpc::ServerContext* context, const grpc::Byte
                                   grpc::ServerWriter<grpc::ByteBuffer>* writer) {
   std::string service;
   if (grpc::Status parsed = ParseRequest(*request, &service); !parsed.ok()) return parsed;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (watches_ >= max_watches_) {
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("this server serves at most ", max_watches_,
+                       " health Watch streams at once (--max_health_watches); use Check, or "
+                       "watch again once one has ended"));
+    }
+    ++watches_;
+  }
+  absl::Cleanup watch_ended = [this] {
+    absl::MutexLock lock(&mutex_);
+    --watches_;
+  };
   uint64_t seen = 0;
   bool first = true;
   uint32_t sent = kUnknown;

@@ -1,11 +1,10 @@
 // Transport security through real harrier-server processes: TLS, mutual
 // TLS and the job token, with certificates made by openssl for this run.
-#include <catch2/catch.hpp>
-
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -19,6 +18,7 @@
 #include "common/grpc_security.h"
 #include "proto/harrier.grpc.pb.h"
 #include "server/session.h"
+#include "testing/health_watch.h"
 #include "testing/server_process.h"
 #include "testing/sessions.h"
 #include "worker/client.h"
@@ -451,6 +451,80 @@ TEST_CASE("health probes answer without TLS or token on --health_port, and witho
   auto tls = grpc::CreateChannel((*servers)[0]->address(), *credentials);
   REQUIRE(HealthCheck(tls, &response).ok());
   REQUIRE(response == std::string("\x08\x01", 2));
+}
+
+// Opens `count` Watch streams on `channel` and keeps them in `watches`;
+// counts those the server answered SERVING and those it refused with
+// RESOURCE_EXHAUSTED naming the flag. Any other outcome fails the test.
+void OpenWatches(const std::shared_ptr<grpc::Channel>& channel, int count,
+                 std::vector<std::unique_ptr<testing::HealthWatch>>& watches, int* served,
+                 int* refused) {
+  for (int i = 0; i < count; ++i) {
+    auto watch = std::make_unique<testing::HealthWatch>(channel);
+    uint32_t serving = 0;
+    const grpc::Status status = watch->Open(absl::Now() + absl::Seconds(5), &serving);
+    INFO("watch " << i << ": " << status.error_code() << " " << status.error_message());
+    if (status.ok()) {
+      REQUIRE(serving == 1);
+      ++*served;
+    } else {
+      REQUIRE(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+      REQUIRE(status.error_message().find("--max_health_watches") != std::string::npos);
+      ++*refused;
+    }
+    watches.push_back(std::move(watch));
+  }
+}
+
+TEST_CASE(
+    "health Watch streams cannot take the shard's threads: past --max_health_watches they "
+    "are refused, and Check and a worker's calls are still served") {
+  // The cap must leave threads for the unary calls.
+  REQUIRE_FALSE(testing::ServerProcess::Start({"--max_health_watches=0"}).ok());
+  REQUIRE_FALSE(
+      testing::ServerProcess::Start({"--grpc_max_threads=8", "--max_health_watches=5"}).ok());
+
+  const int health_port = testing::FreePort();
+  // Eight threads for the unary calls, and more Watch streams than that
+  // from a client with neither token nor certificate.
+  auto servers = testing::StartCluster(
+      1, 1,
+      {"--grpc_max_threads=8", "--max_health_watches=2",
+       absl::StrCat("--health_port=", health_port),
+       "--auth_token_file=" + WriteFile("token-watch", kToken, 0600), "--sync=asp", "--lr=1"});
+  REQUIRE(servers.ok());
+  auto main_port =
+      grpc::CreateChannel((*servers)[0]->address(), grpc::InsecureChannelCredentials());
+  std::vector<std::unique_ptr<testing::HealthWatch>> watches;
+  int served = 0, refused = 0;
+  OpenWatches(main_port, 12, watches, &served, &refused);
+  REQUIRE(served == 2);
+  REQUIRE(refused == 10);
+
+  // The health port has a cap of its own.
+  auto health = grpc::CreateChannel(absl::StrCat("127.0.0.1:", health_port),
+                                    grpc::InsecureChannelCredentials());
+  int health_served = 0, health_refused = 0;
+  OpenWatches(health, 40, watches, &health_served, &health_refused);
+  REQUIRE(health_served == 2);
+  REQUIRE(health_refused == 38);
+
+  // With every Watch the shard admits open: probes and a worker's whole
+  // session (Init, Register, push, pull: unary calls and streams) go on.
+  std::string response;
+  REQUIRE(HealthCheck(main_port, &response).ok());
+  REQUIRE(response == std::string("\x08\x01", 2));
+  REQUIRE(HealthCheck(health, &response).ok());
+  ClientOptions options = BaseOptions(*servers);
+  options.auth_token = kToken;
+  auto client = Client::Create(options);
+  INFO(client.status().ToString());
+  REQUIRE(client.ok());
+  RequirePushPullWorks(**client, "beside-watches");
+
+  // A Watch that ends gives its place back.
+  watches.front()->Close();
+  REQUIRE(testing::OpenAdmittedWatch(main_port, absl::Seconds(10)) != nullptr);
 }
 
 }  // namespace

@@ -4,16 +4,18 @@
 // requests, and Watch's first status, its change and its end.
 #include "server/grpc/health_service.h"
 
-#include <catch2/catch.hpp>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "testing/health_watch.h"
 
 namespace harrier {
 namespace {
@@ -41,10 +43,10 @@ std::string Request(const std::string& name) {
 std::string Response(uint32_t status) { return std::string{'\x08', static_cast<char>(status)}; }
 
 struct HealthServer {
-  HealthServer() {
+  explicit HealthServer(int max_watches = HealthService::kDefaultMaxWatches) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    HealthService::Install(builder);
+    HealthService::Install(builder, max_watches);
     server = builder.BuildAndStart();
     REQUIRE(server != nullptr);
     channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
@@ -153,6 +155,29 @@ TEST_CASE("Watch sends the status at once, then each change, until the client ca
   call->Finish(&status, reinterpret_cast<void*>(6));
   next(6);
   REQUIRE(status.error_code() == grpc::StatusCode::CANCELLED);
+}
+
+TEST_CASE("Watch streams past the cap are refused, and one that ends frees its place") {
+  HealthServer health(/*max_watches=*/2);
+  std::vector<std::unique_ptr<testing::HealthWatch>> watches;
+  for (int i = 0; i < 2; ++i) {
+    watches.push_back(std::make_unique<testing::HealthWatch>(health.channel));
+    uint32_t serving = 0;
+    REQUIRE(watches.back()->Open(absl::Now() + absl::Seconds(10), &serving).ok());
+    REQUIRE(serving == HealthService::kServing);
+  }
+  testing::HealthWatch third(health.channel);
+  uint32_t serving = 0;
+  const grpc::Status refused = third.Open(absl::Now() + absl::Seconds(10), &serving);
+  INFO(refused.error_message());
+  REQUIRE(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  REQUIRE(refused.error_message().find("at most 2") != std::string::npos);
+  // Check is not a Watch: still answered.
+  std::string reply;
+  REQUIRE(health.Check(Request(""), &reply).ok());
+  REQUIRE(reply == Response(HealthService::kServing));
+  watches.front()->Close();
+  REQUIRE(testing::OpenAdmittedWatch(health.channel, absl::Seconds(10)) != nullptr);
 }
 
 }  // namespace
