@@ -70,6 +70,40 @@ absl::StatusOr<std::shared_ptr<std::vector<float>>> CountedCopy(const PullViewEn
 
 }  // namespace
 
+PullViews::EncoderCharge::EncoderCharge(EncoderCharge&& other) noexcept
+    : budget_(other.budget_), bytes_(other.bytes_) {
+  other.bytes_ = 0;
+}
+
+PullViews::EncoderCharge& PullViews::EncoderCharge::operator=(EncoderCharge&& other) noexcept {
+  if (this != &other) {
+    if (budget_ != nullptr && bytes_ > 0) budget_->ReleaseBytes(bytes_);
+    budget_ = other.budget_;
+    bytes_ = other.bytes_;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+PullViews::EncoderCharge::~EncoderCharge() {
+  if (budget_ != nullptr && bytes_ > 0) budget_->ReleaseBytes(bytes_);
+}
+
+absl::Status PullViews::EncoderCharge::Resize(ParamBudget* budget, const std::string& where,
+                                              uint64_t bytes) {
+  if (budget == nullptr) return absl::OkStatus();
+  budget_ = budget;
+  if (bytes > bytes_) {
+    if (absl::Status reserved = budget_->ReserveBytes(where, bytes - bytes_); !reserved.ok()) {
+      return reserved;
+    }
+  } else if (bytes < bytes_) {
+    budget_->ReleaseBytes(bytes_ - bytes);
+  }
+  bytes_ = bytes;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PullViews::Values> PullViews::DenseView(const PullViewEnvironment& env,
                                                        const Chunk& chunk) {
   if (dense_ == nullptr || dense_version_ != chunk.values_version ||
@@ -151,6 +185,18 @@ absl::Status PullViews::Compress(const PullViewEnvironment& env, const Chunk& ch
     if (auto status = view.encoder->DecodeAdd(*payload, 1.0f, absl::MakeSpan(**advanced));
         !status.ok()) {
       return status;
+    }
+    // What the encoder keeps for its next call is the rank's memory too.
+    if (auto charged =
+            view.encoder_charge.Resize(env.budget,
+                                       absl::StrCat("pull encoder state of ", *chunk.key, " chunk ",
+                                                    chunk.chunk, " rank ", rank),
+                                       view.encoder->RetainedBytes());
+        !charged.ok()) {
+      view.encoder.reset();
+      view.encoder_params.clear();
+      view.encoder_charge = EncoderCharge();
+      return charged;
     }
     next = std::move(*advanced);
     if (shares) last_ = SharedReply{base, chunk.values_version, codec_params, *payload, next};

@@ -62,14 +62,36 @@ class PullViews {
   // a dense reply that resets the view) into `payload` and makes the result
   // the rank's current view; sets the reply's codec fields and versions.
   // `out->clock()` must be set (it seeds random codecs). Every view buffer
-  // is counted in `env.budget` while any rank holds it: a new one past
-  // --max_param_bytes fails RESOURCE_EXHAUSTED and nothing changes.
+  // is counted in `env.budget` while any rank holds it, and so is what each
+  // rank's encoder keeps between calls (Codec::RetainedBytes: PowerSGD's
+  // warm-start factor, top-k's scratch): a new buffer, or an encoder's
+  // growth, past --max_param_bytes fails RESOURCE_EXHAUSTED and the rank
+  // keeps the view it holds (a refused encoder is dropped: its next pull
+  // starts a fresh one).
   absl::Status Compress(const PullViewEnvironment& env, const Chunk& chunk, uint32_t rank,
                         const std::string& codec_params, uint64_t held_version,
                         proto::TensorChunk* out, std::string* payload);
 
  private:
   using Values = std::shared_ptr<const std::vector<float>>;
+
+  // Bytes of the parameter budget held for an encoder's state; given back
+  // as it shrinks or goes. Movable, not copyable.
+  class EncoderCharge {
+   public:
+    EncoderCharge() = default;
+    EncoderCharge(EncoderCharge&& other) noexcept;
+    EncoderCharge& operator=(EncoderCharge&& other) noexcept;
+    ~EncoderCharge();
+    // Makes the charge `bytes` in `budget` (null: nothing is counted):
+    // reserves the growth (RESOURCE_EXHAUSTED naming `where` past the
+    // budget, the charge unchanged) and gives back a shrink.
+    absl::Status Resize(ParamBudget* budget, const std::string& where, uint64_t bytes);
+
+   private:
+    ParamBudget* budget_ = nullptr;
+    uint64_t bytes_ = 0;
+  };
 
   // Two versions: the latest reply's (`values`) and the one before it
   // (`previous`), which is what the rank holds if that reply was lost; a
@@ -83,6 +105,7 @@ class PullViews {
     uint64_t previous_version = 0;  // 0: none
     std::string encoder_params;
     std::unique_ptr<Codec> encoder;
+    EncoderCharge encoder_charge;  // encoder->RetainedBytes() after its last encode
   };
   // The last reply encoded with a codec that SharesReplies: from view
   // `base` (a buffer's identity is its content: buffers never change) and

@@ -415,5 +415,74 @@ TEST_CASE("compressed pull views count against --max_param_bytes") {
   REQUIRE(views[0] == *store.Snapshot("w", 0));
 }
 
+TEST_CASE("what a pull encoder keeps between calls counts against --max_param_bytes") {
+  // A 20 x 20 matrix (1600 bytes) pulled with PowerSGD rank 2: the encoder
+  // keeps its warm-start factor Q, 20 x 2 floats (160 bytes), between calls.
+  constexpr uint64_t kMatrix = 1600, kFactor = 160;
+  auto make_store = [](uint64_t max_param_bytes) {
+    ShardStoreOptions options;
+    options.num_workers = 1;
+    options.sync = *SyncPolicy::FromFlags("asp", 1, 1);
+    options.max_param_bytes = max_param_bytes;
+    OptimizerOptions sgd;
+    sgd.lr = 1.0f;
+    auto store = std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
+    proto::InitRequest init = Init("w", 400);
+    init.clear_shape();
+    init.add_shape(20);
+    init.add_shape(20);
+    REQUIRE(store->Init(init).ok());
+    return store;
+  };
+  const auto forever = ShardStore::Clock::now() + std::chrono::seconds(5);
+  proto::ChunkRef ref;
+  ref.set_key("w");
+  ref.set_num_elements(400);
+  ref.set_codec_params("powersgd:rank=2");
+  std::vector<float> gradient(400);
+  for (int i = 0; i < 400; ++i) gradient[i] = static_cast<float>((i * 7919) % 23) - 11.0f;
+  proto::TensorChunk reply;
+  std::vector<float> view;
+  auto pull = [&](ShardStore& store) {
+    reply.Clear();
+    absl::Status status = PullWaiting(store, 0, 0, ref, forever, {}, &reply);
+    if (status.ok()) {
+      ApplyReply(reply, &view);
+      ref.set_view_version(reply.view_version());
+    }
+    return status;
+  };
+
+  SECTION("counted once, and not again as the encoder goes on") {
+    auto store = make_store(uint64_t{1} << 20);
+    REQUIRE(pull(*store).ok());  // dense: the view starts there
+    REQUIRE(store->holdings().param_bytes == 2 * kMatrix);
+    for (int64_t clock = 0; clock < 4; ++clock) {
+      REQUIRE(store->Push({Gradient("w", 0, clock, gradient)}).ok());
+      REQUIRE(pull(*store).ok());
+      REQUIRE(reply.codec() == static_cast<uint32_t>(CodecId::kPowerSgd));
+      // The parameters, the dense view (kept for ranks that start over),
+      // the view the rank held (the dense one at first) and the one this
+      // reply makes, and the factor once: it does not grow per encode.
+      const uint64_t matrices = clock == 0 ? 3 : 4;
+      REQUIRE(store->holdings().param_bytes == matrices * kMatrix + kFactor);
+    }
+  }
+  SECTION("refused when the factor does not fit, and the rank keeps its view") {
+    auto store = make_store(3 * kMatrix + kFactor - 1);
+    REQUIRE(pull(*store).ok());
+    const uint64_t held = ref.view_version();
+    REQUIRE(store->Push({Gradient("w", 0, 0, gradient)}).ok());
+    const absl::Status refused = pull(*store);
+    INFO(refused.ToString());
+    REQUIRE(absl::IsResourceExhausted(refused));
+    REQUIRE(absl::StrContains(refused.message(), "--max_param_bytes"));
+    REQUIRE(absl::StrContains(refused.message(), "pull encoder state of w chunk 0 rank 0"));
+    REQUIRE(ref.view_version() == held);
+    // The next view's buffer is given back with the refused encoder.
+    REQUIRE(store->holdings().param_bytes == 2 * kMatrix);
+  }
+}
+
 }  // namespace
 }  // namespace harrier

@@ -171,6 +171,12 @@ class Codec {
   // rather than an average of decodes.
   virtual bool IsMajorityVote() const { return false; }
 
+  // Bytes the object keeps between Encode calls: PowerSGD's warm-start
+  // factor, the sparse codecs' reused scratch (capacity, not size). 0 for
+  // codecs that keep nothing. A holder that must count its memory (the
+  // shard's pull encoders) asks after each Encode.
+  virtual uint64_t RetainedBytes() const { return 0; }
+
  protected:
   explicit Codec(const CodecSpec& spec) : spec_(spec) {}
 

@@ -256,6 +256,8 @@ class PowerSgdCodec : public Codec {
     return absl::OkStatus();
   }
 
+  uint64_t RetainedBytes() const override { return q_.capacity() * sizeof(float); }
+
  private:
   size_t m_ = 0;
   std::vector<float> q_;

@@ -94,6 +94,12 @@ void RandomKIndices(uint64_t seed, size_t d, size_t k,
 
 namespace {
 
+// Heap bytes a reused scratch vector keeps between calls.
+template <typename T>
+uint64_t Capacity(const std::vector<T>& v) {
+  return v.capacity() * sizeof(T);
+}
+
 constexpr size_t kMaxSparseElements = std::numeric_limits<uint32_t>::max();
 
 absl::Status CheckSparseSize(CodecId id, size_t d) {
@@ -167,6 +173,11 @@ class TopKCodec : public Codec {
                           bool accumulate,
                           absl::Span<float> out) const override {
     return DecodeIndexValue(id(), payload, scale, accumulate, out);
+  }
+
+  uint64_t RetainedBytes() const override {
+    return Capacity(selection_) + Capacity(values_) + Capacity(candidate_values_) +
+           Capacity(keys_) + Capacity(indices_) + Capacity(sample_);
   }
 
  private:
@@ -337,6 +348,8 @@ class RandomKCodec : public Codec {
     return absl::OkStatus();
   }
 
+  uint64_t RetainedBytes() const override { return Capacity(bitmap_) + Capacity(indices_); }
+
  private:
   std::vector<uint64_t> bitmap_;
   std::vector<uint32_t> indices_;
@@ -384,6 +397,8 @@ class ThresholdCodec : public Codec {
                           absl::Span<float> out) const override {
     return DecodeIndexValue(id(), payload, scale, accumulate, out);
   }
+
+  uint64_t RetainedBytes() const override { return Capacity(indices_) + Capacity(sample_); }
 
  private:
   std::vector<uint32_t> indices_;

@@ -180,3 +180,33 @@ TEST_CASE("DGC momentum correction accumulates and clears sent entries",
 
 }  // namespace
 }  // namespace harrier
+
+namespace harrier {
+namespace {
+
+// What an encoder keeps between calls is what a shard charges to its memory
+// account for each rank's pull encoder (server/pull_views.h).
+TEST_CASE("RetainedBytes says what an encoder keeps between calls", "[topk]") {
+  const std::vector<float> g = testing::RandomGradient(100000, 7);
+  auto fp16 = testing::MakeCodec("fp16");
+  testing::MustEncode(*fp16, g);
+  CHECK(fp16->RetainedBytes() == 0);
+  for (const char* spec : {"topk:ratio=0.01", "randomk:ratio=0.01", "threshold:tau=0.5"}) {
+    INFO(spec);
+    auto codec = testing::MakeCodec(spec);
+    CHECK(codec->RetainedBytes() == 0);
+    testing::MustEncode(*codec, g);
+    const uint64_t kept = codec->RetainedBytes();
+    CHECK(kept > 0);
+    // Reused, not grown, by the next call of the same size.
+    testing::MustEncode(*codec, g);
+    CHECK(codec->RetainedBytes() == kept);
+  }
+  // PowerSGD keeps its warm-start factor Q: columns x rank floats.
+  auto powersgd = testing::MakeCodec("powersgd:rank=4,cols=100");
+  testing::MustEncode(*powersgd, g);
+  CHECK(powersgd->RetainedBytes() == 100 * 4 * sizeof(float));
+}
+
+}  // namespace
+}  // namespace harrier
