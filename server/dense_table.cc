@@ -123,7 +123,11 @@ DenseTable::DenseTable(std::string name, const TableEnvironment& env, proto::Tab
   own_clock_ = kind == proto::TABLE_AVERAGE;
 }
 
-DenseTable::~DenseTable() = default;
+DenseTable::~DenseTable() {
+  absl::MutexLock lock(&mutex_);
+  // One chunk and its bytes for every slot Init or a restore made.
+  if (env_.budget != nullptr) env_.budget->Release(slots_.size(), bytes_);
+}
 
 std::unique_ptr<Table> MakeDenseTable(std::string name, const TableEnvironment& env) {
   return std::make_unique<DenseTable>(std::move(name), env);

@@ -294,12 +294,13 @@ void ShardStore::StartRun() {
   {
     absl::MutexLock lock(&tables_mutex_);
     ended.swap(tables_);
-    budget_.Clear();
     restored_ = false;
   }
   membership_.Reset();
   // Calls still holding an old table finish on it (it is freed with the
-  // last of them); pulls waiting on one are woken and refused.
+  // last of them, and gives its parameter budget back then: until then its
+  // memory still counts against the new run's); pulls waiting on one are
+  // woken and refused.
   PullWakeups wakeups(blocked_pulls_);
   for (auto& entry : ended) entry.second->Retire(wakeups);
 }

@@ -192,6 +192,9 @@ class ShardStore {
   // Tests: a dense chunk's current version and its spare (null if none).
   using BuffersForTesting = DenseTable::BuffersForTesting;
   BuffersForTesting BuffersOfForTesting(const std::string& key, uint32_t chunk) const;
+  // Tests: the table `name` of the current run (null if none), held as a
+  // call holds it.
+  std::shared_ptr<Table> TableForTesting(const std::string& name) const { return FindTable(name); }
 
  private:
   std::shared_ptr<Table> FindTable(const std::string& name) const;

@@ -137,7 +137,12 @@ SparseRows::SparseRows(std::string name, SparseRowsConfig config, ParamBudget* b
       name_hash_(HashName(name_) ^ SplitMix(config.seed)),
       budget_(budget) {}
 
-SparseRows::~SparseRows() = default;
+SparseRows::~SparseRows() {
+  // One chunk per block, its bytes, and the index's.
+  if (budget_ != nullptr) {
+    budget_->Release(blocks_.size(), block_bytes_charged_ + index_bytes_charged_);
+  }
+}
 
 float* SparseRows::ValuesOf(uint32_t slot) {
   return blocks_[slot / kRowsPerBlock].values.get() + size_t{slot % kRowsPerBlock} * config_.dim;
@@ -176,6 +181,7 @@ bool SparseRows::AddBlock() {
       !budget_->Reserve(absl::StrCat("sparse table '", name_, "' rows"), bytes).ok()) {
     return false;
   }
+  if (budget_ != nullptr) block_bytes_charged_ += bytes;
   Block block;
   block.values.reset(new float[size_t{kRowsPerBlock} * config_.dim]);
   if (config_.state_floats() > 0) {
@@ -476,7 +482,10 @@ absl::Status SparseRows::Import(const Dump& dump) {
           // A restore may go over the budget (what was held before).
           const uint64_t bytes =
               uint64_t{kRowsPerBlock} * ((uint64_t{dim} + state) * sizeof(float) + sizeof(RowMeta));
-          if (budget_ != nullptr) budget_->Add(bytes);
+          if (budget_ != nullptr) {
+            budget_->Add(bytes);
+            block_bytes_charged_ += bytes;
+          }
           Block block;
           block.values.reset(new float[size_t{kRowsPerBlock} * dim]);
           if (state > 0) block.state.reset(new float[size_t{kRowsPerBlock} * state]);

@@ -183,6 +183,7 @@ class SparseRows {
   bool track_changes_ = false;
   absl::flat_hash_map<int64_t, bool> dirty_;  // true: written; false: removed
   uint64_t index_bytes_charged_ = 0;
+  uint64_t block_bytes_charged_ = 0;  // what blocks_ took from budget_
   uint64_t sample_state_ = 0x9e3779b97f4a7c15ull;
   uint32_t sweep_next_ = 0;
   uint64_t admitted_ = 0;

@@ -153,7 +153,12 @@ class SparseTable::RowsPush : public StagedPush {
 SparseTable::SparseTable(std::string name, const TableEnvironment& env)
     : name_(std::move(name)), env_(env) {}
 
-SparseTable::~SparseTable() = default;
+SparseTable::~SparseTable() {
+  // Rounds still open (a table freed without Retire) give their sums'
+  // budget back; the rows give back theirs as they go.
+  absl::MutexLock lock(&mutex_);
+  for (auto& [clock, round] : rounds_) ReleaseRoundLocked(round);
+}
 
 std::unique_ptr<Table> MakeSparseTable(std::string name, const TableEnvironment& env) {
   return std::make_unique<SparseTable>(std::move(name), env);

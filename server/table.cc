@@ -56,10 +56,10 @@ void ParamBudget::ReleaseBytes(uint64_t bytes) {
   bytes_ -= std::min(bytes, bytes_);
 }
 
-void ParamBudget::Clear() {
+void ParamBudget::Release(uint64_t chunks, uint64_t bytes) {
   absl::MutexLock lock(&mutex_);
-  chunks_ = 0;
-  bytes_ = 0;
+  chunks_ -= std::min(chunks, chunks_);
+  bytes_ -= std::min(bytes, bytes_);
 }
 
 uint64_t ParamBudget::chunks() const {

@@ -91,7 +91,9 @@ struct PushResult {
 };
 
 // The parameter memory every table of a shard draws from (--max_chunks,
-// --max_param_bytes). Thread-safe.
+// --max_param_bytes). A table gives back what it took when it is freed, so
+// a table of an ended run that a call still holds stays counted until the
+// call lets go. Thread-safe.
 class ParamBudget {
  public:
   ParamBudget(int shard, size_t max_chunks, uint64_t max_bytes)
@@ -107,7 +109,9 @@ class ParamBudget {
   absl::Status ReserveBytes(absl::string_view where, uint64_t bytes);
   void AddBytes(uint64_t bytes);
   void ReleaseBytes(uint64_t bytes);
-  void Clear();
+  // Gives back `chunks` chunks (Reserve, Add) and `bytes` bytes together:
+  // what a table took, when it is freed.
+  void Release(uint64_t chunks, uint64_t bytes);
   uint64_t chunks() const;
   uint64_t bytes() const;
 

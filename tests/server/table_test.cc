@@ -260,5 +260,41 @@ TEST_CASE("tables: a round's sum lives with its round, shared by copies of the b
   REQUIRE(first.held_sum->sum == SumBuffer{1, 3});
 }
 
+TEST_CASE("tables: an ended run's table stays counted until the last call holding it lets go") {
+  // Room for two chunks of 100 floats.
+  ShardStoreOptions options;
+  options.num_workers = 1;
+  options.sync = *SyncPolicy::FromFlags("asp", 1, 1);
+  options.max_param_bytes = 2 * 400;
+  OptimizerOptions sgd;
+  sgd.lr = 1.0f;
+  ShardStore store(options, *CreateOptimizer(sgd));
+  REQUIRE(store.Init(Init("w", 100)).ok());
+  REQUIRE(store.holdings().param_bytes == 400);
+  REQUIRE(store.holdings().chunks == 1);
+  // A call of the old run still holds its table as the next run starts.
+  std::shared_ptr<Table> held = store.TableForTesting("w");
+  REQUIRE(held != nullptr);
+  store.StartRun();
+  REQUIRE(store.TableForTesting("w") == nullptr);
+  REQUIRE(store.holdings().param_bytes == 400);
+  REQUIRE(store.holdings().chunks == 1);
+  // The new run has what is left, not more.
+  REQUIRE(store.Init(Init("v", 100)).ok());
+  const absl::StatusOr<bool> refused = store.Init(Init("u", 100));
+  REQUIRE(absl::IsResourceExhausted(refused.status()));
+  REQUIRE(store.holdings().param_bytes == 800);
+  // Freed with the call: its bytes and its chunk go back, exactly.
+  held.reset();
+  REQUIRE(store.holdings().param_bytes == 400);
+  REQUIRE(store.holdings().chunks == 1);
+  REQUIRE(store.Init(Init("u", 100)).ok());
+  REQUIRE(store.holdings().param_bytes == 800);
+  // A run that ends with nothing holding its tables gives everything back.
+  store.StartRun();
+  REQUIRE(store.holdings().param_bytes == 0);
+  REQUIRE(store.holdings().chunks == 0);
+}
+
 }  // namespace
 }  // namespace harrier
