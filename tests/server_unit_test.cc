@@ -124,6 +124,7 @@ TEST_CASE("the partitioner covers a tensor with chunks spread over the shards") 
 using testing::Gradient;
 using testing::Init;
 using testing::MakeStore;
+using testing::MakeStoreWithParamBudget;
 using testing::PullWaiting;
 
 TEST_CASE("shard store: BSP waits for every rank, then applies the average once") {
@@ -350,13 +351,8 @@ TEST_CASE("ranks holding the same view share one encode of a deterministic pull 
 
 TEST_CASE("compressed pull views count against --max_param_bytes") {
   // One chunk of 100 floats (400 bytes) and room for three view buffers.
-  ShardStoreOptions options;
-  options.num_workers = 2;
-  options.sync = *SyncPolicy::FromFlags("asp", 1, 1);
-  options.max_param_bytes = 4 * 400;
-  OptimizerOptions sgd;
-  sgd.lr = 1.0f;
-  ShardStore store(options, *CreateOptimizer(sgd));
+  auto owned = MakeStoreWithParamBudget("asp", 2, 4 * 400);
+  ShardStore& store = *owned;
   REQUIRE(store.Init(Init("w", 100)).ok());
   REQUIRE(store.holdings().param_bytes == 400);
   const auto forever = ShardStore::Clock::now() + std::chrono::seconds(5);
@@ -420,13 +416,7 @@ TEST_CASE("what a pull encoder keeps between calls counts against --max_param_by
   // keeps its warm-start factor Q, 20 x 2 floats (160 bytes), between calls.
   constexpr uint64_t kMatrix = 1600, kFactor = 160;
   auto make_store = [](uint64_t max_param_bytes) {
-    ShardStoreOptions options;
-    options.num_workers = 1;
-    options.sync = *SyncPolicy::FromFlags("asp", 1, 1);
-    options.max_param_bytes = max_param_bytes;
-    OptimizerOptions sgd;
-    sgd.lr = 1.0f;
-    auto store = std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
+    auto store = MakeStoreWithParamBudget("asp", 1, max_param_bytes);
     proto::InitRequest init = Init("w", 400);
     init.clear_shape();
     init.add_shape(20);

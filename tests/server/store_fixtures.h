@@ -56,6 +56,19 @@ inline std::unique_ptr<ShardStore> MakeStore(const std::string& sync, int worker
   return std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
 }
 
+// The same with --max_param_bytes set: room for that many parameter bytes
+// (chunks, compressed pull views, their encoders' state).
+inline std::unique_ptr<ShardStore> MakeStoreWithParamBudget(const std::string& sync, int workers,
+                                                            uint64_t max_param_bytes) {
+  ShardStoreOptions options;
+  options.num_workers = workers;
+  options.sync = *SyncPolicy::FromFlags(sync, 1, 1);
+  options.max_param_bytes = max_param_bytes;
+  OptimizerOptions sgd;
+  sgd.lr = 1.0f;
+  return std::make_unique<ShardStore>(options, *CreateOptimizer(sgd));
+}
+
 // A pull that waits as a transport's would, on the store's own parking:
 // TryPull, and while the consistency model holds it back, park on its part
 // until woken, `deadline` passes (DEADLINE_EXCEEDED naming the slowest

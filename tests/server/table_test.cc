@@ -262,13 +262,8 @@ TEST_CASE("tables: a round's sum lives with its round, shared by copies of the b
 
 TEST_CASE("tables: an ended run's table stays counted until the last call holding it lets go") {
   // Room for two chunks of 100 floats.
-  ShardStoreOptions options;
-  options.num_workers = 1;
-  options.sync = *SyncPolicy::FromFlags("asp", 1, 1);
-  options.max_param_bytes = 2 * 400;
-  OptimizerOptions sgd;
-  sgd.lr = 1.0f;
-  ShardStore store(options, *CreateOptimizer(sgd));
+  auto owned = testing::MakeStoreWithParamBudget("asp", 1, 2 * 400);
+  ShardStore& store = *owned;
   REQUIRE(store.Init(Init("w", 100)).ok());
   REQUIRE(store.holdings().param_bytes == 400);
   REQUIRE(store.holdings().chunks == 1);
