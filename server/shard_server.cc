@@ -261,11 +261,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   server->listening_ = true;
   if (options.health_port >= 0) {
     // A server with no service of its own: the health service is all it
-    // serves.
-    // The port answers anyone who reaches it, so what its callers may make
-    // it hold is bounded as on the main port: threads for the Watch streams
-    // it admits plus a few for Checks, a small buffer quota (its messages
-    // are a few bytes), and the streams of one connection.
+    // serves. It answers anyone who reaches the port, so what its callers
+    // may make it hold is bounded as on the main port: threads for the
+    // Watch streams it admits plus a few for Checks, a small buffer quota
+    // (its messages are a few bytes), and the streams of one connection.
     grpc::ServerBuilder health_builder;
     const int max_watches = options.grpc_limits.max_health_watches;
     HealthService::Install(health_builder, max_watches);
