@@ -108,7 +108,7 @@ ABSL_FLAG(int32_t, grpc_queue_threads, 1,
 ABSL_FLAG(int64_t, max_chunks, int64_t{1} << 20, "Tensor chunks a job may Init on this shard.");
 ABSL_FLAG(int64_t, max_param_bytes, int64_t{64} << 30,
           "Parameter bytes a job may Init on this shard, with the views that compressed pulls "
-          "keep of them.");
+          "keep of them and what their encoders keep between calls.");
 ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{32} << 20,
           "Largest chunk Init accepts, in bytes (clients split tensors into chunks of at most "
           "32 MiB).");
