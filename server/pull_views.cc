@@ -47,62 +47,33 @@ bool SharesReplies(const CodecSpec& spec) {
   }
 }
 
+// A view buffer and the budget bytes it holds, given back when the last
+// rank lets go of it (the budget outlives the tables, and so their views).
+struct CountedBuffer {
+  std::vector<float> values;
+  HeldBudgetBytes held;
+};
+
 // A copy of `n` floats at `data` as a view buffer, counted in the shard's
-// parameter budget until the last rank lets go of it (the budget outlives
-// the tables, and so their views).
+// parameter budget (null: not counted) while any rank holds it.
 absl::StatusOr<std::shared_ptr<std::vector<float>>> CountedCopy(const PullViewEnvironment& env,
                                                                 const PullViews::Chunk& chunk,
                                                                 const float* data, size_t n) {
-  ParamBudget* budget = env.budget;
-  const uint64_t bytes = n * sizeof(float);
-  if (budget == nullptr) return std::make_shared<std::vector<float>>(data, data + n);
-  if (absl::Status reserved = budget->ReserveBytes(
-          absl::StrCat("compressed pull view of ", *chunk.key, " chunk ", chunk.chunk), bytes);
+  auto buffer = std::make_shared<CountedBuffer>();
+  if (absl::Status reserved = buffer->held.Resize(
+          env.budget,
+          [&chunk] {
+            return absl::StrCat("compressed pull view of ", *chunk.key, " chunk ", chunk.chunk);
+          },
+          n * sizeof(float));
       !reserved.ok()) {
     return reserved;
   }
-  return std::shared_ptr<std::vector<float>>(new std::vector<float>(data, data + n),
-                                             [budget, bytes](std::vector<float>* buffer) {
-                                               delete buffer;
-                                               budget->ReleaseBytes(bytes);
-                                             });
+  buffer->values.assign(data, data + n);
+  return std::shared_ptr<std::vector<float>>(buffer, &buffer->values);
 }
 
 }  // namespace
-
-PullViews::EncoderCharge::EncoderCharge(EncoderCharge&& other) noexcept
-    : budget_(other.budget_), bytes_(other.bytes_) {
-  other.bytes_ = 0;
-}
-
-PullViews::EncoderCharge& PullViews::EncoderCharge::operator=(EncoderCharge&& other) noexcept {
-  if (this != &other) {
-    if (budget_ != nullptr && bytes_ > 0) budget_->ReleaseBytes(bytes_);
-    budget_ = other.budget_;
-    bytes_ = other.bytes_;
-    other.bytes_ = 0;
-  }
-  return *this;
-}
-
-PullViews::EncoderCharge::~EncoderCharge() {
-  if (budget_ != nullptr && bytes_ > 0) budget_->ReleaseBytes(bytes_);
-}
-
-absl::Status PullViews::EncoderCharge::Resize(ParamBudget* budget, const std::string& where,
-                                              uint64_t bytes) {
-  if (budget == nullptr) return absl::OkStatus();
-  budget_ = budget;
-  if (bytes > bytes_) {
-    if (absl::Status reserved = budget_->ReserveBytes(where, bytes - bytes_); !reserved.ok()) {
-      return reserved;
-    }
-  } else if (bytes < bytes_) {
-    budget_->ReleaseBytes(bytes_ - bytes);
-  }
-  bytes_ = bytes;
-  return absl::OkStatus();
-}
 
 absl::StatusOr<PullViews::Values> PullViews::DenseView(const PullViewEnvironment& env,
                                                        const Chunk& chunk) {
@@ -187,15 +158,17 @@ absl::Status PullViews::Compress(const PullViewEnvironment& env, const Chunk& ch
       return status;
     }
     // What the encoder keeps for its next call is the rank's memory too.
-    if (auto charged =
-            view.encoder_charge.Resize(env.budget,
-                                       absl::StrCat("pull encoder state of ", *chunk.key, " chunk ",
-                                                    chunk.chunk, " rank ", rank),
-                                       view.encoder->RetainedBytes());
+    if (auto charged = view.encoder_held.Resize(
+            env.budget,
+            [&chunk, rank] {
+              return absl::StrCat("pull encoder state of ", *chunk.key, " chunk ", chunk.chunk,
+                                  " rank ", rank);
+            },
+            view.encoder->RetainedBytes());
         !charged.ok()) {
       view.encoder.reset();
       view.encoder_params.clear();
-      view.encoder_charge = EncoderCharge();
+      view.encoder_held.Reset();
       return charged;
     }
     next = std::move(*advanced);

@@ -25,11 +25,11 @@
 #include "common/codec/codec.h"
 #include "proto/harrier.pb.h"
 #include "server/codec_cache.h"
+#include "server/table.h"
 
 namespace harrier {
 
 struct ShardCounters;
-class ParamBudget;
 
 // What every chunk's views share: the shard's codec cache and counters,
 // the last view version handed out, and the parameter budget that counts
@@ -75,24 +75,6 @@ class PullViews {
  private:
   using Values = std::shared_ptr<const std::vector<float>>;
 
-  // Bytes of the parameter budget held for an encoder's state; given back
-  // as it shrinks or goes. Movable, not copyable.
-  class EncoderCharge {
-   public:
-    EncoderCharge() = default;
-    EncoderCharge(EncoderCharge&& other) noexcept;
-    EncoderCharge& operator=(EncoderCharge&& other) noexcept;
-    ~EncoderCharge();
-    // Makes the charge `bytes` in `budget` (null: nothing is counted):
-    // reserves the growth (RESOURCE_EXHAUSTED naming `where` past the
-    // budget, the charge unchanged) and gives back a shrink.
-    absl::Status Resize(ParamBudget* budget, const std::string& where, uint64_t bytes);
-
-   private:
-    ParamBudget* budget_ = nullptr;
-    uint64_t bytes_ = 0;
-  };
-
   // Two versions: the latest reply's (`values`) and the one before it
   // (`previous`), which is what the rank holds if that reply was lost; a
   // reply re-made from `previous` is decoded by the rank exactly as the
@@ -105,7 +87,7 @@ class PullViews {
     uint64_t previous_version = 0;  // 0: none
     std::string encoder_params;
     std::unique_ptr<Codec> encoder;
-    EncoderCharge encoder_charge;  // encoder->RetainedBytes() after its last encode
+    HeldBudgetBytes encoder_held;  // encoder->RetainedBytes() after its last encode
   };
   // The last reply encoded with a codec that SharesReplies: from view
   // `base` (a buffer's identity is its content: buffers never change) and

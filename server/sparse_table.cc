@@ -85,11 +85,11 @@ class SparseTable::RowsPush : public StagedPush {
           ++added;
         }
       }
-      reserved_ = added * table_->RoundRowBytes();
-      if (auto status = table_->env_.budget->ReserveBytes(
-              absl::StrCat(table_->Where(), " round ", decision_.round, " sums"), reserved_);
+      if (auto status = reserved_.Resize(
+              table_->env_.budget,
+              [this] { return absl::StrCat(table_->Where(), " round ", decision_.round, " sums"); },
+              added * table_->RoundRowBytes());
           !status.ok()) {
-        reserved_ = 0;
         book_.reset();
         return status;
       }
@@ -99,8 +99,7 @@ class SparseTable::RowsPush : public StagedPush {
 
   void Unstage() override {
     book_.reset();
-    if (reserved_ > 0) table_->env_.budget->ReleaseBytes(reserved_);
-    reserved_ = 0;
+    reserved_.Reset();
   }
 
   void Commit(PullWakeups& wakeups) override {
@@ -118,8 +117,7 @@ class SparseTable::RowsPush : public StagedPush {
       if (count_ > 0) table.env_.counters->optimizer_steps++;
     } else {
       RoundRows& round = table.rounds_[decision_.round];
-      round.budget_bytes += reserved_;
-      reserved_ = 0;
+      round.held.Absorb(std::move(reserved_));
       for (size_t i = 0; i < count_; ++i) {
         const int64_t id = IdAt(header_.row_ids(), i);
         auto [it, added] = round.index.emplace(id, static_cast<uint32_t>(round.index.size()));
@@ -144,7 +142,7 @@ class SparseTable::RowsPush : public StagedPush {
   const float* gradient_ = nullptr;  // into the payload or `decoded_`
   std::vector<float> decoded_;
   size_t payload_bytes_ = 0;
-  uint64_t reserved_ = 0;  // budget bytes taken for new rows of a round's sums
+  HeldBudgetBytes reserved_;  // for the new rows of a round's sums
   bool duplicate_ = false;
   std::unique_ptr<ClockBook> book_;
   PushDecision decision_;
@@ -153,12 +151,9 @@ class SparseTable::RowsPush : public StagedPush {
 SparseTable::SparseTable(std::string name, const TableEnvironment& env)
     : name_(std::move(name)), env_(env) {}
 
-SparseTable::~SparseTable() {
-  // Rounds still open (a table freed without Retire) give their sums'
-  // budget back; the rows give back theirs as they go.
-  absl::MutexLock lock(&mutex_);
-  for (auto& [clock, round] : rounds_) ReleaseRoundLocked(round);
-}
+// Rounds still open (a table freed without Retire) give their sums' budget
+// back as they go, and so do the rows.
+SparseTable::~SparseTable() = default;
 
 std::unique_ptr<Table> MakeSparseTable(std::string name, const TableEnvironment& env) {
   return std::make_unique<SparseTable>(std::move(name), env);
@@ -362,11 +357,6 @@ uint64_t SparseTable::RoundRowBytes() const {
   return uint64_t{rows_->dim()} * sizeof(float) + sizeof(std::pair<const int64_t, uint32_t>) + 1;
 }
 
-void SparseTable::ReleaseRoundLocked(RoundRows& round) {
-  env_.budget->ReleaseBytes(round.budget_bytes);
-  round.budget_bytes = 0;
-}
-
 void SparseTable::FinishRoundsLocked(const std::vector<PushDecision::CompletedRound>& rounds) {
   const uint32_t dim = rows_->dim();
   for (const PushDecision::CompletedRound& completed : rounds) {
@@ -375,7 +365,7 @@ void SparseTable::FinishRoundsLocked(const std::vector<PushDecision::CompletedRo
     const float scale = completed.contributors > 0 ? 1.0f / completed.contributors : 1.0f;
     RoundRows& round = it->second;
     // The sums' budget goes back first: the rows they create draw on it.
-    ReleaseRoundLocked(round);
+    round.held.Reset();
     for (const auto& [id, row] : round.index) {
       rows_->Apply(id, round.sums.data() + size_t{row} * dim, scale, completed.clock);
     }
@@ -547,8 +537,7 @@ void SparseTable::WakeAll(PullWakeups& wakeups) {
 void SparseTable::Retire(PullWakeups& wakeups) {
   absl::MutexLock lock(&mutex_);
   retired_ = true;
-  for (auto& [clock, round] : rounds_) ReleaseRoundLocked(round);
-  rounds_.clear();
+  rounds_.clear();  // their sums' budget goes back with them
   TakeAllWaitersLocked(wakeups);
 }
 

@@ -71,14 +71,13 @@ class SparseTable : public Table {
   struct RoundRows {
     absl::flat_hash_map<int64_t, uint32_t> index;  // id -> row in `sums`
     std::vector<float> sums;
-    uint64_t budget_bytes = 0;  // taken from the shard's parameter budget
+    HeldBudgetBytes held;  // of the shard's parameter budget
   };
   // What one distinct row of a round's sums costs the budget (its floats
   // and its index entry).
   uint64_t RoundRowBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   absl::Status CheckIds(const std::string& ids, size_t* count, const char* what) const;
-  void ReleaseRoundLocked(RoundRows& round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FinishRoundsLocked(const std::vector<PushDecision::CompletedRound>& rounds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void TakeAnswerableWaitersLocked(PullWakeups& wakeups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

@@ -36,10 +36,14 @@ void ParamBudget::Add(uint64_t bytes) {
 }
 
 absl::Status ParamBudget::ReserveBytes(absl::string_view where, uint64_t bytes) {
+  return ReserveBytes([where] { return std::string(where); }, bytes);
+}
+
+absl::Status ParamBudget::ReserveBytes(absl::FunctionRef<std::string()> where, uint64_t bytes) {
   absl::MutexLock lock(&mutex_);
   if (bytes_ + bytes > max_bytes_) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(where, ": shard ", shard_, " holds ", bytes_, " parameter bytes; ", bytes,
+        absl::StrCat(where(), ": shard ", shard_, " holds ", bytes_, " parameter bytes; ", bytes,
                      " more would pass ", max_bytes_, " (--max_param_bytes)"));
   }
   bytes_ += bytes;
@@ -60,6 +64,48 @@ void ParamBudget::Release(uint64_t chunks, uint64_t bytes) {
   absl::MutexLock lock(&mutex_);
   chunks_ -= std::min(chunks, chunks_);
   bytes_ -= std::min(bytes, bytes_);
+}
+
+HeldBudgetBytes::HeldBudgetBytes(HeldBudgetBytes&& other) noexcept
+    : budget_(other.budget_), bytes_(other.bytes_) {
+  other.bytes_ = 0;
+}
+
+HeldBudgetBytes& HeldBudgetBytes::operator=(HeldBudgetBytes&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    budget_ = other.budget_;
+    bytes_ = other.bytes_;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+absl::Status HeldBudgetBytes::Resize(ParamBudget* budget, absl::FunctionRef<std::string()> where,
+                                     uint64_t bytes) {
+  if (budget == nullptr) return absl::OkStatus();
+  budget_ = budget;
+  if (bytes > bytes_) {
+    if (absl::Status reserved = budget_->ReserveBytes(where, bytes - bytes_); !reserved.ok()) {
+      return reserved;
+    }
+  } else if (bytes < bytes_) {
+    budget_->ReleaseBytes(bytes_ - bytes);
+  }
+  bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+void HeldBudgetBytes::Absorb(HeldBudgetBytes&& other) {
+  if (other.bytes_ == 0) return;
+  if (bytes_ == 0) budget_ = other.budget_;
+  bytes_ += other.bytes_;
+  other.bytes_ = 0;
+}
+
+void HeldBudgetBytes::Reset() {
+  if (budget_ != nullptr && bytes_ > 0) budget_->ReleaseBytes(bytes_);
+  bytes_ = 0;
 }
 
 uint64_t ParamBudget::chunks() const {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -107,6 +108,9 @@ class ParamBudget {
   // sums): ReserveBytes refuses past --max_param_bytes as Reserve does;
   // AddBytes takes them whatever the limit; ReleaseBytes gives them back.
   absl::Status ReserveBytes(absl::string_view where, uint64_t bytes);
+  // The same, with `where` made only when the bytes are refused (a caller
+  // on a hot path builds no message for the common case).
+  absl::Status ReserveBytes(absl::FunctionRef<std::string()> where, uint64_t bytes);
   void AddBytes(uint64_t bytes);
   void ReleaseBytes(uint64_t bytes);
   // Gives back `chunks` chunks (Reserve, Add) and `bytes` bytes together:
@@ -122,6 +126,35 @@ class ParamBudget {
   mutable absl::Mutex mutex_;
   uint64_t chunks_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+// Bytes of a ParamBudget held by one owner (a pull view's buffer, an
+// encoder's state, a BSP round's sums) and given back when the owner goes,
+// so no path can forget to give them back. Movable, not copyable.
+class HeldBudgetBytes {
+ public:
+  HeldBudgetBytes() = default;
+  HeldBudgetBytes(HeldBudgetBytes&& other) noexcept;
+  HeldBudgetBytes& operator=(HeldBudgetBytes&& other) noexcept;
+  HeldBudgetBytes(const HeldBudgetBytes&) = delete;
+  HeldBudgetBytes& operator=(const HeldBudgetBytes&) = delete;
+  ~HeldBudgetBytes() { Reset(); }
+
+  // Makes the bytes held `bytes` of `budget` (null: nothing is counted).
+  // Growth is reserved: past --max_param_bytes it fails RESOURCE_EXHAUSTED
+  // naming where() (made only then) and what is held stays as it was. A
+  // shrink is given back. `budget` must be the one already held from, if any.
+  absl::Status Resize(ParamBudget* budget, absl::FunctionRef<std::string()> where, uint64_t bytes);
+  // Takes over what `other` holds (of the same budget); `other` then holds
+  // nothing.
+  void Absorb(HeldBudgetBytes&& other);
+  // Gives back everything held.
+  void Reset();
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  ParamBudget* budget_ = nullptr;
+  uint64_t bytes_ = 0;
 };
 
 // A pull that has to wait without holding a thread (ShardService parks
