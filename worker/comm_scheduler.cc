@@ -55,10 +55,23 @@ absl::StatusOr<CommSchedulerOptions> ParseTechniques(absl::string_view technique
     options.partition_bytes = partition_bytes > 0 ? partition_bytes : kDefaultPartitionBytes;
   }
   if (credits) {
-    options.max_inflight_bytes =
-        max_inflight_bytes > 0 ? max_inflight_bytes : kDefaultMaxInflightBytes;
+    if (max_inflight_bytes > 0) {
+      options.max_inflight_bytes = max_inflight_bytes;
+    } else {
+      options.max_inflight_bytes = kDefaultMaxInflightBytes;
+      options.inflight_pieces_per_shard = kDefaultInflightPiecesPerShard;
+    }
   }
   return options;
+}
+
+size_t CreditCap(const CommSchedulerOptions& options, int num_shards) {
+  if (options.max_inflight_bytes == 0) return 0;
+  const size_t piece =
+      options.partition_bytes > 0 ? options.partition_bytes : kDefaultPartitionBytes;
+  const size_t per_shards =
+      options.inflight_pieces_per_shard * piece * static_cast<size_t>(std::max(num_shards, 1));
+  return std::max(options.max_inflight_bytes, per_shards);
 }
 
 namespace {
@@ -126,7 +139,9 @@ using QueueKey = std::tuple<int64_t, int, int, uint64_t>;
 class CommScheduler::Impl {
  public:
   Impl(Client& client, std::vector<ScheduledTensor> tensors, const CommSchedulerOptions& options)
-      : client_(client), options_(options), tensors_(std::move(tensors)) {}
+      : client_(client),
+        options_(Resolve(options, client.num_shards())),
+        tensors_(std::move(tensors)) {}
   ~Impl();
 
   absl::Status Plan();
@@ -173,6 +188,12 @@ class CommScheduler::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void CopyOut(Member& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::string Describe(const Wire& wire) const;
+  // `options` with the credit cap CreditCap gives for `num_shards`.
+  static CommSchedulerOptions Resolve(CommSchedulerOptions options, int num_shards) {
+    options.max_inflight_bytes = CreditCap(options, num_shards);
+    options.inflight_pieces_per_shard = 0;
+    return options;
+  }
 
   Client& client_;
   const CommSchedulerOptions options_;

@@ -56,6 +56,12 @@ struct CommSchedulerOptions {
   // 0: no cap. Counts pushes only; a piece above the cap goes alone when
   // no other push is in flight.
   size_t max_inflight_bytes = 0;
+  // With the cap at its default: the cap grows to at least this many
+  // pieces (partition_bytes, or the default piece without partitioning)
+  // per shard, so that every shard's link has a piece arriving while the
+  // one before it is acknowledged. 0: the cap is max_inflight_bytes
+  // exactly. See CreditCap.
+  size_t inflight_pieces_per_shard = 0;
   // Bound of every wait inside the scheduler (WaitParameters,
   // GradientReady, Drain, and each call's Wait, so a BSP pull waiting longer
   // for a slow worker fails the scheduler).
@@ -70,19 +76,31 @@ struct CommSchedulerOptions {
 };
 
 // Defaults of the techniques when named without a size. Pieces of 1 MiB
-// with 4 MiB of pushes in flight: the pushes in flight share the uplink
+// with a few MiB of pushes in flight: the pushes in flight share the uplink
 // (HTTP/2 interleaves them), so each is acknowledged, and its pull can
 // start, only about a window's time after it began; a step ends with the
 // pulls of the last window alone on the downlink. Smaller windows shorten
 // that tail: a replayed ResNet-50 step with no compute at 1 Gbit/s took
-// 1.10 link-times with these against 1.20 with 4 MiB pieces and 16 MiB in
-// flight, and 4 workers with 4 shards 0.56 of the cost model against 0.49;
-// at 10 Gbit/s and above, where this machine's CPU is the limit, the
-// smaller pieces cost about 5 % (docs/performance.md, "Both directions at
-// once").
+// 1.10 link-times with 1 MiB pieces and 4 MiB in flight against 1.20 with
+// 4 MiB pieces and 16 MiB in flight, and 4 workers with 4 shards 0.56 of the cost model against
+// 0.49; at 10 Gbit/s and above, where this machine's CPU is the limit, the smaller pieces cost
+// about 5 % (docs/performance.md, "Both directions at once").
 inline constexpr size_t kDefaultFusionBytes = 4u << 20;
 inline constexpr size_t kDefaultPartitionBytes = 1u << 20;
-inline constexpr size_t kDefaultMaxInflightBytes = 4u << 20;
+//
+// The cap is 8 MiB, or two pieces per shard when that is more. A push is
+// acknowledged only once its shard has all of it, so with one piece per
+// shard in flight (4 MiB over 4 shards) each shard's link idles for an
+// acknowledgement's round trip between pieces, and the pieces, sent
+// together, finish together. Replayed at 1 Gbit/s with 4 workers and
+// compute (docs/performance.md, "The credit cap"): with 4 shards BERT-base
+// took 6265-6546 ms per step with 8 MiB against 7538-8629 with 4 MiB,
+// ResNet-50 1364-1444 against 1430-1491, VGG-16 alike, and 16 MiB or no
+// cap was worse than 8 MiB for both; with 2 shards BERT-base 9162-9240
+// against 9799-9909, the others alike; 1 worker and 1 shard alike. Two
+// pieces per shard above 4 shards follows the same reasoning, unmeasured.
+inline constexpr size_t kDefaultMaxInflightBytes = 8u << 20;
+inline constexpr size_t kDefaultInflightPiecesPerShard = 2;
 
 // `techniques`: "plain", "wfbp", "fusion", "priority", "all", or several
 // joined by '+' ("wfbp+fusion"). "fusion" and "priority" imply wfbp;
@@ -90,12 +108,18 @@ inline constexpr size_t kDefaultMaxInflightBytes = 4u << 20;
 // pieces and a queue); "all" is every technique. Also "partition" and
 // "credits" alone. "none" is not a technique (no scheduler at all is the
 // caller's choice). A size of 0 for an enabled technique takes its
-// default; the size of a technique that is off is ignored.
+// default (the credit cap's follows the shards); the size of a technique
+// that is off is ignored.
 // INVALID_ARGUMENT names an unknown technique.
 absl::StatusOr<CommSchedulerOptions> ParseTechniques(absl::string_view techniques,
                                                      size_t fusion_bytes = 0,
                                                      size_t partition_bytes = 0,
                                                      size_t max_inflight_bytes = 0);
+
+// The credit cap a scheduler with `options` keeps over `num_shards` shards:
+// max_inflight_bytes, raised to inflight_pieces_per_shard pieces per shard
+// when that is more. 0: no cap.
+size_t CreditCap(const CommSchedulerOptions& options, int num_shards);
 
 // One model tensor. Its index in the list given to Create is its priority:
 // tensor 0 is the front of the model (the first forward uses it).
@@ -168,6 +192,8 @@ class CommScheduler {
   // SSP and ASP too). Used by the trainer and harrier.torch.
   absl::Status Refresh();
 
+  // The options it runs with: the credit cap resolved (CreditCap) and
+  // inflight_pieces_per_shard then 0.
   const CommSchedulerOptions& options() const;
   CommSchedulerStats stats() const;
   // The latest 65536 calls, with keep_dispatch_log (else empty).

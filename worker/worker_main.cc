@@ -65,7 +65,8 @@ ABSL_FLAG(int64_t, partition_bytes, 0,
           "Piece size in bytes when partitioning is on (0: its default); also the client's chunk "
           "size then.");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
-          "Credit cap on push bytes in flight (0: the default when the cap is on).");
+          "Credit cap on push bytes in flight (0: the default when the cap is on: 8 MiB, or two "
+          "pieces per shard when that is more).");
 ABSL_FLAG(std::string, optimizer, "sgd",
           "Replay: the servers' --optimizer; the exact check of the final parameters runs under "
           "bsp with sgd only.");
@@ -396,7 +397,7 @@ int main(int argc, char** argv) {
                  "partition_bytes=%zu priority=%d max_inflight_bytes=%zu\n",
                  rank, techniques.c_str(), scheduler->wait_free_backprop ? 1 : 0,
                  scheduler->fusion_bytes, scheduler->partition_bytes, scheduler->priority ? 1 : 0,
-                 scheduler->max_inflight_bytes);
+                 harrier::CreditCap(*scheduler, (*client)->num_shards()));
   }
 
   // The worker's own metrics and liveness endpoint, read from the client's

@@ -540,6 +540,67 @@ TEST_CASE("credits: the cap is never exceeded and two workers in different order
   }
 }
 
+TEST_CASE("the default credit cap follows the shards: two pieces per shard in flight") {
+  constexpr size_t kChunk = 128 * sizeof(float);
+  CommSchedulerOptions follows;
+  follows.partition_bytes = kChunk;
+  follows.max_inflight_bytes = kChunk;
+  follows.inflight_pieces_per_shard = 2;
+  CHECK(CreditCap(follows, 1) == 2 * kChunk);
+  CHECK(CreditCap(follows, 4) == 8 * kChunk);
+  CommSchedulerOptions exact = follows;
+  exact.inflight_pieces_per_shard = 0;
+  CHECK(CreditCap(exact, 4) == kChunk);
+  CommSchedulerOptions uncapped = follows;
+  uncapped.max_inflight_bytes = 0;
+  CHECK(CreditCap(uncapped, 4) == 0);
+  // The parsed default: 8 MiB up to four shards, then two 1 MiB pieces each.
+  auto all = ParseTechniques("all");
+  REQUIRE(all.ok());
+  CHECK(all->inflight_pieces_per_shard == kDefaultInflightPiecesPerShard);
+  CHECK(CreditCap(*all, 1) == size_t{8} << 20);
+  CHECK(CreditCap(*all, 4) == size_t{8} << 20);
+  CHECK(CreditCap(*all, 8) == size_t{16} << 20);
+  auto given = ParseTechniques("all", 0, 0, 1 << 20);
+  REQUIRE(given.ok());
+  CHECK(CreditCap(*given, 4) == (size_t{1} << 20));
+
+  // Through the scheduler: 16 one-chunk pieces over 4 shards that hold
+  // every call. Following the shards, 8 pushes are in flight at once (2
+  // per shard); with the cap exact, 1. Then every call is let go and the
+  // step completes.
+  for (size_t pieces_per_shard : {size_t{2}, size_t{0}}) {
+    INFO("pieces per shard " << pieces_per_shard);
+    FakeCluster cluster = MakeFakeCluster(TestOptions(4, kChunk));
+    Model model({16 * 128});
+    CommSchedulerOptions options = BaseOptions();
+    options.wait_free_backprop = true;
+    options.partition_bytes = kChunk;
+    options.max_inflight_bytes = kChunk;
+    options.inflight_pieces_per_shard = pieces_per_shard;
+    auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+    REQUIRE(scheduler.ok());
+    CHECK((*scheduler)->options().max_inflight_bytes == (pieces_per_shard > 0 ? 8 : 1) * kChunk);
+    REQUIRE((*scheduler)->WaitParameters(0).ok());
+    for (FakeShardTransport* shard : cluster.shards) shard->Block();
+    REQUIRE((*scheduler)->GradientReady(0, model.grads[0]).ok());
+    const int64_t expected = static_cast<int64_t>((pieces_per_shard > 0 ? 8 : 1) * kChunk);
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while ((*scheduler)->stats().peak_inflight_push_bytes < expected && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    absl::SleepFor(absl::Milliseconds(50));  // a push past the cap would show by now
+    CHECK((*scheduler)->stats().peak_inflight_push_bytes == expected);
+    std::set<int> shards_in_flight;
+    for (const DispatchRecord& push : Pushes(**scheduler)) shards_in_flight.insert(push.shard);
+    CHECK(shards_in_flight.size() == (pieces_per_shard > 0 ? 4u : 1u));
+    for (FakeShardTransport* shard : cluster.shards) shard->Release();
+    REQUIRE((*scheduler)->EndBackward().ok());
+    REQUIRE((*scheduler)->Drain().ok());
+    CHECK((*scheduler)->stats().push_calls == 16);
+  }
+}
+
 TEST_CASE("a failed push surfaces at the next wait, naming the tensor") {
   FakeCluster cluster = MakeFakeCluster(TestOptions(1, 1u << 20));
   Model model({10, 20});
