@@ -82,9 +82,10 @@ struct CommSchedulerOptions {
 // pulls of the last window alone on the downlink. Smaller windows shorten
 // that tail: a replayed ResNet-50 step with no compute at 1 Gbit/s took
 // 1.10 link-times with 1 MiB pieces and 4 MiB in flight against 1.20 with
-// 4 MiB pieces and 16 MiB in flight, and 4 workers with 4 shards 0.56 of the cost model against
-// 0.49; at 10 Gbit/s and above, where this machine's CPU is the limit, the smaller pieces cost
-// about 5 % (docs/performance.md, "Both directions at once").
+// 4 MiB pieces and 16 MiB in flight, and 4 workers with 4 shards 0.56 of
+// the cost model against 0.49; at 10 Gbit/s and above, where this
+// machine's CPU is the limit, the smaller pieces cost about 5 %
+// (docs/performance.md, "Both directions at once").
 inline constexpr size_t kDefaultFusionBytes = 4u << 20;
 inline constexpr size_t kDefaultPartitionBytes = 1u << 20;
 //
@@ -108,8 +109,8 @@ inline constexpr size_t kDefaultInflightPiecesPerShard = 2;
 // pieces and a queue); "all" is every technique. Also "partition" and
 // "credits" alone. "none" is not a technique (no scheduler at all is the
 // caller's choice). A size of 0 for an enabled technique takes its
-// default (the credit cap's follows the shards); the size of a technique
-// that is off is ignored.
+// default (the credit cap's grows with the shards, CreditCap); the size of
+// a technique that is off is ignored.
 // INVALID_ARGUMENT names an unknown technique.
 absl::StatusOr<CommSchedulerOptions> ParseTechniques(absl::string_view techniques,
                                                      size_t fusion_bytes = 0,
