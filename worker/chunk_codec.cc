@@ -252,6 +252,7 @@ absl::Status ChunkCodec::EncodePush(const ChunkKey& key, absl::Span<const float>
   std::shared_ptr<PushState> state = PushStateFor(key);
   const size_t bytes = values.size() * sizeof(float);
   out->borrowed_memory = MemoryKind::kHost;
+  out->checksum_pending = false;
   if (state == nullptr) {
     header.set_codec(0);
     header.clear_codec_params();
@@ -267,6 +268,10 @@ absl::Status ChunkCodec::EncodePush(const ChunkKey& key, absl::Span<const float>
         header.set_checksum(*crc);
         return absl::OkStatus();
       }
+      // The transport takes the CRC as it reads the gradient to send it.
+      header.clear_checksum();
+      out->checksum_pending = true;
+      return absl::OkStatus();
     } else {
       // Staged: the transport reads host memory only.
       out->is_borrowed = false;

@@ -83,7 +83,8 @@ class ChunkCodec {
   // Fills the codec fields, payload and checksum of `out` for the chunk's
   // `values` (in the tensor's memory; its identity fields are the
   // caller's). A dense chunk of a host tensor borrows `values`, which must
-  // outlive the send; one of a device tensor borrows them too when
+  // outlive the send, and leaves its checksum to the transport
+  // (OutgoingChunk::checksum_pending); one of a device tensor borrows them too when
   // `transport_sends_from_device` (ShardTransport::SendsFromDeviceMemory),
   // else it is staged into host memory. `clock` and `rank` seed random
   // codecs (DeriveSeed), as the shard derives them.

@@ -153,6 +153,7 @@ TEST_CASE("dense device chunks: borrowed when the transport sends from device, e
   CHECK(borrowed.is_borrowed);
   CHECK(borrowed.borrowed_memory == MemoryKind::kDevice);
   CHECK(borrowed.payload().data() == reinterpret_cast<const char*>(bias.data()));
+  CHECK_FALSE(borrowed.checksum_pending);
   CHECK(borrowed.header.checksum() == Crc32c(bias.data(), 64 * sizeof(float)));
   CHECK(device->counts().crc32c == 1);
   CHECK((*codec)->staged_bytes() == 0);
@@ -162,6 +163,7 @@ TEST_CASE("dense device chunks: borrowed when the transport sends from device, e
   CHECK_FALSE(staged.is_borrowed);
   CHECK(staged.borrowed_memory == MemoryKind::kHost);
   CHECK(staged.payload() == Bytes(bias));
+  CHECK_FALSE(staged.checksum_pending);
   CHECK(staged.header.checksum() == Crc32c(bias.data(), 64 * sizeof(float)));
   CHECK(device->counts().copy_to_host == 1);
   CHECK((*codec)->staged_bytes() == 64 * sizeof(float));

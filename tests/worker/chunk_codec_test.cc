@@ -49,7 +49,11 @@ TEST_CASE("dense pushes borrow the gradient; compressed ones name the codec") {
   CHECK(chunk.is_borrowed);
   CHECK(chunk.payload().data() == reinterpret_cast<const char*>(gradient.data()));
   CHECK(chunk.header.codec() == 0);
-  CHECK(chunk.header.checksum() == Crc32c(chunk.payload().data(), chunk.payload().size()));
+  // The transport takes the borrowed gradient's CRC as it sends it.
+  CHECK(chunk.checksum_pending);
+  const uint32_t crc = Crc32c(chunk.payload().data(), chunk.payload().size());
+  CHECK(ChecksumOf(chunk) == crc);
+  CHECK(WireHeader(chunk).checksum() == crc);
 
   auto topk = ChunkCodec::Create("topk:ratio=0.25", "none", 0);
   REQUIRE(topk.ok());
@@ -58,6 +62,9 @@ TEST_CASE("dense pushes borrow the gradient; compressed ones name the codec") {
   REQUIRE((*topk)->EncodePush({"w", 0}, gradient, 0, 0, &compressed).ok());
   CHECK_FALSE(compressed.is_borrowed);
   CHECK(compressed.header.codec() == static_cast<uint32_t>(CodecId::kTopK));
+  CHECK_FALSE(compressed.checksum_pending);
+  CHECK(compressed.header.checksum() ==
+        Crc32c(compressed.payload().data(), compressed.payload().size()));
   CHECK(compressed.header.codec_params() == "topk:ratio=0.25");
 }
 

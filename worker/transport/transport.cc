@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/crc32c.h"
 
 namespace harrier {
 
@@ -18,6 +19,18 @@ absl::Status RefuseDeviceChunks(absl::string_view transport,
         "false)"));
   }
   return absl::OkStatus();
+}
+
+uint32_t ChecksumOf(const OutgoingChunk& chunk) {
+  if (!chunk.checksum_pending) return chunk.header.checksum();
+  const absl::string_view payload = chunk.payload();
+  return Crc32c(payload.data(), payload.size());
+}
+
+proto::TensorChunk WireHeader(const OutgoingChunk& chunk) {
+  proto::TensorChunk header = chunk.header;
+  if (chunk.checksum_pending) header.set_checksum(ChecksumOf(chunk));
+  return header;
 }
 
 namespace {

@@ -88,16 +88,30 @@ using LandedChunkSink = std::function<absl::Status(
 // they stall), and says in its status when the bound passed first (see
 // each backend).
 struct OutgoingChunk {
-  proto::TensorChunk header;  // payload field empty; checksum covers payload()
+  // Payload field empty; checksum covers payload() (see checksum_pending).
+  proto::TensorChunk header;
   absl::string_view borrowed;
   std::string owned;
   bool is_borrowed = false;
   // Where `borrowed` lives. kDevice only when the transport said
   // SendsFromDeviceMemory(); owned payloads are always host memory.
   MemoryKind borrowed_memory = MemoryKind::kHost;
+  // header.checksum is not set yet: the transport takes the CRC32C of a
+  // borrowed host payload as it sends it (ChecksumOf), so that a transport
+  // that copies the payload anyway reads the caller's memory once, not
+  // twice. Only for borrowed payloads in host memory.
+  bool checksum_pending = false;
 
   absl::string_view payload() const { return is_borrowed ? borrowed : absl::string_view(owned); }
 };
+
+// CRC32C of the chunk's payload: header.checksum, or computed now when it
+// is pending.
+uint32_t ChecksumOf(const OutgoingChunk& chunk);
+
+// The chunk's header as it goes on the wire: with the checksum set when it
+// was pending.
+proto::TensorChunk WireHeader(const OutgoingChunk& chunk);
 
 // For transports that send host memory only: FAILED_PRECONDITION naming
 // `transport` and the first chunk whose borrowed payload is in device

@@ -19,7 +19,7 @@ FakeShardTransport::Call Recorded(FakeShardTransport::CallKind kind,
   call.kind = kind;
   call.deadline = deadline;
   for (const OutgoingChunk& chunk : chunks) {
-    call.chunks.push_back(chunk.header);
+    call.chunks.push_back(WireHeader(chunk));
     call.payloads.emplace_back(chunk.payload());
   }
   return call;

@@ -759,13 +759,15 @@ void UcxShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks, boo
     frame.index = static_cast<uint32_t>(i);
     frame.payload_bytes = payload.size();
     // The header's payload field is empty (OutgoingChunk promises it), so it
-    // serializes as the chunk's fields alone.
+    // serializes as the chunk's fields alone. A pending checksum is taken
+    // here: UCX sends from the caller's memory without a copy of its own.
     // Owned payloads (the codec's output) are host memory whatever
     // borrowed_memory says.
     const bool device =
         chunks[i].is_borrowed && chunks[i].borrowed_memory == MemoryKind::kDevice;
-    transport::EncodedRequest encoded =
-        transport::EncodeRequest(frame, chunks[i].header.SerializeAsString());
+    transport::EncodedRequest encoded = transport::EncodeRequest(
+        frame, chunks[i].checksum_pending ? WireHeader(chunks[i]).SerializeAsString()
+                                          : chunks[i].header.SerializeAsString());
     messages.push_back({std::move(encoded.header), payload.data(), payload.size(),
                         device ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
                         std::move(encoded.data_prefix)});
