@@ -652,6 +652,50 @@ TEST_CASE("sparse BSP round sums count against --max_param_bytes") {
   CHECK(row[0] == -1.5f);  // (2 + 1) / 2
 }
 
+// The shard's whole parameter account (StatusResponse.param_bytes), asked
+// over the admin service as harrier-ctl does.
+uint64_t ParamBytes(const testing::ServerProcess& shard) {
+  auto admin = proto::AdminService::NewStub(
+      grpc::CreateChannel(shard.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::StatusResponse status;
+  const grpc::Status answered = admin->GetStatus(&context, {}, &status);
+  INFO(answered.error_message());
+  REQUIRE(answered.ok());
+  return status.param_bytes();
+}
+
+TEST_CASE("a sparse BSP round's sums are given back when the round completes") {
+  auto servers = testing::StartCluster(1, 2, {"--sync=bsp", "--optimizer=sgd", "--lr=1"});
+  REQUIRE(servers.ok());
+  auto client = Client::Create(OptionsFor(*servers));
+  REQUIRE(client.ok());
+  REQUIRE((*client)->RegisterSparseTable("rounds", ExactTable()).ok());
+  uint32_t part = 0;
+  HashPartitioner partitioner(1);
+  while (partitioner.ShardFor("rounds", part) != 0) ++part;
+  testing::RawGrpcShard shard(testing::Addresses(*servers)[0]);
+  std::vector<int64_t> ids(40000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 1000 + static_cast<int64_t>(i);
+  const std::vector<float> grads(ids.size() * kDim, 1.0f);
+  // Round 0 makes the rows; every later round only updates them, so the
+  // table itself holds the same bytes from here on.
+  REQUIRE(shard.Push({RowsChunk("rounds", part, 0, ids, grads)}).ok());
+  REQUIRE((*client)->PushRows("rounds", ids, grads).ok());
+  const uint64_t rows_only = ParamBytes(*(*servers)[0]);
+  // Rank 1 runs a round ahead: the round's sums are held until rank 0 comes.
+  REQUIRE(shard.Push({RowsChunk("rounds", part, 1, ids, grads)}).ok());
+  const uint64_t with_sums = ParamBytes(*(*servers)[0]);
+  CHECK(with_sums - rows_only >= ids.size() * kDim * sizeof(float));
+  // Rank 0's push completes round 1: its sums are applied and given back.
+  REQUIRE((*client)->PushRows("rounds", ids, grads).ok());
+  CHECK(ParamBytes(*(*servers)[0]) == rows_only);
+  std::vector<float> row(kDim);
+  REQUIRE((*client)->PullRows("rounds", std::vector<int64_t>{1000}, absl::MakeSpan(row)).ok());
+  CHECK(row[0] == -2.0f);  // two rounds of lr 1 x the mean gradient 1
+}
+
 }  // namespace
 }  // namespace harrier
 
