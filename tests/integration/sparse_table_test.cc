@@ -495,6 +495,38 @@ proto::TensorChunk RowsChunk(const std::string& key, uint32_t chunk, int64_t clo
   return c;
 }
 
+// The part number a one-shard cluster's shard holds of `table`: the first
+// that the partitioner places there.
+uint32_t PartOnOneShard(const std::string& table) {
+  uint32_t part = 0;
+  HashPartitioner partitioner(1);
+  while (partitioner.ShardFor(table, part) != 0) ++part;
+  return part;
+}
+
+// One shard and two ranks: a Client as rank 0 with the sparse table
+// `table` registered, and raw gRPC calls as rank 1 (RowsChunk) to the
+// shard's part of it.
+struct OneShardTable {
+  OneShardTable(const std::string& table, const std::vector<std::string>& flags) {
+    auto started = testing::StartCluster(1, 2, flags);
+    REQUIRE(started.ok());
+    servers = std::move(*started);
+    auto created = Client::Create(OptionsFor(servers));
+    REQUIRE(created.ok());
+    client = std::move(*created);
+    REQUIRE(client->RegisterSparseTable(table, ExactTable()).ok());
+    part = PartOnOneShard(table);
+    shard = std::make_unique<testing::RawGrpcShard>(testing::Addresses(servers)[0]);
+  }
+
+  // Declared so that the calls go before the shard processes.
+  std::vector<std::unique_ptr<testing::ServerProcess>> servers;
+  std::unique_ptr<Client> client;
+  uint32_t part = 0;
+  std::unique_ptr<testing::RawGrpcShard> shard;
+};
+
 TEST_CASE("sparse hostile input: refused whole, nothing changes") {
   // Two workers: the client (rank 0) and raw calls as rank 1.
   auto servers = testing::StartCluster(2, 2, {"--sync=asp", "--optimizer=sgd", "--lr=1"});
@@ -587,28 +619,20 @@ namespace harrier {
 namespace {
 
 TEST_CASE("sparse pushes are applied exactly once when retried") {
-  auto servers = testing::StartCluster(1, 2, {"--sync=asp", "--optimizer=sgd", "--lr=1"});
-  REQUIRE(servers.ok());
-  auto client = Client::Create(OptionsFor(*servers));
-  REQUIRE(client.ok());
-  REQUIRE((*client)->RegisterSparseTable("once", ExactTable()).ok());
-  uint32_t part = 0;
-  HashPartitioner partitioner(1);
-  while (partitioner.ShardFor("once", part) != 0) ++part;
-  testing::RawGrpcShard shard(testing::Addresses(*servers)[0]);
+  OneShardTable t("once", {"--sync=asp", "--optimizer=sgd", "--lr=1"});
   const std::vector<int64_t> ids = {5, 6};
   const std::vector<float> grads(ids.size() * kDim, 1.0f);
   // Rank 1's push for clock 0, sent three times (a retry after a lost
   // reply): applied once, scaled 1/2 (two workers, ASP).
   for (int attempt = 0; attempt < 3; ++attempt) {
-    CHECK(shard.Push({RowsChunk("once", part, 0, ids, grads)}).ok());
+    CHECK(t.shard->Push({RowsChunk("once", t.part, 0, ids, grads)}).ok());
   }
   std::vector<float> rows(ids.size() * kDim);
-  REQUIRE((*client)->PullRows("once", ids, absl::MakeSpan(rows)).ok());
+  REQUIRE(t.client->PullRows("once", ids, absl::MakeSpan(rows)).ok());
   for (float v : rows) CHECK(v == -0.5f);
   // Its next clock is applied as new.
-  CHECK(shard.Push({RowsChunk("once", part, 1, ids, grads)}).ok());
-  REQUIRE((*client)->PullRows("once", ids, absl::MakeSpan(rows)).ok());
+  CHECK(t.shard->Push({RowsChunk("once", t.part, 1, ids, grads)}).ok());
+  REQUIRE(t.client->PullRows("once", ids, absl::MakeSpan(rows)).ok());
   for (float v : rows) CHECK(v == -1.0f);
 }
 
@@ -619,16 +643,8 @@ namespace harrier {
 namespace {
 
 TEST_CASE("sparse BSP round sums count against --max_param_bytes") {
-  auto servers = testing::StartCluster(
-      1, 2, {"--sync=bsp", "--optimizer=sgd", "--lr=1", "--max_param_bytes=2000000"});
-  REQUIRE(servers.ok());
-  auto client = Client::Create(OptionsFor(*servers));
-  REQUIRE(client.ok());
-  REQUIRE((*client)->RegisterSparseTable("rounds", ExactTable()).ok());
-  uint32_t part = 0;
-  HashPartitioner partitioner(1);
-  while (partitioner.ShardFor("rounds", part) != 0) ++part;
-  testing::RawGrpcShard shard(testing::Addresses(*servers)[0]);
+  OneShardTable t("rounds",
+                  {"--sync=bsp", "--optimizer=sgd", "--lr=1", "--max_param_bytes=2000000"});
   // Rank 1 runs ahead of rank 0 with 40000 distinct rows a round: each
   // round's sums hold 40000 x (16 + 17) bytes until rank 0 pushes it.
   auto rows_from = [](int64_t first) {
@@ -638,17 +654,18 @@ TEST_CASE("sparse BSP round sums count against --max_param_bytes") {
   };
   const std::vector<float> grads(40000 * kDim, 1.0f);
   const std::vector<float> one_row(kDim, 1.0f);
-  CHECK(shard.Push({RowsChunk("rounds", part, 0, {7}, one_row)}).ok());
-  CHECK(shard.Push({RowsChunk("rounds", part, 1, rows_from(1000), grads)}).ok());
-  const grpc::Status third = shard.Push({RowsChunk("rounds", part, 2, rows_from(1000000), grads)});
+  CHECK(t.shard->Push({RowsChunk("rounds", t.part, 0, {7}, one_row)}).ok());
+  CHECK(t.shard->Push({RowsChunk("rounds", t.part, 1, rows_from(1000), grads)}).ok());
+  const grpc::Status third =
+      t.shard->Push({RowsChunk("rounds", t.part, 2, rows_from(1000000), grads)});
   CHECK(third.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(third.error_message().find("--max_param_bytes") != std::string::npos);
   // Refused whole: rank 1's clock 2 is still to come, and round 0 completes
   // with rank 0's push as before.
   std::vector<float> row(kDim);
-  REQUIRE((*client)->PushRows("rounds", std::vector<int64_t>{7}, std::vector<float>(kDim, 2.0f))
-              .ok());
-  REQUIRE((*client)->PullRows("rounds", std::vector<int64_t>{7}, absl::MakeSpan(row)).ok());
+  REQUIRE(
+      t.client->PushRows("rounds", std::vector<int64_t>{7}, std::vector<float>(kDim, 2.0f)).ok());
+  REQUIRE(t.client->PullRows("rounds", std::vector<int64_t>{7}, absl::MakeSpan(row)).ok());
   CHECK(row[0] == -1.5f);  // (2 + 1) / 2
 }
 
@@ -667,32 +684,24 @@ uint64_t ParamBytes(const testing::ServerProcess& shard) {
 }
 
 TEST_CASE("a sparse BSP round's sums are given back when the round completes") {
-  auto servers = testing::StartCluster(1, 2, {"--sync=bsp", "--optimizer=sgd", "--lr=1"});
-  REQUIRE(servers.ok());
-  auto client = Client::Create(OptionsFor(*servers));
-  REQUIRE(client.ok());
-  REQUIRE((*client)->RegisterSparseTable("rounds", ExactTable()).ok());
-  uint32_t part = 0;
-  HashPartitioner partitioner(1);
-  while (partitioner.ShardFor("rounds", part) != 0) ++part;
-  testing::RawGrpcShard shard(testing::Addresses(*servers)[0]);
+  OneShardTable t("rounds", {"--sync=bsp", "--optimizer=sgd", "--lr=1"});
   std::vector<int64_t> ids(40000);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = 1000 + static_cast<int64_t>(i);
   const std::vector<float> grads(ids.size() * kDim, 1.0f);
   // Round 0 makes the rows; every later round only updates them, so the
   // table itself holds the same bytes from here on.
-  REQUIRE(shard.Push({RowsChunk("rounds", part, 0, ids, grads)}).ok());
-  REQUIRE((*client)->PushRows("rounds", ids, grads).ok());
-  const uint64_t rows_only = ParamBytes(*(*servers)[0]);
+  REQUIRE(t.shard->Push({RowsChunk("rounds", t.part, 0, ids, grads)}).ok());
+  REQUIRE(t.client->PushRows("rounds", ids, grads).ok());
+  const uint64_t rows_only = ParamBytes(*t.servers[0]);
   // Rank 1 runs a round ahead: the round's sums are held until rank 0 comes.
-  REQUIRE(shard.Push({RowsChunk("rounds", part, 1, ids, grads)}).ok());
-  const uint64_t with_sums = ParamBytes(*(*servers)[0]);
+  REQUIRE(t.shard->Push({RowsChunk("rounds", t.part, 1, ids, grads)}).ok());
+  const uint64_t with_sums = ParamBytes(*t.servers[0]);
   CHECK(with_sums - rows_only >= ids.size() * kDim * sizeof(float));
   // Rank 0's push completes round 1: its sums are applied and given back.
-  REQUIRE((*client)->PushRows("rounds", ids, grads).ok());
-  CHECK(ParamBytes(*(*servers)[0]) == rows_only);
+  REQUIRE(t.client->PushRows("rounds", ids, grads).ok());
+  CHECK(ParamBytes(*t.servers[0]) == rows_only);
   std::vector<float> row(kDim);
-  REQUIRE((*client)->PullRows("rounds", std::vector<int64_t>{1000}, absl::MakeSpan(row)).ok());
+  REQUIRE(t.client->PullRows("rounds", std::vector<int64_t>{1000}, absl::MakeSpan(row)).ok());
   CHECK(row[0] == -2.0f);  // two rounds of lr 1 x the mean gradient 1
 }
 
