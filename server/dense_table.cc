@@ -46,13 +46,27 @@ bool IsDense(const std::string& codec_params) {
   return codec_params.empty() || codec_params == "none";
 }
 
-const char* OutOfRange(const float* gradient, size_t n) {
-  return AllWithin(gradient, n) ? ": gradient element of magnitude 2^40 (about 1.1e12) or more"
-                                : ": gradient contains NaN or Inf";
+// What a refused gradient held: NaN or Inf, or only elements past the
+// limit. `gradient` names the values (contiguous or split; the step is
+// ignored).
+const char* OutOfRange(FusedArgs gradient) {
+  gradient.step = FusedStep::kCheck;
+  gradient.base = nullptr;
+  gradient.out = nullptr;
+  gradient.limit_bits = 0x7f800000u;  // Inf and NaN only
+  return FusedApply(gradient).within ? ": gradient element of magnitude 2^40 (about 1.1e12) or more"
+                                     : ": gradient contains NaN or Inf";
 }
 
-// The refusal a dense payload's fused pass found, if any.
-absl::Status DensePayloadStatus(const proto::TensorChunk& chunk, const float* gradient, size_t n,
+FusedArgs ContiguousGradient(const float* gradient, size_t n) {
+  FusedArgs args;
+  args.gradient = gradient;
+  args.n = n;
+  return args;
+}
+
+// The refusal a dense payload's fused pass over `gradient` found, if any.
+absl::Status DensePayloadStatus(const proto::TensorChunk& chunk, const FusedArgs& gradient,
                                 const FusedResult& result) {
   if (result.crc != chunk.checksum()) {
     return absl::InvalidArgumentError(
@@ -60,7 +74,7 @@ absl::Status DensePayloadStatus(const proto::TensorChunk& chunk, const float* gr
   }
   if (!result.within) {
     return absl::InvalidArgumentError(
-        absl::StrCat(WhereOf(chunk.key(), chunk.chunk()), OutOfRange(gradient, n)));
+        absl::StrCat(WhereOf(chunk.key(), chunk.chunk()), OutOfRange(gradient)));
   }
   return absl::OkStatus();
 }
@@ -68,14 +82,13 @@ absl::Status DensePayloadStatus(const proto::TensorChunk& chunk, const float* gr
 // A call refused for its clock or rank is refused for a bad payload first
 // (what it was told before the check moved into the fused pass): an extra
 // pass, on a call refused anyway.
-absl::Status BadPayloadFirst(const proto::TensorChunk& chunk, const float* gradient, size_t n,
+absl::Status BadPayloadFirst(const proto::TensorChunk& chunk, const FusedArgs& gradient,
                              bool deferred_check, absl::Status refusal) {
   if (!deferred_check) return refusal;
-  FusedArgs args;
-  args.gradient = gradient;
-  args.n = n;
-  args.limit_bits = kGradientLimitBits;
-  absl::Status bad = DensePayloadStatus(chunk, gradient, n, FusedApply(args));
+  FusedArgs check = gradient;
+  check.step = FusedStep::kCheck;
+  check.limit_bits = kGradientLimitBits;
+  absl::Status bad = DensePayloadStatus(chunk, gradient, FusedApply(check));
   return bad.ok() ? refusal : bad;
 }
 
@@ -85,24 +98,39 @@ absl::Status BadPayloadFirst(const proto::TensorChunk& chunk, const float* gradi
 // the store holds) rechecked, staged into shadows, and committed or put back.
 class DenseTable::ChunkPush : public StagedPush {
  public:
-  ChunkPush(DenseTable* table, const proto::TensorChunk& header, absl::string_view payload)
-      : table_(table), header_(header), payload_(payload) {}
+  ChunkPush(DenseTable* table, const proto::TensorChunk& header, absl::string_view payload,
+            size_t payload_bytes)
+      : table_(table), header_(header), payload_(payload), payload_bytes_(payload_bytes) {}
 
   absl::Mutex& mutex() override { return slot_->mutex; }
   absl::StatusOr<bool> Recheck() override;
   absl::Status Stage() override;
   void Unstage() override;
   void Commit(PullWakeups& wakeups) override;
-  size_t payload_bytes() const override { return payload_.size(); }
+  size_t payload_bytes() const override { return payload_bytes_; }
 
  private:
   friend class DenseTable;
 
   DenseTable* const table_;
   const proto::TensorChunk& header_;
-  const absl::string_view payload_;
+  // The gradient as the fused pass reads it (contiguous or split); the
+  // step and its operands are the caller's.
+  FusedArgs Gradient() const {
+    FusedArgs args;
+    args.gradient = gradient_;
+    args.gradient_pieces = dense_pieces_;
+    args.n = slot_->num_elements;
+    return args;
+  }
+
+  const absl::string_view payload_;  // contiguous; empty when split
+  const size_t payload_bytes_;
   std::shared_ptr<Slot> slot_;                      // kept alive across a new run
   const float* gradient_ = nullptr;                 // into the payload or `decoded_`
+  // A split dense payload, read in place by the fused pass (`gradient_`
+  // stays null).
+  absl::Span<const absl::string_view> dense_pieces_;
   std::vector<float> decoded_;                      // compressed pushes, decoded
   std::shared_ptr<const CodecCache::Entry> codec_;  // compressed pushes
   // Dense: CRC and limit not checked yet; done in the pass that also
@@ -241,12 +269,37 @@ absl::StatusOr<bool> DenseTable::Init(const proto::InitRequest& request) {
 
 absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::Validate(const proto::TensorChunk& chunk,
                                                                  absl::string_view payload) {
+  return ValidatePush(chunk, payload, {});
+}
+
+bool DenseTable::ReadsSplitPayload(const proto::TensorChunk& header) const {
+  // A plain SGD step and a round's sum are fused passes, which read split
+  // payloads; other optimizers step from a contiguous gradient.
+  float lr, weight_decay;
+  return header.codec() == static_cast<uint32_t>(CodecId::kNone) &&
+         IsDense(header.codec_params()) && env_.optimizer->PlainSgd(&lr, &weight_decay);
+}
+
+absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::ValidateSplit(
+    const proto::TensorChunk& header, absl::Span<const absl::string_view> pieces) {
+  if (!ReadsSplitPayload(header)) {
+    return absl::InternalError(
+        absl::StrCat(Where(header.chunk()), ": a split payload this table does not read split"));
+  }
+  return ValidatePush(header, absl::string_view(), pieces);
+}
+
+absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::ValidatePush(
+    const proto::TensorChunk& chunk, absl::string_view payload,
+    absl::Span<const absl::string_view> pieces) {
   // Named only in refusals: a push that is accepted builds no string.
   const auto where = [this, &chunk] { return Where(chunk.chunk()); };
   if (chunk.dtype() != proto::DTYPE_FLOAT32) {
     return absl::InvalidArgumentError(absl::StrCat(where(), ": unsupported dtype ", chunk.dtype()));
   }
-  auto push = std::make_unique<ChunkPush>(this, chunk, payload);
+  size_t payload_bytes = payload.size();
+  for (absl::string_view piece : pieces) payload_bytes += piece.size();
+  auto push = std::make_unique<ChunkPush>(this, chunk, payload, payload_bytes);
   push->slot_ = FindSlot(chunk.chunk());
   Slot* slot = push->slot_.get();
   if (slot == nullptr) {
@@ -265,15 +318,21 @@ absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::Validate(const proto::Te
     return absl::InvalidArgumentError(absl::StrCat(
         where(), ": dense payload (codec id 0) with codec '", chunk.codec_params(), "'"));
   }
-  if (dense && payload.size() != n * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(where(), ": payload of ", payload.size(),
+  if (dense && payload_bytes != n * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": payload of ", payload_bytes,
                                                    " bytes, expected ", n * sizeof(float)));
   }
   if (dense) {
     // CRC and limit are checked under the call's locks, in the one pass
     // over the payload that also computes the step (Stage).
-    push->gradient_ = reinterpret_cast<const float*>(payload.data());
+    if (pieces.empty()) {
+      push->gradient_ = reinterpret_cast<const float*>(payload.data());
+    } else {
+      push->dense_pieces_ = pieces;
+    }
     push->deferred_check_ = true;
+  } else if (!pieces.empty()) {
+    return absl::InternalError(absl::StrCat(where(), ": a compressed payload given split"));
   } else {
     if (Crc32c(payload.data(), payload.size()) != chunk.checksum()) {
       return absl::InvalidArgumentError(absl::StrCat(where(), ": payload checksum mismatch"));
@@ -295,11 +354,12 @@ absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::Validate(const proto::Te
     push->gradient_ = push->decoded_.data();
     push->codec_ = std::move(*codec);
     if (!AllWithin(push->gradient_, n, kGradientLimitBits)) {
-      return absl::InvalidArgumentError(absl::StrCat(where(), OutOfRange(push->gradient_, n)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(), OutOfRange(ContiguousGradient(push->gradient_, n))));
     }
   }
   if (env_.membership->departed(chunk.rank())) {
-    return BadPayloadFirst(chunk, push->gradient_, n, push->deferred_check_,
+    return BadPayloadFirst(chunk, push->Gradient(), push->deferred_check_,
                            absl::FailedPreconditionError(absl::StrCat(
                                where(), ": rank ", chunk.rank(), " has left the job")));
   }
@@ -315,7 +375,7 @@ absl::StatusOr<std::unique_ptr<StagedPush>> DenseTable::Validate(const proto::Te
     }
   }
   if (!refusal.ok()) {
-    return BadPayloadFirst(chunk, push->gradient_, n, push->deferred_check_, std::move(refusal));
+    return BadPayloadFirst(chunk, push->Gradient(), push->deferred_check_, std::move(refusal));
   }
   return std::unique_ptr<StagedPush>(std::move(push));
 }
@@ -353,10 +413,8 @@ absl::Status DenseTable::ChunkPush::Stage() {
   Slot& slot = *slot_;
   slot.mutex.AssertHeld();
   const size_t n = slot.num_elements;
-  FusedArgs args;
+  FusedArgs args = Gradient();
   args.step = FusedStep::kCheck;
-  args.gradient = gradient_;
-  args.n = n;
   args.limit_bits = kGradientLimitBits;
   if (!duplicate_) {
     // The decision on a copy of the book: the real one moves on only when
@@ -390,7 +448,7 @@ absl::Status DenseTable::ChunkPush::Stage() {
     }
   }
   if (!deferred_check_) return absl::OkStatus();
-  return DensePayloadStatus(header_, gradient_, n, table_->RunFused(args));
+  return DensePayloadStatus(header_, Gradient(), table_->RunFused(args));
 }
 
 void DenseTable::ChunkPush::Unstage() {

@@ -38,6 +38,11 @@ class DenseTable : public Table {
   absl::StatusOr<bool> Init(const proto::InitRequest& request) override;
   absl::StatusOr<std::unique_ptr<StagedPush>> Validate(const proto::TensorChunk& header,
                                                        absl::string_view payload) override;
+  // Dense payloads for a plain SGD step or a round sum: the fused pass
+  // reads them split (server/fused_apply.h).
+  bool ReadsSplitPayload(const proto::TensorChunk& header) const override;
+  absl::StatusOr<std::unique_ptr<StagedPush>> ValidateSplit(
+      const proto::TensorChunk& header, absl::Span<const absl::string_view> pieces) override;
   absl::StatusOr<PullOutcome> TryPull(const PullQuery& query, proto::TensorChunk* out,
                                       const PullTarget& target) override;
   bool Park(const PullQuery& query, std::shared_ptr<PullWaiter> waiter) override;
@@ -115,6 +120,11 @@ class DenseTable : public Table {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   static void TakeAnswerableWaitersLocked(Slot& slot, PullWakeups& wakeups)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
+  // Validate and ValidateSplit: the payload is `payload`, or `pieces` when
+  // those are not empty.
+  absl::StatusOr<std::unique_ptr<StagedPush>> ValidatePush(
+      const proto::TensorChunk& chunk, absl::string_view payload,
+      absl::Span<const absl::string_view> pieces);
   absl::Status CheckRoundCodecLocked(Slot& slot, const proto::TensorChunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mutex);
   // The buffer the next version is written into: the spare, or a new one.

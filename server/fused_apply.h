@@ -4,6 +4,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
 namespace harrier {
 
 class ParallelForPool;
@@ -26,6 +29,12 @@ enum class FusedStep {
 struct FusedArgs {
   FusedStep step = FusedStep::kCheck;
   const float* gradient = nullptr;
+  // When not empty, the payload as the transport received it, in place of
+  // `gradient`: its pieces in order, n * 4 bytes in all, a float possibly
+  // split over two of them. Each block is gathered into a buffer that stays
+  // in L1 and checked and stepped there, so a split payload is read from
+  // memory once, as a contiguous one is, and never copied whole.
+  absl::Span<const absl::string_view> gradient_pieces;
   size_t n = 0;
   const float* base = nullptr;
   float* out = nullptr;

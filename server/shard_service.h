@@ -178,6 +178,12 @@ class ShardService {
   // OK, or RESOURCE_EXHAUSTED once a call's payloads add up to more than
   // max_request_bytes; asked the same way, as payloads arrive.
   absl::Status CheckRequestBytes(uint64_t bytes) const;
+  // Whether a push chunk's payload may be handed on split over the pieces
+  // it arrived in (ShardStore::ReadsSplitPayload); transports ask before
+  // they would copy the pieces together.
+  bool ReadsSplitPayload(const proto::TensorChunk& header) const {
+    return store_->ReadsSplitPayload(header);
+  }
   // Where transports reserve each payload they buffer before the call is
   // validated, per connection and in all, and release it when the call's
   // buffers are freed.

@@ -1,7 +1,9 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "server/sparse_table.h"
@@ -33,6 +35,20 @@ class PartLocks {
  private:
   const std::vector<absl::Mutex*> mutexes_;
 };
+
+// Copies `pieces` into `buffer` (float-aligned) and views the copy.
+absl::string_view Join(absl::Span<const absl::string_view> pieces,
+                       std::unique_ptr<float[]>* buffer) {
+  size_t bytes = 0;
+  for (absl::string_view piece : pieces) bytes += piece.size();
+  buffer->reset(new float[(bytes + sizeof(float) - 1) / sizeof(float)]);
+  char* dest = reinterpret_cast<char*>(buffer->get());
+  for (absl::string_view piece : pieces) {
+    std::memcpy(dest, piece.data(), piece.size());
+    dest += piece.size();
+  }
+  return absl::string_view(reinterpret_cast<const char*>(buffer->get()), bytes);
+}
 
 }  // namespace
 
@@ -123,6 +139,11 @@ absl::StatusOr<bool> ShardStore::Init(const proto::InitRequest& request) {
   return init;
 }
 
+bool ShardStore::ReadsSplitPayload(const proto::TensorChunk& header) const {
+  const std::shared_ptr<Table> table = FindTable(header.key());
+  return table != nullptr && table->ReadsSplitPayload(header);
+}
+
 absl::Status ShardStore::Push(const std::vector<proto::TensorChunk>& chunks, PushResult* result) {
   std::vector<PushChunkView> views(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) views[i] = {&chunks[i], chunks[i].payload()};
@@ -137,6 +158,7 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views, PushResul
     return status;
   };
   // Every part validated by its table before anything changes.
+  std::vector<std::unique_ptr<float[]>> joined;  // split payloads copied together
   std::vector<std::unique_ptr<StagedPush>> parts(views.size());
   for (size_t i = 0; i < views.size(); ++i) {
     const proto::TensorChunk& chunk = *views[i].header;
@@ -158,7 +180,17 @@ absl::Status ShardStore::Push(const std::vector<PushChunkView>& views, PushResul
       return refuse(absl::NotFoundError(absl::StrCat(
           Where(chunk.key(), chunk.chunk()), " is not registered on shard ", options_.shard)));
     }
-    auto part = table->Validate(chunk, views[i].payload);
+    absl::StatusOr<std::unique_ptr<StagedPush>> part;
+    if (views[i].pieces.empty()) {
+      part = table->Validate(chunk, views[i].payload);
+    } else if (table->ReadsSplitPayload(chunk)) {
+      part = table->ValidateSplit(chunk, views[i].pieces);
+    } else {
+      // The transport asked before the key's table was replaced by one
+      // that reads contiguous payloads only (a new run): joined here, for
+      // this call.
+      part = table->Validate(chunk, Join(views[i].pieces, &joined.emplace_back()));
+    }
     if (!part.ok()) return refuse(part.status());
     parts[i] = std::move(*part);
   }

@@ -22,16 +22,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "common/parallel_for.h"
 #include "common/partitioner.h"
 #include "proto/harrier.pb.h"
-#include "server/sparse_rows.h"
 #include "server/checkpoint.h"
 #include "server/codec_cache.h"
 #include "server/consistency.h"
 #include "server/dense_table.h"
 #include "server/membership.h"
 #include "server/optimizer.h"
+#include "server/sparse_rows.h"
 #include "server/table.h"
 
 namespace harrier {
@@ -56,12 +57,21 @@ class ShardStore {
   absl::StatusOr<bool> Init(const proto::InitRequest& request);
 
   // One pushed part: `header`'s payload field is ignored and `payload` is
-  // used instead. Both are borrowed for the call only. `payload.data()`
-  // must be aligned for float (dense payloads are read in place).
+  // used instead, or `pieces` (in order; a value may straddle two) when
+  // they are not empty, which transports give only where
+  // ReadsSplitPayload said yes. All are borrowed for the call only.
+  // `payload.data()` must be aligned for float (dense payloads are read in
+  // place).
   struct PushChunkView {
     const proto::TensorChunk* header = nullptr;
     absl::string_view payload;
+    absl::Span<const absl::string_view> pieces;
   };
+  // Whether the table `header` pushes to reads a payload split over the
+  // pieces it arrived in (Table::ReadsSplitPayload): a transport that
+  // would otherwise copy the pieces together passes them on. False for an
+  // unknown key.
+  bool ReadsSplitPayload(const proto::TensorChunk& header) const;
   // One worker's gradients for one clock, any number of parts of any
   // tables. Every part is validated by its table first; then, with every
   // part's lock held, each is re-checked and staged (StagedPush). If any is

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "proto/harrier.pb.h"
 #include "server/checkpoint.h"
 #include "server/codec_cache.h"
@@ -293,6 +294,17 @@ class Table {
   // `header` and `payload` stay valid until the returned part is gone.
   virtual absl::StatusOr<std::unique_ptr<StagedPush>> Validate(const proto::TensorChunk& header,
                                                                absl::string_view payload) = 0;
+  // Whether Validate's payload may be given as the pieces a transport
+  // received it in (ValidateSplit), so that it is never copied whole.
+  // Transports ask before they would copy a split payload.
+  virtual bool ReadsSplitPayload(const proto::TensorChunk& header) const { return false; }
+  // Validate for a payload in `pieces` (in order; a value may straddle two).
+  // Called only where ReadsSplitPayload said yes; the pieces stay valid as
+  // `payload` does for Validate.
+  virtual absl::StatusOr<std::unique_ptr<StagedPush>> ValidateSplit(
+      const proto::TensorChunk& header, absl::Span<const absl::string_view> pieces) {
+    return absl::UnimplementedError("this table reads contiguous payloads only");
+  }
   // Answers the pull into `out` and `target` if the consistency model lets
   // it through now; otherwise says what it waits for. Errors stay errors
   // (closed, a new run, a failed job, a bad request).

@@ -79,10 +79,12 @@ class DataCall : public AsyncServerCall<Stream> {
   std::string peer_;
 };
 
-// One received push chunk. `message` owns the bytes `payload` points into,
-// or `aligned` does when the payload had to be made contiguous (the message
-// is then let go: the header is decoded, nothing else refers to it).
-// `slices` are views of the message's slices, each a reference of its own.
+// One received push chunk. `message` owns the bytes `payload` or `pieces`
+// point into, or `aligned` does when the payload had to be made contiguous
+// (the message is then let go: the header is decoded, nothing else refers
+// to it). `slices` are views of the message's slices, each a reference of
+// its own. `pieces` is the payload split as it arrived, for a table that
+// reads it so (`payload` is then empty).
 //
 // The message, not the slices, holds the last reference: gRPC gives the
 // memory back to its resource quota when the last one goes, and under a
@@ -95,14 +97,17 @@ struct ReceivedChunk {
   std::vector<grpc::Slice> slices;
   proto::TensorChunk header;
   absl::string_view payload;
+  std::vector<absl::string_view> pieces;
   std::unique_ptr<float[]> aligned;
 };
 
-// Reads the push chunks of a call as they arrive, without copying payloads
-// except those that arrived split over several slices or misaligned for
-// float: the store reads dense payloads in place as float gradients, so
-// those are copied once into an aligned buffer (the one copy a typed server
-// makes of every payload). `Base` is a DataCall of a stream that reads.
+// Reads the push chunks of a call as they arrive, without copying payloads.
+// A payload split over several slices (the HTTP/2 frames it came in) or
+// misaligned for float goes on as its pieces where the table reads it so
+// (dense gradients for a plain SGD step or a round sum: the fused pass
+// gathers each block into L1); others are copied once into an aligned
+// buffer (the one copy a typed server makes of such a payload). `Base` is a
+// DataCall of a stream that reads.
 template <class Base>
 class PushReader : public Base {
  public:
@@ -122,7 +127,9 @@ class PushReader : public Base {
 
   std::vector<ShardStore::PushChunkView> Views() const {
     std::vector<ShardStore::PushChunkView> views(chunks_.size());
-    for (size_t i = 0; i < chunks_.size(); ++i) views[i] = {&chunks_[i].header, chunks_[i].payload};
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      views[i] = {&chunks_[i].header, chunks_[i].payload, chunks_[i].pieces};
+    }
     return views;
   }
   size_t chunk_count() const { return chunks_.size(); }
@@ -175,6 +182,12 @@ class PushReader : public Base {
     const absl::string_view first = payload.first();
     if (payload.contiguous() && reinterpret_cast<uintptr_t>(first.data()) % alignof(float) == 0) {
       chunk.payload = first;
+      return absl::OkStatus();
+    }
+    // Read in place, split: the message stays, as it would for a
+    // contiguous payload, and the budget charged it.
+    if (this->service_->ReadsSplitPayload(chunk.header)) {
+      chunk.pieces = payload.pieces();
       return absl::OkStatus();
     }
     // Copied into aligned memory, then the message is let go: the call

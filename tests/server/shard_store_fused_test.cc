@@ -91,6 +91,61 @@ TEST_CASE("fused store: pushes applied bit-identically for 1, 2, 3 threads and t
   SetFusedScalarForTesting(false);
 }
 
+// `chunk`'s payload cut as a gRPC message arrives: frame-sized pieces, the
+// first cut two bytes into a float, so most floats straddle a cut.
+std::vector<absl::string_view> FramePieces(const proto::TensorChunk& chunk) {
+  const absl::string_view payload = chunk.payload();
+  std::vector<absl::string_view> pieces = {payload.substr(0, std::min<size_t>(2, payload.size()))};
+  for (size_t at = pieces[0].size(); at < payload.size(); at += 16375) {
+    pieces.push_back(payload.substr(at, 16375));
+  }
+  return pieces;
+}
+
+TEST_CASE("fused store: a payload split over pieces applies as the contiguous one") {
+  for (const std::string kind : {"sgd", "momentum"}) {
+    for (const std::string sync : {"asp", "bsp"}) {
+      for (int threads : {1, 3}) {
+        CAPTURE(kind, sync, threads);
+        const int workers = sync == "bsp" ? 2 : 1;
+        auto contiguous = MakeStore(sync, workers, threads, kind);
+        auto split = MakeStore(sync, workers, threads, kind);
+        for (ShardStore* store : {contiguous.get(), split.get()}) {
+          REQUIRE(store->Init(Init("w", kLarge)).ok());
+        }
+        const proto::TensorChunk probe = Gradient("w", 0, 0, {});
+        // Plain SGD reads it split; momentum steps from contiguous memory.
+        CHECK(split->ReadsSplitPayload(probe) == (kind == "sgd"));
+        CHECK_FALSE(split->ReadsSplitPayload(Gradient("unknown", 0, 0, {})));
+        for (int64_t clock = 0; clock < 2; ++clock) {
+          for (uint32_t rank = 0; rank < static_cast<uint32_t>(workers); ++rank) {
+            const proto::TensorChunk chunk = Gradient(
+                "w", rank, clock, Random(kLarge, static_cast<uint32_t>(7 + clock * 2 + rank)));
+            REQUIRE(contiguous->Push({chunk}).ok());
+            const std::vector<absl::string_view> pieces = FramePieces(chunk);
+            ShardStore::PushChunkView view;
+            view.header = &chunk;
+            view.pieces = pieces;
+            // A byte flipped in the last piece: refused, nothing changes.
+            proto::TensorChunk flipped = chunk;
+            std::vector<absl::string_view> flipped_pieces = FramePieces(flipped);
+            const_cast<char*>(flipped_pieces.back().data())[flipped_pieces.back().size() - 1] ^= 1;
+            ShardStore::PushChunkView bad;
+            bad.header = &flipped;
+            bad.pieces = flipped_pieces;
+            const std::vector<float> before = *split->Snapshot("w", 0);
+            REQUIRE(
+                absl::IsInvalidArgument(split->Push(std::vector<ShardStore::PushChunkView>{bad})));
+            REQUIRE(SameBits(*split->Snapshot("w", 0), before));
+            REQUIRE(split->Push(std::vector<ShardStore::PushChunkView>{view}).ok());
+          }
+          REQUIRE(SameBits(*split->Snapshot("w", 0), *contiguous->Snapshot("w", 0)));
+        }
+      }
+    }
+  }
+}
+
 // What a refused call must leave exactly as it was.
 struct Before {
   std::vector<float> values;
