@@ -118,6 +118,19 @@ class PieceReader {
     offset_ = skip;
   }
 
+  // The next `bytes` bytes where they lie, when the current piece holds
+  // them all, and moves past them; null otherwise (nothing moves).
+  const float* InPlace(size_t bytes) {
+    if (piece_ == pieces_.size() || pieces_[piece_].size() - offset_ < bytes) return nullptr;
+    const char* at = pieces_[piece_].data() + offset_;
+    offset_ += bytes;
+    if (offset_ == pieces_[piece_].size()) {
+      ++piece_;
+      offset_ = 0;
+    }
+    return reinterpret_cast<const float*>(at);
+  }
+
   // Copies the next `bytes` bytes to `dest`; false when the pieces end
   // first.
   bool Read(void* dest, size_t bytes) {
@@ -144,10 +157,12 @@ class PieceReader {
   size_t offset_ = 0;
 };
 
-// RunRange for a split payload: each block gathered into `staged` (which
-// one block fills exactly, so the CRC takes it as one 3-chain stripe), then
-// CRC'd, checked and stepped from there. The gather reads the payload once;
-// the step reads the block back from L1.
+// RunRange for a split payload. A block that lies within one piece is
+// read where it is, as RunRange reads a contiguous payload; one that
+// crosses pieces (over gRPC about one block in three: its read slices are
+// 64 KiB, a block 24 KiB) is gathered into `staged` (which one block fills
+// exactly, so the CRC takes it as one 3-chain stripe) and CRC'd, checked and
+// stepped from there. Either way the payload is read from memory once.
 FusedResult RunPiecesRange(const FusedArgs& a, size_t begin, size_t end) {
   const BlockFn block = PickBlock(a.step);
   std::unique_ptr<float[]> staged(new float[kBlockFloats]);
@@ -155,12 +170,16 @@ FusedResult RunPiecesRange(const FusedArgs& a, size_t begin, size_t end) {
   uint32_t crc = 0, bad = 0;
   for (size_t b = begin; b < end; b += kBlockFloats) {
     const size_t len = std::min(end, b + kBlockFloats) - b;
-    // Pieces shorter than n * 4 bytes: the caller checked the size, so
-    // this is a broken caller; refused rather than read past the end.
-    if (!reader.Read(staged.get(), len * sizeof(float))) return {crc, false};
-    crc = Crc32cExtend(crc, staged.get(), len * sizeof(float));
+    const float* gradient = reader.InPlace(len * sizeof(float));
+    if (gradient == nullptr) {
+      // Pieces shorter than n * 4 bytes: the caller checked the size, so
+      // this is a broken caller; refused rather than read past the end.
+      if (!reader.Read(staged.get(), len * sizeof(float))) return {crc, false};
+      gradient = staged.get();
+    }
+    crc = Crc32cExtend(crc, gradient, len * sizeof(float));
     FusedArgs block_args = a;
-    block_args.gradient = staged.get();
+    block_args.gradient = gradient;
     block_args.base = a.base == nullptr ? nullptr : a.base + b;
     block_args.out = a.out == nullptr ? nullptr : a.out + b;
     bad |= block(block_args, 0, len);

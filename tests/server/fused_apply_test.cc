@@ -172,9 +172,10 @@ TEST_CASE("fused pass: a payload split over pieces gives the contiguous results 
   for (bool scalar : {false, true}) {
     SetFusedScalarForTesting(scalar);
     for (size_t n : {size_t{1}, size_t{4099}, size_t{(1u << 20) + 5}}) {
-      // Pieces about an HTTP/2 frame long, and pieces much shorter than a
-      // float's run of a block.
-      for (size_t max_piece : {size_t{16384 + 9}, size_t{37}}) {
+      // Pieces up to about a gRPC read slice (64 KiB: blocks within one
+      // piece are read in place, the others gathered), up to 16 KiB (nearly
+      // every block gathered) and tiny ones.
+      for (size_t max_piece : {size_t{65536 + 3}, size_t{16384 + 9}, size_t{37}}) {
         if (max_piece < 100 && n > 5000) continue;  // a million tiny pieces tell nothing new
         for (int threads : {1, 3}) {
           CAPTURE(scalar, n, max_piece, threads);
