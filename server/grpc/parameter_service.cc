@@ -102,10 +102,10 @@ struct ReceivedChunk {
 };
 
 // Reads the push chunks of a call as they arrive, without copying payloads.
-// A payload split over several slices (the HTTP/2 frames it came in) or
+// A payload split over several slices (the reads it came in) or
 // misaligned for float goes on as its pieces where the table reads it so
 // (dense gradients for a plain SGD step or a round sum: the fused pass
-// gathers each block into L1); others are copied once into an aligned
+// reads them in place); others are copied once into an aligned
 // buffer (the one copy a typed server makes of such a payload). `Base` is a
 // DataCall of a stream that reads.
 template <class Base>
