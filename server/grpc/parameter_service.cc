@@ -101,6 +101,10 @@ struct ReceivedChunk {
   std::unique_ptr<float[]> aligned;
 };
 
+// A split payload is read in place only while its slices average at least
+// this (PushReader::Take).
+constexpr size_t kMinSplitPieceBytes = 4096;
+
 // Reads the push chunks of a call as they arrive, without copying payloads.
 // A payload split over several slices (the reads it came in) or
 // misaligned for float goes on as its pieces where the table reads it so
@@ -185,8 +189,12 @@ class PushReader : public Base {
       return absl::OkStatus();
     }
     // Read in place, split: the message stays, as it would for a
-    // contiguous payload, and the budget charged it.
-    if (this->service_->ReadsSplitPayload(chunk.header)) {
+    // contiguous payload, and the budget charged it. Only while its slices
+    // average 4 KiB or more: a peer that trickles its bytes in can make
+    // every slice hold a few bytes of a larger buffer, and those are copied
+    // and let go now, not kept until the whole call is applied.
+    if (payload.pieces().size() <= payload.size() / kMinSplitPieceBytes + 1 &&
+        this->service_->ReadsSplitPayload(chunk.header)) {
       chunk.pieces = payload.pieces();
       return absl::OkStatus();
     }
