@@ -31,8 +31,9 @@ struct FusedArgs {
   const float* gradient = nullptr;
   // When not empty, the payload as the transport received it, in place of
   // `gradient`: its pieces in order, n * 4 bytes in all, a float possibly
-  // split over two of them. Each block is gathered into a buffer that stays
-  // in L1 and checked and stepped there, so a split payload is read from
+  // split over two of them. A block within one piece is read where it
+  // lies; one that crosses pieces is gathered into a buffer that stays in
+  // L1 and checked and stepped there. So a split payload is read from
   // memory once, as a contiguous one is, and never copied whole.
   absl::Span<const absl::string_view> gradient_pieces;
   size_t n = 0;
