@@ -32,10 +32,13 @@ uint32_t ScalarBlock(const FusedArgs& a, size_t begin, size_t end) {
   uint32_t bad = 0;
   const float lr = a.lr, scale = a.scale, wd = a.weight_decay;
   for (size_t i = begin; i < end; ++i) {
+    // Read through memcpy: a payload read where it arrived may put the
+    // gradient at any address (the vector kernel loads unaligned too).
     uint32_t bits;
     std::memcpy(&bits, a.gradient + i, sizeof(bits));
     bad |= static_cast<uint32_t>((bits & 0x7f800000u) >= a.limit_bits);
-    const float g = a.gradient[i];
+    float g;
+    std::memcpy(&g, &bits, sizeof(g));
     if constexpr (kStep == FusedStep::kCopy) a.out[i] = g;
     if constexpr (kStep == FusedStep::kAdd) a.out[i] = a.base[i] + g;
     if constexpr (kStep == FusedStep::kSgd) {
