@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace harrier {
 
@@ -37,6 +38,9 @@ class PayloadView {
   std::vector<absl::string_view> pieces_;
   size_t size_ = 0;
 };
+
+// Copies `pieces` end to end to `dest`, which holds their total size.
+void CopyPieces(absl::Span<const absl::string_view> pieces, void* dest);
 
 }  // namespace harrier
 

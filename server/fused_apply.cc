@@ -168,7 +168,7 @@ class PieceReader {
 // stepped from there. Either way the payload is read from memory once.
 FusedResult RunPiecesRange(const FusedArgs& a, size_t begin, size_t end) {
   const BlockFn block = PickBlock(a.step);
-  std::unique_ptr<float[]> staged(new float[kBlockFloats]);
+  std::unique_ptr<float[]> staged;  // allocated for the first block that crosses pieces
   PieceReader reader(a.gradient_pieces, begin * sizeof(float));
   uint32_t crc = 0, bad = 0;
   for (size_t b = begin; b < end; b += kBlockFloats) {
@@ -177,6 +177,7 @@ FusedResult RunPiecesRange(const FusedArgs& a, size_t begin, size_t end) {
     if (gradient == nullptr) {
       // Pieces shorter than n * 4 bytes: the caller checked the size, so
       // this is a broken caller; refused rather than read past the end.
+      if (staged == nullptr) staged.reset(new float[kBlockFloats]);
       if (!reader.Read(staged.get(), len * sizeof(float))) return {crc, false};
       gradient = staged.get();
     }

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/payload_view.h"
 #include "server/sparse_table.h"
 #include "spdlog/spdlog.h"
 
@@ -42,11 +43,7 @@ absl::string_view Join(absl::Span<const absl::string_view> pieces,
   size_t bytes = 0;
   for (absl::string_view piece : pieces) bytes += piece.size();
   buffer->reset(new float[(bytes + sizeof(float) - 1) / sizeof(float)]);
-  char* dest = reinterpret_cast<char*>(buffer->get());
-  for (absl::string_view piece : pieces) {
-    std::memcpy(dest, piece.data(), piece.size());
-    dest += piece.size();
-  }
+  CopyPieces(pieces, buffer->get());
   return absl::string_view(reinterpret_cast<const char*>(buffer->get()), bytes);
 }
 

@@ -204,11 +204,7 @@ class PushReader : public Base {
     // together.
     // Not zeroed first (make_unique<float[]> would): every byte is written.
     chunk.aligned.reset(new float[(payload.size() + sizeof(float) - 1) / sizeof(float)]);
-    char* dest = reinterpret_cast<char*>(chunk.aligned.get());
-    for (absl::string_view piece : payload.pieces()) {
-      std::memcpy(dest, piece.data(), piece.size());
-      dest += piece.size();
-    }
+    payload.CopyTo(chunk.aligned.get());
     chunk.slices.clear();
     chunk.message.Clear();
     chunk.payload =
