@@ -128,6 +128,10 @@ struct Call {
   int wire = 0;
   int piece = 0;
   int64_t step = 0;
+  // With a timeline only.
+  absl::Time queued;
+  absl::Time sent;
+  int lane = 0;
 };
 
 // Queue order: under priority (step, front tensor, piece), else the order
@@ -175,6 +179,13 @@ class CommScheduler::Impl {
   void Complete(const Call& call, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Timeline only: the lowest free lane of `kind` (a track of its own),
+  // and the completed call on it.
+  int TakeLane(Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Record(const Call& call, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Timeline only: a wait of the training loop that began at `start`.
+  void RecordWait(absl::string_view what, const std::string& tensor, absl::Time start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   bool Pulled(const Wire& wire, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     return wire.pull_step >= step && wire.pulls_remaining == 0;
   }
@@ -220,6 +231,12 @@ class CommScheduler::Impl {
   // The latest kLogLimit calls: a long job must not grow it without bound.
   static constexpr size_t kLogLimit = 1 << 16;
   std::deque<DispatchRecord> log_ ABSL_GUARDED_BY(mutex_);
+  // Timeline only: per kind, each lane's track and whether a call is on it.
+  std::vector<int> lane_tracks_[2] ABSL_GUARDED_BY(mutex_);
+  std::vector<bool> lane_busy_[2] ABSL_GUARDED_BY(mutex_);
+  int loop_track_ = 0;
+  int step_track_ = 0;
+  absl::Time step_began_ ABSL_GUARDED_BY(mutex_);
   // Last: its threads run completions until it is gone. One thread: a
   // completion only updates the plan and starts the calls it frees.
   ThreadPool executor_{1, ThreadPool::kUnbounded, "the comm scheduler's executor"};
@@ -405,7 +422,12 @@ absl::Status CommScheduler::Impl::Plan() {
 
 void CommScheduler::Impl::Start() {
   max_inflight_per_kind_ = 2 * client_.num_shards() + 2;
+  if (options_.timeline != nullptr) {
+    step_track_ = options_.timeline->Track("steps");
+    loop_track_ = options_.timeline->Track("training loop waits");
+  }
   absl::MutexLock lock(&mutex_);
+  step_began_ = absl::Now();
   Dispatch();
 }
 
@@ -424,7 +446,9 @@ void CommScheduler::Impl::Enqueue(Kind kind, int wire, int piece, int64_t step) 
   const Wire& w = wires_[wire];
   const QueueKey key = options_.priority ? QueueKey{step, w.front, piece, sequence_++}
                                          : QueueKey{0, 0, 0, sequence_++};
-  queue_[static_cast<int>(kind)][key] = Call{kind, wire, piece, step};
+  Call call{kind, wire, piece, step};
+  if (options_.timeline != nullptr) call.queued = absl::Now();
+  queue_[static_cast<int>(kind)][key] = call;
 }
 
 void CommScheduler::Impl::QueuePushes(int wire) {
@@ -470,8 +494,12 @@ void CommScheduler::Impl::Dispatch() {
 
 void CommScheduler::Impl::Send(Kind kind) {
   auto& queue = queue_[static_cast<int>(kind)];
-  const Call call = queue.begin()->second;
+  Call call = queue.begin()->second;
   queue.erase(queue.begin());
+  if (options_.timeline != nullptr) {
+    call.sent = absl::Now();
+    call.lane = TakeLane(kind);
+  }
   const Wire& wire = wires_[call.wire];
   const Piece& piece = wire.pieces[call.piece];
   ++inflight_calls_;
@@ -526,6 +554,7 @@ void CommScheduler::Impl::Send(Kind kind) {
 
 void CommScheduler::Impl::Complete(const Call& call, const absl::Status& status) {
   Wire& wire = wires_[call.wire];
+  if (options_.timeline != nullptr) Record(call, status);
   --inflight_calls_;
   --inflight_[static_cast<int>(call.kind)];
   if (call.kind == Kind::kPush) inflight_push_bytes_ -= wire.pieces[call.piece].bytes;
@@ -549,6 +578,48 @@ void CommScheduler::Impl::Complete(const Call& call, const absl::Status& status)
     wire.pulls_remaining = static_cast<int>(wire.pieces.size());
   }
   Enqueue(Kind::kPull, call.wire, call.piece, call.step + 1);
+}
+
+int CommScheduler::Impl::TakeLane(Kind kind) {
+  const int k = static_cast<int>(kind);
+  size_t lane = 0;
+  while (lane < lane_busy_[k].size() && lane_busy_[k][lane]) ++lane;
+  if (lane == lane_busy_[k].size()) {
+    lane_busy_[k].push_back(false);
+    lane_tracks_[k].push_back(
+        options_.timeline->Track(absl::StrCat(kind == Kind::kPush ? "push " : "pull ", lane + 1)));
+  }
+  lane_busy_[k][lane] = true;
+  return static_cast<int>(lane);
+}
+
+void CommScheduler::Impl::Record(const Call& call, const absl::Status& status) {
+  const int k = static_cast<int>(call.kind);
+  lane_busy_[k][call.lane] = false;
+  const Wire& wire = wires_[call.wire];
+  const Piece& piece = wire.pieces[call.piece];
+  Json args{{"step", call.step},
+            {"piece", call.piece},
+            {"of", wire.pieces.size()},
+            {"shard", piece.shard},
+            {"bytes", piece.bytes},
+            {"queued_ms", absl::ToDoubleMilliseconds(call.sent - call.queued)}};
+  if (wire.fused) {
+    args["tensors"] = absl::StrCat(tensors_[wire.members.front()].name, " .. ",
+                                   tensors_[wire.members.back()].name);
+  }
+  if (!status.ok()) args["error"] = std::string(status.message());
+  options_.timeline->Span(
+      lane_tracks_[k][call.lane],
+      wire.pieces.size() > 1 ? absl::StrCat(wire.name, " ", call.piece + 1, "/", wire.pieces.size())
+                             : wire.name,
+      call.kind == Kind::kPush ? "push" : "pull", call.sent, absl::Now(), args);
+}
+
+void CommScheduler::Impl::RecordWait(absl::string_view what, const std::string& tensor,
+                                     absl::Time start) {
+  options_.timeline->Span(loop_track_, absl::StrCat(what, " ", tensor), "wait", start, absl::Now(),
+                          Json{{"step", step_}, {"tensor", tensor}});
 }
 
 void CommScheduler::Impl::Fail(absl::Status status) {
@@ -597,11 +668,14 @@ absl::Status CommScheduler::Impl::WaitParameters(int tensor) {
     }
     return Pulled(wires_[member.wire], step);
   };
+  const bool waits = options_.timeline != nullptr && !ready();
+  const absl::Time wait_began = waits ? absl::Now() : absl::Time();
   if (auto status = AwaitOrFail(ready, absl::StrCat("the parameters of '", tensors_[tensor].name,
                                                     "' for step ", step));
       !status.ok()) {
     return status;
   }
+  if (waits) RecordWait("parameters of", tensors_[tensor].name, wait_began);
   CopyOut(member);
   return absl::OkStatus();
 }
@@ -627,10 +701,13 @@ absl::Status CommScheduler::Impl::GradientReady(int tensor, absl::Span<const flo
   // The previous step's push must be off the staging buffer (it is, unless
   // WaitParameters was skipped: that waits for it).
   auto pushed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return wire.pushes_remaining == 0; };
+  const bool waits = options_.timeline != nullptr && !pushed();
+  const absl::Time wait_began = waits ? absl::Now() : absl::Time();
   if (auto status = AwaitOrFail(pushed, absl::StrCat("the previous push of ", Describe(wire)));
       !status.ok()) {
     return status;
   }
+  if (waits) RecordWait("previous push of", name, wait_began);
   member.gradient_step = step_;
   if (wire.fused) {
     std::memcpy(wire.grad_staging.data() + member.offset, gradient.data(),
@@ -668,6 +745,12 @@ absl::Status CommScheduler::Impl::EndBackward() {
         }
       }
       QueuePushes(w);
+    }
+    if (options_.timeline != nullptr) {
+      const absl::Time now = absl::Now();
+      options_.timeline->Span(step_track_, absl::StrCat("step ", step_), "step", step_began_, now,
+                              Json{{"step", step_}});
+      step_began_ = now;
     }
     ++step_;
     Dispatch();

@@ -45,6 +45,7 @@
 #include "absl/types/span.h"
 #include "common/partitioner.h"
 #include "worker/client.h"
+#include "worker/timeline.h"
 
 namespace harrier {
 
@@ -73,6 +74,11 @@ struct CommSchedulerOptions {
   // unfused. Null: the client's own (Client::partitioner()); otherwise it
   // must place chunks as the client does.
   std::shared_ptr<const Partitioner> partitioner;
+  // Null: nothing recorded. Otherwise each call (from dispatch to
+  // completion, with how long it was queued), each wait of the training
+  // loop and each step go to this timeline, which must outlive the
+  // scheduler.
+  Timeline* timeline = nullptr;
 };
 
 // Defaults of the techniques when named without a size. Pieces of 1 MiB

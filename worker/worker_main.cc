@@ -2,7 +2,6 @@
 // of Fashion-MNIST through the Harrier parameter servers, or replays a real
 // model's communication (--workload=replay:NAME) with modelled compute.
 #include <cblas.h>
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -28,6 +27,7 @@
 #include "worker/client.h"
 #include "worker/comm_scheduler.h"
 #include "worker/replay_trainer.h"
+#include "worker/timeline.h"
 #include "worker/trainer.h"
 #include "worker/workload/cnn.h"
 #include "worker/workload/fashion_mnist.h"
@@ -64,6 +64,13 @@ ABSL_FLAG(int64_t, fusion_bytes, 0,
 ABSL_FLAG(int64_t, partition_bytes, 0,
           "Piece size in bytes when partitioning is on (0: its default); also the client's chunk "
           "size then.");
+ABSL_FLAG(std::string, timeline, "",
+          "Write a timeline of the comm scheduler's calls and the training loop's waits to this "
+          "file (a Chrome trace: open it in ui.perfetto.dev or chrome://tracing). '{rank}' in "
+          "the path is replaced by the worker's rank; without it only rank 0 writes one. Needs "
+          "--techniques.");
+ABSL_FLAG(int, timeline_max_mib, 256,
+          "Stop recording the --timeline once its file reaches this size.");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Credit cap on push bytes in flight (0: the default when the cap is on: 8 MiB, or two "
           "pieces per shard when that is more).");
@@ -240,6 +247,13 @@ int main(int argc, char** argv) {
       scheduler->fusion_bytes = compress_min > sizeof(float) ? compress_min - sizeof(float) : 0;
     }
   }
+  if (!absl::GetFlag(FLAGS_timeline).empty()) {
+    if (!scheduler.has_value()) {
+      return Fail(
+          "--timeline records the comm scheduler's calls and waits: pass --techniques (e.g. all)");
+    }
+    if (absl::GetFlag(FLAGS_timeline_max_mib) < 1) return Fail("--timeline_max_mib must be >= 1");
+  }
   if (replay.has_value()) {
     if (absl::GetFlag(FLAGS_device) != "cpu") {
       return Fail("--workload=replay:* models its compute; it takes --device=cpu only");
@@ -398,6 +412,17 @@ int main(int argc, char** argv) {
                  rank, techniques.c_str(), scheduler->wait_free_backprop ? 1 : 0,
                  scheduler->fusion_bytes, scheduler->partition_bytes, scheduler->priority ? 1 : 0,
                  harrier::CreditCap(*scheduler, (*client)->num_shards()));
+  }
+  // Opened once the rank is known; outlives every scheduler below.
+  std::unique_ptr<harrier::Timeline> timeline;
+  if (const std::string path = harrier::TimelinePathFor(absl::GetFlag(FLAGS_timeline), rank);
+      !path.empty()) {
+    auto opened = harrier::Timeline::Open(
+        path, rank, static_cast<uint64_t>(absl::GetFlag(FLAGS_timeline_max_mib)) << 20);
+    if (!opened.ok()) return Fail(std::string(opened.status().message()));
+    timeline = std::move(*opened);
+    scheduler->timeline = timeline.get();
+    std::fprintf(stderr, "[worker %d] timeline: %s\n", rank, path.c_str());
   }
 
   // The worker's own metrics and liveness endpoint, read from the client's

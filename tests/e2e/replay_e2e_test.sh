@@ -98,8 +98,27 @@ assert_run() {  # name, techniques
 run direct
 assert_run direct none
 if [ "${REPLAY_E2E_TECHNIQUES:-all}" != skip ]; then
-  run scheduled --techniques=all
+  run scheduled --techniques=all --timeline="$tmp/scheduled/timeline_{rank}.json"
   assert_run scheduled all
+  # Each worker's timeline (a Chrome trace) holds every push and pull of
+  # the run: 1 warm-up and 3 timed steps, each pushing the whole model,
+  # and a pull of the whole model per step plus the initial one.
+  for r in 0 1; do
+    timeline="$tmp/scheduled/timeline_$r.json"
+    summary=$(python3 - "$timeline" <<'PY' 2>&1
+import json, sys
+events = json.load(open(sys.argv[1]))
+calls = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("push", "pull")]
+pushed = sum(e["args"]["bytes"] for e in calls if e["cat"] == "push")
+pulled = sum(e["args"]["bytes"] for e in calls if e["cat"] == "pull")
+steps = sorted(e["args"]["step"] for e in events if e.get("cat") == "step")
+print(pushed, pulled, ",".join(map(str, steps)), len({e["tid"] for e in calls}))
+PY
+)
+    echo "  timeline rank $r: pushed pulled steps lanes = $summary"
+    check "scheduled: rank $r timeline holds 4 steps' pushes, 5 pulls of the model, 4 steps" \
+      "echo '$summary' | awk '{ exit !(\$1 == $((4 * dense)) && \$2 == $((5 * dense)) && \$3 == \"0,1,2,3\" && \$4 > 2) }'"
+  done
   # Fusion merges ResNet-50's BN vectors into buckets: fewer pushes reach
   # the shards than the 161 tensors' chunks, so the steps really went
   # through the scheduler.
@@ -157,6 +176,13 @@ check "wrong lr: the workers exit non-zero" "[ $(cat "$tmp/wrong_lr/rc") -ne 0 ]
 check "wrong lr: the error names a tensor and the check" \
   "grep -q 'replay check: .*\\[' '$tmp/wrong_lr/worker0.err'"
 check "wrong lr: no summary line" "! grep -q replay_summary '$tmp/wrong_lr/worker0.out'"
+
+# A timeline records the comm scheduler: without it the worker says so.
+"$worker" --servers=127.0.0.1:1 --workload=replay:resnet50 --timeline="$tmp/t.json" \
+  >/dev/null 2>"$tmp/timeline_alone.err"
+timeline_alone_rc=$?
+check "timeline without --techniques: non-zero exit naming --techniques" \
+  "[ $timeline_alone_rc -ne 0 ] && grep -q 'pass --techniques' '$tmp/timeline_alone.err' && [ ! -e '$tmp/t.json' ]"
 
 # Unknown model names list the known ones.
 "$worker" --servers=127.0.0.1:1 --workload=replay:resnet51 >/dev/null 2>"$tmp/unknown.err"

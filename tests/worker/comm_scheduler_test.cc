@@ -4,12 +4,15 @@
 // on shards that hold each pull until every worker has pushed (BSP).
 #include "worker/comm_scheduler.h"
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
 #include <list>
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -19,9 +22,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/json.h"
 #include "common/partitioner.h"
 #include "tests/worker/fake_cluster.h"
 #include "worker/fake_control_client.h"
+#include "worker/timeline.h"
 #include "worker/transport/fake/fake_transport.h"
 
 namespace harrier {
@@ -622,6 +627,93 @@ TEST_CASE("a failed push surfaces at the next wait, naming the tensor") {
   CHECK(std::string(drained.message()).find("fake refuses") != std::string::npos);
   CHECK(absl::IsInvalidArgument((*scheduler)->EndBackward()));
   CHECK(absl::IsInvalidArgument((*scheduler)->WaitParameters(0)));
+}
+
+TEST_CASE(
+    "the timeline holds every call once, on lanes where calls never overlap, each step "
+    "and each wait of the training loop") {
+  constexpr size_t kChunk = 64 * sizeof(float);
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kChunk));
+  Model model({16, 64 * 6 + 3});  // tensor 1: 7 pieces over both shards
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/scheduler_timeline.json";
+  auto timeline = Timeline::Open(path, 1, 1 << 20);
+  REQUIRE(timeline.ok());
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  options.partition_bytes = kChunk;
+  options.max_inflight_bytes = 3 * kChunk;
+  options.timeline = timeline->get();
+  CommSchedulerStats stats;
+  {
+    auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+    REQUIRE(scheduler.ok());
+    REQUIRE(Step(**scheduler, model).ok());
+    // Step 1's parameters are held on shard 0 for a while: the loop waits.
+    cluster.shards[0]->Block();
+    std::thread release([&] {
+      absl::SleepFor(absl::Milliseconds(150));
+      cluster.shards[0]->Release();
+    });
+    absl::Status second = Step(**scheduler, model);
+    release.join();
+    REQUIRE(second.ok());
+    REQUIRE((*scheduler)->Drain().ok());
+    stats = (*scheduler)->stats();
+  }
+  REQUIRE((*timeline)->Close().ok());
+
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const Json events = ParseJson(text.str());
+  REQUIRE(events.is_array());
+  std::map<int, std::string> tracks;
+  std::map<int, std::vector<std::pair<int64_t, int64_t>>> spans_on;
+  int64_t pushes = 0, pulls = 0, pushed_bytes = 0, pulled_bytes = 0;
+  int steps = 0;
+  int64_t longest_wait_us = 0;
+  for (const Json& event : events) {
+    if (event["ph"] == "M" && event["name"] == "thread_name") {
+      tracks[event["tid"].get<int>()] = event["args"]["name"].get<std::string>();
+    }
+    if (event["ph"] != "X") continue;
+    const int tid = event["tid"].get<int>();
+    spans_on[tid].emplace_back(event["ts"].get<int64_t>(), event["dur"].get<int64_t>());
+    if (event["cat"] == "push" || event["cat"] == "pull") {
+      const bool push = event["cat"] == "push";
+      CHECK(tracks[tid].rfind(push ? "push " : "pull ", 0) == 0);
+      (push ? pushes : pulls) += 1;
+      (push ? pushed_bytes : pulled_bytes) += event["args"]["bytes"].get<int64_t>();
+      CHECK(event["args"]["queued_ms"].get<double>() >= 0);
+      CHECK(event["args"].contains("shard"));
+    } else if (event["cat"] == "step") {
+      CHECK(tracks[tid] == "steps");
+      CHECK(event["name"] == absl::StrCat("step ", steps));
+      ++steps;
+    } else if (event["cat"] == "wait") {
+      CHECK(tracks[tid] == "training loop waits");
+      if (event["args"]["step"] == 1) {
+        longest_wait_us = std::max(longest_wait_us, event["dur"].get<int64_t>());
+      }
+    }
+  }
+  CHECK(pushes == stats.push_calls);
+  CHECK(pulls == stats.pull_calls);
+  CHECK(pushed_bytes == stats.bytes_pushed);
+  CHECK(pulled_bytes == stats.bytes_pulled);
+  CHECK(pushes == 2 * 8);  // t0 and t1's 7 pieces, each step
+  CHECK(steps == 2);
+  CHECK(longest_wait_us >= 100'000);
+  // A lane holds one call at a time.
+  for (auto& [tid, spans] : spans_on) {
+    if (tracks[tid] == "training loop waits" || tracks[tid] == "steps") continue;
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i) {
+      INFO(tracks[tid] << " span " << i);
+      CHECK(spans[i - 1].first + spans[i - 1].second <= spans[i].first);
+    }
+  }
 }
 
 TEST_CASE("the destructor drops queued work and returns within the call deadline") {

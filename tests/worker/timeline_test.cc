@@ -1,0 +1,115 @@
+// The timeline file: a Chrome trace that parses as JSON at every point
+// (closed or not), with tracks, spans and marks where they were put, and
+// a size bound that ends recording with an event saying so.
+#include "worker/timeline.h"
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "common/json.h"
+
+namespace harrier {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST_CASE("a timeline is a Chrome trace of its tracks, spans and marks") {
+  const std::string path = TempPath("timeline.json");
+  auto timeline = Timeline::Open(path, 3, 1 << 20);
+  REQUIRE(timeline.ok());
+  const int pushes = (*timeline)->Track("push 1");
+  const int waits = (*timeline)->Track("waits");
+  CHECK(pushes != waits);
+  CHECK((*timeline)->Track("push 1") == pushes);  // one track per name
+  const absl::Time start = absl::FromUnixMicros(1'700'000'000'000'000);
+  (*timeline)->Span(pushes, "w 1/2", "push", start, start + absl::Milliseconds(5),
+                    Json{{"bytes", 4096}});
+  (*timeline)->Mark(waits, "step", start + absl::Milliseconds(7));
+  // Before Close the array has no end, as when a worker dies: the events
+  // are in the file already.
+  CHECK(ReadFile(path).find("\"w 1/2\"") != std::string::npos);
+  REQUIRE((*timeline)->Close().ok());
+
+  const Json events = ParseJson(ReadFile(path));
+  REQUIRE(events.is_array());
+  int spans = 0, marks = 0, names = 0;
+  for (const Json& event : events) {
+    CHECK(event["pid"] == 3);
+    if (event["ph"] == "M" && event["name"] == "process_name") {
+      CHECK(event["args"]["name"] == "worker 3");
+    } else if (event["ph"] == "M" && event["name"] == "thread_name") {
+      ++names;
+      CHECK(((event["tid"] == pushes && event["args"]["name"] == "push 1") ||
+             (event["tid"] == waits && event["args"]["name"] == "waits")));
+    } else if (event["ph"] == "X") {
+      ++spans;
+      CHECK(event["name"] == "w 1/2");
+      CHECK(event["cat"] == "push");
+      CHECK(event["tid"] == pushes);
+      CHECK(event["ts"] == 1'700'000'000'000'000);
+      CHECK(event["dur"] == 5000);
+      CHECK(event["args"]["bytes"] == 4096);
+    } else if (event["ph"] == "i") {
+      ++marks;
+      CHECK(event["tid"] == waits);
+      CHECK(event["ts"] == 1'700'000'000'007'000);
+    }
+  }
+  CHECK(spans == 1);
+  CHECK(marks == 1);
+  CHECK(names == 2);
+  // Events after Close are dropped; Close twice is harmless.
+  (*timeline)->Mark(waits, "late", absl::Now());
+  CHECK((*timeline)->Close().ok());
+  CHECK(ParseJson(ReadFile(path)).size() == events.size());
+}
+
+TEST_CASE("a timeline stops at its size bound with an event that says so") {
+  const std::string path = TempPath("bounded.json");
+  auto timeline = Timeline::Open(path, 0, 4096);
+  REQUIRE(timeline.ok());
+  const int track = (*timeline)->Track("pull 1");
+  for (int i = 0; i < 1000; ++i) {
+    (*timeline)->Span(track, "p", "pull", absl::Now(), absl::Now(), Json{{"i", i}});
+  }
+  CHECK((*timeline)->full());
+  REQUIRE((*timeline)->Close().ok());
+  const std::string text = ReadFile(path);
+  CHECK(text.size() < 4096 + 512);  // at most one line past the bound
+  const Json events = ParseJson(text);
+  REQUIRE(events.is_array());
+  CHECK(events.back()["name"] == "timeline full: the rest is not recorded");
+  CHECK(events.size() > 10);
+  CHECK(events.size() < 100);
+}
+
+TEST_CASE("timeline paths: {rank} is replaced; without it only rank 0 writes") {
+  CHECK(TimelinePathFor("/tmp/t_{rank}.json", 2) == "/tmp/t_2.json");
+  CHECK(TimelinePathFor("/tmp/t.json", 0) == "/tmp/t.json");
+  CHECK(TimelinePathFor("/tmp/t.json", 1).empty());
+  CHECK(TimelinePathFor("", 0).empty());
+}
+
+TEST_CASE("a timeline that cannot be created says where") {
+  auto timeline = Timeline::Open("/nonexistent-dir/t.json", 0, 1 << 20);
+  REQUIRE_FALSE(timeline.ok());
+  CHECK(timeline.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(timeline.status().message().find("/nonexistent-dir/t.json") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace harrier

@@ -1,0 +1,86 @@
+// A timeline of one worker's communication, written as a Chrome trace: the
+// JSON array of events that Perfetto (ui.perfetto.dev) and chrome://tracing
+// open, the format of Horovod's HOROVOD_TIMELINE and BytePS's traces.
+//
+// Each row of the viewer is a track: the comm scheduler puts each push and
+// pull call on a lane of its kind (a call occupies its lane from dispatch
+// to completion, so calls in flight at once lie on separate lanes) and the
+// training loop's waits on a track of their own. Times are microseconds
+// since the Unix epoch, so the files of several workers line up when
+// their events are put into one array (`jq -s add worker*.json`).
+//
+// Events are written to the file as they end, so a run that dies leaves
+// what it recorded (viewers accept an array without its closing bracket).
+// At most `max_bytes` are written; the rest of the run is not recorded and
+// the last event says so.
+
+#ifndef HARRIER_WORKER_TIMELINE_H_
+#define HARRIER_WORKER_TIMELINE_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/json.h"
+
+namespace harrier {
+
+class Timeline {
+ public:
+  // Creates (or truncates) `path`; the events are those of process `rank`
+  // (the viewer's process row "worker <rank>").
+  static absl::StatusOr<std::unique_ptr<Timeline>> Open(const std::string& path, int rank,
+                                                        uint64_t max_bytes);
+  ~Timeline();  // Close()s, logging a failure
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  // The track named `name` (a row in the viewer), created on first use.
+  // Returns its id for Span and Mark.
+  int Track(absl::string_view name);
+  // An event on `track` from `start` to `end`, with `args` (a JSON object
+  // or null) shown when it is selected.
+  void Span(int track, absl::string_view name, absl::string_view category, absl::Time start,
+            absl::Time end, const Json& args = Json());
+  // A moment on `track`.
+  void Mark(int track, absl::string_view name, absl::Time at, const Json& args = Json());
+
+  // Ends the array and closes the file; events after it are dropped.
+  // Errors writing or closing the file.
+  absl::Status Close();
+
+  uint64_t bytes_written() const;
+  bool full() const;
+
+ private:
+  Timeline(std::FILE* file, std::string path, int rank, uint64_t max_bytes);
+  void Write(Json event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const std::string path_;
+  const int rank_;
+  const uint64_t max_bytes_;
+  mutable absl::Mutex mutex_;
+  std::FILE* file_ ABSL_GUARDED_BY(mutex_);
+  uint64_t bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool first_ ABSL_GUARDED_BY(mutex_) = true;
+  bool full_ ABSL_GUARDED_BY(mutex_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mutex_) = false;
+  std::vector<std::string> tracks_ ABSL_GUARDED_BY(mutex_);
+};
+
+// The path a worker of `rank` writes its timeline to: `pattern` with
+// "{rank}" replaced by the rank. Without "{rank}" only rank 0 writes one
+// (as Horovod's timeline is written once): empty for other ranks.
+std::string TimelinePathFor(absl::string_view pattern, int rank);
+
+}  // namespace harrier
+
+#endif  // HARRIER_WORKER_TIMELINE_H_
