@@ -183,7 +183,8 @@ class CommScheduler::Impl {
   // and the completed call on it.
   int TakeLane(Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Record(const Call& call, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Timeline only: a wait of the training loop that began at `start`.
+  // Timeline only: a wait of the training loop that began at `start`, for
+  // `tensor` (empty: for no one tensor).
   void RecordWait(absl::string_view what, const std::string& tensor, absl::Time start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   bool Pulled(const Wire& wire, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
@@ -217,6 +218,9 @@ class CommScheduler::Impl {
   // enough that queued calls stay here, where priority can still reorder
   // them, rather than queue inside the client in FIFO order.
   int max_inflight_per_kind_ = 1;
+  // Whether the queues are in priority order (CommSchedulerOptions::
+  // priority_across_workers): set by Plan, before the first call is queued.
+  bool reorders_ = false;
 
   mutable absl::Mutex mutex_;
   int64_t step_ ABSL_GUARDED_BY(mutex_) = 0;
@@ -414,6 +418,8 @@ absl::Status CommScheduler::Impl::Plan() {
   std::sort(wires_front_first_.begin(), wires_front_first_.end(),
             [&](int a, int b) { return wires_[a].front < wires_[b].front; });
   base_clock_ = client_.clock();
+  reorders_ = options_.priority && (options_.priority_across_workers ||
+                                    client_.num_workers() <= 1 || client_.sync().mode != "bsp");
   absl::MutexLock lock(&mutex_);
   // Step 0's parameters: the shards' initial values, front tensor first.
   for (int w : wires_front_first_) BeginPulls(w, 0);
@@ -444,8 +450,8 @@ CommScheduler::Impl::~Impl() {
 
 void CommScheduler::Impl::Enqueue(Kind kind, int wire, int piece, int64_t step) {
   const Wire& w = wires_[wire];
-  const QueueKey key = options_.priority ? QueueKey{step, w.front, piece, sequence_++}
-                                         : QueueKey{0, 0, 0, sequence_++};
+  const QueueKey key =
+      reorders_ ? QueueKey{step, w.front, piece, sequence_++} : QueueKey{0, 0, 0, sequence_++};
   Call call{kind, wire, piece, step};
   if (options_.timeline != nullptr) call.queued = absl::Now();
   queue_[static_cast<int>(kind)][key] = call;
@@ -618,8 +624,11 @@ void CommScheduler::Impl::Record(const Call& call, const absl::Status& status) {
 
 void CommScheduler::Impl::RecordWait(absl::string_view what, const std::string& tensor,
                                      absl::Time start) {
-  options_.timeline->Span(loop_track_, absl::StrCat(what, " ", tensor), "wait", start, absl::Now(),
-                          Json{{"step", step_}, {"tensor", tensor}});
+  Json args{{"step", step_}};
+  if (!tensor.empty()) args["tensor"] = tensor;
+  options_.timeline->Span(loop_track_,
+                          tensor.empty() ? std::string(what) : absl::StrCat(what, " ", tensor),
+                          "wait", start, absl::Now(), args);
 }
 
 void CommScheduler::Impl::Fail(absl::Status status) {
@@ -764,9 +773,12 @@ absl::Status CommScheduler::Impl::EndBackward() {
 absl::Status CommScheduler::Impl::Drain() {
   absl::MutexLock lock(&mutex_);
   auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return Idle(); };
+  const bool waits = options_.timeline != nullptr && !idle();
+  const absl::Time wait_began = waits ? absl::Now() : absl::Time();
   if (auto status = AwaitOrFail(idle, "draining the calls in flight"); !status.ok()) {
     return status;
   }
+  if (waits) RecordWait("drain: every call in flight", "", wait_began);
   for (Member& member : members_) CopyOut(member);
   return absl::OkStatus();
 }

@@ -64,6 +64,10 @@ ABSL_FLAG(int64_t, fusion_bytes, 0,
 ABSL_FLAG(int64_t, partition_bytes, 0,
           "Piece size in bytes when partitioning is on (0: its default); also the client's chunk "
           "size then.");
+ABSL_FLAG(bool, priority_across_workers, false,
+          "With priority under BSP and more than one worker, reorder the queues anyway. Off: "
+          "every worker sends its pieces in the order of backward, so rounds complete as the "
+          "pushes arrive (measured faster; docs/performance.md, \"Where a 4 x 4 step goes\").");
 ABSL_FLAG(std::string, timeline, "",
           "Write a timeline of the comm scheduler's calls and the training loop's waits to this "
           "file (a Chrome trace: open it in ui.perfetto.dev or chrome://tracing). '{rank}' in "
@@ -238,6 +242,7 @@ int main(int argc, char** argv) {
         static_cast<size_t>(absl::GetFlag(FLAGS_max_inflight_bytes)));
     if (!parsed.ok()) return Fail(absl::StrCat("--techniques: ", parsed.status().message()));
     scheduler = *parsed;
+    scheduler->priority_across_workers = absl::GetFlag(FLAGS_priority_across_workers);
     // A bucket at or above compress_min_bytes would be compressed as one
     // vector of unrelated tensors (PowerSGD on a fused bucket moved 15x the
     // bytes of per-tensor PowerSGD): with a push codec only the tensors that
@@ -412,6 +417,13 @@ int main(int argc, char** argv) {
                  rank, techniques.c_str(), scheduler->wait_free_backprop ? 1 : 0,
                  scheduler->fusion_bytes, scheduler->partition_bytes, scheduler->priority ? 1 : 0,
                  harrier::CreditCap(*scheduler, (*client)->num_shards()));
+    if (scheduler->priority && !scheduler->priority_across_workers &&
+        (*client)->num_workers() > 1 && (*client)->sync().mode == "bsp") {
+      std::fprintf(stderr,
+                   "[worker %d] comm scheduler: calls go in the order of backward, as on every "
+                   "worker (BSP with %d workers; --priority_across_workers reorders them)\n",
+                   rank, (*client)->num_workers());
+    }
   }
   // Opened once the rank is known; outlives every scheduler below.
   std::unique_ptr<harrier::Timeline> timeline;

@@ -316,15 +316,17 @@ TEST_CASE("even shards: a step's bytes on each of 4 shards are within 1 % of the
 // Pushes held one at a time (a cap below one piece), a back tensor in four
 // pieces queued, then the front tensor's gradient: `priority` decides
 // whether it overtakes the queued pieces.
-std::vector<std::pair<int, uint32_t>> OrderWithLateFront(bool priority) {
+std::vector<std::pair<int, uint32_t>> OrderWithLateFront(bool priority, int num_workers = 1,
+                                                         bool across_workers = false) {
   constexpr size_t kChunk = 256 * sizeof(float);
-  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kChunk));
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kChunk), num_workers);
   Model model({8, 4 * 256});
   CommSchedulerOptions options = BaseOptions();
   options.wait_free_backprop = true;
   options.partition_bytes = kChunk;
   options.max_inflight_bytes = 1;
   options.priority = priority;
+  options.priority_across_workers = across_workers;
   auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
   REQUIRE(scheduler.ok());
   REQUIRE((*scheduler)->WaitParameters(0).ok());
@@ -348,6 +350,18 @@ std::vector<std::pair<int, uint32_t>> OrderWithLateFront(bool priority) {
 TEST_CASE("priority: a late front tensor overtakes queued back pieces, not the one in flight") {
   const std::vector<std::pair<int, uint32_t>> expected = {{1, 0}, {0, 0}, {1, 1}, {1, 2}, {1, 3}};
   CHECK(OrderWithLateFront(true) == expected);
+}
+
+TEST_CASE(
+    "priority under BSP with several workers keeps the order gradients became ready, "
+    "unless asked to reorder across workers") {
+  // The fake control plane's job is BSP.
+  const std::vector<std::pair<int, uint32_t>> ready_order = {
+      {1, 0}, {1, 1}, {1, 2}, {1, 3}, {0, 0}};
+  const std::vector<std::pair<int, uint32_t>> priority_order = {
+      {1, 0}, {0, 0}, {1, 1}, {1, 2}, {1, 3}};
+  CHECK(OrderWithLateFront(true, 2) == ready_order);
+  CHECK(OrderWithLateFront(true, 2, true) == priority_order);
 }
 
 TEST_CASE("without priority pushes go in the order gradients became ready") {
@@ -517,6 +531,7 @@ TEST_CASE("credits: the cap is never exceeded and two workers in different order
         options.fusion_bytes = 64;
         options.max_inflight_bytes = cap;
         options.priority = w == 0;  // worker 1 FIFO: queues in different orders
+        options.priority_across_workers = true;
         options.wait_timeout = absl::Seconds(8);
         auto scheduler = CommScheduler::Create(*clusters[w].client, model.Tensors(), options);
         if (!scheduler.ok()) {
