@@ -119,6 +119,13 @@ PY
     check "scheduled: rank $r timeline holds 4 steps' pushes, 5 pulls of the model, 4 steps" \
       "echo '$summary' | awk '{ exit !(\$1 == $((4 * dense)) && \$2 == $((5 * dense)) && \$3 == \"0,1,2,3\" && \$4 > 2) }'"
   done
+  # The summary script reads them: a row per step (0-3, each with the next
+  # step's pulls) and the rounds across both workers.
+  python3 "$root/bench/scripts/timeline_summary.py" "$tmp/scheduled/timeline_0.json" \
+    "$tmp/scheduled/timeline_1.json" >"$tmp/scheduled/timeline_summary.txt" 2>&1
+  cat "$tmp/scheduled/timeline_summary.txt"
+  check "scheduled: timeline_summary.py prints a row for each of the 4 steps with the rounds" \
+    "grep -q 'round_lag_max' '$tmp/scheduled/timeline_summary.txt' && [ \$(grep -cE '^ +[0-3] ' '$tmp/scheduled/timeline_summary.txt') -eq 4 ]"
   # Fusion merges ResNet-50's BN vectors into buckets: fewer pushes reach
   # the shards than the 161 tensors' chunks, so the steps really went
   # through the scheduler.
