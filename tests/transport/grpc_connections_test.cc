@@ -20,8 +20,10 @@
 namespace harrier {
 namespace {
 
-// Established TCP connections whose local end is `port` (the server's
-// side of each client connection), from /proc/net/tcp.
+// Established TCP connections to `port` (the client's side of each
+// connection to the shard), from /proc/net/tcp and tcp6. Not the shard's
+// side: another test's client socket may have `port` as its own ephemeral
+// local port, and would be counted with it.
 int EstablishedTo(int port) {
   int count = 0;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
@@ -32,9 +34,9 @@ int EstablishedTo(int port) {
       std::istringstream fields(line);
       std::string slot, local, remote, state;
       fields >> slot >> local >> remote >> state;
-      const auto colon = local.rfind(':');
+      const auto colon = remote.rfind(':');
       if (colon == std::string::npos || state != "01") continue;  // 01: ESTABLISHED
-      if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) ++count;
+      if (std::stoi(remote.substr(colon + 1), nullptr, 16) == port) ++count;
     }
   }
   return count;
