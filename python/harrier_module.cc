@@ -20,6 +20,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,13 +28,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "common/grpc_security.h"
 #include "common/process.h"
 #include "worker/client.h"
@@ -291,7 +292,42 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   void Close() {
     std::unique_ptr<Client> client = std::move(client_);
     if (client != nullptr) WithoutGilIfHeld([&] { client.reset(); });
+    // Also from the destructor: a failure to write is logged, not thrown.
+    if (absl::Status closed = EndTimeline(); !closed.ok()) {
+      std::fprintf(stderr, "harrier: %s\n", closed.ToString().c_str());
+    }
   }
+
+  // Records the client's operations and waits (and those of schedulers
+  // made from now on) to `path`, a Chrome trace, until StopTimeline.
+  void StartTimeline(const std::string& path, int64_t max_bytes) {
+    Client& c = client();
+    if (max_bytes < 1) {
+      ThrowIfError(absl::InvalidArgumentError(
+          absl::StrCat("start_timeline: max_bytes must be >= 1, got ", max_bytes)));
+    }
+    if (timeline_ != nullptr) {
+      ThrowIfError(absl::FailedPreconditionError(
+          "start_timeline: a timeline is already being recorded; stop_timeline() first"));
+    }
+    absl::StatusOr<std::unique_ptr<Timeline>> opened =
+        Timeline::Open(path, c.rank(), static_cast<uint64_t>(max_bytes));
+    ThrowIfError(opened.status());
+    timeline_ = std::move(*opened);
+    c.SetTimeline(timeline_);
+  }
+  // Ends the file: calls still in flight are left out. A no-op without a
+  // timeline.
+  void StopTimeline() { ThrowIfError(EndTimeline()); }
+  absl::Status EndTimeline() {
+    std::shared_ptr<Timeline> timeline = std::move(timeline_);
+    if (timeline == nullptr) return absl::OkStatus();
+    if (client_ != nullptr) client_->SetTimeline(nullptr);
+    absl::Status closed;
+    WithoutGilIfHeld([&] { closed = timeline->Close(); });
+    return closed;
+  }
+  const std::shared_ptr<Timeline>& timeline() const { return timeline_; }
 
   // kind: "parameters" or "average" (TensorKind).
   void Register(const std::string& name, const std::vector<int64_t>& shape,
@@ -612,6 +648,7 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   std::unique_ptr<Client> client_;
   absl::Duration rpc_timeout_;
   std::string device_backend_error_;
+  std::shared_ptr<Timeline> timeline_;  // start_timeline's, until stop_timeline
   absl::Mutex memory_mutex_;
   absl::flat_hash_map<std::string, bool> device_tensors_ ABSL_GUARDED_BY(memory_mutex_);
 };
@@ -650,8 +687,9 @@ py::object PyHandle::Wait(std::optional<double> timeout_seconds) {
 class PyScheduler {
  public:
   PyScheduler(std::shared_ptr<PyClient> client, std::unique_ptr<CommScheduler> scheduler,
-              std::vector<py::object> parameters)
+              std::vector<py::object> parameters, std::shared_ptr<Timeline> timeline)
       : client_(std::move(client)),
+        timeline_(std::move(timeline)),
         scheduler_(std::move(scheduler)),
         parameters_(std::move(parameters)),
         gradients_(parameters_.size()) {}
@@ -709,6 +747,7 @@ class PyScheduler {
   }
 
   std::shared_ptr<PyClient> client_;
+  std::shared_ptr<Timeline> timeline_;  // outlives the scheduler, which records to it
   std::unique_ptr<CommScheduler> scheduler_;
   std::vector<py::object> parameters_;
   std::vector<py::object> gradients_;
@@ -769,13 +808,18 @@ std::unique_ptr<PyScheduler> CreateScheduler(const std::shared_ptr<PyClient>& cl
     tensors.push_back({names[i], shapes[i], absl::MakeSpan(views.back().data, views.back().size)});
   }
   Client& c = client->client();
+  // The client's timeline, if one is recording, gets the scheduler's calls,
+  // steps and waits too.
+  std::shared_ptr<Timeline> timeline = client->timeline();
+  options->timeline = timeline.get();
   absl::StatusOr<std::unique_ptr<CommScheduler>> scheduler;
   {
     py::gil_scoped_release release;
     scheduler = CommScheduler::Create(c, std::move(tensors), *options);
   }
   ThrowIfError(scheduler.status());
-  return std::make_unique<PyScheduler>(client, std::move(*scheduler), parameters);
+  return std::make_unique<PyScheduler>(client, std::move(*scheduler), parameters,
+                                       std::move(timeline));
 }
 
 }  // namespace
@@ -894,6 +938,8 @@ PYBIND11_MODULE(_harrier, m) {
   py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client")
       .def(py::init(&CreateClient), py::arg("options"), py::arg("device") = "auto")
       .def("close", &PyClient::Close)
+      .def("start_timeline", &PyClient::StartTimeline, py::arg("path"), py::arg("max_bytes"))
+      .def("stop_timeline", &PyClient::StopTimeline)
       .def_property_readonly("closed", &PyClient::closed)
       .def_property_readonly("rank", [](PyClient& c) { return c.client().rank(); })
       .def_property_readonly("num_workers", [](PyClient& c) { return c.client().num_workers(); })
@@ -963,16 +1009,15 @@ PYBIND11_MODULE(_harrier, m) {
           py::arg("cache_staleness") = kSparseDefaults.cache_staleness,
           py::arg("max_bytes") = kSparseDefaults.max_bytes)
       .def("pull_rows", &PyClient::PullRows, py::arg("name"), py::arg("ids"), py::arg("out"))
-      .def("push_rows", &PyClient::PushRows, py::arg("name"), py::arg("ids"),
-           py::arg("gradients"))
+      .def("push_rows", &PyClient::PushRows, py::arg("name"), py::arg("ids"), py::arg("gradients"))
       .def("pull_rows_async", &PyClient::PullRowsAsync, py::arg("name"), py::arg("ids"),
            py::arg("out"))
       .def("push_rows_async", &PyClient::PushRowsAsync, py::arg("name"), py::arg("ids"),
            py::arg("gradients"))
-      .def("pull_rows_many_async", &PyClient::PullRowsManyAsync, py::arg("names"),
-           py::arg("ids"), py::arg("outs"))
-      .def("push_rows_many_async", &PyClient::PushRowsManyAsync, py::arg("names"),
-           py::arg("ids"), py::arg("gradients"))
+      .def("pull_rows_many_async", &PyClient::PullRowsManyAsync, py::arg("names"), py::arg("ids"),
+           py::arg("outs"))
+      .def("push_rows_many_async", &PyClient::PushRowsManyAsync, py::arg("names"), py::arg("ids"),
+           py::arg("gradients"))
       .def("sparse_stats", &PyClient::SparseStats)
       .def("barrier", &PyClient::Barrier)
       .def("heartbeat", &PyClient::Heartbeat)

@@ -178,7 +178,7 @@ class Client::Impl {
   // `clock` -1: the current clock.
   Handle StartGroups(OpKind kind, const std::string& name,
                      const absl::StatusOr<std::shared_ptr<const TensorInfo>>& info,
-                     const GroupRun& run, int64_t clock = -1);
+                     const GroupRun& run, int64_t clock = -1, bool on_timeline = true);
   // A tensor on one shard (every tensor up to the chunk size) runs on the
   // calling thread; others through the pools.
   absl::Status RunBlocking(OpKind kind, const std::string& name,
@@ -320,7 +320,7 @@ void Client::Impl::CountStart(OpKind kind) {
 Client::Handle Client::Impl::StartGroups(
     OpKind kind, const std::string& name,
     const absl::StatusOr<std::shared_ptr<const TensorInfo>>& info, const GroupRun& run,
-    int64_t clock) {
+    int64_t clock, bool on_timeline) {
   if (!info.ok()) return engine_.Failed(kind, Describe(kind, name), info.status());
   CountStart(kind);
   if (clock < 0) clock = ClockFor(kind, **info);
@@ -335,7 +335,7 @@ Client::Handle Client::Impl::StartGroups(
       });
     });
   }
-  return engine_.Start(kind, Describe(kind, name), std::move(tasks));
+  return engine_.Start(kind, Describe(kind, name), std::move(tasks), on_timeline);
 }
 
 absl::Status Client::Impl::RunBlocking(
@@ -635,14 +635,14 @@ Client::Handle Client::PushAsync(const std::string& name, absl::Span<const float
                                   const CallScope& scope) {
   return impl_->StartGroups(OpKind::kPush, name,
                             ScopeLayout(impl_->tensors_.Lookup(name, gradient.size()), scope),
-                            impl_->PushRun(name, gradient.data()), scope.clock);
+                            impl_->PushRun(name, gradient.data()), scope.clock, scope.on_timeline);
 }
 
 Client::Handle Client::PullAsync(const std::string& name, absl::Span<float> out,
                                   const CallScope& scope) {
   return impl_->StartGroups(OpKind::kPull, name,
                             ScopeLayout(impl_->tensors_.Lookup(name, out.size()), scope),
-                            impl_->PullRun(name, out.data()), scope.clock);
+                            impl_->PullRun(name, out.data()), scope.clock, scope.on_timeline);
 }
 
 Client::Handle Client::PushPullAsync(const std::string& name, absl::Span<const float> gradient,
@@ -650,6 +650,10 @@ Client::Handle Client::PushPullAsync(const std::string& name, absl::Span<const f
   return impl_->StartGroups(OpKind::kPushPull, name,
                             impl_->tensors_.LookupPair(name, gradient.size(), out.size()),
                             impl_->PushPullRun(name, gradient.data(), out.data()));
+}
+
+void Client::SetTimeline(std::shared_ptr<Timeline> timeline) {
+  impl_->engine_.SetTimeline(std::move(timeline));
 }
 
 absl::Status Client::Wait(const Handle& handle, absl::Time deadline) {

@@ -140,6 +140,9 @@ struct CallScope {
   int64_t clock = -1;        // -1: the client's current clock
   uint32_t first_chunk = 0;
   uint32_t num_chunks = 0;   // 0: every chunk from first_chunk
+  // False: the call is left off the client's timeline (SetTimeline)
+  // because its caller records it there itself, as the comm scheduler does.
+  bool on_timeline = true;
 };
 
 // How a registered tensor's pushes combine on the shards.
@@ -258,6 +261,7 @@ int SparseRowShard(int64_t id, int num_shards);
 
 class ControlClient;   // worker/control_client.h
 class ShardTransport;  // worker/transport/transport.h
+class Timeline;        // worker/timeline.h
 
 // What the control plane told this worker when it registered.
 struct SyncInfo {
@@ -438,6 +442,13 @@ class Client {
   int64_t clock() const;
 
   ClientStats stats() const;
+
+  // Operations started from now on, and every Wait that has to block, go
+  // on `timeline` (worker/timeline.h; null: none): each operation from its
+  // start to its end on a lane of its kind ("push 1", "pull 1",
+  // "push-pull 1", ...), the waits on the row "waits". Operations keep the
+  // timeline alive until they end.
+  void SetTimeline(std::shared_ptr<Timeline> timeline);
 
   // Operations alive (held by a handle or running), for tests of leaks.
   int64_t live_operations_for_testing() const;

@@ -131,7 +131,7 @@ struct Call {
   // With a timeline only.
   absl::Time queued;
   absl::Time sent;
-  int lane = 0;
+  int lane = 0;  // the timeline track the call is on
 };
 
 // Queue order: under priority (step, front tensor, piece), else the order
@@ -179,9 +179,7 @@ class CommScheduler::Impl {
   void Complete(const Call& call, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Timeline only: the lowest free lane of `kind` (a track of its own),
-  // and the completed call on it.
-  int TakeLane(Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Timeline only: the completed call on its lane.
   void Record(const Call& call, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Timeline only: a wait of the training loop that began at `start`, for
   // `tensor` (empty: for no one tensor).
@@ -235,9 +233,6 @@ class CommScheduler::Impl {
   // The latest kLogLimit calls: a long job must not grow it without bound.
   static constexpr size_t kLogLimit = 1 << 16;
   std::deque<DispatchRecord> log_ ABSL_GUARDED_BY(mutex_);
-  // Timeline only: per kind, each lane's track and whether a call is on it.
-  std::vector<int> lane_tracks_[2] ABSL_GUARDED_BY(mutex_);
-  std::vector<bool> lane_busy_[2] ABSL_GUARDED_BY(mutex_);
   int loop_track_ = 0;
   int step_track_ = 0;
   absl::Time step_began_ ABSL_GUARDED_BY(mutex_);
@@ -504,7 +499,7 @@ void CommScheduler::Impl::Send(Kind kind) {
   queue.erase(queue.begin());
   if (options_.timeline != nullptr) {
     call.sent = absl::Now();
-    call.lane = TakeLane(kind);
+    call.lane = options_.timeline->TakeLane(kind == Kind::kPush ? "push" : "pull");
   }
   const Wire& wire = wires_[call.wire];
   const Piece& piece = wire.pieces[call.piece];
@@ -537,6 +532,9 @@ void CommScheduler::Impl::Send(Kind kind) {
   scope.clock = base_clock_ + call.step;
   scope.first_chunk = piece.first_chunk;
   scope.num_chunks = piece.num_chunks;
+  // With a timeline of its own the scheduler records the call (with its
+  // step and time queued); the client's timeline would hold it twice.
+  scope.on_timeline = options_.timeline == nullptr;
   // Starting a call only queues its shard calls in the client (nothing
   // calls back into the scheduler meanwhile), so it happens under the lock
   // and calls start in dispatch order.
@@ -586,22 +584,8 @@ void CommScheduler::Impl::Complete(const Call& call, const absl::Status& status)
   Enqueue(Kind::kPull, call.wire, call.piece, call.step + 1);
 }
 
-int CommScheduler::Impl::TakeLane(Kind kind) {
-  const int k = static_cast<int>(kind);
-  size_t lane = 0;
-  while (lane < lane_busy_[k].size() && lane_busy_[k][lane]) ++lane;
-  if (lane == lane_busy_[k].size()) {
-    lane_busy_[k].push_back(false);
-    lane_tracks_[k].push_back(
-        options_.timeline->Track(absl::StrCat(kind == Kind::kPush ? "push " : "pull ", lane + 1)));
-  }
-  lane_busy_[k][lane] = true;
-  return static_cast<int>(lane);
-}
-
 void CommScheduler::Impl::Record(const Call& call, const absl::Status& status) {
-  const int k = static_cast<int>(call.kind);
-  lane_busy_[k][call.lane] = false;
+  options_.timeline->ReleaseLane(call.lane);
   const Wire& wire = wires_[call.wire];
   const Piece& piece = wire.pieces[call.piece];
   Json args{{"step", call.step},
@@ -616,7 +600,7 @@ void CommScheduler::Impl::Record(const Call& call, const absl::Status& status) {
   }
   if (!status.ok()) args["error"] = std::string(status.message());
   options_.timeline->Span(
-      lane_tracks_[k][call.lane],
+      call.lane,
       wire.pieces.size() > 1 ? absl::StrCat(wire.name, " ", call.piece + 1, "/", wire.pieces.size())
                              : wire.name,
       call.kind == Kind::kPush ? "push" : "pull", call.sent, absl::Now(), args);

@@ -7,6 +7,21 @@
 #include "absl/synchronization/notification.h"
 
 namespace harrier {
+namespace {
+
+const char* KindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kPush:
+      return "push";
+    case OpKind::kPull:
+      return "pull";
+    case OpKind::kPushPull:
+      return "push-pull";
+  }
+  return "call";
+}
+
+}  // namespace
 
 uint64_t OperationHandle::id() const { return op_ == nullptr ? 0 : op_->id(); }
 
@@ -35,7 +50,13 @@ bool Operation::Finish(const absl::Status& task_status) {
     if (--remaining_ > 0) return false;
     then = std::move(then_);
     then_ = nullptr;
-    if (then) outcome = Outcome();
+    if (then || timeline_ != nullptr) outcome = Outcome();
+  }
+  if (timeline_ != nullptr) {
+    timeline_->ReleaseLane(lane_);
+    Json args{{"operation", id_}};
+    if (!outcome.ok()) args["error"] = std::string(outcome.message());
+    timeline_->Span(lane_, description_, KindName(kind_), started_, absl::Now(), args);
   }
   if (then) then(std::move(outcome));
   return true;
@@ -76,12 +97,34 @@ OperationEngine::~OperationEngine() {
   mutex_.Await(absl::Condition(&ended));
 }
 
-std::shared_ptr<Operation> OperationEngine::NewOperation(OpKind kind, std::string description) {
-  return std::make_shared<Operation>(next_id_++, kind, std::move(description), live_);
+std::shared_ptr<Operation> OperationEngine::NewOperation(OpKind kind, std::string description,
+                                                         bool on_timeline) {
+  auto op = std::make_shared<Operation>(next_id_++, kind, std::move(description), live_);
+  if (on_timeline) {
+    if (std::shared_ptr<Timeline> timeline = this->timeline(); timeline != nullptr) {
+      op->started_ = absl::Now();
+      op->lane_ = timeline->TakeLane(KindName(kind));
+      op->timeline_ = std::move(timeline);
+    }
+  }
+  return op;
+}
+
+void OperationEngine::SetTimeline(std::shared_ptr<Timeline> timeline) {
+  int track = 0;
+  if (timeline != nullptr) track = timeline->Track("waits");
+  absl::MutexLock lock(&mutex_);
+  timeline_ = std::move(timeline);
+  wait_track_ = track;
+}
+
+std::shared_ptr<Timeline> OperationEngine::timeline() const {
+  absl::MutexLock lock(&mutex_);
+  return timeline_;
 }
 
 OperationHandle OperationEngine::Failed(OpKind kind, std::string description, absl::Status status) {
-  auto op = NewOperation(kind, std::move(description));
+  auto op = NewOperation(kind, std::move(description), /*on_timeline=*/false);
   absl::MutexLock lock(&op->mutex_);
   op->status_ = std::move(status);
   return OperationHandle(std::move(op));
@@ -117,8 +160,8 @@ void OperationEngine::TaskEnded(const std::shared_ptr<Operation>& op, int lane,
 }
 
 OperationHandle OperationEngine::Start(OpKind kind, std::string description,
-                                       std::vector<Task> tasks) {
-  auto op = NewOperation(kind, std::move(description));
+                                       std::vector<Task> tasks, bool on_timeline) {
+  auto op = NewOperation(kind, std::move(description), on_timeline && !tasks.empty());
   if (tasks.empty()) return OperationHandle(std::move(op));
   {
     absl::MutexLock lock(&op->mutex_);
@@ -154,7 +197,7 @@ OperationHandle OperationEngine::Start(OpKind kind, std::string description,
 }
 
 absl::Status OperationEngine::RunHere(OpKind kind, std::string description, const Task& task) {
-  auto op = NewOperation(kind, std::move(description));
+  auto op = NewOperation(kind, std::move(description), /*on_timeline=*/true);
   const absl::Time start = absl::Now();
   absl::Status status;
   absl::Notification done;
@@ -165,6 +208,13 @@ absl::Status OperationEngine::RunHere(OpKind kind, std::string description, cons
   });
   done.WaitForNotification();
   AddWait(kind, absl::Now() - start);
+  if (op->timeline_ != nullptr) {
+    op->timeline_->ReleaseLane(op->lane_);
+    Json args{{"operation", op->id()}};
+    if (!status.ok()) args["error"] = std::string(status.message());
+    op->timeline_->Span(op->lane_, op->description(), KindName(kind), op->started_, absl::Now(),
+                        args);
+  }
   return status;
 }
 
@@ -178,10 +228,12 @@ absl::Status OperationEngine::Wait(const OperationHandle& handle, absl::Time dea
   const absl::Condition done(op, &Operation::done);
   absl::Status result;
   bool finished = false;
+  bool blocked = false;
   {
     absl::MutexLock lock(&op->mutex_);
     if (op->waited_) return not_found();
     op->waited_ = true;
+    blocked = !op->done();
     finished = op->mutex_.AwaitWithDeadline(done, deadline);
     if (finished) result = op->status_;
   }
@@ -205,7 +257,22 @@ absl::Status OperationEngine::Wait(const OperationHandle& handle, absl::Time dea
           "still be in use"));
     }
   }
-  AddWait(op->kind(), absl::Now() - start);
+  const absl::Time end = absl::Now();
+  AddWait(op->kind(), end - start);
+  if (blocked) {
+    // The caller's wait, beside the calls it waited for.
+    std::shared_ptr<Timeline> timeline;
+    int track = 0;
+    {
+      absl::MutexLock lock(&mutex_);
+      timeline = timeline_;
+      track = wait_track_;
+    }
+    if (timeline != nullptr) {
+      timeline->Span(track, absl::StrCat("wait for ", op->description()), "wait", start, end,
+                     Json{{"operation", op->id()}});
+    }
+  }
   return result;
 }
 

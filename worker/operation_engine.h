@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "common/thread_pool.h"
 #include "worker/operation_handle.h"
+#include "worker/timeline.h"
 #include "worker/transport/timer_thread.h"
 #include "worker/transport/transport.h"
 
@@ -53,7 +54,8 @@ class Operation {
   friend class OperationEngine;
 
   // Records one task's status; true for the last task. The last one hands
-  // the outcome to the WhenDone callback, if one is set.
+  // the outcome to the WhenDone callback, if one is set, and puts the
+  // operation on the timeline, if it has one.
   bool Finish(const absl::Status& task_status);
   bool done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return remaining_ == 0; }
   // The outcome once done: DEADLINE_EXCEEDED if a WhenDone deadline
@@ -71,6 +73,11 @@ class Operation {
   bool waited_ ABSL_GUARDED_BY(mutex_) = false;
   bool expired_ ABSL_GUARDED_BY(mutex_) = false;  // cancelled at its WhenDone deadline
   OperationDone then_ ABSL_GUARDED_BY(mutex_);
+  // Set before the operation starts, when it goes on a timeline: from its
+  // start to the end of its last task, on a lane of its kind.
+  std::shared_ptr<Timeline> timeline_;
+  absl::Time started_;
+  int lane_ = 0;
 };
 
 struct OperationEngineOptions {
@@ -115,8 +122,10 @@ class OperationEngine {
   OperationEngine& operator=(const OperationEngine&) = delete;
 
   // Starts `tasks` on the executor. A task the executor refuses finishes
-  // the operation with RESOURCE_EXHAUSTED naming it.
-  OperationHandle Start(OpKind kind, std::string description, std::vector<Task> tasks);
+  // the operation with RESOURCE_EXHAUSTED naming it. With on_timeline
+  // false the operation is left off the timeline (its caller records it).
+  OperationHandle Start(OpKind kind, std::string description, std::vector<Task> tasks,
+                        bool on_timeline = true);
   // An operation that finished before it started (a bad argument, say).
   OperationHandle Failed(OpKind kind, std::string description, absl::Status status);
   // The blocking form of a one-task operation, started on the calling
@@ -144,6 +153,12 @@ class OperationEngine {
   // starts on the executor.
   void WithRetries(CallCanceller& canceller, Attempt attempt, CallDone done);
 
+  // Operations started from now on go on `timeline` (null: none): each
+  // from its start to its end on a lane of its kind, and each Wait that
+  // blocks on a row of the waits. Operations hold the timeline until they
+  // end.
+  void SetTimeline(std::shared_ptr<Timeline> timeline);
+
   // Time callers spent waiting: on pushes, and on pulls and push-pulls.
   absl::Duration push_wait() const;
   absl::Duration pull_wait() const;
@@ -152,7 +167,10 @@ class OperationEngine {
 
  private:
   struct Retry;
-  std::shared_ptr<Operation> NewOperation(OpKind kind, std::string description);
+  // With on_timeline and a timeline, the operation takes a lane on it and
+  // must end through Finish (or RunHere's own record) to give it back.
+  std::shared_ptr<Operation> NewOperation(OpKind kind, std::string description, bool on_timeline);
+  std::shared_ptr<Timeline> timeline() const;
   void AddWait(OpKind kind, absl::Duration waited);
   // Runs a task admitted to its class (started on the executor).
   void Launch(const std::shared_ptr<Operation>& op, int lane, Task task);
@@ -167,7 +185,9 @@ class OperationEngine {
   std::atomic<int64_t> push_wait_ns_{0};
   std::atomic<int64_t> pull_wait_ns_{0};
 
-  absl::Mutex mutex_;
+  mutable absl::Mutex mutex_;
+  std::shared_ptr<Timeline> timeline_ ABSL_GUARDED_BY(mutex_);
+  int wait_track_ ABSL_GUARDED_BY(mutex_) = 0;
   // Operations with tasks still running, so the destructor can cancel them
   // and wait for them.
   absl::flat_hash_map<const Operation*, std::weak_ptr<Operation>> running_ ABSL_GUARDED_BY(mutex_);

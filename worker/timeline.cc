@@ -36,14 +36,43 @@ absl::StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path
 }
 
 Timeline::Timeline(std::FILE* file, std::string path, int rank, uint64_t max_bytes)
-    : path_(std::move(path)), rank_(rank), max_bytes_(max_bytes), file_(file) {}
+    : path_(std::move(path)), rank_(rank), max_bytes_(max_bytes), file_(file), writer_([this] {
+        WriteLoop();
+      }) {}
 
 Timeline::~Timeline() {
   if (absl::Status status = Close(); !status.ok()) spdlog::warn("{}", status.ToString());
 }
 
+void Timeline::WriteLoop() {
+  auto work = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return closed_ || !pending_.empty(); };
+  mutex_.Lock();
+  while (true) {
+    mutex_.Await(absl::Condition(&work));
+    if (pending_.empty()) break;  // closed, and everything is written
+    std::string lines;
+    lines.swap(pending_);
+    const uint64_t queued = queued_;
+    // The file is the writer's alone, so callers go on recording
+    // meanwhile. Flushed per batch: the file holds every event that ended
+    // even if the process dies.
+    mutex_.Unlock();
+    const bool failed = std::fwrite(lines.data(), 1, lines.size(), file_) != lines.size() ||
+                        std::fflush(file_) != 0;
+    mutex_.Lock();
+    if (failed) write_failed_ = true;
+    written_ = queued;
+  }
+  mutex_.Unlock();
+}
+
 int Timeline::Track(absl::string_view name) {
   absl::MutexLock lock(&mutex_);
+  return TrackLocked(name);
+}
+
+int Timeline::TrackLocked(absl::string_view name) {
   for (size_t i = 0; i < tracks_.size(); ++i) {
     if (tracks_[i] == name) return static_cast<int>(i) + 1;
   }
@@ -61,6 +90,30 @@ int Timeline::Track(absl::string_view name) {
              {"tid", track},
              {"args", Json{{"sort_index", track}}}});
   return track;
+}
+
+int Timeline::TakeLane(absl::string_view prefix) {
+  absl::MutexLock lock(&mutex_);
+  int number = 0;
+  for (Lane& lane : lanes_) {
+    if (lane.prefix != prefix) continue;
+    ++number;
+    if (!lane.busy) {
+      lane.busy = true;
+      return lane.track;
+    }
+  }
+  // Made under the same lock, so two callers never share a new lane.
+  const int track = TrackLocked(absl::StrCat(prefix, " ", number + 1));
+  lanes_.push_back({std::string(prefix), track, true});
+  return track;
+}
+
+void Timeline::ReleaseLane(int track) {
+  absl::MutexLock lock(&mutex_);
+  for (Lane& lane : lanes_) {
+    if (lane.track == track) lane.busy = false;
+  }
 }
 
 void Timeline::Span(int track, absl::string_view name, absl::string_view category,
@@ -86,7 +139,7 @@ void Timeline::Mark(int track, absl::string_view name, absl::Time at, const Json
 }
 
 void Timeline::Write(Json event) {
-  if (file_ == nullptr || full_) return;
+  if (closed_ || full_) return;
   std::string line = absl::StrCat(first_ ? "[\n" : ",\n", DumpJson(event));
   if (bytes_ + line.size() > max_bytes_) {
     // The last event says where recording stopped; it may take the file
@@ -101,30 +154,43 @@ void Timeline::Write(Json event) {
                                       {"args", Json{{"max_bytes", max_bytes_}}}}));
   }
   first_ = false;
-  // Flushed per event (a few microseconds; a step makes a few hundred), so
-  // the file holds every event that ended even if the process dies.
-  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
-    write_failed_ = true;
-  }
   bytes_ += line.size();
+  pending_ += line;
+  ++queued_;
+}
+
+absl::Status Timeline::Flush(absl::Duration timeout) {
+  absl::MutexLock lock(&mutex_);
+  const uint64_t target = queued_;
+  auto written = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return written_ >= target || closed_;
+  };
+  if (!mutex_.AwaitWithTimeout(absl::Condition(&written), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("timeline: '", path_, "' not written within ", absl::FormatDuration(timeout)));
+  }
+  return write_failed_ ? absl::DataLossError(absl::StrCat("timeline: writing '", path_, "' failed"))
+                       : absl::OkStatus();
 }
 
 absl::Status Timeline::Close() {
+  bool first = false;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+    first = first_;
+  }
+  // The writer writes what is pending, then ends; the file is ours after.
+  writer_.join();
   absl::MutexLock lock(&mutex_);
-  if (file_ == nullptr) return absl::OkStatus();
-  const char* end = first_ ? "[]\n" : "\n]\n";
+  const char* end = first ? "[]\n" : "\n]\n";
   if (std::fputs(end, file_) < 0) write_failed_ = true;
-  const bool closed = std::fclose(file_) == 0;
-  file_ = nullptr;
-  if (write_failed_ || !closed) {
+  const bool file_closed = std::fclose(file_) == 0;
+  if (write_failed_ || !file_closed) {
     return absl::DataLossError(absl::StrCat("timeline: writing '", path_, "' failed"));
   }
   return absl::OkStatus();
-}
-
-uint64_t Timeline::bytes_written() const {
-  absl::MutexLock lock(&mutex_);
-  return bytes_;
 }
 
 bool Timeline::full() const {

@@ -9,10 +9,12 @@
 // since the Unix epoch, so the files of several workers line up when
 // their events are put into one array (`jq -s add worker*.json`).
 //
-// Events are written to the file as they end, so a run that dies leaves
-// what it recorded (viewers accept an array without its closing bracket).
-// At most `max_bytes` are written; the rest of the run is not recorded and
-// the last event says so.
+// Recording an event only formats it and hands it to the timeline's
+// writer thread, which appends it to the file and flushes within moments,
+// so a run that dies leaves what it recorded (viewers accept an array
+// without its closing bracket) and no caller waits on the file. At most
+// `max_bytes` are written; the rest of the run is not recorded and the
+// last event says so.
 
 #ifndef HARRIER_WORKER_TIMELINE_H_
 #define HARRIER_WORKER_TIMELINE_H_
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -46,6 +49,12 @@ class Timeline {
   // The track named `name` (a row in the viewer), created on first use.
   // Returns its id for Span and Mark.
   int Track(absl::string_view name);
+  // A lane: the lowest-numbered of the tracks "<prefix> 1", "<prefix> 2",
+  // ... that no span in flight holds (made when all are held). Spans of
+  // calls that overlap in time go on separate lanes; ReleaseLane gives the
+  // track back once its call has ended.
+  int TakeLane(absl::string_view prefix);
+  void ReleaseLane(int track);
   // An event on `track` from `start` to `end`, with `args` (a JSON object
   // or null) shown when it is selected.
   void Span(int track, absl::string_view name, absl::string_view category, absl::Time start,
@@ -53,27 +62,47 @@ class Timeline {
   // A moment on `track`.
   void Mark(int track, absl::string_view name, absl::Time at, const Json& args = Json());
 
-  // Ends the array and closes the file; events after it are dropped.
-  // Errors writing or closing the file.
+  // Waits until every event recorded so far is in the file, at most
+  // `timeout`: DEADLINE_EXCEEDED past it.
+  absl::Status Flush(absl::Duration timeout = absl::Seconds(10));
+  // Writes what is pending, ends the array and closes the file; events
+  // after it are dropped. Errors writing or closing the file.
   absl::Status Close();
 
-  uint64_t bytes_written() const;
   bool full() const;
 
  private:
   Timeline(std::FILE* file, std::string path, int rank, uint64_t max_bytes);
+  int TrackLocked(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Formats `event` and queues it for the writer.
   void Write(Json event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The writer thread: appends what is queued and flushes the file.
+  void WriteLoop();
 
   const std::string path_;
   const int rank_;
   const uint64_t max_bytes_;
   mutable absl::Mutex mutex_;
-  std::FILE* file_ ABSL_GUARDED_BY(mutex_);
-  uint64_t bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  // Only the writer thread writes to the file until Close has joined it.
+  std::FILE* const file_;
+  bool closed_ ABSL_GUARDED_BY(mutex_) = false;
+  // Formatted events not yet handed to the file; their count since the
+  // start (queued_) and how many of those the file holds (written_).
+  std::string pending_ ABSL_GUARDED_BY(mutex_);
+  uint64_t queued_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t written_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t bytes_ ABSL_GUARDED_BY(mutex_) = 0;  // queued, in all
   bool first_ ABSL_GUARDED_BY(mutex_) = true;
   bool full_ ABSL_GUARDED_BY(mutex_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mutex_) = false;
   std::vector<std::string> tracks_ ABSL_GUARDED_BY(mutex_);
+  struct Lane {
+    std::string prefix;
+    int track = 0;
+    bool busy = false;
+  };
+  std::vector<Lane> lanes_ ABSL_GUARDED_BY(mutex_);
+  std::thread writer_;  // last: started once the rest is made
 };
 
 // The path a worker of `rank` writes its timeline to: `pattern` with

@@ -69,10 +69,10 @@ ABSL_FLAG(bool, priority_across_workers, false,
           "every worker sends its pieces in the order of backward, so rounds complete as the "
           "pushes arrive (measured faster; docs/performance.md, \"Where a 4 x 4 step goes\").");
 ABSL_FLAG(std::string, timeline, "",
-          "Write a timeline of the comm scheduler's calls and the training loop's waits to this "
-          "file (a Chrome trace: open it in ui.perfetto.dev or chrome://tracing). '{rank}' in "
-          "the path is replaced by the worker's rank; without it only rank 0 writes one. Needs "
-          "--techniques.");
+          "Write a timeline of the worker's pushes and pulls to this file (a Chrome trace: open "
+          "it in ui.perfetto.dev or chrome://tracing); with --techniques, the comm scheduler's "
+          "calls with their steps, the training loop's waits and each step. '{rank}' in the "
+          "path is replaced by the worker's rank; without it only rank 0 writes one.");
 ABSL_FLAG(int, timeline_max_mib, 256,
           "Stop recording the --timeline once its file reaches this size.");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
@@ -252,12 +252,8 @@ int main(int argc, char** argv) {
       scheduler->fusion_bytes = compress_min > sizeof(float) ? compress_min - sizeof(float) : 0;
     }
   }
-  if (!absl::GetFlag(FLAGS_timeline).empty()) {
-    if (!scheduler.has_value()) {
-      return Fail(
-          "--timeline records the comm scheduler's calls and waits: pass --techniques (e.g. all)");
-    }
-    if (absl::GetFlag(FLAGS_timeline_max_mib) < 1) return Fail("--timeline_max_mib must be >= 1");
+  if (!absl::GetFlag(FLAGS_timeline).empty() && absl::GetFlag(FLAGS_timeline_max_mib) < 1) {
+    return Fail("--timeline_max_mib must be >= 1");
   }
   if (replay.has_value()) {
     if (absl::GetFlag(FLAGS_device) != "cpu") {
@@ -426,14 +422,17 @@ int main(int argc, char** argv) {
     }
   }
   // Opened once the rank is known; outlives every scheduler below.
-  std::unique_ptr<harrier::Timeline> timeline;
+  std::shared_ptr<harrier::Timeline> timeline;
   if (const std::string path = harrier::TimelinePathFor(absl::GetFlag(FLAGS_timeline), rank);
       !path.empty()) {
     auto opened = harrier::Timeline::Open(
         path, rank, static_cast<uint64_t>(absl::GetFlag(FLAGS_timeline_max_mib)) << 20);
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     timeline = std::move(*opened);
-    scheduler->timeline = timeline.get();
+    // The scheduler records its own calls, with their steps; the client
+    // records every other operation.
+    if (scheduler.has_value()) scheduler->timeline = timeline.get();
+    (*client)->SetTimeline(timeline);
     std::fprintf(stderr, "[worker %d] timeline: %s\n", rank, path.c_str());
   }
 

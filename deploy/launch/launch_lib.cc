@@ -75,6 +75,12 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the job token, as harrier-server's and harrier-worker's "
           "--auth_token_file: passed to every shard and harrier-worker, to a command as "
           "HARRIER_AUTH_TOKEN_FILE.");
+ABSL_FLAG(std::string, timeline_filename, "",
+          "Every worker records a timeline of its pushes, pulls and waits (a Chrome trace) to "
+          "this file: harrier-worker as --timeline, a command as HARRIER_TIMELINE "
+          "(harrier.torch). '{rank}' in the path is replaced by the worker's rank; without it "
+          "only rank 0 writes one, as horovodrun's --timeline-filename. Also spelt "
+          "--timeline-filename. Relative to the launcher's current folder.");
 
 namespace harrier::launch {
 namespace {
@@ -188,6 +194,12 @@ std::vector<std::string> SpellOutShortFlags(const std::vector<std::string>& args
       break;
     }
     if (short_form) continue;
+    // horovodrun's spelling of the one flag with a dash in its name.
+    if (a == "--timeline-filename" || absl::StartsWith(a, "--timeline-filename=")) {
+      out.push_back(absl::StrCat("--timeline_filename", a.substr(strlen("--timeline-filename"))));
+      if (a == "--timeline-filename" && i + 1 < args.size()) out.push_back(args[++i]);
+      continue;
+    }
     out.push_back(a);
     absl::string_view name = a;
     if (a.find('=') != std::string::npos || !absl::ConsumePrefix(&name, "-")) continue;
@@ -339,6 +351,10 @@ absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& after_d
     if (all_local) {
       if (absl::Status st = CheckReadable(name, *path); !st.ok()) return st;
     }
+  }
+  if (const std::string timeline = absl::GetFlag(FLAGS_timeline_filename); !timeline.empty()) {
+    o.timeline = absl::StartsWith(timeline, "/") || cwd.empty() ? timeline
+                                                                : absl::StrCat(cwd, "/", timeline);
   }
   // The launcher owns the job's shape; a second value would silently win or lose.
   for (const std::string& a : o.worker_args) {
@@ -533,7 +549,8 @@ JobPlan MakePlan(const Options& o) {
              {std::make_pair("HARRIER_TLS_CA", &o.tls_ca),
               std::make_pair("HARRIER_TLS_CERT", &o.tls_cert),
               std::make_pair("HARRIER_TLS_KEY", &o.tls_key),
-              std::make_pair("HARRIER_AUTH_TOKEN_FILE", &o.auth_token_file)}) {
+              std::make_pair("HARRIER_AUTH_TOKEN_FILE", &o.auth_token_file),
+              std::make_pair("HARRIER_TIMELINE", &o.timeline)}) {
           if (!value->empty()) w.env.emplace_back(name, *value);
         }
         if (!o.omp_num_threads.empty()) {
@@ -546,6 +563,7 @@ JobPlan MakePlan(const Options& o) {
         w.command = {o.worker_bin, absl::StrCat("--servers=", servers),
                      absl::StrCat("--num_workers=", total), absl::StrCat("--rank=", rank)};
         w.command.insert(w.command.end(), security.begin(), security.end());
+        if (!o.timeline.empty()) w.command.push_back(absl::StrCat("--timeline=", o.timeline));
         for (const auto& a : o.worker_args) w.command.push_back(a);
       }
       plan.workers.push_back(w);

@@ -34,6 +34,7 @@ ABSL_DECLARE_FLAG(std::string, tls_ca);
 ABSL_DECLARE_FLAG(std::string, tls_cert);
 ABSL_DECLARE_FLAG(std::string, tls_key);
 ABSL_DECLARE_FLAG(std::string, auth_token_file);
+ABSL_DECLARE_FLAG(std::string, timeline_filename);
 
 namespace harrier::launch {
 
@@ -64,6 +65,9 @@ struct Options {
   // as HARRIER_TLS_CA, HARRIER_TLS_CERT, HARRIER_TLS_KEY and
   // HARRIER_AUTH_TOKEN_FILE.
   std::string tls_ca, tls_cert, tls_key, auth_token_file;
+  // --timeline_filename, absolute (empty: none): harrier-worker's
+  // --timeline, a command's HARRIER_TIMELINE.
+  std::string timeline;
   // The launcher's current folder: a remote command runs there.
   std::string workdir;
   // The launcher's OMP_NUM_THREADS (empty: unset). A command gets it as it

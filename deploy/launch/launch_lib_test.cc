@@ -75,6 +75,49 @@ TEST_CASE("-np spelled out as --np; a command after -- untouched") {
                                  "--np", "4", "--", "python3", "-np", "2"});
 }
 
+TEST_CASE("horovodrun's --timeline-filename spelt as --timeline_filename") {
+  CHECK(SpellOutShortFlags({"harrier-launch", "--timeline-filename", "t.json",
+                            "--timeline-filename=/x/t_{rank}.json", "--", "python3",
+                            "--timeline-filename", "y"}) ==
+        std::vector<std::string>{"harrier-launch", "--timeline_filename", "t.json",
+                                 "--timeline_filename=/x/t_{rank}.json", "--", "python3",
+                                 "--timeline-filename", "y"});
+}
+
+TEST_CASE("options: --timeline_filename made absolute") {
+  absl::FlagSaver restore;
+  absl::SetFlag(&FLAGS_hosts, "localhost:1");
+  absl::SetFlag(&FLAGS_timeline_filename, "t_{rank}.json");
+  auto relative = OptionsFromFlags({}, "/home/me");
+  REQUIRE(relative.ok());
+  CHECK(relative->timeline == "/home/me/t_{rank}.json");
+  absl::SetFlag(&FLAGS_timeline_filename, "/tmp/t.json");
+  auto absolute = OptionsFromFlags({}, "/home/me");
+  REQUIRE(absolute.ok());
+  CHECK(absolute->timeline == "/tmp/t.json");
+}
+
+TEST_CASE("plan: the timeline to harrier-worker as --timeline, to a command as HARRIER_TIMELINE") {
+  Options o;
+  o.hosts = {{"h1", 1}};
+  o.num_servers = 1;
+  o.base_port = 7000;
+  o.server_bin = "/b/harrier-server";
+  o.worker_bin = "/b/harrier-worker";
+  o.timeline = "/t/t_{rank}.json";
+  o.worker_args = {"--max_steps=3"};
+  const JobPlan plan = MakePlan(o);
+  CHECK(plan.workers[0].command ==
+        std::vector<std::string>{"/b/harrier-worker", "--servers=h1:7000", "--num_workers=1",
+                                 "--rank=0", "--timeline=/t/t_{rank}.json", "--max_steps=3"});
+  for (const std::string& flag : plan.shards[0].command)
+    CHECK(flag.find("timeline") == std::string::npos);
+  o.command = {"python3", "train.py"};
+  const JobPlan command = MakePlan(o);
+  CHECK(command.workers[0].env.back() ==
+        std::make_pair(std::string("HARRIER_TIMELINE"), std::string("/t/t_{rank}.json")));
+}
+
 TEST_CASE("-np takes the first N slots in host order") {
   const std::vector<HostSlots> hosts = {{"a", 2}, {"b", 2}, {"c", 1}};
   auto three = TakeSlots(hosts, 3, "-H a:2,b:2,c:1");

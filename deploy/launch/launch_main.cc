@@ -76,6 +76,7 @@ Processes:
       HARRIER_NUM_SHARDS   HARRIER_NUM_WORKERS (all workers)   HARRIER_RANK (0..N-1)
       HARRIER_LOCAL_RANK   (index on its host)   HARRIER_LOCAL_SIZE (workers on its host)
       HARRIER_TLS_CA, HARRIER_TLS_CERT, HARRIER_TLS_KEY, HARRIER_AUTH_TOKEN_FILE (when given)
+      HARRIER_TIMELINE     --timeline_filename, when given
       OMP_NUM_THREADS      the launcher's own; unset, 1 on a host running several workers
     Locally it runs in the launcher's current folder, found on PATH; over ssh it runs in the
     same folder on the remote host (hosts sharing a file system), else in the ssh login folder.
@@ -87,6 +88,10 @@ Processes:
   TLS and the job token: --tls_ca, --tls_cert, --tls_key, --auth_token_file (paths that exist on
   every host) go to every shard and harrier-worker as the same flags, to a COMMAND as the
   variables above.
+  Timeline: --timeline_filename=PATH (also horovodrun's --timeline-filename) has every worker
+  record a Chrome trace of its pushes, pulls and waits: harrier-worker as --timeline=PATH, a
+  COMMAND as HARRIER_TIMELINE (harrier.torch). '{rank}' in PATH: one file per worker;
+  without it rank 0's alone.
 
 Output: each line of each process's stdout (to stdout) and stderr (to stderr), prefixed
 "[shard-0@host] " or "[worker-3@host] "; the launcher's own lines start with "[launch] ".

@@ -19,6 +19,8 @@ releases the GIL. Failures raise a subclass of harrier.Error carrying the
 status code and message.
 """
 
+import os as _os
+
 import numpy as _np
 
 from . import _harrier
@@ -564,6 +566,17 @@ class Client:
         """Counters: bytes_pushed, bytes_pulled, pushes, pulls, push_wait_s,
         pull_wait_s, last_min_clock."""
         return self._client.stats()
+
+    def start_timeline(self, path, max_bytes=256 << 20):
+        """Records this client's pushes and pulls, the waits on them and the
+        calls of every Scheduler made from now on to `path`, a Chrome trace
+        (open it in ui.perfetto.dev or chrome://tracing), until
+        stop_timeline() or close(). Recording stops at max_bytes."""
+        self._client.start_timeline(_os.fspath(path), int(max_bytes))
+
+    def stop_timeline(self):
+        """Ends the timeline's file; calls still in flight are left out."""
+        self._client.stop_timeline()
 
     def close(self):
         """Gives the session back (also on garbage collection)."""

@@ -69,7 +69,7 @@ __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "push_pull",
     "push_pull_async", "synchronize", "join", "barrier", "nccl_built", "mpi_built",
     "gloo_built", "mpi_threads_supported", "cuda_built", "Embedding", "EmbeddingBag",
-    "EmbeddingBagCollection",
+    "EmbeddingBagCollection", "start_timeline", "stop_timeline",
 ]
 
 _default_client = None
@@ -430,9 +430,10 @@ def init(servers=None, rank=None, local_rank=None, local_size=None, **client_opt
     lowest free rank), HARRIER_LOCAL_RANK, HARRIER_LOCAL_SIZE,
     HARRIER_NUM_WORKERS (checked against the shards'), HARRIER_TLS_CA,
     HARRIER_TLS_CERT, HARRIER_TLS_KEY, HARRIER_AUTH_TOKEN_FILE, HARRIER_JOB
-    and HARRIER_TRANSPORT. client_options go to harrier.Client (codec,
-    rpc_timeout, ...). A second call does nothing. The job is left at exit
-    (shutdown())."""
+    and HARRIER_TRANSPORT. HARRIER_TIMELINE (or Horovod's HOROVOD_TIMELINE)
+    starts a timeline at once (start_timeline()). client_options go to
+    harrier.Client (codec, rpc_timeout, ...). A second call does nothing.
+    The job is left at exit (shutdown())."""
     global _job, _default_client
     with _job_lock:
         if _job is not None:
@@ -475,6 +476,50 @@ def init(servers=None, rank=None, local_rank=None, local_size=None, **client_opt
         _job = _Job(client, local_rank, local_size)
         _default_client = client
         _atexit.register(shutdown)
+        timeline = _os.environ.get("HARRIER_TIMELINE") or _os.environ.get("HOROVOD_TIMELINE")
+        if timeline:
+            _start_timeline(client, timeline)
+
+
+def _timeline_path(pattern, rank):
+    """The file a worker of `rank` writes: "{rank}" in the pattern replaced
+    by the rank; without it only rank 0 writes one (as Horovod's timeline
+    is written once), as harrier-worker --timeline does."""
+    if "{rank}" in pattern:
+        return pattern.replace("{rank}", str(rank))
+    return pattern if rank == 0 else ""
+
+
+def _start_timeline(client, pattern):
+    path = _timeline_path(_os.fspath(pattern), client.rank)
+    if path:
+        client.start_timeline(path)
+        print(f"harrier.torch: rank {client.rank}: timeline: {path}", file=_sys.stderr)
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Records this worker's pushes, pulls and the waits on them (and, with
+    techniques=, the comm scheduler's calls, waits and steps) to
+    `file_path`, a Chrome trace: open it in ui.perfetto.dev or
+    chrome://tracing. "{rank}" in the path is replaced by the worker's rank;
+    without it only rank 0 writes one, as in Horovod. mark_cycles is
+    accepted for Horovod's signature and has no effect (Harrier has no
+    negotiation cycles). HARRIER_TIMELINE=path does the same from init()."""
+    del mark_cycles
+    job = _need_job("start_timeline()")
+    if isinstance(job.client, _LocalClient):
+        print("harrier.torch: a single process without shards has no calls to record: no "
+              "timeline", file=_sys.stderr)
+        return
+    _start_timeline(job.client, file_path)
+
+
+def stop_timeline():
+    """Ends the timeline's file (also done by shutdown() and at exit); calls
+    still in flight are left out."""
+    job = _need_job("stop_timeline()")
+    if not isinstance(job.client, _LocalClient):
+        job.client.stop_timeline()
 
 
 def _need_job(what):

@@ -190,5 +190,17 @@ expect_error "a token file that is a folder" 2 "harrier-launch: cannot read --au
   "$launch" -H localhost:1 --auth_token_file="$tmp/job" --bin_dir=/opt/h --dry_run
 expect_error "a bad HARRIER_ value" 2 "HARRIER_GRACE_MS: bad value 'soon' for --grace_ms" \
   HARRIER_GRACE_MS=soon "$launch" -H localhost:1
+# horovodrun's --timeline-filename: every worker records a timeline, a
+# command from HARRIER_TIMELINE (quoted for sh: the path has braces),
+# harrier-worker as --timeline; a relative path is the launcher's folder's.
+(cd "$tmp/job" && run "$launch" -np 2 --bin_dir=/opt/h --dry_run --timeline-filename 't_{rank}.json' \
+  -- python3 train.py)
+report "--timeline-filename: HARRIER_TIMELINE for a command, absolute" \
+  "$([ "$(grep -c "HARRIER_TIMELINE='$tmp/job/t_{rank}.json' OMP_NUM_THREADS=1 python3 train.py\$" "$tmp/out")" -eq 2 ] &&
+     echo yes)" "$(head -c 600 "$tmp/out" "$tmp/err")"
+run "$launch" -np 1 --bin_dir=/opt/h --dry_run --timeline_filename=/t/t.json -- --max_steps=1
+report "--timeline_filename: --timeline for harrier-worker" \
+  "$(grep -q -- '--rank=0 --timeline=/t/t.json --max_steps=1$' "$tmp/out" && echo yes)" \
+  "$(head -c 600 "$tmp/out" "$tmp/err")"
 echo "$((total - failures)) checks passed, $failures failed"
 [ "$failures" -eq 0 ]

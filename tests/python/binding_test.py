@@ -2,7 +2,10 @@
 real shards on 127.0.0.1 (values checked exactly: integer parameters and
 power-of-two gradients make the shards' SGD exact)."""
 
+import collections
 import gc
+import json
+import os
 import threading
 import time
 import unittest
@@ -298,6 +301,48 @@ class BindingTest(unittest.TestCase):
             s.close()
             with self.assertRaises(harrier.FailedPreconditionError):
                 s.drain()
+
+    def test_timeline(self):
+        # The client's own calls and waits, and a scheduler's calls (each
+        # once, with its step), until stop_timeline; nothing after it.
+        path = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), "binding_timeline.json")
+        with self.client() as c:
+            c.register("tl", initial())
+            c.start_timeline(path)
+            with self.assertRaisesRegex(harrier.FailedPreconditionError, "already"):
+                c.start_timeline(path + ".2")
+            c.push_pull_async("tl", gradient(0)).wait(20)
+            c.pull("tl")
+            a = np.arange(1000, dtype=np.float32)
+            s = harrier.Scheduler(c, [("tl.a", a)], techniques="all", wait_timeout=20)
+            for step in range(2):
+                s.wait_parameters(0)
+                s.gradient_ready(0, np.full(1000, 1.0, np.float32))
+                s.end_backward()
+            s.drain()
+            stats = s.stats()
+            s.close()
+            c.stop_timeline()
+            c.stop_timeline()  # a no-op once stopped
+            c.pull_async("tl", clock=0).wait(20)  # not recorded
+        with open(path) as f:
+            events = json.load(f)
+        spans = [e for e in events if e.get("ph") == "X"]
+        names = collections.Counter((e["cat"], e["name"]) for e in spans)
+        self.assertEqual(names[("push-pull", "push-pull of 'tl'")], 1)
+        self.assertEqual(names[("pull", "pull of 'tl'")], 1)
+        # The scheduler's calls carry their step, and the client does not
+        # record them a second time.
+        scheduled = [e for e in spans if e["cat"] in ("push", "pull") and "step" in e["args"]]
+        self.assertEqual(sum(e["cat"] == "push" for e in scheduled), stats["push_calls"])
+        self.assertEqual(sum(e["cat"] == "pull" for e in scheduled), stats["pull_calls"])
+        by_client = {e["name"] for e in spans if "operation" in e["args"] and e["cat"] != "wait"}
+        self.assertEqual(by_client, {"push-pull of 'tl'", "pull of 'tl'"})
+        self.assertEqual(sorted(e["name"] for e in spans if e["cat"] == "step"),
+                         ["step 0", "step 1"])
+        with self.assertRaisesRegex(harrier.InvalidArgumentError, "nonexistent"):
+            with self.client() as c:
+                c.start_timeline("/nonexistent-dir/t.json")
 
 
 class UcxTest(unittest.TestCase):

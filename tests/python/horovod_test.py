@@ -8,6 +8,8 @@ never pushes fails in time with a clear error; configuration errors; the
 Horovod-style example reaching the single-process accuracy with 2 and 4
 workers."""
 
+import collections
+import json
 import os
 import re
 import subprocess
@@ -30,8 +32,9 @@ sys.path.insert(0, HERE)
 import torch_worker  # noqa: E402
 
 
-def environment(cluster, rank, workers):
+def environment(cluster, rank, workers, extra=None):
     env = dict(os.environ)
+    env.update(extra or {})
     env.update(HARRIER_SERVERS=",".join(cluster.servers), HARRIER_RANK=str(rank),
                HARRIER_NUM_WORKERS=str(workers), HARRIER_LOCAL_RANK=str(rank),
                HARRIER_LOCAL_SIZE=str(workers))
@@ -39,14 +42,14 @@ def environment(cluster, rank, workers):
     return env
 
 
-def run_workers(cluster, scenario, workers=2, timeout=180, **flags):
+def run_workers(cluster, scenario, workers=2, timeout=180, env=None, **flags):
     directory = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
     processes, outs = [], []
     for rank in range(workers):
         out = os.path.join(directory, f"worker{rank}.npz")
         args = [sys.executable, WORKER, f"--scenario={scenario}", f"--out={out}"]
         args += [f"--{k}={v}" for k, v in flags.items()]
-        processes.append(subprocess.Popen(args, env=environment(cluster, rank, workers),
+        processes.append(subprocess.Popen(args, env=environment(cluster, rank, workers, env),
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         outs.append(out)
     results = []
@@ -64,10 +67,11 @@ def run_workers(cluster, scenario, workers=2, timeout=180, **flags):
 
 
 class HorovodScriptTest(unittest.TestCase):
-    def check_momentum(self, **flags):
+    def check_momentum(self, env=None, **flags):
         steps, batch, lr = 6, 32, 0.1
         with Cluster(shards=2, workers=2) as cluster:
-            results = run_workers(cluster, "momentum", steps=steps, batch=batch, lr=lr, **flags)
+            results = run_workers(cluster, "momentum", env=env, steps=steps, batch=batch, lr=lr,
+                                  **flags)
         # One process: rank 0's initial model, the whole batch, the same
         # optimizer and schedule.
         _, inputs, labels = torch_worker.model_and_data(0, steps, batch)
@@ -97,6 +101,38 @@ class HorovodScriptTest(unittest.TestCase):
 
     def test_user_momentum_optimizer_and_schedule_as_written(self):
         self.check_momentum()
+
+    def test_timeline_from_the_environment(self):
+        # HARRIER_TIMELINE (what harrier-launch --timeline-filename sets) as
+        # Horovod's HOROVOD_TIMELINE: each rank's file holds its push-pulls
+        # of the gradient buckets, 6 steps of each, on lanes, and the waits.
+        directory = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        self.check_momentum(env={"HARRIER_TIMELINE": os.path.join(directory, "t_{rank}.json")})
+        for rank in range(2):
+            with open(os.path.join(directory, f"t_{rank}.json")) as f:
+                events = json.load(f)
+            spans = [e for e in events if e.get("ph") == "X"]
+            calls = collections.Counter(e["name"] for e in spans if e["cat"] == "push-pull")
+            self.assertTrue(calls, f"rank {rank}: no push-pulls in {sorted(set(e['name'] for e in spans))}")
+            # Every bucket pushed and pulled once a step.
+            self.assertEqual(set(calls.values()), {6}, f"rank {rank}: {calls}")
+            self.assertTrue(all(n.startswith("push-pull of 'harrier.gradient/") for n in calls), calls)
+            ids = [e["args"]["operation"] for e in spans if e["cat"] != "wait"]
+            self.assertEqual(len(ids), len(set(ids)))
+            # Each wait names an operation of the file.
+            waited = {e["args"]["operation"] for e in spans if e["cat"] == "wait"}
+            self.assertTrue(waited <= set(ids), waited - set(ids))
+            names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+            self.assertIn("waits", names.values())
+            self.assertEqual({names[e["tid"]] for e in spans if e["cat"] == "wait"}, {"waits"})
+            self.assertTrue(all(re.fullmatch(r"push-pull \d+", names[e["tid"]])
+                                for e in spans if e["cat"] == "push-pull"))
+            pid = {e["pid"] for e in events}
+            self.assertEqual(pid, {rank})
+        # Without {rank} only rank 0 writes, as Horovod's timeline.
+        self.assertEqual(hvd._timeline_path("/t/t.json", 0), "/t/t.json")
+        self.assertEqual(hvd._timeline_path("/t/t.json", 1), "")
+        self.assertEqual(hvd._timeline_path("/t/t_{rank}.json", 1), "/t/t_1.json")
 
     def test_gradients_accumulated_in_the_buckets_or_allocated_afresh(self):
         # Two backward passes a step accumulate into the buckets' views; on

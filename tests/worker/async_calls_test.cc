@@ -6,18 +6,23 @@
 
 #include <dirent.h>
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/json.h"
 #include "tests/worker/fake_cluster.h"
 #include "worker/client.h"
 #include "worker/comm_scheduler.h"
+#include "worker/timeline.h"
 #include "worker/transport/fake/fake_transport.h"
 
 namespace harrier {
@@ -211,6 +216,94 @@ TEST_CASE("WhenDone cancels an operation at its deadline") {
   REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   CHECK(absl::IsDeadlineExceeded(outcome));
   CHECK(shard.cancelled_calls() == 1);
+}
+
+TEST_CASE("the client's timeline: operations on lanes of their kind, blocked waits, errors") {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/client_timeline.json";
+  auto opened = Timeline::Open(path, 5, 1 << 20);
+  REQUIRE(opened.ok());
+  std::shared_ptr<Timeline> timeline = std::move(*opened);
+  FakeCluster cluster = MakeFakeCluster(Options(1));
+  FakeShardTransport& shard = *cluster.shards[0];
+  for (const char* name : {"a", "b", "c"}) {
+    REQUIRE(cluster.client->RegisterTensor(name, {4}).ok());
+  }
+  shard.SetResponder([](const FakeShardTransport::Call& call, const ChunkViewSink* sink) {
+    if (call.kind == FakeShardTransport::CallKind::kPush && call.chunks[0].key() == "b") {
+      return absl::InvalidArgumentError("fake: 'b' refused");
+    }
+    return FakeShardTransport::DefaultResponse(call, sink);
+  });
+  cluster.client->SetTimeline(timeline);
+  const std::vector<float> gradient(4, 1.0f);
+  std::vector<float> pulled(4, -1.0f);
+  // "a" is held until its wait's deadline cancels it: a wait that blocked.
+  shard.SetHoldIf([](const FakeShardTransport::Call& call) {
+    return call.kind == FakeShardTransport::CallKind::kPush && call.chunks[0].key() == "a";
+  });
+  Client::Handle push_a = cluster.client->PushAsync("a", gradient);
+  REQUIRE(shard.AwaitHeld(1, absl::Seconds(5)));
+  Client::Handle push_b = cluster.client->PushAsync("b", gradient);
+  Client::Handle pull_c = cluster.client->PullAsync("c", absl::MakeSpan(pulled));
+  CHECK(
+      absl::IsDeadlineExceeded(cluster.client->Wait(push_a, absl::Now() + absl::Milliseconds(50))));
+  CHECK(absl::IsInvalidArgument(cluster.client->Wait(push_b, absl::Now() + absl::Seconds(10))));
+  REQUIRE(cluster.client->Wait(pull_c, absl::Now() + absl::Seconds(10)).ok());
+  // A call its caller records itself (the comm scheduler's) is left off.
+  shard.SetHoldIf(nullptr);
+  CallScope scope;
+  scope.on_timeline = false;
+  REQUIRE(
+      cluster.client
+          ->Wait(cluster.client->PushAsync("c", gradient, scope), absl::Now() + absl::Seconds(10))
+          .ok());
+  // Off the timeline again: not recorded.
+  cluster.client->SetTimeline(nullptr);
+  REQUIRE(cluster.client
+              ->Wait(cluster.client->PullAsync("c", absl::MakeSpan(pulled)),
+                     absl::Now() + absl::Seconds(10))
+              .ok());
+  REQUIRE(timeline->Close().ok());
+
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const Json events = ParseJson(text.str());
+  std::map<int, std::string> tracks;
+  std::map<std::string, Json> spans;  // by name
+  int span_count = 0;
+  for (const Json& event : events) {
+    CHECK(event["pid"] == 5);
+    if (event["name"] == "thread_name") {
+      tracks[event["tid"].get<int>()] = event["args"]["name"].get<std::string>();
+    }
+    if (event["ph"] == "X") {
+      if (event["cat"] != "wait") ++span_count;
+      spans[event["name"].get<std::string>()] = event;
+    }
+  }
+  CHECK(span_count == 3);  // the operations, each once
+  REQUIRE(spans.count("push of 'a'") == 1);
+  REQUIRE(spans.count("push of 'b'") == 1);
+  REQUIRE(spans.count("pull of 'c'") == 1);
+  REQUIRE(spans.count("wait for push of 'a'") == 1);
+  const Json& a = spans["push of 'a'"];
+  const Json& b = spans["push of 'b'"];
+  // In flight together: separate lanes of pushes.
+  CHECK(tracks[a["tid"].get<int>()] == "push 1");
+  CHECK(tracks[b["tid"].get<int>()] == "push 2");
+  CHECK(tracks[spans["pull of 'c'"]["tid"].get<int>()] == "pull 1");
+  CHECK(a["cat"] == "push");
+  CHECK(a["args"].contains("error"));
+  CHECK(b["args"]["error"].get<std::string>().find("'b' refused") != std::string::npos);
+  CHECK_FALSE(spans["pull of 'c'"]["args"].contains("error"));
+  const Json& wait = spans["wait for push of 'a'"];
+  CHECK(tracks[wait["tid"].get<int>()] == "waits");
+  CHECK(wait["args"]["operation"] == a["args"]["operation"]);
+  // The wait lasted until its deadline, within the operation's span.
+  CHECK(wait["dur"].get<int64_t>() >= 50'000);
+  CHECK(wait["ts"].get<int64_t>() >= a["ts"].get<int64_t>());
 }
 
 }  // namespace

@@ -6,8 +6,13 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "common/json.h"
@@ -39,9 +44,14 @@ TEST_CASE("a timeline is a Chrome trace of its tracks, spans and marks") {
   (*timeline)->Span(pushes, "w 1/2", "push", start, start + absl::Milliseconds(5),
                     Json{{"bytes", 4096}});
   (*timeline)->Mark(waits, "step", start + absl::Milliseconds(7));
-  // Before Close the array has no end, as when a worker dies: the events
-  // are in the file already.
+  // Before Close the array has no end, as when a worker dies: the writer
+  // puts the events in the file within moments, unasked.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (ReadFile(path).find("\"w 1/2\"") == std::string::npos && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   CHECK(ReadFile(path).find("\"w 1/2\"") != std::string::npos);
+  CHECK((*timeline)->Flush().ok());
   REQUIRE((*timeline)->Close().ok());
 
   const Json events = ParseJson(ReadFile(path));
@@ -95,6 +105,75 @@ TEST_CASE("a timeline stops at its size bound with an event that says so") {
   CHECK(events.back()["name"] == "timeline full: the rest is not recorded");
   CHECK(events.size() > 10);
   CHECK(events.size() < 100);
+}
+
+TEST_CASE("lanes: the lowest free track of their kind, made when every one is held") {
+  const std::string path = TempPath("lanes.json");
+  auto timeline = Timeline::Open(path, 0, 1 << 20);
+  REQUIRE(timeline.ok());
+  Timeline& t = **timeline;
+  const int push1 = t.TakeLane("push");
+  const int push2 = t.TakeLane("push");
+  const int pull1 = t.TakeLane("pull");
+  CHECK(push1 != push2);
+  CHECK(pull1 != push1);
+  CHECK(pull1 != push2);
+  t.ReleaseLane(push1);
+  CHECK(t.TakeLane("push") == push1);  // the lowest free one again
+  const int push3 = t.TakeLane("push");
+  CHECK(push3 != push1);
+  CHECK(push3 != push2);
+  t.ReleaseLane(push2);
+  CHECK(t.TakeLane("push") == push2);
+  REQUIRE(t.Close().ok());
+  std::map<int, std::string> names;
+  for (const Json& event : ParseJson(ReadFile(path))) {
+    if (event["name"] == "thread_name") {
+      names[event["tid"].get<int>()] = event["args"]["name"].get<std::string>();
+    }
+  }
+  CHECK(names[push1] == "push 1");
+  CHECK(names[push2] == "push 2");
+  CHECK(names[push3] == "push 3");
+  CHECK(names[pull1] == "pull 1");
+  CHECK(names.size() == 4);
+}
+
+TEST_CASE("threads recording at once lose no event and keep the file whole") {
+  const std::string path = TempPath("threads.json");
+  auto timeline = Timeline::Open(path, 1, 64 << 20);
+  REQUIRE(timeline.ok());
+  Timeline& t = **timeline;
+  constexpr int kThreads = 4;
+  constexpr int kEach = 2000;
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&t, k] {
+      for (int i = 0; i < kEach; ++i) {
+        const int lane = t.TakeLane("call");
+        t.Span(lane, "c", "call", absl::Now(), absl::Now(), Json{{"thread", k}, {"i", i}});
+        t.ReleaseLane(lane);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  REQUIRE(t.Flush().ok());
+  // Flushed: every event is in the file, which parses once its array ends.
+  const std::string written = ReadFile(path);
+  const Json events = ParseJson(written + "\n]");
+  std::set<std::pair<int, int>> seen;
+  int lanes = 0;
+  for (const Json& event : events) {
+    if (event["ph"] == "X") {
+      seen.insert({event["args"]["thread"].get<int>(), event["args"]["i"].get<int>()});
+    }
+    if (event["name"] == "thread_name") ++lanes;
+  }
+  CHECK(seen.size() == kThreads * kEach);
+  CHECK(lanes >= 1);
+  CHECK(lanes <= kThreads);  // a lane is held by one thread at a time
+  REQUIRE(t.Close().ok());
+  CHECK(ParseJson(ReadFile(path)).size() == events.size());
 }
 
 TEST_CASE("timeline paths: {rank} is replaced; without it only rank 0 writes") {
