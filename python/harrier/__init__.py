@@ -20,6 +20,7 @@ status code and message.
 """
 
 import os as _os
+import sys as _sys
 
 import numpy as _np
 
@@ -202,6 +203,22 @@ class _MappedHandle:
         return self._handle.id
 
 
+def _timeline_path(pattern, rank):
+    """The file a worker of `rank` writes: "{rank}" in the pattern replaced
+    by the rank; without it only rank 0 writes one (as Horovod's timeline
+    is written once), as harrier-worker --timeline does."""
+    if "{rank}" in pattern:
+        return pattern.replace("{rank}", str(rank))
+    return pattern if rank == 0 else ""
+
+
+def _start_timeline(client, pattern):
+    path = _timeline_path(_os.fspath(pattern), client.rank)
+    if path:
+        client.start_timeline(path)
+        print(f"harrier: rank {client.rank}: timeline: {path}", file=_sys.stderr)
+
+
 class Client:
     """One worker's connection to every shard (worker/client.h).
 
@@ -258,6 +275,10 @@ class Client:
         options.tls_key_file = tls_key_file
         options.auth_token = auth_token
         self._client = _harrier.Client(options, device)
+        # As harrier-worker's --timeline (HARRIER_TIMELINE), so a job
+        # started by harrier-launch --timeline_filename records one.
+        if _os.environ.get("HARRIER_TIMELINE"):
+            _start_timeline(self, _os.environ["HARRIER_TIMELINE"])
         self._codec = codec
         self._shapes = {}
         self._memory = {}

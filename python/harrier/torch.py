@@ -430,8 +430,8 @@ def init(servers=None, rank=None, local_rank=None, local_size=None, **client_opt
     lowest free rank), HARRIER_LOCAL_RANK, HARRIER_LOCAL_SIZE,
     HARRIER_NUM_WORKERS (checked against the shards'), HARRIER_TLS_CA,
     HARRIER_TLS_CERT, HARRIER_TLS_KEY, HARRIER_AUTH_TOKEN_FILE, HARRIER_JOB
-    and HARRIER_TRANSPORT. HARRIER_TIMELINE (or Horovod's HOROVOD_TIMELINE)
-    starts a timeline at once (start_timeline()). client_options go to
+    and HARRIER_TRANSPORT. HARRIER_TIMELINE (read by harrier.Client) or
+    Horovod's HOROVOD_TIMELINE starts a timeline at once (start_timeline()). client_options go to
     harrier.Client (codec, rpc_timeout, ...). A second call does nothing.
     The job is left at exit (shutdown())."""
     global _job, _default_client
@@ -476,25 +476,12 @@ def init(servers=None, rank=None, local_rank=None, local_size=None, **client_opt
         _job = _Job(client, local_rank, local_size)
         _default_client = client
         _atexit.register(shutdown)
-        timeline = _os.environ.get("HARRIER_TIMELINE") or _os.environ.get("HOROVOD_TIMELINE")
-        if timeline:
-            _start_timeline(client, timeline)
+        # harrier.Client started HARRIER_TIMELINE's; Horovod's name too.
+        if not _os.environ.get("HARRIER_TIMELINE") and _os.environ.get("HOROVOD_TIMELINE"):
+            _harrier._start_timeline(client, _os.environ["HOROVOD_TIMELINE"])
 
 
-def _timeline_path(pattern, rank):
-    """The file a worker of `rank` writes: "{rank}" in the pattern replaced
-    by the rank; without it only rank 0 writes one (as Horovod's timeline
-    is written once), as harrier-worker --timeline does."""
-    if "{rank}" in pattern:
-        return pattern.replace("{rank}", str(rank))
-    return pattern if rank == 0 else ""
-
-
-def _start_timeline(client, pattern):
-    path = _timeline_path(_os.fspath(pattern), client.rank)
-    if path:
-        client.start_timeline(path)
-        print(f"harrier.torch: rank {client.rank}: timeline: {path}", file=_sys.stderr)
+_timeline_path = _harrier._timeline_path
 
 
 def start_timeline(file_path, mark_cycles=False):
@@ -511,7 +498,7 @@ def start_timeline(file_path, mark_cycles=False):
         print("harrier.torch: a single process without shards has no calls to record: no "
               "timeline", file=_sys.stderr)
         return
-    _start_timeline(job.client, file_path)
+    _harrier._start_timeline(job.client, file_path)
 
 
 def stop_timeline():
