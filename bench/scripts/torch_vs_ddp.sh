@@ -26,9 +26,9 @@
 # configuration may take; a process still running 60 s after rank 0
 # reported its result is killed and named, and the result kept.
 #
-# --harrier: CODEC@SHARDS[@PULL_CODEC[@TECHNIQUES[@UPDATE[@TRANSPORT]]]] per
-# configuration (the example's --codec, --pull_codec, --techniques,
-# --update and --transport: none pushes each gradient from its hook, all runs the comm
+# --harrier: CODEC@SHARDS[@PULL_CODEC[@TECHNIQUES[@UPDATE[@TRANSPORT[@FUSION]]]]]
+# per configuration (the example's --codec, --pull_codec, --techniques,
+# --update, --transport and --fusion_bytes: none pushes each gradient from its hook, all runs the comm
 # scheduler; update server (the default) runs the example's optimizer on the
 # shards, average averages one fused gradient bucket on the shards and runs
 # it on each worker, as DDP does; transport grpc (the default) or ucx, the
@@ -70,7 +70,7 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
   done
   pids=()
   if [ "$system" = harrier ]; then
-    IFS=@ read -r codec shards pull_codec techniques update transport <<<"$config"
+    IFS=@ read -r codec shards pull_codec techniques update transport fusion <<<"$config"
     transport=${transport:-grpc}
     # update worker:H is local SGD every H steps; the shards then run --sync=local.
     local_steps=1
@@ -109,7 +109,7 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       ip netns exec "${!ns_var}" /usr/bin/python3 examples/torch_fashion_mnist.py --mode=worker \
         --servers="$servers" --rank=$r --num_workers="$workers" --codec="$codec" \
         --pull_codec="${pull_codec:-none}" --techniques="${techniques:-none}" \
-        "${update_args[@]}" --transport="$transport" "${example[@]}" \
+        "${update_args[@]}" --transport="$transport" --fusion_bytes="${fusion:-0}" "${example[@]}" \
         >"$dir/out$r" 2>"$dir/err$r" &
       pids+=($!)
     done
@@ -239,10 +239,10 @@ for rate in "${rates[@]}"; do
     done
     extra=""
     if [ "$system" = harrier ]; then
-      IFS=@ read -r codec shards pull_codec techniques update transport <<<"$config"
+      IFS=@ read -r codec shards pull_codec techniques update transport fusion <<<"$config"
       local_steps=$(field local_steps "$dir/out0")
-      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","update":"%s","local_steps":%d,"transport":"%s","shards":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
-        "$codec" "${pull_codec:-none}" "${techniques:-none}" "$(field update "$dir/out0")" "${local_steps:-1}" "$(field transport "$dir/out0")" "$shards" \
+      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","update":"%s","local_steps":%d,"transport":"%s","shards":%d,"fusion_bytes":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
+        "$codec" "${pull_codec:-none}" "${techniques:-none}" "$(field update "$dir/out0")" "${local_steps:-1}" "$(field transport "$dir/out0")" "$shards" "${fusion:-0}" \
         "$(awk -v b="$(field bytes_pushed "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')" \
         "$(awk -v b="$(field bytes_pulled "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')")
     else
