@@ -97,15 +97,21 @@ TEST_CASE("options: --timeline_filename made absolute") {
   CHECK(absolute->timeline == "/tmp/t.json");
 }
 
-TEST_CASE("plan: the timeline to harrier-worker as --timeline, to a command as HARRIER_TIMELINE") {
+// One host, one shard on port 7000, one worker given --max_steps=3.
+Options OneWorkerOneShard() {
   Options o;
   o.hosts = {{"h1", 1}};
   o.num_servers = 1;
   o.base_port = 7000;
   o.server_bin = "/b/harrier-server";
   o.worker_bin = "/b/harrier-worker";
-  o.timeline = "/t/t_{rank}.json";
   o.worker_args = {"--max_steps=3"};
+  return o;
+}
+
+TEST_CASE("plan: the timeline to harrier-worker as --timeline, to a command as HARRIER_TIMELINE") {
+  Options o = OneWorkerOneShard();
+  o.timeline = "/t/t_{rank}.json";
   const JobPlan plan = MakePlan(o);
   CHECK(plan.workers[0].command ==
         std::vector<std::string>{"/b/harrier-worker", "--servers=h1:7000", "--num_workers=1",
@@ -326,15 +332,9 @@ TEST_CASE("plan: shards round-robin on base_port+i, workers ranked in host order
 }
 
 TEST_CASE("plan: TLS flags to shards and harrier-worker") {
-  Options o;
-  o.hosts = {{"h1", 1}};
-  o.num_servers = 1;
-  o.base_port = 7000;
-  o.server_bin = "/b/harrier-server";
-  o.worker_bin = "/b/harrier-worker";
+  Options o = OneWorkerOneShard();
   o.tls_ca = "/s/ca.pem";
   o.auth_token_file = "/s/token";
-  o.worker_args = {"--max_steps=3"};
   const JobPlan plan = MakePlan(o);
   CHECK(plan.shards[0].command ==
         std::vector<std::string>{"/b/harrier-server", "--shard=0", "--num_shards=1",

@@ -145,19 +145,25 @@ TEST_CASE("the client holds calls in flight without a thread each") {
   CHECK(sharded.threads == few.threads);
 }
 
-TEST_CASE("held calls completed in reverse order give each operation its own outcome") {
-  FakeCluster cluster = MakeFakeCluster(Options(1));
-  FakeShardTransport& shard = *cluster.shards[0];
+// Tensors "a", "b" and "c" of 4 floats on the first shard, which refuses
+// pushes of "b" and answers everything else as the default does.
+void RegisterABCRefusingPushesOfB(FakeCluster& cluster) {
   for (const char* name : {"a", "b", "c"}) {
     REQUIRE(cluster.client->RegisterTensor(name, {4}).ok());
   }
-  // Pushes of "b" are refused; everything else answers as the default does.
-  shard.SetResponder([](const FakeShardTransport::Call& call, const ChunkViewSink* sink) {
-    if (call.kind == FakeShardTransport::CallKind::kPush && call.chunks[0].key() == "b") {
-      return absl::InvalidArgumentError("fake: 'b' refused");
-    }
-    return FakeShardTransport::DefaultResponse(call, sink);
-  });
+  cluster.shards[0]->SetResponder(
+      [](const FakeShardTransport::Call& call, const ChunkViewSink* sink) {
+        if (call.kind == FakeShardTransport::CallKind::kPush && call.chunks[0].key() == "b") {
+          return absl::InvalidArgumentError("fake: 'b' refused");
+        }
+        return FakeShardTransport::DefaultResponse(call, sink);
+      });
+}
+
+TEST_CASE("held calls completed in reverse order give each operation its own outcome") {
+  FakeCluster cluster = MakeFakeCluster(Options(1));
+  FakeShardTransport& shard = *cluster.shards[0];
+  RegisterABCRefusingPushesOfB(cluster);
   shard.Block();
   const std::vector<float> gradient(4, 1.0f);
   std::vector<float> pulled(4, -1.0f);
@@ -226,15 +232,7 @@ TEST_CASE("the client's timeline: operations on lanes of their kind, blocked wai
   std::shared_ptr<Timeline> timeline = std::move(*opened);
   FakeCluster cluster = MakeFakeCluster(Options(1));
   FakeShardTransport& shard = *cluster.shards[0];
-  for (const char* name : {"a", "b", "c"}) {
-    REQUIRE(cluster.client->RegisterTensor(name, {4}).ok());
-  }
-  shard.SetResponder([](const FakeShardTransport::Call& call, const ChunkViewSink* sink) {
-    if (call.kind == FakeShardTransport::CallKind::kPush && call.chunks[0].key() == "b") {
-      return absl::InvalidArgumentError("fake: 'b' refused");
-    }
-    return FakeShardTransport::DefaultResponse(call, sink);
-  });
+  RegisterABCRefusingPushesOfB(cluster);
   cluster.client->SetTimeline(timeline);
   const std::vector<float> gradient(4, 1.0f);
   std::vector<float> pulled(4, -1.0f);
