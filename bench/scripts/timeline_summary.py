@@ -15,6 +15,14 @@ is answered once every worker's push of its piece is in, so for each pull
 of the first worker, how long after its own push the last worker's push of
 that piece ended (median and maximum per step). Large values mean the
 workers pushed the pieces in different orders.
+
+A timeline without the comm scheduler's steps (harrier-worker without
+--techniques, harrier.torch's default path, a harrier.Client's own calls)
+is summarised by operation instead: for each operation name, how many
+there were, their median, 90th percentile and total time, the time the
+caller's waits on them took, and the median share of an operation still
+to run when a wait on it began (near 1: the caller waited for all of it;
+near 0: it had overlapped with other work).
 """
 
 import collections
@@ -29,7 +37,37 @@ def load(path):
 
 
 def spans(events, category):
-    return [e for e in events if e.get("ph") == "X" and e.get("cat") == category]
+    """The comm scheduler's spans of `category` (they carry their step)."""
+    return [e for e in events
+            if e.get("ph") == "X" and e.get("cat") == category and "step" in e.get("args", {})]
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def by_operation(path, events):
+    """The client's operations of a timeline without steps, by name."""
+    calls = [e for e in events
+             if e.get("ph") == "X" and e.get("cat") != "wait" and "operation" in e.get("args", {})]
+    waits = {e["args"]["operation"]: e for e in events
+             if e.get("ph") == "X" and e.get("cat") == "wait" and "operation" in e.get("args", {})}
+    groups = collections.defaultdict(list)
+    for e in calls:
+        groups[(e["cat"], e["name"])].append(e)
+    print(f"# {path}: the client's operations, times in ms")
+    header = ("count", "med", "p90", "total", "waited", "still_to_run", "operation")
+    print(" ".join(f"{h:>12}" for h in header[:-1]), header[-1])
+    for (category, name), group in sorted(groups.items(), key=lambda kv: -sum(e["dur"] for e in kv[1])):
+        durations = [e["dur"] / 1e3 for e in group]
+        waited = [waits[e["args"]["operation"]] for e in group if e["args"]["operation"] in waits]
+        shares = [(e["ts"] + e["dur"] - waits[e["args"]["operation"]]["ts"]) / max(1, e["dur"])
+                  for e in group if e["args"]["operation"] in waits]
+        row = [len(group), statistics.median(durations), percentile(durations, 0.9),
+               sum(durations), sum(w["dur"] for w in waited) / 1e3,
+               statistics.median(shares) if shares else 0.0]
+        print(" ".join(f"{v:>12.2f}" if isinstance(v, float) else f"{v:>12}" for v in row), name)
 
 
 def push_ends(events):
@@ -39,6 +77,9 @@ def push_ends(events):
 
 def main(paths):
     first = load(paths[0])
+    if not spans(first, "step"):
+        by_operation(paths[0], first)
+        return
     others = [load(p) for p in paths[1:]]
     all_push_ends = [push_ends(first)] + [push_ends(o) for o in others]
     by_step = collections.defaultdict(list)

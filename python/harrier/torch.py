@@ -431,9 +431,9 @@ def init(servers=None, rank=None, local_rank=None, local_size=None, **client_opt
     HARRIER_NUM_WORKERS (checked against the shards'), HARRIER_TLS_CA,
     HARRIER_TLS_CERT, HARRIER_TLS_KEY, HARRIER_AUTH_TOKEN_FILE, HARRIER_JOB
     and HARRIER_TRANSPORT. HARRIER_TIMELINE (read by harrier.Client) or
-    Horovod's HOROVOD_TIMELINE starts a timeline at once (start_timeline()). client_options go to
-    harrier.Client (codec, rpc_timeout, ...). A second call does nothing.
-    The job is left at exit (shutdown())."""
+    Horovod's HOROVOD_TIMELINE starts a timeline at once (start_timeline()).
+    client_options go to harrier.Client (codec, rpc_timeout, ...). A second
+    call does nothing. The job is left at exit (shutdown())."""
     global _job, _default_client
     with _job_lock:
         if _job is not None:

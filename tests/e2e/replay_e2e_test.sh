@@ -116,6 +116,13 @@ PY
   check "direct: rank $r timeline holds one pull and 4 push-pulls of each of the 161 tensors" \
     "[ '$summary' = '161 161 161 [4] True' ]"
 done
+# The summary script reads a timeline without steps by operation: a row
+# per tensor's push-pulls (4 each) and per first pull (1 each).
+python3 "$root/bench/scripts/timeline_summary.py" "$tmp/direct/timeline_0.json" \
+  >"$tmp/direct/timeline_summary.txt" 2>&1
+head -n 4 "$tmp/direct/timeline_summary.txt"
+check "direct: timeline_summary.py prints a row per operation name" \
+  "[ \$(grep -cE \"^ +4 .* push-pull of '\" '$tmp/direct/timeline_summary.txt') -eq 161 ] && [ \$(grep -cE \"^ +1 .* pull of '\" '$tmp/direct/timeline_summary.txt') -eq 161 ]"
 if [ "${REPLAY_E2E_TECHNIQUES:-all}" != skip ]; then
   run scheduled --techniques=all --timeline="$tmp/scheduled/timeline_{rank}.json"
   assert_run scheduled all
