@@ -867,6 +867,12 @@ PYBIND11_MODULE(_harrier, m) {
       });
 #endif
   m.def("_set_error_classes", [](py::dict classes) { ErrorClasses() = std::move(classes); });
+  // The file a worker of `rank` writes its timeline to, as harrier-worker's
+  // --timeline: "{rank}" replaced, else rank 0 only (empty for others).
+  m.def(
+      "timeline_path_for",
+      [](const std::string& pattern, int rank) { return TimelinePathFor(pattern, rank); },
+      py::arg("pattern"), py::arg("rank"));
   // The job token file as the binaries read it (--auth_token_file): not
   // readable by every user, trailing newlines dropped, not empty.
   m.def("read_job_token_file", [](const std::string& path) {

@@ -44,22 +44,29 @@ absl::Status Operation::Outcome() const {
 bool Operation::Finish(const absl::Status& task_status) {
   OperationDone then;
   absl::Status outcome;
+  absl::Time ended;
   {
     absl::MutexLock lock(&mutex_);
     if (!task_status.ok() && status_.ok()) status_ = task_status;
     if (--remaining_ > 0) return false;
+    // Taken before a waiter can wake, so a wait never ends before the
+    // operation it waited for on the timeline.
+    if (timeline_ != nullptr) ended = absl::Now();
     then = std::move(then_);
     then_ = nullptr;
     if (then || timeline_ != nullptr) outcome = Outcome();
   }
-  if (timeline_ != nullptr) {
-    timeline_->ReleaseLane(lane_);
-    Json args{{"operation", id_}};
-    if (!outcome.ok()) args["error"] = std::string(outcome.message());
-    timeline_->Span(lane_, description_, KindName(kind_), started_, absl::Now(), args);
-  }
+  Record(outcome, ended);
   if (then) then(std::move(outcome));
   return true;
+}
+
+void Operation::Record(const absl::Status& outcome, absl::Time ended) {
+  if (timeline_ == nullptr) return;
+  timeline_->ReleaseLane(lane_);
+  Json args{{"operation", id_}};
+  if (!outcome.ok()) args["error"] = std::string(outcome.message());
+  timeline_->Span(lane_, description_, KindName(kind_), started_, ended, args);
 }
 
 // One call's tries: the state the backoff timer and the canceller share.
@@ -208,13 +215,7 @@ absl::Status OperationEngine::RunHere(OpKind kind, std::string description, cons
   });
   done.WaitForNotification();
   AddWait(kind, absl::Now() - start);
-  if (op->timeline_ != nullptr) {
-    op->timeline_->ReleaseLane(op->lane_);
-    Json args{{"operation", op->id()}};
-    if (!status.ok()) args["error"] = std::string(status.message());
-    op->timeline_->Span(op->lane_, op->description(), KindName(kind), op->started_, absl::Now(),
-                        args);
-  }
+  op->Record(status, absl::Now());
   return status;
 }
 

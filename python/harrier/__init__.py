@@ -206,10 +206,8 @@ class _MappedHandle:
 def _timeline_path(pattern, rank):
     """The file a worker of `rank` writes: "{rank}" in the pattern replaced
     by the rank; without it only rank 0 writes one (as Horovod's timeline
-    is written once), as harrier-worker --timeline does."""
-    if "{rank}" in pattern:
-        return pattern.replace("{rank}", str(rank))
-    return pattern if rank == 0 else ""
+    is written once): harrier-worker --timeline's rule, from the C++."""
+    return _harrier.timeline_path_for(pattern, rank)
 
 
 def _start_timeline(client, pattern):
