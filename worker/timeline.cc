@@ -1,8 +1,11 @@
 #include "worker/timeline.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -15,87 +18,130 @@ namespace {
 
 int64_t Micros(absl::Time at) { return absl::ToUnixMicros(at); }
 
+// The files timelines of this process are writing, by device and inode,
+// so a second timeline on the same file (however its path is spelt) is
+// refused before it truncates the first's.
+struct OpenFiles {
+  absl::Mutex mutex;
+  std::set<std::pair<dev_t, ino_t>> files ABSL_GUARDED_BY(mutex);
+};
+
+OpenFiles& TimelineFiles() {
+  static auto* files = new OpenFiles;
+  return *files;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int rank,
                                                          uint64_t max_bytes) {
+  OpenFiles& open_files = TimelineFiles();
+  absl::MutexLock files_lock(&open_files.mutex);
+  struct stat before;
+  if (::stat(path.c_str(), &before) == 0 &&
+      open_files.files.count({before.st_dev, before.st_ino}) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "timeline: '", path, "' is being written by another timeline of this process"));
+  }
   std::FILE* file = std::fopen(path.c_str(), "w");
   if (file == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("timeline: cannot create '", path, "': ", std::strerror(errno)));
   }
-  auto timeline = std::unique_ptr<Timeline>(new Timeline(file, path, rank, max_bytes));
-  {
-    absl::MutexLock lock(&timeline->mutex_);
-    timeline->Write(Json{{"name", "process_name"},
-                         {"ph", "M"},
-                         {"pid", rank},
-                         {"args", Json{{"name", absl::StrCat("worker ", rank)}}}});
+  struct stat opened;
+  if (::fstat(::fileno(file), &opened) != 0) {
+    const int error = errno;
+    std::fclose(file);
+    return absl::InternalError(
+        absl::StrCat("timeline: cannot stat '", path, "': ", std::strerror(error)));
   }
-  return timeline;
+  open_files.files.insert({opened.st_dev, opened.st_ino});
+  auto state = std::make_shared<State>(file, path, rank, max_bytes);
+  state->device = opened.st_dev;
+  state->inode = opened.st_ino;
+  {
+    absl::MutexLock lock(&state->mutex);
+    Write(*state, Json{{"name", "process_name"},
+                       {"ph", "M"},
+                       {"pid", rank},
+                       {"args", Json{{"name", absl::StrCat("worker ", rank)}}}});
+  }
+  return std::unique_ptr<Timeline>(new Timeline(std::move(state)));
 }
 
-Timeline::Timeline(std::FILE* file, std::string path, int rank, uint64_t max_bytes)
-    : path_(std::move(path)), rank_(rank), max_bytes_(max_bytes), file_(file), writer_([this] {
-        WriteLoop();
-      }) {}
+Timeline::Timeline(std::shared_ptr<State> state)
+    : state_(std::move(state)), writer_([state = state_] { WriteLoop(state); }) {}
 
 Timeline::~Timeline() {
   if (absl::Status status = Close(); !status.ok()) spdlog::warn("{}", status.ToString());
 }
 
-void Timeline::WriteLoop() {
-  auto work = [this]()
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return closed_ || !pending_.empty(); };
-  mutex_.Lock();
+void Timeline::WriteLoop(std::shared_ptr<State> state) {
+  State& s = *state;
+  auto work = [&s]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex) { return s.closed || !s.pending.empty(); };
+  s.mutex.Lock();
   while (true) {
-    mutex_.Await(absl::Condition(&work));
-    if (pending_.empty()) break;  // closed, and everything is written
+    s.mutex.Await(absl::Condition(&work));
+    if (s.pending.empty()) break;  // closed, and everything is written
     std::string lines;
-    lines.swap(pending_);
-    const uint64_t queued = queued_;
+    lines.swap(s.pending);
+    const uint64_t queued = s.queued;
     // The file is the writer's alone, so callers go on recording
     // meanwhile. Flushed per batch: the file holds every event that ended
     // even if the process dies.
-    mutex_.Unlock();
-    const bool failed = std::fwrite(lines.data(), 1, lines.size(), file_) != lines.size() ||
-                        std::fflush(file_) != 0;
-    mutex_.Lock();
-    if (failed) write_failed_ = true;
-    written_ = queued;
+    s.mutex.Unlock();
+    const bool failed = std::fwrite(lines.data(), 1, lines.size(), s.file) != lines.size() ||
+                        std::fflush(s.file) != 0;
+    s.mutex.Lock();
+    if (failed) s.write_failed = true;
+    s.written = queued;
   }
-  mutex_.Unlock();
+  const char* end = s.first ? "[]\n" : "\n]\n";
+  s.mutex.Unlock();
+  bool failed = std::fputs(end, s.file) < 0;
+  failed = std::fclose(s.file) != 0 || failed;
+  {
+    OpenFiles& open_files = TimelineFiles();
+    absl::MutexLock files_lock(&open_files.mutex);
+    open_files.files.erase({s.device, s.inode});
+  }
+  s.mutex.Lock();
+  if (failed) s.write_failed = true;
+  s.finished = true;
+  s.mutex.Unlock();
 }
 
 int Timeline::Track(absl::string_view name) {
-  absl::MutexLock lock(&mutex_);
-  return TrackLocked(name);
+  absl::MutexLock lock(&state_->mutex);
+  return TrackLocked(*state_, name);
 }
 
-int Timeline::TrackLocked(absl::string_view name) {
-  for (size_t i = 0; i < tracks_.size(); ++i) {
-    if (tracks_[i] == name) return static_cast<int>(i) + 1;
+int Timeline::TrackLocked(State& s, absl::string_view name) {
+  for (size_t i = 0; i < s.tracks.size(); ++i) {
+    if (s.tracks[i] == name) return static_cast<int>(i) + 1;
   }
-  tracks_.emplace_back(name);
-  const int track = static_cast<int>(tracks_.size());
-  Write(Json{{"name", "thread_name"},
-             {"ph", "M"},
-             {"pid", rank_},
-             {"tid", track},
-             {"args", Json{{"name", std::string(name)}}}});
+  s.tracks.emplace_back(name);
+  const int track = static_cast<int>(s.tracks.size());
+  Write(s, Json{{"name", "thread_name"},
+                {"ph", "M"},
+                {"pid", s.rank},
+                {"tid", track},
+                {"args", Json{{"name", std::string(name)}}}});
   // Rows in the order their tracks were made.
-  Write(Json{{"name", "thread_sort_index"},
-             {"ph", "M"},
-             {"pid", rank_},
-             {"tid", track},
-             {"args", Json{{"sort_index", track}}}});
+  Write(s, Json{{"name", "thread_sort_index"},
+                {"ph", "M"},
+                {"pid", s.rank},
+                {"tid", track},
+                {"args", Json{{"sort_index", track}}}});
   return track;
 }
 
 int Timeline::TakeLane(absl::string_view prefix) {
-  absl::MutexLock lock(&mutex_);
+  State& s = *state_;
+  absl::MutexLock lock(&s.mutex);
   int number = 0;
-  for (Lane& lane : lanes_) {
+  for (State::Lane& lane : s.lanes) {
     if (lane.prefix != prefix) continue;
     ++number;
     if (!lane.busy) {
@@ -104,98 +150,110 @@ int Timeline::TakeLane(absl::string_view prefix) {
     }
   }
   // Made under the same lock, so two callers never share a new lane.
-  const int track = TrackLocked(absl::StrCat(prefix, " ", number + 1));
-  lanes_.push_back({std::string(prefix), track, true});
+  const int track = TrackLocked(s, absl::StrCat(prefix, " ", number + 1));
+  s.lanes.push_back({std::string(prefix), track, true});
   return track;
 }
 
 void Timeline::ReleaseLane(int track) {
-  absl::MutexLock lock(&mutex_);
-  for (Lane& lane : lanes_) {
+  State& s = *state_;
+  absl::MutexLock lock(&s.mutex);
+  for (State::Lane& lane : s.lanes) {
     if (lane.track == track) lane.busy = false;
   }
 }
 
 void Timeline::Span(int track, absl::string_view name, absl::string_view category,
                     absl::Time start, absl::Time end, const Json& args) {
+  State& s = *state_;
   Json event{{"name", std::string(name)},
              {"cat", std::string(category)},
              {"ph", "X"},
-             {"pid", rank_},
+             {"pid", s.rank},
              {"tid", track},
              {"ts", Micros(start)},
              {"dur", std::max<int64_t>(0, Micros(end) - Micros(start))}};
   if (!args.is_null()) event["args"] = args;
-  absl::MutexLock lock(&mutex_);
-  Write(std::move(event));
+  absl::MutexLock lock(&s.mutex);
+  Write(s, std::move(event));
 }
 
 void Timeline::Mark(int track, absl::string_view name, absl::Time at, const Json& args) {
-  Json event{{"name", std::string(name)}, {"ph", "i"}, {"s", "t"},
-             {"pid", rank_},              {"tid", track}, {"ts", Micros(at)}};
+  State& s = *state_;
+  Json event{{"name", std::string(name)}, {"ph", "i"}, {"s", "t"}, {"pid", s.rank}, {"tid", track},
+             {"ts", Micros(at)}};
   if (!args.is_null()) event["args"] = args;
-  absl::MutexLock lock(&mutex_);
-  Write(std::move(event));
+  absl::MutexLock lock(&s.mutex);
+  Write(s, std::move(event));
 }
 
-void Timeline::Write(Json event) {
-  if (closed_ || full_) return;
-  std::string line = absl::StrCat(first_ ? "[\n" : ",\n", DumpJson(event));
-  if (bytes_ + line.size() > max_bytes_) {
+void Timeline::Write(State& s, Json event) {
+  if (s.closed || s.full) return;
+  std::string line = absl::StrCat(s.first ? "[\n" : ",\n", DumpJson(event));
+  if (s.bytes + line.size() > s.max_bytes) {
     // The last event says where recording stopped; it may take the file
     // a line past the limit.
-    full_ = true;
-    line = absl::StrCat(first_ ? "[\n" : ",\n",
+    s.full = true;
+    line = absl::StrCat(s.first ? "[\n" : ",\n",
                         DumpJson(Json{{"name", "timeline full: the rest is not recorded"},
                                       {"ph", "i"},
                                       {"s", "g"},
-                                      {"pid", rank_},
+                                      {"pid", s.rank},
                                       {"ts", Micros(absl::Now())},
-                                      {"args", Json{{"max_bytes", max_bytes_}}}}));
+                                      {"args", Json{{"max_bytes", s.max_bytes}}}}));
   }
-  first_ = false;
-  bytes_ += line.size();
-  pending_ += line;
-  ++queued_;
+  s.first = false;
+  s.bytes += line.size();
+  s.pending += line;
+  ++s.queued;
 }
 
 absl::Status Timeline::Flush(absl::Duration timeout) {
-  absl::MutexLock lock(&mutex_);
-  const uint64_t target = queued_;
-  auto written = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    return written_ >= target || closed_;
+  State& s = *state_;
+  absl::MutexLock lock(&s.mutex);
+  const uint64_t target = s.queued;
+  auto written = [&s, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex) {
+    return s.written >= target || s.finished;
   };
-  if (!mutex_.AwaitWithTimeout(absl::Condition(&written), timeout)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("timeline: '", path_, "' not written within ", absl::FormatDuration(timeout)));
+  if (!s.mutex.AwaitWithTimeout(absl::Condition(&written), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("timeline: '", s.path, "' not written within ",
+                                                    absl::FormatDuration(timeout)));
   }
-  return write_failed_ ? absl::DataLossError(absl::StrCat("timeline: writing '", path_, "' failed"))
-                       : absl::OkStatus();
+  return s.write_failed
+             ? absl::DataLossError(absl::StrCat("timeline: writing '", s.path, "' failed"))
+             : absl::OkStatus();
 }
 
-absl::Status Timeline::Close() {
-  bool first = false;
+absl::Status Timeline::Close(absl::Duration timeout) {
+  State& s = *state_;
+  bool finished = false;
   {
-    absl::MutexLock lock(&mutex_);
-    if (closed_) return absl::OkStatus();
-    closed_ = true;
-    first = first_;
+    absl::MutexLock lock(&s.mutex);
+    if (s.closed) return absl::OkStatus();  // the first Close has the writer
+    // The writer writes what is pending, ends the array, closes the file
+    // and ends.
+    s.closed = true;
+    auto is_finished = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex) { return s.finished; };
+    finished = s.mutex.AwaitWithTimeout(absl::Condition(&is_finished), timeout);
   }
-  // The writer writes what is pending, then ends; the file is ours after.
+  if (!finished) {
+    // It holds its own reference to the state and finishes on its own.
+    writer_.detach();
+    return absl::DeadlineExceededError(
+        absl::StrCat("timeline: '", s.path, "' not written and closed within ",
+                     absl::FormatDuration(timeout), "; its writer finishes it in the background"));
+  }
   writer_.join();
-  absl::MutexLock lock(&mutex_);
-  const char* end = first ? "[]\n" : "\n]\n";
-  if (std::fputs(end, file_) < 0) write_failed_ = true;
-  const bool file_closed = std::fclose(file_) == 0;
-  if (write_failed_ || !file_closed) {
-    return absl::DataLossError(absl::StrCat("timeline: writing '", path_, "' failed"));
+  absl::MutexLock lock(&s.mutex);
+  if (s.write_failed) {
+    return absl::DataLossError(absl::StrCat("timeline: writing '", s.path, "' failed"));
   }
   return absl::OkStatus();
 }
 
 bool Timeline::full() const {
-  absl::MutexLock lock(&mutex_);
-  return full_;
+  absl::MutexLock lock(&state_->mutex);
+  return state_->full;
 }
 
 std::string TimelinePathFor(absl::string_view pattern, int rank) {

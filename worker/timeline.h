@@ -19,11 +19,14 @@
 #ifndef HARRIER_WORKER_TIMELINE_H_
 #define HARRIER_WORKER_TIMELINE_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -39,7 +42,8 @@ namespace harrier {
 class Timeline {
  public:
   // Creates (or truncates) `path`; the events are those of process `rank`
-  // (the viewer's process row "worker <rank>").
+  // (the viewer's process row "worker <rank>"). FAILED_PRECONDITION when
+  // another timeline of this process is writing that file.
   static absl::StatusOr<std::unique_ptr<Timeline>> Open(const std::string& path, int rank,
                                                         uint64_t max_bytes);
   ~Timeline();  // Close()s, logging a failure
@@ -65,43 +69,61 @@ class Timeline {
   // Waits until every event recorded so far is in the file, at most
   // `timeout`: DEADLINE_EXCEEDED past it.
   absl::Status Flush(absl::Duration timeout = absl::Seconds(10));
-  // Writes what is pending, ends the array and closes the file; events
-  // after it are dropped. Errors writing or closing the file.
-  absl::Status Close();
+  // Writes what is pending, ends the array and closes the file, waiting at
+  // most `timeout`; events after it are dropped. Errors writing or closing
+  // the file. Past `timeout` (a file on a stalled disk or a pipe nobody
+  // reads) it returns DEADLINE_EXCEEDED and the writer thread finishes the
+  // file on its own, whenever the file takes the bytes.
+  absl::Status Close(absl::Duration timeout = absl::Seconds(10));
 
   bool full() const;
 
  private:
-  Timeline(std::FILE* file, std::string path, int rank, uint64_t max_bytes);
-  int TrackLocked(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Formats `event` and queues it for the writer.
-  void Write(Json event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The writer thread: appends what is queued and flushes the file.
-  void WriteLoop();
-
-  const std::string path_;
-  const int rank_;
-  const uint64_t max_bytes_;
-  mutable absl::Mutex mutex_;
-  // Only the writer thread writes to the file until Close has joined it.
-  std::FILE* const file_;
-  bool closed_ ABSL_GUARDED_BY(mutex_) = false;
-  // Formatted events not yet handed to the file; their count since the
-  // start (queued_) and how many of those the file holds (written_).
-  std::string pending_ ABSL_GUARDED_BY(mutex_);
-  uint64_t queued_ ABSL_GUARDED_BY(mutex_) = 0;
-  uint64_t written_ ABSL_GUARDED_BY(mutex_) = 0;
-  uint64_t bytes_ ABSL_GUARDED_BY(mutex_) = 0;  // queued, in all
-  bool first_ ABSL_GUARDED_BY(mutex_) = true;
-  bool full_ ABSL_GUARDED_BY(mutex_) = false;
-  bool write_failed_ ABSL_GUARDED_BY(mutex_) = false;
-  std::vector<std::string> tracks_ ABSL_GUARDED_BY(mutex_);
-  struct Lane {
-    std::string prefix;
-    int track = 0;
-    bool busy = false;
+  // What the writer thread shares with the timeline. The thread holds its
+  // own reference, so a Close that gave up waiting leaves it nothing freed.
+  struct State {
+    State(std::FILE* file, std::string path, int rank, uint64_t max_bytes)
+        : path(std::move(path)), rank(rank), max_bytes(max_bytes), file(file) {}
+    const std::string path;
+    const int rank;
+    const uint64_t max_bytes;
+    mutable absl::Mutex mutex;
+    // Only the writer thread touches the file.
+    std::FILE* const file;
+    // The file's identity in the process's set of timeline files.
+    dev_t device = 0;
+    ino_t inode = 0;
+    bool closed ABSL_GUARDED_BY(mutex) = false;
+    // The writer has ended the array and closed the file.
+    bool finished ABSL_GUARDED_BY(mutex) = false;
+    // Formatted events not yet handed to the file; their count since the
+    // start (queued) and how many of those the file holds (written).
+    std::string pending ABSL_GUARDED_BY(mutex);
+    uint64_t queued ABSL_GUARDED_BY(mutex) = 0;
+    uint64_t written ABSL_GUARDED_BY(mutex) = 0;
+    uint64_t bytes ABSL_GUARDED_BY(mutex) = 0;  // queued, in all
+    bool first ABSL_GUARDED_BY(mutex) = true;
+    bool full ABSL_GUARDED_BY(mutex) = false;
+    bool write_failed ABSL_GUARDED_BY(mutex) = false;
+    std::vector<std::string> tracks ABSL_GUARDED_BY(mutex);
+    struct Lane {
+      std::string prefix;
+      int track = 0;
+      bool busy = false;
+    };
+    std::vector<Lane> lanes ABSL_GUARDED_BY(mutex);
   };
-  std::vector<Lane> lanes_ ABSL_GUARDED_BY(mutex_);
+
+  explicit Timeline(std::shared_ptr<State> state);
+  static int TrackLocked(State& state, absl::string_view name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mutex);
+  // Formats `event` and queues it for the writer.
+  static void Write(State& state, Json event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mutex);
+  // The writer thread: appends what is queued and flushes the file; once
+  // closed, ends the array and closes the file.
+  static void WriteLoop(std::shared_ptr<State> state);
+
+  const std::shared_ptr<State> state_;
   std::thread writer_;  // last: started once the rest is made
 };
 

@@ -210,11 +210,21 @@ def _timeline_path(pattern, rank):
     return _harrier.timeline_path_for(pattern, rank)
 
 
-def _start_timeline(client, pattern):
+def _start_timeline(client, pattern, from_environment=False):
     path = _timeline_path(_os.fspath(pattern), client.rank)
-    if path:
+    if not path:
+        return
+    try:
         client.start_timeline(path)
-        print(f"harrier: rank {client.rank}: timeline: {path}", file=_sys.stderr)
+    except FailedPreconditionError:
+        if not from_environment:
+            raise
+        # Another Client of this process records to that file (two clients
+        # of one rank, both under HARRIER_TIMELINE): the first keeps it.
+        print(f"harrier: rank {client.rank}: timeline: {path} is recorded by another "
+              "Client of this process; this one records none", file=_sys.stderr)
+        return
+    print(f"harrier: rank {client.rank}: timeline: {path}", file=_sys.stderr)
 
 
 class Client:
@@ -276,7 +286,7 @@ class Client:
         # As harrier-worker's --timeline (HARRIER_TIMELINE), so a job
         # started by harrier-launch --timeline_filename records one.
         if _os.environ.get("HARRIER_TIMELINE"):
-            _start_timeline(self, _os.environ["HARRIER_TIMELINE"])
+            _start_timeline(self, _os.environ["HARRIER_TIMELINE"], from_environment=True)
         self._codec = codec
         self._shapes = {}
         self._memory = {}

@@ -478,7 +478,7 @@ def init(servers=None, rank=None, local_rank=None, local_size=None, **client_opt
         _atexit.register(shutdown)
         # harrier.Client started HARRIER_TIMELINE's; Horovod's name too.
         if not _os.environ.get("HARRIER_TIMELINE") and _os.environ.get("HOROVOD_TIMELINE"):
-            _harrier._start_timeline(client, _os.environ["HOROVOD_TIMELINE"])
+            _harrier._start_timeline(client, _os.environ["HOROVOD_TIMELINE"], from_environment=True)
 
 
 _timeline_path = _harrier._timeline_path

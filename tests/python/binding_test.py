@@ -3,7 +3,9 @@ real shards on 127.0.0.1 (values checked exactly: integer parameters and
 power-of-two gradients make the shards' SGD exact)."""
 
 import collections
+import contextlib
 import gc
+import io
 import json
 import os
 import threading
@@ -344,6 +346,38 @@ class BindingTest(unittest.TestCase):
             with self.client() as c:
                 c.start_timeline("/nonexistent-dir/t.json")
 
+
+    def test_two_clients_under_one_timeline_path(self):
+        # Rank 0 of two jobs in one process, both under HARRIER_TIMELINE:
+        # the second must not truncate the first's file, and says it
+        # records none.
+        path = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), "shared_timeline.json")
+        old = os.environ.get("HARRIER_TIMELINE")
+        os.environ["HARRIER_TIMELINE"] = path
+        stderr = io.StringIO()
+        try:
+            with Cluster(shards=1, workers=1) as other, self.client() as first, \
+                    contextlib.redirect_stderr(stderr):
+                first.register("tl2", initial())
+                first.pull("tl2")
+                with harrier.Client(servers=other.servers, rpc_timeout=20.0,
+                                    connect_timeout=10.0) as second:
+                    self.assertIn(f"{path} is recorded by another Client", stderr.getvalue())
+                    second.register("tl2", initial())
+                    second.pull("tl2")
+                    # An explicit start on that file is refused.
+                    with self.assertRaisesRegex(harrier.FailedPreconditionError, "another"):
+                        second.start_timeline(path)
+                first.pull("tl2")
+        finally:
+            if old is None:
+                del os.environ["HARRIER_TIMELINE"]
+            else:
+                os.environ["HARRIER_TIMELINE"] = old
+        with open(path) as f:
+            events = json.load(f)
+        pulls = [e for e in events if e.get("ph") == "X" and e["name"] == "pull of 'tl2'"]
+        self.assertEqual(len(pulls), 2)  # the first client's two, the second's none
 
 class UcxTest(unittest.TestCase):
     """The same exact values over UCX (tcp here; shards with --ucx)."""

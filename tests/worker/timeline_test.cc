@@ -3,7 +3,12 @@
 // a size bound that ends recording with an event saying so.
 #include "worker/timeline.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -181,6 +186,75 @@ TEST_CASE("timeline paths: {rank} is replaced; without it only rank 0 writes") {
   CHECK(TimelinePathFor("/tmp/t.json", 0) == "/tmp/t.json");
   CHECK(TimelinePathFor("/tmp/t.json", 1).empty());
   CHECK(TimelinePathFor("", 0).empty());
+}
+
+TEST_CASE("closing a timeline whose file takes no bytes gives up at its deadline") {
+  // A pipe that nobody reads stands for a stalled disk: once its buffer is
+  // full the writer blocks in the write.
+  const std::string path = TempPath("stalled.fifo");
+  ::unlink(path.c_str());
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  const int reader = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
+  REQUIRE(reader >= 0);
+  auto timeline = Timeline::Open(path, 0, 64 << 20);
+  REQUIRE(timeline.ok());
+  const int track = (*timeline)->Track("calls");
+  constexpr int kSpans = 4000;  // about 600 KB, far past a pipe's buffer
+  for (int i = 0; i < kSpans; ++i) {
+    (*timeline)->Span(track, "call", "push", absl::Now(), absl::Now(), Json{{"i", i}});
+  }
+  CHECK((*timeline)->Flush(absl::Milliseconds(100)).code() == absl::StatusCode::kDeadlineExceeded);
+  const absl::Time before = absl::Now();
+  const absl::Status closed = (*timeline)->Close(absl::Milliseconds(200));
+  CHECK(closed.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(closed.message().find(path) != std::string::npos);
+  CHECK(absl::Now() - before < absl::Seconds(5));
+  CHECK((*timeline)->Close().ok());  // closed already: the writer has the file
+  timeline->reset();                 // the writer outlives the timeline
+  // Read now: the writer goes on, ends the array and closes the pipe.
+  REQUIRE(::fcntl(reader, F_SETFL, 0) == 0);
+  std::string text;
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(reader, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    REQUIRE(n >= 0);
+    if (n == 0) break;  // the writer closed its end
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(reader);
+  ::unlink(path.c_str());
+  int spans = 0;
+  for (const Json& event : ParseJson(text)) {
+    if (event["ph"] == "X") ++spans;
+  }
+  CHECK(spans == kSpans);
+}
+
+TEST_CASE("a second timeline on a file this process is writing is refused") {
+  const std::string dir = TempPath("");
+  const std::string path = TempPath("shared.json");
+  auto first = Timeline::Open(path, 0, 1 << 20);
+  REQUIRE(first.ok());
+  (*first)->Span((*first)->Track("calls"), "call", "push", absl::Now(), absl::Now());
+  REQUIRE((*first)->Flush().ok());
+  // However the path is spelt, and before anything truncates the file.
+  for (const std::string& spelling : {path, dir + "./shared.json"}) {
+    auto second = Timeline::Open(spelling, 1, 1 << 20);
+    REQUIRE_FALSE(second.ok());
+    CHECK(second.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(second.status().message().find(spelling) != std::string::npos);
+  }
+  REQUIRE((*first)->Close().ok());
+  int spans = 0;
+  for (const Json& event : ParseJson(ReadFile(path))) {
+    if (event["ph"] == "X") ++spans;
+  }
+  CHECK(spans == 1);
+  // Closed, the file may be taken again.
+  auto again = Timeline::Open(path, 1, 1 << 20);
+  REQUIRE(again.ok());
+  CHECK((*again)->Close().ok());
 }
 
 TEST_CASE("a timeline that cannot be created says where") {
