@@ -166,6 +166,10 @@ class CommScheduler::Impl {
     absl::MutexLock lock(&mutex_);
     return std::vector<DispatchRecord>(log_.begin(), log_.end());
   }
+  size_t queued_pulls() const {
+    absl::MutexLock lock(&mutex_);
+    return queue_[static_cast<int>(Kind::kPull)].size();
+  }
 
  private:
   // Starts every call that may go now, in queue order: each completes
@@ -813,5 +817,6 @@ CommSchedulerStats CommScheduler::stats() const { return impl_->stats(); }
 std::vector<DispatchRecord> CommScheduler::dispatch_log_for_testing() const {
   return impl_->log();
 }
+size_t CommScheduler::queued_pulls_for_testing() const { return impl_->queued_pulls(); }
 
 }  // namespace harrier

@@ -221,6 +221,8 @@ class CommScheduler {
   CommSchedulerStats stats() const;
   // The latest 65536 calls, with keep_dispatch_log (else empty).
   std::vector<DispatchRecord> dispatch_log_for_testing() const;
+  // Pulls waiting in the queue for a slot.
+  size_t queued_pulls_for_testing() const;
 
  private:
   class Impl;

@@ -364,6 +364,86 @@ TEST_CASE(
   CHECK(OrderWithLateFront(true, 2, true) == priority_order);
 }
 
+// Every pull slot (2 x shards + 2 = 6) held by a pull of the back tensor
+// waiting for its round and the other six of its pieces' pulls queued
+// behind them, then the front tensor's pull queued last: where the front
+// tensor's pull goes among the 13 pulls of step 1 as the slots are given
+// back one by one (6: right after the six held, 12: last).
+int FrontPullPosition(int num_workers, bool across_workers) {
+  constexpr size_t kChunk = 256 * sizeof(float);
+  constexpr size_t kBackPieces = 12;
+  constexpr size_t kSlots = 6;
+  ClientOptions client_options = TestOptions(2, kChunk);
+  client_options.max_calls_in_flight = 64;  // the scheduler's slots decide
+  FakeCluster cluster = MakeFakeCluster(client_options, num_workers);
+  Model model({256, kBackPieces * 256});
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  options.partition_bytes = kChunk;
+  options.priority = true;
+  options.max_inflight_bytes = 1 << 20;
+  options.priority_across_workers = across_workers;
+  absl::Mutex mutex;
+  std::vector<std::pair<FakeShardTransport*, uint64_t>> held;
+  for (FakeShardTransport* shard : cluster.shards) {
+    shard->SetHoldIf([&mutex, &held, shard](const FakeShardTransport::Call& call) {
+      if (call.kind != FakeShardTransport::CallKind::kPull || call.pull.clock() == 0) return false;
+      absl::MutexLock lock(&mutex);
+      held.emplace_back(shard, call.id);
+      return true;
+    });
+  }
+  auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(scheduler.ok());
+  REQUIRE((*scheduler)->WaitParameters(0).ok());
+  REQUIRE((*scheduler)->WaitParameters(1).ok());
+  auto held_count = [&] {
+    absl::MutexLock lock(&mutex);
+    return held.size();
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto await = [&](auto done) {
+    while (!done() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    return done();
+  };
+  REQUIRE((*scheduler)->GradientReady(1, model.grads[1]).ok());
+  // Every back piece pushed, six of its pulls held and six queued.
+  REQUIRE(await([&] {
+    return held_count() == kSlots &&
+           (*scheduler)->queued_pulls_for_testing() == kBackPieces - kSlots;
+  }));
+  REQUIRE((*scheduler)->GradientReady(0, model.grads[0]).ok());
+  REQUIRE((*scheduler)->EndBackward().ok());
+  REQUIRE(
+      await([&] { return (*scheduler)->queued_pulls_for_testing() == kBackPieces + 1 - kSlots; }));
+  for (size_t next = 0; next < kBackPieces + 1; ++next) {
+    std::pair<FakeShardTransport*, uint64_t> call{nullptr, 0};
+    REQUIRE(await([&] {
+      absl::MutexLock lock(&mutex);
+      if (next < held.size()) call = held[next];
+      return next < held.size();
+    }));
+    REQUIRE(call.first->CompleteHeld(call.second));
+  }
+  REQUIRE((*scheduler)->Drain().ok());
+  std::vector<int> tensors;
+  for (const DispatchRecord& record : (*scheduler)->dispatch_log_for_testing()) {
+    if (record.kind == DispatchRecord::kPull && record.step == 1) {
+      tensors.push_back(record.tensors.front());
+    }
+  }
+  REQUIRE(tensors.size() == kBackPieces + 1);
+  return static_cast<int>(std::find(tensors.begin(), tensors.end(), 0) - tensors.begin());
+}
+
+TEST_CASE(
+    "pulls under BSP with several workers go in the order their pushes completed, "
+    "by priority otherwise") {
+  CHECK(FrontPullPosition(2, false) == 12);
+  CHECK(FrontPullPosition(2, true) == 6);
+  CHECK(FrontPullPosition(1, false) == 6);
+}
+
 TEST_CASE("without priority pushes go in the order gradients became ready") {
   const std::vector<std::pair<int, uint32_t>> expected = {{1, 0}, {1, 1}, {1, 2}, {1, 3}, {0, 0}};
   CHECK(OrderWithLateFront(false) == expected);
