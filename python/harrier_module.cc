@@ -291,11 +291,17 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   // the client shuts down.
   void Close() {
     std::unique_ptr<Client> client = std::move(client_);
-    if (client != nullptr) WithoutGilIfHeld([&] { client.reset(); });
-    // Also from the destructor: a failure to write is logged, not thrown.
-    if (absl::Status closed = EndTimeline(); !closed.ok()) {
-      std::fprintf(stderr, "harrier: %s\n", closed.ToString().c_str());
-    }
+    if (client == nullptr) return;
+    WithoutGilIfHeld([&] {
+      // The client's last operations end before its timeline's file does.
+      std::shared_ptr<Timeline> timeline = client->timeline();
+      client.reset();
+      // Also from the destructor: a failure to write is logged, not thrown.
+      if (timeline == nullptr) return;
+      if (absl::Status closed = timeline->Close(); !closed.ok()) {
+        std::fprintf(stderr, "harrier: %s\n", closed.ToString().c_str());
+      }
+    });
   }
 
   // Records the client's operations and waits (and those of schedulers
@@ -306,28 +312,23 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
       ThrowIfError(absl::InvalidArgumentError(
           absl::StrCat("start_timeline: max_bytes must be >= 1, got ", max_bytes)));
     }
-    if (timeline_ != nullptr) {
+    if (c.timeline() != nullptr) {
       ThrowIfError(absl::FailedPreconditionError(
           "start_timeline: a timeline is already being recorded; stop_timeline() first"));
     }
-    absl::StatusOr<std::unique_ptr<Timeline>> opened =
-        Timeline::Open(path, c.rank(), static_cast<uint64_t>(max_bytes));
-    ThrowIfError(opened.status());
-    timeline_ = std::move(*opened);
-    c.SetTimeline(timeline_);
+    ThrowIfError(c.StartTimeline(path, static_cast<uint64_t>(max_bytes)));
   }
   // Ends the file: calls still in flight are left out. A no-op without a
   // timeline.
-  void StopTimeline() { ThrowIfError(EndTimeline()); }
-  absl::Status EndTimeline() {
-    std::shared_ptr<Timeline> timeline = std::move(timeline_);
-    if (timeline == nullptr) return absl::OkStatus();
-    if (client_ != nullptr) client_->SetTimeline(nullptr);
-    absl::Status closed;
-    WithoutGilIfHeld([&] { closed = timeline->Close(); });
-    return closed;
+  void StopTimeline() {
+    if (client_ == nullptr) return;
+    absl::Status stopped;
+    WithoutGilIfHeld([&] { stopped = client_->StopTimeline(); });
+    ThrowIfError(stopped);
   }
-  const std::shared_ptr<Timeline>& timeline() const { return timeline_; }
+  std::shared_ptr<Timeline> timeline() const {
+    return client_ != nullptr ? client_->timeline() : nullptr;
+  }
 
   // kind: "parameters" or "average" (TensorKind).
   void Register(const std::string& name, const std::vector<int64_t>& shape,
@@ -648,7 +649,6 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   std::unique_ptr<Client> client_;
   absl::Duration rpc_timeout_;
   std::string device_backend_error_;
-  std::shared_ptr<Timeline> timeline_;  // start_timeline's, until stop_timeline
   absl::Mutex memory_mutex_;
   absl::flat_hash_map<std::string, bool> device_tensors_ ABSL_GUARDED_BY(memory_mutex_);
 };

@@ -14,6 +14,7 @@
 #include "worker/shard_calls.h"
 #include "worker/sparse_tables.h"
 #include "worker/tensor_table.h"
+#include "worker/timeline.h"
 #include "worker/transport/transport.h"
 #include "worker/transport/transport_factory.h"
 
@@ -208,6 +209,8 @@ class Client::Impl {
   std::unique_ptr<SparseTables> sparse_;      // likewise
   // After control_ and calls_, which it reads: stops before they go.
   std::unique_ptr<HeartbeatLoop> heartbeat_;
+  // Serialises StartTimeline and StopTimeline.
+  absl::Mutex timeline_mutex_;
   OperationEngine engine_;                    // last: cancels and drains before the parts go
 };
 
@@ -655,6 +658,32 @@ Client::Handle Client::PushPullAsync(const std::string& name, absl::Span<const f
 void Client::SetTimeline(std::shared_ptr<Timeline> timeline) {
   impl_->engine_.SetTimeline(std::move(timeline));
 }
+
+absl::Status Client::StartTimeline(const std::string& path, uint64_t max_bytes) {
+  if (max_bytes < 1) return absl::InvalidArgumentError("timeline: max_bytes must be >= 1");
+  absl::MutexLock lock(&impl_->timeline_mutex_);
+  if (impl_->engine_.timeline() != nullptr) {
+    return absl::FailedPreconditionError("timeline: one is already being recorded; stop it first");
+  }
+  absl::StatusOr<std::unique_ptr<Timeline>> opened = Timeline::Open(path, rank(), max_bytes);
+  if (!opened.ok()) return opened.status();
+  impl_->engine_.SetTimeline(std::move(*opened));
+  return absl::OkStatus();
+}
+
+absl::Status Client::StopTimeline(absl::Duration timeout) {
+  std::shared_ptr<Timeline> timeline;
+  {
+    absl::MutexLock lock(&impl_->timeline_mutex_);
+    timeline = impl_->engine_.timeline();
+    if (timeline == nullptr) return absl::OkStatus();
+    impl_->engine_.SetTimeline(nullptr);
+  }
+  // Operations still in flight hold it; their spans after this are dropped.
+  return timeline->Close(timeout);
+}
+
+std::shared_ptr<Timeline> Client::timeline() const { return impl_->engine_.timeline(); }
 
 absl::Status Client::Wait(const Handle& handle, absl::Time deadline) {
   return impl_->engine_.Wait(handle, deadline);

@@ -449,6 +449,18 @@ class Client {
   // "push-pull 1", ...), the waits on the row "waits". Operations keep the
   // timeline alive until they end.
   void SetTimeline(std::shared_ptr<Timeline> timeline);
+  // SetTimeline with a new timeline written to `path` (a Chrome trace, as
+  // harrier-worker's --timeline; worker/timeline.h is not installed with
+  // the library, this is), recording at most `max_bytes`.
+  // INVALID_ARGUMENT when the file cannot be made, FAILED_PRECONDITION while
+  // a timeline is on the client or another timeline of this process writes
+  // that file.
+  absl::Status StartTimeline(const std::string& path, uint64_t max_bytes = uint64_t{256} << 20);
+  // Takes the timeline off the client and ends its file, waiting at most
+  // `timeout` for the file (worker/timeline.h, Close). OK without one.
+  absl::Status StopTimeline(absl::Duration timeout = absl::Seconds(10));
+  // The timeline operations go on now; null: none.
+  std::shared_ptr<Timeline> timeline() const;
 
   // Operations alive (held by a handle or running), for tests of leaks.
   int64_t live_operations_for_testing() const;

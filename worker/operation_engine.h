@@ -161,6 +161,8 @@ class OperationEngine {
   // blocks on a row of the waits. Operations hold the timeline until they
   // end.
   void SetTimeline(std::shared_ptr<Timeline> timeline);
+  // The timeline operations go on now; null: none.
+  std::shared_ptr<Timeline> timeline() const;
 
   // Time callers spent waiting: on pushes, and on pulls and push-pulls.
   absl::Duration push_wait() const;
@@ -173,7 +175,6 @@ class OperationEngine {
   // With on_timeline and a timeline, the operation takes a lane on it and
   // must end through Finish (or RunHere's own record) to give it back.
   std::shared_ptr<Operation> NewOperation(OpKind kind, std::string description, bool on_timeline);
-  std::shared_ptr<Timeline> timeline() const;
   void AddWait(OpKind kind, absl::Duration waited);
   // Runs a task admitted to its class (started on the executor).
   void Launch(const std::shared_ptr<Operation>& op, int lane, Task task);

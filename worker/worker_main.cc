@@ -425,14 +425,15 @@ int main(int argc, char** argv) {
   std::shared_ptr<harrier::Timeline> timeline;
   if (const std::string path = harrier::TimelinePathFor(absl::GetFlag(FLAGS_timeline), rank);
       !path.empty()) {
-    auto opened = harrier::Timeline::Open(
-        path, rank, static_cast<uint64_t>(absl::GetFlag(FLAGS_timeline_max_mib)) << 20);
-    if (!opened.ok()) return Fail(std::string(opened.status().message()));
-    timeline = std::move(*opened);
+    if (absl::Status started = (*client)->StartTimeline(
+            path, static_cast<uint64_t>(absl::GetFlag(FLAGS_timeline_max_mib)) << 20);
+        !started.ok()) {
+      return Fail(std::string(started.message()));
+    }
+    timeline = (*client)->timeline();
     // The scheduler records its own calls, with their steps; the client
     // records every other operation.
     if (scheduler.has_value()) scheduler->timeline = timeline.get();
-    (*client)->SetTimeline(timeline);
     std::fprintf(stderr, "[worker %d] timeline: %s\n", rank, path.c_str());
   }
 

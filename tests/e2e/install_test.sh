@@ -63,6 +63,7 @@ exports_client() {
                 'harrier::Client::~Client()' 'harrier::Client::RegisterTensor(' \
                 'harrier::Client::Pull(' 'harrier::Client::Push(' 'harrier::Client::PushAsync(' \
                 'harrier::Client::Wait(' 'harrier::Client::Clock()' 'harrier::Client::Leave()' \
+                'harrier::Client::StartTimeline(' 'harrier::Client::StopTimeline(' \
                 'harrier::OperationHandle::id() const'; do
     grep -qF "$symbol" <<<"$symbols" || { echo "libharrier.so does not export $symbol"; return 1; }
   done
@@ -145,5 +146,51 @@ trains() {  # program
 }
 check "pkg-config build trains and converges" trains "$work/pc/own_loop"
 check "cmake build trains and converges" trains "$work/cmake/build/own_loop"
+
+# --- a timeline from a program built against the install -------------------
+# The install has no timeline.h: Client::StartTimeline makes the file.
+cat >"$work/pc/timeline.cc" <<'CC'
+#include <cstdio>
+#include <vector>
+
+#include "worker/client.h"
+
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  harrier::ClientOptions options;
+  options.servers = {argv[1]};
+  auto client = harrier::Client::Create(options);
+  absl::Status s = client.status();
+  std::vector<float> w(1000, 1.0f);
+  if (s.ok()) s = (*client)->RegisterTensor("w", {1000}, w);
+  if (s.ok()) s = (*client)->StartTimeline(argv[2]);
+  if (s.ok()) s = (*client)->Pull("w", absl::MakeSpan(w));
+  if (s.ok()) s = (*client)->StopTimeline();
+  if (s.ok()) s = (*client)->Leave();
+  if (!s.ok()) std::fprintf(stderr, "timeline: %s\n", s.ToString().c_str());
+  return s.ok() ? 0 : 1;
+}
+CC
+records_timeline() {
+  local port_file="$TEST_TMPDIR/port.timeline" trace="$TEST_TMPDIR/installed_timeline.json" rc
+  (cd "$work/pc" && g++ -std=c++17 -O1 timeline.cc \
+      $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs harrier) -o timeline) ||
+    return 1
+  "$root/server/harrier-server" --host=127.0.0.1 --port=0 --port_file="$port_file" \
+    --num_workers=1 2>>"$TEST_TMPDIR/server.log" &
+  server_pid=$!
+  for _ in $(seq 300); do [ -s "$port_file" ] && break; sleep 0.1; done
+  [ -s "$port_file" ] || { echo "server did not start"; return 1; }
+  timeout 60 "$work/pc/timeline" "127.0.0.1:$(cat "$port_file")" "$trace"
+  rc=$?
+  kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; server_pid=""
+  [ "$rc" -eq 0 ] || { echo "exit $rc"; return 1; }
+  # A whole JSON array with the pull on it.
+  python3 -c 'import json, sys
+events = json.load(open(sys.argv[1]))
+pulls = [e for e in events if e.get("ph") == "X" and e["name"] == "pull of '"'"'w'"'"'"]
+sys.exit(0 if len(pulls) == 1 else 1)' "$trace"
+}
+check "a program built against the install records a timeline" records_timeline
 
 finish

@@ -307,5 +307,35 @@ TEST_CASE("the client's timeline: operations on lanes of their kind, blocked wai
         a["ts"].get<int64_t>() + a["dur"].get<int64_t>());
 }
 
+TEST_CASE("StartTimeline and StopTimeline: the client's own timeline file") {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/started_timeline.json";
+  FakeCluster cluster = MakeFakeCluster(Options(1));
+  RegisterABCRefusingPushesOfB(cluster);
+  std::vector<float> pulled(4, -1.0f);
+  auto pull_c = [&] {
+    return cluster.client->Wait(cluster.client->PullAsync("c", absl::MakeSpan(pulled)),
+                                absl::Now() + absl::Seconds(10));
+  };
+  CHECK(cluster.client->StopTimeline().ok());  // none: nothing to do
+  CHECK(absl::IsInvalidArgument(cluster.client->StartTimeline("/nonexistent-dir/t.json")));
+  CHECK(cluster.client->timeline() == nullptr);
+  REQUIRE(cluster.client->StartTimeline(path).ok());
+  REQUIRE(cluster.client->timeline() != nullptr);
+  CHECK(absl::IsFailedPrecondition(cluster.client->StartTimeline(path + ".2")));
+  REQUIRE(pull_c().ok());
+  REQUIRE(cluster.client->StopTimeline().ok());
+  CHECK(cluster.client->timeline() == nullptr);
+  REQUIRE(pull_c().ok());  // not recorded
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  int pulls = 0;
+  for (const Json& event : ParseJson(text.str())) {
+    if (event["ph"] == "X" && event["name"] == "pull of 'c'") ++pulls;
+  }
+  CHECK(pulls == 1);
+}
+
 }  // namespace
 }  // namespace harrier
