@@ -450,8 +450,9 @@ class Client {
   // timeline alive until they end.
   void SetTimeline(std::shared_ptr<Timeline> timeline);
   // SetTimeline with a new timeline written to `path` (a Chrome trace, as
-  // harrier-worker's --timeline; worker/timeline.h is not installed with
-  // the library, this is), recording at most `max_bytes`.
+  // harrier-worker's --timeline), recording at most `max_bytes`: what a
+  // program built against the installed library, which does not install
+  // worker/timeline.h, calls.
   // INVALID_ARGUMENT when the file cannot be made, FAILED_PRECONDITION while
   // a timeline is on the client or another timeline of this process writes
   // that file.
