@@ -55,8 +55,11 @@ bool Operation::Finish(const absl::Status& task_status) {
     then = std::move(then_);
     then_ = nullptr;
     if (then || timeline_ != nullptr) outcome = Outcome();
+    // On the timeline before a waiter can wake: a caller that stops the
+    // timeline once its Wait returned finds the operation in the file.
+    // (The timeline's lock is a leaf: it is never held while taking this.)
+    Record(outcome, ended);
   }
-  Record(outcome, ended);
   if (then) then(std::move(outcome));
   return true;
 }
