@@ -31,7 +31,6 @@
 
 ABSL_FLAG(int, clients, 0, "load: concurrent clients (0: 64; 16 with --quick)");
 ABSL_FLAG(double, duration_s, 0, "load: seconds each sync mode runs (0: 60; 5 with --quick)");
-ABSL_FLAG(std::string, sync, "asp,bsp", "load: sync modes, one server cluster and JSON line each");
 ABSL_FLAG(double, rpc_timeout_s, 30, "load: ClientOptions::rpc_timeout in seconds");
 
 namespace harrier::bench {
@@ -109,8 +108,8 @@ std::string ParseArgs(Options* options) {
     return absl::StrCat("bad --rpc_timeout_s='", options->rpc_timeout_s, "' (seconds > 0)");
   }
   options->syncs.clear();
-  for (absl::string_view sync : absl::StrSplit(absl::GetFlag(FLAGS_sync), ',',
-                                               absl::SkipWhitespace())) {
+  for (absl::string_view sync :
+       absl::StrSplit(FlagOr(FLAGS_sync, "asp,bsp"), ',', absl::SkipWhitespace())) {
     if (sync != "asp" && sync != "bsp") {
       return absl::StrCat("--sync: unknown mode '", sync, "' (asp or bsp)");
     }

@@ -35,6 +35,9 @@ ABSL_FLAG(bool, quick, false, "a small fast subset (smoke tests); explicit flags
 ABSL_FLAG(std::string, server_binary, "", "harrier-server to start (default: from runfiles)");
 ABSL_FLAG(std::string, worker_binary, "", "harrier-worker to start (default: from runfiles)");
 ABSL_FLAG(std::string, server_flags, "", "extra flags for every shard, space-separated");
+ABSL_FLAG(std::string, sync, "",
+          "load: sync modes, one server cluster and JSON line each (default asp,bsp); overlap: "
+          "the shards' consistency model, bsp (default), ssp<N> (staleness N, e.g. ssp2) or asp");
 ABSL_FLAG(std::string, worker_flags, "", "extra flags for every harrier-worker, space-separated");
 ABSL_FLAG(int, eval_every, 20, "steps between rank 0's evaluations");
 ABSL_FLAG(int, train_examples, 0, "train on the first N examples only (0: all 60000)");

@@ -27,6 +27,7 @@ ABSL_DECLARE_FLAG(bool, quick);
 ABSL_DECLARE_FLAG(std::string, server_binary);
 ABSL_DECLARE_FLAG(std::string, worker_binary);
 ABSL_DECLARE_FLAG(std::string, server_flags);
+ABSL_DECLARE_FLAG(std::string, sync);
 ABSL_DECLARE_FLAG(std::string, worker_flags);
 ABSL_DECLARE_FLAG(int, eval_every);
 ABSL_DECLARE_FLAG(int, train_examples);

@@ -230,6 +230,7 @@ absl::StatusOr<workload::ReplaySummary> RunReplay(Client& client, const ReplayMo
   workload::ReplaySummary summary;
   summary.model = spec.name;
   summary.techniques = options.techniques;
+  summary.sync = client.sync().mode;
   summary.compute_scale = options.compute_scale;
   summary.rank = client.rank();
   summary.workers = client.num_workers();

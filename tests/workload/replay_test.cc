@@ -272,13 +272,15 @@ TEST_CASE("the summary line has its documented fields in order") {
   s.bytes_pulled_per_iter = 102228128;
   s.bytes_per_iter = 204456256;
   s.checked = true;
+  s.sync = "bsp";
   s.bytes_pushed_per_shard_per_iter = {51114064, 51114064};
   s.bytes_pulled_per_shard_per_iter = {51114000, 51114128};
   s.cpu_seconds_per_iter = 0.25;
   s.timed_start_monotonic_ns = 1000000000;
   s.timed_end_monotonic_ns = 1617000000;
   CHECK(FormatReplaySummary(s) ==
-        "replay_summary {\"model\":\"resnet50\",\"techniques\":\"all\",\"compute_scale\":1.0,"
+        "replay_summary {\"model\":\"resnet50\",\"techniques\":\"all\",\"sync\":\"bsp\","
+        "\"compute_scale\":1.0,"
         "\"rank\":0,\"workers\":2,\"shards\":2,\"steps\":5,\"warmup_steps\":1,\"iter_ms\":123.400,"
         "\"compute_ms\":100.000,\"bytes_pushed_per_iter\":102228128,\"bytes_pulled_per_iter\":"
         "102228128,\"bytes_per_iter\":204456256,\"checked\":true,"

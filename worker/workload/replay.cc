@@ -193,13 +193,14 @@ std::string FormatReplaySummary(const ReplaySummary& s) {
   std::string scale = absl::StrFormat("%.6g", s.compute_scale);
   if (scale.find_first_of(".en") == std::string::npos) scale += ".0";
   return absl::StrFormat(
-      "replay_summary {\"model\":\"%s\",\"techniques\":\"%s\",\"compute_scale\":%s,\"rank\":%d,"
+      "replay_summary {\"model\":\"%s\",\"techniques\":\"%s\",\"sync\":\"%s\","
+      "\"compute_scale\":%s,\"rank\":%d,"
       "\"workers\":%d,\"shards\":%d,\"steps\":%d,\"warmup_steps\":%d,\"iter_ms\":%.3f,"
       "\"compute_ms\":%.3f,\"bytes_pushed_per_iter\":%d,\"bytes_pulled_per_iter\":%d,"
       "\"bytes_per_iter\":%d,\"checked\":%s,\"bytes_pushed_per_shard_per_iter\":[%s],"
       "\"bytes_pulled_per_shard_per_iter\":[%s],\"cpu_seconds_per_iter\":%.6f,"
       "\"timed_start_monotonic_ns\":%d,\"timed_end_monotonic_ns\":%d}",
-      s.model, s.techniques, scale, s.rank, s.workers, s.shards, s.steps, s.warmup_steps,
+      s.model, s.techniques, s.sync, scale, s.rank, s.workers, s.shards, s.steps, s.warmup_steps,
       s.iter_ms, s.compute_ms, s.bytes_pushed_per_iter, s.bytes_pulled_per_iter, s.bytes_per_iter,
       s.checked ? "true" : "false", absl::StrJoin(s.bytes_pushed_per_shard_per_iter, ","),
       absl::StrJoin(s.bytes_pulled_per_shard_per_iter, ","), s.cpu_seconds_per_iter,

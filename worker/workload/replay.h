@@ -112,6 +112,7 @@ absl::Status CheckReplayParameters(const ReplayModelSpec& spec, uint64_t seed,
 struct ReplaySummary {
   std::string model;
   std::string techniques;
+  std::string sync;  // the shards' consistency model: bsp, ssp, asp or local
   double compute_scale = 1.0;
   int rank = 0;
   int workers = 0;
