@@ -1,6 +1,8 @@
 #include "worker/timeline.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -35,27 +37,41 @@ OpenFiles& TimelineFiles() {
 
 absl::StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int rank,
                                                          uint64_t max_bytes) {
-  OpenFiles& open_files = TimelineFiles();
-  absl::MutexLock files_lock(&open_files.mutex);
-  struct stat before;
-  if (::stat(path.c_str(), &before) == 0 &&
-      open_files.files.count({before.st_dev, before.st_ino}) > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "timeline: '", path, "' is being written by another timeline of this process"));
-  }
-  std::FILE* file = std::fopen(path.c_str(), "w");
-  if (file == nullptr) {
+  // Opened without truncating and without the registry's lock: opening a
+  // pipe blocks until it has a reader, and that must stall only this Open.
+  // The file is truncated once it is known to be nobody else's.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("timeline: cannot create '", path, "': ", std::strerror(errno)));
   }
   struct stat opened;
-  if (::fstat(::fileno(file), &opened) != 0) {
+  if (::fstat(fd, &opened) != 0) {
     const int error = errno;
-    std::fclose(file);
+    ::close(fd);
     return absl::InternalError(
         absl::StrCat("timeline: cannot stat '", path, "': ", std::strerror(error)));
   }
-  open_files.files.insert({opened.st_dev, opened.st_ino});
+  OpenFiles& open_files = TimelineFiles();
+  {
+    absl::MutexLock files_lock(&open_files.mutex);
+    if (!open_files.files.insert({opened.st_dev, opened.st_ino}).second) {
+      ::close(fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "timeline: '", path, "' is being written by another timeline of this process"));
+    }
+  }
+  auto give_back = [&](absl::string_view what) {
+    const int error = errno;
+    ::close(fd);
+    absl::MutexLock files_lock(&open_files.mutex);
+    open_files.files.erase({opened.st_dev, opened.st_ino});
+    return absl::InternalError(
+        absl::StrCat("timeline: cannot ", what, " '", path, "': ", std::strerror(error)));
+  };
+  if (S_ISREG(opened.st_mode) && ::ftruncate(fd, 0) != 0) return give_back("truncate");
+  std::FILE* file = ::fdopen(fd, "w");
+  if (file == nullptr) return give_back("open");
   auto state = std::make_shared<State>(file, path, rank, max_bytes);
   state->device = opened.st_dev;
   state->inode = opened.st_ino;

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/json.h"
 
@@ -255,6 +256,42 @@ TEST_CASE("a second timeline on a file this process is writing is refused") {
   auto again = Timeline::Open(path, 1, 1 << 20);
   REQUIRE(again.ok());
   CHECK((*again)->Close().ok());
+}
+
+TEST_CASE("a timeline waiting for its pipe's reader holds up no other timeline") {
+  const std::string fifo = TempPath("unread.fifo");
+  ::unlink(fifo.c_str());
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // Opening a pipe for writing blocks until it has a reader.
+  absl::Notification opened;
+  absl::Status waited;  // Catch's assertions are for the main thread only
+  std::thread waiting([&] {
+    waited = Timeline::Open(fifo, 0, 1 << 20).status();
+    opened.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(100));  // the thread is in its open
+  CHECK_FALSE(opened.HasBeenNotified());
+  const absl::Time before = absl::Now();
+  auto other = Timeline::Open(TempPath("beside.json"), 1, 1 << 20);
+  REQUIRE(other.ok());
+  CHECK(absl::Now() - before < absl::Seconds(5));
+  CHECK((*other)->Close().ok());
+  // A reader lets the first Open finish; its file is then whole.
+  const int reader = ::open(fifo.c_str(), O_RDONLY);
+  REQUIRE(reader >= 0);
+  REQUIRE(opened.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  waiting.join();
+  CHECK(waited.ok());
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(reader, buffer, sizeof(buffer))) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    REQUIRE(n > 0);
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(reader);
+  ::unlink(fifo.c_str());
+  CHECK(ParseJson(text).size() == 1);  // the process name, and the array ended
 }
 
 TEST_CASE("a timeline that cannot be created says where") {
