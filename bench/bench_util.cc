@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -123,6 +124,19 @@ std::string FormatBytes(size_t bytes) {
     return absl::StrCat(bytes >> 10, "K");
   }
   return absl::StrCat(bytes);
+}
+
+absl::StatusOr<std::vector<std::string>> SyncServerFlags(absl::string_view sync) {
+  if (sync == "bsp" || sync == "asp")
+    return std::vector<std::string>{absl::StrCat("--sync=", sync)};
+  int64_t every = 0;
+  if (absl::ConsumePrefix(&sync, "ssp") && absl::SimpleAtoi(sync, &every) && every >= 1) {
+    return std::vector<std::string>{"--sync=ssp", absl::StrCat("--staleness=", every)};
+  }
+  if (absl::ConsumePrefix(&sync, "local") && absl::SimpleAtoi(sync, &every) && every >= 1) {
+    return std::vector<std::string>{"--sync=local", absl::StrCat("--local_steps=", every)};
+  }
+  return absl::InvalidArgumentError("want bsp, asp, ssp<N> or local<H> with N, H >= 1");
 }
 
 }  // namespace harrier::bench

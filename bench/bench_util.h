@@ -1,5 +1,6 @@
 // Small helpers shared by harrier-bench subcommands: latency percentiles, a
-// start gate that lines threads up before timing, and list-flag parsing.
+// start gate that lines threads up before timing, list-flag parsing and
+// the consistency models' names.
 
 #ifndef HARRIER_BENCH_BENCH_UTIL_H_
 #define HARRIER_BENCH_BENCH_UTIL_H_
@@ -69,6 +70,12 @@ absl::StatusOr<std::vector<size_t>> ParseTensorSizes(absl::string_view text);
 absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text);
 // "4K" for 4096, "1M" for 1 MiB, else the plain number: for tables.
 std::string FormatBytes(size_t bytes);
+
+// The harrier-server flags of a consistency model as the benches and the
+// advisor name it: "bsp", "asp", "ssp<N>" (SSP with staleness N >= 1, e.g.
+// "ssp2") or "local<H>" (local SGD, the models averaged every H >= 1
+// steps, e.g. "local4"). INVALID_ARGUMENT for anything else.
+absl::StatusOr<std::vector<std::string>> SyncServerFlags(absl::string_view sync);
 
 }  // namespace harrier::bench
 

@@ -24,10 +24,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/bench_util.h"
 #include "bench/flags.h"
 #include "bench/netem/emulated_network.h"
 #include "bench/server_cluster.h"
@@ -104,17 +105,19 @@ constexpr int kBatchSize = 64;
 
 // A --syncs entry: the shards' consistency flags.
 struct SyncSetting {
-  const char* name;
+  std::string name;
   std::vector<std::string> server_flags;
 };
 
+// The consistency models the grid (and the advisor reading it) knows.
 const std::vector<SyncSetting>& SyncSettings() {
-  static const auto* settings = new std::vector<SyncSetting>{
-      {"bsp", {"--sync=bsp"}},
-      {"ssp2", {"--sync=ssp", "--staleness=2"}},
-      {"asp", {"--sync=asp"}},
-      {"local4", {"--sync=local", "--local_steps=4"}},
-  };
+  static const auto* settings = [] {
+    auto* table = new std::vector<SyncSetting>;
+    for (const char* name : {"bsp", "ssp2", "asp", "local4"}) {
+      table->push_back({name, *SyncServerFlags(name)});
+    }
+    return table;
+  }();
   return *settings;
 }
 

@@ -35,6 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "bench/flags.h"
 #include "bench/netem/emulated_network.h"
 #include "bench/netem/host_process.h"
@@ -187,17 +188,13 @@ std::string ParseArgs(Options* options) {
   options->server_flags = absl::StrSplit(absl::GetFlag(FLAGS_server_flags), ' ', absl::SkipEmpty());
   options->worker_flags = absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipEmpty());
   options->sync = FlagOr(FLAGS_sync, "bsp");
-  if (options->sync == "bsp" || options->sync == "asp") {
-    options->sync_flags = {absl::StrCat("--sync=", options->sync)};
-  } else if (int64_t staleness = 0;
-             absl::StartsWith(options->sync, "ssp") &&
-             absl::SimpleAtoi(absl::string_view(options->sync).substr(3), &staleness) &&
-             staleness >= 1) {
-    options->sync_flags = {"--sync=ssp", absl::StrCat("--staleness=", staleness)};
-  } else {
+  auto sync_flags = SyncServerFlags(options->sync);
+  if (!sync_flags.ok() || absl::StartsWith(options->sync, "local")) {
+    // Local SGD needs the workers' own optimizer, which a replay has not.
     return absl::StrCat("--sync=", options->sync,
                         ": want bsp, asp or ssp<N> with a staleness N >= 1 (e.g. ssp2)");
   }
+  options->sync_flags = *std::move(sync_flags);
   if (options->workers + options->shards > 250) return "--workers + --shards must be <= 250";
   return "";
 }

@@ -18,6 +18,7 @@
 #include "bench/advise/calibration.h"
 #include "bench/advise/cost_model.h"
 #include "bench/advise/measure.h"
+#include "bench/bench_util.h"
 #include "common/codec/codec_backend.h"
 #include "common/codec/pull_pairing.h"
 #include "common/codec/survey_codecs.h"
@@ -642,9 +643,7 @@ int Run() {
   // are the grid's recipe for the codec, which its steps were measured
   // with (common/codec/survey_codecs.h).
   const SurveyCodec* recipe = FindSurveyCodec(pick.codec);  // --codecs were checked
-  std::vector<std::string> server_args = {pick.sync == "ssp2"     ? "--sync=ssp --staleness=2"
-                                          : pick.sync == "local4" ? "--sync=local --local_steps=4"
-                                                                  : "--sync=" + pick.sync};
+  std::vector<std::string> server_args = *bench::SyncServerFlags(pick.sync);  // a cost model row
   server_args.insert(server_args.end(), recipe->server_flags.begin(), recipe->server_flags.end());
   std::vector<std::string> worker_args = {"--codec=" + push_specs[pick.codec],
                                           "--pull_codec=" + pick_pull_codec,
