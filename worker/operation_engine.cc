@@ -44,28 +44,26 @@ absl::Status Operation::Outcome() const {
 bool Operation::Finish(const absl::Status& task_status) {
   OperationDone then;
   absl::Status outcome;
-  absl::Time ended;
   {
     absl::MutexLock lock(&mutex_);
     if (!task_status.ok() && status_.ok()) status_ = task_status;
     if (--remaining_ > 0) return false;
-    // Taken before a waiter can wake, so a wait never ends before the
-    // operation it waited for on the timeline.
-    if (timeline_ != nullptr) ended = absl::Now();
     then = std::move(then_);
     then_ = nullptr;
     if (then || timeline_ != nullptr) outcome = Outcome();
     // On the timeline before a waiter can wake: a caller that stops the
-    // timeline once its Wait returned finds the operation in the file.
-    // (The timeline's lock is a leaf: it is never held while taking this.)
-    Record(outcome, ended);
+    // timeline once its Wait returned finds the operation in the file, and
+    // a wait never ends before the operation it waited for. (The
+    // timeline's lock is a leaf: it is never held while taking this.)
+    Record(outcome);
   }
   if (then) then(std::move(outcome));
   return true;
 }
 
-void Operation::Record(const absl::Status& outcome, absl::Time ended) {
+void Operation::Record(const absl::Status& outcome) {
   if (timeline_ == nullptr) return;
+  const absl::Time ended = absl::Now();
   timeline_->ReleaseLane(lane_);
   Json args{{"operation", id_}};
   if (!outcome.ok()) args["error"] = std::string(outcome.message());
@@ -218,7 +216,7 @@ absl::Status OperationEngine::RunHere(OpKind kind, std::string description, cons
   });
   done.WaitForNotification();
   AddWait(kind, absl::Now() - start);
-  op->Record(status, absl::Now());
+  op->Record(status);
   return status;
 }
 

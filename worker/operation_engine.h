@@ -57,9 +57,9 @@ class Operation {
   // the outcome to the WhenDone callback, if one is set, and puts the
   // operation on the timeline, if it has one.
   bool Finish(const absl::Status& task_status);
-  // On the timeline, if it has one: the operation from its start to
-  // `ended`, with its outcome; gives its lane back.
-  void Record(const absl::Status& outcome, absl::Time ended);
+  // On the timeline, if it has one: the operation from its start to now,
+  // with its outcome; gives its lane back.
+  void Record(const absl::Status& outcome);
   bool done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return remaining_ == 0; }
   // The outcome once done: DEADLINE_EXCEEDED if a WhenDone deadline
   // cancelled it.
