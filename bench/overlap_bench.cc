@@ -298,6 +298,8 @@ struct Summary {
   double cpu_seconds_per_iter = 0;
   int64_t timed_start_ns = 0;
   int64_t timed_end_ns = 0;
+  // Each timed step's wall time (empty where the replay did not report it).
+  std::vector<double> step_ms;
 };
 
 // A process's CPU sampled over time, so that its CPU over a span another
@@ -377,7 +379,8 @@ absl::StatusOr<Summary> ReadSummary(const HostProcess& process) {
   if (sync != json.end() && sync->is_string()) summary.sync = sync->get<std::string>();
   for (const auto& [key, into] :
        {std::make_pair("bytes_pushed_per_shard_per_iter", &summary.pushed_per_shard),
-        std::make_pair("bytes_pulled_per_shard_per_iter", &summary.pulled_per_shard)}) {
+        std::make_pair("bytes_pulled_per_shard_per_iter", &summary.pulled_per_shard),
+        std::make_pair("step_ms", &summary.step_ms)}) {
     const auto per_shard = json.find(key);
     if (per_shard == json.end() || !per_shard->is_array()) continue;
     for (const Json& bytes : *per_shard) {
@@ -726,9 +729,16 @@ int RunOverlapBench(int argc, char** argv) {
         const std::vector<Summary>* summaries = &run->summaries;
         double iter_ms = 0;
         bool checked = true;
+        // Each timed step as the slowest worker saw it, when all report it
+        // (PS workers do; an all-reduce rank does not).
+        std::vector<double> step_ms(static_cast<size_t>(options.steps), 0.0);
         for (const Summary& summary : *summaries) {
           iter_ms = std::max(iter_ms, summary.iter_ms);
           checked = checked && summary.checked;
+          if (summary.step_ms.size() != step_ms.size()) step_ms.clear();
+          for (size_t i = 0; i < step_ms.size(); ++i) {
+            step_ms[i] = std::max(step_ms[i], summary.step_ms[i]);
+          }
         }
         const Summary& first = summaries->front();
         // M from the bytes the run really moved: a PS worker pushes and
@@ -759,6 +769,11 @@ int RunOverlapBench(int argc, char** argv) {
             {"ideal_iter_ms", Significant(ideal_ms)},
             {"ideal_over_iter", Significant(ideal_ms / iter_ms)},
         };
+        if (!step_ms.empty()) {
+          Json steps = Json::array();
+          for (double ms : step_ms) steps.push_back(Significant(ms));
+          line["step_ms"] = steps;
+        }
         // As asked ("ssp2" keeps its staleness), unless the workers saw
         // another mode (a --server_flags override). All-reduce has no shards.
         const std::string sync = first.sync.empty() || absl::StartsWith(options.sync, first.sync)

@@ -70,6 +70,8 @@ Mark MarkNow() { return {absl::Now(), std::chrono::steady_clock::now(), ProcessC
 // What a run measured, whichever path it took.
 struct Measured {
   Mark timed_start;
+  // When each timed step began (the first at timed_start).
+  std::vector<absl::Time> step_starts;
   Mark end;
   Bytes after_setup;  // once the initial parameters are in
   Bytes at_end;
@@ -110,6 +112,7 @@ absl::StatusOr<Measured> RunDirect(Client& client, const ReplayModelSpec& spec,
   m.timed_start = MarkNow();
   for (int64_t step = 0; step < total; ++step) {
     if (step == options.warmup_steps) m.timed_start = MarkNow();
+    if (step >= options.warmup_steps) m.step_starts.push_back(absl::Now());
     for (const ReplayLayer& layer : spec.layers) {
       pacer.Run(layer.forward_ms);
     }
@@ -162,12 +165,20 @@ absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spe
       }
       m.timed_start = MarkNow();
     }
+    bool began = false;
     for (size_t l = 0; l < spec.layers.size(); ++l) {
       const ReplayLayer& layer = spec.layers[l];
       for (size_t j = 0; j < layer.tensors.size(); ++j) {
         if (absl::Status s = scheduler.WaitParameters(starts[l] + static_cast<int>(j)); !s.ok()) {
           return absl::Status(s.code(), absl::StrCat("replay step ", step, ": ", s.message()));
         }
+        // A step begins once its first parameters are in: the loop's wait
+        // for them ends the step before (whose pushes and pulls run on
+        // into it), as it would in a step without overlap.
+        if (!began && step >= options.warmup_steps) {
+          m.step_starts.push_back(step == options.warmup_steps ? m.timed_start.wall : absl::Now());
+        }
+        began = true;
       }
       pacer.Run(layer.forward_ms);
     }
@@ -239,6 +250,11 @@ absl::StatusOr<workload::ReplaySummary> RunReplay(Client& client, const ReplayMo
   summary.warmup_steps = options.warmup_steps;
   summary.iter_ms = absl::ToDoubleMilliseconds(measured->end.wall - measured->timed_start.wall) /
                     static_cast<double>(options.steps);
+  for (size_t i = 0; i < measured->step_starts.size(); ++i) {
+    const absl::Time next =
+        i + 1 < measured->step_starts.size() ? measured->step_starts[i + 1] : measured->end.wall;
+    summary.step_ms.push_back(absl::ToDoubleMilliseconds(next - measured->step_starts[i]));
+  }
   summary.cpu_seconds_per_iter =
       (measured->end.cpu_seconds - measured->timed_start.cpu_seconds) /
       static_cast<double>(options.steps);

@@ -120,6 +120,10 @@ struct ReplaySummary {
   int64_t steps = 0;          // timed
   int64_t warmup_steps = 0;
   double iter_ms = 0;         // mean wall time of a timed step
+  // Each timed step's wall time, from its start to the next one's (the
+  // last: to the end, its pushes and the pulls after them drained). Through
+  // the comm scheduler a step starts when its first parameters are in.
+  std::vector<double> step_ms;
   double compute_ms = 0;      // modelled compute of one step at compute_scale
   int64_t bytes_pushed_per_iter = 0;
   int64_t bytes_pulled_per_iter = 0;

@@ -81,6 +81,14 @@ for l in lines:
           f"{t}: cores_busy {l.get('cores_busy')} within this machine's {os.cpu_count()}")
     sps = 2 * l["batch"] / (l["iter_ms"] / 1e3)
     check(abs(l["samples_per_s"] - sps) <= 0.01 * sps, f"{t}: samples_per_s = workers * batch / iter")
+    # Each timed step, the slowest worker's (both runs are the PS's): the
+    # steps of the worker whose mean is iter_ms add up to its whole timed
+    # span, so their per-step maxima do at least.
+    steps = l.get("step_ms", [])
+    check(len(steps) == l["steps"] and all(s > 0 for s in steps)
+          and sum(steps) >= 0.99 * l["steps"] * l["iter_ms"]
+          and max(steps) <= 1.01 * l["steps"] * l["iter_ms"],
+          f"{t}: step_ms {steps}: one per timed step, adding up to at least steps x iter_ms")
 print(f"{len(failed)} failed")
 sys.exit(1 if failed else 0)
 PY
