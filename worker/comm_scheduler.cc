@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/partitioner.h"
 #include "common/thread_pool.h"
+#include "spdlog/spdlog.h"
 
 namespace harrier {
 
@@ -55,6 +56,7 @@ absl::StatusOr<CommSchedulerOptions> ParseTechniques(absl::string_view technique
     options.partition_bytes = partition_bytes > 0 ? partition_bytes : kDefaultPartitionBytes;
   }
   if (credits) {
+    options.round_window_bytes = kDefaultRoundWindowBytes;
     if (max_inflight_bytes > 0) {
       options.max_inflight_bytes = max_inflight_bytes;
     } else {
@@ -75,6 +77,16 @@ size_t CreditCap(const CommSchedulerOptions& options, int num_shards) {
 }
 
 namespace {
+
+// How long the round window may hold pushes while no round comes back
+// before it turns itself off (CommSchedulerOptions::round_window_bytes), at
+// most a quarter of the scheduler's wait_timeout. Long: a worker ahead also
+// waits that way for workers still far behind (at the first step, VGG-16's
+// workers began backward up to 4 s apart while their initial parameters
+// came in over 2 shards), and turning the window off costs it for the rest
+// of the job; a job whose workers push in different orders loses this
+// once.
+constexpr absl::Duration kRoundWindowStall = absl::Seconds(30);
 
 // A range of the wire tensor's client chunks: one call.
 struct Piece {
@@ -128,6 +140,9 @@ struct Call {
   int wire = 0;
   int piece = 0;
   int64_t step = 0;
+  // A pull that brings back the round of this worker's push (its bytes
+  // count in the round window until it completes).
+  bool returns_push = false;
   // With a timeline only.
   absl::Time queued;
   absl::Time sent;
@@ -176,8 +191,12 @@ class CommScheduler::Impl {
   // through Client::WhenDone, which hands it to executor_.
   void Dispatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Send(Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  bool Dispatchable(Kind kind) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void Enqueue(Kind kind, int wire, int piece, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  bool Dispatchable(Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Turns the round window off when it held pushes for kRoundWindowStall
+  // with no round coming back; dispatches what it held.
+  void TurnOffStalledWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Enqueue(Kind kind, int wire, int piece, int64_t step, bool returns_push = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void QueuePushes(int wire) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void BeginPulls(int wire, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Complete(const Call& call, const absl::Status& status)
@@ -229,6 +248,18 @@ class CommScheduler::Impl {
   std::map<QueueKey, Call> queue_[2] ABSL_GUARDED_BY(mutex_);  // by Kind
   uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
   size_t inflight_push_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  // The round window (options_.round_window_bytes where it applies, else
+  // 0) and the bytes pushed whose pulls have not completed.
+  size_t round_window_ ABSL_GUARDED_BY(mutex_) = 0;
+  size_t unreturned_push_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  // Since when the window holds the push queue's head back, and when a
+  // round last came back. A window that held pushes for kRoundWindowStall
+  // with no round coming back is turned off: workers whose pushes go in
+  // different orders (a tensor whose gradient one worker makes late) could
+  // otherwise each wait for the others' pushes for good.
+  absl::Time window_held_since_ ABSL_GUARDED_BY(mutex_) = absl::InfiniteFuture();
+  const absl::Duration window_stall_ = std::min(kRoundWindowStall, options_.wait_timeout / 4);
+  absl::Time round_returned_ ABSL_GUARDED_BY(mutex_);
   int inflight_calls_ ABSL_GUARDED_BY(mutex_) = 0;
   int inflight_[2] ABSL_GUARDED_BY(mutex_) = {0, 0};  // by Kind
   absl::Status error_ ABSL_GUARDED_BY(mutex_);
@@ -419,7 +450,13 @@ absl::Status CommScheduler::Impl::Plan() {
   base_clock_ = client_.clock();
   reorders_ = options_.priority && (options_.priority_across_workers ||
                                     client_.num_workers() <= 1 || client_.sync().mode != "bsp");
+  // Only BSP's pulls wait for other workers' pushes, and only pushes in the
+  // same order on every worker complete rounds in the order they were sent.
   absl::MutexLock lock(&mutex_);
+  if (client_.num_workers() > 1 && client_.sync().mode == "bsp" && !reorders_) {
+    round_window_ = options_.round_window_bytes;
+  }
+  round_returned_ = absl::Now();
   // Step 0's parameters: the shards' initial values, front tensor first.
   for (int w : wires_front_first_) BeginPulls(w, 0);
   return absl::OkStatus();
@@ -447,11 +484,11 @@ CommScheduler::Impl::~Impl() {
   mutex_.Await(absl::Condition(&ended));
 }
 
-void CommScheduler::Impl::Enqueue(Kind kind, int wire, int piece, int64_t step) {
+void CommScheduler::Impl::Enqueue(Kind kind, int wire, int piece, int64_t step, bool returns_push) {
   const Wire& w = wires_[wire];
   const QueueKey key =
       reorders_ ? QueueKey{step, w.front, piece, sequence_++} : QueueKey{0, 0, 0, sequence_++};
-  Call call{kind, wire, piece, step};
+  Call call{kind, wire, piece, step, returns_push};
   if (options_.timeline != nullptr) call.queued = absl::Now();
   queue_[static_cast<int>(kind)][key] = call;
 }
@@ -474,16 +511,23 @@ void CommScheduler::Impl::BeginPulls(int wire, int64_t step) {
   }
 }
 
-bool CommScheduler::Impl::Dispatchable(Kind kind) const {
+bool CommScheduler::Impl::Dispatchable(Kind kind) {
   const auto& queue = queue_[static_cast<int>(kind)];
   if (queue.empty() || !error_.ok() || stopping_) return false;
   if (inflight_[static_cast<int>(kind)] >= max_inflight_per_kind_) return false;
-  if (kind == Kind::kPull || options_.max_inflight_bytes == 0) return true;
-  // Credits: a piece larger than the cap goes alone, else a cap below one
-  // piece would stop the scheduler for good. Only the queue's head may go,
-  // so priority order holds under the cap too.
+  if (kind == Kind::kPull) return true;
+  // Only the queue's head may go, so priority order holds under the caps.
   const Call& head = queue.begin()->second;
   const size_t bytes = wires_[head.wire].pieces[head.piece].bytes;
+  // The round window, like the credits, lets one piece go alone.
+  if (round_window_ > 0 && unreturned_push_bytes_ > 0 &&
+      unreturned_push_bytes_ + bytes > round_window_) {
+    window_held_since_ = std::min(window_held_since_, absl::Now());
+    return false;
+  }
+  // Credits: a piece larger than the cap goes alone, else a cap below one
+  // piece would stop the scheduler for good.
+  if (options_.max_inflight_bytes == 0) return true;
   return inflight_push_bytes_ == 0 || inflight_push_bytes_ + bytes <= options_.max_inflight_bytes;
 }
 
@@ -524,6 +568,10 @@ void CommScheduler::Impl::Send(Kind kind) {
   }
   if (kind == Kind::kPush) {
     inflight_push_bytes_ += piece.bytes;
+    unreturned_push_bytes_ += piece.bytes;
+    window_held_since_ = absl::InfiniteFuture();
+    stats_.peak_unreturned_push_bytes =
+        std::max(stats_.peak_unreturned_push_bytes, static_cast<int64_t>(unreturned_push_bytes_));
     stats_.push_calls++;
     stats_.bytes_pushed += static_cast<int64_t>(piece.bytes);
     stats_.peak_inflight_push_bytes =
@@ -575,6 +623,10 @@ void CommScheduler::Impl::Complete(const Call& call, const absl::Status& status)
   }
   if (call.kind == Kind::kPull) {
     --wire.pulls_remaining;
+    if (call.returns_push) {
+      unreturned_push_bytes_ -= wire.pieces[call.piece].bytes;
+      round_returned_ = absl::Now();
+    }
     return;
   }
   --wire.pushes_remaining;
@@ -585,7 +637,7 @@ void CommScheduler::Impl::Complete(const Call& call, const absl::Status& status)
     wire.pull_step = call.step + 1;
     wire.pulls_remaining = static_cast<int>(wire.pieces.size());
   }
-  Enqueue(Kind::kPull, call.wire, call.piece, call.step + 1);
+  Enqueue(Kind::kPull, call.wire, call.piece, call.step + 1, /*returns_push=*/true);
 }
 
 void CommScheduler::Impl::Record(const Call& call, const absl::Status& status) {
@@ -627,11 +679,34 @@ void CommScheduler::Impl::Fail(absl::Status status) {
   queue_[1].clear();
 }
 
+void CommScheduler::Impl::TurnOffStalledWindow() {
+  if (round_window_ == 0 || window_held_since_ == absl::InfiniteFuture()) return;
+  if (absl::Now() - std::max(window_held_since_, round_returned_) < window_stall_) return;
+  round_window_ = 0;
+  spdlog::warn(
+      "comm scheduler: the round window held pushes for {} while no round came back (do the "
+      "workers push their tensors in different orders?); it is off from now on",
+      absl::FormatDuration(window_stall_));
+  Dispatch();
+}
+
 template <typename Ready>
 absl::Status CommScheduler::Impl::AwaitOrFail(const Ready& ready, const std::string& what) {
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !error_.ok() || ready(); };
-  const bool in_time =
-      mutex_.AwaitWithDeadline(absl::Condition(&done), absl::Now() + options_.wait_timeout);
+  const absl::Time deadline = absl::Now() + options_.wait_timeout;
+  bool in_time = false;
+  // While the round window applies, the waiting caller also looks for a
+  // window that stalls, a few times per window_stall_: nothing else would
+  // wake the scheduler then.
+  while (round_window_ > 0 &&
+         !(in_time = mutex_.AwaitWithDeadline(
+               absl::Condition(&done), std::min(deadline, absl::Now() + window_stall_ / 4))) &&
+         absl::Now() < deadline) {
+    TurnOffStalledWindow();
+  }
+  if (round_window_ == 0) {
+    in_time = mutex_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  }
   if (!error_.ok()) return error_;
   if (!in_time) {
     return absl::DeadlineExceededError(absl::StrCat(

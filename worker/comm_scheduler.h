@@ -19,7 +19,9 @@
 //                       granularity, so forward of the next step starts as
 //                       soon as tensor 0 is back; under BSP with several
 //                       workers only with priority_across_workers
-//   credits             at most max_inflight_bytes of pushes in flight
+//   credits             at most max_inflight_bytes of pushes in flight,
+//                       and under BSP at most round_window_bytes pushed
+//                       whose rounds have not come back
 //
 // Pushes and pulls are separate calls: a pull of step t+1 waits (on the
 // shard, under BSP) for every worker's push of step t, and pushes never
@@ -73,6 +75,12 @@ struct CommSchedulerOptions {
   // 0: no cap. Counts pushes only; a piece above the cap goes alone when
   // no other push is in flight.
   size_t max_inflight_bytes = 0;
+  // Under BSP with more than one worker and pushes in the order of
+  // backward: at most this many bytes pushed whose rounds have not come
+  // back (the piece's pull, which a shard answers once every worker pushed
+  // the piece, has not completed). 0: no window. A piece above it goes
+  // alone. See kDefaultRoundWindowBytes.
+  size_t round_window_bytes = 0;
   // With the cap at its default: the cap grows to at least this many
   // pieces (partition_bytes, or the default piece without partitioning)
   // per shard, so that every shard's link has a piece arriving while the
@@ -124,6 +132,19 @@ inline constexpr size_t kDefaultPartitionBytes = 1u << 20;
 // pieces per shard above 4 shards follows the same reasoning, unmeasured.
 inline constexpr size_t kDefaultMaxInflightBytes = 8u << 20;
 inline constexpr size_t kDefaultInflightPiecesPerShard = 2;
+//
+// The round window is 32 MiB. A shard answers a piece's pull once every
+// worker pushed it, so rounds complete at the pace of the worker furthest
+// behind. Without a window a worker whose pushes are ahead goes on taking
+// the shards' links from the workers whose pushes would complete rounds:
+// with fewer shards than workers the pulls then wait, and the links carry
+// them only once the pushes are done. Replayed at 1 Gbit/s with 4 workers
+// and 2 shards, VGG-16 took 9761 ms per step against 12078 without it (its
+// cost model 9264; docs/performance.md, "The round window"). A window
+// that holds pushes for 30 s (at most a quarter of wait_timeout) with no
+// round coming back, as workers that push in different orders would, turns
+// itself off.
+inline constexpr size_t kDefaultRoundWindowBytes = 32u << 20;
 
 // `techniques`: "plain", "wfbp", "fusion", "priority", "all", or several
 // joined by '+' ("wfbp+fusion"). "fusion" and "priority" imply wfbp;
@@ -169,6 +190,8 @@ struct CommSchedulerStats {
   int64_t bytes_pushed = 0;
   int64_t bytes_pulled = 0;
   int64_t peak_inflight_push_bytes = 0;
+  // The most bytes pushed at once whose rounds had not come back.
+  int64_t peak_unreturned_push_bytes = 0;
 };
 
 // One dispatched call, in dispatch order (tests check order and shape).

@@ -78,6 +78,10 @@ ABSL_FLAG(int, timeline_max_mib, 256,
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Credit cap on push bytes in flight (0: the default when the cap is on: 8 MiB, or two "
           "pieces per shard when that is more).");
+ABSL_FLAG(int64_t, round_window_bytes, -1,
+          "Under BSP with several workers: at most this many pushed bytes whose rounds have not "
+          "come back, so a worker ahead leaves the shards' links to those completing the rounds "
+          "(-1: the credits technique's default, 32 MiB; 0: no window).");
 ABSL_FLAG(std::string, optimizer, "sgd",
           "Replay: the servers' --optimizer; the exact check of the final parameters runs under "
           "bsp with sgd only.");
@@ -236,6 +240,9 @@ int main(int argc, char** argv) {
         absl::GetFlag(FLAGS_max_inflight_bytes) < 0) {
       return Fail("--fusion_bytes, --partition_bytes and --max_inflight_bytes must be >= 0");
     }
+    if (absl::GetFlag(FLAGS_round_window_bytes) < -1) {
+      return Fail("--round_window_bytes must be >= 0, or -1 for the default");
+    }
     auto parsed = harrier::ParseTechniques(
         techniques, static_cast<size_t>(absl::GetFlag(FLAGS_fusion_bytes)),
         static_cast<size_t>(absl::GetFlag(FLAGS_partition_bytes)),
@@ -243,6 +250,9 @@ int main(int argc, char** argv) {
     if (!parsed.ok()) return Fail(absl::StrCat("--techniques: ", parsed.status().message()));
     scheduler = *parsed;
     scheduler->priority_across_workers = absl::GetFlag(FLAGS_priority_across_workers);
+    if (absl::GetFlag(FLAGS_round_window_bytes) >= 0) {
+      scheduler->round_window_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_round_window_bytes));
+    }
     // A bucket at or above compress_min_bytes would be compressed as one
     // vector of unrelated tensors (PowerSGD on a fused bucket moved 15x the
     // bytes of per-tensor PowerSGD): with a push codec only the tensors that
@@ -409,10 +419,11 @@ int main(int argc, char** argv) {
   if (scheduler.has_value()) {
     std::fprintf(stderr,
                  "[worker %d] comm scheduler: techniques=%s wfbp=%d fusion_bytes=%zu "
-                 "partition_bytes=%zu priority=%d max_inflight_bytes=%zu\n",
+                 "partition_bytes=%zu priority=%d max_inflight_bytes=%zu round_window_bytes=%zu\n",
                  rank, techniques.c_str(), scheduler->wait_free_backprop ? 1 : 0,
                  scheduler->fusion_bytes, scheduler->partition_bytes, scheduler->priority ? 1 : 0,
-                 harrier::CreditCap(*scheduler, (*client)->num_shards()));
+                 harrier::CreditCap(*scheduler, (*client)->num_shards()),
+                 scheduler->round_window_bytes);
     if (scheduler->priority && !scheduler->priority_across_workers &&
         (*client)->num_workers() > 1 && (*client)->sync().mode == "bsp") {
       std::fprintf(stderr,

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -442,6 +443,132 @@ TEST_CASE(
   CHECK(FrontPullPosition(2, false) == 12);
   CHECK(FrontPullPosition(2, true) == 6);
   CHECK(FrontPullPosition(1, false) == 6);
+}
+
+// One tensor of 16 one-chunk pieces over 2 shards that hold every pull of
+// step 1 (its round "not complete"), pushed under a round window of 4
+// pieces: how many pieces go out before any pull is let through, and the
+// scheduler to release them (the rest of the step runs in `finish`).
+struct WindowRun {
+  static constexpr size_t kChunk = 256 * sizeof(float);
+  static constexpr size_t kPieces = 16;
+  static constexpr size_t kWindowPieces = 4;
+
+  explicit WindowRun(int num_workers)
+      : cluster(MakeFakeCluster(
+            [] {
+              ClientOptions options = TestOptions(2, kChunk);
+              options.max_calls_in_flight = 64;
+              return options;
+            }(),
+            num_workers)),
+        model({kPieces * 256}) {
+    for (FakeShardTransport* shard : cluster.shards) {
+      shard->SetHoldIf([this, shard](const FakeShardTransport::Call& call) {
+        if (call.kind != FakeShardTransport::CallKind::kPull || call.pull.clock() == 0) {
+          return false;
+        }
+        absl::MutexLock lock(&mutex);
+        held.emplace_back(shard, call.id);
+        return true;
+      });
+    }
+    CommSchedulerOptions options = BaseOptions();
+    options.wait_free_backprop = true;
+    options.partition_bytes = kChunk;
+    options.max_inflight_bytes = 1 << 20;  // no cap in the way
+    options.round_window_bytes = kWindowPieces * kChunk;
+    auto created = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+    REQUIRE(created.ok());
+    scheduler = *std::move(created);
+  }
+  int64_t PushedPieces() const {
+    return scheduler->stats().bytes_pushed / static_cast<int64_t>(kChunk);
+  }
+  size_t Held() {
+    absl::MutexLock lock(&mutex);
+    return held.size();
+  }
+  void ReleaseAll() {
+    for (size_t next = 0; next < kPieces; ++next) {
+      std::pair<FakeShardTransport*, uint64_t> call{nullptr, 0};
+      const absl::Time deadline = absl::Now() + absl::Seconds(10);
+      while (call.first == nullptr && absl::Now() < deadline) {
+        {
+          absl::MutexLock lock(&mutex);
+          if (next < held.size()) call = held[next];
+        }
+        if (call.first == nullptr) absl::SleepFor(absl::Milliseconds(1));
+      }
+      REQUIRE(call.first != nullptr);
+      REQUIRE(call.first->CompleteHeld(call.second));
+    }
+  }
+
+  FakeCluster cluster;
+  Model model;
+  absl::Mutex mutex;
+  std::vector<std::pair<FakeShardTransport*, uint64_t>> held ABSL_GUARDED_BY(mutex);
+  std::unique_ptr<CommScheduler> scheduler;
+};
+
+bool AwaitTrue(const std::function<bool()>& done, absl::Duration within = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + within;
+  while (!done() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  return done();
+}
+
+TEST_CASE(
+    "the round window: under BSP with several workers a push waits for the rounds of "
+    "the pushes before it to come back") {
+  WindowRun run(2);
+  REQUIRE(run.scheduler->WaitParameters(0).ok());
+  REQUIRE(run.scheduler->GradientReady(0, run.model.grads[0]).ok());
+  REQUIRE(run.scheduler->EndBackward().ok());
+  // The window's four pieces go out; their pulls wait for the round.
+  REQUIRE(AwaitTrue([&] { return run.Held() == WindowRun::kWindowPieces; }));
+  absl::SleepFor(absl::Milliseconds(200));
+  CHECK(run.PushedPieces() == static_cast<int64_t>(WindowRun::kWindowPieces));
+  // Each round that comes back lets one more piece go.
+  run.ReleaseAll();
+  REQUIRE(run.scheduler->Drain().ok());
+  CHECK(run.PushedPieces() == static_cast<int64_t>(WindowRun::kPieces));
+  CHECK(run.scheduler->stats().peak_unreturned_push_bytes ==
+        static_cast<int64_t>(WindowRun::kWindowPieces * WindowRun::kChunk));
+  CHECK(run.scheduler->options().round_window_bytes ==
+        WindowRun::kWindowPieces * WindowRun::kChunk);
+}
+
+TEST_CASE("the round window: one worker has none") {
+  WindowRun run(1);
+  REQUIRE(run.scheduler->WaitParameters(0).ok());
+  REQUIRE(run.scheduler->GradientReady(0, run.model.grads[0]).ok());
+  REQUIRE(run.scheduler->EndBackward().ok());
+  // Every piece pushed while the first pulls wait (in the pull slots).
+  CHECK(AwaitTrue([&] { return run.PushedPieces() == static_cast<int64_t>(WindowRun::kPieces); }));
+  run.ReleaseAll();
+  REQUIRE(run.scheduler->Drain().ok());
+}
+
+TEST_CASE("the round window turns itself off when no round comes back for long") {
+  // As when another worker waits for this one's push of a piece this one
+  // pushes late: the rounds never complete while the window holds.
+  WindowRun run(2);
+  REQUIRE(run.scheduler->WaitParameters(0).ok());
+  REQUIRE(run.scheduler->GradientReady(0, run.model.grads[0]).ok());
+  REQUIRE(run.scheduler->EndBackward().ok());
+  absl::Status drained;
+  const absl::Time began = absl::Now();
+  std::thread training([&] { drained = run.scheduler->Drain(); });  // waits in the scheduler
+  const bool all_pushed =
+      AwaitTrue([&] { return run.PushedPieces() == static_cast<int64_t>(WindowRun::kPieces); });
+  const absl::Duration took = absl::Now() - began;
+  run.ReleaseAll();
+  training.join();
+  CHECK(all_pushed);
+  CHECK(took >= absl::Milliseconds(2400));  // a quarter of the wait_timeout, 10 s
+  CHECK(drained.ok());
+  CHECK(run.PushedPieces() == static_cast<int64_t>(WindowRun::kPieces));
 }
 
 TEST_CASE("without priority pushes go in the order gradients became ready") {
