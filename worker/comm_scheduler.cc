@@ -450,9 +450,9 @@ absl::Status CommScheduler::Impl::Plan() {
   base_clock_ = client_.clock();
   reorders_ = options_.priority && (options_.priority_across_workers ||
                                     client_.num_workers() <= 1 || client_.sync().mode != "bsp");
+  absl::MutexLock lock(&mutex_);
   // Only BSP's pulls wait for other workers' pushes, and only pushes in the
   // same order on every worker complete rounds in the order they were sent.
-  absl::MutexLock lock(&mutex_);
   if (client_.num_workers() > 1 && client_.sync().mode == "bsp" && !reorders_) {
     round_window_ = options_.round_window_bytes;
   }
