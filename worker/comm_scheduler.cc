@@ -522,7 +522,7 @@ bool CommScheduler::Impl::Dispatchable(Kind kind) {
   // The round window, like the credits, lets one piece go alone.
   if (round_window_ > 0 && unreturned_push_bytes_ > 0 &&
       unreturned_push_bytes_ + bytes > round_window_) {
-    window_held_since_ = std::min(window_held_since_, absl::Now());
+    if (window_held_since_ == absl::InfiniteFuture()) window_held_since_ = absl::Now();
     return false;
   }
   // Credits: a piece larger than the cap goes alone, else a cap below one
@@ -694,18 +694,16 @@ template <typename Ready>
 absl::Status CommScheduler::Impl::AwaitOrFail(const Ready& ready, const std::string& what) {
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !error_.ok() || ready(); };
   const absl::Time deadline = absl::Now() + options_.wait_timeout;
-  bool in_time = false;
   // While the round window applies, the waiting caller also looks for a
   // window that stalls, a few times per window_stall_: nothing else would
   // wake the scheduler then.
-  while (round_window_ > 0 &&
-         !(in_time = mutex_.AwaitWithDeadline(
-               absl::Condition(&done), std::min(deadline, absl::Now() + window_stall_ / 4))) &&
-         absl::Now() < deadline) {
+  bool in_time;
+  while (
+      !(in_time = mutex_.AwaitWithDeadline(
+            absl::Condition(&done),
+            round_window_ > 0 ? std::min(deadline, absl::Now() + window_stall_ / 4) : deadline)) &&
+      absl::Now() < deadline) {
     TurnOffStalledWindow();
-  }
-  if (round_window_ == 0) {
-    in_time = mutex_.AwaitWithDeadline(absl::Condition(&done), deadline);
   }
   if (!error_.ok()) return error_;
   if (!in_time) {
