@@ -73,11 +73,28 @@ bool CpuHasSse42() {
 // chain.
 constexpr size_t kStripeBlock = 8 << 10;
 
+// Multiplication by one fixed operator (a shift by kStripeBlock zero
+// bytes) as four byte-indexed tables: the product is linear in the CRC's
+// bits, so it is the XOR of each byte's product. About ten instructions
+// where MultModP takes up to 32 data-dependent branches, twice per stripe.
+struct ShiftTables {
+  explicit ShiftTables(uint32_t shift) {
+    for (uint32_t byte = 0; byte < 4; ++byte) {
+      for (uint32_t v = 0; v < 256; ++v) table[byte][v] = MultModP(shift, v << (8 * byte));
+    }
+  }
+  uint32_t Apply(uint32_t crc) const {
+    return table[0][crc & 0xFF] ^ table[1][(crc >> 8) & 0xFF] ^ table[2][(crc >> 16) & 0xFF] ^
+           table[3][crc >> 24];
+  }
+  uint32_t table[4][256];
+};
+
 __attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t crc, const void* data,
                                                        size_t size) {
   const auto* p = static_cast<const unsigned char*>(data);
   if (size >= 3 * kStripeBlock) {
-    static const uint32_t shift_block = ZeroBytesOperator(kStripeBlock);
+    static const ShiftTables* const shift_block = new ShiftTables(ZeroBytesOperator(kStripeBlock));
     do {
       uint64_t c0 = static_cast<uint32_t>(~crc), c1 = 0xFFFFFFFFu, c2 = 0xFFFFFFFFu;
       const unsigned char* b0 = p;
@@ -95,7 +112,7 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t crc, const void*
       const uint32_t crc0 = ~static_cast<uint32_t>(c0);
       const uint32_t crc1 = ~static_cast<uint32_t>(c1);
       const uint32_t crc2 = ~static_cast<uint32_t>(c2);
-      crc = Combine(Combine(crc0, crc1, shift_block), crc2, shift_block);
+      crc = shift_block->Apply(shift_block->Apply(crc0) ^ crc1) ^ crc2;
       p += 3 * kStripeBlock;
       size -= 3 * kStripeBlock;
     } while (size >= 3 * kStripeBlock);
