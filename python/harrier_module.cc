@@ -333,10 +333,11 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
   // kind: "parameters" or "average" (TensorKind).
   void Register(const std::string& name, const std::vector<int64_t>& shape,
                 const py::object& initial, const std::string& kind, bool own_clock,
-                const std::string& codec, const std::string& pull_codec,
-                const std::string& memory) {
+                const std::string& codec, const std::string& pull_codec, const std::string& memory,
+                bool staging_buffers) {
     Client& c = client();
     TensorOptions options;
+    options.staging_buffers = staging_buffers;
     if (memory == "device") {
       if (!kBuiltWithCuda) {
         ThrowIfError(absl::FailedPreconditionError(absl::StrCat(
@@ -957,7 +958,8 @@ PYBIND11_MODULE(_harrier, m) {
       .def("sync", &PyClient::Sync)
       .def("register", &PyClient::Register, py::arg("name"), py::arg("shape"), py::arg("initial"),
            py::arg("kind") = "parameters", py::arg("own_clock") = false, py::arg("codec") = "",
-           py::arg("pull_codec") = "", py::arg("memory") = "host")
+           py::arg("pull_codec") = "", py::arg("memory") = "host",
+           py::arg("staging_buffers") = false)
       .def("tensor_clock", &PyClient::TensorClock)
       .def("push", &PyClient::Push)
       .def("pull", &PyClient::Pull)

@@ -47,6 +47,7 @@ struct ChunkCodec::CodecPair {
 // codecs it uses.
 struct ChunkCodec::TensorState {
   MemoryKind memory = MemoryKind::kHost;
+  bool staging_buffers = false;  // TensorInfo::staging_buffers
   std::shared_ptr<CodecBackend> backend;
   std::shared_ptr<const CodecPair> codecs;
   // Device tensors: a landing buffer per chunk for dense pull replies,
@@ -165,6 +166,7 @@ absl::Status ChunkCodec::AddTensor(const TensorInfo& info) {
   if (!codecs.ok()) return codecs.status();
   auto tensor = std::make_shared<TensorState>();
   tensor->memory = info.memory;
+  tensor->staging_buffers = info.staging_buffers;
   tensor->backend = backend;
   tensor->codecs = *codecs;
   const CodecPair& pair = **codecs;
@@ -253,6 +255,7 @@ absl::Status ChunkCodec::EncodePush(const ChunkKey& key, absl::Span<const float>
   const size_t bytes = values.size() * sizeof(float);
   out->borrowed_memory = MemoryKind::kHost;
   out->checksum_pending = false;
+  out->send_in_place = false;
   if (state == nullptr) {
     header.set_codec(0);
     header.clear_codec_params();
@@ -271,6 +274,7 @@ absl::Status ChunkCodec::EncodePush(const ChunkKey& key, absl::Span<const float>
       // The transport takes the CRC as it reads the gradient to send it.
       header.clear_checksum();
       out->checksum_pending = true;
+      out->send_in_place = tensor->staging_buffers;
       return absl::OkStatus();
     } else {
       // Staged: the transport reads host memory only.
@@ -407,6 +411,19 @@ absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const Ch
     }
     return DecodeLandedPull(name, *span, *state, reply, payload, tensor + span->offset);
   }
+  std::shared_ptr<Mirror> mirror = MirrorFor(ChunkKey{name, span->chunk});
+  float* out = tensor + span->offset;
+  if (!compressed && mirror == nullptr && state->memory == MemoryKind::kHost &&
+      state->staging_buffers) {
+    // The caller's staging, read only after a pull that succeeded: checked
+    // while copied, one pass over the bytes.
+    if (payload.CopyToWithCrc32c(out) != reply.checksum()) {
+      return absl::DataLossError(absl::StrCat("checksum mismatch in '", name, "' chunk ",
+                                              reply.chunk(),
+                                              " (the staging holds it part-written)"));
+    }
+    return absl::OkStatus();
+  }
   // Checked before anything is written, so a corrupt reply leaves the
   // tensor as it was; then one copy, straight from the received slices.
   uint32_t crc = 0;
@@ -417,8 +434,6 @@ absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const Ch
     return absl::DataLossError(
         absl::StrCat("checksum mismatch in '", name, "' chunk ", reply.chunk()));
   }
-  std::shared_ptr<Mirror> mirror = MirrorFor(ChunkKey{name, span->chunk});
-  float* out = tensor + span->offset;
   if (!compressed) {
     absl::Status status;
     if (mirror != nullptr) {

@@ -572,6 +572,7 @@ absl::Status Client::RegisterTensor(const std::string& name, const std::vector<i
   info.memory = memory;
   info.push_codec = options.codec;
   info.pull_codec = options.pull_codec;
+  info.staging_buffers = options.staging_buffers;
   if (auto status = impl_->codec_->CheckCodecs(info); !status.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", name, "': ", status.message()));

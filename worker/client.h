@@ -177,6 +177,18 @@ struct TensorOptions {
   // the client's.
   std::string codec;
   std::string pull_codec;
+  // The buffers the caller hands to Push and Pull for this tensor are
+  // staging buffers of its own (host memory only):
+  // - a push's buffer is written just before the push and left alone until
+  //   the push completes, so a transport sends from it as it is instead of
+  //   first copying it into a send buffer of its own;
+  // - a pull's buffer is read only once the pull succeeded, so a dense
+  //   reply is copied into it while its checksum is taken, one pass over
+  //   the bytes instead of two; a corrupt reply then fails the pull with
+  //   the buffer part-written (otherwise the buffer is left as it was).
+  // A buffer the caller writes while its push is in flight, or reads after
+  // a failed pull, needs this false.
+  bool staging_buffers = false;
 };
 
 // A sparse table: rows of `dim` floats keyed by any int64 id (an

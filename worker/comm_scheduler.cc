@@ -425,8 +425,14 @@ absl::Status CommScheduler::Impl::Plan() {
       }
       wire.gradient = wire.grad_staging.data();
       wire.parameters = wire.param_staging.data();
+      // Both stagings are the scheduler's own: the gradients' is written
+      // just before its pushes and not again until they complete
+      // (GradientReady waits for them), the parameters' is copied out only
+      // from pulls that succeeded (CopyOut after Pulled).
+      TensorOptions options;
+      options.staging_buffers = true;
       if (auto status = client_.RegisterTensor(wire.name, {static_cast<int64_t>(wire.elements)},
-                                               wire.param_staging);
+                                               wire.param_staging, options);
           !status.ok()) {
         return status;
       }

@@ -54,6 +54,9 @@ struct TensorInfo {
   // Codec specs of this tensor's pushes and pulls; empty: the client's.
   std::string push_codec;
   std::string pull_codec;
+  // The caller's push and pull buffers are its own staging
+  // (TensorOptions::staging_buffers).
+  bool staging_buffers = false;
   // The tensor's own clock (TensorOptions::own_clock): its next push clock,
   // shared by every copy of the entry; null: the worker's clock.
   std::shared_ptr<std::atomic<int64_t>> own_clock;

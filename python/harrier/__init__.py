@@ -334,7 +334,7 @@ class Client:
 
     # -- tensors --------------------------------------------------------------
     def register(self, name, shape_or_array, kind="parameters", own_clock=False, codec="",
-                 pull_codec="", memory=None):
+                 pull_codec="", memory=None, staging_buffers=False):
         """Declares a float32 tensor: a shape (zeros unless another worker
         registered it first) or an array (its shape and initial values). The
         first registration wins; later ones must agree on the shape.
@@ -350,7 +350,13 @@ class Client:
         client's; pull_codec "paired": the pair of its push codec). memory:
         "host" or "device" (the buffers of every later call are CUDA arrays,
         compressed on the device; a module built with --config=cuda); None:
-        "device" for a CUDA tensor, else "host"."""
+        "device" for a CUDA tensor, else "host". staging_buffers: the arrays
+        pushed and pulled for this name are the caller's own staging (host
+        memory): a pushed one is written just before the push and untouched
+        until the push is waited for, so it is sent from where it is rather
+        than copied first; a pulled one is read only after the pull
+        succeeded, so the reply is written into it while it is checked (a
+        corrupt reply fails the pull with the array part-written)."""
         if isinstance(shape_or_array, (tuple, list)) and all(
                 isinstance(d, int) for d in shape_or_array):
             shape, initial = tuple(shape_or_array), None
@@ -366,7 +372,7 @@ class Client:
                 initial = initial.cpu().numpy()
         memory = memory or "host"
         self._client.register(name, list(shape), initial, kind, bool(own_clock), codec, pull_codec,
-                              memory)
+                              memory, bool(staging_buffers))
         self._shapes[name] = shape
         self._memory[name] = memory
 

@@ -277,7 +277,7 @@ class _LocalClient:
             "momentum": 0.0, "weight_decay": 0.0}
 
     def register(self, name, shape_or_array, kind="parameters", own_clock=False, codec="",
-                 pull_codec="", memory="host"):
+                 pull_codec="", memory="host", staging_buffers=False):
         if kind != "average":
             raise _bad("a single-process job (no shards) has no parameters on shards: use the "
                        "default update of DistributedOptimizer, or run under harrier-launch")
@@ -1131,9 +1131,13 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             self._bucket_names.append(name)
             self._bucket_in_place.append(
                 all(self._params[i].dtype == _torch.float32 for i in members))
+            # Both buckets are staging: the gradients' is written by backward
+            # just before its push and not again until step() has waited for
+            # it, the pulled one is read only after a pull that succeeded.
             self._client.register(name, shape, kind="average", codec=self._compression,
                                   pull_codec=self._pull_compression,
-                                  memory="device" if device.type == "cuda" else "host")
+                                  memory="device" if device.type == "cuda" else "host",
+                                  staging_buffers=True)
         self._bucket_filled = [0] * len(buckets)
         self._handles = [None] * len(buckets)
 

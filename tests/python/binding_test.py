@@ -182,6 +182,22 @@ class BindingTest(unittest.TestCase):
             with self.assertRaises(harrier.Error):
                 c._client.push("nobody", np.ones(4, np.float32))
 
+    def test_staging_buffers(self):
+        # Pushed from the array itself (no send copy), pulled with the
+        # check taken during the copy: the values are the same.
+        with self.client() as c:
+            w0 = initial()
+            c.register("staged", w0, staging_buffers=True)
+            g = gradient(1)
+            c.push_async("staged", g).wait(20)
+            c.clock()
+            out = np.empty(N, np.float32)
+            c.pull_async("staged", out).wait(20)
+            np.testing.assert_array_equal(out, w0 - np.float32(LR) * g)
+            both = np.empty(N, np.float32)
+            c.push_pull_async("staged", g, both).wait(20)
+            np.testing.assert_array_equal(both, w0 - np.float32(2 * LR) * g)
+
     def test_async_handles(self):
         with self.client() as c:
             w0 = initial()

@@ -67,6 +67,11 @@ TEST_CASE("push, pull and push-pull round trip exactly") {
   INFO("transport " << Transport());
   const Calls calls{GENERATE(false, true)};
   INFO((calls.async ? "async calls" : "blocking calls"));
+  // Staging buffers: pushes sent from the caller's buffer with no send
+  // copy, pulls checked while copied.
+  TensorOptions options;
+  options.staging_buffers = GENERATE(false, true);
+  INFO((options.staging_buffers ? "staging buffers" : "caller's buffers"));
   auto servers = testing::StartCluster(1, 1, ServerFlags({"--optimizer=sgd", "--lr=1"}));
   REQUIRE(servers.ok());
   auto client = Client::Create(Options(*servers));
@@ -74,7 +79,8 @@ TEST_CASE("push, pull and push-pull round trip exactly") {
   // 1.5M elements: two chunks of up to 4 MiB, sent by rendezvous over UCX.
   // Over gRPC 1000 elements go inline with their header; 12289 (one 48 KiB
   // block of the send copy and 4 bytes) and the larger ones are copied into
-  // a send buffer, their checksum taken during the copy.
+  // a send buffer, their checksum taken during the copy (with staging
+  // buffers they are sent from where they are).
   const std::vector<size_t> sizes = {1, 1000, 12289, 1500000};
   for (size_t n : sizes) {
     INFO("elements " << n);
@@ -84,7 +90,7 @@ TEST_CASE("push, pull and push-pull round trip exactly") {
       init[i] = static_cast<float>(i % 101);
       grad[i] = static_cast<float>(i % 7);
     }
-    REQUIRE_OK((*client)->RegisterTensor(name, {static_cast<int64_t>(n)}, init));
+    REQUIRE_OK((*client)->RegisterTensor(name, {static_cast<int64_t>(n)}, init, options));
     REQUIRE_OK(calls.Pull(**client, name, out));
     REQUIRE(out == init);
   }

@@ -180,6 +180,55 @@ TEST_CASE("a bad pull reply is refused and writes nothing") {
   CHECK(out == std::vector<float>(kElements, -1.0f));
 }
 
+TEST_CASE("a caller's staging buffers: pushes sent in place, pulls checked while copied") {
+  auto codec = ChunkCodec::Create("none", "none", 0);
+  REQUIRE(codec.ok());
+  TensorInfo staged = OneChunk("staged");
+  staged.staging_buffers = true;
+  REQUIRE((*codec)->AddTensor(staged).ok());
+  REQUIRE((*codec)->AddTensor(OneChunk("plain")).ok());
+  const std::vector<float> gradient(kElements, 2.0f);
+
+  OutgoingChunk in_place;
+  REQUIRE((*codec)->EncodePush({"staged", 0}, gradient, 0, 0, &in_place).ok());
+  CHECK(in_place.is_borrowed);
+  CHECK(in_place.checksum_pending);
+  CHECK(in_place.send_in_place);
+  OutgoingChunk copied;
+  REQUIRE((*codec)->EncodePush({"plain", 0}, gradient, 0, 0, &copied).ok());
+  CHECK(copied.is_borrowed);
+  CHECK_FALSE(copied.send_in_place);
+
+  // The reply in two pieces, as gRPC hands them over.
+  std::vector<float> values(kElements);
+  for (size_t i = 0; i < kElements; ++i) values[i] = 0.5f * static_cast<float>(i);
+  const std::string dense = Dense(values);
+  PayloadView pieces;
+  pieces.Append(absl::string_view(dense).substr(0, 12));
+  pieces.Append(absl::string_view(dense).substr(12));
+  const std::vector<ChunkSpan> spans = OneChunk("staged").groups[0].spans;
+  std::vector<float> out(kElements, -1.0f);
+  REQUIRE((*codec)
+              ->DecodePull("staged", spans, Reply("staged", dense, 0, ""), pieces, out.data())
+              .ok());
+  CHECK(out == values);
+
+  // A corrupt reply fails the pull either way; only the staging is written.
+  proto::TensorChunk corrupt = Reply("staged", dense, 0, "");
+  corrupt.set_checksum(corrupt.checksum() ^ 1);
+  std::fill(out.begin(), out.end(), -1.0f);
+  const absl::Status staging_status =
+      (*codec)->DecodePull("staged", spans, corrupt, pieces, out.data());
+  CHECK(absl::IsDataLoss(staging_status));
+  CHECK(out == values);
+  proto::TensorChunk corrupt_plain = Reply("plain", dense, 0, "");
+  corrupt_plain.set_checksum(corrupt_plain.checksum() ^ 1);
+  std::fill(out.begin(), out.end(), -1.0f);
+  CHECK(absl::IsDataLoss((*codec)->DecodePull("plain", OneChunk("plain").groups[0].spans,
+                                              corrupt_plain, pieces, out.data())));
+  CHECK(out == std::vector<float>(kElements, -1.0f));
+}
+
 TEST_CASE("chunks below compress_min_bytes travel dense both ways") {
   auto codec = ChunkCodec::Create("topk:ratio=0.25", "topk:ratio=0.25", 1 << 20);
   REQUIRE(codec.ok());

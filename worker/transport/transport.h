@@ -101,6 +101,11 @@ struct OutgoingChunk {
   // that copies the payload anyway reads the caller's memory once, not
   // twice. Only for borrowed payloads in host memory.
   bool checksum_pending = false;
+  // The borrowed host payload is the caller's own staging, written just
+  // before the push and left alone until it completes
+  // (TensorOptions::staging_buffers): a transport that copies payloads into
+  // send buffers of its own sends this one from where it is.
+  bool send_in_place = false;
 
   absl::string_view payload() const { return is_borrowed ? borrowed : absl::string_view(owned); }
 };

@@ -144,6 +144,8 @@ absl::Status AfterRelease(BorrowedSlices& borrowed, TimerThread& timer, absl::St
 // user-space copy that fills that buffer. The buffers come back when gRPC
 // releases their slices; up to kMaxStagedBytes are in use at once (past
 // that a payload is lent, as before), up to kMaxIdleBytes wait for reuse.
+// A caller's own staging (OutgoingChunk::send_in_place) is lent: it was
+// written a moment before too, and a copy would only add one.
 class SendBufferPool {
  public:
   static SendBufferPool& Instance() {
@@ -234,15 +236,16 @@ grpc::ByteBuffer EncodeChunk(const OutgoingChunk& chunk, BorrowedSlices& borrowe
   std::optional<grpc::Slice> staged;
   uint32_t copied_crc = 0;
   // Only the caller's memory; an owned payload (compressed, or staged from
-  // a device) was just written and is lent as it is.
-  if (chunk.is_borrowed && chunk.borrowed_memory == MemoryKind::kHost) {
+  // a device) was just written and is lent as it is, and so is the
+  // caller's staging that it wrote just before the push.
+  if (chunk.is_borrowed && chunk.borrowed_memory == MemoryKind::kHost && !chunk.send_in_place) {
     staged =
         SendBufferPool::Instance().Copy(payload, chunk.checksum_pending ? &copied_crc : nullptr);
   }
   std::string prefix;
   if (chunk.checksum_pending) {
-    // A payload lent rather than copied (the pool is full) is read for its
-    // CRC here.
+    // A payload lent rather than copied (sent in place, or the pool is
+    // full) is read for its CRC here.
     proto::TensorChunk header = chunk.header;
     header.set_checksum(staged.has_value() ? copied_crc : ChecksumOf(chunk));
     prefix = EncodeChunkPrefix(header, payload.size());

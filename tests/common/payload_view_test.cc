@@ -1,0 +1,56 @@
+// A received payload's copy with its checksum taken on the way
+// (PayloadView::CopyToWithCrc32c): the same bytes and the same CRC32C as
+// the plain copy and a CRC of the whole, for pieces that straddle its
+// blocks and the CRC's stripes.
+#include "common/payload_view.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "common/crc32c.h"
+
+namespace harrier {
+namespace {
+
+std::string Bytes(size_t size) {
+  std::string bytes(size, '\0');
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(i * 131 + 7);
+  return bytes;
+}
+
+TEST_CASE("a copy with its checksum matches the plain copy and the whole's CRC32C") {
+  // 48 KiB blocks, 24 KiB stripes: sizes on, around and far from both.
+  for (size_t total : {size_t{0}, size_t{1}, size_t{4096}, size_t{(48 << 10) - 1},
+                       size_t{48 << 10}, size_t{(48 << 10) + 1}, size_t{(1 << 20) + 13}}) {
+    const std::string bytes = Bytes(total);
+    for (size_t pieces : {size_t{1}, size_t{2}, size_t{7}}) {
+      PayloadView view;
+      const size_t step = total / pieces + 1;
+      for (size_t at = 0; at < total; at += step) {
+        view.Append(absl::string_view(bytes).substr(at, step));
+      }
+      REQUIRE(view.size() == total);
+      std::string copied(total, 'x');
+      const uint32_t crc = view.CopyToWithCrc32c(copied.data());
+      INFO("total " << total << ", pieces " << pieces);
+      CHECK(crc == Crc32c(bytes.data(), bytes.size()));
+      CHECK(copied == bytes);
+    }
+  }
+}
+
+TEST_CASE("a copy with its checksum sees one flipped bit") {
+  std::string bytes = Bytes((1 << 20) + 5);
+  const uint32_t before = Crc32c(bytes.data(), bytes.size());
+  bytes[700001] ^= 0x10;
+  std::string copied(bytes.size(), '\0');
+  PayloadView view;
+  view.Append(absl::string_view(bytes).substr(0, 500000));
+  view.Append(absl::string_view(bytes).substr(500000));
+  CHECK(view.CopyToWithCrc32c(copied.data()) != before);
+  CHECK(copied == bytes);
+}
+
+}  // namespace
+}  // namespace harrier
