@@ -726,6 +726,11 @@ int RunConvergenceBench(int argc, char** argv) {
     return 1;
   }
   done = std::move(*prepared);
+  // A start killed after a run's ok line and before it removed the run's
+  // logs leaves them behind: they go now, as they would have then.
+  for (const RunSpec& run : grid) {
+    if (done.count(run.run_id()) > 0) RemoveLogs(absl::StrCat(dir, "/logs/", run.run_id()));
+  }
   const size_t already = static_cast<size_t>(std::count_if(
       grid.begin(), grid.end(), [&](const RunSpec& run) { return done.count(run.run_id()) > 0; }));
   std::fprintf(stderr,

@@ -84,7 +84,10 @@ pgrep -f -- "$dir/logs/" >/dev/null && fail "shards or workers outlived the benc
   pass "shards and workers died with the bench"
 
 # What a kill or a failure can leave: a failed line of a run in the grid,
-# a line cut short, and curve rows of runs that have no ok line.
+# a line cut short, curve rows of runs that have no ok line, and the logs
+# of an ok run (a kill between its line and the removal of its logs).
+mkdir -p "$dir/logs/mlp-bsp-none-pulloff-1g"
+echo "left by a kill" >"$dir/logs/mlp-bsp-none-pulloff-1g/run_worker0.log"
 fp16_failed='{"bench":"convergence","run_id":"mlp-bsp-fp16-pulloff-1g","status":"failed","error":"planted"}'
 echo "$fp16_failed" >>"$dir/runs.jsonl"
 printf '%s' '{"bench":"convergence","run_id":"mlp-bsp-topk-pul' >>"$dir/runs.jsonl"
