@@ -728,11 +728,12 @@ int RunConvergenceBench(int argc, char** argv) {
   done = std::move(*prepared);
   // A start killed after a run's ok line and before it removed the run's
   // logs leaves them behind: they go now, as they would have then.
+  size_t already = 0;
   for (const RunSpec& run : grid) {
-    if (done.count(run.run_id()) > 0) RemoveLogs(absl::StrCat(dir, "/logs/", run.run_id()));
+    if (done.count(run.run_id()) == 0) continue;
+    ++already;
+    RemoveLogs(absl::StrCat(dir, "/logs/", run.run_id()));
   }
-  const size_t already = static_cast<size_t>(std::count_if(
-      grid.begin(), grid.end(), [&](const RunSpec& run) { return done.count(run.run_id()) > 0; }));
   std::fprintf(stderr,
                "convergence: %zu runs in the grid, %zu already ok in %s/runs.jsonl (%d failed or "
                "incomplete lines dropped)\n",

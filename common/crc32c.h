@@ -14,6 +14,11 @@ uint32_t Crc32c(const void* data, size_t size);
 // Continues a CRC over more bytes: Crc32c(a+b) == Crc32cExtend(Crc32c(a), b).
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
 
+// Copies `size` bytes from `src` to `dest` and continues `crc` over them,
+// a block small enough to stay in cache at a time, so each byte is read
+// from memory once rather than once for the copy and once for the CRC.
+uint32_t Crc32cCopy(uint32_t crc, void* dest, const void* src, size_t size);
+
 // CRC32C of the concatenation A || B from crc_a = Crc32c(A),
 // crc_b = Crc32c(B) and len_b = |B|, without the bytes: what lets CRCs of
 // segments computed in parallel (e.g. on a GPU) be joined. O(log len_b).

@@ -34,8 +34,8 @@ class PayloadView {
   absl::string_view first() const { return pieces_.empty() ? absl::string_view() : pieces_[0]; }
   // Copies all size() bytes to `dest`.
   void CopyTo(void* dest) const;
-  // The same, returning the CRC32C of the bytes, taken a block at a time
-  // just before the block is copied: each byte is read from memory once.
+  // The same, returning the CRC32C of the bytes, taken while they are
+  // copied (Crc32cCopy): each byte is read from memory once.
   uint32_t CopyToWithCrc32c(void* dest) const;
 
  private:

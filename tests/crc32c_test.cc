@@ -105,3 +105,23 @@ TEST_CASE("crc32c combine equals the CRC of the concatenation") {
   const uint32_t crc_b = harrier::Crc32c(bytes.data() + 100, 50);
   REQUIRE(harrier::Crc32cCombine(crc_a, crc_b, 49) != harrier::Crc32c(bytes.data(), 150));
 }
+
+TEST_CASE("crc32c copy gives the copy and the CRC of the bytes, continued") {
+  std::vector<unsigned char> bytes((1 << 20) + 13);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 131 + 7);
+  // Around and far from its 48 KiB blocks.
+  for (size_t size : {size_t{0}, size_t{7}, size_t{(48 << 10) - 1}, size_t{48 << 10},
+                      size_t{(48 << 10) + 1}, bytes.size()}) {
+    INFO("size " << size);
+    std::vector<unsigned char> out(size + 1, 0xAB);
+    REQUIRE(harrier::Crc32cCopy(0, out.data(), bytes.data(), size) ==
+            harrier::Crc32c(bytes.data(), size));
+    REQUIRE(std::equal(bytes.begin(), bytes.begin() + size, out.begin()));
+    REQUIRE(out[size] == 0xAB);  // nothing past the end
+    // Continued from the CRC of the bytes before.
+    if (size < 5) continue;
+    const uint32_t head = harrier::Crc32c(bytes.data(), 5);
+    REQUIRE(harrier::Crc32cCopy(head, out.data(), bytes.data() + 5, size - 5) ==
+            harrier::Crc32c(bytes.data(), size));
+  }
+}

@@ -144,8 +144,10 @@ absl::Status AfterRelease(BorrowedSlices& borrowed, TimerThread& timer, absl::St
 // user-space copy that fills that buffer. The buffers come back when gRPC
 // releases their slices; up to kMaxStagedBytes are in use at once (past
 // that a payload is lent, as before), up to kMaxIdleBytes wait for reuse.
-// A caller's own staging (OutgoingChunk::send_in_place) is lent: it was
-// written a moment before too, and a copy would only add one.
+// A caller's own staging (OutgoingChunk::send_in_place) is lent: its owner
+// wrote it this step and leaves it alone until the call completes, so a
+// copy would add one without sparing one (docs/performance.md, "Staging
+// buffers").
 class SendBufferPool {
  public:
   static SendBufferPool& Instance() {
@@ -155,8 +157,7 @@ class SendBufferPool {
 
   // A slice holding a copy of `bytes`, or nullopt when kMaxStagedBytes are
   // in use already. With `crc`, also sets *crc to the CRC32C of `bytes`,
-  // taken block by block from the copy while it is still in cache: the
-  // caller's memory is read once.
+  // taken during the copy (Crc32cCopy): the caller's memory is read once.
   std::optional<grpc::Slice> Copy(absl::string_view bytes, uint32_t* crc = nullptr) {
     Buffer* buffer = nullptr;
     {
@@ -181,13 +182,7 @@ class SendBufferPool {
     if (crc == nullptr) {
       std::memcpy(buffer->data.get(), bytes.data(), bytes.size());
     } else {
-      uint32_t sum = 0;
-      for (size_t at = 0; at < bytes.size(); at += kCrcBlockBytes) {
-        const size_t n = std::min(kCrcBlockBytes, bytes.size() - at);
-        std::memcpy(buffer->data.get() + at, bytes.data() + at, n);
-        sum = Crc32cExtend(sum, buffer->data.get() + at, n);
-      }
-      *crc = sum;
+      *crc = Crc32cCopy(0, buffer->data.get(), bytes.data(), bytes.size());
     }
     return grpc::Slice(buffer->data.get(), bytes.size(), &SendBufferPool::Release, buffer);
   }
@@ -198,9 +193,6 @@ class SendBufferPool {
     std::unique_ptr<char[]> data;
   };
   static constexpr size_t kMaxStagedBytes = 64 << 20;
-  // Copied and then CRC'd a block at a time: a multiple of the CRC's
-  // 3 x 8 KiB stripe (common/crc32c.cc) that stays in L1/L2 between the two.
-  static constexpr size_t kCrcBlockBytes = 48 << 10;
   static constexpr size_t kMaxIdleBytes = 16 << 20;
 
   static void Release(void* arg) { Instance().GiveBack(static_cast<Buffer*>(arg)); }
