@@ -129,11 +129,19 @@ std::string FormatBytes(size_t bytes) {
 absl::StatusOr<std::vector<std::string>> SyncServerFlags(absl::string_view sync) {
   if (sync == "bsp" || sync == "asp")
     return std::vector<std::string>{absl::StrCat("--sync=", sync)};
+  // The count is digits only: SimpleAtoi alone would also take "+2" and
+  // " 2", names no bench prints back.
+  const auto count = [](absl::string_view digits, int64_t* value) {
+    return !digits.empty() &&
+           std::all_of(digits.begin(), digits.end(),
+                       [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); }) &&
+           absl::SimpleAtoi(digits, value) && *value >= 1;
+  };
   int64_t every = 0;
-  if (absl::ConsumePrefix(&sync, "ssp") && absl::SimpleAtoi(sync, &every) && every >= 1) {
+  if (absl::ConsumePrefix(&sync, "ssp") && count(sync, &every)) {
     return std::vector<std::string>{"--sync=ssp", absl::StrCat("--staleness=", every)};
   }
-  if (absl::ConsumePrefix(&sync, "local") && absl::SimpleAtoi(sync, &every) && every >= 1) {
+  if (absl::ConsumePrefix(&sync, "local") && count(sync, &every)) {
     return std::vector<std::string>{"--sync=local", absl::StrCat("--local_steps=", every)};
   }
   return absl::InvalidArgumentError("want bsp, asp, ssp<N> or local<H> with N, H >= 1");

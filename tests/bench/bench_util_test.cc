@@ -17,7 +17,8 @@ TEST_CASE("a consistency model's name gives the shards' flags") {
   CHECK(*SyncServerFlags("ssp2") == Flags{"--sync=ssp", "--staleness=2"});
   CHECK(*SyncServerFlags("ssp10") == Flags{"--sync=ssp", "--staleness=10"});
   CHECK(*SyncServerFlags("local4") == Flags{"--sync=local", "--local_steps=4"});
-  for (const char* wrong : {"", "ssp", "ssp0", "ssp-1", "sspx", "local", "local0", "BSP", "bsp2"}) {
+  for (const char* wrong : {"", "ssp", "ssp0", "ssp-1", "sspx", "local", "local0", "BSP", "bsp2",
+                            "ssp+2", "ssp 2", "ssp2 ", "local+4", "ssp99999999999999999999"}) {
     INFO(wrong);
     const auto flags = SyncServerFlags(wrong);
     REQUIRE_FALSE(flags.ok());

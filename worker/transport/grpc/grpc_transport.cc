@@ -1,6 +1,7 @@
 #include "worker/transport/grpc/grpc_transport.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -23,6 +24,10 @@ namespace {
 // Payloads below this are copied into the header's slice: one slice and no
 // release tracking are cheaper than a borrowed slice for small messages.
 constexpr size_t kBorrowThresholdBytes = 32 << 10;
+
+// GrpcSendCounters, process-wide as the send buffers are.
+std::atomic<int64_t> send_copied_bytes{0};
+std::atomic<int64_t> send_lent_bytes{0};
 
 // How long a call waits, after its call object is destroyed, for gRPC to
 // release the payload slices it borrowed (no thread waits: the release or
@@ -244,6 +249,8 @@ grpc::ByteBuffer EncodeChunk(const OutgoingChunk& chunk, BorrowedSlices& borrowe
   } else {
     prefix = EncodeChunkPrefix(chunk.header, payload.size());
   }
+  (staged.has_value() ? send_copied_bytes : send_lent_bytes)
+      .fetch_add(static_cast<int64_t>(payload.size()), std::memory_order_relaxed);
   grpc::Slice slices[2] = {grpc::Slice(prefix),
                            staged.has_value() ? *std::move(staged) : borrowed.Borrow(payload)};
   return grpc::ByteBuffer(slices, 2);
@@ -818,6 +825,13 @@ void GrpcShardTransport::StartPushPull(const std::vector<OutgoingChunk>& chunks,
                         PartOf(chunks, parts, part),
                         new PushPullCall(deadline, canceller, timer_, join, part));
   }
+}
+
+GrpcSendCounters GrpcSendCountersNow() {
+  GrpcSendCounters counters;
+  counters.copied_bytes = send_copied_bytes.load(std::memory_order_relaxed);
+  counters.lent_bytes = send_lent_bytes.load(std::memory_order_relaxed);
+  return counters;
 }
 
 }  // namespace harrier

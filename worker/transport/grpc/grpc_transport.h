@@ -3,6 +3,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -101,6 +102,19 @@ class GrpcShardTransport : public ShardTransport {
   // the channels are still here.
   std::shared_ptr<ClientCallQueue> calls_;
 };
+
+// What the process's gRPC transports did with the payloads of pushed
+// chunks of at least 32 KiB (smaller ones travel inside their header's
+// slice): copied into a send buffer of the transport's own, or lent to
+// gRPC as they are (a caller's staging, a compressed or device-staged
+// payload, or any payload while the send buffers are all in use). Totals
+// since the process started; tests and benches read the difference across
+// a call.
+struct GrpcSendCounters {
+  int64_t copied_bytes = 0;
+  int64_t lent_bytes = 0;
+};
+GrpcSendCounters GrpcSendCountersNow();
 
 }  // namespace harrier
 
