@@ -9,6 +9,7 @@
 #include "bench/checkpoint_bench.h"
 #include "bench/codec/codec_bench.h"
 #include "bench/convergence_bench.h"
+#include "bench/crc/crc_bench.h"
 #include "bench/embedding_bench.h"
 #include "bench/load_bench.h"
 #include "bench/overlap_bench.h"
@@ -34,6 +35,8 @@ constexpr Subcommand kSubcommands[] = {
      harrier::bench::RunTransportBench},
     {"codec", "gradient codec encode/decode throughput versus memcpy",
      harrier::bench::RunCodecBench},
+    {"crc", "CRC32C of every data message, and the copy that takes it, versus memcpy",
+     harrier::bench::RunCrcBench},
     {"load",
      "many clients x seconds under ASP and BSP: errors, latency, and an exact check of "
      "every parameter",

@@ -7,7 +7,7 @@
 #include "bench/flags.h"
 
 ABSL_FLAG(std::string, sizes, "",
-          "transport, load: tensor sizes in bytes (K/M/G binary); codec: element counts "
+          "transport, load, crc: sizes in bytes (K/M/G binary); codec: element counts "
           "(the subcommand's default when empty)");
 ABSL_FLAG(std::string, shards, "",
           "server shards: a list in transport, one count elsewhere (the subcommand's default "
@@ -41,6 +41,8 @@ ABSL_FLAG(std::string, sync, "",
 ABSL_FLAG(std::string, worker_flags, "", "extra flags for every harrier-worker, space-separated");
 ABSL_FLAG(int, eval_every, 20, "steps between rank 0's evaluations");
 ABSL_FLAG(int, train_examples, 0, "train on the first N examples only (0: all 60000)");
+
+ABSL_FLAG(double, min_time, 0.2, "codec, crc: seconds of repetitions per measurement");
 
 namespace harrier::bench {
 

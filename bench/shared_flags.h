@@ -31,6 +31,7 @@ ABSL_DECLARE_FLAG(std::string, sync);
 ABSL_DECLARE_FLAG(std::string, worker_flags);
 ABSL_DECLARE_FLAG(int, eval_every);
 ABSL_DECLARE_FLAG(int, train_examples);
+ABSL_DECLARE_FLAG(double, min_time);
 
 namespace harrier::bench {
 

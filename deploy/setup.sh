@@ -10,7 +10,7 @@ PACKAGES=(
   bazel-bootstrap build-essential pkg-config cmake
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils libabsl-dev libspdlog-dev libfmt-dev catch2 zlib1g-dev
-  nlohmann-json3-dev
+  nlohmann-json3-dev libisal-dev
   libopenblas-dev dataset-fashion-mnist prometheus-cpp-dev
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
   libgloo-dev iproute2 openssh-server openssh-client

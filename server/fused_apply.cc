@@ -17,9 +17,8 @@
 namespace harrier {
 namespace {
 
-// Three 8 KiB stripes: Crc32cExtend runs its three independent crc32
-// chains over exactly one stripe per block, and the block's payload, base
-// and output (72 KiB) stay in L2 between the CRC and the step.
+// 24 KiB: the block's payload, base and output (72 KiB) stay in L2
+// between the CRC and the step.
 constexpr size_t kBlockFloats = 3 * (8 << 10) / sizeof(float);
 
 std::atomic<bool> force_scalar{false};
@@ -164,8 +163,8 @@ class PieceReader {
 // read where it is, as RunRange reads a contiguous payload; one that
 // crosses pieces (over gRPC about one block in three: its read slices are
 // 64 KiB, a block 24 KiB) is gathered into `staged` (which one block fills
-// exactly, so the CRC takes it as one 3-chain stripe) and CRC'd, checked and
-// stepped from there. Either way the payload is read from memory once.
+// exactly) and CRC'd, checked and stepped from there. Either way the payload is read from memory
+// once.
 FusedResult RunPiecesRange(const FusedArgs& a, size_t begin, size_t end) {
   const BlockFn block = PickBlock(a.step);
   std::unique_ptr<float[]> staged;  // allocated for the first block that crosses pieces

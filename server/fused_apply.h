@@ -52,8 +52,7 @@ struct FusedResult {
   bool within = true;   // every element finite and below the limit
 };
 
-// The pass, block by block: a block (24 KiB, what the 3-stream CRC of
-// common/crc32c.cc takes in one stripe) is CRC'd, checked and stepped while
+// The pass, block by block: a block (24 KiB) is CRC'd, checked and stepped while
 // it is in L1/L2, so the payload is read from memory once. `out` is written
 // whatever the outcome: the caller writes into memory nobody reads until it
 // has seen `within` and compared `crc` (a shadow buffer). Thread-safe (no

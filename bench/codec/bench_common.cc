@@ -12,8 +12,6 @@
 #include "bench/shared_flags.h"
 #include "common/json.h"
 
-ABSL_FLAG(double, min_time, 0.2, "codec: seconds of repetitions per measurement");
-
 namespace harrier::bench {
 
 std::optional<int> ParseCodecBenchFlags(

@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 RULES = [
-    ("CRC", r"Crc32c"),
+    ("CRC", r"Crc32c|crc32_iscsi"),
     ("apply", r"Avx2Block|AverageInPlace|FusedStep|RunFused|Sgd|SumFloats|BucketReducer::Loop"),
     ("copies", r"memmove|memcpy|_copy_from_iter|_copy_to_iter|copy_user|skb_copy_datagram|"
                r"__skb_datagram_iter"),

@@ -194,6 +194,22 @@ else
   fail "embedding leaves no server running"
 fi
 
+# --- crc -----------------------------------------------------------------------
+expect_usage_error "crc bad size is refused" "sizes" crc --sizes=4X
+timeout 50 "$bench" crc --sizes=16K,1M --min_time=0.01 >"$tmp/crc.jsonl" 2>"$tmp/crc.err"
+rc=$?
+if [ "$rc" -eq 0 ] && json_lines_ok "$tmp/crc.jsonl" &&
+   [ "$(grep -c . "$tmp/crc.jsonl")" -eq 2 ] &&
+   fields_ok "$tmp/crc.jsonl" bench size_bytes crc_gbps crc_cold_gbps copy_crc_gbps \
+     copy_crc_cold_gbps memcpy_gbps memcpy_cold_gbps crc_over_memcpy \
+     copy_crc_cold_over_memcpy_cold reference_gbps crc_over_reference &&
+   positive_ok "$tmp/crc.jsonl" crc_gbps && positive_ok "$tmp/crc.jsonl" copy_crc_cold_gbps &&
+   grep -q '"size_bytes":16384' "$tmp/crc.jsonl" && grep -q '"size_bytes":1048576' "$tmp/crc.jsonl"; then
+  pass "crc prints a JSON line per size with its fields"
+else
+  fail "crc prints a JSON line per size (exit $rc): $(tail -n 5 "$tmp/crc.err")"
+fi
+
 # --- checkpoint, tiny -----------------------------------------------------------
 expect_usage_error "checkpoint bad fraction is refused" "not a fraction" checkpoint \
   --checkpoint_changed=2

@@ -77,8 +77,8 @@ TEST_CASE("push, pull and push-pull round trip exactly") {
   auto client = Client::Create(Options(*servers));
   REQUIRE_OK(client.status());
   // 1.5M elements: two chunks of up to 4 MiB, sent by rendezvous over UCX.
-  // Over gRPC 1000 elements go inline with their header; 12289 (one 48 KiB
-  // block of the send copy and 4 bytes) and the larger ones are copied into
+  // Over gRPC 1000 elements go inline with their header; 12289 (three 16 KiB
+  // blocks of the send copy and 4 bytes) and the larger ones are copied into
   // a send buffer, their checksum taken during the copy (with staging
   // buffers they are sent from where they are).
   const std::vector<size_t> sizes = {1, 1000, 12289, 1500000};

@@ -25,6 +25,9 @@ _LIBS = {
     # nlohmann/json 3.11 (package nlohmann-json3-dev, header-only): the one
     # JSON library for the JSON lines the benches and tools write and read.
     "nlohmann_json": (["nlohmann_json"], []),
+    # Intel's ISA-L (package libisal-dev): CRC32C of every data message
+    # (common/crc32c).
+    "isal": (["libisal"], []),
 }
 
 def _split(text):
