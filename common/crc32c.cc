@@ -70,7 +70,8 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
   // ISA-L's crc32_iscsi picks the CPU's fastest path when first called
   // (folding with carry-less multiplies, 512 bits at a time where the CPU
   // has VPCLMULQDQ). It keeps the CRC register as it is, without the
-  // standard's inversions before and after, and takes an int length.
+  // standard's inversions before and after, and takes an int length and a
+  // pointer that is not const (it only reads).
   constexpr size_t kMaxCall = size_t{1} << 30;
   static_assert(kMaxCall <= INT_MAX);
   auto* p = static_cast<unsigned char*>(const_cast<void*>(data));
@@ -89,7 +90,7 @@ uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, data, si
 uint32_t Crc32cCopy(uint32_t crc, void* dest, const void* src, size_t size) {
   // Copy a block, then take its CRC from the copy while it is in L1: the
   // copy pays for the one read from memory and the CRC runs at its
-  // in-cache rate, about three times its rate from memory here (16 KiB
+  // in-cache rate, several times its rate from memory here (16 KiB
   // blocks were the fastest of 8-48 KiB, docs/performance.md).
   constexpr size_t kBlockBytes = 16 << 10;
   auto* out = static_cast<unsigned char*>(dest);

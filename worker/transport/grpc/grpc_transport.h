@@ -108,8 +108,7 @@ class GrpcShardTransport : public ShardTransport {
 // slice): copied into a send buffer of the transport's own, or lent to
 // gRPC as they are (a caller's staging, a compressed or device-staged
 // payload, or any payload while the send buffers are all in use). Totals
-// since the process started; tests and benches read the difference across
-// a call.
+// since the process started; tests read the difference across a call.
 struct GrpcSendCounters {
   int64_t copied_bytes = 0;
   int64_t lent_bytes = 0;
