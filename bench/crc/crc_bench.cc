@@ -1,7 +1,6 @@
 #include "bench/crc/crc_bench.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +11,7 @@
 
 #include "absl/flags/flag.h"
 #include "bench/bench_util.h"
+#include "bench/codec/bench_common.h"
 #include "bench/flags.h"
 #include "bench/shared_flags.h"
 #include "common/crc32c.h"
@@ -31,19 +31,15 @@ constexpr size_t kDefaultSizes[] = {16 << 10, 48 << 10, 1 << 20, 4 << 20, 64 << 
 constexpr size_t kColdSpanBytes = size_t{256} << 20;
 
 // Bytes per second of fn(buffer index) in GB/s: the best of at least 3
-// passes over `buffers` calls, repeated until min_time has been spent.
+// passes over `buffers` calls, repeated until min_time has been spent
+// (BestSeconds, the codec benches' timer).
 template <typename Fn>
 double BestGbps(size_t bytes, size_t buffers, double min_time, Fn fn) {
-  using Clock = std::chrono::steady_clock;
-  double best = 1e30, spent = 0;
-  for (int pass = 0; pass < 3 || (spent < min_time && pass < 1000); ++pass) {
-    const auto start = Clock::now();
+  const double pass_s = BestSeconds(min_time, 3, 1000, [&] {
     for (size_t i = 0; i < buffers; ++i) fn(i);
-    const double s = std::chrono::duration<double>(Clock::now() - start).count();
-    best = std::min(best, s / static_cast<double>(buffers));
-    spent += s;
-  }
-  return static_cast<double>(bytes) / best / 1e9;
+    return true;
+  });
+  return static_cast<double>(bytes) * static_cast<double>(buffers) / pass_s / 1e9;
 }
 
 }  // namespace
