@@ -114,8 +114,8 @@ constexpr const char* kUsage =
     "  --per_table_calls           one PullRowsAsync / PushRowsAsync per table a step\n"
     "                              (tables x shards calls) instead of one for all of the\n"
     "                              step's tables (one call per shard)\n"
-    "  --transport=grpc            the rows' data path: grpc or ucx (servers get --ucx;\n"
-    "                              UCX_TLS picks UCX's transports)\n"
+    "  --transport=grpc            the rows' data path: grpc, tcp or ucx (servers get --tcp\n"
+    "                              or --ucx; UCX_TLS picks UCX's transports)\n"
     "  --cases=rate,memory,cache,budget\n"
     "  --quick                     tiny sizes (smoke tests); flags set to other than\n"
     "                              their default override it\n"
@@ -227,8 +227,9 @@ std::string ParseArgs(Options* options) {
   options->per_table_calls = absl::GetFlag(FLAGS_per_table_calls);
   if (options->calls_in_flight < 1) return "--calls_in_flight must be at least 1";
   options->transport = absl::GetFlag(FLAGS_transport);
-  if (options->transport != "grpc" && options->transport != "ucx") {
-    return absl::StrCat("--transport: unknown transport '", options->transport, "' (grpc or ucx)");
+  if (options->transport != "grpc" && options->transport != "ucx" && options->transport != "tcp") {
+    return absl::StrCat("--transport: unknown transport '", options->transport,
+                        "' (grpc, tcp or ucx)");
   }
   options->server_binary = absl::GetFlag(FLAGS_server_binary);
   if (const std::string error =
@@ -1005,6 +1006,7 @@ absl::Status RunDim(const Options& options, const std::string& binary, const Str
   std::vector<std::string> flags = {"--sync=asp", "--job=bench", "--optimizer=sgd", "--lr=0.001",
                                     "--shutdown_grace_ms=500"};
   if (options.transport == "ucx") flags.push_back("--ucx");
+  if (options.transport == "tcp") flags.push_back("--tcp");
   auto cluster = ServerCluster::Start(binary, options.shards, /*num_workers=*/1, flags);
   if (!cluster.ok()) return cluster.status();
   job.cluster = std::move(*cluster);

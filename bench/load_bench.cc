@@ -52,7 +52,8 @@ constexpr const char* kUsage =
     "  --duration_s=60          seconds each sync mode runs\n"
     "  --shards=2               server shards\n"
     "  --sync=asp,bsp           sync modes, one server cluster and JSON line each\n"
-    "  --transport=grpc         grpc or ucx (servers get --ucx; UCX_TLS picks UCX's transports)\n"
+    "  --transport=grpc         grpc, tcp or ucx (servers get --tcp or --ucx; UCX_TLS picks\n"
+    "                           UCX's transports)\n"
     "  --sizes=4K,64K,1M        shared tensors, bytes each (K/M/G binary; multiples of 4)\n"
     "  --chunk_bytes=256K       ClientOptions::chunk_bytes: larger tensors are chunked\n"
     "                           round-robin over the shards\n"
@@ -117,8 +118,9 @@ std::string ParseArgs(Options* options) {
   }
   if (options->syncs.empty()) return "--sync: empty list";
   options->transport = absl::GetFlag(FLAGS_transport);
-  if (options->transport != "grpc" && options->transport != "ucx") {
-    return absl::StrCat("--transport: unknown transport '", options->transport, "' (grpc or ucx)");
+  if (options->transport != "grpc" && options->transport != "ucx" && options->transport != "tcp") {
+    return absl::StrCat("--transport: unknown transport '", options->transport,
+                        "' (grpc, tcp or ucx)");
   }
   if (const std::string value = absl::GetFlag(FLAGS_sizes); !value.empty()) {
     auto sizes = ParseTensorSizes(value);
@@ -477,6 +479,7 @@ bool RunMode(const Options& options, const std::string& binary, const std::strin
   std::vector<std::string> flags = {absl::StrCat("--sync=", sync), "--job=load",
                                     "--optimizer=sgd", "--lr=1", "--shutdown_grace_ms=500"};
   if (options.transport == "ucx") flags.push_back("--ucx");
+  if (options.transport == "tcp") flags.push_back("--tcp");
   auto cluster = ServerCluster::Start(binary, options.shards, options.clients, flags);
   if (!cluster.ok()) {
     std::fprintf(stderr, "harrier-bench load: sync=%s: %s\n", sync.c_str(),

@@ -55,7 +55,8 @@ constexpr const char* kUsage =
     "  --shards=1,2                server shard counts\n"
     "  --workers=1,2,4             concurrent workers (threads, one Client each)\n"
     "  --ops=push,pull,pushpull    operations to measure\n"
-    "  --transport=grpc            grpc or ucx (servers get --ucx; UCX_TLS=tcp or sm,self\n"
+    "  --transport=grpc            grpc, tcp or ucx (servers get --tcp or --ucx; UCX_TLS=tcp or "
+    "sm,self\n"
     "                              picks UCX's transports, in this process and the servers)\n"
     "  --quick                     small fast subset (smoke tests); explicit flags refine it\n"
     "  --bytes_per_point=256M      payload each point aims to move (all workers together)\n"
@@ -145,8 +146,9 @@ std::string ParseArgs(Options* options) {
     if (options->ops.empty()) return "--ops: empty list";
   }
   options->transport = absl::GetFlag(FLAGS_transport);
-  if (options->transport != "grpc" && options->transport != "ucx") {
-    return absl::StrCat("--transport: unknown transport '", options->transport, "' (grpc or ucx)");
+  if (options->transport != "grpc" && options->transport != "ucx" && options->transport != "tcp") {
+    return absl::StrCat("--transport: unknown transport '", options->transport,
+                        "' (grpc, tcp or ucx)");
   }
   options->server_binary = absl::GetFlag(FLAGS_server_binary);
   if (const std::string value = absl::GetFlag(FLAGS_bytes_per_point); !value.empty()) {
@@ -438,6 +440,7 @@ absl::Status RunConfig(const Options& options, const std::string& binary, int sh
   std::vector<std::string> flags = {"--sync=asp", "--job=bench", "--optimizer=sgd", "--lr=0.001",
                                     "--shutdown_grace_ms=500"};
   if (options.transport == "ucx") flags.push_back("--ucx");
+  if (options.transport == "tcp") flags.push_back("--tcp");
   auto cluster = ServerCluster::Start(binary, shards, workers, flags);
   if (!cluster.ok()) return cluster.status();
   for (size_t size : options.sizes) {

@@ -212,9 +212,9 @@ def parse_args(argv):
     p.add_argument("--techniques", default="none",
                    help="worker mode: comm scheduler techniques (plain, wfbp, fusion, "
                         "priority, all, a+b) or none: each gradient pushed from its hook")
-    p.add_argument("--transport", choices=["grpc", "ucx"],
+    p.add_argument("--transport", choices=["grpc", "tcp", "ucx"],
                    default=os.environ.get("HARRIER_TRANSPORT", "grpc"),
-                   help="data plane for pushes and pulls (ucx: the shards run --ucx)")
+                   help="data plane for pushes and pulls (tcp, ucx: the shards run --tcp, --ucx)")
     p.add_argument("--fusion_bytes", type=int, default=0,
                    help="worker mode, --update=average: gradient buckets of up to N bytes, "
                    "filled from the last layer back (0: 4 MiB, the whole model here; "

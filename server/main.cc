@@ -119,6 +119,13 @@ ABSL_FLAG(int32_t, apply_threads, 0,
 ABSL_FLAG(bool, ucx, false,
           "Also serve pushes and pulls over UCX (workers: --transport=ucx); UCX_TLS picks the "
           "transports, e.g. tcp or sm,self.");
+ABSL_FLAG(bool, tcp, false,
+          "Also serve pushes and pulls over plain TCP streams, without HTTP/2 (workers: "
+          "--transport=tcp), on --tcp_port. Like UCX, not encrypted: with --tls the data "
+          "travels in the clear (the hello secret still keeps out clients without the token).");
+ABSL_FLAG(int32_t, tcp_port, 0,
+          "Port of the --tcp data path on --host; 0: the kernel picks one (clients learn it "
+          "over gRPC).");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain of this shard; with --tls_key the gRPC port serves TLS only.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
@@ -213,6 +220,8 @@ int main(int argc, char** argv) {
   }
   options.heartbeat_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.ucx = absl::GetFlag(FLAGS_ucx);
+  options.tcp = absl::GetFlag(FLAGS_tcp);
+  options.tcp_port = absl::GetFlag(FLAGS_tcp_port);
   if (absl::GetFlag(FLAGS_push_threads) < 1 || absl::GetFlag(FLAGS_pull_threads) < 1 ||
       absl::GetFlag(FLAGS_max_queued_calls) < 1) {
     return Fail("--push_threads, --pull_threads and --max_queued_calls must be >= 1");

@@ -2,14 +2,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/grpc/grpc_listener.h"
+#include "server/tcp/tcp_listener.h"
 #include "server/ucx/ucx_listener.h"
 
 namespace harrier {
 
 absl::Status CheckShardListenerName(absl::string_view name) {
-  if (name == "grpc" || name == "ucx") return absl::OkStatus();
+  if (name == "grpc" || name == "ucx" || name == "tcp") return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown transport '", name, "' (grpc or ucx)"));
+      absl::StrCat("unknown transport '", name, "' (grpc, tcp or ucx)"));
 }
 
 absl::StatusOr<std::unique_ptr<ShardListener>> CreateShardListener(
@@ -20,6 +21,13 @@ absl::StatusOr<std::unique_ptr<ShardListener>> CreateShardListener(
     ucx.shard = options.shard;
     ucx.require_hello_secret = options.require_hello_secret;
     return std::unique_ptr<ShardListener>(std::make_unique<UcxListener>(ucx));
+  }
+  if (name == "tcp") {
+    TcpListenerOptions tcp;
+    tcp.host = options.host;
+    tcp.port = options.tcp_port;
+    tcp.require_hello_secret = options.require_hello_secret;
+    return std::unique_ptr<ShardListener>(std::make_unique<TcpListener>(tcp));
   }
   GrpcListenerOptions grpc;
   grpc.host = options.host;

@@ -43,13 +43,15 @@ struct ShardListenerOptions {
   ShardListenerLookup find_listener;
   // gRPC: the library's memory, threads and streams.
   GrpcServerLimits grpc_limits;
-  // UCX: a hello must carry a secret from IssueHelloSecret, so that only
+  // tcp: its port on `host` (0: the kernel picks one).
+  int tcp_port = 0;
+  // UCX and tcp: a hello must carry a secret from IssueHelloSecret, so that only
   // clients that fetched the address over the authenticated gRPC channel
   // get an endpoint. Off: any hello is accepted.
   bool require_hello_secret = false;
 };
 
-// OK for "grpc" and "ucx"; INVALID_ARGUMENT naming the choices otherwise.
+// OK for "grpc", "tcp" and "ucx"; INVALID_ARGUMENT naming the choices otherwise.
 absl::Status CheckShardListenerName(absl::string_view name);
 
 // An unstarted listener of backend `name`.

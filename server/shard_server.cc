@@ -175,6 +175,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   listener_options.shard = options.store.shard;
   listener_options.host = options.host;
   listener_options.port = options.port;
+  listener_options.tcp_port = options.tcp_port;
   listener_options.credentials = *credentials;
   listener_options.job_token = options.job_token;
   listener_options.store = server->store_.get();
@@ -248,6 +249,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   // gRPC last: every address GetTransportAddress hands out is live.
   std::vector<std::string> names;
   if (options.ucx) names.push_back("ucx");
+  if (options.tcp) names.push_back("tcp");
   names.push_back("grpc");
   for (const std::string& name : names) {
     auto listener = CreateShardListener(name, listener_options);

@@ -47,6 +47,11 @@ struct ShardServerOptions {
   // Also serve pushes and pulls over UCX active messages (server/ucx/);
   // clients get the address from GetTransportAddress.
   bool ucx = false;
+  // Also serve pushes and pulls over plain TCP streams (server/tcp/), on
+  // tcp_port (0: the kernel picks one); clients get the address from
+  // GetTransportAddress.
+  bool tcp = false;
+  int tcp_port = 0;
   // Checkpoints: restored from on start, written every checkpoint_every
   // (zero: only at shutdown) and at graceful shutdown. Empty dir: none.
   std::string checkpoint_dir;

@@ -429,6 +429,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   for (int shard = 0; shard < grpc_control->num_shards(); ++shard) {
     ShardLink link;
     link.name = grpc_control->ShardName(shard);
+    link.target = grpc_control->ShardTarget(shard);
     link.channel = grpc_control->channel(shard);
     for (int index = 1; options.transport == "grpc" && index < options.grpc_connections;
          ++index) {

@@ -111,6 +111,8 @@ class GrpcControlClient : public ControlClient {
 
   int num_shards() const override;
   std::string ShardName(int shard) const override;
+  // The shard's gRPC address as given ("host:port").
+  const std::string& ShardTarget(int shard) const { return servers_[shard]; }
   absl::StatusOr<proto::RegisterResponse> Register(const proto::RegisterRequest& request) override;
   absl::Status Barrier(const proto::BarrierRequest& request) override;
   absl::Status Heartbeat(const proto::HeartbeatRequest& request) override;

@@ -130,7 +130,8 @@ ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics and liveness /healthz over HTTP (-1: off, 0: ephemeral).");
 ABSL_FLAG(int, connect_timeout_s, 30, "How long to wait for every shard to be reachable.");
 ABSL_FLAG(std::string, transport, "grpc",
-          "Data path of pushes and pulls: grpc|ucx (ucx needs servers started with --ucx).");
+          "Data path of pushes and pulls: grpc|tcp|ucx (tcp and ucx need servers started with "
+          "--tcp or --ucx).");
 ABSL_FLAG(int, grpc_connections, 1,
           "gRPC data connections per shard (--transport=grpc): calls of several chunks and at "
           "least 8 MiB are split over them and run in parallel. In [1, 16].");

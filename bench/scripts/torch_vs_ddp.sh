@@ -31,8 +31,9 @@
 # --update, --transport and --fusion_bytes: none pushes each gradient from its hook, all runs the comm
 # scheduler; update server (the default) runs the example's optimizer on the
 # shards, average averages one fused gradient bucket on the shards and runs
-# it on each worker, as DDP does; transport grpc (the default) or ucx, the
-# shards then run --ucx and UCX uses tcp over each host's link; an empty
+# it on each worker, as DDP does; transport grpc (the default), tcp (the
+# shards then run --tcp) or ucx (the shards run --ucx and UCX uses tcp over
+# each host's link); an empty
 # field keeps its default, e.g. none@4@@@average or fp16@4@paired@@average@ucx).
 # update worker:H is local SGD: each worker runs the example's optimizer on
 # its own batches and the shards (--sync=local --local_steps=H) average the
@@ -84,6 +85,8 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       # cross the namespaces and bypass the emulated links.
       export UCX_TLS=tcp UCX_NET_DEVICES=eth0
       ucx_args=(--ucx)
+    elif [ "$transport" = tcp ]; then
+      ucx_args=(--tcp)
     fi
     servers=""
     server_args=$(/usr/bin/python3 examples/torch_fashion_mnist.py --print_server_args \

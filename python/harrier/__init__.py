@@ -236,7 +236,7 @@ class Client:
     see common/codec/README.md); pull_codec="paired" pulls with the codec that
     goes with each tensor's push codec (fp16 with fp16, top-k with a top-k of
     its ratio, PowerSGD with PowerSGD, sign codecs with EF-sign), "none" pulls
-    dense. transport: "grpc" or "ucx". Durations are in
+    dense. transport: "grpc", "tcp" or "ucx". Durations are in
     seconds. device: "auto" (in a module built with --config=cuda, tensors
     registered in device memory are compressed on the GPU) or "cpu". Not
     thread-affine: any thread may call any method.

@@ -39,10 +39,10 @@ std::unique_ptr<Client> Connect(const std::vector<std::unique_ptr<testing::Serve
 }
 
 TEST_CASE("--max_request_bytes: a call over the bound is refused whole, on every transport") {
-  for (const std::string transport : {"grpc", "ucx"}) {
+  for (const std::string transport : {"grpc", "ucx", "tcp"}) {
     INFO("transport " << transport);
     auto servers = testing::StartCluster(
-        1, 1, {"--sync=asp", "--lr=1", "--ucx", "--max_request_bytes=1048576"});
+        1, 1, {"--sync=asp", "--lr=1", "--ucx", "--tcp", "--max_request_bytes=1048576"});
     REQUIRE(servers.ok());
     auto client = Connect(*servers, transport);
     const size_t big = (2u << 20) / sizeof(float);    // 2 MiB: over the bound

@@ -22,7 +22,7 @@ namespace {
 using testing::MakeStore;
 
 TEST_CASE("every listener starts, says where it listens, and stops") {
-  for (const std::string name : {"grpc", "ucx"}) {
+  for (const std::string name : {"grpc", "ucx", "tcp"}) {
     INFO(name);
     auto store = MakeStore("bsp", 1);
     ShardService service(store.get(), {});
@@ -35,7 +35,7 @@ TEST_CASE("every listener starts, says where it listens, and stops") {
     CHECK(l.name() == name);
     REQUIRE(l.Start(&service).ok());
     CHECK_FALSE(l.address().empty());
-    if (name == "grpc") {
+    if (name == "grpc" || name == "tcp") {
       CHECK(l.port() > 0);
       CHECK(l.address() == absl::StrCat("127.0.0.1:", l.port()));
     } else {
@@ -52,12 +52,15 @@ TEST_CASE("every listener starts, says where it listens, and stops") {
   }
 }
 
-TEST_CASE("a UCX listener that requires hello secrets issues a fresh one each time") {
+TEST_CASE("a UCX or tcp listener that requires hello secrets issues a fresh one each time") {
+  const std::string name = GENERATE("ucx", "tcp");
+  INFO(name);
   auto store = MakeStore("bsp", 1);
   ShardService service(store.get(), {});
   ShardListenerOptions options;
+  options.host = "127.0.0.1";
   options.require_hello_secret = true;
-  auto listener = CreateShardListener("ucx", options);
+  auto listener = CreateShardListener(name, options);
   REQUIRE(listener.ok());
   REQUIRE((*listener)->Start(&service).ok());
   const std::string first = (*listener)->IssueHelloSecret();
@@ -88,11 +91,12 @@ TEST_CASE("a gRPC listener on a port in use says so") {
   service.Shutdown();
 }
 
-TEST_CASE("the factory knows grpc and ucx only") {
+TEST_CASE("the factory knows grpc, tcp and ucx only") {
   CHECK(CheckShardListenerName("grpc").ok());
   CHECK(CheckShardListenerName("ucx").ok());
-  CHECK(absl::IsInvalidArgument(CheckShardListenerName("tcp")));
-  auto listener = CreateShardListener("tcp", {});
+  CHECK(CheckShardListenerName("tcp").ok());
+  CHECK(absl::IsInvalidArgument(CheckShardListenerName("quic")));
+  auto listener = CreateShardListener("quic", {});
   CHECK(absl::IsInvalidArgument(listener.status()));
 }
 
@@ -109,9 +113,11 @@ TEST_CASE("the lookup tells an unknown name from a listener the shard runs witho
   auto missing = lookup("ucx");
   CHECK(absl::IsFailedPrecondition(missing.status()));
   CHECK(missing.status().message() == "shard was started without --ucx");
-  auto unknown = lookup("tcp");
+  auto missing_tcp = lookup("tcp");
+  CHECK(missing_tcp.status().message() == "shard was started without --tcp");
+  auto unknown = lookup("quic");
   CHECK(absl::IsInvalidArgument(unknown.status()));
-  CHECK(unknown.status().message() == "unknown transport 'tcp'");
+  CHECK(unknown.status().message() == "unknown transport 'quic'");
 }
 
 }  // namespace

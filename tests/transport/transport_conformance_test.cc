@@ -1,5 +1,5 @@
 // One conformance suite for every ShardTransport backend. The backend is
-// chosen by the environment (see BUILD): HARRIER_TEST_TRANSPORT=grpc|ucx,
+// chosen by the environment (see BUILD): HARRIER_TEST_TRANSPORT=grpc|ucx|tcp,
 // and for UCX, UCX_TLS (inherited by the harrier-server children, which run
 // with --ucx). Every case must give the same answers over every backend.
 #include <catch2/catch.hpp>
@@ -31,6 +31,7 @@ std::string Transport() {
 
 std::vector<std::string> ServerFlags(std::vector<std::string> flags) {
   if (Transport() == "ucx") flags.push_back("--ucx");
+  if (Transport() == "tcp") flags.push_back("--tcp");
   return flags;
 }
 

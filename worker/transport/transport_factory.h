@@ -25,6 +25,9 @@ namespace harrier {
 // What a backend may need about one shard, from the control plane.
 struct ShardLink {
   std::string name;  // "shard i (host:port)", for error messages
+  // The shard's gRPC address, "host:port": a backend whose listener is
+  // bound to every interface ("tcp") reaches it at this host.
+  std::string target;
   // The shard's gRPC channel (the grpc backend sends over it).
   std::shared_ptr<grpc::Channel> channel;
   // More channels to the shard, each its own connection: the grpc backend
@@ -34,7 +37,7 @@ struct ShardLink {
   // A connection of its own for the grpc backend's pulls (null: pulls
   // share the channels above; ClientOptions::pull_connection).
   std::shared_ptr<grpc::Channel> pull_channel;
-  // The shard's current address for a backend ("ucx") and its hello
+  // The shard's current address for a backend ("ucx", "tcp") and its hello
   // secret, by a deadline; asked again to reconnect after the shard
   // restarted (a secret serves one hello).
   std::function<absl::StatusOr<transport::PeerAddress>(const std::string& backend,
@@ -45,7 +48,7 @@ struct ShardLink {
   std::function<bool()> reachable;
 };
 
-// OK for "grpc" and "ucx"; INVALID_ARGUMENT naming the choices otherwise.
+// OK for "grpc", "tcp" and "ucx"; INVALID_ARGUMENT naming the choices otherwise.
 absl::Status CheckTransportName(absl::string_view backend);
 
 // One connected transport per link, in link order, each ready by

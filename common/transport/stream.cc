@@ -1,0 +1,210 @@
+#include "common/transport/stream.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace harrier::transport {
+namespace {
+
+// Waits until `fd` is ready for `events` or `deadline` passes.
+absl::Status AwaitReady(int fd, short events, absl::Time deadline) {
+  for (;;) {
+    int timeout_ms = -1;
+    if (deadline != absl::InfiniteFuture()) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration())
+        return absl::DeadlineExceededError("stream deadline passed");
+      timeout_ms = static_cast<int>(std::min<int64_t>(
+          absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), int64_t{1} << 30));
+    }
+    struct pollfd waiting = {fd, events, 0};
+    const int ready = poll(&waiting, 1, timeout_ms);
+    if (ready > 0) {
+      // POLLHUP / POLLERR: the next read or write says what happened.
+      return absl::OkStatus();
+    }
+    if (ready < 0 && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat("poll: ", std::strerror(errno)));
+    }
+  }
+}
+
+bool Retryable(int error) { return error == EAGAIN || error == EWOULDBLOCK || error == EINTR; }
+
+}  // namespace
+
+std::string EncodeStreamHeader(const Frame& frame, absl::string_view body) {
+  std::string header = EncodeHeader(frame, body);
+  std::string message(kStreamPrefixBytes + header.size(), '\0');
+  const uint32_t length = static_cast<uint32_t>(header.size());
+  std::memcpy(message.data(), &length, sizeof(length));
+  std::memcpy(message.data() + kStreamPrefixBytes, header.data(), header.size());
+  return message;
+}
+
+absl::StatusOr<size_t> DecodeStreamPrefix(const char prefix[kStreamPrefixBytes],
+                                          size_t max_header_bytes) {
+  uint32_t length = 0;
+  std::memcpy(&length, prefix, sizeof(length));
+  if (length < kFrameBytes || length > max_header_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed stream message: a header of ", length,
+                                                   " bytes, outside [", kFrameBytes, ", ",
+                                                   max_header_bytes, "]"));
+  }
+  return static_cast<size_t>(length);
+}
+
+absl::Status WriteFully(int fd, struct iovec* parts, size_t count, absl::Time deadline) {
+  while (count > 0) {
+    if (parts->iov_len == 0) {
+      ++parts;
+      --count;
+      continue;
+    }
+    struct msghdr message = {};
+    message.msg_iov = parts;
+    message.msg_iovlen = std::min<size_t>(count, IOV_MAX);
+    const ssize_t sent = sendmsg(fd, &message, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (Retryable(errno)) {
+        if (errno != EINTR) {
+          if (auto status = AwaitReady(fd, POLLOUT, deadline); !status.ok()) return status;
+        }
+        continue;
+      }
+      return absl::UnavailableError(absl::StrCat("send: ", std::strerror(errno)));
+    }
+    size_t left = static_cast<size_t>(sent);
+    while (count > 0 && left >= parts->iov_len) {
+      left -= parts->iov_len;
+      ++parts;
+      --count;
+    }
+    if (count > 0 && left > 0) {
+      parts->iov_base = static_cast<char*>(parts->iov_base) + left;
+      parts->iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadFully(int fd, void* data, size_t bytes, absl::Time deadline) {
+  char* out = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t got = recv(fd, out, bytes, 0);
+    if (got > 0) {
+      out += got;
+      bytes -= static_cast<size_t>(got);
+      continue;
+    }
+    if (got == 0) return absl::UnavailableError("the peer closed the connection");
+    if (Retryable(errno)) {
+      if (errno != EINTR) {
+        if (auto status = AwaitReady(fd, POLLIN, deadline); !status.ok()) return status;
+      }
+      continue;
+    }
+    return absl::UnavailableError(absl::StrCat("recv: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadHeader(int fd, size_t max_header_bytes, absl::Time deadline, Frame* frame,
+                        std::string* header) {
+  char prefix[kStreamPrefixBytes];
+  if (auto status = ReadFully(fd, prefix, sizeof(prefix), deadline); !status.ok()) return status;
+  absl::StatusOr<size_t> length = DecodeStreamPrefix(prefix, max_header_bytes);
+  if (!length.ok()) return length.status();
+  header->resize(*length);
+  if (auto status = ReadFully(fd, header->data(), header->size(), deadline); !status.ok()) {
+    return status;
+  }
+  absl::string_view body;
+  if (auto status = DecodeHeader(header->data(), header->size(), frame, &body); !status.ok()) {
+    return status;
+  }
+  if (frame->body_in_data) {
+    return absl::InvalidArgumentError("malformed stream message: a body in the data");
+  }
+  return absl::OkStatus();
+}
+
+void TuneStreamSocket(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+absl::StatusOr<int> ConnectStream(const std::string& address, absl::Time deadline) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("not host:port: '", address, "'"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int error = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); error != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", address, ": ", gai_strerror(error)));
+  }
+  absl::Status last = absl::UnavailableError(absl::StrCat("no address for ", address));
+  for (struct addrinfo* it = found; it != nullptr; it = it->ai_next) {
+    const int fd =
+        socket(it->ai_family, it->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, it->ai_protocol);
+    if (fd < 0) {
+      last = absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+      continue;
+    }
+    int result = connect(fd, it->ai_addr, it->ai_addrlen);
+    if (result < 0 && errno == EINPROGRESS) {
+      absl::Status ready = AwaitReady(fd, POLLOUT, deadline);
+      if (ready.ok()) {
+        int error = 0;
+        socklen_t length = sizeof(error);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+        if (error == 0) {
+          result = 0;
+        } else {
+          errno = error;
+        }
+      } else {
+        close(fd);
+        freeaddrinfo(found);
+        return absl::UnavailableError(
+            absl::StrCat("connecting to ", address, ": ", ready.message()));
+      }
+    }
+    if (result == 0) {
+      freeaddrinfo(found);
+      TuneStreamSocket(fd);
+      return fd;
+    }
+    last =
+        absl::UnavailableError(absl::StrCat("connecting to ", address, ": ", std::strerror(errno)));
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return last;
+}
+
+}  // namespace harrier::transport
