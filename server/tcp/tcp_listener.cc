@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,11 +14,9 @@
 #include <cstring>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cancellation.h"
-#include "common/grpc_security.h"
 #include "common/request_limits.h"
 #include "common/transport/stream.h"
 #include "spdlog/spdlog.h"
@@ -180,7 +177,8 @@ struct TcpListener::Request final : ShardService::ReplySink {
   }
 };
 
-TcpListener::TcpListener(const TcpListenerOptions& options) : options_(options) {}
+TcpListener::TcpListener(const TcpListenerOptions& options)
+    : options_(options), hello_secrets_(options.require_hello_secret) {}
 
 TcpListener::~TcpListener() { Close(); }
 
@@ -236,37 +234,6 @@ std::string TcpListener::address() const {
 int TcpListener::connections() const {
   absl::MutexLock lock(&mutex_);
   return static_cast<int>(connections_.size());
-}
-
-std::string TcpListener::IssueHelloSecret() {
-  if (!options_.require_hello_secret) return "";
-  unsigned char bytes[32];
-  size_t filled = 0;
-  while (filled < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
-    if (n > 0) filled += static_cast<size_t>(n);
-  }
-  std::string secret = absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
-  absl::MutexLock lock(&secrets_mutex_);
-  if (secrets_.size() >= kMaxSecrets) secrets_.pop_front();
-  secrets_.emplace_back(secret, absl::Now() + kSecretLifetime);
-  return secret;
-}
-
-bool TcpListener::TakeHelloSecret(const std::string& secret) {
-  const absl::Time now = absl::Now();
-  absl::MutexLock lock(&secrets_mutex_);
-  while (!secrets_.empty() && secrets_.front().second < now) secrets_.pop_front();
-  // Every entry is compared, each in constant time, so the time taken does
-  // not say how much of a guess matched.
-  auto found = secrets_.end();
-  for (auto it = secrets_.begin(); it != secrets_.end(); ++it) {
-    if (ConstantTimeEquals(it->first, secret) && found == secrets_.end()) found = it;
-  }
-  if (found == secrets_.end()) return false;
-  secrets_.erase(found);
-  return true;
 }
 
 void TcpListener::AcceptLoop() {
@@ -375,7 +342,7 @@ bool TcpListener::Greet(Connection& connection) {
   }
   connection.client_id = frame.connection_id;
   const std::string secret = header.substr(transport::kFrameBytes);
-  if (options_.require_hello_secret && (secret.empty() || !TakeHelloSecret(secret))) {
+  if (hello_secrets_.required() && (secret.empty() || !hello_secrets_.Take(secret))) {
     spdlog::warn("tcp hello from {} refused: missing, wrong or expired hello secret",
                  connection.peer);
     (void)connection.SendStatus(

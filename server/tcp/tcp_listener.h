@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/transport/framing.h"
 #include "proto/harrier.pb.h"
+#include "server/hello_secrets.h"
 #include "server/shard_listener.h"
 #include "server/shard_service.h"
 
@@ -73,10 +74,9 @@ class TcpListener final : public ShardListener {
   std::string address() const override;
   int port() const override { return bound_port_; }
 
-  // With require_hello_secret: a fresh random secret that one hello may use
-  // within kSecretLifetime; at most kMaxSecrets are outstanding, the oldest
-  // goes first. Without: empty. Any thread.
-  std::string IssueHelloSecret() override;
+  // With require_hello_secret: a fresh one-time secret (HelloSecrets::Issue).
+  // Without: empty. Any thread.
+  std::string IssueHelloSecret() override { return hello_secrets_.Issue(); }
 
   void SetServing(bool) override {}
   // Requests are answered on the ShardService's pools: they keep coming
@@ -104,8 +104,6 @@ class TcpListener final : public ShardListener {
   };
 
   static constexpr absl::Duration kDrainTimeout = absl::Seconds(10);
-  static constexpr absl::Duration kSecretLifetime = absl::Seconds(120);
-  static constexpr size_t kMaxSecrets = 4096;
 
   void AcceptLoop();
   // Joins the serving threads that have ended.
@@ -127,7 +125,6 @@ class TcpListener final : public ShardListener {
   // or an empty push.
   void Dispatch(const std::shared_ptr<Connection>& connection, const transport::Frame& frame,
                 int64_t timeout_ms, std::shared_ptr<PendingPush> pushed, proto::PullRequest* pull);
-  bool TakeHelloSecret(const std::string& secret);
 
   // Any thread: the service's answer to a request.
   void Answer(const std::shared_ptr<Request>& request, const absl::Status& status);
@@ -150,8 +147,7 @@ class TcpListener final : public ShardListener {
   std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Request>> requests_
       ABSL_GUARDED_BY(mutex_);
 
-  absl::Mutex secrets_mutex_;
-  std::deque<std::pair<std::string, absl::Time>> secrets_ ABSL_GUARDED_BY(secrets_mutex_);
+  HelloSecrets hello_secrets_;
 };
 
 }  // namespace harrier

@@ -139,7 +139,7 @@ struct UcxListener::Request final : ShardService::ReplySink {
 };
 
 UcxListener::UcxListener(const UcxListenerOptions& options)
-    : shard_(options.shard), require_hello_secret_(options.require_hello_secret) {}
+    : shard_(options.shard), hello_secrets_(options.require_hello_secret) {}
 
 absl::Status UcxListener::Start(ShardService* service) {
   service_ = service;
@@ -154,38 +154,6 @@ absl::Status UcxListener::Start(ShardService* service) {
 }
 
 UcxListener::~UcxListener() { Close(); }
-
-std::string UcxListener::IssueHelloSecret() {
-  if (!require_hello_secret_) return "";
-  unsigned char bytes[32];
-  size_t filled = 0;
-  while (filled < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
-    // getrandom(2) blocks until the pool is ready and fails only on EINTR.
-    if (n > 0) filled += static_cast<size_t>(n);
-  }
-  std::string secret = absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
-  absl::MutexLock lock(&secrets_mutex_);
-  if (secrets_.size() >= kMaxSecrets) secrets_.pop_front();
-  secrets_.emplace_back(secret, absl::Now() + kSecretLifetime);
-  return secret;
-}
-
-bool UcxListener::TakeHelloSecret(const std::string& secret) {
-  const absl::Time now = absl::Now();
-  absl::MutexLock lock(&secrets_mutex_);
-  while (!secrets_.empty() && secrets_.front().second < now) secrets_.pop_front();
-  // Every entry is compared, in constant time each, so the time taken does
-  // not say how much of a guess matched.
-  auto found = secrets_.end();
-  for (auto it = secrets_.begin(); it != secrets_.end(); ++it) {
-    if (ConstantTimeEquals(it->first, secret) && found == secrets_.end()) found = it;
-  }
-  if (found == secrets_.end()) return false;
-  secrets_.erase(found);
-  return true;
-}
 
 void UcxListener::Close() {
   if (stopping_.exchange(true)) return;
@@ -414,7 +382,7 @@ void UcxListener::OnHello(const Frame& frame, const std::string& secret,
   // address over the authenticated gRPC channel learns nothing, and the
   // connection's id stays unknown to the shard, so its later frames are
   // dropped as coming from an unknown connection.
-  if (require_hello_secret_ && (secret.empty() || !TakeHelloSecret(secret))) {
+  if (hello_secrets_.required() && (secret.empty() || !hello_secrets_.Take(secret))) {
     spdlog::warn("ucx hello refused connection={}: missing, wrong or expired hello secret",
                  frame.connection_id);
     return;

@@ -22,6 +22,7 @@
 #include "common/transport/framing.h"
 #include "common/transport/ucx_worker.h"
 #include "proto/harrier.pb.h"
+#include "server/hello_secrets.h"
 #include "server/shard_listener.h"
 #include "server/shard_service.h"
 
@@ -58,10 +59,9 @@ class UcxListener final : public ShardListener {
   std::string address() const override { return address_; }
   int port() const override { return -1; }
 
-  // With require_hello_secret: a fresh random secret that one hello may use
-  // within kSecretLifetime (consumed by it); at most kMaxSecrets are
-  // outstanding, the oldest goes first. Without: empty. Any thread.
-  std::string IssueHelloSecret() override;
+  // With require_hello_secret: a fresh one-time secret (HelloSecrets::Issue).
+  // Without: empty. Any thread.
+  std::string IssueHelloSecret() override { return hello_secrets_.Issue(); }
 
   // No health probes over UCX.
   void SetServing(bool) override {}
@@ -81,8 +81,6 @@ class UcxListener final : public ShardListener {
   using RequestKey = std::pair<uint64_t, uint64_t>;  // connection, request
 
   static constexpr absl::Duration kDrainTimeout = absl::Seconds(10);
-  static constexpr absl::Duration kSecretLifetime = absl::Seconds(120);
-  static constexpr size_t kMaxSecrets = 4096;
 
   // Progress thread.
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
@@ -96,8 +94,6 @@ class UcxListener final : public ShardListener {
                absl::Status data_status, size_t data_length);
   void OnHello(const transport::Frame& frame, const std::string& secret,
                const std::string& address);
-  // Consumes `secret` if it was issued and has not expired.
-  bool TakeHelloSecret(const std::string& secret);
   void OnChunk(const transport::Frame& frame, const std::string& body,
                transport::PayloadBuffer data, absl::Status frame_status);
   // Hands a complete request to the service; `pushed` is null for a pull
@@ -155,11 +151,7 @@ class UcxListener final : public ShardListener {
 
   std::string address_;
   std::unique_ptr<transport::UcxWorker> worker_;
-  const bool require_hello_secret_;
-
-  // Issued hello secrets and when each expires, oldest first.
-  absl::Mutex secrets_mutex_;
-  std::deque<std::pair<std::string, absl::Time>> secrets_ ABSL_GUARDED_BY(secrets_mutex_);
+  HelloSecrets hello_secrets_;
 };
 
 }  // namespace harrier
