@@ -419,11 +419,17 @@ absl::Status TcpListener::ServeMessage(const std::shared_ptr<Connection>& connec
   for (const auto& entry : pending) {
     wait_until = std::min(wait_until, LimitFor(entry.second->timeout_ms, entry.second->started));
   }
+  // The first byte alone until then, so that a wait that ends has taken
+  // nothing from the stream; the rest of the prefix within the message's
+  // own limit.
   char prefix[transport::kStreamPrefixBytes];
-  absl::Status status = transport::ReadFully(fd, prefix, sizeof(prefix), wait_until);
+  absl::Status status = transport::ReadFully(fd, prefix, 1, wait_until);
   if (absl::IsDeadlineExceeded(status)) {
     ExpirePending(*connection, pending, /*all=*/false);
     return absl::OkStatus();
+  }
+  if (status.ok()) {
+    status = transport::ReadFully(fd, prefix + 1, sizeof(prefix) - 1, absl::Now() + kMessageLimit);
   }
   if (!status.ok()) return status;
   absl::StatusOr<size_t> header_bytes =
