@@ -114,7 +114,7 @@ constexpr const char* kUsage =
     "  --per_table_calls           one PullRowsAsync / PushRowsAsync per table a step\n"
     "                              (tables x shards calls) instead of one for all of the\n"
     "                              step's tables (one call per shard)\n"
-    "  --transport=grpc            the rows' data path: grpc, tcp or ucx (servers get --tcp\n"
+    "  --transport=tcp             the rows' data path: tcp, grpc or ucx (servers get --tcp\n"
     "                              or --ucx; UCX_TLS picks UCX's transports)\n"
     "  --cases=rate,memory,cache,budget\n"
     "  --quick                     tiny sizes (smoke tests); flags set to other than\n"
@@ -147,7 +147,7 @@ struct Options {
   std::string wire_dtype = "float32";
   int calls_in_flight = 4;
   bool per_table_calls = false;
-  std::string transport = "grpc";
+  std::string transport = "tcp";
   bool rate = true, memory = true, cache = true, budget = true;
   std::string server_binary;
 };

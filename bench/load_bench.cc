@@ -52,7 +52,7 @@ constexpr const char* kUsage =
     "  --duration_s=60          seconds each sync mode runs\n"
     "  --shards=2               server shards\n"
     "  --sync=asp,bsp           sync modes, one server cluster and JSON line each\n"
-    "  --transport=grpc         grpc, tcp or ucx (servers get --tcp or --ucx; UCX_TLS picks\n"
+    "  --transport=tcp          tcp, grpc or ucx (servers get --tcp or --ucx; UCX_TLS picks\n"
     "                           UCX's transports)\n"
     "  --sizes=4K,64K,1M        shared tensors, bytes each (K/M/G binary; multiples of 4)\n"
     "  --chunk_bytes=256K       ClientOptions::chunk_bytes: larger tensors are chunked\n"
@@ -74,7 +74,7 @@ struct Options {
   double duration_s = 60;
   int shards = 2;
   std::vector<std::string> syncs = {"asp", "bsp"};
-  std::string transport = "grpc";
+  std::string transport = "tcp";
   std::vector<size_t> sizes = {4 * kKiB, 64 * kKiB, 1024 * kKiB};
   size_t chunk_bytes = 256 * kKiB;
   OpsMode ops = OpsMode::kMixed;

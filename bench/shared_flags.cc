@@ -29,8 +29,9 @@ ABSL_FLAG(std::string, codecs, "",
 ABSL_FLAG(std::string, run_timeout_s, "",
           "deadline of one run in seconds (the subcommand's default when empty)");
 
-ABSL_FLAG(std::string, transport, "grpc",
-          "grpc, tcp or ucx (servers get --tcp or --ucx; UCX_TLS picks UCX's transports)");
+ABSL_FLAG(std::string, transport, "tcp",
+          "tcp (the workers' default data path without TLS), grpc or ucx (servers get --tcp or "
+          "--ucx; UCX_TLS picks UCX's transports)");
 ABSL_FLAG(bool, quick, false, "a small fast subset (smoke tests); explicit flags override it");
 ABSL_FLAG(std::string, server_binary, "", "harrier-server to start (default: from runfiles)");
 ABSL_FLAG(std::string, worker_binary, "", "harrier-worker to start (default: from runfiles)");

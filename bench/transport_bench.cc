@@ -55,7 +55,7 @@ constexpr const char* kUsage =
     "  --shards=1,2                server shard counts\n"
     "  --workers=1,2,4             concurrent workers (threads, one Client each)\n"
     "  --ops=push,pull,pushpull    operations to measure\n"
-    "  --transport=grpc            grpc, tcp or ucx (servers get --tcp or --ucx; UCX_TLS=tcp or "
+    "  --transport=tcp             tcp, grpc or ucx (servers get --tcp or --ucx; UCX_TLS=tcp or "
     "sm,self\n"
     "                              picks UCX's transports, in this process and the servers)\n"
     "  --quick                     small fast subset (smoke tests); explicit flags refine it\n"
@@ -93,7 +93,7 @@ struct Options {
   size_t chunk_bytes = 4 * kMiB;
   int grpc_connections = ClientOptions().grpc_connections;
   bool skip_tcp = false;
-  std::string transport = "grpc";
+  std::string transport = "tcp";
 };
 
 // --quick: a small fast subset; the flags given explicitly refine it.

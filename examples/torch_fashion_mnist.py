@@ -23,7 +23,8 @@ Both modes end with stdout lines (rank 0 only in worker mode):
 
 and in worker mode update=server, update=average or update=worker (where
 the optimizer ran), local_steps=H (steps between averages of the models,
-1 unless --update=worker), transport=grpc or transport=ucx, bytes_pushed=N and bytes_pulled=N
+1 unless --update=worker), transport=tcp, grpc or ucx (the data path the
+shards got; "tcp,grpc" when they differ), bytes_pushed=N and bytes_pulled=N
 (this worker's client).
 
 Progress lines go to stderr. The data are the IDX files of Debian's
@@ -212,9 +213,10 @@ def parse_args(argv):
     p.add_argument("--techniques", default="none",
                    help="worker mode: comm scheduler techniques (plain, wfbp, fusion, "
                         "priority, all, a+b) or none: each gradient pushed from its hook")
-    p.add_argument("--transport", choices=["grpc", "tcp", "ucx"],
-                   default=os.environ.get("HARRIER_TRANSPORT", "grpc"),
-                   help="data plane for pushes and pulls (tcp, ucx: the shards run --tcp, --ucx)")
+    p.add_argument("--transport", choices=["auto", "tcp", "grpc", "ucx"],
+                   default=os.environ.get("HARRIER_TRANSPORT", "auto"),
+                   help="data plane for pushes and pulls (auto: tcp where the shards serve it "
+                        "and there is no TLS, else gRPC; ucx: the shards run --ucx)")
     p.add_argument("--fusion_bytes", type=int, default=0,
                    help="worker mode, --update=average: gradient buckets of up to N bytes, "
                    "filled from the last layer back (0: 4 MiB, the whole model here; "
@@ -396,7 +398,7 @@ def main(argv):
     if worker:
         stats = client.stats()
         lines += [f"update={args.update}", f"local_steps={args.local_steps}",
-                  f"transport={args.transport}",
+                  f"transport={','.join(sorted(set(client.data_paths)))}",
                   f"bytes_pushed={stats['bytes_pushed']}",
                   f"bytes_pulled={stats['bytes_pulled']}"]
         client.leave()

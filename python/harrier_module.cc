@@ -951,6 +951,7 @@ PYBIND11_MODULE(_harrier, m) {
       .def_property_readonly("rank", [](PyClient& c) { return c.client().rank(); })
       .def_property_readonly("num_workers", [](PyClient& c) { return c.client().num_workers(); })
       .def_property_readonly("num_shards", [](PyClient& c) { return c.client().num_shards(); })
+      .def_property_readonly("data_paths", [](PyClient& c) { return c.client().data_paths(); })
       .def_property_readonly("chunk_bytes", [](PyClient& c) { return c.client().chunk_bytes(); })
       .def_property_readonly("session_epoch",
                              [](PyClient& c) { return c.client().session_epoch(); })

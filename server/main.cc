@@ -119,10 +119,12 @@ ABSL_FLAG(int32_t, apply_threads, 0,
 ABSL_FLAG(bool, ucx, false,
           "Also serve pushes and pulls over UCX (workers: --transport=ucx); UCX_TLS picks the "
           "transports, e.g. tcp or sm,self.");
-ABSL_FLAG(bool, tcp, false,
-          "Also serve pushes and pulls over plain TCP streams, without HTTP/2 (workers: "
-          "--transport=tcp), on --tcp_port. Like UCX, not encrypted: with --tls the data "
-          "travels in the clear (the hello secret still keeps out clients without the token).");
+ABSL_FLAG(bool, tcp, true,
+          "Also serve pushes and pulls over plain TCP streams, without HTTP/2, on --tcp_port: "
+          "the data path workers pick by default (--transport=auto) when they have no TLS. Like "
+          "UCX, not encrypted: workers with TLS keep their data on gRPC unless they name "
+          "--transport=tcp (the hello secret still keeps out clients without the token). "
+          "--tcp=false: gRPC only.");
 ABSL_FLAG(int32_t, tcp_port, 0,
           "Port of the --tcp data path on --host; 0: the kernel picks one (clients learn it "
           "over gRPC).");

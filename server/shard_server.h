@@ -49,8 +49,9 @@ struct ShardServerOptions {
   bool ucx = false;
   // Also serve pushes and pulls over plain TCP streams (server/tcp/), on
   // tcp_port (0: the kernel picks one); clients get the address from
-  // GetTransportAddress.
-  bool tcp = false;
+  // GetTransportAddress. On by default: it is the data path clients pick
+  // by default (ClientOptions::transport "auto") when they have no TLS.
+  bool tcp = true;
   int tcp_port = 0;
   // Checkpoints: restored from on start, written every checkpoint_every
   // (zero: only at shutdown) and at graceful shutdown. Empty dir: none.

@@ -431,17 +431,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
     link.name = grpc_control->ShardName(shard);
     link.target = grpc_control->ShardTarget(shard);
     link.channel = grpc_control->channel(shard);
-    for (int index = 1; options.transport == "grpc" && index < options.grpc_connections;
-         ++index) {
+    // "auto" may fall back to gRPC; its channels connect only when used.
+    const bool may_use_grpc = options.transport == "grpc" || options.transport == "auto";
+    for (int index = 1; may_use_grpc && index < options.grpc_connections; ++index) {
       link.extra_channels.push_back(grpc_control->OpenDataChannel(shard, index));
     }
-    if (options.transport == "grpc" && options.pull_connection) {
+    if (may_use_grpc && options.pull_connection) {
       link.pull_channel = grpc_control->OpenPullChannel(shard);
     }
     link.address = [grpc_control, shard](const std::string& backend, absl::Time deadline) {
       return grpc_control->GetTransportAddress(shard, backend, deadline);
     };
     link.reachable = [grpc_control, shard] { return grpc_control->ShardReachable(shard); };
+    link.encrypted = tls.enabled();
     links.push_back(std::move(link));
   }
   auto transports =
@@ -481,6 +483,11 @@ int Client::rank() const { return impl_->rank_; }
 uint64_t Client::session_epoch() const { return impl_->session_.epoch(); }
 int Client::num_workers() const { return impl_->num_workers_; }
 int Client::num_shards() const { return static_cast<int>(impl_->options_.servers.size()); }
+std::vector<std::string> Client::data_paths() const {
+  std::vector<std::string> names;
+  for (const auto& transport : impl_->transports_) names.push_back(transport->name());
+  return names;
+}
 size_t Client::chunk_bytes() const { return impl_->options_.chunk_bytes; }
 const Partitioner& Client::partitioner() const { return *impl_->partitioner_; }
 const SyncInfo& Client::sync() const { return impl_->sync_; }

@@ -76,10 +76,17 @@ struct ClientOptions {
   // top-k of its ratio, PowerSGD with PowerSGD, sign codecs with EF-sign;
   // the table is in common/codec/pull_pairing.h). "none": dense pulls.
   std::string pull_codec = "none";
-  // Data path of pushes and pulls: "grpc" or "ucx" (the shards must run
-  // with --ucx; UCX_TLS picks tcp or shared memory). Control, Init,
-  // heartbeats and Leave always use gRPC.
-  std::string transport = "grpc";
+  // Data path of pushes and pulls:
+  //   "auto": per shard, "tcp" where the shard serves it (harrier-server
+  //     --tcp, on by default) and this client has no TLS; "grpc" otherwise
+  //     (tcp is not encrypted);
+  //   "tcp": framed messages over plain TCP streams, no HTTP/2;
+  //   "grpc": the gRPC streams (TLS when the channel has it);
+  //   "ucx": UCX (the shards must run with --ucx; UCX_TLS picks tcp,
+  //     shared memory or RDMA).
+  // Control, Init, heartbeats and Leave always use gRPC. data_paths() says
+  // what each shard got.
+  std::string transport = "auto";
   // gRPC data connections per shard (transport "grpc"): a call of several
   // chunks and at least 8 MiB is split into one call per connection, run
   // in parallel (worker/transport/grpc/grpc_transport.h). In [1, 16].
@@ -337,6 +344,9 @@ class Client {
   int rank() const;
   int num_workers() const;
   int num_shards() const;
+  // Each shard's data path, in shard order: "tcp", "grpc", "ucx" (or the
+  // given transports' names).
+  std::vector<std::string> data_paths() const;
   // ClientOptions::chunk_bytes: chunk c of tensor k holds elements
   // [c * chunk_bytes / 4, ...) and lives on partitioner()'s shard.
   size_t chunk_bytes() const;

@@ -129,9 +129,11 @@ ABSL_FLAG(int, chunk_kib, 4096,
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics and liveness /healthz over HTTP (-1: off, 0: ephemeral).");
 ABSL_FLAG(int, connect_timeout_s, 30, "How long to wait for every shard to be reachable.");
-ABSL_FLAG(std::string, transport, "grpc",
-          "Data path of pushes and pulls: grpc|tcp|ucx (tcp and ucx need servers started with "
-          "--tcp or --ucx).");
+ABSL_FLAG(std::string, transport, "auto",
+          "Data path of pushes and pulls: auto|tcp|grpc|ucx. auto: per shard, tcp (framed "
+          "messages over plain TCP streams) where the shard serves it (harrier-server --tcp, on "
+          "by default) and without TLS, gRPC otherwise (tcp is not encrypted). ucx needs "
+          "servers started with --ucx.");
 ABSL_FLAG(int, grpc_connections, 1,
           "gRPC data connections per shard (--transport=grpc): calls of several chunks and at "
           "least 8 MiB are split over them and run in parallel. In [1, 16].");
@@ -416,6 +418,9 @@ int main(int argc, char** argv) {
                static_cast<long long>(replay.has_value() ? replay->num_parameters()
                                                          : model->num_parameters()));
   std::fprintf(stderr, "[worker %d] %s\n", rank, compression_line.c_str());
+  std::fprintf(stderr, "[worker %d] data path per shard: %s (--transport=%s)\n", rank,
+               absl::StrJoin((*client)->data_paths(), ",").c_str(),
+               client_options.transport.c_str());
 
   if (scheduler.has_value()) {
     std::fprintf(stderr,

@@ -31,9 +31,9 @@
 # --update, --transport and --fusion_bytes: none pushes each gradient from its hook, all runs the comm
 # scheduler; update server (the default) runs the example's optimizer on the
 # shards, average averages one fused gradient bucket on the shards and runs
-# it on each worker, as DDP does; transport grpc (the default), tcp (the
-# shards then run --tcp) or ucx (the shards run --ucx and UCX uses tcp over
-# each host's link); an empty
+# it on each worker, as DDP does; transport auto (the default: tcp, which
+# the shards serve by default), tcp, grpc or ucx (the shards run --ucx and
+# UCX uses tcp over each host's link); an empty
 # field keeps its default, e.g. none@4@@@average or fp16@4@paired@@average@ucx).
 # update worker:H is local SGD: each worker runs the example's optimizer on
 # its own batches and the shards (--sync=local --local_steps=H) average the
@@ -72,7 +72,7 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
   pids=()
   if [ "$system" = harrier ]; then
     IFS=@ read -r codec shards pull_codec techniques update transport fusion <<<"$config"
-    transport=${transport:-grpc}
+    transport=${transport:-auto}
     # update worker:H is local SGD every H steps; the shards then run --sync=local.
     local_steps=1
     case "$update" in worker:*) local_steps=${update#worker:} update=worker ;; esac
@@ -85,8 +85,6 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       # cross the namespaces and bypass the emulated links.
       export UCX_TLS=tcp UCX_NET_DEVICES=eth0
       ucx_args=(--ucx)
-    elif [ "$transport" = tcp ]; then
-      ucx_args=(--tcp)
     fi
     servers=""
     server_args=$(/usr/bin/python3 examples/torch_fashion_mnist.py --print_server_args \

@@ -236,13 +236,15 @@ class Client:
     see common/codec/README.md); pull_codec="paired" pulls with the codec that
     goes with each tensor's push codec (fp16 with fp16, top-k with a top-k of
     its ratio, PowerSGD with PowerSGD, sign codecs with EF-sign), "none" pulls
-    dense. transport: "grpc", "tcp" or "ucx". Durations are in
+    dense. transport: "auto" (per shard: "tcp" where the shard serves it and
+    there is no TLS, "grpc" otherwise; `data_paths` says which), "tcp",
+    "grpc" or "ucx". Durations are in
     seconds. device: "auto" (in a module built with --config=cuda, tensors
     registered in device memory are compressed on the GPU) or "cpu". Not
     thread-affine: any thread may call any method.
     """
 
-    def __init__(self, servers, rank=None, codec="none", pull_codec="none", transport="grpc",
+    def __init__(self, servers, rank=None, codec="none", pull_codec="none", transport="auto",
                  rpc_timeout=60.0, connect_timeout=30.0, job="harrier", worker_name="",
                  chunk_bytes=4 << 20, compress_min_bytes=16 << 10, heartbeat_interval=1.0,
                  retry_timeout=30.0, max_queued_calls=4096, tls_ca_file="", tls_cert_file="",
@@ -276,7 +278,7 @@ class Client:
         # Shard calls in flight per direction; a job of many sparse tables
         # does better with about tables x shards (docs/performance.md).
         options.max_calls_in_flight = max_calls_in_flight
-        # transport="grpc": pulls on a connection of their own per shard.
+        # The gRPC data path: pulls on a connection of their own per shard.
         options.pull_connection = bool(pull_connection)
         options.tls_ca_file = tls_ca_file
         options.tls_cert_file = tls_cert_file
@@ -304,6 +306,11 @@ class Client:
     @property
     def num_shards(self):
         return self._client.num_shards
+
+    @property
+    def data_paths(self):
+        """Each shard's data path, shard 0 first: "tcp", "grpc" or "ucx"."""
+        return list(self._client.data_paths)
 
     @property
     def codec(self):

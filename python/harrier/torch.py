@@ -875,7 +875,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
     def __init__(self, optimizer, named_parameters=None, compression=None,
                  backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                  client=None, servers=None, rank=None, codec="none", pull_codec="none",
-                 transport="grpc", sync=None, update="auto", techniques=None, model=None,
+                 transport="auto", sync=None, update="auto", techniques=None, model=None,
                  prefix="", fusion_bytes=0, partition_bytes=0, max_inflight_bytes=0,
                  wait_timeout=120.0, pull_compression="paired", **client_options):
         global _default_client

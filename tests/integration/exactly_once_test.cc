@@ -44,6 +44,9 @@ float Unit(size_t i) { return static_cast<float>(1 + i % 8); }
 ClientOptions Options(const std::string& address, int rank) {
   ClientOptions options;
   options.servers = {address};
+  // The FaultProxy stands in front of the shard's gRPC port; the tcp data
+  // path's address comes from the shard and would go around it.
+  options.transport = "grpc";
   options.rank = rank;
   options.chunk_bytes = kChunkBytes;
   // Under BSP a rank's push-pull waits for the other rank's push, which may

@@ -136,6 +136,9 @@ TEST_CASE("a TLS shard serves a TLS worker end to end") {
   auto client = Client::Create(options);
   INFO(client.status().ToString());
   REQUIRE(client.ok());
+  // The shard also serves the unencrypted tcp data path (on by default);
+  // a TLS client at the default transport keeps its data on gRPC.
+  REQUIRE((*client)->data_paths() == std::vector<std::string>{"grpc"});
   RequirePushPullWorks(**client, "w");
 }
 

@@ -71,6 +71,8 @@ class BindingTest(unittest.TestCase):
             self.assertEqual(c.rank, 0)
             self.assertEqual(c.num_workers, 1)
             self.assertEqual(c.num_shards, 2)
+            # The default transport ("auto"): tcp, which shards serve by default.
+            self.assertEqual(c.data_paths, ["tcp", "tcp"])
             self.assertEqual(c.chunk_bytes, 1 << 20)
             sync = dict(c.sync)
             self.assertAlmostEqual(sync.pop("momentum"), 0.9, places=6)  # --momentum's default
@@ -407,6 +409,7 @@ class UcxTest(unittest.TestCase):
             out = np.empty(N, np.float32)
             c.push_pull_async("ucx", gradient(1), out).wait(20)
             np.testing.assert_array_equal(out, w0 - np.float32(LR) * gradient(1))
+            self.assertEqual(c.data_paths, ["ucx", "ucx"])
 
 
 class BlockingTest(unittest.TestCase):

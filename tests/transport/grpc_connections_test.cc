@@ -50,6 +50,7 @@ int PortOf(const std::string& address) {
 ClientOptions OptionsFor(const std::vector<std::unique_ptr<testing::ServerProcess>>& servers) {
   ClientOptions options;
   options.servers = testing::Addresses(servers);
+  options.transport = "grpc";
   options.rpc_timeout = absl::Seconds(30);
   options.heartbeat_interval = absl::ZeroDuration();
   return options;

@@ -36,6 +36,7 @@ TEST_CASE("grpc pushes: a caller's buffer is copied, staging buffers are lent") 
   REQUIRE(servers.ok());
   ClientOptions options;
   options.servers = testing::Addresses(*servers);
+  options.transport = "grpc";
   options.rpc_timeout = absl::Seconds(30);
   options.heartbeat_interval = absl::ZeroDuration();
   options.chunk_bytes = 1u << 20;

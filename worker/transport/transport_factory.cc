@@ -1,6 +1,9 @@
 #include "worker/transport/transport_factory.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/transport/grpc/grpc_transport.h"
 #include "worker/transport/tcp/tcp_transport.h"
 #include "worker/transport/timer_thread.h"
@@ -9,9 +12,11 @@
 namespace harrier {
 
 absl::Status CheckTransportName(absl::string_view backend) {
-  if (backend == "grpc" || backend == "ucx" || backend == "tcp") return absl::OkStatus();
+  if (backend == "auto" || backend == "grpc" || backend == "ucx" || backend == "tcp") {
+    return absl::OkStatus();
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown transport '", backend, "' (grpc, tcp or ucx)"));
+      absl::StrCat("unknown transport '", backend, "' (auto, grpc, tcp or ucx)"));
 }
 
 namespace {
@@ -45,21 +50,93 @@ std::string WithHost(const std::string& address, const std::string& target) {
   return (colon == std::string::npos ? target : target.substr(0, colon)) + address;
 }
 
+// `known`: an address and secret already asked for, used by the first
+// connect (a secret serves one hello; asking again would waste it).
+absl::StatusOr<std::unique_ptr<ShardTransport>> ConnectTcp(
+    const ShardLink& link, std::shared_ptr<TimerThread> timer, absl::Time deadline,
+    std::optional<transport::PeerAddress> known = std::nullopt) {
+  struct Known {
+    absl::Mutex mu;
+    std::optional<transport::PeerAddress> address ABSL_GUARDED_BY(mu);
+  };
+  auto first = std::make_shared<Known>();
+  {
+    absl::MutexLock lock(&first->mu);
+    first->address = std::move(known);
+  }
+  TcpAddressProvider provider =
+      [address_of = link.address, target = link.target,
+       first](absl::Time address_deadline) -> absl::StatusOr<transport::PeerAddress> {
+    std::optional<transport::PeerAddress> taken;
+    {
+      absl::MutexLock lock(&first->mu);
+      taken.swap(first->address);
+    }
+    absl::StatusOr<transport::PeerAddress> address;
+    if (taken.has_value()) {
+      address = std::move(*taken);
+    } else {
+      address = address_of("tcp", address_deadline);
+    }
+    if (!address.ok()) return address.status();
+    address->address = WithHost(address->address, target);
+    return address;
+  };
+  return TcpShardTransport::Connect(link.name, std::move(provider), std::move(timer), deadline);
+}
+
+// The gRPC data path's shared parts, made when the first shard needs them.
+struct GrpcParts {
+  std::shared_ptr<TimerThread> timer;
+  std::shared_ptr<ClientCallQueue> calls;
+
+  std::unique_ptr<ShardTransport> Make(const ShardLink& link) {
+    // One timer thread and one completion queue for every shard's calls.
+    if (timer == nullptr) timer = std::make_shared<TimerThread>("grpc-transport");
+    if (calls == nullptr) calls = std::make_shared<ClientCallQueue>("grpc-calls");
+    std::vector<std::shared_ptr<grpc::Channel>> channels = {link.channel};
+    channels.insert(channels.end(), link.extra_channels.begin(), link.extra_channels.end());
+    return std::make_unique<GrpcShardTransport>(std::move(channels),
+                                                GrpcShardTransport::kDefaultSpreadMinBytes, timer,
+                                                link.pull_channel, calls);
+  }
+};
+
+// "auto": the tcp data path where the shard serves it and the control
+// channel is plaintext; gRPC where the channel is TLS (tcp is not
+// encrypted, so turning TLS on never sends parameters in the clear) or the
+// shard was started with --tcp=false. Decided per shard.
+absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateAuto(
+    const std::vector<ShardLink>& links, absl::Time deadline) {
+  std::shared_ptr<TimerThread> tcp_timer;
+  GrpcParts grpc;
+  std::vector<std::unique_ptr<ShardTransport>> transports;
+  for (const ShardLink& link : links) {
+    if (!link.encrypted) {
+      auto served = link.address("tcp", deadline);
+      if (served.ok()) {
+        if (tcp_timer == nullptr) tcp_timer = std::make_shared<TimerThread>("tcp-transport");
+        auto transport = ConnectTcp(link, tcp_timer, deadline, std::move(*served));
+        if (!transport.ok()) return transport.status();
+        transports.push_back(std::move(*transport));
+        continue;
+      }
+      // FAILED_PRECONDITION: the shard does not serve tcp. Anything else
+      // (unreachable, refused) would fail the gRPC path too: say it now.
+      if (!absl::IsFailedPrecondition(served.status())) return served.status();
+    }
+    transports.push_back(grpc.Make(link));
+  }
+  return transports;
+}
+
 absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateTcp(
     const std::vector<ShardLink>& links, absl::Time deadline) {
   // One timer thread for every shard's deadlines.
   auto timer = std::make_shared<TimerThread>("tcp-transport");
   std::vector<std::unique_ptr<ShardTransport>> transports;
   for (const ShardLink& link : links) {
-    TcpAddressProvider provider =
-        [address_of = link.address, target = link.target](
-            absl::Time address_deadline) -> absl::StatusOr<transport::PeerAddress> {
-      auto address = address_of("tcp", address_deadline);
-      if (!address.ok()) return address.status();
-      address->address = WithHost(address->address, target);
-      return address;
-    };
-    auto transport = TcpShardTransport::Connect(link.name, std::move(provider), timer, deadline);
+    auto transport = ConnectTcp(link, timer, deadline);
     if (!transport.ok()) return transport.status();
     transports.push_back(std::move(*transport));
   }
@@ -74,17 +151,10 @@ absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateShardTranspor
   if (auto status = CheckTransportName(backend); !status.ok()) return status;
   if (backend == "ucx") return CreateUcx(client_name, links, deadline);
   if (backend == "tcp") return CreateTcp(links, deadline);
+  if (backend == "auto") return CreateAuto(links, deadline);
+  GrpcParts grpc;
   std::vector<std::unique_ptr<ShardTransport>> transports;
-  // One timer thread and one completion queue for every shard's calls.
-  auto timer = std::make_shared<TimerThread>("grpc-transport");
-  auto calls = std::make_shared<ClientCallQueue>("grpc-calls");
-  for (const ShardLink& link : links) {
-    std::vector<std::shared_ptr<grpc::Channel>> channels = {link.channel};
-    channels.insert(channels.end(), link.extra_channels.begin(), link.extra_channels.end());
-    transports.push_back(std::make_unique<GrpcShardTransport>(
-        std::move(channels), GrpcShardTransport::kDefaultSpreadMinBytes, timer,
-        link.pull_channel, calls));
-  }
+  for (const ShardLink& link : links) transports.push_back(grpc.Make(link));
   return transports;
 }
 

@@ -43,12 +43,17 @@ struct ShardLink {
   std::function<absl::StatusOr<transport::PeerAddress>(const std::string& backend,
                                                        absl::Time deadline)>
       address;
+  // Whether the control channel is TLS: "auto" then keeps the data on
+  // gRPC, the one encrypted backend.
+  bool encrypted = false;
   // False when the shard is down; polled by backends that cannot detect a
   // dead peer themselves (UCX over shared memory).
   std::function<bool()> reachable;
 };
 
-// OK for "grpc", "tcp" and "ucx"; INVALID_ARGUMENT naming the choices otherwise.
+// OK for "auto", "grpc", "tcp" and "ucx"; INVALID_ARGUMENT naming the
+// choices otherwise. "auto" picks per shard: tcp where the shard serves it
+// and the link is not encrypted, gRPC otherwise.
 absl::Status CheckTransportName(absl::string_view backend);
 
 // One connected transport per link, in link order, each ready by

@@ -40,5 +40,5 @@ fi
 [ -z "${resume}" ] || log "resuming the newest checkpointed run (RUN_ID=${RUN_ID:-} RESTART_ATTEMPT=${RESTART_ATTEMPT:-0})"
 
 exec "${BIN_DIR:-/usr/local/bin}/harrier-server" --shard="${SHARD_INDEX}" \
-  --port=50051 --metrics_port=9100 --health_port=8081 --exit_when_done=true \
+  --port=50051 --tcp_port=50052 --metrics_port=9100 --health_port=8081 --exit_when_done=true \
   ${resume} "$@"
