@@ -35,6 +35,10 @@ count_log() {  # adds one test log's Catch2 case counts (or the target's verdict
   passed=$((passed + p)); failed=$((failed + f))
 }
 
+# Each phase's wall time, so a slow run says where its time went.
+phase_start=$SECONDS
+phase_time() { echo "time $1: $((SECONDS - phase_start)) s wall"; phase_start=$SECONDS; }
+
 echo "== bazel test //..."
 bazel test //... --nocache_test_results 2>&1 | tee "$logs/bazel-test.log" | \
   grep -E "^//|^FAIL|^ERROR|Executed|passes|fails" || true
@@ -52,6 +56,7 @@ done < <(grep -E "^//[^ ]+ +(PASSED|FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)" "
 if [ "$build_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   echo "bazel test exited with $build_rc"; failed=$((failed + 1))
 fi
+phase_time "bazel test"
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "== CUDA kernels compile and link (nvcc, no GPU needed)"
@@ -62,6 +67,7 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   else
     failed=$((failed + 1)); tail -n 20 "$logs/cuda-build.log"; echo "FAIL cuda build"
   fi
+  phase_time "cuda build"
 fi
 
 # clang-14 (deploy/test_clang.sh): one build with -Werror=thread-safety,
@@ -77,12 +83,14 @@ if [[ $clang_line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
 else
   failed=$((failed + 1)); echo "FAIL clang checks (no summary line)"
 fi
+phase_time "clang checks"
 
 echo "== Kubernetes manifests (offline validation)"
 # The cross-reference checks read the --help of the binaries built above.
 k8s_bin=$(bazel info bazel-bin 2>/dev/null)
 if tests/k8s/install.sh && tests/k8s/validate.sh ${k8s_bin:+--bin_dir "$k8s_bin"} > "$logs/k8s.log" 2>&1; then :; fi
 cat "$logs/k8s.log"
+phase_time "k8s checks"
 k8s_line=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$logs/k8s.log" | tail -n 1)
 if [[ $k8s_line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
   passed=$((passed + BASH_REMATCH[1])); failed=$((failed + BASH_REMATCH[2]))
