@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -51,13 +52,16 @@ bool Retryable(int error) { return error == EAGAIN || error == EWOULDBLOCK || er
 
 }  // namespace
 
-std::string EncodeStreamHeader(const Frame& frame, absl::string_view body) {
-  std::string header = EncodeHeader(frame, body);
+std::string PrefixStreamHeader(absl::string_view header) {
   std::string message(kStreamPrefixBytes + header.size(), '\0');
   const uint32_t length = static_cast<uint32_t>(header.size());
   std::memcpy(message.data(), &length, sizeof(length));
   std::memcpy(message.data() + kStreamPrefixBytes, header.data(), header.size());
   return message;
+}
+
+std::string EncodeStreamHeader(const Frame& frame, absl::string_view body) {
+  return PrefixStreamHeader(EncodeHeader(frame, body));
 }
 
 absl::StatusOr<size_t> DecodeStreamPrefix(const char prefix[kStreamPrefixBytes],
@@ -177,6 +181,50 @@ void TuneStreamSocket(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+absl::StatusOr<int> ConnectToAny(const std::vector<StreamAddress>& addresses,
+                                 const std::string& name, absl::Time deadline) {
+  absl::Status last = absl::UnavailableError(absl::StrCat("no address for ", name));
+  for (size_t index = 0; index < addresses.size(); ++index) {
+    const StreamAddress& candidate = addresses[index];
+    // Each address gets an equal share of the time left, so one that drops
+    // the connect silently (an IPv6 route to nowhere, a full backlog)
+    // leaves time for the next; the last gets all that is left.
+    const int64_t remaining = static_cast<int64_t>(addresses.size() - index);
+    const absl::Time attempt_deadline =
+        std::min(deadline, absl::Now() + (deadline - absl::Now()) / remaining);
+    const auto* address = reinterpret_cast<const struct sockaddr*>(&candidate.address);
+    const int fd = socket(address->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last = absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+      continue;
+    }
+    int result = connect(fd, address, candidate.length);
+    if (result < 0 && errno == EINPROGRESS) {
+      absl::Status ready = AwaitReady(fd, POLLOUT, attempt_deadline);
+      if (!ready.ok()) {
+        last = absl::UnavailableError(absl::StrCat("connecting to ", name, ": ", ready.message()));
+        close(fd);
+        continue;
+      }
+      int error = 0;
+      socklen_t length = sizeof(error);
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+      if (error == 0) {
+        result = 0;
+      } else {
+        errno = error;
+      }
+    }
+    if (result == 0) {
+      TuneStreamSocket(fd);
+      return fd;
+    }
+    last = absl::UnavailableError(absl::StrCat("connecting to ", name, ": ", std::strerror(errno)));
+    close(fd);
+  }
+  return last;
+}
+
 absl::StatusOr<int> ConnectStream(const std::string& address, absl::Time deadline) {
   const size_t colon = address.rfind(':');
   int port = 0;
@@ -197,44 +245,16 @@ absl::StatusOr<int> ConnectStream(const std::string& address, absl::Time deadlin
     return absl::UnavailableError(
         absl::StrCat("cannot resolve ", address, ": ", gai_strerror(error)));
   }
-  absl::Status last = absl::UnavailableError(absl::StrCat("no address for ", address));
+  std::vector<StreamAddress> addresses;
   for (struct addrinfo* it = found; it != nullptr; it = it->ai_next) {
-    const int fd =
-        socket(it->ai_family, it->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, it->ai_protocol);
-    if (fd < 0) {
-      last = absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
-      continue;
-    }
-    int result = connect(fd, it->ai_addr, it->ai_addrlen);
-    if (result < 0 && errno == EINPROGRESS) {
-      absl::Status ready = AwaitReady(fd, POLLOUT, deadline);
-      if (ready.ok()) {
-        int error = 0;
-        socklen_t length = sizeof(error);
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
-        if (error == 0) {
-          result = 0;
-        } else {
-          errno = error;
-        }
-      } else {
-        close(fd);
-        freeaddrinfo(found);
-        return absl::UnavailableError(
-            absl::StrCat("connecting to ", address, ": ", ready.message()));
-      }
-    }
-    if (result == 0) {
-      freeaddrinfo(found);
-      TuneStreamSocket(fd);
-      return fd;
-    }
-    last =
-        absl::UnavailableError(absl::StrCat("connecting to ", address, ": ", std::strerror(errno)));
-    close(fd);
+    if (it->ai_addrlen > sizeof(StreamAddress::address)) continue;
+    StreamAddress candidate;
+    std::memcpy(&candidate.address, it->ai_addr, it->ai_addrlen);
+    candidate.length = it->ai_addrlen;
+    addresses.push_back(candidate);
   }
   freeaddrinfo(found);
-  return last;
+  return ConnectToAny(addresses, address, deadline);
 }
 
 }  // namespace harrier::transport

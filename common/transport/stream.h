@@ -20,11 +20,13 @@
 // Sockets are non-blocking; every read and write here waits in poll(2)
 // until its deadline.
 
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -43,6 +45,9 @@ constexpr size_t kMaxHelloHeaderBytes = kFrameBytes + kMaxHeaderBodyBytes;
 
 // The prefix and header of a message (payload not included).
 std::string EncodeStreamHeader(const Frame& frame, absl::string_view body);
+// A header already encoded by framing.h (EncodeHeader, EncodeStatus, ...)
+// with its stream prefix in front.
+std::string PrefixStreamHeader(absl::string_view header);
 // The header length a prefix announces; INVALID_ARGUMENT when it is shorter
 // than a frame or longer than `max_header_bytes`.
 absl::StatusOr<size_t> DecodeStreamPrefix(const char prefix[kStreamPrefixBytes],
@@ -65,8 +70,20 @@ absl::Status ReadHeader(int fd, size_t max_header_bytes, absl::Time deadline, Fr
 
 // A connected non-blocking TCP socket to "host:port" (IPv4 or IPv6 names),
 // with TCP_NODELAY, by `deadline`; UNAVAILABLE naming the address when it
-// cannot be reached.
+// cannot be reached. Every address the name resolves to is tried in turn.
 absl::StatusOr<int> ConnectStream(const std::string& address, absl::Time deadline);
+
+// One resolved socket address.
+struct StreamAddress {
+  struct sockaddr_storage address = {};
+  socklen_t length = 0;
+};
+// ConnectStream's part after resolution: the first of `addresses` that
+// accepts, each given an equal share of the time left before `deadline`
+// (so one that never answers leaves time for the next). `name` is for
+// errors.
+absl::StatusOr<int> ConnectToAny(const std::vector<StreamAddress>& addresses,
+                                 const std::string& name, absl::Time deadline);
 // Socket options both ends use: no Nagle delay (a small request or status
 // goes out at once). Buffer sizes stay the kernel's, which tunes them per
 // connection.

@@ -45,15 +45,6 @@ constexpr absl::Duration kGrace = absl::Seconds(1);
 static_assert(ShardService::kMaxChunksPerCall == transport::kMaxChunksPerCall,
               "the shard refuses calls the framing lets clients send");
 
-// A message's stream prefix in front of a header from framing.h.
-std::string Prefixed(const std::string& header) {
-  std::string message(transport::kStreamPrefixBytes + header.size(), '\0');
-  const uint32_t length = static_cast<uint32_t>(header.size());
-  std::memcpy(message.data(), &length, sizeof(length));
-  std::memcpy(message.data() + transport::kStreamPrefixBytes, header.data(), header.size());
-  return message;
-}
-
 absl::Time LimitFor(int64_t timeout_ms, absl::Time start) {
   return timeout_ms >= 0 ? start + absl::Milliseconds(timeout_ms) + kGrace : start + kMessageLimit;
 }
@@ -105,7 +96,7 @@ struct TcpListener::Connection {
   }
 
   absl::Status WriteHeader(const std::string& header) {
-    std::string message = Prefixed(header);
+    std::string message = transport::PrefixStreamHeader(header);
     struct iovec part = {message.data(), message.size()};
     return Write(&part, 1);
   }
