@@ -928,6 +928,7 @@ PYBIND11_MODULE(_harrier, m) {
       .def_readwrite("compress_min_bytes", &ClientOptions::compress_min_bytes)
       .def_readwrite("pull_codec", &ClientOptions::pull_codec)
       .def_readwrite("transport", &ClientOptions::transport)
+      .def_readwrite("tcp_congestion_control", &ClientOptions::tcp_congestion_control)
       .def_readwrite("max_queued_calls", &ClientOptions::max_queued_calls)
       .def_readwrite("max_calls_in_flight", &ClientOptions::max_calls_in_flight)
       .def_readwrite("pull_connection", &ClientOptions::pull_connection)

@@ -125,6 +125,13 @@ ABSL_FLAG(bool, tcp, true,
           "UCX, not encrypted: workers with TLS keep their data on gRPC unless they name "
           "--transport=tcp (the hello secret still keeps out clients without the token). "
           "--tcp=false: gRPC only.");
+ABSL_FLAG(std::string, tcp_congestion, "cubic,reno",
+          "TCP congestion control of the --tcp data path's connections: the first of these "
+          "names the kernel lets this process set (tcp_available_congestion_control; "
+          "unprivileged processes only those in tcp_allowed_congestion_control). Empty: the "
+          "kernel's default. Not BBR by default: BBR takes a link that passes short bursts "
+          "faster than its rate for a faster one, and the parameter server's short flows from "
+          "many workers into one shard then lose many of their bytes.");
 ABSL_FLAG(int32_t, tcp_port, 0,
           "Port of the --tcp data path on --host; 0: the kernel picks one (clients learn it "
           "over gRPC).");
@@ -223,6 +230,7 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.ucx = absl::GetFlag(FLAGS_ucx);
   options.tcp = absl::GetFlag(FLAGS_tcp);
+  options.tcp_congestion_control = absl::GetFlag(FLAGS_tcp_congestion);
   options.tcp_port = absl::GetFlag(FLAGS_tcp_port);
   if (absl::GetFlag(FLAGS_push_threads) < 1 || absl::GetFlag(FLAGS_pull_threads) < 1 ||
       absl::GetFlag(FLAGS_max_queued_calls) < 1) {

@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<ShardListener>> CreateShardListener(
     TcpListenerOptions tcp;
     tcp.host = options.host;
     tcp.port = options.tcp_port;
+    tcp.congestion_control = options.tcp_congestion_control;
     tcp.require_hello_secret = options.require_hello_secret;
     return std::unique_ptr<ShardListener>(std::make_unique<TcpListener>(tcp));
   }

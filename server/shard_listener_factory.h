@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/transport/stream.h"
 #include "server/shard_listener.h"
 
 namespace grpc {
@@ -45,6 +46,8 @@ struct ShardListenerOptions {
   GrpcServerLimits grpc_limits;
   // tcp: its port on `host` (0: the kernel picks one).
   int tcp_port = 0;
+  // tcp: congestion control of its connections (TcpListenerOptions).
+  std::string tcp_congestion_control = std::string(transport::kDefaultCongestionControl);
   // UCX and tcp: a hello must carry a secret from IssueHelloSecret, so that only
   // clients that fetched the address over the authenticated gRPC channel
   // get an endpoint. Off: any hello is accepted.

@@ -1,6 +1,8 @@
 #ifndef HARRIER_SERVER_SHARD_SERVER_H_
 #define HARRIER_SERVER_SHARD_SERVER_H_
 
+#include <grpcpp/server.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -9,8 +11,6 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/server.h>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -18,6 +18,7 @@
 #include "common/grpc_security.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http_server.h"
+#include "common/transport/stream.h"
 #include "server/admin_service.h"
 #include "server/checkpoint.h"
 #include "server/consistency.h"
@@ -53,6 +54,10 @@ struct ShardServerOptions {
   // by default (ClientOptions::transport "auto") when they have no TLS.
   bool tcp = true;
   int tcp_port = 0;
+  // Congestion control of the tcp data path's connections: the first of
+  // these names the kernel lets this process set ("" keeps the kernel's
+  // default; common/transport/stream.h, SetCongestionControl).
+  std::string tcp_congestion_control = std::string(transport::kDefaultCongestionControl);
   // Checkpoints: restored from on start, written every checkpoint_every
   // (zero: only at shutdown) and at graceful shutdown. Empty dir: none.
   std::string checkpoint_dir;

@@ -444,6 +444,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
     };
     link.reachable = [grpc_control, shard] { return grpc_control->ShardReachable(shard); };
     link.encrypted = tls.enabled();
+    link.tcp_congestion_control = options.tcp_congestion_control;
     links.push_back(std::move(link));
   }
   auto transports =

@@ -87,6 +87,11 @@ struct ClientOptions {
   // Control, Init, heartbeats and Leave always use gRPC. data_paths() says
   // what each shard got.
   std::string transport = "auto";
+  // TCP congestion control of the tcp data path's connections: the first
+  // of these names the kernel lets this process set; "" keeps the kernel's
+  // default (common/transport/stream.h, SetCongestionControl: not BBR by
+  // default, whose bursts overrun the shards' links from many workers).
+  std::string tcp_congestion_control = "cubic,reno";
   // gRPC data connections per shard (transport "grpc"): a call of several
   // chunks and at least 8 MiB is split into one call per connection, run
   // in parallel (worker/transport/grpc/grpc_transport.h). In [1, 16].

@@ -134,6 +134,10 @@ ABSL_FLAG(std::string, transport, "auto",
           "messages over plain TCP streams) where the shard serves it (harrier-server --tcp, on "
           "by default) and without TLS, gRPC otherwise (tcp is not encrypted). ucx needs "
           "servers started with --ucx.");
+ABSL_FLAG(std::string, tcp_congestion, "cubic,reno",
+          "TCP congestion control of the tcp data path's connections: the first of these names "
+          "the kernel lets this process set; empty: the kernel's default (see harrier-server "
+          "--tcp_congestion).");
 ABSL_FLAG(int, grpc_connections, 1,
           "gRPC data connections per shard (--transport=grpc): calls of several chunks and at "
           "least 8 MiB are split over them and run in parallel. In [1, 16].");
@@ -311,6 +315,7 @@ int main(int argc, char** argv) {
   client_options.codec = absl::GetFlag(FLAGS_codec);
   client_options.pull_codec = absl::GetFlag(FLAGS_pull_codec);
   client_options.transport = absl::GetFlag(FLAGS_transport);
+  client_options.tcp_congestion_control = absl::GetFlag(FLAGS_tcp_congestion);
   client_options.grpc_connections = absl::GetFlag(FLAGS_grpc_connections);
   client_options.pull_connection = absl::GetFlag(FLAGS_pull_connection);
   client_options.compress_min_bytes = std::max(0, absl::GetFlag(FLAGS_compress_min_bytes));

@@ -13,8 +13,10 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace harrier::transport {
@@ -174,6 +176,19 @@ absl::Status ReadHeader(int fd, size_t max_header_bytes, absl::Time deadline, Fr
     return absl::InvalidArgumentError("malformed stream message: a body in the data");
   }
   return absl::OkStatus();
+}
+
+std::string SetCongestionControl(int fd, absl::string_view preference) {
+  for (absl::string_view name : absl::StrSplit(preference, ',', absl::SkipWhitespace())) {
+    const std::string wanted(absl::StripAsciiWhitespace(name));
+    // EPERM: not in tcp_allowed_congestion_control for an unprivileged
+    // process; ENOENT: not built into this kernel. Either way, the next.
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, wanted.data(),
+                   static_cast<socklen_t>(wanted.size())) == 0) {
+      return wanted;
+    }
+  }
+  return "";
 }
 
 void TuneStreamSocket(int fd) {

@@ -238,7 +238,9 @@ class Client:
     its ratio, PowerSGD with PowerSGD, sign codecs with EF-sign), "none" pulls
     dense. transport: "auto" (per shard: "tcp" where the shard serves it and
     there is no TLS, "grpc" otherwise; `data_paths` says which), "tcp",
-    "grpc" or "ucx". Durations are in
+    "grpc" or "ucx". tcp_congestion: the tcp data path's TCP congestion
+    control, the first of these names the kernel allows ("": its default).
+    Durations are in
     seconds. device: "auto" (in a module built with --config=cuda, tensors
     registered in device memory are compressed on the GPU) or "cpu". Not
     thread-affine: any thread may call any method.
@@ -249,7 +251,7 @@ class Client:
                  chunk_bytes=4 << 20, compress_min_bytes=16 << 10, heartbeat_interval=1.0,
                  retry_timeout=30.0, max_queued_calls=4096, tls_ca_file="", tls_cert_file="",
                  tls_key_file="", auth_token="", device="auto", max_calls_in_flight=4,
-                 pull_connection=True):
+                 pull_connection=True, tcp_congestion="cubic,reno"):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
         servers = list(servers)
@@ -263,6 +265,8 @@ class Client:
         options.codec = codec
         options.pull_codec = pull_codec
         options.transport = transport
+        # The tcp data path's congestion control (harrier-worker --tcp_congestion).
+        options.tcp_congestion_control = str(tcp_congestion)
         options.rpc_timeout = _duration(rpc_timeout, "rpc_timeout")
         options.connect_timeout = _duration(connect_timeout, "connect_timeout")
         options.job = job

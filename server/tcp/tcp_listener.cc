@@ -244,6 +244,7 @@ void TcpListener::AcceptLoop() {
     getnameinfo(reinterpret_cast<struct sockaddr*>(&from), length, host, sizeof(host), port,
                 sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
     transport::TuneStreamSocket(fd);
+    transport::SetCongestionControl(fd, options_.congestion_control);
     auto connection = std::make_shared<Connection>();
     connection->fd = fd;
     connection->peer = absl::StrCat(host, ":", port);

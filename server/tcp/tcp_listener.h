@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/transport/framing.h"
+#include "common/transport/stream.h"
 #include "proto/harrier.pb.h"
 #include "server/hello_secrets.h"
 #include "server/shard_listener.h"
@@ -34,6 +35,9 @@ struct TcpListenerOptions {
   // Connections open at once, served or waiting for their hello; one more
   // is closed at once.
   int max_connections = 1024;
+  // Set on every connection (transport::SetCongestionControl; "" keeps the
+  // kernel's default): it governs the pull replies this end sends.
+  std::string congestion_control = std::string(transport::kDefaultCongestionControl);
 };
 
 // The "tcp" ShardListener: framing.h's messages over plain TCP streams

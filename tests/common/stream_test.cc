@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,6 +35,27 @@ TEST_CASE("a stream message's prefix is its header's length, checked against the
   const std::string short_prefix = PrefixStreamHeader(std::string(kFrameBytes - 1, 'x'));
   CHECK(absl::IsInvalidArgument(
       DecodeStreamPrefix(short_prefix.data(), kMaxStreamHeaderBytes).status()));
+}
+
+TEST_CASE("the congestion control set is the first of the list the kernel allows") {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  auto current = [fd] {
+    char name[32] = {};
+    socklen_t length = sizeof(name);
+    REQUIRE(getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &length) == 0);
+    return std::string(name);
+  };
+  const std::string kernel_default = current();
+  // Nothing asked: the kernel's default stays.
+  CHECK(SetCongestionControl(fd, "").empty());
+  CHECK(current() == kernel_default);
+  // Names the kernel does not have are passed over; reno is always there.
+  CHECK(SetCongestionControl(fd, "no-such-cc").empty());
+  CHECK(current() == kernel_default);
+  CHECK(SetCongestionControl(fd, "no-such-cc, reno") == "reno");
+  CHECK(current() == "reno");
+  close(fd);
 }
 
 // A listening socket on 127.0.0.1 and its address.

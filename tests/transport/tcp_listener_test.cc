@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
@@ -158,6 +160,44 @@ Frame ChunkFrame(uint64_t request, uint32_t index, uint32_t count, size_t payloa
   frame.payload_bytes = payload_bytes;
   frame.arg = timeout_ms;
   return frame;
+}
+
+// The congestion control of the established TCP sockets on local port
+// `port`, from ss(8): the first word of each socket's info line.
+std::vector<std::string> ServerSideCongestionControls(int port) {
+  const std::string command =
+      absl::StrCat("ss -tinH state established '( sport = :", port, " )' 2>/dev/null");
+  std::vector<std::string> found;
+  FILE* ss = popen(command.c_str(), "r");
+  REQUIRE(ss != nullptr);
+  char line[4096];
+  while (std::fgets(line, sizeof(line), ss) != nullptr) {
+    // Info lines are indented; the socket lines are not.
+    if (line[0] != ' ' && line[0] != '\t') continue;
+    std::string info(line);
+    const size_t start = info.find_first_not_of(" \t");
+    const size_t end = info.find(' ', start);
+    found.push_back(info.substr(start, end - start));
+  }
+  pclose(ss);
+  return found;
+}
+
+TEST_CASE("the shard sets --tcp_congestion on its tcp connections") {
+  auto servers = testing::StartCluster(
+      1, 1, {"--tcp_congestion=no-such-cc,reno", "--auth_token_file=" + TokenFile()});
+  REQUIRE(servers.ok());
+  const transport::PeerAddress address = TcpAddress((*servers)[0]->address());
+  int port = 0;
+  REQUIRE(absl::SimpleAtoi(address.address.substr(address.address.rfind(':') + 1), &port));
+  auto connection = Connect(address.address);
+  REQUIRE(Hello(*connection, address.hello_secret).ok());
+  const std::vector<std::string> found = ServerSideCongestionControls(port);
+  if (found.empty()) {
+    WARN("SKIPPED: ss(8) printed no sockets");
+    return;
+  }
+  CHECK(found == std::vector<std::string>{"reno"});
 }
 
 TEST_CASE("a shard with a token serves tcp hellos only with the secret it issued") {

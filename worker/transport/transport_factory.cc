@@ -82,7 +82,8 @@ absl::StatusOr<std::unique_ptr<ShardTransport>> ConnectTcp(
     address->address = WithHost(address->address, target);
     return address;
   };
-  return TcpShardTransport::Connect(link.name, std::move(provider), std::move(timer), deadline);
+  return TcpShardTransport::Connect(link.name, std::move(provider), std::move(timer), deadline,
+                                    link.tcp_congestion_control);
 }
 
 // The gRPC data path's shared parts, made when the first shard needs them.

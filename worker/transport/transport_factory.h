@@ -46,6 +46,9 @@ struct ShardLink {
   // Whether the control channel is TLS: "auto" then keeps the data on
   // gRPC, the one encrypted backend.
   bool encrypted = false;
+  // tcp: congestion control of its connections (ClientOptions::
+  // tcp_congestion_control).
+  std::string tcp_congestion_control;
   // False when the shard is down; polled by backends that cannot detect a
   // dead peer themselves (UCX over shared memory).
   std::function<bool()> reachable;

@@ -579,21 +579,23 @@ absl::Status TcpConnection::Discard(uint64_t bytes) {
 }
 
 TcpShardTransport::TcpShardTransport(std::string peer_name, TcpAddressProvider address_provider,
-                                     std::shared_ptr<TimerThread> timer)
+                                     std::shared_ptr<TimerThread> timer,
+                                     std::string congestion_control)
     : ShardTransport(TransportTraits{"tcp", /*sends_from_device_memory=*/false,
                                      /*receives_into_device_memory=*/false}),
       timer_(std::move(timer)),
       peer_name_(std::move(peer_name)),
-      address_provider_(std::move(address_provider)) {}
+      address_provider_(std::move(address_provider)),
+      congestion_control_(std::move(congestion_control)) {}
 
 absl::StatusOr<std::unique_ptr<TcpShardTransport>> TcpShardTransport::Connect(
     const std::string& peer_name, TcpAddressProvider address_provider,
-    std::shared_ptr<TimerThread> timer, absl::Time deadline) {
+    std::shared_ptr<TimerThread> timer, absl::Time deadline, std::string congestion_control) {
   if (timer == nullptr || !address_provider) {
     return absl::InvalidArgumentError("a tcp transport needs a timer and an address provider");
   }
-  std::unique_ptr<TcpShardTransport> transport(
-      new TcpShardTransport(peer_name, std::move(address_provider), std::move(timer)));
+  std::unique_ptr<TcpShardTransport> transport(new TcpShardTransport(
+      peer_name, std::move(address_provider), std::move(timer), std::move(congestion_control)));
   for (Lane lane : {kPushLane, kPullLane}) {
     auto connection = transport->Open(lane, deadline);
     if (!connection.ok()) return connection.status();  // the destructor closes the other
@@ -629,6 +631,7 @@ absl::StatusOr<std::shared_ptr<TcpConnection>> TcpShardTransport::Open(Lane lane
   if (!address.ok()) return fail(address.status());
   absl::StatusOr<int> fd = transport::ConnectStream(address->address, deadline);
   if (!fd.ok()) return fail(fd.status());
+  transport::SetCongestionControl(*fd, congestion_control_);
 
   const uint64_t connection_id = RandomConnectionId();
   Frame hello;

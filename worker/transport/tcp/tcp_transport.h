@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/transport/framing.h"
+#include "common/transport/stream.h"
 #include "worker/transport/timer_thread.h"
 #include "worker/transport/transport.h"
 
@@ -84,10 +85,13 @@ class TcpShardTransport final : public ShardTransport {
   // completions (holding it here keeps it alive while the transport is).
   // A shard that refuses the hello fails this with its status (e.g.
   // PERMISSION_DENIED for a wrong secret); a shard that cannot be reached
-  // or answers anything else, with UNAVAILABLE.
+  // or answers anything else, with UNAVAILABLE. `congestion_control`: the
+  // preference list set on both connections (transport::
+  // SetCongestionControl; "" keeps the kernel's default).
   static absl::StatusOr<std::unique_ptr<TcpShardTransport>> Connect(
       const std::string& peer_name, TcpAddressProvider address_provider,
-      std::shared_ptr<TimerThread> timer, absl::Time deadline);
+      std::shared_ptr<TimerThread> timer, absl::Time deadline,
+      std::string congestion_control = std::string(transport::kDefaultCongestionControl));
 
   // Shuts down both connections, joins their threads and completes every
   // call still open with CANCELLED (or UNAVAILABLE, for calls whose
@@ -117,7 +121,7 @@ class TcpShardTransport final : public ShardTransport {
   };
 
   TcpShardTransport(std::string peer_name, TcpAddressProvider address_provider,
-                    std::shared_ptr<TimerThread> timer);
+                    std::shared_ptr<TimerThread> timer, std::string congestion_control);
 
   // Asks for an address, connects and says hello, by `deadline`.
   absl::StatusOr<std::shared_ptr<TcpConnection>> Open(Lane lane, absl::Time deadline);
@@ -131,6 +135,7 @@ class TcpShardTransport final : public ShardTransport {
   const std::shared_ptr<TimerThread> timer_;
   const std::string peer_name_;
   const TcpAddressProvider address_provider_;
+  const std::string congestion_control_;
   std::atomic<uint64_t> next_request_id_{1};
   Slot slots_[2];
 };
