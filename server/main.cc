@@ -16,6 +16,7 @@
 #include "common/process.h"
 #include "common/request_limits.h"
 #include "server/shard_server.h"
+#include "server/tcp/tcp_listener.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on (127.0.0.1 for local-only).");
@@ -135,6 +136,10 @@ ABSL_FLAG(std::string, tcp_congestion, "cubic,reno",
 ABSL_FLAG(int32_t, tcp_port, 0,
           "Port of the --tcp data path on --host; 0: the kernel picks one (clients learn it "
           "over gRPC).");
+ABSL_FLAG(std::string, tcp_advertise, "",
+          "host:port workers are told to reach the --tcp data path at, where that is not "
+          "--host and --tcp_port: a proxy or a forwarded port in front of the shard. \":port\" "
+          "keeps the host workers reach the gRPC port at. Empty: the bound address.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain of this shard; with --tls_key the gRPC port serves TLS only.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
@@ -232,6 +237,15 @@ int main(int argc, char** argv) {
   options.tcp = absl::GetFlag(FLAGS_tcp);
   options.tcp_congestion_control = absl::GetFlag(FLAGS_tcp_congestion);
   options.tcp_port = absl::GetFlag(FLAGS_tcp_port);
+  options.tcp_advertise = absl::GetFlag(FLAGS_tcp_advertise);
+  if (!options.tcp_advertise.empty()) {
+    if (!options.tcp) {
+      return Fail("--tcp_advertise names the --tcp data path's address: drop it, or set --tcp");
+    }
+    if (auto status = harrier::CheckAdvertisedAddress(options.tcp_advertise); !status.ok()) {
+      return Fail(absl::StrCat("--tcp_advertise: ", status.message()));
+    }
+  }
   if (absl::GetFlag(FLAGS_push_threads) < 1 || absl::GetFlag(FLAGS_pull_threads) < 1 ||
       absl::GetFlag(FLAGS_max_queued_calls) < 1) {
     return Fail("--push_threads, --pull_threads and --max_queued_calls must be >= 1");

@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<ShardListener>> CreateShardListener(
     tcp.host = options.host;
     tcp.port = options.tcp_port;
     tcp.congestion_control = options.tcp_congestion_control;
+    tcp.advertise = options.tcp_advertise;
     tcp.require_hello_secret = options.require_hello_secret;
     return std::unique_ptr<ShardListener>(std::make_unique<TcpListener>(tcp));
   }

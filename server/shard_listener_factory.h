@@ -48,6 +48,9 @@ struct ShardListenerOptions {
   int tcp_port = 0;
   // tcp: congestion control of its connections (TcpListenerOptions).
   std::string tcp_congestion_control = std::string(transport::kDefaultCongestionControl);
+  // tcp: the address clients are told instead of the bound one ("": the
+  // bound one; TcpListenerOptions::advertise).
+  std::string tcp_advertise;
   // UCX and tcp: a hello must carry a secret from IssueHelloSecret, so that only
   // clients that fetched the address over the authenticated gRPC channel
   // get an endpoint. Off: any hello is accepted.

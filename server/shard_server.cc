@@ -177,6 +177,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServe
   listener_options.port = options.port;
   listener_options.tcp_port = options.tcp_port;
   listener_options.tcp_congestion_control = options.tcp_congestion_control;
+  listener_options.tcp_advertise = options.tcp_advertise;
   listener_options.credentials = *credentials;
   listener_options.job_token = options.job_token;
   listener_options.store = server->store_.get();

@@ -58,6 +58,9 @@ struct ShardServerOptions {
   // these names the kernel lets this process set ("" keeps the kernel's
   // default; common/transport/stream.h, SetCongestionControl).
   std::string tcp_congestion_control = std::string(transport::kDefaultCongestionControl);
+  // "host:port" clients are told to reach the tcp data path at, when it is
+  // not the bound address (a proxy, a forwarded port); "": the bound one.
+  std::string tcp_advertise;
   // Checkpoints: restored from on start, written every checkpoint_every
   // (zero: only at shutdown) and at graceful shutdown. Empty dir: none.
   std::string checkpoint_dir;

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cancellation.h"
@@ -174,6 +175,9 @@ TcpListener::TcpListener(const TcpListenerOptions& options)
 TcpListener::~TcpListener() { Close(); }
 
 absl::Status TcpListener::Start(ShardService* service) {
+  if (!options_.advertise.empty()) {
+    if (auto status = CheckAdvertisedAddress(options_.advertise); !status.ok()) return status;
+  }
   service_ = service;
   struct addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
@@ -212,11 +216,30 @@ absl::Status TcpListener::Start(ShardService* service) {
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   accept_thread_ = std::thread([this] { AcceptLoop(); });
-  spdlog::info("tcp data path listening on {}:{}", options_.host, bound_port_);
+  spdlog::info(
+      "tcp data path listening on {}:{}{}", options_.host, bound_port_,
+      options_.advertise.empty() ? "" : absl::StrCat(", told to clients as ", options_.advertise));
+  return absl::OkStatus();
+}
+
+absl::Status CheckAdvertisedAddress(absl::string_view address) {
+  constexpr size_t kMaxAddressBytes = 255;
+  if (address.size() > kMaxAddressBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an address of ", address.size(), " bytes (at most ", kMaxAddressBytes, ")"));
+  }
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", address, "' is not host:port or :port with a port in 1-65535"));
+  }
   return absl::OkStatus();
 }
 
 std::string TcpListener::address() const {
+  if (!options_.advertise.empty()) return options_.advertise;
   const bool wildcard = options_.host.empty() || options_.host == "0.0.0.0" ||
                         options_.host == "::" || options_.host == "[::]";
   return absl::StrCat(wildcard ? "" : options_.host, ":", bound_port_);

@@ -38,7 +38,16 @@ struct TcpListenerOptions {
   // Set on every connection (transport::SetCongestionControl; "" keeps the
   // kernel's default): it governs the pull replies this end sends.
   std::string congestion_control = std::string(transport::kDefaultCongestionControl);
+  // The address handed to clients instead of the bound one ("host:port"),
+  // for a shard reached through a proxy or a forwarded port; "" hands out
+  // the bound address.
+  std::string advertise;
 };
+
+// OK for an address TcpListenerOptions::advertise may hold: "host:port" or
+// ":port", port 1-65535, at most 255 bytes; INVALID_ARGUMENT saying what is
+// wrong otherwise.
+absl::Status CheckAdvertisedAddress(absl::string_view address);
 
 // The "tcp" ShardListener: framing.h's messages over plain TCP streams
 // (common/transport/stream.h has the wire). No HTTP/2, no per-message
@@ -72,9 +81,9 @@ class TcpListener final : public ShardListener {
   // bound.
   absl::Status Start(ShardService* service) override;
 
-  // "host:port" with the bound port; the host is empty when the listener
-  // is bound to every interface (clients use the host they reach the
-  // shard's gRPC port at).
+  // TcpListenerOptions::advertise if set; else "host:port" with the bound
+  // port, the host empty when the listener is bound to every interface
+  // (clients use the host they reach the shard's gRPC port at).
   std::string address() const override;
   int port() const override { return bound_port_; }
 

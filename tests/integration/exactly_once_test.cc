@@ -3,7 +3,9 @@
 // (fault_proxy.h) between the workers and the shard that loses replies and
 // cuts connections in the middle of calls. Every test checks exact values:
 // integer gradients with SGD at lr 1, so every sum is exact in float, and a
-// push applied twice (or lost) shows. Each wait has a deadline.
+// push applied twice (or lost) shows. Each wait has a deadline. The fault
+// cases run over both data paths: "grpc" with the proxy in front of the
+// shard's gRPC port, "tcp" with it in front of the tcp data path.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -41,12 +43,10 @@ constexpr size_t kRestartElements = 12 * 1024;
 // float at this size.
 float Unit(size_t i) { return static_cast<float>(1 + i % 8); }
 
-ClientOptions Options(const std::string& address, int rank) {
+ClientOptions Options(const std::string& address, int rank, const std::string& transport) {
   ClientOptions options;
   options.servers = {address};
-  // The FaultProxy stands in front of the shard's gRPC port; the tcp data
-  // path's address comes from the shard and would go around it.
-  options.transport = "grpc";
+  options.transport = transport;
   options.rank = rank;
   options.chunk_bytes = kChunkBytes;
   // Under BSP a rank's push-pull waits for the other rank's push, which may
@@ -76,9 +76,17 @@ struct Shard {
   std::unique_ptr<testing::ServerProcess> server;
   std::unique_ptr<testing::FaultProxy> proxy;
   int metrics_port = 0;
+  // What clients connect to: the proxy's address when it fronts the gRPC
+  // port, the shard's own when it fronts the tcp data path.
+  std::string address;
 };
 
-Shard StartShard(const std::string& sync, int workers, std::vector<std::string> extra = {}) {
+// The FaultProxy in front of the port `transport` carries the data on:
+// "grpc", the shard's gRPC port (control and data); "tcp", its tcp data
+// path, which the shard then hands out as its address (--tcp_advertise),
+// while the control calls reach the gRPC port directly.
+Shard StartShard(const std::string& sync, int workers, const std::string& transport,
+                 std::vector<std::string> extra = {}) {
   Shard shard;
   shard.metrics_port = testing::FreePort();
   std::vector<std::string> flags = {"--shard=0",
@@ -90,12 +98,25 @@ Shard StartShard(const std::string& sync, int workers, std::vector<std::string> 
                                     "--heartbeat_timeout_ms=60000",
                                     absl::StrCat("--metrics_port=", shard.metrics_port)};
   flags.insert(flags.end(), extra.begin(), extra.end());
+  if (transport == "tcp") {
+    const int tcp_port = testing::FreePort();
+    auto proxy = testing::FaultProxy::Start(tcp_port, /*seed=*/20261201);
+    REQUIRE(proxy.ok());
+    shard.proxy = std::move(*proxy);
+    flags.push_back(absl::StrCat("--tcp_port=", tcp_port));
+    flags.push_back("--tcp_advertise=" + shard.proxy->address());
+  }
   auto server = testing::ServerProcess::Start(flags);
   REQUIRE(server.ok());
   shard.server = std::move(*server);
-  auto proxy = testing::FaultProxy::Start(shard.server->port(), /*seed=*/20261201);
-  REQUIRE(proxy.ok());
-  shard.proxy = std::move(*proxy);
+  if (transport == "tcp") {
+    shard.address = shard.server->address();
+  } else {
+    auto proxy = testing::FaultProxy::Start(shard.server->port(), /*seed=*/20261201);
+    REQUIRE(proxy.ok());
+    shard.proxy = std::move(*proxy);
+    shard.address = shard.proxy->address();
+  }
   return shard;
 }
 
@@ -111,18 +132,21 @@ std::vector<absl::Status> RunWorkers(int workers, const std::function<absl::Stat
 }
 
 TEST_CASE("exactly once, ASP: 1000 pushes through lost replies and cut connections sum exactly") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  INFO("transport " << transport);
   constexpr int kWorkers = 2, kSteps = 500;
-  Shard shard = StartShard("asp", kWorkers);
+  Shard shard = StartShard("asp", kWorkers, transport);
   std::vector<std::unique_ptr<Client>> clients;
   for (int rank = 0; rank < kWorkers; ++rank) {
-    clients.push_back(Connect(Options(shard.proxy->address(), rank)));
+    clients.push_back(Connect(Options(shard.address, rank, transport)));
   }
   // Per read: a 256 KiB call takes tens of reads, so a few percent of calls
   // are cut each way. A push's reply is one short read, so few of them are
   // cut: at 0.003 no push reply was cut (the duplicate count below stayed
   // 0) in 2 of 6 CI runs; at 0.006 three runs counted 20-40 duplicate
-  // chunks.
-  shard.proxy->SetCutProbability(/*reply=*/0.006, /*request=*/0.001);
+  // chunks. The tcp path's replies take fewer reads than gRPC's (no HTTP/2
+  // frames around them): at 0.006 one run cut 9; 0.02 there.
+  shard.proxy->SetCutProbability(/*reply=*/transport == "tcp" ? 0.02 : 0.006, /*request=*/0.001);
   const auto statuses = RunWorkers(kWorkers, [&](int rank) -> absl::Status {
     Client& client = *clients[rank];
     const std::vector<float> g = Gradient(rank);
@@ -162,15 +186,18 @@ TEST_CASE("exactly once, ASP: 1000 pushes through lost replies and cut connectio
 
 TEST_CASE("exactly once, BSP: 1000 pushes and push-pulls through lost replies sum exactly, "
           "round by round") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  INFO("transport " << transport);
   constexpr int kWorkers = 2, kSteps = 500;
-  Shard shard = StartShard("bsp", kWorkers);
+  Shard shard = StartShard("bsp", kWorkers, transport);
   std::vector<std::unique_ptr<Client>> clients;
   for (int rank = 0; rank < kWorkers; ++rank) {
-    clients.push_back(Connect(Options(shard.proxy->address(), rank)));
+    clients.push_back(Connect(Options(shard.address, rank, transport)));
   }
   // Per read: a 256 KiB call takes tens of reads, so a few percent of calls
-  // are cut each way.
-  shard.proxy->SetCutProbability(/*reply=*/0.003, /*request=*/0.001);
+  // are cut each way. Over tcp fewer reads carry the replies: at 0.003 one
+  // run cut 19 against gRPC's 59.
+  shard.proxy->SetCutProbability(/*reply=*/transport == "tcp" ? 0.01 : 0.003, /*request=*/0.001);
   // Rank 0 push-pulls (the push half deduplicated, the pull half answered),
   // rank 1 pushes then pulls. Each round averages 2(i+1) and 4(i+1): after
   // round t, w_i = -3 Unit(i) (t + 1) exactly.
@@ -214,6 +241,8 @@ TEST_CASE("exactly once, BSP: 1000 pushes and push-pulls through lost replies su
 
 TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGKILL and "
           "restart, is applied once") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  INFO("transport " << transport);
   // Two cases: the checkpoint the shard restarts from holds the push (the
   // retry is a duplicate), or was taken before it (the retry applies it).
   for (const bool in_checkpoint : {true, false}) {
@@ -223,15 +252,25 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
     std::filesystem::remove_all(dir);
     const int port = testing::FreePort();
     const int metrics_port = testing::FreePort();
-    const std::vector<std::string> flags = {"--shard=0",
-                                            "--num_shards=1",
-                                            "--num_workers=1",
-                                            "--sync=asp",
-                                            "--lr=1",
-                                            absl::StrCat("--port=", port),
-                                            absl::StrCat("--metrics_port=", metrics_port),
-                                            "--checkpoint_dir=" + dir, "--resume",
-                                            "--checkpoint_every_s=1"};
+    // The proxy fronts the port the data travels on; over tcp the restarted
+    // shard binds the same tcp port and hands out the proxy's address again.
+    const int proxied_port = transport == "tcp" ? testing::FreePort() : port;
+    auto proxy = testing::FaultProxy::Start(proxied_port, 7);
+    REQUIRE(proxy.ok());
+    std::vector<std::string> flags = {"--shard=0",
+                                      "--num_shards=1",
+                                      "--num_workers=1",
+                                      "--sync=asp",
+                                      "--lr=1",
+                                      absl::StrCat("--port=", port),
+                                      absl::StrCat("--metrics_port=", metrics_port),
+                                      "--checkpoint_dir=" + dir,
+                                      "--resume",
+                                      "--checkpoint_every_s=1"};
+    if (transport == "tcp") {
+      flags.push_back(absl::StrCat("--tcp_port=", proxied_port));
+      flags.push_back("--tcp_advertise=" + (*proxy)->address());
+    }
     auto await_metric = [&](const std::string& name, double value) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       while (testing::MetricValue(metrics_port, name) != value &&
@@ -242,9 +281,8 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
     };
     auto server = testing::ServerProcess::Start(flags);
     REQUIRE(server.ok());
-    auto proxy = testing::FaultProxy::Start(port, 7);
-    REQUIRE(proxy.ok());
-    ClientOptions options = Options((*proxy)->address(), 0);
+    ClientOptions options =
+        Options(transport == "tcp" ? (*server)->address() : (*proxy)->address(), 0, transport);
     auto client = Connect(options, kRestartElements);
     const std::vector<float> g = Gradient(0, kRestartElements);  // 2 Unit(i)
     REQUIRE(client->Push("w", g).ok());        // clock 0, applied and acknowledged
@@ -319,9 +357,11 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
 }
 
 TEST_CASE("idempotent compressed pulls: with replies lost, the view still converges exactly") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  INFO("transport " << transport);
   constexpr size_t kLarge = 64;
-  Shard shard = StartShard("asp", 1);
-  ClientOptions options = Options(shard.proxy->address(), 0);
+  Shard shard = StartShard("asp", 1, transport);
+  ClientOptions options = Options(shard.address, 0, transport);
   options.pull_codec = "topk:ratio=0.25";
   options.compress_min_bytes = 0;
   auto client = Connect(options, kLarge);
@@ -381,7 +421,7 @@ TEST_CASE("a checkpoint of another optimizer kind stops harrier-server with one 
   {
     auto server = testing::ServerProcess::Start(flags("adam"));
     REQUIRE(server.ok());
-    auto client = Connect(Options((*server)->address(), 0));
+    auto client = Connect(Options((*server)->address(), 0, "auto"));
     REQUIRE(client->Push("w", Gradient(0)).ok());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (std::chrono::steady_clock::now() < deadline) {

@@ -200,6 +200,33 @@ TEST_CASE("the shard sets --tcp_congestion on its tcp connections") {
   CHECK(found == std::vector<std::string>{"reno"});
 }
 
+TEST_CASE("--tcp_advertise: the shard hands out that address; a malformed one is refused") {
+  {
+    auto servers = testing::StartCluster(
+        1, 1, {"--tcp_advertise=127.0.0.1:9", "--auth_token_file=" + TokenFile()});
+    REQUIRE(servers.ok());
+    CHECK(TcpAddress((*servers)[0]->address()).address == "127.0.0.1:9");
+  }
+  for (const std::string& bad : std::vector<std::string>{"127.0.0.1", "127.0.0.1:0", "host:65536",
+                                                         "host:x", std::string(300, 'h') + ":9"}) {
+    INFO("--tcp_advertise=" << bad);
+    const std::string output = testing::TempDir() + "/tcp-advertise.log";
+    auto child =
+        testing::ChildProcess::Start(testing::RunfilePath("server/harrier-server"),
+                                     {"--shard=0", "--num_shards=1", "--num_workers=1",
+                                      "--host=127.0.0.1", "--port=0", "--tcp_advertise=" + bad},
+                                     output);
+    REQUIRE(child.ok());
+    REQUIRE((*child)->WaitForExit(10000) > 0);
+    std::ifstream file(output);
+    std::string line, said;
+    while (std::getline(file, line)) {
+      if (absl::StartsWith(line, "harrier-server: --tcp_advertise")) said = line;
+    }
+    CHECK_FALSE(said.empty());
+  }
+}
+
 TEST_CASE("a shard with a token serves tcp hellos only with the secret it issued") {
   auto servers = testing::StartCluster(
       1, 1, {"--tcp", "--auth_token_file=" + TokenFile(), "--sync=asp", "--lr=1"});
