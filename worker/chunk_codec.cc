@@ -351,6 +351,30 @@ ReplyLanding ChunkCodec::Land(const std::string& name, absl::Span<const ChunkSpa
   return landing;
 }
 
+bool ChunkCodec::LandsInStaging(const std::string& name) const {
+  std::shared_ptr<const TensorState> state = TensorStateFor(name);
+  return state != nullptr && state->memory == MemoryKind::kHost && state->staging_buffers;
+}
+
+ReplyLanding ChunkCodec::LandInStaging(const std::string& name, absl::Span<const ChunkSpan> spans,
+                                       const proto::TensorChunk& header, size_t bytes,
+                                       float* tensor) const {
+  if (header.codec() != 0 || header.key() != name) return {};  // only dense replies land
+  const ChunkSpan* span = nullptr;
+  for (const ChunkSpan& candidate : spans) {
+    if (candidate.chunk == header.chunk()) span = &candidate;
+  }
+  if (span == nullptr || bytes != span->num_elements * sizeof(float)) return {};
+  if (!LandsInStaging(name)) return {};
+  // A chunk with a pull view keeps its mirror: its replies go through it.
+  if (MirrorFor(ChunkKey{name, span->chunk}) != nullptr) return {};
+  ReplyLanding landing;
+  landing.data = tensor + span->offset;
+  landing.capacity = bytes;
+  landing.memory = MemoryKind::kHost;
+  return landing;
+}
+
 absl::Status ChunkCodec::DecodeLandedPull(const std::string& name, const ChunkSpan& span,
                                           const TensorState& state,
                                           const proto::TensorChunk& reply,
@@ -416,8 +440,14 @@ absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const Ch
   if (!compressed && mirror == nullptr && state->memory == MemoryKind::kHost &&
       state->staging_buffers) {
     // The caller's staging, read only after a pull that succeeded: checked
-    // while copied, one pass over the bytes.
-    if (payload.CopyToWithCrc32c(out) != reply.checksum()) {
+    // where it landed (LandInStaging), or while copied, one pass over the
+    // bytes.
+    const bool landed_in_place =
+        payload.contiguous() && payload.first().data() == reinterpret_cast<const char*>(out);
+    const uint32_t crc =
+        landed_in_place ? Crc32c(out, payload.size()) : payload.CopyToWithCrc32c(out);
+    if (landed_in_place) landed_in_staging_bytes_ += payload.size();
+    if (crc != reply.checksum()) {
       return absl::DataLossError(absl::StrCat("checksum mismatch in '", name, "' chunk ",
                                               reply.chunk(),
                                               " (the staging holds it part-written)"));

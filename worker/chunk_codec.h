@@ -96,7 +96,8 @@ class ChunkCodec {
   // `name`, with a matching checksum) and writes its parameters to
   // `tensor` (the whole tensor's buffer, in the tensor's memory) at the
   // chunk's offset; nothing is written on error (DATA_LOSS, without the
-  // shard's name).
+  // shard's name), except in a staging buffer (LandsInStaging), which a
+  // failed pull may leave part-written.
   // `payload_memory` kDevice: the payload is in a landing buffer Land()
   // gave (device memory), checked and copied there.
   absl::Status DecodePull(const std::string& name, absl::Span<const ChunkSpan> spans,
@@ -133,6 +134,21 @@ class ChunkCodec {
                     const proto::TensorChunk& header, size_t bytes, Landings* landings) const;
   // Bytes of pull replies that reached device tensors through a landing.
   uint64_t landed_bytes() const { return landed_bytes_; }
+
+  // Host tensors registered with staging buffers (TensorInfo::
+  // staging_buffers): their caller reads a pull's buffer only after the
+  // pull succeeded, so a dense reply may be received straight into it, at
+  // its chunk's place, where the transport reads into host landings (tcp,
+  // UCX). DecodePull then only checks it: no receive buffer, no copy.
+  bool LandsInStaging(const std::string& name) const;
+  // The place in `tensor` (the pull's output, the whole tensor) where the
+  // dense reply chunk `header` of `bytes` bytes lands; nowhere for a
+  // compressed or unexpected reply, a chunk with a pull view, or a tensor
+  // that is not a host staging one.
+  ReplyLanding LandInStaging(const std::string& name, absl::Span<const ChunkSpan> spans,
+                             const proto::TensorChunk& header, size_t bytes, float* tensor) const;
+  // Bytes of pull replies received in place in staging buffers.
+  uint64_t landed_in_staging_bytes() const { return landed_in_staging_bytes_; }
 
   // Bytes of dense device chunks copied to host memory for a transport
   // that cannot send from device memory.
@@ -175,6 +191,7 @@ class ChunkCodec {
   const std::shared_ptr<CodecBackend> device_backend_;
   std::atomic<uint64_t> staged_bytes_{0};
   std::atomic<uint64_t> landed_bytes_{0};
+  std::atomic<uint64_t> landed_in_staging_bytes_{0};
 
   mutable absl::Mutex mutex_;  // guards the maps; each entry has its own lock
   absl::flat_hash_map<std::string, std::shared_ptr<const TensorState>> tensors_

@@ -770,6 +770,7 @@ ClientStats Client::stats() const {
   stats.bytes_pulled_per_shard = impl_->calls_->bytes_pulled_per_shard();
   stats.bytes_staged = impl_->calls_->bytes_staged();
   stats.bytes_landed = impl_->calls_->bytes_landed();
+  stats.bytes_landed_in_staging = impl_->calls_->bytes_landed_in_staging();
   stats.pushes = impl_->pushes_;
   stats.pulls = impl_->pulls_;
   stats.push_wait = impl_->engine_.push_wait();

@@ -195,9 +195,12 @@ struct TensorOptions {
   //   the push completes, so a transport sends from it as it is instead of
   //   first copying it into a send buffer of its own;
   // - a pull's buffer is read only once the pull succeeded, so a dense
-  //   reply is copied into it while its checksum is taken, one pass over
-  //   the bytes instead of two; a corrupt reply then fails the pull with
-  //   the buffer part-written (otherwise the buffer is left as it was).
+  //   reply is received straight into it where the transport can (tcp,
+  //   UCX; then only checked there), or copied into it while its checksum
+  //   is taken (gRPC), one pass over the bytes instead of two. A corrupt
+  //   reply, or a try cut short and retried, then leaves the buffer
+  //   part-written until the pull ends (otherwise the buffer is left as it
+  //   was). A push-pull whose gradient and output share memory is copied.
   // A buffer the caller writes while its push is in flight, or reads after
   // a failed pull, needs this false.
   bool staging_buffers = false;
@@ -313,6 +316,10 @@ struct ClientStats {
   // Pull reply bytes received straight into device tensors' memory (a
   // transport that ReceivesIntoDeviceMemory), not staged through the host.
   uint64_t bytes_landed = 0;
+  // Pull reply bytes received straight into host staging buffers
+  // (TensorOptions::staging_buffers; transports that read into host
+  // memory they are given: tcp, UCX), without a receive buffer or copy.
+  uint64_t bytes_landed_in_staging = 0;
   uint64_t pushes = 0;
   uint64_t pulls = 0;
   absl::Duration push_wait;  // time spent in Wait() on push handles

@@ -1,5 +1,8 @@
 #include "worker/shard_calls.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -78,6 +81,20 @@ struct Receiving {
   LandedChunkSink sink;
 };
 
+// Whether `a` and `b`, a tensor's buffers, overlap where `group`'s chunks
+// lie (a null `a`: no).
+bool SharesMemory(const float* a, const float* b, const ShardGroup& group) {
+  if (a == nullptr || group.spans.empty()) return false;
+  size_t low = group.spans.front().offset, high = low;
+  for (const ChunkSpan& span : group.spans) {
+    low = std::min<size_t>(low, span.offset);
+    high = std::max<size_t>(high, span.offset + span.num_elements);
+  }
+  const auto begin = [low](const float* p) { return reinterpret_cast<uintptr_t>(p + low); };
+  const auto end = [high](const float* p) { return reinterpret_cast<uintptr_t>(p + high); };
+  return begin(a) < end(b) && begin(b) < end(a);
+}
+
 // One try's landing buffers and the chooser that hands them out.
 struct TryLandings {
   ChunkCodec::Landings landings;
@@ -87,7 +104,7 @@ struct TryLandings {
 }  // namespace
 
 void ShardCalls::ReceiveInto(Operation& op, const std::string& name, const ShardGroup& group,
-                             float* out, ReceivingCall call, Done done) {
+                             float* out, const float* pushed_from, ReceivingCall call, Done done) {
   auto receiving = std::make_shared<Receiving>();
   Receiving* state = receiving.get();
   receiving->sink = [this, state, name, &group, out](const proto::TensorChunk& reply,
@@ -105,10 +122,27 @@ void ShardCalls::ReceiveInto(Operation& op, const std::string& name, const Shard
   };
   const bool land = transports_[group.shard]->ReceivesIntoDeviceMemory() &&
                     codec_.LandsInDeviceMemory(name);
+  // A staging buffer takes its replies in place: one chooser for every try
+  // (a transport that lands nothing in host memory, gRPC, ignores it). Not
+  // where a push-pull's gradient shares the memory: a try cut short would
+  // leave parameters where its retry pushes from.
+  std::shared_ptr<const ReplyLandingChooser> in_staging;
+  if (!land && !SharesMemory(pushed_from, out, group) && codec_.LandsInStaging(name)) {
+    in_staging = std::make_shared<const ReplyLandingChooser>(
+        [this, name, &group, out](const proto::TensorChunk& header, size_t bytes) {
+          return codec_.LandInStaging(name, group.spans, header, bytes, out);
+        });
+  }
   OnShard(
       op, group.shard,
-      [this, receiving, call = std::move(call), land, name, &group](CallDone try_done) {
+      [this, receiving, call = std::move(call), land, in_staging, name, &group](CallDone try_done) {
         receiving->received = 0;  // a retried call starts over
+        if (in_staging != nullptr) {
+          return call(in_staging.get(), receiving->sink,
+                      [in_staging, try_done = std::move(try_done)](absl::Status status) mutable {
+                        try_done(std::move(status));
+                      });
+        }
         if (!land) return call(nullptr, receiving->sink, std::move(try_done));
         // Per try: the buffers go back once the transport call completed.
         auto landings = std::make_shared<TryLandings>();
@@ -190,7 +224,7 @@ void ShardCalls::Pull(Operation& op, const std::string& name, const ShardGroup& 
   ShardTransport* transport = transports_[group.shard];
   CallCanceller* canceller = &op.canceller();
   ReceiveInto(
-      op, name, group, out,
+      op, name, group, out, /*pushed_from=*/nullptr,
       [this, request, name, transport, canceller](const ReplyLandingChooser* choose,
                                                   const LandedChunkSink& sink, CallDone try_done) {
         // Each try says which pull views it holds now (ChunkCodec::ViewVersion).
@@ -210,7 +244,7 @@ void ShardCalls::PushPull(Operation& op, const std::string& name, const ShardGro
   ShardTransport* transport = transports_[group.shard];
   CallCanceller* canceller = &op.canceller();
   ReceiveInto(
-      op, name, group, out,
+      op, name, group, out, gradient,
       [this, chunks, name, transport, canceller](const ReplyLandingChooser* choose,
                                                  const LandedChunkSink& sink, CallDone try_done) {
         for (OutgoingChunk& chunk : *chunks) {  // as in Pull

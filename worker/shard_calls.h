@@ -66,6 +66,7 @@ class ShardCalls {
   uint64_t bytes_staged() const { return codec_.staged_bytes(); }
   // Pull replies received straight into device memory (landings).
   uint64_t bytes_landed() const { return codec_.landed_bytes(); }
+  uint64_t bytes_landed_in_staging() const { return codec_.landed_in_staging_bytes(); }
   int64_t last_min_clock() const { return last_min_clock_; }
 
   // One past the last clock `shard` acknowledged for each chunk pushed
@@ -83,11 +84,12 @@ class ShardCalls {
   // Runs a pull-like call with retries, reading every reply chunk into
   // `out`; DATA_LOSS if a chunk did not arrive. `call` starts one try with
   // a landing chooser (device tensors over a transport that receives into
-  // device memory) or null.
+  // device memory; host staging buffers) or null. `pushed_from`: a
+  // push-pull's gradient buffer, null for a pull.
   using ReceivingCall = std::function<void(const ReplyLandingChooser* choose,
                                            const LandedChunkSink& sink, CallDone done)>;
   void ReceiveInto(Operation& op, const std::string& name, const ShardGroup& group, float* out,
-                   ReceivingCall call, Done done);
+                   const float* pushed_from, ReceivingCall call, Done done);
   absl::Time Deadline() const { return absl::Now() + config_.rpc_timeout; }
   // The group's push of `clock` was acknowledged.
   void Acknowledged(const std::string& name, const ShardGroup& group, int64_t clock);

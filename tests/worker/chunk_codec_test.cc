@@ -4,6 +4,7 @@
 #include "worker/chunk_codec.h"
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -227,6 +228,59 @@ TEST_CASE("a caller's staging buffers: pushes sent in place, pulls checked while
   CHECK(absl::IsDataLoss((*codec)->DecodePull("plain", OneChunk("plain").groups[0].spans,
                                               corrupt_plain, pieces, out.data())));
   CHECK(out == std::vector<float>(kElements, -1.0f));
+}
+
+TEST_CASE("a staging buffer takes dense replies in place, then checks them there") {
+  auto codec = ChunkCodec::Create("none", "none", 0);
+  REQUIRE(codec.ok());
+  TensorInfo staged = OneChunk("staged");
+  staged.staging_buffers = true;
+  REQUIRE((*codec)->AddTensor(staged).ok());
+  REQUIRE((*codec)->AddTensor(OneChunk("plain")).ok());
+  const std::vector<ChunkSpan> spans = OneChunk("staged").groups[0].spans;
+  const size_t bytes = kElements * sizeof(float);
+  std::vector<float> values(kElements);
+  for (size_t i = 0; i < kElements; ++i) values[i] = 0.25f * static_cast<float>(i);
+  const std::string dense = Dense(values);
+  std::vector<float> out(kElements, -1.0f);
+
+  CHECK((*codec)->LandsInStaging("staged"));
+  CHECK_FALSE((*codec)->LandsInStaging("plain"));
+  const ReplyLanding landing =
+      (*codec)->LandInStaging("staged", spans, Reply("staged", dense, 0, ""), bytes, out.data());
+  CHECK(landing.data == out.data());
+  CHECK(landing.capacity == bytes);
+  CHECK(landing.memory == MemoryKind::kHost);
+  // Nowhere: another tensor, another size, a compressed reply, a tensor
+  // that is not staging.
+  CHECK((*codec)
+            ->LandInStaging("staged", spans, Reply("other", dense, 0, ""), bytes, out.data())
+            .data == nullptr);
+  CHECK((*codec)
+            ->LandInStaging("staged", spans, Reply("staged", dense, 0, ""), bytes - 4, out.data())
+            .data == nullptr);
+  CHECK((*codec)
+            ->LandInStaging(
+                "staged", spans,
+                Reply("staged", dense, static_cast<uint32_t>(CodecId::kTopK), "topk:ratio=0.5"),
+                bytes, out.data())
+            .data == nullptr);
+  CHECK((*codec)
+            ->LandInStaging("plain", OneChunk("plain").groups[0].spans,
+                            Reply("plain", dense, 0, ""), bytes, out.data())
+            .data == nullptr);
+
+  // The transport received the reply where the landing said: checked there.
+  std::memcpy(out.data(), dense.data(), bytes);
+  const PayloadView landed(absl::string_view(reinterpret_cast<const char*>(out.data()), bytes));
+  REQUIRE((*codec)
+              ->DecodePull("staged", spans, Reply("staged", dense, 0, ""), landed, out.data())
+              .ok());
+  CHECK(out == values);
+  CHECK((*codec)->landed_in_staging_bytes() == bytes);
+  proto::TensorChunk corrupt = Reply("staged", dense, 0, "");
+  corrupt.set_checksum(corrupt.checksum() ^ 1);
+  CHECK(absl::IsDataLoss((*codec)->DecodePull("staged", spans, corrupt, landed, out.data())));
 }
 
 TEST_CASE("chunks below compress_min_bytes travel dense both ways") {
