@@ -440,10 +440,18 @@ absl::Status CommScheduler::Impl::Plan() {
       const ScheduledTensor& tensor = tensors_[group[0]];
       wire.parameters = tensor.parameters.data();
       const bool on_device = tensor.memory == MemoryKind::kDevice;
+      TensorOptions options;
+      options.memory = tensor.memory;
+      // The model's host buffers are staging buffers under this class's
+      // contract: a gradient stays unchanged until its push is done (until
+      // the next WaitParameters), and parameters are read only after
+      // WaitParameters, once their pull succeeded (a failed pull fails the
+      // scheduler). So pushes go from where they are and pulls land there.
+      options.staging_buffers = !on_device;
       if (auto status = client_.RegisterTensor(
               tensor.name, tensor.shape,
               on_device ? tensor.initial_values : absl::Span<const float>(tensor.parameters),
-              tensor.memory);
+              options);
           !status.ok()) {
         return status;
       }

@@ -2,24 +2,24 @@
 // chosen by the environment (see BUILD): HARRIER_TEST_TRANSPORT=grpc|ucx|tcp,
 // and for UCX, UCX_TLS (inherited by the harrier-server children, which run
 // with --ucx). Every case must give the same answers over every backend.
-#include <catch2/catch.hpp>
-
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <thread>
 
-#include "tests/require_ok.h"
 #include "common/crc32c.h"
 #include "common/grpc_limits.h"
 #include "common/transport/framing.h"
 #include "proto/harrier.grpc.pb.h"
 #include "testing/server_process.h"
-#include "tests/transport/raw_ucx_client.h"
 #include "testing/sessions.h"
+#include "tests/require_ok.h"
+#include "tests/transport/raw_ucx_client.h"
 #include "worker/client.h"
+#include "worker/comm_scheduler.h"
 
 namespace harrier {
 namespace {
@@ -145,6 +145,57 @@ TEST_CASE("a staging push-pull from and into one buffer is exact, its replies co
   REQUIRE_OK((*client)->PushPull("t", buffer, absl::MakeSpan(buffer)));
   for (size_t i = 0; i < n; ++i) REQUIRE(buffer[i] == static_cast<float>(i % 101) - (i % 7));
   CHECK((*client)->stats().bytes_landed_in_staging == landed_before);
+}
+
+TEST_CASE("the comm scheduler's tensors, fused and not, take their pulls in place") {
+  INFO("transport " << Transport());
+  auto servers = testing::StartCluster(1, 1, ServerFlags({"--optimizer=sgd", "--lr=1"}));
+  REQUIRE(servers.ok());
+  auto client = Client::Create(Options(*servers));
+  REQUIRE_OK(client.status());
+  // A large tensor of its own and two small ones fused into a bucket.
+  const std::vector<size_t> sizes = {1500000, 100, 300};
+  std::vector<std::vector<float>> parameters(sizes.size()), gradients(sizes.size());
+  std::vector<ScheduledTensor> tensors;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    parameters[t].resize(sizes[t]);
+    gradients[t].resize(sizes[t]);
+    for (size_t i = 0; i < sizes[t]; ++i) {
+      parameters[t][i] = static_cast<float>((i + t) % 101);
+      gradients[t][i] = static_cast<float>((i + 2 * t) % 7);
+    }
+    ScheduledTensor tensor;
+    tensor.name = "s" + std::to_string(t);
+    tensor.shape = {static_cast<int64_t>(sizes[t])};
+    tensor.parameters = absl::MakeSpan(parameters[t]);
+    tensors.push_back(tensor);
+  }
+  CommSchedulerOptions options;
+  options.fusion_bytes = 64 << 10;
+  auto scheduler = CommScheduler::Create(**client, tensors, options);
+  REQUIRE_OK(scheduler.status());
+  for (size_t t = 0; t < sizes.size(); ++t) REQUIRE_OK((*scheduler)->WaitParameters(t));
+  for (size_t t = sizes.size(); t-- > 0;) {
+    REQUIRE_OK((*scheduler)->GradientReady(t, gradients[t]));
+  }
+  REQUIRE_OK((*scheduler)->EndBackward());
+  REQUIRE_OK((*scheduler)->Drain());
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    REQUIRE_OK((*scheduler)->WaitParameters(t));
+    INFO("tensor " << t);
+    for (size_t i = 0; i < sizes[t]; ++i) {
+      REQUIRE(parameters[t][i] ==
+              static_cast<float>((i + t) % 101) - static_cast<float>((i + 2 * t) % 7));
+    }
+  }
+  const ClientStats stats = (*client)->stats();
+  if (Transport() == "grpc") {
+    CHECK(stats.bytes_landed_in_staging == 0);
+  } else if (Transport() == "tcp") {
+    CHECK(stats.bytes_landed_in_staging == stats.bytes_pulled);
+  } else {
+    CHECK(stats.bytes_landed_in_staging > 0);
+  }
 }
 
 // Worker r's gradient at iteration t; the average over 3 workers is an
