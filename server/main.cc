@@ -15,6 +15,7 @@
 #include "common/flags.h"
 #include "common/process.h"
 #include "common/request_limits.h"
+#include "common/transport/stream.h"
 #include "server/shard_server.h"
 #include "server/tcp/tcp_listener.h"
 #include "spdlog/spdlog.h"
@@ -126,7 +127,7 @@ ABSL_FLAG(bool, tcp, true,
           "UCX, not encrypted: workers with TLS keep their data on gRPC unless they name "
           "--transport=tcp (the hello secret still keeps out clients without the token). "
           "--tcp=false: gRPC only.");
-ABSL_FLAG(std::string, tcp_congestion, "cubic,reno",
+ABSL_FLAG(std::string, tcp_congestion, std::string(harrier::transport::kDefaultCongestionControl),
           "TCP congestion control of the --tcp data path's connections: the first of these "
           "names the kernel lets this process set (tcp_available_congestion_control; "
           "unprivileged processes only those in tcp_allowed_congestion_control). Empty: the "

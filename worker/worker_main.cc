@@ -24,6 +24,7 @@
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http_server.h"
 #include "common/process.h"
+#include "common/transport/stream.h"
 #include "worker/client.h"
 #include "worker/comm_scheduler.h"
 #include "worker/replay_trainer.h"
@@ -134,7 +135,7 @@ ABSL_FLAG(std::string, transport, "auto",
           "messages over plain TCP streams) where the shard serves it (harrier-server --tcp, on "
           "by default) and without TLS, gRPC otherwise (tcp is not encrypted). ucx needs "
           "servers started with --ucx.");
-ABSL_FLAG(std::string, tcp_congestion, "cubic,reno",
+ABSL_FLAG(std::string, tcp_congestion, std::string(harrier::transport::kDefaultCongestionControl),
           "TCP congestion control of the tcp data path's connections: the first of these names "
           "the kernel lets this process set; empty: the kernel's default (see harrier-server "
           "--tcp_congestion).");
