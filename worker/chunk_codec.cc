@@ -303,6 +303,24 @@ absl::Status ChunkCodec::EncodePush(const ChunkKey& key, absl::Span<const float>
   return absl::OkStatus();
 }
 
+namespace {
+
+// The span of `spans` a dense reply chunk of `name` with `bytes` of payload
+// fills; null for a compressed reply, another tensor's, or another size.
+// Only such replies land.
+const ChunkSpan* DenseReplySpan(const std::string& name, absl::Span<const ChunkSpan> spans,
+                                const proto::TensorChunk& header, size_t bytes) {
+  if (header.codec() != 0 || header.key() != name) return nullptr;
+  for (const ChunkSpan& span : spans) {
+    if (span.chunk == header.chunk()) {
+      return bytes == span.num_elements * sizeof(float) ? &span : nullptr;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 bool ChunkCodec::LandsInDeviceMemory(const std::string& name) const {
   std::shared_ptr<const TensorState> state = TensorStateFor(name);
   if (state == nullptr || state->memory != MemoryKind::kDevice) return false;
@@ -313,12 +331,8 @@ bool ChunkCodec::LandsInDeviceMemory(const std::string& name) const {
 ReplyLanding ChunkCodec::Land(const std::string& name, absl::Span<const ChunkSpan> spans,
                               const proto::TensorChunk& header, size_t bytes,
                               Landings* landings) const {
-  if (header.codec() != 0 || header.key() != name) return {};  // only dense replies land
-  const ChunkSpan* span = nullptr;
-  for (const ChunkSpan& candidate : spans) {
-    if (candidate.chunk == header.chunk()) span = &candidate;
-  }
-  if (span == nullptr || bytes != span->num_elements * sizeof(float)) return {};
+  const ChunkSpan* span = DenseReplySpan(name, spans, header, bytes);
+  if (span == nullptr) return {};
   std::shared_ptr<const TensorState> state = TensorStateFor(name);
   if (state == nullptr || state->memory != MemoryKind::kDevice) return {};
   std::shared_ptr<LandingSlot> slot;
@@ -359,13 +373,8 @@ bool ChunkCodec::LandsInStaging(const std::string& name) const {
 ReplyLanding ChunkCodec::LandInStaging(const std::string& name, absl::Span<const ChunkSpan> spans,
                                        const proto::TensorChunk& header, size_t bytes,
                                        float* tensor) const {
-  if (header.codec() != 0 || header.key() != name) return {};  // only dense replies land
-  const ChunkSpan* span = nullptr;
-  for (const ChunkSpan& candidate : spans) {
-    if (candidate.chunk == header.chunk()) span = &candidate;
-  }
-  if (span == nullptr || bytes != span->num_elements * sizeof(float)) return {};
-  if (!LandsInStaging(name)) return {};
+  const ChunkSpan* span = DenseReplySpan(name, spans, header, bytes);
+  if (span == nullptr || !LandsInStaging(name)) return {};
   // A chunk with a pull view keeps its mirror: its replies go through it.
   if (MirrorFor(ChunkKey{name, span->chunk}) != nullptr) return {};
   ReplyLanding landing;

@@ -181,22 +181,29 @@ TEST_CASE("a bad pull reply is refused and writes nothing") {
   CHECK(out == std::vector<float>(kElements, -1.0f));
 }
 
-TEST_CASE("a caller's staging buffers: pushes sent in place, pulls checked while copied") {
+// A codec holding "staged", a one-chunk tensor of staging buffers, and
+// "plain", the same without.
+std::unique_ptr<ChunkCodec> StagedAndPlainCodec() {
   auto codec = ChunkCodec::Create("none", "none", 0);
   REQUIRE(codec.ok());
   TensorInfo staged = OneChunk("staged");
   staged.staging_buffers = true;
   REQUIRE((*codec)->AddTensor(staged).ok());
   REQUIRE((*codec)->AddTensor(OneChunk("plain")).ok());
+  return std::move(*codec);
+}
+
+TEST_CASE("a caller's staging buffers: pushes sent in place, pulls checked while copied") {
+  auto codec = StagedAndPlainCodec();
   const std::vector<float> gradient(kElements, 2.0f);
 
   OutgoingChunk in_place;
-  REQUIRE((*codec)->EncodePush({"staged", 0}, gradient, 0, 0, &in_place).ok());
+  REQUIRE(codec->EncodePush({"staged", 0}, gradient, 0, 0, &in_place).ok());
   CHECK(in_place.is_borrowed);
   CHECK(in_place.checksum_pending);
   CHECK(in_place.send_in_place);
   OutgoingChunk copied;
-  REQUIRE((*codec)->EncodePush({"plain", 0}, gradient, 0, 0, &copied).ok());
+  REQUIRE(codec->EncodePush({"plain", 0}, gradient, 0, 0, &copied).ok());
   CHECK(copied.is_borrowed);
   CHECK_FALSE(copied.send_in_place);
 
@@ -209,9 +216,8 @@ TEST_CASE("a caller's staging buffers: pushes sent in place, pulls checked while
   pieces.Append(absl::string_view(dense).substr(12));
   const std::vector<ChunkSpan> spans = OneChunk("staged").groups[0].spans;
   std::vector<float> out(kElements, -1.0f);
-  REQUIRE((*codec)
-              ->DecodePull("staged", spans, Reply("staged", dense, 0, ""), pieces, out.data())
-              .ok());
+  REQUIRE(
+      codec->DecodePull("staged", spans, Reply("staged", dense, 0, ""), pieces, out.data()).ok());
   CHECK(out == values);
 
   // A corrupt reply fails the pull either way; only the staging is written.
@@ -219,24 +225,19 @@ TEST_CASE("a caller's staging buffers: pushes sent in place, pulls checked while
   corrupt.set_checksum(corrupt.checksum() ^ 1);
   std::fill(out.begin(), out.end(), -1.0f);
   const absl::Status staging_status =
-      (*codec)->DecodePull("staged", spans, corrupt, pieces, out.data());
+      codec->DecodePull("staged", spans, corrupt, pieces, out.data());
   CHECK(absl::IsDataLoss(staging_status));
   CHECK(out == values);
   proto::TensorChunk corrupt_plain = Reply("plain", dense, 0, "");
   corrupt_plain.set_checksum(corrupt_plain.checksum() ^ 1);
   std::fill(out.begin(), out.end(), -1.0f);
-  CHECK(absl::IsDataLoss((*codec)->DecodePull("plain", OneChunk("plain").groups[0].spans,
-                                              corrupt_plain, pieces, out.data())));
+  CHECK(absl::IsDataLoss(codec->DecodePull("plain", OneChunk("plain").groups[0].spans,
+                                           corrupt_plain, pieces, out.data())));
   CHECK(out == std::vector<float>(kElements, -1.0f));
 }
 
 TEST_CASE("a staging buffer takes dense replies in place, then checks them there") {
-  auto codec = ChunkCodec::Create("none", "none", 0);
-  REQUIRE(codec.ok());
-  TensorInfo staged = OneChunk("staged");
-  staged.staging_buffers = true;
-  REQUIRE((*codec)->AddTensor(staged).ok());
-  REQUIRE((*codec)->AddTensor(OneChunk("plain")).ok());
+  auto codec = StagedAndPlainCodec();
   const std::vector<ChunkSpan> spans = OneChunk("staged").groups[0].spans;
   const size_t bytes = kElements * sizeof(float);
   std::vector<float> values(kElements);
@@ -244,28 +245,27 @@ TEST_CASE("a staging buffer takes dense replies in place, then checks them there
   const std::string dense = Dense(values);
   std::vector<float> out(kElements, -1.0f);
 
-  CHECK((*codec)->LandsInStaging("staged"));
-  CHECK_FALSE((*codec)->LandsInStaging("plain"));
+  CHECK(codec->LandsInStaging("staged"));
+  CHECK_FALSE(codec->LandsInStaging("plain"));
   const ReplyLanding landing =
-      (*codec)->LandInStaging("staged", spans, Reply("staged", dense, 0, ""), bytes, out.data());
+      codec->LandInStaging("staged", spans, Reply("staged", dense, 0, ""), bytes, out.data());
   CHECK(landing.data == out.data());
   CHECK(landing.capacity == bytes);
   CHECK(landing.memory == MemoryKind::kHost);
   // Nowhere: another tensor, another size, a compressed reply, a tensor
   // that is not staging.
-  CHECK((*codec)
-            ->LandInStaging("staged", spans, Reply("other", dense, 0, ""), bytes, out.data())
+  CHECK(
+      codec->LandInStaging("staged", spans, Reply("other", dense, 0, ""), bytes, out.data()).data ==
+      nullptr);
+  CHECK(codec->LandInStaging("staged", spans, Reply("staged", dense, 0, ""), bytes - 4, out.data())
             .data == nullptr);
-  CHECK((*codec)
-            ->LandInStaging("staged", spans, Reply("staged", dense, 0, ""), bytes - 4, out.data())
-            .data == nullptr);
-  CHECK((*codec)
+  CHECK(codec
             ->LandInStaging(
                 "staged", spans,
                 Reply("staged", dense, static_cast<uint32_t>(CodecId::kTopK), "topk:ratio=0.5"),
                 bytes, out.data())
             .data == nullptr);
-  CHECK((*codec)
+  CHECK(codec
             ->LandInStaging("plain", OneChunk("plain").groups[0].spans,
                             Reply("plain", dense, 0, ""), bytes, out.data())
             .data == nullptr);
@@ -273,14 +273,13 @@ TEST_CASE("a staging buffer takes dense replies in place, then checks them there
   // The transport received the reply where the landing said: checked there.
   std::memcpy(out.data(), dense.data(), bytes);
   const PayloadView landed(absl::string_view(reinterpret_cast<const char*>(out.data()), bytes));
-  REQUIRE((*codec)
-              ->DecodePull("staged", spans, Reply("staged", dense, 0, ""), landed, out.data())
-              .ok());
+  REQUIRE(
+      codec->DecodePull("staged", spans, Reply("staged", dense, 0, ""), landed, out.data()).ok());
   CHECK(out == values);
-  CHECK((*codec)->landed_in_staging_bytes() == bytes);
+  CHECK(codec->landed_in_staging_bytes() == bytes);
   proto::TensorChunk corrupt = Reply("staged", dense, 0, "");
   corrupt.set_checksum(corrupt.checksum() ^ 1);
-  CHECK(absl::IsDataLoss((*codec)->DecodePull("staged", spans, corrupt, landed, out.data())));
+  CHECK(absl::IsDataLoss(codec->DecodePull("staged", spans, corrupt, landed, out.data())));
 }
 
 TEST_CASE("chunks below compress_min_bytes travel dense both ways") {
