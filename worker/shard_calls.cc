@@ -137,11 +137,9 @@ void ShardCalls::ReceiveInto(Operation& op, const std::string& name, const Shard
       op, group.shard,
       [this, receiving, call = std::move(call), land, in_staging, name, &group](CallDone try_done) {
         receiving->received = 0;  // a retried call starts over
+        // This closure lives until the operation ends, and with it the chooser.
         if (in_staging != nullptr) {
-          return call(in_staging.get(), receiving->sink,
-                      [in_staging, try_done = std::move(try_done)](absl::Status status) mutable {
-                        try_done(std::move(status));
-                      });
+          return call(in_staging.get(), receiving->sink, std::move(try_done));
         }
         if (!land) return call(nullptr, receiving->sink, std::move(try_done));
         // Per try: the buffers go back once the transport call completed.

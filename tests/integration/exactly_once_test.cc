@@ -81,6 +81,13 @@ struct Shard {
   std::string address;
 };
 
+// The shard flags that put `proxy`, which forwards to `tcp_port`, in front
+// of the shard's tcp data path: the shard binds `tcp_port` and hands out the
+// proxy's address.
+std::vector<std::string> ProxiedTcpFlags(int tcp_port, const testing::FaultProxy& proxy) {
+  return {absl::StrCat("--tcp_port=", tcp_port), "--tcp_advertise=" + proxy.address()};
+}
+
 // The FaultProxy in front of the port `transport` carries the data on:
 // "grpc", the shard's gRPC port (control and data); "tcp", its tcp data
 // path, which the shard then hands out as its address (--tcp_advertise),
@@ -103,8 +110,7 @@ Shard StartShard(const std::string& sync, int workers, const std::string& transp
     auto proxy = testing::FaultProxy::Start(tcp_port, /*seed=*/20261201);
     REQUIRE(proxy.ok());
     shard.proxy = std::move(*proxy);
-    flags.push_back(absl::StrCat("--tcp_port=", tcp_port));
-    flags.push_back("--tcp_advertise=" + shard.proxy->address());
+    for (std::string& flag : ProxiedTcpFlags(tcp_port, *shard.proxy)) flags.push_back(flag);
   }
   auto server = testing::ServerProcess::Start(flags);
   REQUIRE(server.ok());
@@ -268,8 +274,7 @@ TEST_CASE("exactly once: a push whose reply is lost, retried across a shard SIGK
                                       "--resume",
                                       "--checkpoint_every_s=1"};
     if (transport == "tcp") {
-      flags.push_back(absl::StrCat("--tcp_port=", proxied_port));
-      flags.push_back("--tcp_advertise=" + (*proxy)->address());
+      for (std::string& flag : ProxiedTcpFlags(proxied_port, **proxy)) flags.push_back(flag);
     }
     auto await_metric = [&](const std::string& name, double value) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
