@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -24,7 +25,13 @@ class PayloadView {
   void Clear() {
     pieces_.clear();
     size_ = 0;
+    crc32c_.reset();
   }
+  // The CRC32C of all the payload's bytes where the transport took it as
+  // they arrived (while they were in cache); a reader then checks this
+  // instead of reading the bytes again. Unset: the reader takes it.
+  void set_crc32c(uint32_t crc) { crc32c_ = crc; }
+  std::optional<uint32_t> crc32c() const { return crc32c_; }
 
   size_t size() const { return size_; }
   const std::vector<absl::string_view>& pieces() const { return pieces_; }
@@ -41,6 +48,7 @@ class PayloadView {
  private:
   std::vector<absl::string_view> pieces_;
   size_t size_ = 0;
+  std::optional<uint32_t> crc32c_;
 };
 
 // Copies `pieces` end to end to `dest`, which holds their total size.

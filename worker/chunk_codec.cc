@@ -1,5 +1,6 @@
 #include "worker/chunk_codec.h"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -449,12 +450,19 @@ absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const Ch
   if (!compressed && mirror == nullptr && state->memory == MemoryKind::kHost &&
       state->staging_buffers) {
     // The caller's staging, read only after a pull that succeeded: checked
-    // where it landed (LandInStaging), or while copied, one pass over the
-    // bytes.
+    // by the CRC the transport took as the bytes arrived (then copied if
+    // they did not land in place), else where it landed (LandInStaging) or
+    // while copied, one pass over the bytes.
     const bool landed_in_place =
         payload.contiguous() && payload.first().data() == reinterpret_cast<const char*>(out);
-    const uint32_t crc =
-        landed_in_place ? Crc32c(out, payload.size()) : payload.CopyToWithCrc32c(out);
+    const std::optional<uint32_t> received_crc = payload.crc32c();
+    uint32_t crc;
+    if (received_crc.has_value()) {
+      crc = *received_crc;
+      if (!landed_in_place && crc == reply.checksum()) payload.CopyTo(out);
+    } else {
+      crc = landed_in_place ? Crc32c(out, payload.size()) : payload.CopyToWithCrc32c(out);
+    }
     if (landed_in_place) landed_in_staging_bytes_ += payload.size();
     if (crc != reply.checksum()) {
       return absl::DataLossError(absl::StrCat("checksum mismatch in '", name, "' chunk ",
@@ -464,10 +472,15 @@ absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const Ch
     return absl::OkStatus();
   }
   // Checked before anything is written, so a corrupt reply leaves the
-  // tensor as it was; then one copy, straight from the received slices.
+  // tensor as it was (by the transport's CRC where it took one as the bytes
+  // arrived); then one copy, straight from the received slices.
   uint32_t crc = 0;
-  for (absl::string_view piece : payload.pieces()) {
-    crc = Crc32cExtend(crc, piece.data(), piece.size());
+  if (payload.crc32c().has_value()) {
+    crc = *payload.crc32c();
+  } else {
+    for (absl::string_view piece : payload.pieces()) {
+      crc = Crc32cExtend(crc, piece.data(), piece.size());
+    }
   }
   if (crc != reply.checksum()) {
     return absl::DataLossError(

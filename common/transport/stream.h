@@ -61,6 +61,11 @@ absl::Status WriteFully(int fd, struct iovec* parts, size_t count, absl::Time de
 // closes (also before the first byte) or the connection fails,
 // DEADLINE_EXCEEDED when `deadline` passes first.
 absl::Status ReadFully(int fd, void* data, size_t bytes, absl::Time deadline);
+// ReadFully, setting `*crc` to the CRC32C of the bytes read, taken after
+// each recv while those bytes are in cache. On an error `*crc` covers only
+// what arrived.
+absl::Status ReadFullyWithCrc32c(int fd, void* data, size_t bytes, absl::Time deadline,
+                                 uint32_t* crc);
 
 // Reads one message's prefix and header; `max_header_bytes` bounds what
 // the peer may announce. The payload (frame->payload_bytes) is still

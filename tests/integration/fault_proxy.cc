@@ -91,6 +91,8 @@ void FaultProxy::SetCutProbability(double reply, double request) {
 
 void FaultProxy::SetDropReplies(bool drop) { drop_replies_ = drop; }
 
+void FaultProxy::SetFlipReplyByte(int64_t offset) { flip_reply_byte_ = offset; }
+
 void FaultProxy::AcceptLoop() {
   uint64_t index = 0;
   while (!stop_) {
@@ -123,6 +125,7 @@ void FaultProxy::Pump(int client, int upstream, uint64_t seed) {
   // counts as a failed connect, and gRPC backs off reconnecting (1 s and
   // growing), which would slow the tests without testing anything.
   int handshake_reads[2] = {kHandshakeReads, kHandshakeReads};
+  int64_t reply_offset = 0;  // bytes the shard sent on this connection so far
   while (!stop_) {
     fds[0].revents = fds[1].revents = 0;
     if (::poll(fds, 2, 20) <= 0) continue;
@@ -145,6 +148,12 @@ void FaultProxy::Pump(int client, int upstream, uint64_t seed) {
     }
     if (open && fds[1].revents != 0) {  // the shard's reply bytes
       const ssize_t n = ::read(upstream, buffer.data(), buffer.size());
+      const int64_t flip_at = flip_reply_byte_;
+      if (n > 0 && flip_at >= reply_offset && flip_at < reply_offset + n) {
+        buffer[static_cast<size_t>(flip_at - reply_offset)] ^= 1;
+        ++reply_flips_;
+      }
+      if (n > 0) reply_offset += n;
       if (n <= 0) {
         open = false;
       } else if (drop_replies_) {

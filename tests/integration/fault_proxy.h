@@ -11,7 +11,9 @@
 //   - a read from the client is forwarded up to a random point and the
 //     connection cut: the request is cut short;
 //   - with DropReplies on, everything the shard sends is read and dropped
-//     (the connection stays up): calls hang until the shard side closes.
+//     (the connection stays up): calls hang until the shard side closes;
+//   - with FlipReplyByte set, one byte of each connection's reply stream
+//     is damaged (not decided by the PRNG).
 // The client sees UNAVAILABLE and retries on a new connection. Works for
 // any protocol on TCP (gRPC's HTTP/2 here). Thread-safe.
 
@@ -45,11 +47,16 @@ class FaultProxy {
   // Per read, the probability of a fault (see the file comment); 0: none.
   void SetCutProbability(double reply, double request);
   void SetDropReplies(bool drop);
+  // While set, the byte at `offset` of what the shard sends on a connection
+  // (counted from the connection's start) is flipped, its lowest bit, on
+  // the way: a reply damaged on the wire. Negative: none.
+  void SetFlipReplyByte(int64_t offset);
 
   // Faults made so far.
   uint64_t reply_cuts() const { return reply_cuts_; }
   uint64_t request_cuts() const { return request_cuts_; }
   uint64_t connections() const { return connections_; }
+  uint64_t reply_flips() const { return reply_flips_; }
 
  private:
   FaultProxy() = default;
@@ -64,6 +71,8 @@ class FaultProxy {
   std::atomic<double> reply_cut_{0.0};
   std::atomic<double> request_cut_{0.0};
   std::atomic<bool> drop_replies_{false};
+  std::atomic<int64_t> flip_reply_byte_{-1};
+  std::atomic<uint64_t> reply_flips_{0};
   std::atomic<uint64_t> reply_cuts_{0};
   std::atomic<uint64_t> request_cuts_{0};
   std::atomic<uint64_t> connections_{0};

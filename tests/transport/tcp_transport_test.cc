@@ -105,11 +105,12 @@ class ServerConnection {
     frame.arg = static_cast<int64_t>(status.code());
     Write(transport::EncodeStreamHeader(frame, status.message()));
   }
+  // `checksum` in the header: the payload's own unless `wrong_checksum`.
   void SendChunk(uint64_t request_id, uint32_t index, const std::string& key,
-                 absl::string_view payload) {
+                 absl::string_view payload, bool wrong_checksum = false) {
     proto::TensorChunk header;
     header.set_key(key);
-    header.set_checksum(Crc32c(payload.data(), payload.size()));
+    header.set_checksum(Crc32c(payload.data(), payload.size()) ^ (wrong_checksum ? 1u : 0u));
     Frame frame;
     frame.op = Op::kReplyChunk;
     frame.request_id = request_id;
@@ -252,6 +253,7 @@ struct ReceivedChunk {
   const char* data = nullptr;
   std::string bytes;
   MemoryKind memory = MemoryKind::kHost;
+  std::optional<uint32_t> crc;  // the CRC the transport took as the bytes arrived
 };
 
 LandedChunkSink Collect(std::vector<ReceivedChunk>& received) {
@@ -263,6 +265,7 @@ LandedChunkSink Collect(std::vector<ReceivedChunk>& received) {
         chunk.bytes.resize(payload.size());
         payload.CopyTo(chunk.bytes.data());
         chunk.memory = memory;
+        chunk.crc = payload.crc32c();
         received.push_back(std::move(chunk));
         return absl::OkStatus();
       };
@@ -431,13 +434,18 @@ TEST_CASE("both connections use the congestion control asked for") {
 
 TEST_CASE("a pull lands in the caller's buffer, or a transport buffer when too small") {
   const std::string small = Pattern(1000, 2);
-  const std::string large = Pattern(10000, 3);
+  // Larger than one read's share (256 KiB), so their CRCs span several.
+  const std::string large = Pattern((size_t{1} << 20) + 7, 3);
+  const std::string big = Pattern((size_t{3} << 20) + 5, 4);
   ScriptedServer server([&](ServerConnection& connection, int) {
     while (std::optional<Message> message = connection.Read()) {
       if (message->frame.op != Op::kPull) continue;
       connection.SendChunk(message->frame.request_id, 0, "small", small);
       connection.SendChunk(message->frame.request_id, 1, "large", large);
-      connection.SendStatus(message->frame.request_id, 2, absl::OkStatus());
+      // A header whose checksum does not match: the transport's CRC is the
+      // bytes' own, for the caller to compare.
+      connection.SendChunk(message->frame.request_id, 2, "big", big, /*wrong_checksum=*/true);
+      connection.SendStatus(message->frame.request_id, 3, absl::OkStatus());
     }
   });
   AddressBook book(server.address());
@@ -446,10 +454,13 @@ TEST_CASE("a pull lands in the caller's buffer, or a transport buffer when too s
 
   std::vector<char> small_landing(4096);
   std::vector<char> large_landing(4096);  // too small for its reply
+  std::vector<char> big_landing(size_t{4} << 20);
   std::atomic<int> chosen{0};
   const ReplyLandingChooser choose = [&](const proto::TensorChunk& header, size_t bytes) {
     ++chosen;
-    std::vector<char>& landing = header.key() == "small" ? small_landing : large_landing;
+    std::vector<char>& landing = header.key() == "small"   ? small_landing
+                                 : header.key() == "large" ? large_landing
+                                                           : big_landing;
     (void)bytes;
     return ReplyLanding{landing.data(), landing.size(), MemoryKind::kHost};
   };
@@ -461,8 +472,8 @@ TEST_CASE("a pull lands in the caller's buffer, or a transport buffer when too s
                        completion.Done());
   REQUIRE(completion.Wait());
   REQUIRE_OK(completion.status);
-  CHECK(chosen == 2);
-  REQUIRE(received.size() == 2);
+  CHECK(chosen == 3);
+  REQUIRE(received.size() == 3);
   CHECK(received[0].header.key() == "small");
   CHECK(received[0].data == small_landing.data());
   CHECK(received[0].bytes == small);
@@ -473,6 +484,13 @@ TEST_CASE("a pull lands in the caller's buffer, or a transport buffer when too s
   CHECK(received[1].bytes == large);
   CHECK(received[1].memory == MemoryKind::kHost);
   CHECK(received[1].header.checksum() == Crc32c(large.data(), large.size()));
+  CHECK(received[2].data == big_landing.data());
+  CHECK(received[2].bytes == big);
+  // Each reply carries the CRC of its bytes as they were read, landed or not.
+  CHECK(received[0].crc == Crc32c(small.data(), small.size()));
+  CHECK(received[1].crc == Crc32c(large.data(), large.size()));
+  CHECK(received[2].crc == Crc32c(big.data(), big.size()));
+  CHECK(received[2].crc != received[2].header.checksum());
 
   // Without a chooser every reply is a host view of a transport buffer.
   received.clear();
@@ -481,10 +499,13 @@ TEST_CASE("a pull lands in the caller's buffer, or a transport buffer when too s
                        plain.Done());
   REQUIRE(plain.Wait());
   REQUIRE_OK(plain.status);
-  REQUIRE(received.size() == 2);
+  REQUIRE(received.size() == 3);
   CHECK(received[0].data != small_landing.data());
   CHECK(received[0].bytes == small);
   CHECK(received[1].bytes == large);
+  CHECK(received[2].data != big_landing.data());
+  CHECK(received[2].bytes == big);
+  CHECK(received[2].crc == Crc32c(big.data(), big.size()));
 }
 
 TEST_CASE("a call the shard never answers expires; its late reply is dropped") {

@@ -282,6 +282,46 @@ TEST_CASE("a staging buffer takes dense replies in place, then checks them there
   CHECK(absl::IsDataLoss(codec->DecodePull("staged", spans, corrupt, landed, out.data())));
 }
 
+TEST_CASE("a CRC the transport took as the bytes arrived is what a reply is checked by") {
+  auto codec = StagedAndPlainCodec();
+  std::vector<float> values(kElements);
+  for (size_t i = 0; i < kElements; ++i) values[i] = 1.5f * static_cast<float>(i);
+  const std::string dense = Dense(values);
+  const uint32_t crc = Crc32c(dense.data(), dense.size());
+
+  for (const std::string name : {"plain", "staged"}) {
+    INFO(name);
+    const std::vector<ChunkSpan> spans = OneChunk(name).groups[0].spans;
+    std::vector<float> out(kElements, -1.0f);
+    PayloadView received(dense);
+    received.set_crc32c(crc);
+    REQUIRE(codec->DecodePull(name, spans, Reply(name, dense, 0, ""), received, out.data()).ok());
+    CHECK(out == values);
+
+    // The transport's CRC differs from the header's: refused, nothing
+    // written, even though the bytes themselves match the header (the
+    // codec does not read them again).
+    std::fill(out.begin(), out.end(), -1.0f);
+    PayloadView damaged(dense);
+    damaged.set_crc32c(crc ^ 1);
+    CHECK(absl::IsDataLoss(
+        codec->DecodePull(name, spans, Reply(name, dense, 0, ""), damaged, out.data())));
+    CHECK(out == std::vector<float>(kElements, -1.0f));
+  }
+
+  // Landed in place: the transport's CRC stands for the landed bytes.
+  const std::vector<ChunkSpan> spans = OneChunk("staged").groups[0].spans;
+  std::vector<float> out = values;
+  PayloadView landed(absl::string_view(reinterpret_cast<const char*>(out.data()), dense.size()));
+  landed.set_crc32c(crc ^ 1);
+  CHECK(absl::IsDataLoss(
+      codec->DecodePull("staged", spans, Reply("staged", dense, 0, ""), landed, out.data())));
+  landed.set_crc32c(crc);
+  REQUIRE(
+      codec->DecodePull("staged", spans, Reply("staged", dense, 0, ""), landed, out.data()).ok());
+  CHECK(codec->landed_in_staging_bytes() == 2 * dense.size());
+}
+
 TEST_CASE("chunks below compress_min_bytes travel dense both ways") {
   auto codec = ChunkCodec::Create("topk:ratio=0.25", "topk:ratio=0.25", 1 << 20);
   REQUIRE(codec.ok());

@@ -106,6 +106,7 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
     transport::PayloadBuffer payload;
     const char* landed = nullptr;  // set: the payload is in the caller's landing
     size_t landed_bytes = 0;
+    uint32_t crc = 0;  // of the payload, taken as it was read
   };
   // A call's progress on this connection.
   struct CallState {
@@ -380,8 +381,9 @@ void TcpConnection::Complete(std::vector<Finished>& finished) {
     if (result.ok() && call.call->sink != nullptr) {
       for (const Reply& reply : call.replies) {
         const bool landed = reply.landed != nullptr;
-        const PayloadView view(landed ? absl::string_view(reply.landed, reply.landed_bytes)
-                                      : reply.payload.view());
+        PayloadView view(landed ? absl::string_view(reply.landed, reply.landed_bytes)
+                                : reply.payload.view());
+        view.set_crc32c(reply.crc);
         result = (*call.call->sink)(reply.header, view, MemoryKind::kHost);
         if (!result.ok()) break;
       }
@@ -550,7 +552,8 @@ absl::Status TcpConnection::HandleReply(const Frame& frame, absl::string_view bo
     reply.payload = transport::PayloadBuffer::Allocate(bytes);
     target = reply.payload.data();
   }
-  const absl::Status read = transport::ReadFully(fd_, target, bytes, read_deadline);
+  const absl::Status read =
+      transport::ReadFullyWithCrc32c(fd_, target, bytes, read_deadline, &reply.crc);
   {
     absl::MutexLock lock(&mutex_);
     auto it = calls_.find(call->request_id);
