@@ -38,6 +38,8 @@ ABSL_FLAG(std::string, max_point_bytes, "0",
 ABSL_FLAG(int, grpc_connections, harrier::ClientOptions().grpc_connections,
           "transport: ClientOptions::grpc_connections");
 ABSL_FLAG(bool, skip_tcp, false, "transport: no TCP reference (tcp_gbps and ratio 0)");
+ABSL_FLAG(bool, staging_buffers, false,
+          "transport: register the tensors with TensorOptions::staging_buffers");
 
 namespace harrier::bench {
 namespace {
@@ -67,6 +69,9 @@ constexpr const char* kUsage =
     "  --grpc_connections=1        ClientOptions::grpc_connections\n"
     "  --server_binary=PATH        harrier-server to start (default: from runfiles)\n"
     "  --skip_tcp                  no TCP reference (tcp_gbps and ratio 0): for profiling\n"
+    "  --staging_buffers           tensors registered with staging buffers, as the comm\n"
+    "                              scheduler and harrier.torch do: pushes sent and pulls\n"
+    "                              received in place where the transport can\n"
     "  --help\n";
 
 enum class Op { kPush, kPull, kPushPull };
@@ -93,6 +98,7 @@ struct Options {
   size_t chunk_bytes = 4 * kMiB;
   int grpc_connections = ClientOptions().grpc_connections;
   bool skip_tcp = false;
+  bool staging_buffers = false;
   std::string transport = "tcp";
 };
 
@@ -170,6 +176,7 @@ std::string ParseArgs(Options* options) {
   }
   options->grpc_connections = absl::GetFlag(FLAGS_grpc_connections);
   options->skip_tcp = absl::GetFlag(FLAGS_skip_tcp);
+  options->staging_buffers = absl::GetFlag(FLAGS_staging_buffers);
   options->min_iterations = absl::GetFlag(FLAGS_min_iterations);
   if (const int count = absl::GetFlag(FLAGS_max_iterations); count != 0) {
     options->max_iterations = count;
@@ -234,8 +241,10 @@ absl::StatusOr<std::vector<Worker>> ConnectWorkers(const Options& options,
     // the run keep the parameters finite.
     worker.gradient.assign(elements, 1e-3f);
     worker.values.assign(elements, 0.0f);
-    if (auto status = worker.client->RegisterTensor(
-            worker.tensor, {static_cast<int64_t>(elements)}, worker.values);
+    TensorOptions tensor;
+    tensor.staging_buffers = options.staging_buffers;
+    if (auto status = worker.client->RegisterTensor(worker.tensor, {static_cast<int64_t>(elements)},
+                                                    worker.values, tensor);
         !status.ok()) {
       return status;
     }
@@ -365,9 +374,9 @@ struct Row {
   double gbps, tcp_gbps, p50, p99, tcp_p50, memcpy_gbps;
 };
 
-void PrintLine(const char* transport, const char* op, size_t size, int shards, int workers,
-               int iterations, Measurement& ours, Measurement& tcp, int tcp_connections,
-               std::vector<Row>* rows) {
+void PrintLine(const char* transport, bool staging_buffers, const char* op, size_t size, int shards,
+               int workers, int iterations, Measurement& ours, Measurement& tcp,
+               int tcp_connections, std::vector<Row>* rows) {
   const double memcpy_gbps = MemcpyGbps(size);
   const double p50 = Percentile(ours.latency_us, 0.50);
   const double p99 = Percentile(ours.latency_us, 0.99);
@@ -377,6 +386,7 @@ void PrintLine(const char* transport, const char* op, size_t size, int shards, i
   const Json line = {
       {"bench", "transport"},
       {"transport", transport},
+      {"staging_buffers", staging_buffers},
       {"op", op},
       {"size_bytes", size},
       {"shards", shards},
@@ -416,7 +426,8 @@ absl::Status MeasurePingPong(std::vector<Row>* rows) {
   m.payload_bytes = tcp->payload_bytes;
   m.latency_us = std::move(tcp->round_trip_us);
   Measurement copy = m;
-  PrintLine("tcp", "tcp_pingpong", point.message_bytes, 1, 1, point.iterations, m, copy, 1, rows);
+  PrintLine("tcp", false, "tcp_pingpong", point.message_bytes, 1, 1, point.iterations, m, copy, 1,
+            rows);
   return absl::OkStatus();
 }
 
@@ -474,9 +485,8 @@ absl::Status RunConfig(const Options& options, const std::string& binary, int sh
         tcp[pattern] = {std::move(*reference), connections};
       }
       Measurement reference = tcp[pattern].first;  // Percentile sorts; keep the original
-      PrintLine(options.transport.c_str(), OpName(op), size, shards, workers, iterations, *ours,
-                reference,
-                tcp[pattern].second, rows);
+      PrintLine(options.transport.c_str(), options.staging_buffers, OpName(op), size, shards,
+                workers, iterations, *ours, reference, tcp[pattern].second, rows);
     }
   }
   return absl::OkStatus();
@@ -489,8 +499,8 @@ int RunTransportBench(int argc, char** argv) {
   if (std::optional<int> exit_code = ParseSubcommandFlags(
           argc, argv, kUsage,
           {"sizes", "shards", "workers", "ops", "transport", "quick", "bytes_per_point",
-           "min_iterations", "max_iterations", "max_point_bytes", "chunk_bytes",
-           "grpc_connections", "server_binary", "skip_tcp"},
+           "min_iterations", "max_iterations", "max_point_bytes", "chunk_bytes", "grpc_connections",
+           "server_binary", "skip_tcp", "staging_buffers"},
           ParseArgs, &options)) {
     return *exit_code;
   }
