@@ -328,7 +328,13 @@ TEST_CASE("a push arrives with its exact headers and bytes, done once") {
     CHECK(server.secrets() == std::vector<std::string>{"secret-1", "secret-2"});
 
     const std::string big = Pattern(3 << 20, 1);
-    std::vector<OutgoingChunk> chunks(2);
+    // After the first two: 40 small chunks the writer sends in one batch,
+    // then a large one in a batch of its own, every checksum pending.
+    const std::string tail = Pattern((1 << 20) + 3, 7);
+    std::vector<std::string> smalls;
+    for (int i = 0; i < 40; ++i) smalls.push_back(Pattern(10000 + i, 10 + i));
+    const size_t count = 2 + smalls.size() + 1;
+    std::vector<OutgoingChunk> chunks(count);
     chunks[0].header.set_key("weights");
     chunks[0].header.set_chunk(0);
     chunks[0].header.set_clock(5);
@@ -340,6 +346,14 @@ TEST_CASE("a push arrives with its exact headers and bytes, done once") {
     chunks[1].header.set_clock(5);
     chunks[1].owned = "a small owned payload";
     chunks[1].header.set_checksum(Crc32c(chunks[1].owned.data(), chunks[1].owned.size()));
+    for (size_t i = 2; i < count; ++i) {
+      chunks[i].header.set_key("weights");
+      chunks[i].header.set_chunk(static_cast<int>(i));
+      chunks[i].header.set_clock(5);
+      chunks[i].borrowed = i < count - 1 ? absl::string_view(smalls[i - 2]) : tail;
+      chunks[i].is_borrowed = true;
+      chunks[i].checksum_pending = true;
+    }
 
     CallCanceller canceller;
     transport->StartPush(chunks, absl::Now() + absl::Seconds(10), canceller, completion.Done());
@@ -347,19 +361,22 @@ TEST_CASE("a push arrives with its exact headers and bytes, done once") {
     REQUIRE_OK(completion.status);
 
     const std::vector<Message> messages = recorder.Messages();
-    REQUIRE(messages.size() == 2);
-    for (size_t i = 0; i < 2; ++i) {
+    REQUIRE(messages.size() == count);
+    for (size_t i = 0; i < count; ++i) {
       INFO("chunk " << i);
       const Frame& frame = messages[i].frame;
       CHECK(frame.op == Op::kPush);
       CHECK(frame.index == i);
-      CHECK(frame.count == 2);
+      CHECK(frame.count == count);
       CHECK(frame.request_id == messages[0].frame.request_id);
       CHECK(frame.payload_bytes == chunks[i].payload().size());
       CHECK(frame.arg > 0);
       CHECK(frame.arg <= 10000);
       CHECK(messages[i].body == WireHeader(chunks[i]).SerializeAsString());
       CHECK(messages[i].payload == chunks[i].payload());
+      proto::TensorChunk header;
+      REQUIRE(header.ParseFromString(messages[i].body));
+      CHECK(header.checksum() == Crc32c(chunks[i].payload().data(), chunks[i].payload().size()));
     }
     proto::TensorChunk first;
     REQUIRE(first.ParseFromString(messages[0].body));
@@ -373,11 +390,11 @@ TEST_CASE("a push arrives with its exact headers and bytes, done once") {
     REQUIRE(empty.Wait());
     REQUIRE_OK(empty.status);
     const std::vector<Message> after = recorder.Messages();
-    REQUIRE(after.size() == 3);
-    CHECK(after[2].frame.op == Op::kPush);
-    CHECK(after[2].frame.count == 0);
-    CHECK(after[2].body.empty());
-    CHECK(after[2].payload.empty());
+    REQUIRE(after.size() == count + 1);
+    CHECK(after[count].frame.op == Op::kPush);
+    CHECK(after[count].frame.count == 0);
+    CHECK(after[count].body.empty());
+    CHECK(after[count].payload.empty());
 
     // Device memory is refused before anything is sent.
     std::vector<OutgoingChunk> device(1);
@@ -390,7 +407,7 @@ TEST_CASE("a push arrives with its exact headers and bytes, done once") {
     REQUIRE(refused.Wait());
     CHECK(absl::IsFailedPrecondition(refused.status));
     CHECK(absl::StrContains(refused.status.message(), "tcp"));
-    CHECK(recorder.Messages().size() == 3);
+    CHECK(recorder.Messages().size() == count + 1);
     CHECK(empty.calls == 1);
     CHECK(refused.calls == 1);
   }

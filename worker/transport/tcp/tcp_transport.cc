@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/crc32c.h"
 #include "common/transport/stream.h"
 #include "spdlog/spdlog.h"
 
@@ -35,6 +36,10 @@ constexpr absl::Duration kReconnectBound = absl::Seconds(5);
 // most a few MiB; anything larger is a broken or hostile peer, and would
 // make the client allocate it.
 constexpr uint64_t kMaxReplyPayloadBytes = uint64_t{64} << 20;
+// The writer sends a call's messages in batches of at least this much
+// payload (or one message), each taking its pending checksums just before
+// it goes: the next batch's CRC runs while the kernel still sends the last.
+constexpr size_t kWriteBatchBytes = size_t{256} << 10;
 
 uint64_t RandomConnectionId() {
   static std::atomic<uint64_t> counter{0};
@@ -61,6 +66,14 @@ struct TcpCall {
   struct Message {
     std::string header;         // prefix, frame and body (EncodeStreamHeader)
     absl::string_view payload;  // the caller's bytes, sent without a copy
+    // Set while the chunk's checksum is pending (OutgoingChunk::
+    // checksum_pending): the writer takes the payload's CRC and encodes
+    // `header` just before it sends the chunk.
+    struct Pending {
+      Frame frame;
+      proto::TensorChunk chunk;
+    };
+    std::unique_ptr<Pending> pending;
   };
   uint64_t request_id = 0;
   absl::Time deadline = absl::InfiniteFuture();
@@ -416,21 +429,37 @@ void TcpConnection::WriterLoop() {
         call = state.call;
       }
     }
-    parts.clear();
-    absl::Time deadline;
+    absl::Status written;
     if (call != nullptr) {
-      for (const TcpCall::Message& message : call->messages) {
-        parts.push_back({const_cast<char*>(message.header.data()), message.header.size()});
-        if (!message.payload.empty()) {
-          parts.push_back({const_cast<char*>(message.payload.data()), message.payload.size()});
+      // The whole call is written even if it ends meanwhile: a stream
+      // stopped mid-message would be unusable.
+      const absl::Time deadline = PlusGrace(call->deadline);
+      std::vector<TcpCall::Message>& messages = call->messages;
+      for (size_t next = 0; next < messages.size() && written.ok();) {
+        parts.clear();
+        size_t batch_bytes = 0;
+        while (next < messages.size() && (parts.empty() || batch_bytes < kWriteBatchBytes)) {
+          TcpCall::Message& message = messages[next++];
+          if (message.pending != nullptr) {
+            message.pending->chunk.set_checksum(
+                Crc32c(message.payload.data(), message.payload.size()));
+            message.header = transport::EncodeStreamHeader(
+                message.pending->frame, transport::EncodeChunkHeader(message.pending->chunk));
+            message.pending.reset();
+          }
+          parts.push_back({const_cast<char*>(message.header.data()), message.header.size()});
+          if (!message.payload.empty()) {
+            parts.push_back({const_cast<char*>(message.payload.data()), message.payload.size()});
+          }
+          batch_bytes += message.payload.size();
         }
+        written = transport::WriteFully(fd_, parts.data(), parts.size(), deadline);
       }
-      deadline = PlusGrace(call->deadline);
     } else {
+      parts.clear();
       parts.push_back({control.data(), control.size()});
-      deadline = absl::Now() + kStreamGrace;
+      written = transport::WriteFully(fd_, parts.data(), parts.size(), absl::Now() + kStreamGrace);
     }
-    const absl::Status written = transport::WriteFully(fd_, parts.data(), parts.size(), deadline);
     std::vector<Finished> finished;
     {
       absl::MutexLock lock(&mutex_);
@@ -743,11 +772,19 @@ void TcpShardTransport::SendChunks(const std::vector<OutgoingChunk>& chunks, boo
     const absl::string_view payload = chunks[i].payload();
     frame.index = static_cast<uint32_t>(i);
     frame.payload_bytes = payload.size();
-    // A pending checksum is taken here, reading the payload once: the
-    // socket sends from the caller's memory without a copy of its own.
-    call->messages.push_back(
-        {transport::EncodeStreamHeader(frame, transport::EncodeChunkHeader(WireHeader(chunks[i]))),
-         payload});
+    TcpCall::Message message;
+    message.payload = payload;
+    if (chunks[i].checksum_pending) {
+      // Taken by the writer just before the chunk goes, reading the payload
+      // once (the socket sends from the caller's memory without a copy of
+      // its own), while the chunk before it is still being sent.
+      message.pending = std::make_unique<TcpCall::Message::Pending>(
+          TcpCall::Message::Pending{frame, chunks[i].header});
+    } else {
+      message.header =
+          transport::EncodeStreamHeader(frame, transport::EncodeChunkHeader(chunks[i].header));
+    }
+    call->messages.push_back(std::move(message));
   }
   (*connection)->Submit(std::move(call));
 }
