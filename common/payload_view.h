@@ -21,6 +21,7 @@ class PayloadView {
   void Append(absl::string_view piece) {
     if (!piece.empty()) pieces_.push_back(piece);
     size_ += piece.size();
+    crc32c_.reset();  // no longer of all the bytes
   }
   void Clear() {
     pieces_.clear();

@@ -606,6 +606,11 @@ class PyClient : public std::enable_shared_from_this<PyClient> {
     out["push_wait_s"] = absl::ToDoubleSeconds(stats.push_wait);
     out["pull_wait_s"] = absl::ToDoubleSeconds(stats.pull_wait);
     out["last_min_clock"] = stats.last_min_clock;
+    out["bytes_pushed_per_shard"] = stats.bytes_pushed_per_shard;
+    out["bytes_pulled_per_shard"] = stats.bytes_pulled_per_shard;
+    out["bytes_staged"] = stats.bytes_staged;
+    out["bytes_landed"] = stats.bytes_landed;
+    out["bytes_landed_in_staging"] = stats.bytes_landed_in_staging;
     return out;
   }
 
@@ -832,6 +837,7 @@ PYBIND11_MODULE(_harrier, m) {
   SkipMutexDeadlockDetection();
 
   m.attr("built_with_cuda") = kBuiltWithCuda;
+  m.attr("default_tcp_congestion") = std::string(transport::kDefaultCongestionControl);
 #if HARRIER_WITH_CUDA
   // Device memory with __cuda_array_interface__, for the GPU checks of a
   // machine whose PyTorch has no CUDA (tests/cuda/python_device_check.py).

@@ -251,7 +251,7 @@ class Client:
                  chunk_bytes=4 << 20, compress_min_bytes=16 << 10, heartbeat_interval=1.0,
                  retry_timeout=30.0, max_queued_calls=4096, tls_ca_file="", tls_cert_file="",
                  tls_key_file="", auth_token="", device="auto", max_calls_in_flight=4,
-                 pull_connection=True, tcp_congestion="cubic,reno"):
+                 pull_connection=True, tcp_congestion=_harrier.default_tcp_congestion):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
         servers = list(servers)
@@ -609,8 +609,13 @@ class Client:
         self._client.leave()
 
     def stats(self):
-        """Counters: bytes_pushed, bytes_pulled, pushes, pulls, push_wait_s,
-        pull_wait_s, last_min_clock."""
+        """Counters: bytes_pushed, bytes_pulled (and both per shard, as lists
+        in shard order: bytes_pushed_per_shard, bytes_pulled_per_shard),
+        pushes, pulls, push_wait_s, pull_wait_s, last_min_clock;
+        bytes_staged (device tensors' bytes copied to host memory to be
+        sent), bytes_landed (pull replies received straight into device
+        memory) and bytes_landed_in_staging (pull replies received straight
+        into staging buffers, such as a Scheduler's, over tcp or UCX)."""
         return self._client.stats()
 
     def start_timeline(self, path, max_bytes=256 << 20):

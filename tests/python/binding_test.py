@@ -105,6 +105,11 @@ class BindingTest(unittest.TestCase):
             stats = c.stats()
             self.assertEqual(stats["bytes_pushed"], 3 * N * 4)
             self.assertGreaterEqual(stats["bytes_pulled"], 4 * N * 4)
+            self.assertEqual(sum(stats["bytes_pushed_per_shard"]), stats["bytes_pushed"])
+            self.assertEqual(sum(stats["bytes_pulled_per_shard"]), stats["bytes_pulled"])
+            self.assertEqual(len(stats["bytes_pulled_per_shard"]), 2)
+            # Not staging buffers: every reply went through a receive buffer.
+            self.assertEqual(stats["bytes_landed_in_staging"], 0)
             self.assertGreaterEqual(stats["pushes"], 3)
             self.assertGreaterEqual(stats["pulls"], 4)
             for key in ("push_wait_s", "pull_wait_s", "last_min_clock"):
@@ -309,6 +314,11 @@ class BindingTest(unittest.TestCase):
             stats = s.stats()
             self.assertGreaterEqual(stats["push_calls"], 4)
             self.assertEqual(stats["bytes_pushed"], 2 * (1000 + N) * 4)
+            # The scheduler's buffers are staging buffers: over tcp (the
+            # default here) every pulled byte landed in place.
+            client_stats = c.stats()
+            self.assertGreater(client_stats["bytes_pulled"], 0)
+            self.assertEqual(client_stats["bytes_landed_in_staging"], client_stats["bytes_pulled"])
             with self.assertRaises(harrier.OutOfRangeError) as caught:
                 s.wait_parameters(2)
             self.assertIsInstance(caught.exception, IndexError)
