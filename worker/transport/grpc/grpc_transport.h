@@ -64,7 +64,7 @@ class GrpcShardTransport : public ShardTransport {
   // Each call is a stream of gRPC's asynchronous API on the calls' queue:
   // its sink and its done run on that queue's thread (with several
   // channels, the parts' sinks one call at a time); a call that ends
-  // before its Start returns (cancelled already, say) completes on the
+  // before its Start returns (cancelled, or answered, already) completes on the
   // calling thread. The first one-channel call of a
   // CallerWaitsScope runs on the calling thread instead (gRPC's synchronous
   // API) and completes before Start returns. A call completes once gRPC has released
