@@ -837,7 +837,7 @@ PYBIND11_MODULE(_harrier, m) {
   SkipMutexDeadlockDetection();
 
   m.attr("built_with_cuda") = kBuiltWithCuda;
-  m.attr("default_tcp_congestion") = std::string(transport::kDefaultCongestionControl);
+  m.attr("default_tcp_congestion") = ClientOptions().tcp_congestion_control;
 #if HARRIER_WITH_CUDA
   // Device memory with __cuda_array_interface__, for the GPU checks of a
   // machine whose PyTorch has no CUDA (tests/cuda/python_device_check.py).

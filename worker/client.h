@@ -17,8 +17,8 @@
 //   }
 
 #include <atomic>
-#include <cstdint>
 #include <functional>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,7 +28,6 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/codec/codec_backend.h"
-#include "common/transport/congestion.h"
 #include "worker/operation_handle.h"
 
 namespace harrier {
@@ -92,7 +91,7 @@ struct ClientOptions {
   // of these names the kernel lets this process set; "" keeps the kernel's
   // default (common/transport/stream.h, SetCongestionControl: not BBR by
   // default, whose bursts overrun the shards' links from many workers).
-  std::string tcp_congestion_control = std::string(transport::kDefaultCongestionControl);
+  std::string tcp_congestion_control = "cubic,reno";
   // gRPC data connections per shard (transport "grpc"): a call of several
   // chunks and at least 8 MiB is split into one call per connection, run
   // in parallel (worker/transport/grpc/grpc_transport.h). In [1, 16].

@@ -32,7 +32,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "common/transport/congestion.h"
 #include "common/transport/framing.h"
 
 namespace harrier::transport {
@@ -95,6 +94,13 @@ absl::StatusOr<int> ConnectToAny(const std::vector<StreamAddress>& addresses,
 // connection.
 void TuneStreamSocket(int fd);
 
+// The congestion control both ends of the data path set on their sockets
+// by default: cubic where the process may choose it, else reno. The
+// kernel's default on many hosts is BBR, which takes a link that passes a
+// short burst faster than its rate (a token bucket) for a much faster one;
+// the parameter server's short flows from many hosts into one then lose
+// about a third of their bytes (docs/performance.md, "Congestion control").
+inline constexpr absl::string_view kDefaultCongestionControl = "cubic,reno";
 // Sets the first of `preference` (names separated by commas, as in
 // /proc/sys/net/ipv4/tcp_available_congestion_control) that the kernel
 // lets this process choose on `fd` (TCP_CONGESTION); "" leaves the
