@@ -33,6 +33,9 @@ class PayloadView {
   // instead of reading the bytes again. Unset: the reader takes it.
   void set_crc32c(uint32_t crc) { crc32c_ = crc; }
   std::optional<uint32_t> crc32c() const { return crc32c_; }
+  // The CRC32C of all the bytes: the one the transport took where it took
+  // one, else taken now over the pieces.
+  uint32_t Crc32cOfBytes() const;
 
   size_t size() const { return size_; }
   const std::vector<absl::string_view>& pieces() const { return pieces_; }

@@ -455,34 +455,26 @@ absl::Status ChunkCodec::DecodePull(const std::string& name, absl::Span<const Ch
     // while copied, one pass over the bytes.
     const bool landed_in_place =
         payload.contiguous() && payload.first().data() == reinterpret_cast<const char*>(out);
-    const std::optional<uint32_t> received_crc = payload.crc32c();
     uint32_t crc;
-    if (received_crc.has_value()) {
-      crc = *received_crc;
+    if (landed_in_place || payload.crc32c().has_value()) {
+      crc = payload.Crc32cOfBytes();
       if (!landed_in_place && crc == reply.checksum()) payload.CopyTo(out);
     } else {
-      crc = landed_in_place ? Crc32c(out, payload.size()) : payload.CopyToWithCrc32c(out);
+      crc = payload.CopyToWithCrc32c(out);
     }
-    if (landed_in_place) landed_in_staging_bytes_ += payload.size();
     if (crc != reply.checksum()) {
       return absl::DataLossError(absl::StrCat("checksum mismatch in '", name, "' chunk ",
                                               reply.chunk(),
                                               " (the staging holds it part-written)"));
     }
+    // Counted once checked, as the pulled bytes are.
+    if (landed_in_place) landed_in_staging_bytes_ += payload.size();
     return absl::OkStatus();
   }
   // Checked before anything is written, so a corrupt reply leaves the
   // tensor as it was (by the transport's CRC where it took one as the bytes
   // arrived); then one copy, straight from the received slices.
-  uint32_t crc = 0;
-  if (payload.crc32c().has_value()) {
-    crc = *payload.crc32c();
-  } else {
-    for (absl::string_view piece : payload.pieces()) {
-      crc = Crc32cExtend(crc, piece.data(), piece.size());
-    }
-  }
-  if (crc != reply.checksum()) {
+  if (payload.Crc32cOfBytes() != reply.checksum()) {
     return absl::DataLossError(
         absl::StrCat("checksum mismatch in '", name, "' chunk ", reply.chunk()));
   }

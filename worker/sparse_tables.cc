@@ -419,11 +419,7 @@ OperationHandle SparseTables::PullRows(absl::Span<const SparseRowsPull> pulls) {
             const std::vector<uint32_t>& mine = part.of_shard[shard];
             const uint32_t dim = table.dim;
             const size_t n = mine.size() * dim;
-            uint32_t crc = 0;
-            for (absl::string_view piece : payload.pieces()) {
-              crc = Crc32cExtend(crc, piece.data(), piece.size());
-            }
-            if (crc != header.checksum()) {
+            if (payload.Crc32cOfBytes() != header.checksum()) {
               return absl::DataLossError(absl::StrCat("rows of '", table.name,
                                                       "': reply checksum mismatch"));
             }

@@ -1,7 +1,8 @@
 // A received payload's copy with its checksum taken on the way
 // (PayloadView::CopyToWithCrc32c): the same bytes and the same CRC32C as
 // the plain copy and a CRC of the whole, for pieces that straddle its
-// 16 KiB blocks.
+// 16 KiB blocks; the CRC of all the bytes, the transport's where it took
+// one (PayloadView::Crc32cOfBytes).
 #include "common/payload_view.h"
 
 #include <catch2/catch.hpp>
@@ -36,6 +37,7 @@ TEST_CASE("a copy with its checksum matches the plain copy and the whole's CRC32
       INFO("total " << total << ", pieces " << pieces);
       CHECK(crc == Crc32cPortable(0, bytes.data(), bytes.size()));
       CHECK(copied == bytes);
+      CHECK(view.Crc32cOfBytes() == crc);
     }
   }
 }
@@ -50,6 +52,23 @@ TEST_CASE("a copy with its checksum sees one flipped bit") {
   view.Append(absl::string_view(bytes).substr(500000));
   CHECK(view.CopyToWithCrc32c(copied.data()) != before);
   CHECK(copied == bytes);
+}
+
+TEST_CASE("the CRC of all the bytes is the transport's where it took one") {
+  const std::string bytes = Bytes(100000);
+  const uint32_t whole = Crc32c(bytes.data(), bytes.size());
+  PayloadView view;
+  view.Append(absl::string_view(bytes).substr(0, 30000));
+  view.Append(absl::string_view(bytes).substr(30000));
+  CHECK(view.Crc32cOfBytes() == whole);
+  // The bytes are not read again: a CRC that disagrees with them is what
+  // a reader is given.
+  view.set_crc32c(whole ^ 1);
+  CHECK(view.Crc32cOfBytes() == (whole ^ 1));
+  // A piece appended after the CRC was set: taken over the bytes again.
+  view.Append("tail");
+  const std::string all = bytes + "tail";
+  CHECK(view.Crc32cOfBytes() == Crc32c(all.data(), all.size()));
 }
 
 }  // namespace

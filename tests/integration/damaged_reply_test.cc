@@ -3,7 +3,8 @@
 // over the tcp data path (where the client takes the payload's CRC as the
 // bytes arrive, and may receive them straight into the caller's staging
 // buffer), the pull fails with DATA_LOSS instead of handing back damaged
-// parameters, and the next pull is exact.
+// parameters, and the next pull is exact. The same for a sparse table's
+// rows.
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
@@ -74,6 +75,60 @@ TEST_CASE("a pull reply damaged on the wire fails the pull with DATA_LOSS; the n
   std::fill(out.begin(), out.end(), -1.0f);
   REQUIRE((*client)->Pull("w", absl::MakeSpan(out)).ok());
   CHECK(out == initial);
+}
+
+TEST_CASE("a sparse table's rows damaged on the wire fail the pull with DATA_LOSS") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  INFO("transport " << transport);
+  const int proxied_port = testing::FreePort();
+  auto proxy = testing::FaultProxy::Start(proxied_port, /*seed=*/20261208);
+  REQUIRE(proxy.ok());
+  std::vector<std::string> flags = {"--shard=0", "--num_shards=1", "--num_workers=1", "--sync=asp",
+                                    "--lr=1"};
+  if (transport == "tcp") {
+    flags.push_back(absl::StrCat("--tcp_port=", proxied_port));
+    flags.push_back("--tcp_advertise=" + (*proxy)->address());
+  } else {
+    flags.push_back(absl::StrCat("--port=", proxied_port));
+  }
+  auto server = testing::ServerProcess::Start(flags);
+  REQUIRE(server.ok());
+
+  // 40000 rows of 64 floats: a reply of about 10 MB, so the flipped byte
+  // lies inside the rows.
+  constexpr int64_t kRows = 40000;
+  constexpr int64_t kDim = 64;
+  SparseTableOptions table;
+  table.dim = kDim;
+  table.seed = 7;
+  table.init_scale = 1.0f;
+  std::vector<int64_t> ids(kRows);
+  for (int64_t i = 0; i < kRows; ++i) ids[i] = i * 7919;
+
+  ClientOptions options;
+  options.servers = {transport == "tcp" ? (*server)->address() : (*proxy)->address()};
+  options.transport = transport;
+  options.rpc_timeout = absl::Seconds(20 * testing::SlowdownFactor());
+  options.retry_timeout = absl::Seconds(20 * testing::SlowdownFactor());
+  auto client = Client::Create(options);
+  REQUIRE(client.ok());
+  REQUIRE((*client)->RegisterSparseTable("emb", table).ok());
+
+  // A first pull, whole, is what the rows are; the flip then lands in the
+  // second pull's rows, about 10 MB further on the same connection.
+  std::vector<float> expected(kRows * kDim, 0.0f);
+  REQUIRE((*client)->PullRows("emb", ids, absl::MakeSpan(expected)).ok());
+  (*proxy)->SetFlipReplyByte((int64_t{15} << 20) + 333);
+  std::vector<float> out(kRows * kDim, -1.0f);
+  absl::Status damaged = (*client)->PullRows("emb", ids, absl::MakeSpan(out));
+  (*proxy)->SetFlipReplyByte(-1);
+  CHECK((*proxy)->reply_flips() >= 1);
+  CHECK(absl::IsDataLoss(damaged));
+  CHECK_THAT(std::string(damaged.message()), Catch::Contains("checksum mismatch"));
+
+  std::fill(out.begin(), out.end(), -1.0f);
+  REQUIRE((*client)->PullRows("emb", ids, absl::MakeSpan(out)).ok());
+  CHECK(out == expected);
 }
 
 }  // namespace
