@@ -486,7 +486,7 @@ int Client::num_workers() const { return impl_->num_workers_; }
 int Client::num_shards() const { return static_cast<int>(impl_->options_.servers.size()); }
 std::vector<std::string> Client::data_paths() const {
   std::vector<std::string> names;
-  for (const auto& transport : impl_->transports_) names.push_back(transport->name());
+  for (const auto& transport : impl_->transports_) names.push_back(transport->data_path());
   return names;
 }
 size_t Client::chunk_bytes() const { return impl_->options_.chunk_bytes; }

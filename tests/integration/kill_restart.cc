@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "testing/server_process.h"
 #include "worker/client.h"
 
@@ -28,7 +29,8 @@ ClientOptions Options(const std::string& address, int rank, const std::string& t
 
 KillRestartResult RunKillAndRestart(const std::string& transport,
                                     const std::vector<std::string>& extra_server_flags,
-                                    int iterations, int kill_at) {
+                                    int iterations, int kill_at,
+                                    const std::vector<std::string>& restart_flags) {
   KillRestartResult result;
   result.iterations = iterations;
   result.worker_errors.assign(2, "");
@@ -68,6 +70,9 @@ KillRestartResult RunKillAndRestart(const std::string& transport,
         result.worker_errors[rank] = absl::StrCat(status.ToString(), " (at ",
                                                   seconds_since_start(), " s)");
       }
+      if (rank == 0 && client.ok()) {
+        result.data_paths_at_end = absl::StrJoin((*client)->data_paths(), ",");
+      }
     });
   }
   // Let a checkpoint or two be written, then kill the shard hard (bounded:
@@ -80,6 +85,7 @@ KillRestartResult RunKillAndRestart(const std::string& transport,
   (*server)->process().WaitForExit(5000);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const double killed_s = seconds_since_start();
+  flags.insert(flags.end(), restart_flags.begin(), restart_flags.end());
   auto restarted = ServerProcess::Start(flags);
   const double restarted_s = seconds_since_start();
   for (auto& worker : workers) worker.join();

@@ -167,6 +167,9 @@ class ShardTransport {
   const std::string& name() const { return traits_.name; }
   bool SendsFromDeviceMemory() const { return traits_.sends_from_device_memory; }
   bool ReceivesIntoDeviceMemory() const { return traits_.receives_into_device_memory; }
+  // The backend the shard's calls take now: its name, unless the path
+  // changes backends while it lives (FallbackShardTransport).
+  virtual std::string data_path() const { return traits_.name; }
 
   // Sends `chunks` (payloads from their own bytes, not copied) to be
   // applied at their clock.

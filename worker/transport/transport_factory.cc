@@ -1,9 +1,11 @@
 #include "worker/transport/transport_factory.h"
 
+#include <atomic>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "worker/transport/fallback_transport.h"
 #include "worker/transport/grpc/grpc_transport.h"
 #include "worker/transport/tcp/tcp_transport.h"
 #include "worker/transport/timer_thread.h"
@@ -52,9 +54,12 @@ std::string WithHost(const std::string& address, const std::string& target) {
 
 // `known`: an address and secret already asked for, used by the first
 // connect (a secret serves one hello; asking again would waste it).
+// `withdrawn` (may be null) is set once the shard answers that it no longer
+// serves tcp (FAILED_PRECONDITION: restarted with --tcp=false).
 absl::StatusOr<std::unique_ptr<ShardTransport>> ConnectTcp(
     const ShardLink& link, std::shared_ptr<TimerThread> timer, absl::Time deadline,
-    std::optional<transport::PeerAddress> known = std::nullopt) {
+    std::optional<transport::PeerAddress> known = std::nullopt,
+    std::shared_ptr<std::atomic<bool>> withdrawn = nullptr) {
   struct Known {
     absl::Mutex mu;
     std::optional<transport::PeerAddress> address ABSL_GUARDED_BY(mu);
@@ -65,8 +70,8 @@ absl::StatusOr<std::unique_ptr<ShardTransport>> ConnectTcp(
     first->address = std::move(known);
   }
   TcpAddressProvider provider =
-      [address_of = link.address, target = link.target,
-       first](absl::Time address_deadline) -> absl::StatusOr<transport::PeerAddress> {
+      [address_of = link.address, target = link.target, first,
+       withdrawn](absl::Time address_deadline) -> absl::StatusOr<transport::PeerAddress> {
     std::optional<transport::PeerAddress> taken;
     {
       absl::MutexLock lock(&first->mu);
@@ -78,6 +83,9 @@ absl::StatusOr<std::unique_ptr<ShardTransport>> ConnectTcp(
     } else {
       address = address_of("tcp", address_deadline);
     }
+    if (withdrawn != nullptr && absl::IsFailedPrecondition(address.status())) {
+      withdrawn->store(true, std::memory_order_release);
+    }
     if (!address.ok()) return address.status();
     address->address = WithHost(address->address, target);
     return address;
@@ -86,12 +94,15 @@ absl::StatusOr<std::unique_ptr<ShardTransport>> ConnectTcp(
                                     link.tcp_congestion_control);
 }
 
-// The gRPC data path's shared parts, made when the first shard needs them.
+// The gRPC data path's shared parts, made when the first shard needs them
+// (under "auto", possibly later and on any caller's thread).
 struct GrpcParts {
-  std::shared_ptr<TimerThread> timer;
-  std::shared_ptr<ClientCallQueue> calls;
+  absl::Mutex mutex;
+  std::shared_ptr<TimerThread> timer ABSL_GUARDED_BY(mutex);
+  std::shared_ptr<ClientCallQueue> calls ABSL_GUARDED_BY(mutex);
 
   std::unique_ptr<ShardTransport> Make(const ShardLink& link) {
+    absl::MutexLock lock(&mutex);
     // One timer thread and one completion queue for every shard's calls.
     if (timer == nullptr) timer = std::make_shared<TimerThread>("grpc-transport");
     if (calls == nullptr) calls = std::make_shared<ClientCallQueue>("grpc-calls");
@@ -106,20 +117,28 @@ struct GrpcParts {
 // "auto": the tcp data path where the shard serves it and the control
 // channel is plaintext; gRPC where the channel is TLS (tcp is not
 // encrypted, so turning TLS on never sends parameters in the clear) or the
-// shard was started with --tcp=false. Decided per shard.
+// shard was started with --tcp=false. Decided per shard when the client
+// connects, and again should a shard on tcp restart without it: its calls
+// then go over gRPC (FallbackShardTransport).
 absl::StatusOr<std::vector<std::unique_ptr<ShardTransport>>> CreateAuto(
     const std::vector<ShardLink>& links, absl::Time deadline) {
   std::shared_ptr<TimerThread> tcp_timer;
-  GrpcParts grpc;
+  // Shared with the fallbacks, which may make gRPC transports later.
+  auto grpc_parts = std::make_shared<GrpcParts>();
+  GrpcParts& grpc = *grpc_parts;
   std::vector<std::unique_ptr<ShardTransport>> transports;
   for (const ShardLink& link : links) {
     if (!link.encrypted) {
       auto served = link.address("tcp", deadline);
       if (served.ok()) {
         if (tcp_timer == nullptr) tcp_timer = std::make_shared<TimerThread>("tcp-transport");
-        auto transport = ConnectTcp(link, tcp_timer, deadline, std::move(*served));
+        auto withdrawn = std::make_shared<std::atomic<bool>>(false);
+        auto transport = ConnectTcp(link, tcp_timer, deadline, std::move(*served), withdrawn);
         if (!transport.ok()) return transport.status();
-        transports.push_back(std::move(*transport));
+        transports.push_back(std::make_unique<FallbackShardTransport>(
+            link.name, std::move(*transport),
+            [withdrawn] { return withdrawn->load(std::memory_order_acquire); },
+            [grpc_parts, link] { return grpc_parts->Make(link); }));
         continue;
       }
       // FAILED_PRECONDITION: the shard does not serve tcp. Anything else
