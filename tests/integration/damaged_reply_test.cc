@@ -27,33 +27,48 @@ constexpr size_t kChunkBytes = size_t{1} << 20;
 // hello and registration replies, inside the pull's payload.
 constexpr int64_t kFlipAt = (int64_t{5} << 20) + 333;
 
-TEST_CASE("a pull reply damaged on the wire fails the pull with DATA_LOSS; the next is exact") {
-  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
-  const bool staging = GENERATE(false, true);
-  INFO("transport " << transport << ", staging buffers " << staging);
+// One shard with a FaultProxy in front of the port the data travels on:
+// the gRPC port, or the tcp data path (which the shard then hands out as
+// its address); and the options of a client whose data passes the proxy.
+struct ProxiedShard {
+  std::unique_ptr<testing::FaultProxy> proxy;
+  std::unique_ptr<testing::ServerProcess> server;
+  ClientOptions options;
+};
 
-  // The proxy fronts the port the data travels on: the gRPC port, or the
-  // tcp data path (which the shard then hands out as its address).
+ProxiedShard StartProxiedShard(const std::string& transport, uint64_t seed) {
+  ProxiedShard shard;
   const int proxied_port = testing::FreePort();
-  auto proxy = testing::FaultProxy::Start(proxied_port, /*seed=*/20261207);
+  auto proxy = testing::FaultProxy::Start(proxied_port, seed);
   REQUIRE(proxy.ok());
+  shard.proxy = std::move(*proxy);
   std::vector<std::string> flags = {"--shard=0", "--num_shards=1", "--num_workers=1", "--sync=asp",
                                     "--lr=1"};
   if (transport == "tcp") {
     flags.push_back(absl::StrCat("--tcp_port=", proxied_port));
-    flags.push_back("--tcp_advertise=" + (*proxy)->address());
+    flags.push_back("--tcp_advertise=" + shard.proxy->address());
   } else {
     flags.push_back(absl::StrCat("--port=", proxied_port));
   }
   auto server = testing::ServerProcess::Start(flags);
   REQUIRE(server.ok());
+  shard.server = std::move(*server);
+  shard.options.servers = {transport == "tcp" ? shard.server->address() : shard.proxy->address()};
+  shard.options.transport = transport;
+  shard.options.rpc_timeout = absl::Seconds(20 * testing::SlowdownFactor());
+  shard.options.retry_timeout = absl::Seconds(20 * testing::SlowdownFactor());
+  return shard;
+}
 
-  ClientOptions options;
-  options.servers = {transport == "tcp" ? (*server)->address() : (*proxy)->address()};
-  options.transport = transport;
+TEST_CASE("a pull reply damaged on the wire fails the pull with DATA_LOSS; the next is exact") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  const bool staging = GENERATE(false, true);
+  INFO("transport " << transport << ", staging buffers " << staging);
+
+  ProxiedShard shard = StartProxiedShard(transport, /*seed=*/20261207);
+  testing::FaultProxy* proxy = shard.proxy.get();
+  ClientOptions options = shard.options;
   options.chunk_bytes = kChunkBytes;
-  options.rpc_timeout = absl::Seconds(20 * testing::SlowdownFactor());
-  options.retry_timeout = absl::Seconds(20 * testing::SlowdownFactor());
   auto client = Client::Create(options);
   REQUIRE(client.ok());
   std::vector<float> initial(kElements);
@@ -64,11 +79,11 @@ TEST_CASE("a pull reply damaged on the wire fails the pull with DATA_LOSS; the n
 
   // Each connection's stream counts from its start: the first large pull on
   // a fresh data connection meets the flip.
-  (*proxy)->SetFlipReplyByte(kFlipAt);
+  proxy->SetFlipReplyByte(kFlipAt);
   std::vector<float> out(kElements, -1.0f);
   absl::Status damaged = (*client)->Pull("w", absl::MakeSpan(out));
-  (*proxy)->SetFlipReplyByte(-1);
-  CHECK((*proxy)->reply_flips() >= 1);
+  proxy->SetFlipReplyByte(-1);
+  CHECK(proxy->reply_flips() >= 1);
   CHECK(absl::IsDataLoss(damaged));
   CHECK_THAT(std::string(damaged.message()), Catch::Contains("checksum mismatch"));
 
@@ -80,19 +95,8 @@ TEST_CASE("a pull reply damaged on the wire fails the pull with DATA_LOSS; the n
 TEST_CASE("a sparse table's rows damaged on the wire fail the pull with DATA_LOSS") {
   const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
   INFO("transport " << transport);
-  const int proxied_port = testing::FreePort();
-  auto proxy = testing::FaultProxy::Start(proxied_port, /*seed=*/20261208);
-  REQUIRE(proxy.ok());
-  std::vector<std::string> flags = {"--shard=0", "--num_shards=1", "--num_workers=1", "--sync=asp",
-                                    "--lr=1"};
-  if (transport == "tcp") {
-    flags.push_back(absl::StrCat("--tcp_port=", proxied_port));
-    flags.push_back("--tcp_advertise=" + (*proxy)->address());
-  } else {
-    flags.push_back(absl::StrCat("--port=", proxied_port));
-  }
-  auto server = testing::ServerProcess::Start(flags);
-  REQUIRE(server.ok());
+  ProxiedShard shard = StartProxiedShard(transport, /*seed=*/20261208);
+  testing::FaultProxy* proxy = shard.proxy.get();
 
   // 40000 rows of 64 floats: a reply of about 10 MB, so the flipped byte
   // lies inside the rows.
@@ -105,12 +109,7 @@ TEST_CASE("a sparse table's rows damaged on the wire fail the pull with DATA_LOS
   std::vector<int64_t> ids(kRows);
   for (int64_t i = 0; i < kRows; ++i) ids[i] = i * 7919;
 
-  ClientOptions options;
-  options.servers = {transport == "tcp" ? (*server)->address() : (*proxy)->address()};
-  options.transport = transport;
-  options.rpc_timeout = absl::Seconds(20 * testing::SlowdownFactor());
-  options.retry_timeout = absl::Seconds(20 * testing::SlowdownFactor());
-  auto client = Client::Create(options);
+  auto client = Client::Create(shard.options);
   REQUIRE(client.ok());
   REQUIRE((*client)->RegisterSparseTable("emb", table).ok());
 
@@ -118,11 +117,11 @@ TEST_CASE("a sparse table's rows damaged on the wire fail the pull with DATA_LOS
   // second pull's rows, about 10 MB further on the same connection.
   std::vector<float> expected(kRows * kDim, 0.0f);
   REQUIRE((*client)->PullRows("emb", ids, absl::MakeSpan(expected)).ok());
-  (*proxy)->SetFlipReplyByte((int64_t{15} << 20) + 333);
+  proxy->SetFlipReplyByte((int64_t{15} << 20) + 333);
   std::vector<float> out(kRows * kDim, -1.0f);
   absl::Status damaged = (*client)->PullRows("emb", ids, absl::MakeSpan(out));
-  (*proxy)->SetFlipReplyByte(-1);
-  CHECK((*proxy)->reply_flips() >= 1);
+  proxy->SetFlipReplyByte(-1);
+  CHECK(proxy->reply_flips() >= 1);
   CHECK(absl::IsDataLoss(damaged));
   CHECK_THAT(std::string(damaged.message()), Catch::Contains("checksum mismatch"));
 
