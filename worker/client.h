@@ -357,7 +357,8 @@ class Client {
   int num_workers() const;
   int num_shards() const;
   // Each shard's data path, in shard order: "tcp", "grpc", "ucx" (or the
-  // given transports' names).
+  // given transports' names). The one in use now: under "auto", a shard
+  // that restarted without tcp moves from "tcp" to "grpc".
   std::vector<std::string> data_paths() const;
   // ClientOptions::chunk_bytes: chunk c of tensor k holds elements
   // [c * chunk_bytes / 4, ...) and lives on partitioner()'s shard.

@@ -313,7 +313,11 @@ class Client:
 
     @property
     def data_paths(self):
-        """Each shard's data path, shard 0 first: "tcp", "grpc" or "ucx"."""
+        """Each shard's data path, shard 0 first: "tcp", "grpc" or "ucx".
+
+        The one in use now: with transport "auto", a shard that restarted
+        without tcp (harrier-server --tcp=false) moves from "tcp" to "grpc".
+        """
         return list(self._client.data_paths)
 
     @property
