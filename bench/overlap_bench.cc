@@ -52,6 +52,10 @@ ABSL_FLAG(int64_t, fusion_bytes, 0, "overlap: passed to the workers (0 = techniq
 ABSL_FLAG(int64_t, partition_bytes, 0, "overlap: passed to the workers (0 = technique default)");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "overlap: passed to the workers (0 = technique default)");
+ABSL_FLAG(std::string, forward_order_tail, "auto",
+          "overlap: passed to the workers (--forward_order_tail): a fraction in [0, 1], or "
+          "'auto': 1 - backward time / the PS cost model's comm time, the share of a step's "
+          "pushes that cannot go out during backward");
 ABSL_FLAG(int64_t, bucket_bytes, 25 << 20, "overlap: all-reduce bucket (harrier-allreduce-replay)");
 ABSL_FLAG(std::string, allreduce_binary, "",
           "overlap: harrier-allreduce-replay (default: runfiles, then the bazel-bin layout)");
@@ -99,6 +103,9 @@ constexpr const char kUsage[] =
     "  --steps=5 --warmup_steps=1           timed steps and untimed steps per run\n"
     "  --fusion_bytes=0 --partition_bytes=0 --max_inflight_bytes=0\n"
     "                                       passed to the workers (0 = technique default)\n"
+    "  --forward_order_tail=auto            passed to the workers: the share of the push\n"
+    "                                       bytes sent last, front first; auto = 1 -\n"
+    "                                       backward / the PS cost model's comm time\n"
     "  --bucket_bytes=26214400              all-reduce bucket (harrier-allreduce-replay)\n"
     "  --run_timeout_s=300                  deadline of one run (all its processes)\n"
     "  --server_binary= --worker_binary= --allreduce_binary=\n"
@@ -121,6 +128,7 @@ struct Options {
   int64_t fusion_bytes = 0;
   int64_t partition_bytes = 0;
   int64_t max_inflight_bytes = 0;
+  std::optional<double> forward_order_tail;  // nullopt = auto
   int64_t bucket_bytes = 25 << 20;
   int run_timeout_s = 300;
   std::string server_binary;
@@ -173,6 +181,13 @@ std::string ParseArgs(Options* options) {
   options->partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
   options->max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options->bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
+  if (const std::string tail = absl::GetFlag(FLAGS_forward_order_tail); tail != "auto") {
+    double fraction = 0;
+    if (!absl::SimpleAtod(tail, &fraction) || !(fraction >= 0 && fraction <= 1)) {
+      return absl::StrCat("--forward_order_tail=", tail, ": want a fraction in [0, 1] or 'auto'");
+    }
+    options->forward_order_tail = fraction;
+  }
   for (const auto& [name, value, min] :
        {std::make_tuple("steps", int64_t{options->steps}, int64_t{1}),
         std::make_tuple("warmup_steps", int64_t{options->warmup_steps}, int64_t{0}),
@@ -450,6 +465,7 @@ struct RunConfig {
   std::string model;
   std::string techniques;
   double compute_scale = 1;
+  double forward_order_tail = 0;
 };
 
 // One PS run: S servers in the shard hosts, W workers in the worker hosts.
@@ -506,10 +522,8 @@ absl::StatusOr<RunResult> RunPs(const Options& options, const EmulatedNetwork& n
   std::vector<std::unique_ptr<HostProcess>> workers;
   for (int rank = 0; rank < W; ++rank) {
     std::vector<std::string> args = {
-        worker_binary,
-        absl::StrCat("--servers=", absl::StrJoin(addresses, ",")),
-        absl::StrCat("--num_workers=", W),
-        absl::StrCat("--rank=", rank),
+        worker_binary, absl::StrCat("--servers=", absl::StrJoin(addresses, ",")),
+        absl::StrCat("--num_workers=", W), absl::StrCat("--rank=", rank),
         absl::StrCat("--workload=replay:", config.model),
         absl::StrCat("--techniques=", config.techniques),
         absl::StrCat("--compute_scale=", Fmt(config.compute_scale)),
@@ -519,7 +533,8 @@ absl::StatusOr<RunResult> RunPs(const Options& options, const EmulatedNetwork& n
         absl::StrCat("--warmup_steps=", options.warmup_steps),
         absl::StrCat("--fusion_bytes=", options.fusion_bytes),
         absl::StrCat("--partition_bytes=", options.partition_bytes),
-        absl::StrCat("--max_inflight_bytes=", options.max_inflight_bytes)};
+        absl::StrCat("--max_inflight_bytes=", options.max_inflight_bytes),
+        absl::StrCat("--forward_order_tail=", Fmt(config.forward_order_tail))};
     args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
     auto worker = HostProcess::Start(
         absl::StrCat("harrier-worker rank ", rank), network.host_namespace_path(rank), args,
@@ -602,13 +617,28 @@ absl::StatusOr<RunResult> RunAllReduce(const Options& options,
 
 int RunOverlapBench(int argc, char** argv) {
   Options options;
-  if (std::optional<int> exit_code = ParseSubcommandFlags(
-          argc, argv, kUsage,
-          {"models", "links_gbps", "compute_scale", "techniques", "workers", "shards", "steps",
-           "warmup_steps", "fusion_bytes", "partition_bytes", "max_inflight_bytes",
-           "bucket_bytes", "run_timeout_s", "server_binary", "worker_binary", "allreduce_binary",
-           "server_flags", "worker_flags", "sync"},
-          ParseArgs, &options)) {
+  if (std::optional<int> exit_code = ParseSubcommandFlags(argc, argv, kUsage,
+                                                          {"models",
+                                                           "links_gbps",
+                                                           "compute_scale",
+                                                           "techniques",
+                                                           "workers",
+                                                           "shards",
+                                                           "steps",
+                                                           "warmup_steps",
+                                                           "fusion_bytes",
+                                                           "partition_bytes",
+                                                           "max_inflight_bytes",
+                                                           "bucket_bytes",
+                                                           "forward_order_tail",
+                                                           "run_timeout_s",
+                                                           "server_binary",
+                                                           "worker_binary",
+                                                           "allreduce_binary",
+                                                           "server_flags",
+                                                           "worker_flags",
+                                                           "sync"},
+                                                          ParseArgs, &options)) {
     return *exit_code;
   }
   std::vector<workload::ReplayModelSpec> specs;
@@ -704,6 +734,13 @@ int RunOverlapBench(int argc, char** argv) {
       const double scale = options.compute_scale.has_value()
                                ? *options.compute_scale
                                : PsCommMs(model_bytes, W, S, gbps) / spec.compute_ms();
+      // The pushes that do not fit under backward go last, front first.
+      double backward_ms = 0;
+      for (const workload::ReplayLayer& layer : spec.layers) backward_ms += layer.backward_ms;
+      const double forward_order_tail =
+          options.forward_order_tail.has_value()
+              ? *options.forward_order_tail
+              : std::clamp(1.0 - scale * backward_ms / PsCommMs(model_bytes, W, S, gbps), 0.0, 1.0);
       double plain_iter_ms = 0;
       // For the PS-against-all-reduce lines once every technique ran.
       struct Ran {
@@ -715,7 +752,7 @@ int RunOverlapBench(int argc, char** argv) {
       for (const std::string& techniques : options.techniques) {
         if (g_stop_signal != 0) return 128 + g_stop_signal;
         const bool allreduce = techniques == "allreduce";
-        RunConfig config{spec.name, techniques, scale};
+        RunConfig config{spec.name, techniques, scale, forward_order_tail};
         auto run = allreduce ? RunAllReduce(options, **network, allreduce_binary, config)
                              : RunPs(options, **network, server_binary, worker_binary, config);
         if (!run.ok()) {
@@ -769,6 +806,7 @@ int RunOverlapBench(int argc, char** argv) {
             {"ideal_iter_ms", Significant(ideal_ms)},
             {"ideal_over_iter", Significant(ideal_ms / iter_ms)},
         };
+        if (!allreduce) line["forward_order_tail"] = Significant(forward_order_tail);
         if (!step_ms.empty()) {
           Json steps = Json::array();
           for (double ms : step_ms) steps.push_back(Significant(ms));

@@ -792,13 +792,11 @@ std::shared_ptr<PyClient> CreateClient(ClientOptions options, const std::string&
   return made;
 }
 
-std::unique_ptr<PyScheduler> CreateScheduler(const std::shared_ptr<PyClient>& client,
-                                             const std::vector<std::string>& names,
-                                             const std::vector<std::vector<int64_t>>& shapes,
-                                             const std::vector<py::object>& parameters,
-                                             const std::string& techniques, size_t fusion_bytes,
-                                             size_t partition_bytes, size_t max_inflight_bytes,
-                                             double wait_timeout_seconds) {
+std::unique_ptr<PyScheduler> CreateScheduler(
+    const std::shared_ptr<PyClient>& client, const std::vector<std::string>& names,
+    const std::vector<std::vector<int64_t>>& shapes, const std::vector<py::object>& parameters,
+    const std::string& techniques, size_t fusion_bytes, size_t partition_bytes,
+    size_t max_inflight_bytes, double wait_timeout_seconds, double forward_order_tail) {
   if (names.size() != shapes.size() || names.size() != parameters.size()) {
     ThrowIfError(absl::InvalidArgumentError("names, shapes and parameters differ in length"));
   }
@@ -806,6 +804,7 @@ std::unique_ptr<PyScheduler> CreateScheduler(const std::shared_ptr<PyClient>& cl
       ParseTechniques(techniques, fusion_bytes, partition_bytes, max_inflight_bytes);
   ThrowIfError(options.status());
   options->wait_timeout = SecondsToDuration(wait_timeout_seconds, "wait_timeout");
+  options->forward_order_tail = forward_order_tail;
   std::vector<ScheduledTensor> tensors;
   std::vector<FloatBuffer> views;
   for (size_t i = 0; i < names.size(); ++i) {
@@ -1050,7 +1049,7 @@ PYBIND11_MODULE(_harrier, m) {
       .def(py::init(&CreateScheduler), py::arg("client"), py::arg("names"), py::arg("shapes"),
            py::arg("parameters"), py::arg("techniques"), py::arg("fusion_bytes") = 0,
            py::arg("partition_bytes") = 0, py::arg("max_inflight_bytes") = 0,
-           py::arg("wait_timeout") = 120.0)
+           py::arg("wait_timeout") = 120.0, py::arg("forward_order_tail") = 0.0)
       .def("wait_parameters", &PyScheduler::WaitParameters)
       .def("gradient_ready", &PyScheduler::GradientReady)
       .def("end_backward", [](PyScheduler& s) { s.Run(&CommScheduler::EndBackward); })

@@ -151,6 +151,7 @@ struct Call {
 
 // Queue order: under priority (step, front tensor, piece), else the order
 // calls became ready; the sequence number breaks ties and keeps FIFO.
+// Pushes in a planned order: (step, position in the plan).
 using QueueKey = std::tuple<int64_t, int, int, uint64_t>;
 
 }  // namespace
@@ -195,6 +196,10 @@ class CommScheduler::Impl {
   // Turns the round window off when it held pushes for kRoundWindowStall
   // with no round coming back; dispatches what it held.
   void TurnOffStalledWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The push order every step follows (options_.forward_order_tail): the
+  // back of the model in the order of backward, then its front, the last
+  // forward_order_tail of the bytes, in forward order.
+  void PlanPushOrder();
   void Enqueue(Kind kind, int wire, int piece, int64_t step, bool returns_push = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void QueuePushes(int wire) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -242,11 +247,18 @@ class CommScheduler::Impl {
   // Whether the queues are in priority order (CommSchedulerOptions::
   // priority_across_workers): set by Plan, before the first call is queued.
   bool reorders_ = false;
+  // The planned push order (PlanPushOrder; 0 pieces: none): how many
+  // pieces a step pushes, and the position of each wire's first piece.
+  int planned_pieces_ = 0;
+  std::vector<int> planned_first_;
 
   mutable absl::Mutex mutex_;
   int64_t step_ ABSL_GUARDED_BY(mutex_) = 0;
   std::map<QueueKey, Call> queue_[2] ABSL_GUARDED_BY(mutex_);  // by Kind
   uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
+  // The planned push order: the step and position of the next push.
+  int64_t planned_step_ ABSL_GUARDED_BY(mutex_) = 0;
+  int planned_next_ ABSL_GUARDED_BY(mutex_) = 0;
   size_t inflight_push_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   // The round window (options_.round_window_bytes where it applies, else
   // 0) and the bytes pushed whose pulls have not completed.
@@ -464,6 +476,7 @@ absl::Status CommScheduler::Impl::Plan() {
   base_clock_ = client_.clock();
   reorders_ = options_.priority && (options_.priority_across_workers ||
                                     client_.num_workers() <= 1 || client_.sync().mode != "bsp");
+  if (options_.priority && !reorders_ && options_.forward_order_tail > 0) PlanPushOrder();
   absl::MutexLock lock(&mutex_);
   // Only BSP's pulls wait for other workers' pushes, and only pushes in the
   // same order on every worker complete rounds in the order they were sent.
@@ -474,6 +487,33 @@ absl::Status CommScheduler::Impl::Plan() {
   // Step 0's parameters: the shards' initial values, front tensor first.
   for (int w : wires_front_first_) BeginPulls(w, 0);
   return absl::OkStatus();
+}
+
+void CommScheduler::Impl::PlanPushOrder() {
+  // Wires become ready back to front: a wire (a fused bucket too) is ready
+  // with its front member.
+  std::vector<int> backward(wires_.size());
+  size_t total = 0;
+  for (size_t w = 0; w < wires_.size(); ++w) {
+    backward[w] = static_cast<int>(w);
+    for (const Piece& piece : wires_[w].pieces) total += piece.bytes;
+  }
+  std::sort(backward.begin(), backward.end(),
+            [&](int a, int b) { return wires_[a].front > wires_[b].front; });
+  const double head_bytes = static_cast<double>(total) * (1.0 - options_.forward_order_tail);
+  size_t split = 0;
+  size_t head = 0;
+  while (split < backward.size() && static_cast<double>(head) < head_bytes) {
+    for (const Piece& piece : wires_[backward[split]].pieces) head += piece.bytes;
+    ++split;
+  }
+  std::vector<int> order(backward.begin(), backward.begin() + split);
+  for (size_t i = backward.size(); i > split; --i) order.push_back(backward[i - 1]);
+  planned_first_.assign(wires_.size(), 0);
+  for (int w : order) {
+    planned_first_[w] = planned_pieces_;
+    planned_pieces_ += static_cast<int>(wires_[w].pieces.size());
+  }
 }
 
 void CommScheduler::Impl::Start() {
@@ -500,8 +540,11 @@ CommScheduler::Impl::~Impl() {
 
 void CommScheduler::Impl::Enqueue(Kind kind, int wire, int piece, int64_t step, bool returns_push) {
   const Wire& w = wires_[wire];
-  const QueueKey key =
+  QueueKey key =
       reorders_ ? QueueKey{step, w.front, piece, sequence_++} : QueueKey{0, 0, 0, sequence_++};
+  if (kind == Kind::kPush && planned_pieces_ > 0) {
+    key = QueueKey{step, planned_first_[wire] + piece, 0, sequence_++};
+  }
   Call call{kind, wire, piece, step, returns_push};
   if (options_.timeline != nullptr) call.queued = absl::Now();
   queue_[static_cast<int>(kind)][key] = call;
@@ -532,6 +575,12 @@ bool CommScheduler::Impl::Dispatchable(Kind kind) {
   if (kind == Kind::kPull) return true;
   // Only the queue's head may go, so priority order holds under the caps.
   const Call& head = queue.begin()->second;
+  // A planned order is kept strictly: a piece waits for the one planned
+  // before it even when that one's gradient is not ready yet.
+  if (planned_pieces_ > 0) {
+    const QueueKey& key = queue.begin()->first;
+    if (std::get<0>(key) != planned_step_ || std::get<1>(key) != planned_next_) return false;
+  }
   const size_t bytes = wires_[head.wire].pieces[head.piece].bytes;
   // The round window, like the credits, lets one piece go alone.
   if (round_window_ > 0 && unreturned_push_bytes_ > 0 &&
@@ -581,6 +630,10 @@ void CommScheduler::Impl::Send(Kind kind) {
     if (log_.size() > kLogLimit) log_.pop_front();
   }
   if (kind == Kind::kPush) {
+    if (planned_pieces_ > 0 && ++planned_next_ == planned_pieces_) {
+      planned_next_ = 0;
+      ++planned_step_;
+    }
     inflight_push_bytes_ += piece.bytes;
     unreturned_push_bytes_ += piece.bytes;
     window_held_since_ = absl::InfiniteFuture();
@@ -879,6 +932,10 @@ absl::StatusOr<std::unique_ptr<CommScheduler>> CommScheduler::Create(
     Client& client, std::vector<ScheduledTensor> tensors, const CommSchedulerOptions& options) {
   if (options.wait_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("comm scheduler: wait_timeout must be positive");
+  }
+  if (!(options.forward_order_tail >= 0.0 && options.forward_order_tail <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "comm scheduler: forward_order_tail must be in [0, 1], not ", options.forward_order_tail));
   }
   if (options.partitioner != nullptr && options.partitioner->num_shards() != client.num_shards()) {
     return absl::InvalidArgumentError(

@@ -663,10 +663,14 @@ class Scheduler:
     the arrays' values are the initial values and pulled parameters are
     written into them, so they must stay alive (the scheduler keeps them).
     techniques: "plain", "wfbp", "fusion", "priority", "all", or "a+b".
+    forward_order_tail: with priority under BSP with several workers, the
+    share of a step's push bytes (the front of the model) that goes last,
+    front first; about 1 - backward time / communication time, the same on
+    every worker (0: off).
     """
 
     def __init__(self, client, tensors, techniques="all", fusion_bytes=0, partition_bytes=0,
-                 max_inflight_bytes=0, wait_timeout=120.0):
+                 max_inflight_bytes=0, wait_timeout=120.0, forward_order_tail=0.0):
         names, shapes, arrays = [], [], []
         for name, array in tensors:
             array = _writable(array, f"scheduler tensor '{name}'")
@@ -676,7 +680,8 @@ class Scheduler:
         self._scheduler = _harrier.Scheduler(client._client, names, shapes, arrays, techniques,
                                              int(fusion_bytes), int(partition_bytes),
                                              int(max_inflight_bytes),
-                                             _duration(wait_timeout, "wait_timeout"))
+                                             _duration(wait_timeout, "wait_timeout"),
+                                             float(forward_order_tail))
         self._client = client
         self._sizes = [a.size for a in arrays]
         for name, shape in zip(names, shapes):

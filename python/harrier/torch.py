@@ -869,7 +869,11 @@ class DistributedOptimizer(_torch.optim.Optimizer):
     the parameters pulled in step()) or comm scheduler techniques ("all",
     "wfbp+fusion", ...). model: with a scheduler, the module whose forward
     pre-hooks wait for each layer's parameters; call synchronize() to have
-    every parameter current.
+    every parameter current. forward_order_tail (with "priority" or "all"
+    under BSP with several workers): the share of a step's push bytes, the
+    front of the model, sent last and front first, so the next forward
+    starts before the whole backlog is back; about 1 - backward time /
+    communication time, the same on every worker (0: off).
     """
 
     def __init__(self, optimizer, named_parameters=None, compression=None,
@@ -877,7 +881,8 @@ class DistributedOptimizer(_torch.optim.Optimizer):
                  client=None, servers=None, rank=None, codec="none", pull_codec="none",
                  transport="auto", sync=None, update="auto", techniques=None, model=None,
                  prefix="", fusion_bytes=0, partition_bytes=0, max_inflight_bytes=0,
-                 wait_timeout=120.0, pull_compression="paired", **client_options):
+                 wait_timeout=120.0, pull_compression="paired", forward_order_tail=0.0,
+                 **client_options):
         global _default_client
         from_job = client is None and servers is None
         if from_job:
@@ -1015,7 +1020,8 @@ class DistributedOptimizer(_torch.optim.Optimizer):
             # the model when needed: never behind autograd's back mid-backward.
             self._scheduler = _harrier.Scheduler(
                 client, list(zip(self._names, self._pulled_from_params())), techniques,
-                fusion_bytes, partition_bytes, max_inflight_bytes, wait_timeout)
+                fusion_bytes, partition_bytes, max_inflight_bytes, wait_timeout,
+                forward_order_tail=forward_order_tail)
         elif update == "worker":
             self._make_model_groups(int(fusion_bytes))
             for name, start in zip(self._group_names, self._group_start):

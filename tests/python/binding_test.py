@@ -328,6 +328,9 @@ class BindingTest(unittest.TestCase):
                 harrier.Scheduler(c, [("sched.c", np.zeros(4, np.float32))], techniques="teleport")
             with self.assertRaises(harrier.InvalidArgumentError):
                 harrier.Scheduler(c, [("sched.d", np.zeros(4, np.float64))])
+            with self.assertRaisesRegex(harrier.InvalidArgumentError, "forward_order_tail"):
+                harrier.Scheduler(c, [("sched.e", np.zeros(4, np.float32))],
+                                  forward_order_tail=1.5)
             s.close()
             with self.assertRaises(harrier.FailedPreconditionError):
                 s.drain()

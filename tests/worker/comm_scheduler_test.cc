@@ -571,6 +571,62 @@ TEST_CASE("the round window turns itself off when no round comes back for long")
   CHECK(run.PushedPieces() == static_cast<int64_t>(WindowRun::kPieces));
 }
 
+// Two steps of a 4-tensor model (t3 in 4 pieces, t2 in 2, t1 and t0 in
+// one) on one of two BSP workers with priority and a forward-order tail of
+// `tail`; t0's gradient comes last and late. The pushes of both steps in
+// dispatch order, and how many had gone before t0's gradient was given.
+std::pair<std::vector<std::pair<int, uint32_t>>, size_t> OrderWithTail(double tail) {
+  constexpr size_t kChunk = 256 * sizeof(float);
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kChunk), /*num_workers=*/2);
+  Model model({256, 256, 2 * 256, 4 * 256});
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  options.partition_bytes = kChunk;
+  options.priority = true;
+  options.forward_order_tail = tail;
+  auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(scheduler.ok());
+  size_t before_front = 0;
+  for (int step = 0; step < 2; ++step) {
+    for (int i = 0; i < 4; ++i) REQUIRE((*scheduler)->WaitParameters(i).ok());
+    for (int i = 3; i >= 1; --i) REQUIRE((*scheduler)->GradientReady(i, model.grads[i]).ok());
+    // Whatever may go without t0 has gone by now.
+    absl::SleepFor(absl::Milliseconds(100));
+    if (step == 0) before_front = Pushes(**scheduler).size();
+    REQUIRE((*scheduler)->GradientReady(0, model.grads[0]).ok());
+    REQUIRE((*scheduler)->EndBackward().ok());
+  }
+  REQUIRE((*scheduler)->Drain().ok());
+  return {PushOrder(**scheduler), before_front};
+}
+
+TEST_CASE(
+    "a forward-order tail: under BSP with several workers the front quarter of the bytes goes "
+    "last, front first, every step, and a piece never goes ahead of its plan") {
+  const std::vector<std::pair<int, uint32_t>> planned = {{3, 0}, {3, 1}, {3, 2}, {3, 3},
+                                                         {2, 0}, {2, 1}, {0, 0}, {1, 0}};
+  const auto [order, before_front] = OrderWithTail(0.25);
+  std::vector<std::pair<int, uint32_t>> two_steps = planned;
+  two_steps.insert(two_steps.end(), planned.begin(), planned.end());
+  CHECK(order == two_steps);
+  // t1's gradient was ready, but t0 is planned before it.
+  CHECK(before_front == 6);
+
+  const std::vector<std::pair<int, uint32_t>> ready = {{3, 0}, {3, 1}, {3, 2}, {3, 3},
+                                                       {2, 0}, {2, 1}, {1, 0}, {0, 0}};
+  const auto [ready_order, ready_before_front] = OrderWithTail(0);
+  CHECK(std::vector<std::pair<int, uint32_t>>(ready_order.begin(), ready_order.begin() + 8) ==
+        ready);
+  CHECK(ready_before_front == 7);
+
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, 1024), 2);
+  Model model({256});
+  CommSchedulerOptions options = BaseOptions();
+  options.forward_order_tail = 1.5;
+  auto refused = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  CHECK(absl::IsInvalidArgument(refused.status()));
+}
+
 TEST_CASE("without priority pushes go in the order gradients became ready") {
   const std::vector<std::pair<int, uint32_t>> expected = {{1, 0}, {1, 1}, {1, 2}, {1, 3}, {0, 0}};
   CHECK(OrderWithLateFront(false) == expected);
