@@ -248,9 +248,9 @@ class CommScheduler::Impl {
   // priority_across_workers): set by Plan, before the first call is queued.
   bool reorders_ = false;
   // The planned push order (PlanPushOrder; 0 pieces: none): how many
-  // pieces a step pushes, and the position of each wire's first piece.
+  // pieces a step pushes, and each piece's position, by wire and piece.
   int planned_pieces_ = 0;
-  std::vector<int> planned_first_;
+  std::vector<std::vector<int>> planned_position_;
 
   mutable absl::Mutex mutex_;
   int64_t step_ ABSL_GUARDED_BY(mutex_) = 0;
@@ -491,7 +491,9 @@ absl::Status CommScheduler::Impl::Plan() {
 
 void CommScheduler::Impl::PlanPushOrder() {
   // Wires become ready back to front: a wire (a fused bucket too) is ready
-  // with its front member.
+  // with its front member. The split falls between pieces, so that one
+  // large tensor (VGG-16's first fully connected layer is three quarters of
+  // the model) can lie on both sides of it.
   std::vector<int> backward(wires_.size());
   size_t total = 0;
   for (size_t w = 0; w < wires_.size(); ++w) {
@@ -501,18 +503,20 @@ void CommScheduler::Impl::PlanPushOrder() {
   std::sort(backward.begin(), backward.end(),
             [&](int a, int b) { return wires_[a].front > wires_[b].front; });
   const double head_bytes = static_cast<double>(total) * (1.0 - options_.forward_order_tail);
-  size_t split = 0;
+  planned_position_.assign(wires_.size(), {});
+  for (size_t w = 0; w < wires_.size(); ++w)
+    planned_position_[w].assign(wires_[w].pieces.size(), -1);
   size_t head = 0;
-  while (split < backward.size() && static_cast<double>(head) < head_bytes) {
-    for (const Piece& piece : wires_[backward[split]].pieces) head += piece.bytes;
-    ++split;
+  for (int w : backward) {
+    for (size_t p = 0; p < wires_[w].pieces.size() && static_cast<double>(head) < head_bytes; ++p) {
+      planned_position_[w][p] = planned_pieces_++;
+      head += wires_[w].pieces[p].bytes;
+    }
   }
-  std::vector<int> order(backward.begin(), backward.begin() + split);
-  for (size_t i = backward.size(); i > split; --i) order.push_back(backward[i - 1]);
-  planned_first_.assign(wires_.size(), 0);
-  for (int w : order) {
-    planned_first_[w] = planned_pieces_;
-    planned_pieces_ += static_cast<int>(wires_[w].pieces.size());
+  for (auto w = backward.rbegin(); w != backward.rend(); ++w) {
+    for (int& position : planned_position_[*w]) {
+      if (position < 0) position = planned_pieces_++;
+    }
   }
 }
 
@@ -543,7 +547,7 @@ void CommScheduler::Impl::Enqueue(Kind kind, int wire, int piece, int64_t step, 
   QueueKey key =
       reorders_ ? QueueKey{step, w.front, piece, sequence_++} : QueueKey{0, 0, 0, sequence_++};
   if (kind == Kind::kPush && planned_pieces_ > 0) {
-    key = QueueKey{step, planned_first_[wire] + piece, 0, sequence_++};
+    key = QueueKey{step, planned_position_[wire][piece], 0, sequence_++};
   }
   Call call{kind, wire, piece, step, returns_push};
   if (options_.timeline != nullptr) call.queued = absl::Now();

@@ -81,11 +81,12 @@ struct CommSchedulerOptions {
   // forward starts once the front tensor is back instead of after the
   // whole backlog. About the share of a step's communication that does not
   // fit under backward: 1 - backward time / communication time (the
-  // overlap bench sets it so). Replayed ResNet-50 at 1 Gbit/s with 4
-  // workers and 4 shards, compute equal to communication: 1139-1177 ms per
-  // step at 1/3 against 1272-1324 without (docs/performance.md, "The front
-  // of the model last, in forward order"). Workers planning different
-  // tails lose more than the plan gains. Must be in [0, 1].
+  // overlap bench sets it so). Replayed at 1 Gbit/s with 4 workers and 4
+  // shards, compute equal to communication, tail 1/3: VGG-16 5298-5336 ms
+  // per step against 6505-6672 without, ResNet-50 1143-1251 against
+  // 1286-1403 (docs/performance.md, "The front of the model last, in
+  // forward order"). Workers planning different tails lose more than the
+  // plan gains. Must be in [0, 1].
   double forward_order_tail = 0.0;
   // 0: no cap. Counts pushes only; a piece above the cap goes alone when
   // no other push is in flight.

@@ -601,7 +601,7 @@ std::pair<std::vector<std::pair<int, uint32_t>>, size_t> OrderWithTail(double ta
 }
 
 TEST_CASE(
-    "a forward-order tail: under BSP with several workers the front quarter of the bytes goes "
+    "a forward-order tail: under BSP with several workers the front share of the bytes goes "
     "last, front first, every step, and a piece never goes ahead of its plan") {
   const std::vector<std::pair<int, uint32_t>> planned = {{3, 0}, {3, 1}, {3, 2}, {3, 3},
                                                          {2, 0}, {2, 1}, {0, 0}, {1, 0}};
@@ -611,6 +611,14 @@ TEST_CASE(
   CHECK(order == two_steps);
   // t1's gradient was ready, but t0 is planned before it.
   CHECK(before_front == 6);
+
+  // The split may fall inside a tensor: t2's second piece goes last.
+  const std::vector<std::pair<int, uint32_t>> split = {{3, 0}, {3, 1}, {3, 2}, {3, 3},
+                                                       {2, 0}, {0, 0}, {1, 0}, {2, 1}};
+  const auto [split_order, split_before_front] = OrderWithTail(0.375);
+  CHECK(std::vector<std::pair<int, uint32_t>>(split_order.begin(), split_order.begin() + 8) ==
+        split);
+  CHECK(split_before_front == 5);
 
   const std::vector<std::pair<int, uint32_t>> ready = {{3, 0}, {3, 1}, {3, 2}, {3, 3},
                                                        {2, 0}, {2, 1}, {1, 0}, {0, 0}};

@@ -63,6 +63,11 @@ for l in lines:
     check(l["iter_ms"] >= 0.9 * at_set_rate,
           f"{t}: iteration {l['iter_ms']:.1f} ms not faster than the set rate allows ({at_set_rate:.1f} ms)")
     check(l["iter_ms"] < 20 * l["comm_ms"], f"{t}: iteration within 20x of the cost model")
+    # At compute scale 0.05 backward is about 1 % of the link time, so
+    # the workers were told to send almost every push front first (in `all`,
+    # checked exactly above by the BSP check of the final parameters).
+    check(0.9 < l.get("forward_order_tail", -1) <= 1,
+          f"{t}: forward_order_tail {l.get('forward_order_tail')} from the cost model")
     # CPU per GB moved: measured for the workers, the shards and a raw TCP
     # stream; the run's figure lies between the workers' and the shards'
     # (it is their byte-weighted mean), and the run kept no more cores busy
