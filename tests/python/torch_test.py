@@ -81,6 +81,11 @@ class EquivalenceTest(unittest.TestCase):
     def test_server_update_through_scheduler(self):
         self.check(techniques="all")
 
+    def test_server_update_through_scheduler_front_last(self):
+        # Both workers push the back half of the bytes in the order of
+        # backward, then the front half front first: the same result.
+        self.check(techniques="all", forward_order_tail=0.5)
+
     def test_worker_update(self):
         # Each worker steps locally and pushes old - new; shards at lr 1 take
         # the average: the same as averaging the gradients.

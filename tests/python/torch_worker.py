@@ -35,6 +35,7 @@ def main():
     parser.add_argument("--codec", default="none")
     parser.add_argument("--broadcast", action="store_true")
     parser.add_argument("--fusion_bytes", type=int, default=0)
+    parser.add_argument("--forward_order_tail", type=float, default=0.0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -48,7 +49,8 @@ def main():
     optimizer = htorch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr), model.named_parameters(), client=client,
         update=args.update, techniques=args.techniques or None,
-        model=model if args.techniques else None, fusion_bytes=args.fusion_bytes)
+        model=model if args.techniques else None, fusion_bytes=args.fusion_bytes,
+        forward_order_tail=args.forward_order_tail)
     broadcast = None
     if args.broadcast:
         state = {"table": torch.full((5, 3), float(args.rank + 1)),

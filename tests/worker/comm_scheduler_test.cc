@@ -600,32 +600,27 @@ std::pair<std::vector<std::pair<int, uint32_t>>, size_t> OrderWithTail(double ta
   return {PushOrder(**scheduler), before_front};
 }
 
+// OrderWithTail(tail): both steps' pushes must follow `step_order`, and
+// `before_front` pushes must have gone before t0's gradient was given.
+void CheckTail(double tail, const std::vector<std::pair<int, uint32_t>>& step_order,
+               size_t before_front) {
+  INFO("forward_order_tail " << tail);
+  const auto [order, gone] = OrderWithTail(tail);
+  std::vector<std::pair<int, uint32_t>> two_steps = step_order;
+  two_steps.insert(two_steps.end(), step_order.begin(), step_order.end());
+  CHECK(order == two_steps);
+  CHECK(gone == before_front);
+}
+
 TEST_CASE(
     "a forward-order tail: under BSP with several workers the front share of the bytes goes "
     "last, front first, every step, and a piece never goes ahead of its plan") {
-  const std::vector<std::pair<int, uint32_t>> planned = {{3, 0}, {3, 1}, {3, 2}, {3, 3},
-                                                         {2, 0}, {2, 1}, {0, 0}, {1, 0}};
-  const auto [order, before_front] = OrderWithTail(0.25);
-  std::vector<std::pair<int, uint32_t>> two_steps = planned;
-  two_steps.insert(two_steps.end(), planned.begin(), planned.end());
-  CHECK(order == two_steps);
-  // t1's gradient was ready, but t0 is planned before it.
-  CHECK(before_front == 6);
-
+  // t1's gradient was ready before t0's, but t0 is planned before it.
+  CheckTail(0.25, {{3, 0}, {3, 1}, {3, 2}, {3, 3}, {2, 0}, {2, 1}, {0, 0}, {1, 0}}, 6);
   // The split may fall inside a tensor: t2's second piece goes last.
-  const std::vector<std::pair<int, uint32_t>> split = {{3, 0}, {3, 1}, {3, 2}, {3, 3},
-                                                       {2, 0}, {0, 0}, {1, 0}, {2, 1}};
-  const auto [split_order, split_before_front] = OrderWithTail(0.375);
-  CHECK(std::vector<std::pair<int, uint32_t>>(split_order.begin(), split_order.begin() + 8) ==
-        split);
-  CHECK(split_before_front == 5);
-
-  const std::vector<std::pair<int, uint32_t>> ready = {{3, 0}, {3, 1}, {3, 2}, {3, 3},
-                                                       {2, 0}, {2, 1}, {1, 0}, {0, 0}};
-  const auto [ready_order, ready_before_front] = OrderWithTail(0);
-  CHECK(std::vector<std::pair<int, uint32_t>>(ready_order.begin(), ready_order.begin() + 8) ==
-        ready);
-  CHECK(ready_before_front == 7);
+  CheckTail(0.375, {{3, 0}, {3, 1}, {3, 2}, {3, 3}, {2, 0}, {0, 0}, {1, 0}, {2, 1}}, 5);
+  // No tail: the order gradients became ready.
+  CheckTail(0, {{3, 0}, {3, 1}, {3, 2}, {3, 3}, {2, 0}, {2, 1}, {1, 0}, {0, 0}}, 7);
 
   FakeCluster cluster = MakeFakeCluster(TestOptions(2, 1024), 2);
   Model model({256});
