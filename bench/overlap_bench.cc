@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -617,28 +618,16 @@ absl::StatusOr<RunResult> RunAllReduce(const Options& options,
 
 int RunOverlapBench(int argc, char** argv) {
   Options options;
-  if (std::optional<int> exit_code = ParseSubcommandFlags(argc, argv, kUsage,
-                                                          {"models",
-                                                           "links_gbps",
-                                                           "compute_scale",
-                                                           "techniques",
-                                                           "workers",
-                                                           "shards",
-                                                           "steps",
-                                                           "warmup_steps",
-                                                           "fusion_bytes",
-                                                           "partition_bytes",
-                                                           "max_inflight_bytes",
-                                                           "bucket_bytes",
-                                                           "forward_order_tail",
-                                                           "run_timeout_s",
-                                                           "server_binary",
-                                                           "worker_binary",
-                                                           "allreduce_binary",
-                                                           "server_flags",
-                                                           "worker_flags",
-                                                           "sync"},
-                                                          ParseArgs, &options)) {
+  // The flags this subcommand takes (ParseSubcommandFlags refuses others).
+  // clang-format off
+  const std::initializer_list<absl::string_view> accepted = {
+      "models", "links_gbps", "compute_scale", "techniques", "workers", "shards", "steps",
+      "warmup_steps", "fusion_bytes", "partition_bytes", "max_inflight_bytes",
+      "forward_order_tail", "bucket_bytes", "run_timeout_s", "server_binary", "worker_binary",
+      "allreduce_binary", "server_flags", "worker_flags", "sync"};
+  // clang-format on
+  if (std::optional<int> exit_code =
+          ParseSubcommandFlags(argc, argv, kUsage, accepted, ParseArgs, &options)) {
     return *exit_code;
   }
   std::vector<workload::ReplayModelSpec> specs;

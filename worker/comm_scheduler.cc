@@ -504,8 +504,9 @@ void CommScheduler::Impl::PlanPushOrder() {
             [&](int a, int b) { return wires_[a].front > wires_[b].front; });
   const double head_bytes = static_cast<double>(total) * (1.0 - options_.forward_order_tail);
   planned_position_.assign(wires_.size(), {});
-  for (size_t w = 0; w < wires_.size(); ++w)
+  for (size_t w = 0; w < wires_.size(); ++w) {
     planned_position_[w].assign(wires_[w].pieces.size(), -1);
+  }
   size_t head = 0;
   for (int w : backward) {
     for (size_t p = 0; p < wires_[w].pieces.size() && static_cast<double>(head) < head_bytes; ++p) {
