@@ -196,10 +196,18 @@ class CommScheduler::Impl {
   // Turns the round window off when it held pushes for kRoundWindowStall
   // with no round coming back; dispatches what it held.
   void TurnOffStalledWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The push order every step follows (options_.forward_order_tail): the
-  // back of the model in the order of backward, then its front, the last
-  // forward_order_tail of the bytes, in forward order.
-  void PlanPushOrder();
+  // The push order every step from plan_from_step_ on follows: the back
+  // of the model in the order of backward, then its front, the last `tail`
+  // of the bytes, in forward order.
+  void PlanPushOrder(double tail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // measure_forward_order_tail: once step 1's backward has ended and its
+  // last push is acknowledged, sends this worker's estimate to the
+  // workers' average; its reply plans the tail.
+  void MaybeAgreeTail() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void TailAgreed(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Before a step from plan_from_step_ queues pushes: waits for the
+  // agreed tail.
+  absl::Status AwaitTail() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Enqueue(Kind kind, int wire, int piece, int64_t step, bool returns_push = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void QueuePushes(int wire) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -247,12 +255,28 @@ class CommScheduler::Impl {
   // Whether the queues are in priority order (CommSchedulerOptions::
   // priority_across_workers): set by Plan, before the first call is queued.
   bool reorders_ = false;
-  // The planned push order (PlanPushOrder; 0 pieces: none): how many
-  // pieces a step pushes, and each piece's position, by wire and piece.
-  int planned_pieces_ = 0;
-  std::vector<std::vector<int>> planned_position_;
+  // How many pieces a step pushes.
+  int pieces_per_step_ = 0;
+  // measure_forward_order_tail where a plan applies: the average tensor.
+  std::string tail_tensor_;
 
   mutable absl::Mutex mutex_;
+  // The planned push order (PlanPushOrder; 0 pieces: none) of the steps
+  // from plan_from_step_ on: each piece's position, by wire and piece.
+  int planned_pieces_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::vector<std::vector<int>> planned_position_ ABSL_GUARDED_BY(mutex_);
+  int64_t plan_from_step_ ABSL_GUARDED_BY(mutex_) = 0;
+  // Measuring the tail: step 1's first gradient, its EndBackward, its
+  // pushes acknowledged so far and when the last was; this worker's
+  // estimate and the average it is sent to and comes back in.
+  absl::Time backward_began_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
+  absl::Time backward_ended_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
+  int measured_pushes_ ABSL_GUARDED_BY(mutex_) = 0;
+  absl::Time pushes_ended_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
+  bool tail_sent_ ABSL_GUARDED_BY(mutex_) = false;
+  bool tail_agreed_ ABSL_GUARDED_BY(mutex_) = true;
+  float tail_estimate_[1] ABSL_GUARDED_BY(mutex_) = {0};
+  float tail_average_[1] ABSL_GUARDED_BY(mutex_) = {0};
   int64_t step_ ABSL_GUARDED_BY(mutex_) = 0;
   std::map<QueueKey, Call> queue_[2] ABSL_GUARDED_BY(mutex_);  // by Kind
   uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
@@ -476,8 +500,26 @@ absl::Status CommScheduler::Impl::Plan() {
   base_clock_ = client_.clock();
   reorders_ = options_.priority && (options_.priority_across_workers ||
                                     client_.num_workers() <= 1 || client_.sync().mode != "bsp");
-  if (options_.priority && !reorders_ && options_.forward_order_tail > 0) PlanPushOrder();
+  for (const Wire& wire : wires_) pieces_per_step_ += static_cast<int>(wire.pieces.size());
+  const bool plans = options_.priority && !reorders_;
+  if (plans && options_.measure_forward_order_tail) {
+    // Dense both ways whatever the client's codecs: every worker must read
+    // the same average.
+    tail_tensor_ = absl::StrCat(kForwardOrderTailTensor, "/", tensors_[0].name);
+    TensorOptions average;
+    average.kind = TensorKind::kAverage;
+    average.codec = "none";
+    average.pull_codec = "none";
+    if (auto status = client_.RegisterTensor(tail_tensor_, {1}, {}, average); !status.ok()) {
+      return status;
+    }
+  }
   absl::MutexLock lock(&mutex_);
+  if (plans && options_.forward_order_tail > 0) PlanPushOrder(options_.forward_order_tail);
+  if (!tail_tensor_.empty()) {
+    tail_agreed_ = false;
+    plan_from_step_ = kForwardOrderTailMeasuredStep + 1;
+  }
   // Only BSP's pulls wait for other workers' pushes, and only pushes in the
   // same order on every worker complete rounds in the order they were sent.
   if (client_.num_workers() > 1 && client_.sync().mode == "bsp" && !reorders_) {
@@ -489,7 +531,7 @@ absl::Status CommScheduler::Impl::Plan() {
   return absl::OkStatus();
 }
 
-void CommScheduler::Impl::PlanPushOrder() {
+void CommScheduler::Impl::PlanPushOrder(double tail) {
   // Wires become ready back to front: a wire (a fused bucket too) is ready
   // with its front member. The split falls between pieces, so that one
   // large tensor (VGG-16's first fully connected layer is three quarters of
@@ -502,7 +544,7 @@ void CommScheduler::Impl::PlanPushOrder() {
   }
   std::sort(backward.begin(), backward.end(),
             [&](int a, int b) { return wires_[a].front > wires_[b].front; });
-  const double head_bytes = static_cast<double>(total) * (1.0 - options_.forward_order_tail);
+  const double head_bytes = static_cast<double>(total) * (1.0 - tail);
   planned_position_.assign(wires_.size(), {});
   for (size_t w = 0; w < wires_.size(); ++w) {
     planned_position_[w].assign(wires_[w].pieces.size(), -1);
@@ -519,6 +561,60 @@ void CommScheduler::Impl::PlanPushOrder() {
       if (position < 0) position = planned_pieces_++;
     }
   }
+  planned_step_ = plan_from_step_;
+  planned_next_ = 0;
+  stats_.forward_order_tail = tail;
+}
+
+void CommScheduler::Impl::MaybeAgreeTail() {
+  if (tail_tensor_.empty() || tail_sent_ || backward_ended_ == absl::InfinitePast() ||
+      pushes_ended_ == absl::InfinitePast()) {
+    return;
+  }
+  tail_sent_ = true;
+  const double backward = absl::ToDoubleSeconds(backward_ended_ - backward_began_);
+  const double pushes = absl::ToDoubleSeconds(pushes_ended_ - backward_began_);
+  const double estimate = pushes > 0 ? std::clamp(1.0 - backward / pushes, 0.0, 1.0) : 0.0;
+  tail_estimate_[0] = static_cast<float>(estimate);
+  stats_.measured_forward_order_tail = estimate;
+  spdlog::info(
+      "comm scheduler: step {} took {:.1f} ms of backward and {:.1f} ms until its last push was "
+      "acknowledged: a forward-order tail of {:.3f} here; averaging it with the other workers'",
+      kForwardOrderTailMeasuredStep, backward * 1e3, pushes * 1e3, estimate);
+  ++inflight_calls_;
+  Client::Handle handle = client_.PushPullAsync(tail_tensor_, absl::MakeConstSpan(tail_estimate_),
+                                                absl::MakeSpan(tail_average_));
+  client_.WhenDone(handle, absl::Now() + options_.wait_timeout, [this](absl::Status status) {
+    absl::Status submitted = executor_.Submit([this, status] {
+      absl::MutexLock lock(&mutex_);
+      TailAgreed(status);
+      Dispatch();
+    });
+    submitted.IgnoreError();  // unbounded: refused only while stopping (see Send)
+  });
+}
+
+void CommScheduler::Impl::TailAgreed(const absl::Status& status) {
+  --inflight_calls_;
+  if (!status.ok()) {
+    Fail(absl::Status(status.code(), absl::StrCat("comm scheduler: averaging the workers' "
+                                                  "forward-order tail: ",
+                                                  status.message())));
+    return;
+  }
+  const double tail = std::clamp(static_cast<double>(tail_average_[0]), 0.0, 1.0);
+  if (tail > 0) PlanPushOrder(tail);
+  stats_.forward_order_tail = tail;
+  stats_.forward_order_tail_from_step = plan_from_step_;
+  tail_agreed_ = true;
+  spdlog::info("comm scheduler: the workers' forward-order tail is {:.3f}, planned from step {}",
+               tail, plan_from_step_);
+}
+
+absl::Status CommScheduler::Impl::AwaitTail() {
+  if (tail_agreed_ || step_ < plan_from_step_) return absl::OkStatus();
+  auto agreed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return tail_agreed_; };
+  return AwaitOrFail(agreed, "the workers' forward-order tail");
 }
 
 void CommScheduler::Impl::Start() {
@@ -544,12 +640,10 @@ CommScheduler::Impl::~Impl() {
 }
 
 void CommScheduler::Impl::Enqueue(Kind kind, int wire, int piece, int64_t step, bool returns_push) {
-  const Wire& w = wires_[wire];
-  QueueKey key =
-      reorders_ ? QueueKey{step, w.front, piece, sequence_++} : QueueKey{0, 0, 0, sequence_++};
-  if (kind == Kind::kPush && planned_pieces_ > 0) {
-    key = QueueKey{step, planned_position_[wire][piece], 0, sequence_++};
-  }
+  const QueueKey key = kind == Kind::kPush && planned_pieces_ > 0 && step >= plan_from_step_
+                           ? QueueKey{step, planned_position_[wire][piece], 0, sequence_++}
+                       : reorders_ ? QueueKey{step, wires_[wire].front, piece, sequence_++}
+                                   : QueueKey{0, 0, 0, sequence_++};
   Call call{kind, wire, piece, step, returns_push};
   if (options_.timeline != nullptr) call.queued = absl::Now();
   queue_[static_cast<int>(kind)][key] = call;
@@ -582,7 +676,7 @@ bool CommScheduler::Impl::Dispatchable(Kind kind) {
   const Call& head = queue.begin()->second;
   // A planned order is kept strictly: a piece waits for the one planned
   // before it even when that one's gradient is not ready yet.
-  if (planned_pieces_ > 0) {
+  if (planned_pieces_ > 0 && head.step >= plan_from_step_) {
     const QueueKey& key = queue.begin()->first;
     if (std::get<0>(key) != planned_step_ || std::get<1>(key) != planned_next_) return false;
   }
@@ -635,7 +729,7 @@ void CommScheduler::Impl::Send(Kind kind) {
     if (log_.size() > kLogLimit) log_.pop_front();
   }
   if (kind == Kind::kPush) {
-    if (planned_pieces_ > 0 && ++planned_next_ == planned_pieces_) {
+    if (planned_pieces_ > 0 && call.step >= plan_from_step_ && ++planned_next_ == planned_pieces_) {
       planned_next_ = 0;
       ++planned_step_;
     }
@@ -703,6 +797,11 @@ void CommScheduler::Impl::Complete(const Call& call, const absl::Status& status)
   }
   --wire.pushes_remaining;
   if (stopping_) return;
+  if (!tail_tensor_.empty() && call.step == kForwardOrderTailMeasuredStep &&
+      ++measured_pushes_ == pieces_per_step_) {
+    pushes_ended_ = absl::Now();
+    MaybeAgreeTail();
+  }
   // Step s + 1's pull of this piece waits on the shard for every worker's
   // push of step s; a pull round begins with its first piece.
   if (wire.pull_step < call.step + 1) {
@@ -828,6 +927,11 @@ absl::Status CommScheduler::Impl::GradientReady(int tensor, absl::Span<const flo
   }
   absl::MutexLock lock(&mutex_);
   if (!error_.ok()) return error_;
+  if (auto status = AwaitTail(); !status.ok()) return status;
+  if (!tail_tensor_.empty() && step_ == kForwardOrderTailMeasuredStep &&
+      backward_began_ == absl::InfinitePast()) {
+    backward_began_ = absl::Now();
+  }
   Member& member = members_[tensor];
   const std::string& name = tensors_[tensor].name;
   if (gradient.size() != member.elements) {
@@ -873,6 +977,7 @@ absl::Status CommScheduler::Impl::EndBackward() {
   {
     absl::MutexLock lock(&mutex_);
     if (!error_.ok()) return error_;
+    if (auto status = AwaitTail(); !status.ok()) return status;
     for (int w : wires_front_first_) {
       Wire& wire = wires_[w];
       if (wire.push_step == step_) continue;
@@ -893,6 +998,10 @@ absl::Status CommScheduler::Impl::EndBackward() {
       options_.timeline->Span(step_track_, absl::StrCat("step ", step_), "step", step_began_, now,
                               Json{{"step", step_}});
       step_began_ = now;
+    }
+    if (!tail_tensor_.empty() && step_ == kForwardOrderTailMeasuredStep) {
+      backward_ended_ = absl::Now();
+      MaybeAgreeTail();
     }
     ++step_;
     Dispatch();
@@ -941,6 +1050,11 @@ absl::StatusOr<std::unique_ptr<CommScheduler>> CommScheduler::Create(
   if (!(options.forward_order_tail >= 0.0 && options.forward_order_tail <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "comm scheduler: forward_order_tail must be in [0, 1], not ", options.forward_order_tail));
+  }
+  if (options.measure_forward_order_tail && options.forward_order_tail > 0) {
+    return absl::InvalidArgumentError(
+        "comm scheduler: a forward_order_tail is given and measure_forward_order_tail is set: "
+        "give one or the other");
   }
   if (options.partitioner != nullptr && options.partitioner->num_shards() != client.num_shards()) {
     return absl::InvalidArgumentError(

@@ -88,6 +88,16 @@ struct CommSchedulerOptions {
   // forward order"). Workers planning different tails lose more than the
   // plan gains. Must be in [0, 1].
   double forward_order_tail = 0.0;
+  // Measure the tail instead (forward_order_tail must then be 0), where a
+  // plan applies (above). Every worker times its step 1: backward, from
+  // its first gradient to EndBackward, and its pushes, from that first
+  // gradient until the last is acknowledged. The workers average their
+  // 1 - backward / push time, clamped to [0, 1], through the shards (a
+  // one-float average tensor, kForwardOrderTailTensor), so each plans the
+  // same tail from step 2 on. A worker's own estimate alone would not do:
+  // workers planning tails 0.27-0.39 lost 130-190 ms per step against all
+  // at 0.33 (docs/performance.md). Every worker must be given this too.
+  bool measure_forward_order_tail = false;
   // 0: no cap. Counts pushes only; a piece above the cap goes alone when
   // no other push is in flight.
   size_t max_inflight_bytes = 0;
@@ -162,6 +172,12 @@ inline constexpr size_t kDefaultInflightPiecesPerShard = 2;
 // itself off.
 inline constexpr size_t kDefaultRoundWindowBytes = 32u << 20;
 
+// measure_forward_order_tail: the step each worker times, and the prefix
+// of the average tensor the workers agree the tail through (registered by
+// the scheduler as this, '/' and the name of the model's tensor 0).
+inline constexpr int64_t kForwardOrderTailMeasuredStep = 1;
+inline constexpr char kForwardOrderTailTensor[] = "harrier.scheduler/forward_order_tail";
+
 // `techniques`: "plain", "wfbp", "fusion", "priority", "all", or several
 // joined by '+' ("wfbp+fusion"). "fusion" and "priority" imply wfbp;
 // "priority" implies partitioning and the credit cap (preemption needs
@@ -208,6 +224,13 @@ struct CommSchedulerStats {
   int64_t peak_inflight_push_bytes = 0;
   // The most bytes pushed at once whose rounds had not come back.
   int64_t peak_unreturned_push_bytes = 0;
+  // The forward-order tail planned: the option's, or with
+  // measure_forward_order_tail the workers' average once agreed (0 before).
+  double forward_order_tail = 0;
+  // measure_forward_order_tail: this worker's own estimate from step 1,
+  // and the step the agreed plan starts from; -1 until then.
+  double measured_forward_order_tail = -1;
+  int64_t forward_order_tail_from_step = -1;
 };
 
 // One dispatched call, in dispatch order (tests check order and shape).

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <list>
@@ -19,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -626,6 +628,111 @@ TEST_CASE(
   Model model({256});
   CommSchedulerOptions options = BaseOptions();
   options.forward_order_tail = 1.5;
+  auto refused = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  CHECK(absl::IsInvalidArgument(refused.status()));
+}
+
+TEST_CASE(
+    "a measured forward-order tail: each worker times step 1, sends its estimate to the "
+    "workers' average, and plans what comes back from step 2 on") {
+  constexpr size_t kChunk = 256 * sizeof(float);
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kChunk), /*num_workers=*/2);
+  // The shards answer the average with 0.25, as if the other worker had
+  // measured something else; what this worker sent is kept.
+  auto sent = std::make_shared<std::vector<float>>();
+  auto sent_mutex = std::make_shared<absl::Mutex>();
+  for (FakeShardTransport* shard : cluster.shards) {
+    shard->SetResponder(
+        [sent, sent_mutex](const FakeShardTransport::Call& call, const ChunkViewSink* sink) {
+          if (call.kind != FakeShardTransport::CallKind::kPushPull ||
+              !absl::StartsWith(call.chunks[0].key(), kForwardOrderTailTensor)) {
+            return FakeShardTransport::DefaultResponse(call, sink);
+          }
+          float estimate = -1;
+          if (call.payloads[0].size() == sizeof(float)) {
+            std::memcpy(&estimate, call.payloads[0].data(), sizeof(float));
+          }
+          {
+            absl::MutexLock lock(sent_mutex.get());
+            sent->push_back(estimate);
+          }
+          const float average = 0.25f;
+          return FakeShardTransport::ReplyDense(*sink, call.chunks[0],
+                                                absl::MakeConstSpan(&average, 1));
+        });
+  }
+  Model model({256, 256, 2 * 256, 4 * 256});
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  options.partition_bytes = kChunk;
+  options.priority = true;
+  options.measure_forward_order_tail = true;
+  auto created = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(created.ok());
+  CommScheduler& scheduler = **created;
+  CHECK(scheduler.stats().measured_forward_order_tail == -1);
+  for (int step = 0; step < 4; ++step) {
+    for (int i = 0; i < 4; ++i) REQUIRE(scheduler.WaitParameters(i).ok());
+    // Step 1: backward takes at least 100 ms and its pushes are held 300
+    // ms after it, so this worker's estimate lies strictly inside (0, 1).
+    if (step == 1) {
+      for (FakeShardTransport* shard : cluster.shards) shard->Block();
+    }
+    for (int i = 3; i >= 1; --i) REQUIRE(scheduler.GradientReady(i, model.grads[i]).ok());
+    if (step == 1) absl::SleepFor(absl::Milliseconds(100));
+    REQUIRE(scheduler.GradientReady(0, model.grads[0]).ok());
+    REQUIRE(scheduler.EndBackward().ok());
+    if (step == 1) {
+      absl::SleepFor(absl::Milliseconds(300));
+      for (FakeShardTransport* shard : cluster.shards) shard->Release();
+    }
+  }
+  REQUIRE(scheduler.Drain().ok());
+  const CommSchedulerStats stats = scheduler.stats();
+  {
+    absl::MutexLock lock(sent_mutex.get());
+    REQUIRE(sent->size() == 1);
+    CHECK(sent->front() == static_cast<float>(stats.measured_forward_order_tail));
+  }
+  CHECK(stats.measured_forward_order_tail > 0);
+  CHECK(stats.measured_forward_order_tail < 1);
+  CHECK(stats.forward_order_tail == 0.25);
+  CHECK(stats.forward_order_tail_from_step == 2);
+  // Steps 0 and 1 in the order gradients became ready, 2 and 3 as a tail
+  // of 0.25 plans them (see the case above).
+  const std::vector<std::pair<int, uint32_t>> ready = {{3, 0}, {3, 1}, {3, 2}, {3, 3},
+                                                       {2, 0}, {2, 1}, {1, 0}, {0, 0}};
+  const std::vector<std::pair<int, uint32_t>> planned = {{3, 0}, {3, 1}, {3, 2}, {3, 3},
+                                                         {2, 0}, {2, 1}, {0, 0}, {1, 0}};
+  std::vector<std::pair<int, uint32_t>> expected;
+  for (const auto* order : {&ready, &ready, &planned, &planned}) {
+    expected.insert(expected.end(), order->begin(), order->end());
+  }
+  CHECK(PushOrder(scheduler) == expected);
+}
+
+TEST_CASE("a measured forward-order tail: one worker plans none and sends nothing") {
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, 1024), 1);
+  Model model({256, 256});
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  options.priority = true;
+  options.measure_forward_order_tail = true;
+  auto created = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(created.ok());
+  for (int step = 0; step < 3; ++step) REQUIRE(Step(**created, model).ok());
+  REQUIRE((*created)->Drain().ok());
+  CHECK((*created)->stats().measured_forward_order_tail == -1);
+  CHECK((*created)->stats().forward_order_tail == 0);
+  for (FakeShardTransport* shard : cluster.shards) {
+    for (const FakeShardTransport::Call& call : shard->calls()) {
+      for (const proto::TensorChunk& chunk : call.chunks) {
+        CHECK(!absl::StartsWith(chunk.key(), kForwardOrderTailTensor));
+      }
+    }
+  }
+  // A tail given and one to measure: refused.
+  options.forward_order_tail = 0.5;
   auto refused = CommScheduler::Create(*cluster.client, model.Tensors(), options);
   CHECK(absl::IsInvalidArgument(refused.status()));
 }
