@@ -54,9 +54,10 @@ ABSL_FLAG(int64_t, partition_bytes, 0, "overlap: passed to the workers (0 = tech
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "overlap: passed to the workers (0 = technique default)");
 ABSL_FLAG(std::string, forward_order_tail, "auto",
-          "overlap: passed to the workers (--forward_order_tail): a fraction in [0, 1], or "
+          "overlap: passed to the workers (--forward_order_tail): a fraction in [0, 1], "
           "'auto': 1 - backward time / the PS cost model's comm time, the share of a step's "
-          "pushes that cannot go out during backward");
+          "pushes that cannot go out during backward, or 'measure': the workers time their "
+          "step 1 and agree the tail themselves");
 ABSL_FLAG(int64_t, bucket_bytes, 25 << 20, "overlap: all-reduce bucket (harrier-allreduce-replay)");
 ABSL_FLAG(std::string, allreduce_binary, "",
           "overlap: harrier-allreduce-replay (default: runfiles, then the bazel-bin layout)");
@@ -106,7 +107,8 @@ constexpr const char kUsage[] =
     "                                       passed to the workers (0 = technique default)\n"
     "  --forward_order_tail=auto            passed to the workers: the share of the push\n"
     "                                       bytes sent last, front first; auto = 1 -\n"
-    "                                       backward / the PS cost model's comm time\n"
+    "                                       backward / the PS cost model's comm time;\n"
+    "                                       measure = the workers time step 1 and agree\n"
     "  --bucket_bytes=26214400              all-reduce bucket (harrier-allreduce-replay)\n"
     "  --run_timeout_s=300                  deadline of one run (all its processes)\n"
     "  --server_binary= --worker_binary= --allreduce_binary=\n"
@@ -129,7 +131,8 @@ struct Options {
   int64_t fusion_bytes = 0;
   int64_t partition_bytes = 0;
   int64_t max_inflight_bytes = 0;
-  std::optional<double> forward_order_tail;  // nullopt = auto
+  std::optional<double> forward_order_tail;  // nullopt = auto or measure
+  bool measure_forward_order_tail = false;
   int64_t bucket_bytes = 25 << 20;
   int run_timeout_s = 300;
   std::string server_binary;
@@ -182,10 +185,13 @@ std::string ParseArgs(Options* options) {
   options->partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
   options->max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options->bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
-  if (const std::string tail = absl::GetFlag(FLAGS_forward_order_tail); tail != "auto") {
+  if (const std::string tail = absl::GetFlag(FLAGS_forward_order_tail); tail == "measure") {
+    options->measure_forward_order_tail = true;
+  } else if (tail != "auto") {
     double fraction = 0;
     if (!absl::SimpleAtod(tail, &fraction) || !(fraction >= 0 && fraction <= 1)) {
-      return absl::StrCat("--forward_order_tail=", tail, ": want a fraction in [0, 1] or 'auto'");
+      return absl::StrCat("--forward_order_tail=", tail,
+                          ": want a fraction in [0, 1], 'auto' or 'measure'");
     }
     options->forward_order_tail = fraction;
   }
@@ -316,6 +322,10 @@ struct Summary {
   int64_t timed_end_ns = 0;
   // Each timed step's wall time (empty where the replay did not report it).
   std::vector<double> step_ms;
+  // The forward-order tail the worker planned, and its own estimate where
+  // the workers measured it (-1: not reported or not measured).
+  double forward_order_tail = -1;
+  double measured_forward_order_tail = -1;
 };
 
 // A process's CPU sampled over time, so that its CPU over a span another
@@ -406,6 +416,8 @@ absl::StatusOr<Summary> ReadSummary(const HostProcess& process) {
   double start_ns = 0;
   double end_ns = 0;
   number("cpu_seconds_per_iter", &summary.cpu_seconds_per_iter);
+  number("forward_order_tail", &summary.forward_order_tail);
+  number("measured_forward_order_tail", &summary.measured_forward_order_tail);
   if (number("timed_start_monotonic_ns", &start_ns) && number("timed_end_monotonic_ns", &end_ns)) {
     summary.timed_start_ns = static_cast<int64_t>(start_ns);
     summary.timed_end_ns = static_cast<int64_t>(end_ns);
@@ -535,7 +547,9 @@ absl::StatusOr<RunResult> RunPs(const Options& options, const EmulatedNetwork& n
         absl::StrCat("--fusion_bytes=", options.fusion_bytes),
         absl::StrCat("--partition_bytes=", options.partition_bytes),
         absl::StrCat("--max_inflight_bytes=", options.max_inflight_bytes),
-        absl::StrCat("--forward_order_tail=", Fmt(config.forward_order_tail))};
+        absl::StrCat("--forward_order_tail=", options.measure_forward_order_tail
+                                                  ? std::string("measure")
+                                                  : Fmt(config.forward_order_tail))};
     args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
     auto worker = HostProcess::Start(
         absl::StrCat("harrier-worker rank ", rank), network.host_namespace_path(rank), args,
@@ -795,7 +809,24 @@ int RunOverlapBench(int argc, char** argv) {
             {"ideal_iter_ms", Significant(ideal_ms)},
             {"ideal_over_iter", Significant(ideal_ms / iter_ms)},
         };
-        if (!allreduce) line["forward_order_tail"] = Significant(forward_order_tail);
+        if (!allreduce) {
+          // The tail given to the workers (auto: the cost model's), or
+          // with measure the one they agreed; each worker's plan and own
+          // estimate beside it.
+          line["forward_order_tail"] = Significant(
+              options.measure_forward_order_tail ? first.forward_order_tail : forward_order_tail);
+          line["forward_order_tail_source"] = options.measure_forward_order_tail       ? "measured"
+                                              : options.forward_order_tail.has_value() ? "given"
+                                                                                       : "auto";
+          Json planned = Json::array();
+          Json estimates = Json::array();
+          for (const Summary& summary : *summaries) {
+            planned.push_back(Significant(summary.forward_order_tail));
+            estimates.push_back(Significant(summary.measured_forward_order_tail));
+          }
+          line["forward_order_tail_planned"] = planned;
+          if (options.measure_forward_order_tail) line["forward_order_tail_estimates"] = estimates;
+        }
         if (!step_ms.empty()) {
           Json steps = Json::array();
           for (double ms : step_ms) steps.push_back(Significant(ms));

@@ -741,6 +741,10 @@ class PyScheduler {
     out["bytes_pushed"] = stats.bytes_pushed;
     out["bytes_pulled"] = stats.bytes_pulled;
     out["peak_inflight_push_bytes"] = stats.peak_inflight_push_bytes;
+    out["peak_unreturned_push_bytes"] = stats.peak_unreturned_push_bytes;
+    out["forward_order_tail"] = stats.forward_order_tail;
+    out["measured_forward_order_tail"] = stats.measured_forward_order_tail;
+    out["forward_order_tail_from_step"] = stats.forward_order_tail_from_step;
     return out;
   }
 
@@ -796,7 +800,8 @@ std::unique_ptr<PyScheduler> CreateScheduler(
     const std::shared_ptr<PyClient>& client, const std::vector<std::string>& names,
     const std::vector<std::vector<int64_t>>& shapes, const std::vector<py::object>& parameters,
     const std::string& techniques, size_t fusion_bytes, size_t partition_bytes,
-    size_t max_inflight_bytes, double wait_timeout_seconds, double forward_order_tail) {
+    size_t max_inflight_bytes, double wait_timeout_seconds, double forward_order_tail,
+    bool measure_forward_order_tail) {
   if (names.size() != shapes.size() || names.size() != parameters.size()) {
     ThrowIfError(absl::InvalidArgumentError("names, shapes and parameters differ in length"));
   }
@@ -805,6 +810,7 @@ std::unique_ptr<PyScheduler> CreateScheduler(
   ThrowIfError(options.status());
   options->wait_timeout = SecondsToDuration(wait_timeout_seconds, "wait_timeout");
   options->forward_order_tail = forward_order_tail;
+  options->measure_forward_order_tail = measure_forward_order_tail;
   std::vector<ScheduledTensor> tensors;
   std::vector<FloatBuffer> views;
   for (size_t i = 0; i < names.size(); ++i) {
@@ -1049,7 +1055,8 @@ PYBIND11_MODULE(_harrier, m) {
       .def(py::init(&CreateScheduler), py::arg("client"), py::arg("names"), py::arg("shapes"),
            py::arg("parameters"), py::arg("techniques"), py::arg("fusion_bytes") = 0,
            py::arg("partition_bytes") = 0, py::arg("max_inflight_bytes") = 0,
-           py::arg("wait_timeout") = 120.0, py::arg("forward_order_tail") = 0.0)
+           py::arg("wait_timeout") = 120.0, py::arg("forward_order_tail") = 0.0,
+           py::arg("measure_forward_order_tail") = false)
       .def("wait_parameters", &PyScheduler::WaitParameters)
       .def("gradient_ready", &PyScheduler::GradientReady)
       .def("end_backward", [](PyScheduler& s) { s.Run(&CommScheduler::EndBackward); })

@@ -75,6 +75,10 @@ struct Measured {
   Mark end;
   Bytes after_setup;  // once the initial parameters are in
   Bytes at_end;
+  // The comm scheduler's forward-order tail: planned, and this worker's
+  // own estimate where it measured one (-1: none).
+  double forward_order_tail = 0;
+  double measured_forward_order_tail = -1;
 };
 
 // Per-step bytes to (or from) each shard between two snapshots.
@@ -204,6 +208,9 @@ absl::StatusOr<Measured> RunScheduled(Client& client, const ReplayModelSpec& spe
   if (absl::Status s = scheduler.Drain(); !s.ok()) return s;
   m.end = MarkNow();
   m.at_end = Snapshot(client);
+  const CommSchedulerStats stats = scheduler.stats();
+  m.forward_order_tail = stats.forward_order_tail;
+  m.measured_forward_order_tail = stats.measured_forward_order_tail;
   return m;
 }
 
@@ -270,6 +277,8 @@ absl::StatusOr<workload::ReplaySummary> RunReplay(Client& client, const ReplayMo
       measured->after_setup.pushed_per_shard, measured->at_end.pushed_per_shard, total);
   summary.bytes_pulled_per_shard_per_iter = PerShardPerIter(
       measured->after_setup.pulled_per_shard, measured->at_end.pulled_per_shard, total);
+  summary.forward_order_tail = measured->forward_order_tail;
+  summary.measured_forward_order_tail = measured->measured_forward_order_tail;
 
   if (client.sync().mode == "bsp" && options.optimizer == "sgd") {
     workload::ReplayCheckOptions check;

@@ -69,11 +69,13 @@ ABSL_FLAG(bool, priority_across_workers, false,
           "With priority under BSP and more than one worker, reorder the queues anyway. Off: "
           "every worker sends its pieces in the order of backward, so rounds complete as the "
           "pushes arrive (measured faster; docs/performance.md, \"Where a 4 x 4 step goes\").");
-ABSL_FLAG(double, forward_order_tail, 0.0,
+ABSL_FLAG(std::string, forward_order_tail, "0",
           "With priority where calls keep the order of backward (BSP, several workers): this "
           "fraction of a step's push bytes, the front of the model, goes last and in forward "
           "order, the same plan on every worker (0: off). About 1 - backward time / "
-          "communication time; every worker must be given the same value.");
+          "communication time; every worker must be given the same value. 'measure': every "
+          "worker times step 1, the workers average their estimates through the shards and "
+          "plan that from step 2.");
 ABSL_FLAG(std::string, timeline, "",
           "Write a timeline of the worker's pushes and pulls to this file (a Chrome trace: open "
           "it in ui.perfetto.dev or chrome://tracing); with --techniques, the comm scheduler's "
@@ -263,9 +265,11 @@ int main(int argc, char** argv) {
     if (!parsed.ok()) return Fail(absl::StrCat("--techniques: ", parsed.status().message()));
     scheduler = *parsed;
     scheduler->priority_across_workers = absl::GetFlag(FLAGS_priority_across_workers);
-    scheduler->forward_order_tail = absl::GetFlag(FLAGS_forward_order_tail);
-    if (!(scheduler->forward_order_tail >= 0 && scheduler->forward_order_tail <= 1)) {
-      return Fail("--forward_order_tail must be in [0, 1]");
+    if (const std::string tail = absl::GetFlag(FLAGS_forward_order_tail); tail == "measure") {
+      scheduler->measure_forward_order_tail = true;
+    } else if (!absl::SimpleAtod(tail, &scheduler->forward_order_tail) ||
+               !(scheduler->forward_order_tail >= 0 && scheduler->forward_order_tail <= 1)) {
+      return Fail(absl::StrCat("--forward_order_tail=", tail, ": must be in [0, 1], or 'measure'"));
     }
     if (absl::GetFlag(FLAGS_round_window_bytes) >= 0) {
       scheduler->round_window_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_round_window_bytes));
@@ -451,7 +455,10 @@ int main(int argc, char** argv) {
                    "[worker %d] comm scheduler: calls go in the order of backward, as on every "
                    "worker (BSP with %d workers; --priority_across_workers reorders them)%s\n",
                    rank, (*client)->num_workers(),
-                   scheduler->forward_order_tail > 0
+                   scheduler->measure_forward_order_tail
+                       ? ", except a tail of the push bytes, measured in step 1 and agreed by "
+                         "the workers, which goes front first from step 2"
+                   : scheduler->forward_order_tail > 0
                        ? absl::StrCat(", except the last ", scheduler->forward_order_tail,
                                       " of the push bytes, which go front first")
                              .c_str()

@@ -666,11 +666,19 @@ class Scheduler:
     forward_order_tail: with priority under BSP with several workers, the
     share of a step's push bytes (the front of the model) that goes last,
     front first; about 1 - backward time / communication time, the same on
-    every worker (0: off).
+    every worker (0: off). "measure": every worker times its step 1 and the
+    workers average their estimates through the shards, so all plan the
+    same tail from step 2 (every worker must say "measure"); stats() then
+    gives it as forward_order_tail, this worker's own estimate as
+    measured_forward_order_tail.
     """
 
     def __init__(self, client, tensors, techniques="all", fusion_bytes=0, partition_bytes=0,
                  max_inflight_bytes=0, wait_timeout=120.0, forward_order_tail=0.0):
+        measure = isinstance(forward_order_tail, str)
+        if measure and forward_order_tail != "measure":
+            raise _bad(f"forward_order_tail={forward_order_tail!r}: want a fraction in [0, 1] "
+                       f"or 'measure'")
         names, shapes, arrays = [], [], []
         for name, array in tensors:
             array = _writable(array, f"scheduler tensor '{name}'")
@@ -681,7 +689,8 @@ class Scheduler:
                                              int(fusion_bytes), int(partition_bytes),
                                              int(max_inflight_bytes),
                                              _duration(wait_timeout, "wait_timeout"),
-                                             float(forward_order_tail))
+                                             0.0 if measure else float(forward_order_tail),
+                                             measure)
         self._client = client
         self._sizes = [a.size for a in arrays]
         for name, shape in zip(names, shapes):

@@ -873,7 +873,9 @@ class DistributedOptimizer(_torch.optim.Optimizer):
     under BSP with several workers): the share of a step's push bytes, the
     front of the model, sent last and front first, so the next forward
     starts before the whole backlog is back; about 1 - backward time /
-    communication time, the same on every worker (0: off).
+    communication time, the same on every worker (0: off); "measure": the
+    workers time their second step and agree the tail through the shards,
+    planned from the third (every worker must say "measure").
     """
 
     def __init__(self, optimizer, named_parameters=None, compression=None,

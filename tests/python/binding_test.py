@@ -331,6 +331,12 @@ class BindingTest(unittest.TestCase):
             with self.assertRaisesRegex(harrier.InvalidArgumentError, "forward_order_tail"):
                 harrier.Scheduler(c, [("sched.e", np.zeros(4, np.float32))],
                                   forward_order_tail=1.5)
+            with self.assertRaisesRegex(harrier.InvalidArgumentError, "'measure'"):
+                harrier.Scheduler(c, [("sched.f", np.zeros(4, np.float32))],
+                                  forward_order_tail="auto")
+            # One worker: priority reorders freely, nothing is planned or measured.
+            self.assertEqual(stats["forward_order_tail"], 0.0)
+            self.assertEqual(stats["measured_forward_order_tail"], -1.0)
             s.close()
             with self.assertRaises(harrier.FailedPreconditionError):
                 s.drain()

@@ -86,6 +86,18 @@ class EquivalenceTest(unittest.TestCase):
         # backward, then the front half front first: the same result.
         self.check(techniques="all", forward_order_tail=0.5)
 
+    def test_server_update_through_scheduler_measured_tail(self):
+        # Each worker times its second step; both plan the average of the
+        # two estimates, which the shards computed, from the third.
+        results = self.check(techniques="all", forward_order_tail="measure")
+        estimates = [float(r["tail_estimate"]) for r in results]
+        for estimate in estimates:
+            self.assertGreaterEqual(estimate, 0.0)
+            self.assertLessEqual(estimate, 1.0)
+        self.assertEqual([float(r["tail"]) for r in results], [float(results[0]["tail"])] * 2)
+        self.assertAlmostEqual(float(results[0]["tail"]), sum(estimates) / 2, places=6)
+        self.assertEqual([int(r["tail_from_step"]) for r in results], [2, 2])
+
     def test_worker_update(self):
         # Each worker steps locally and pushes old - new; shards at lr 1 take
         # the average: the same as averaging the gradients.

@@ -35,7 +35,7 @@ def main():
     parser.add_argument("--codec", default="none")
     parser.add_argument("--broadcast", action="store_true")
     parser.add_argument("--fusion_bytes", type=int, default=0)
-    parser.add_argument("--forward_order_tail", type=float, default=0.0)
+    parser.add_argument("--forward_order_tail", default="0", help="a fraction or 'measure'")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -50,7 +50,8 @@ def main():
         torch.optim.SGD(model.parameters(), lr=args.lr), model.named_parameters(), client=client,
         update=args.update, techniques=args.techniques or None,
         model=model if args.techniques else None, fusion_bytes=args.fusion_bytes,
-        forward_order_tail=args.forward_order_tail)
+        forward_order_tail=(args.forward_order_tail if args.forward_order_tail == "measure"
+                            else float(args.forward_order_tail)))
     broadcast = None
     if args.broadcast:
         state = {"table": torch.full((5, 3), float(args.rank + 1)),
@@ -73,11 +74,15 @@ def main():
     client.barrier("done")
     optimizer.refresh()
     stats = optimizer.stats()
+    scheduler = stats.get("scheduler", {})
     client.leave()
     params = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
     np.savez(args.out, losses=np.array(losses), params=params,
              broadcast=broadcast if broadcast is not None else np.zeros(0),
-             bytes_pushed=stats["bytes_pushed"], pushes=stats["pushes"], staged=staged)
+             bytes_pushed=stats["bytes_pushed"], pushes=stats["pushes"], staged=staged,
+             tail=scheduler.get("forward_order_tail", -1),
+             tail_estimate=scheduler.get("measured_forward_order_tail", -1),
+             tail_from_step=scheduler.get("forward_order_tail_from_step", -1))
 
 
 if __name__ == "__main__":

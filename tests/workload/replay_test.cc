@@ -279,6 +279,8 @@ TEST_CASE("the summary line has its documented fields in order") {
   s.timed_start_monotonic_ns = 1000000000;
   s.timed_end_monotonic_ns = 1617000000;
   s.step_ms = {130.5, 121.0, 122.25, 123.75, 119.5};
+  s.forward_order_tail = 0.3125;
+  s.measured_forward_order_tail = 0.28;
   CHECK(FormatReplaySummary(s) ==
         "replay_summary {\"model\":\"resnet50\",\"techniques\":\"all\",\"sync\":\"bsp\","
         "\"compute_scale\":1.0,"
@@ -288,7 +290,8 @@ TEST_CASE("the summary line has its documented fields in order") {
         "\"bytes_pushed_per_shard_per_iter\":[51114064,51114064],"
         "\"bytes_pulled_per_shard_per_iter\":[51114000,51114128],\"cpu_seconds_per_iter\":0.250000,"
         "\"timed_start_monotonic_ns\":1000000000,\"timed_end_monotonic_ns\":1617000000,"
-        "\"step_ms\":[130.5,121.0,122.2,123.8,119.5]}");
+        "\"step_ms\":[130.5,121.0,122.2,123.8,119.5],\"forward_order_tail\":0.3125,"
+        "\"measured_forward_order_tail\":0.28}");
   s.compute_scale = 0.01;
   CHECK(absl::StrContains(FormatReplaySummary(s), "\"compute_scale\":0.01,"));
 }

@@ -199,14 +199,16 @@ std::string FormatReplaySummary(const ReplaySummary& s) {
       "\"compute_ms\":%.3f,\"bytes_pushed_per_iter\":%d,\"bytes_pulled_per_iter\":%d,"
       "\"bytes_per_iter\":%d,\"checked\":%s,\"bytes_pushed_per_shard_per_iter\":[%s],"
       "\"bytes_pulled_per_shard_per_iter\":[%s],\"cpu_seconds_per_iter\":%.6f,"
-      "\"timed_start_monotonic_ns\":%d,\"timed_end_monotonic_ns\":%d,\"step_ms\":[%s]}",
+      "\"timed_start_monotonic_ns\":%d,\"timed_end_monotonic_ns\":%d,\"step_ms\":[%s],"
+      "\"forward_order_tail\":%.6g,\"measured_forward_order_tail\":%.6g}",
       s.model, s.techniques, s.sync, scale, s.rank, s.workers, s.shards, s.steps, s.warmup_steps,
       s.iter_ms, s.compute_ms, s.bytes_pushed_per_iter, s.bytes_pulled_per_iter, s.bytes_per_iter,
       s.checked ? "true" : "false", absl::StrJoin(s.bytes_pushed_per_shard_per_iter, ","),
       absl::StrJoin(s.bytes_pulled_per_shard_per_iter, ","), s.cpu_seconds_per_iter,
       s.timed_start_monotonic_ns, s.timed_end_monotonic_ns,
       absl::StrJoin(s.step_ms, ",",
-                    [](std::string* out, double ms) { absl::StrAppendFormat(out, "%.1f", ms); }));
+                    [](std::string* out, double ms) { absl::StrAppendFormat(out, "%.1f", ms); }),
+      s.forward_order_tail, s.measured_forward_order_tail);
 }
 
 }  // namespace harrier::workload

@@ -140,6 +140,11 @@ struct ReplaySummary {
   // over the same span.
   int64_t timed_start_monotonic_ns = 0;
   int64_t timed_end_monotonic_ns = 0;
+  // The comm scheduler's forward-order tail (CommSchedulerStats): the one
+  // planned (0: none), and this worker's own estimate where the workers
+  // measured it (-1: not measured).
+  double forward_order_tail = 0;
+  double measured_forward_order_tail = -1;
 };
 
 // `replay_summary {...}`: one line, no newline, the JSON object's fields in
