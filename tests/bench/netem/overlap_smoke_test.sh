@@ -5,7 +5,8 @@
 # of its set rate, that the bytes are ResNet-50's, that comm_ms and ideal
 # follow the cost model from those figures, and that no iteration beat the
 # set rate of the link (which fails if shaping is lost). Then `all` under
-# SSP: no failure, though BSP's exact check does not run. Only what a busy
+# SSP: no failure, though BSP's exact check does not run; and `all` with
+# the forward-order tail the workers measure and agree. Only what a busy
 # machine keeps: the link within 10 % of its rate and the iteration against
 # the measured link are `bench/scripts/bench_checks.sh overlap`
 # (docs/experiments.md, "Bench checks"). Prints SKIPPED where namespaces
@@ -66,8 +67,14 @@ for l in lines:
     # At compute scale 0.05 backward is about 1 % of the link time, so
     # the workers were told to send almost every push front first (in `all`,
     # checked exactly above by the BSP check of the final parameters).
-    check(0.9 < l.get("forward_order_tail", -1) <= 1,
+    check(0.9 < l.get("forward_order_tail", -1) <= 1 and l.get("forward_order_tail_source") == "auto",
           f"{t}: forward_order_tail {l.get('forward_order_tail')} from the cost model")
+    # Each worker reports the tail it planned: `all` the one given, `plain`
+    # (no priority) none.
+    planned = l.get("forward_order_tail_planned", [])
+    want = l.get("forward_order_tail", -1) if t == "all" else 0
+    check(len(planned) == 2 and all(abs(p - want) <= 1e-5 for p in planned),
+          f"{t}: forward_order_tail_planned {planned}, want {want} on both workers")
     # CPU per GB moved: measured for the workers, the shards and a raw TCP
     # stream; the run's figure lies between the workers' and the shards'
     # (it is their byte-weighted mean), and the run kept no more cores busy
@@ -130,4 +137,32 @@ if [ "$rc" -eq 2 ] && grep -q "ssp<N>" "$tmp/bad.err"; then
 else
   echo "FAIL --sync=ssp0: exit $rc, $(cat "$tmp/bad.err")"; ssp_failed=1
 fi
-[ "$checks" -eq 0 ] && [ "$ssp_failed" -eq 0 ]
+
+# The tail measured by the workers: each times step 1, both plan the
+# shards' average of their estimates from step 2 (the last timed step),
+# and BSP's exact check of the final parameters still passes.
+measure_failed=0
+"$bench" overlap --models=resnet50 --links_gbps=1 --compute_scale=0.05 --steps=2 \
+  --warmup_steps=1 --techniques=all --forward_order_tail=measure --run_timeout_s=60 \
+  >"$tmp/measure.jsonl" 2>"$tmp/measure.err"
+rc=$?
+cat "$tmp/measure.err" >&2
+cat "$tmp/measure.jsonl"
+if [ "$rc" -eq 0 ]; then echo "PASS --forward_order_tail=measure: exit 0"; else echo "FAIL --forward_order_tail=measure: exited $rc"; measure_failed=1; fi
+/usr/bin/python3 - "$tmp/measure.jsonl" <<'PY' || measure_failed=1
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+ok = len(lines) == 1
+l = lines[0] if ok else {}
+tail = l.get("forward_order_tail", -1)
+planned = l.get("forward_order_tail_planned", [])
+estimates = l.get("forward_order_tail_estimates", [])
+ok = ok and l.get("forward_order_tail_source") == "measured" and l.get("checked") is True
+ok = ok and len(estimates) == 2 and all(0 <= e <= 1 for e in estimates)
+ok = ok and len(planned) == 2 and all(p == tail for p in planned)
+ok = ok and abs(tail - sum(estimates) / 2) <= 1e-5
+print(("PASS" if ok else "FAIL") + f" --forward_order_tail=measure: estimates {estimates}, "
+      f"both planned their mean {tail} ({planned}), checked {l.get('checked')}")
+sys.exit(0 if ok else 1)
+PY
+[ "$checks" -eq 0 ] && [ "$ssp_failed" -eq 0 ] && [ "$measure_failed" -eq 0 ]
