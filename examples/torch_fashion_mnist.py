@@ -25,7 +25,8 @@ and in worker mode update=server, update=average or update=worker (where
 the optimizer ran), local_steps=H (steps between averages of the models,
 1 unless --update=worker), transport=tcp, grpc or ucx (the data path the
 shards got; "tcp,grpc" when they differ), bytes_pushed=N and bytes_pulled=N
-(this worker's client).
+(this worker's client), and with --techniques forward_order_tail=F (the
+share of a step's push bytes the workers sent last, front first).
 
 Progress lines go to stderr. The data are the IDX files of Debian's
 dataset-fashion-mnist package (--data_dir).
@@ -213,6 +214,10 @@ def parse_args(argv):
     p.add_argument("--techniques", default="none",
                    help="worker mode: comm scheduler techniques (plain, wfbp, fusion, "
                         "priority, all, a+b) or none: each gradient pushed from its hook")
+    p.add_argument("--forward_order_tail", default="measure",
+                   help="worker mode with --techniques: the share of a step's push bytes, the "
+                        "front of the model, sent last and front first (a fraction in [0, 1]), "
+                        "or measure: the workers time their second step and agree it")
     p.add_argument("--transport", choices=["auto", "tcp", "grpc", "ucx"],
                    default=os.environ.get("HARRIER_TRANSPORT", "auto"),
                    help="data plane for pushes and pulls (auto: tcp where the shards serve it "
@@ -330,7 +335,9 @@ def main(argv):
             # The shards run the optimizer; the local one's lr and momentum are unused.
             opt = htorch.DistributedOptimizer(
                 local, model.named_parameters(), client=client, model=model,
-                techniques=None if args.techniques == "none" else args.techniques)
+                techniques=None if args.techniques == "none" else args.techniques,
+                forward_order_tail=(args.forward_order_tail if args.forward_order_tail == "measure"
+                                    else float(args.forward_order_tail)))
             log(f"{tag}the servers must run with {server_args(args)} to match these "
                 "hyperparameters (the local optimizer's lr is unused)")
     else:
@@ -401,6 +408,9 @@ def main(argv):
                   f"transport={','.join(sorted(set(client.data_paths)))}",
                   f"bytes_pushed={stats['bytes_pushed']}",
                   f"bytes_pulled={stats['bytes_pulled']}"]
+        scheduler = opt.stats().get("scheduler") if opt is not local else None
+        if scheduler is not None:
+            lines.append(f"forward_order_tail={scheduler['forward_order_tail']:.4f}")
         client.leave()
     out = sys.stdout if rank == 0 else sys.stderr
     for line in lines:

@@ -69,13 +69,13 @@ ABSL_FLAG(bool, priority_across_workers, false,
           "With priority under BSP and more than one worker, reorder the queues anyway. Off: "
           "every worker sends its pieces in the order of backward, so rounds complete as the "
           "pushes arrive (measured faster; docs/performance.md, \"Where a 4 x 4 step goes\").");
-ABSL_FLAG(std::string, forward_order_tail, "0",
+ABSL_FLAG(std::string, forward_order_tail, "measure",
           "With priority where calls keep the order of backward (BSP, several workers): this "
           "fraction of a step's push bytes, the front of the model, goes last and in forward "
           "order, the same plan on every worker (0: off). About 1 - backward time / "
-          "communication time; every worker must be given the same value. 'measure': every "
-          "worker times step 1, the workers average their estimates through the shards and "
-          "plan that from step 2.");
+          "communication time; every worker must be given the same value. 'measure' (the "
+          "default): every worker times step 1, the workers average their estimates through "
+          "the shards and plan that from step 2.");
 ABSL_FLAG(std::string, timeline, "",
           "Write a timeline of the worker's pushes and pulls to this file (a Chrome trace: open "
           "it in ui.perfetto.dev or chrome://tracing); with --techniques, the comm scheduler's "

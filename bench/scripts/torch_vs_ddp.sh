@@ -26,9 +26,10 @@
 # configuration may take; a process still running 60 s after rank 0
 # reported its result is killed and named, and the result kept.
 #
-# --harrier: CODEC@SHARDS[@PULL_CODEC[@TECHNIQUES[@UPDATE[@TRANSPORT[@FUSION]]]]]
+# --harrier: CODEC@SHARDS[@PULL_CODEC[@TECHNIQUES[@UPDATE[@TRANSPORT[@FUSION[@TAIL]]]]]]
 # per configuration (the example's --codec, --pull_codec, --techniques,
-# --update, --transport and --fusion_bytes: none pushes each gradient from its hook, all runs the comm
+# --update, --transport, --fusion_bytes and --forward_order_tail, whose
+# default is measure: none pushes each gradient from its hook, all runs the comm
 # scheduler; update server (the default) runs the example's optimizer on the
 # shards, average averages one fused gradient bucket on the shards and runs
 # it on each worker, as DDP does; transport auto (the default: tcp, which
@@ -71,7 +72,7 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
   done
   pids=()
   if [ "$system" = harrier ]; then
-    IFS=@ read -r codec shards pull_codec techniques update transport fusion <<<"$config"
+    IFS=@ read -r codec shards pull_codec techniques update transport fusion tail <<<"$config"
     transport=${transport:-auto}
     # update worker:H is local SGD every H steps; the shards then run --sync=local.
     local_steps=1
@@ -110,7 +111,8 @@ if [ "${1:-}" = __run ]; then  # inside netem.sh run: one configuration
       ip netns exec "${!ns_var}" /usr/bin/python3 examples/torch_fashion_mnist.py --mode=worker \
         --servers="$servers" --rank=$r --num_workers="$workers" --codec="$codec" \
         --pull_codec="${pull_codec:-none}" --techniques="${techniques:-none}" \
-        "${update_args[@]}" --transport="$transport" --fusion_bytes="${fusion:-0}" "${example[@]}" \
+        "${update_args[@]}" --transport="$transport" --fusion_bytes="${fusion:-0}" \
+        --forward_order_tail="${tail:-measure}" "${example[@]}" \
         >"$dir/out$r" 2>"$dir/err$r" &
       pids+=($!)
     done
@@ -196,6 +198,8 @@ export HARRIER_BIN PYTHONPATH="$HARRIER_BIN/python/pkg"
 example=(--epochs="$epochs" --limit_steps="$limit" --eval_every="$eval_every" --log_every=100000)
 
 field() { sed -n "s/^$1=//p" "$2" | head -n 1; }
+# The tail the workers planned (the example prints it with --techniques), or null.
+tail_or_null() { if [ -n "$1" ]; then echo "$1"; else echo null; fi; }
 # Training seconds at the first evaluation at or above $1 (null if none).
 reached() {
   awk -v t="$1" '/eval step=/ { a = ""; s = "";
@@ -240,10 +244,11 @@ for rate in "${rates[@]}"; do
     done
     extra=""
     if [ "$system" = harrier ]; then
-      IFS=@ read -r codec shards pull_codec techniques update transport fusion <<<"$config"
+      IFS=@ read -r codec shards pull_codec techniques update transport fusion tail <<<"$config"
       local_steps=$(field local_steps "$dir/out0")
-      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","update":"%s","local_steps":%d,"transport":"%s","shards":%d,"fusion_bytes":%d,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
+      extra=$(printf ',"codec":"%s","pull_codec":"%s","techniques":"%s","update":"%s","local_steps":%d,"transport":"%s","shards":%d,"fusion_bytes":%d,"forward_order_tail":%s,"client_bytes_pushed_per_step":%.0f,"client_bytes_pulled_per_step":%.0f' \
         "$codec" "${pull_codec:-none}" "${techniques:-none}" "$(field update "$dir/out0")" "${local_steps:-1}" "$(field transport "$dir/out0")" "$shards" "${fusion:-0}" \
+        "$(tail_or_null "$(field forward_order_tail "$dir/out0")")" \
         "$(awk -v b="$(field bytes_pushed "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')" \
         "$(awk -v b="$(field bytes_pulled "$dir/out0")" -v s="$steps" 'BEGIN { print b / s }')")
     else

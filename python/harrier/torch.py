@@ -873,9 +873,10 @@ class DistributedOptimizer(_torch.optim.Optimizer):
     under BSP with several workers): the share of a step's push bytes, the
     front of the model, sent last and front first, so the next forward
     starts before the whole backlog is back; about 1 - backward time /
-    communication time, the same on every worker (0: off); "measure": the
-    workers time their second step and agree the tail through the shards,
-    planned from the third (every worker must say "measure").
+    communication time, the same on every worker (0: off); "measure" (the
+    default): the workers time their second step and agree the tail
+    through the shards, planned from the third (every worker must say
+    "measure"); stats()["scheduler"] gives the tail planned.
     """
 
     def __init__(self, optimizer, named_parameters=None, compression=None,
@@ -883,7 +884,7 @@ class DistributedOptimizer(_torch.optim.Optimizer):
                  client=None, servers=None, rank=None, codec="none", pull_codec="none",
                  transport="auto", sync=None, update="auto", techniques=None, model=None,
                  prefix="", fusion_bytes=0, partition_bytes=0, max_inflight_bytes=0,
-                 wait_timeout=120.0, pull_compression="paired", forward_order_tail=0.0,
+                 wait_timeout=120.0, pull_compression="paired", forward_order_tail="measure",
                  **client_options):
         global _default_client
         from_job = client is None and servers is None

@@ -65,8 +65,8 @@ field() {  # file, field name: the value in the replay_summary line
   sed -n 's/^replay_summary //p' "$1" | tr ',' '\n' | sed -n "s/^{\{0,1\}\"$2\":\"\{0,1\}\([^\"}]*\)\"\{0,1\}}\{0,1\}$/\1/p"
 }
 
-assert_run() {  # name, techniques
-  local name=$1 techniques=$2 dir="$tmp/$1"
+assert_run() {  # name, techniques, bytes a step each way beyond the model's
+  local name=$1 techniques=$2 extra=${3:-0} dir="$tmp/$1"
   if [ "$techniques" = none ]; then
     check "$name: no scheduler" "! grep -q 'comm scheduler' '$dir/worker0.err'"
   else
@@ -81,12 +81,12 @@ assert_run() {  # name, techniques
     check "$name: rank $r model, techniques, rank, workers, shards, steps" \
       "[ '$(field "$out" model)/$(field "$out" techniques)/$(field "$out" rank)/$(field "$out" workers)/$(field "$out" shards)/$(field "$out" steps)/$(field "$out" warmup_steps)' = 'resnet50/$techniques/$r/2/2/3/1' ]"
     check "$name: rank $r checked=true" "[ '$(field "$out" checked)' = true ]"
-    check "$name: rank $r pushes 4 x 25,557,032 bytes a step" \
-      "[ '$(field "$out" bytes_pushed_per_iter)' = $dense ]"
-    check "$name: rank $r pulls 4 x 25,557,032 bytes a step" \
-      "[ '$(field "$out" bytes_pulled_per_iter)' = $dense ]"
-    check "$name: rank $r bytes_per_iter = 2 x 4 x 25,557,032" \
-      "[ '$(field "$out" bytes_per_iter)' = $((2 * dense)) ]"
+    check "$name: rank $r pushes 4 x 25,557,032 (+ $extra) bytes a step" \
+      "[ '$(field "$out" bytes_pushed_per_iter)' = $((dense + extra)) ]"
+    check "$name: rank $r pulls 4 x 25,557,032 (+ $extra) bytes a step" \
+      "[ '$(field "$out" bytes_pulled_per_iter)' = $((dense + extra)) ]"
+    check "$name: rank $r bytes_per_iter = 2 x (4 x 25,557,032 + $extra)" \
+      "[ '$(field "$out" bytes_per_iter)' = $((2 * (dense + extra))) ]"
     # compute at scale 0.01: 213.3 ms x 0.01; a step cannot be shorter.
     check "$name: rank $r compute_ms is the model's at scale 0.01" \
       "awk -v c='$(field "$out" compute_ms)' 'BEGIN { exit !(c > 2.13 && c < 2.14) }'"
@@ -125,7 +125,16 @@ check "direct: timeline_summary.py prints a row per operation name" \
   "[ \$(grep -cE \"^ +4 .* push-pull of '\" '$tmp/direct/timeline_summary.txt') -eq 161 ] && [ \$(grep -cE \"^ +1 .* pull of '\" '$tmp/direct/timeline_summary.txt') -eq 161 ]"
 if [ "${REPLAY_E2E_TECHNIQUES:-all}" != skip ]; then
   run scheduled --techniques=all --timeline="$tmp/scheduled/timeline_{rank}.json"
-  assert_run scheduled all
+  # The workers measure the forward-order tail (harrier-worker's default)
+  # and agree it through the shards once: one float each way, 4 bytes over
+  # the run's 4 steps.
+  assert_run scheduled all 1
+  tails="$(field "$tmp/scheduled/worker0.out" forward_order_tail) $(field "$tmp/scheduled/worker1.out" forward_order_tail)"
+  estimates="$(field "$tmp/scheduled/worker0.out" measured_forward_order_tail) $(field "$tmp/scheduled/worker1.out" measured_forward_order_tail)"
+  echo "  forward-order tail planned: $tails; estimates: $estimates"
+  check "scheduled: both workers plan the mean of their measured tails" \
+    "python3 -c 'import sys; t = [float(x) for x in sys.argv[1].split()]; e = [float(x) for x in sys.argv[2].split()]
+sys.exit(0 if t[0] == t[1] and all(0 <= x <= 1 for x in e) and abs(t[0] - sum(e) / 2) < 1e-5 else 1)' '$tails' '$estimates'"
   # Each worker's timeline (a Chrome trace) holds every push and pull of
   # the run: 1 warm-up and 3 timed steps, each pushing the whole model,
   # and a pull of the whole model per step plus the initial one.
