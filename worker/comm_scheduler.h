@@ -95,8 +95,9 @@ struct CommSchedulerOptions {
   // 1 - backward / push time, clamped to [0, 1], through the shards (a
   // one-float average tensor, kForwardOrderTailTensor), so each plans the
   // same tail from step 2 on. A worker's own estimate alone would not do:
-  // workers planning tails 0.27-0.39 lost 130-190 ms per step against all
-  // at 0.33 (docs/performance.md). Every worker must be given this too.
+  // four workers planning tails 0.27-0.39 stepped 1295-1362 ms against
+  // 1144-1172 with all at 0.33 (ResNet-50; docs/performance.md, "The tail
+  // measured by the workers"). Every worker must be given this too.
   bool measure_forward_order_tail = false;
   // 0: no cap. Counts pushes only; a piece above the cap goes alone when
   // no other push is in flight.
