@@ -573,18 +573,26 @@ TEST_CASE("the round window turns itself off when no round comes back for long")
   CHECK(run.PushedPieces() == static_cast<int64_t>(WindowRun::kPieces));
 }
 
+// The tail cases' model and options: tensors of 1, 1, 2 and 4 pieces of
+// kTailPiece bytes, wait-free backprop and priority.
+constexpr size_t kTailPiece = 256 * sizeof(float);
+Model TailModel() { return Model({256, 256, 2 * 256, 4 * 256}); }
+CommSchedulerOptions TailOptions() {
+  CommSchedulerOptions options = BaseOptions();
+  options.wait_free_backprop = true;
+  options.partition_bytes = kTailPiece;
+  options.priority = true;
+  return options;
+}
+
 // Two steps of a 4-tensor model (t3 in 4 pieces, t2 in 2, t1 and t0 in
 // one) on one of two BSP workers with priority and a forward-order tail of
 // `tail`; t0's gradient comes last and late. The pushes of both steps in
 // dispatch order, and how many had gone before t0's gradient was given.
 std::pair<std::vector<std::pair<int, uint32_t>>, size_t> OrderWithTail(double tail) {
-  constexpr size_t kChunk = 256 * sizeof(float);
-  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kChunk), /*num_workers=*/2);
-  Model model({256, 256, 2 * 256, 4 * 256});
-  CommSchedulerOptions options = BaseOptions();
-  options.wait_free_backprop = true;
-  options.partition_bytes = kChunk;
-  options.priority = true;
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kTailPiece), /*num_workers=*/2);
+  Model model = TailModel();
+  CommSchedulerOptions options = TailOptions();
   options.forward_order_tail = tail;
   auto scheduler = CommScheduler::Create(*cluster.client, model.Tensors(), options);
   REQUIRE(scheduler.ok());
@@ -635,8 +643,7 @@ TEST_CASE(
 TEST_CASE(
     "a measured forward-order tail: each worker times step 1, sends its estimate to the "
     "workers' average, and plans what comes back from step 2 on") {
-  constexpr size_t kChunk = 256 * sizeof(float);
-  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kChunk), /*num_workers=*/2);
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kTailPiece), /*num_workers=*/2);
   // The shards answer the average with 0.25, as if the other worker had
   // measured something else; what this worker sent is kept.
   auto sent = std::make_shared<std::vector<float>>();
@@ -661,11 +668,8 @@ TEST_CASE(
                                                 absl::MakeConstSpan(&average, 1));
         });
   }
-  Model model({256, 256, 2 * 256, 4 * 256});
-  CommSchedulerOptions options = BaseOptions();
-  options.wait_free_backprop = true;
-  options.partition_bytes = kChunk;
-  options.priority = true;
+  Model model = TailModel();
+  CommSchedulerOptions options = TailOptions();
   options.measure_forward_order_tail = true;
   auto created = CommScheduler::Create(*cluster.client, model.Tensors(), options);
   REQUIRE(created.ok());

@@ -109,14 +109,21 @@ checks=$?
 # Under SSP the exact check of the final parameters, which is BSP's, does
 # not apply: the run is no failure, its line names the consistency model,
 # and the bench says why nothing was checked.
+# Runs `all` as above with the flags after NAME into $tmp/NAME.jsonl (and
+# .err); fails if the bench did not exit 0.
+run_all() {
+  local name=$1
+  shift
+  "$bench" overlap --models=resnet50 --links_gbps=1 --compute_scale=0.05 --steps=2 \
+    --warmup_steps=1 --techniques=all --run_timeout_s=60 "$@" \
+    >"$tmp/$name.jsonl" 2>"$tmp/$name.err"
+  local rc=$?
+  cat "$tmp/$name.err" >&2
+  cat "$tmp/$name.jsonl"
+  if [ "$rc" -eq 0 ]; then echo "PASS $*: exit 0"; else echo "FAIL $*: exited $rc"; return 1; fi
+}
 ssp_failed=0
-"$bench" overlap --models=resnet50 --links_gbps=1 --compute_scale=0.05 --steps=2 \
-  --warmup_steps=1 --techniques=all --sync=ssp2 --run_timeout_s=60 \
-  >"$tmp/ssp.jsonl" 2>"$tmp/ssp.err"
-rc=$?
-cat "$tmp/ssp.err" >&2
-cat "$tmp/ssp.jsonl"
-if [ "$rc" -eq 0 ]; then echo "PASS --sync=ssp2: exit 0"; else echo "FAIL --sync=ssp2: exited $rc"; ssp_failed=1; fi
+run_all ssp --sync=ssp2 || ssp_failed=1
 if /usr/bin/python3 -c 'import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 sys.exit(0 if len(lines) == 1 and lines[0]["sync"] == "ssp2" and lines[0]["checked"] is False
@@ -142,13 +149,7 @@ fi
 # shards' average of their estimates from step 2 (the last timed step),
 # and BSP's exact check of the final parameters still passes.
 measure_failed=0
-"$bench" overlap --models=resnet50 --links_gbps=1 --compute_scale=0.05 --steps=2 \
-  --warmup_steps=1 --techniques=all --forward_order_tail=measure --run_timeout_s=60 \
-  >"$tmp/measure.jsonl" 2>"$tmp/measure.err"
-rc=$?
-cat "$tmp/measure.err" >&2
-cat "$tmp/measure.jsonl"
-if [ "$rc" -eq 0 ]; then echo "PASS --forward_order_tail=measure: exit 0"; else echo "FAIL --forward_order_tail=measure: exited $rc"; measure_failed=1; fi
+run_all measure --forward_order_tail=measure || measure_failed=1
 /usr/bin/python3 - "$tmp/measure.jsonl" <<'PY' || measure_failed=1
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
