@@ -259,6 +259,14 @@ def parse_args(argv):
                     f"--num_workers={args.num_workers}")
         if args.local_steps != 1 and args.update != "worker":
             p.error("--local_steps averages the models every H steps: it needs --update=worker")
+        if args.forward_order_tail != "measure":
+            try:
+                tail = float(args.forward_order_tail)
+            except ValueError:
+                tail = -1.0
+            if not 0.0 <= tail <= 1.0:
+                p.error(f"--forward_order_tail={args.forward_order_tail}: want a fraction in "
+                        "[0, 1] or measure")
     if args.local_steps < 1:
         p.error("--local_steps must be at least 1")
     return args
