@@ -715,6 +715,30 @@ TEST_CASE(
   CHECK(PushOrder(scheduler) == expected);
 }
 
+TEST_CASE(
+    "a measured forward-order tail: when the average never comes back (a worker that does not "
+    "measure), step 2 fails by the wait_timeout, naming the tail") {
+  FakeCluster cluster = MakeFakeCluster(TestOptions(2, kTailPiece), /*num_workers=*/2);
+  for (FakeShardTransport* shard : cluster.shards) {
+    shard->SetHoldIf([](const FakeShardTransport::Call& call) {
+      return call.kind == FakeShardTransport::CallKind::kPushPull &&
+             absl::StartsWith(call.chunks[0].key(), kForwardOrderTailTensor);
+    });
+  }
+  Model model = TailModel();
+  CommSchedulerOptions options = TailOptions();
+  options.measure_forward_order_tail = true;
+  options.wait_timeout = absl::Seconds(1);
+  auto created = CommScheduler::Create(*cluster.client, model.Tensors(), options);
+  REQUIRE(created.ok());
+  for (int step = 0; step < 2; ++step) REQUIRE(Step(**created, model).ok());
+  const absl::Time began = absl::Now();
+  absl::Status status = Step(**created, model);
+  CHECK(absl::Now() - began < absl::Seconds(30));
+  CHECK(absl::IsDeadlineExceeded(status));
+  CHECK(absl::StrContains(status.message(), "forward-order tail"));
+}
+
 TEST_CASE("a measured forward-order tail: one worker plans none and sends nothing") {
   FakeCluster cluster = MakeFakeCluster(TestOptions(2, 1024), 1);
   Model model({256, 256});
