@@ -200,9 +200,10 @@ class CommScheduler::Impl {
   // of the model in the order of backward, then its front, the last `tail`
   // of the bytes, in forward order.
   void PlanPushOrder(double tail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // measure_forward_order_tail: once step 1's backward has ended and its
-  // last push is acknowledged, sends this worker's estimate to the
-  // workers' average; its reply plans the tail.
+  // measure_forward_order_tail: called when step 1's backward ends and when
+  // its last push is acknowledged; the later of the two (each happens once)
+  // sends this worker's estimate to the workers' average, whose reply plans
+  // the tail.
   void MaybeAgreeTail() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void TailAgreed(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Before a step from plan_from_step_ queues pushes: waits for the
@@ -268,12 +269,11 @@ class CommScheduler::Impl {
   int64_t plan_from_step_ ABSL_GUARDED_BY(mutex_) = 0;
   // Measuring the tail: step 1's first gradient, its EndBackward, its
   // pushes acknowledged so far and when the last was; this worker's
-  // estimate and the average it is sent to and comes back in.
+  // estimate sent to the average and the average that comes back.
   absl::Time backward_began_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
   absl::Time backward_ended_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
   int measured_pushes_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Time pushes_ended_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
-  bool tail_sent_ ABSL_GUARDED_BY(mutex_) = false;
   bool tail_agreed_ ABSL_GUARDED_BY(mutex_) = true;
   float tail_estimate_[1] ABSL_GUARDED_BY(mutex_) = {0};
   float tail_average_[1] ABSL_GUARDED_BY(mutex_) = {0};
@@ -567,11 +567,10 @@ void CommScheduler::Impl::PlanPushOrder(double tail) {
 }
 
 void CommScheduler::Impl::MaybeAgreeTail() {
-  if (tail_tensor_.empty() || tail_sent_ || backward_ended_ == absl::InfinitePast() ||
+  if (tail_tensor_.empty() || backward_ended_ == absl::InfinitePast() ||
       pushes_ended_ == absl::InfinitePast()) {
     return;
   }
-  tail_sent_ = true;
   const double backward = absl::ToDoubleSeconds(backward_ended_ - backward_began_);
   const double pushes = absl::ToDoubleSeconds(pushes_ended_ - backward_began_);
   const double estimate = pushes > 0 ? std::clamp(1.0 - backward / pushes, 0.0, 1.0) : 0.0;
